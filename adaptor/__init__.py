@@ -1,0 +1,93 @@
+"""adaptor: run coding-agent CLIs behind one model and one error taxonomy."""
+
+from __future__ import annotations
+
+from adaptor.driver import (
+    HumanDecisionModeUnsupportedError,
+    InvalidDriverConfigError,
+    InvalidOutputSchemaError,
+    InvalidPolicyError,
+    PolicyCapabilityUnsupportedError,
+    SessionConfigFingerprintError,
+    StructuredOutputUnsupportedError,
+)
+from adaptor.errors import (
+    ActiveExecutionTimeoutError,
+    AdaptorError,
+    AgentClosedError,
+    AgentFailedError,
+    ApprovalDeniedError,
+    ApprovalExpiredError,
+    ApprovalKindMismatchError,
+    ApprovalResolvedError,
+    ApprovalTimeoutError,
+    ApprovalUnavailableError,
+    CancelledError,
+    DeadlineExceededError,
+    PolicyViolationError,
+    ResumeRejectedError,
+    RunCancelledError,
+    RunDeadlineExceededError,
+    RunError,
+    ThreadAlreadyExistsError,
+    ThreadBusyError,
+    ThreadCheckpointMissingError,
+    ThreadIncompatibleError,
+    ThreadLeaseLostError,
+    ThreadNotFoundError,
+    ThreadStoreRequiredError,
+)
+from adaptor.mcp import InvalidMCPConfigError, MCPTransportUnsupportedError, MCPUnsupportedError
+from adaptor.skill import (
+    SkillKeyConflictError,
+    SkillKeyMissingError,
+    SkillMaterializationError,
+    SkillNotFoundError,
+    SkillSourceMissingError,
+)
+from adaptor.spool import InvalidRequestError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActiveExecutionTimeoutError",
+    "AdaptorError",
+    "AgentClosedError",
+    "AgentFailedError",
+    "ApprovalDeniedError",
+    "ApprovalExpiredError",
+    "ApprovalKindMismatchError",
+    "ApprovalResolvedError",
+    "ApprovalTimeoutError",
+    "ApprovalUnavailableError",
+    "CancelledError",
+    "DeadlineExceededError",
+    "HumanDecisionModeUnsupportedError",
+    "InvalidDriverConfigError",
+    "InvalidMCPConfigError",
+    "InvalidOutputSchemaError",
+    "InvalidPolicyError",
+    "InvalidRequestError",
+    "MCPTransportUnsupportedError",
+    "MCPUnsupportedError",
+    "PolicyCapabilityUnsupportedError",
+    "PolicyViolationError",
+    "ResumeRejectedError",
+    "RunCancelledError",
+    "RunDeadlineExceededError",
+    "RunError",
+    "SessionConfigFingerprintError",
+    "SkillKeyConflictError",
+    "SkillKeyMissingError",
+    "SkillMaterializationError",
+    "SkillNotFoundError",
+    "SkillSourceMissingError",
+    "StructuredOutputUnsupportedError",
+    "ThreadAlreadyExistsError",
+    "ThreadBusyError",
+    "ThreadCheckpointMissingError",
+    "ThreadIncompatibleError",
+    "ThreadLeaseLostError",
+    "ThreadNotFoundError",
+    "ThreadStoreRequiredError",
+]

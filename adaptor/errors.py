@@ -1,0 +1,729 @@
+"""The one error taxonomy: identities, matching helpers, the wire codec and CLI exit codes.
+
+Every failure a user can see is an instance of a class defined here or in a leaf module
+(``adaptor.driver``, ``adaptor.skill``, ...).  The class name, its wire ``code`` and its typed
+fields are the public contract; messages are diagnostics only.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from adaptor.result import Result
+
+__all__ = [
+    "EXIT_CODES",
+    "ActiveExecutionTimeoutError",
+    "AdaptorError",
+    "AgentClosedError",
+    "AgentFailedError",
+    "ApprovalDeniedError",
+    "ApprovalExpiredError",
+    "ApprovalKindMismatchError",
+    "ApprovalResolvedError",
+    "ApprovalTimeoutError",
+    "ApprovalUnavailableError",
+    "CancelledError",
+    "DeadlineExceededError",
+    "ExternalError",
+    "PolicyViolationError",
+    "ResumeRejectedError",
+    "RunCancelledError",
+    "RunDeadlineExceededError",
+    "RunError",
+    "ThreadAlreadyExistsError",
+    "ThreadBusyError",
+    "ThreadCheckpointMissingError",
+    "ThreadIncompatibleError",
+    "ThreadLeaseLostError",
+    "ThreadNotFoundError",
+    "ThreadStoreRequiredError",
+    "exit_code_for",
+    "find",
+    "from_wire",
+    "matches",
+    "to_wire",
+]
+
+E = TypeVar("E", bound=BaseException)
+
+# JSON shapes a typed field may take on the wire.  Validated on decode so that a wire object
+# whose fields have the wrong shape never rebuilds into the specific class.
+_Str = (str,)
+_OptStr = (str, type(None))
+_Num = (int, float)
+_Scalar = (str, int, float, bool, type(None))
+
+FIND_NODE_LIMIT = 100
+"""How many exceptions ``find`` visits at most; also the deepest cause chain on the wire."""
+
+# Where classes that are not defined in this module live, so ``from_wire`` can rebuild them
+# without the caller having imported the leaf module first.  Importing these modules must stay
+# cheap and free of optional dependencies.
+_LEAF_MODULES = (
+    "adaptor.driver",
+    "adaptor.skill",
+    "adaptor.mcp",
+    "adaptor.tool",
+    "adaptor.threadstore",
+    "adaptor.spool",
+    "adaptor.clients.a2a",
+    "hosttools.sessionrecorder",
+    "hosttools.a2adelegation",
+)
+
+_REGISTRY: dict[str, type[AdaptorError]] = {}
+
+
+class AdaptorError(Exception):
+    """Base of every SDK-owned error.
+
+    ``code`` is the wire identity.  ``exit_code`` is what the ``adaptor`` CLI exits with when
+    this error is the outcome of a command.
+    """
+
+    code: ClassVar[str] = "AdaptorError"
+    exit_code: ClassVar[int] = 70
+    default_message: ClassVar[str] = "adaptor error"
+    # Typed fields of the class: name -> accepted JSON types.  Part of the public contract.
+    _fields: ClassVar[dict[str, tuple[type, ...]]] = {}
+
+    message: str
+    cause: BaseException | None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            _REGISTRY[cls.__dict__["code"]] = cls
+
+    def __init__(self, message: str = "", *, cause: BaseException | None = None) -> None:
+        self.message = message or self.default_message
+        super().__init__(self.message)
+        self._set_cause(cause)
+
+    def _set_cause(self, cause: BaseException | None) -> None:
+        self.cause = cause
+        if cause is not None:
+            self.__cause__ = cause
+
+    @property
+    def wire_code(self) -> str:
+        """The code this error travels under (a rebuilt unknown error keeps its original)."""
+        return self.__dict__.get("_wire_code") or type(self).code
+
+    @property
+    def wire_type(self) -> str:
+        return self.__dict__.get("_wire_type") or type(self).__name__
+
+    def fields(self) -> dict[str, Any]:
+        """The typed fields of this error as a JSON-ready dict (``{}`` when it has none)."""
+        return {name: _jsonable(getattr(self, name, None)) for name in type(self)._fields}
+
+    def to_wire(self, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
+        return to_wire(self, secrets=secrets)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        parts = [repr(self.message)]
+        parts += [f"{k}={getattr(self, k, None)!r}" for k in type(self)._fields]
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+class ExternalError(AdaptorError):
+    """A foreign exception rebuilt from the wire whose Python class is not importable here.
+
+    ``type_name`` is the original class's qualified name.
+    """
+
+    code = "external"
+    default_message = "external error"
+
+    def __init__(self, type_name: str, message: str = "") -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+    @property
+    def wire_type(self) -> str:
+        return self.type_name
+
+
+# --- host cancellation and deadlines (plain AdaptorErrors, never RunErrors) -------------------
+
+
+class CancelledError(AdaptorError):
+    """The host cancelled the call before the driver was entered."""
+
+    code = "context.Canceled"
+    default_message = "run cancelled before the driver started"
+
+
+class DeadlineExceededError(AdaptorError, TimeoutError):
+    """The call's timeout elapsed before the driver was entered."""
+
+    code = "context.DeadlineExceeded"
+    default_message = "deadline exceeded before the driver started"
+
+
+class AgentClosedError(AdaptorError):
+    """``agent.close()`` has started; no new run is admitted."""
+
+    code = "ErrAgentClosed"
+    default_message = "agent is closed"
+
+
+# --- run verdicts -----------------------------------------------------------------------------
+
+
+class RunError(AdaptorError):
+    """A completed business failure after the driver was entered.
+
+    ``result`` holds the audit data gathered so far; it is always set on errors raised by a run.
+    """
+
+    code = "RunError"
+    exit_code = 1
+    default_message = "run failed"
+    _reason: ClassVar[str | None] = None
+
+    reason: str
+    details: dict[str, Any]
+    result: Result | None
+
+    def __init__(
+        self,
+        reason: str,
+        message: str = "",
+        *,
+        details: Mapping[str, Any] | None = None,
+        result: Result | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        self.reason = reason
+        self.details = dict(details or {})
+        self.result = result
+        super().__init__(message or f"run failed: {reason or 'agent_error'}", cause=cause)
+
+
+class _FixedReasonRunError(RunError):
+    """A RunError subclass whose reason is fixed by its class."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        details: Mapping[str, Any] | None = None,
+        result: Result | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        reason = type(self)._reason
+        assert reason is not None
+        super().__init__(
+            reason, message or self.default_message, details=details, result=result, cause=cause
+        )
+
+
+class ApprovalDeniedError(_FixedReasonRunError):
+    code = "ErrApprovalDenied"
+    _reason = "approval_denied"
+    default_message = "approval denied"
+
+
+class ApprovalTimeoutError(_FixedReasonRunError):
+    code = "ErrApprovalTimeout"
+    _reason = "approval_timeout"
+    default_message = "approval timed out"
+
+
+class AgentFailedError(_FixedReasonRunError):
+    code = "ErrAgentFailed"
+    _reason = "agent_error"
+    default_message = "agent failed"
+
+
+class RunCancelledError(_FixedReasonRunError):
+    code = "ErrRunCancelled"
+    _reason = "cancelled"
+    default_message = "run cancelled"
+
+
+class PolicyViolationError(_FixedReasonRunError):
+    code = "ErrPolicyViolation"
+    _reason = "policy_violation"
+    default_message = "run violated its policy"
+
+
+class RunDeadlineExceededError(_FixedReasonRunError, TimeoutError):
+    code = "ErrDeadlineExceeded"
+    _reason = "deadline_exceeded"
+    default_message = "run deadline exceeded"
+
+
+class ActiveExecutionTimeoutError(RunError):
+    """The policy's active-execution budget (``limit`` seconds) ran out."""
+
+    code = "ErrActiveExecutionTimeout"
+    _reason = "active_execution_timeout"
+    default_message = "active execution budget exhausted"
+    _fields = {"limit": _Num}
+
+    limit: float
+
+    def __init__(
+        self,
+        limit: float,
+        message: str = "",
+        *,
+        details: Mapping[str, Any] | None = None,
+        result: Result | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        self.limit = limit
+        super().__init__(
+            "active_execution_timeout",
+            message or f"active execution budget of {limit:g}s exhausted",
+            details=details,
+            result=result,
+            cause=cause,
+        )
+
+
+# Driver failure codes that map onto a reason with its own class.
+_REASON_CLASSES: dict[str, type[_FixedReasonRunError]] = {
+    "approval_denied": ApprovalDeniedError,
+    "approval_timeout": ApprovalTimeoutError,
+    "agent_error": AgentFailedError,
+    "cancelled": RunCancelledError,
+    "policy_violation": PolicyViolationError,
+    "deadline_exceeded": RunDeadlineExceededError,
+}
+
+_DRIVER_CODE_REASONS = {
+    "decision_rejected": "approval_denied",
+    "decision_timeout": "approval_timeout",
+    "agent_error": "agent_error",
+    "": "agent_error",
+    "cancelled": "cancelled",
+    "policy_error": "policy_violation",
+}
+
+
+def reason_for_driver_code(code: str | None) -> str:
+    """Map a driver's failure code onto a ``FailureReason``; unknown codes stay verbatim."""
+    return _DRIVER_CODE_REASONS.get(code or "", code or "agent_error")
+
+
+def run_error_for_reason(
+    reason: str,
+    message: str = "",
+    *,
+    details: Mapping[str, Any] | None = None,
+    result: Result | None = None,
+    cause: BaseException | None = None,
+) -> RunError:
+    """Build the RunError class that owns ``reason`` (plain ``RunError`` for any other)."""
+    cls = _REASON_CLASSES.get(reason)
+    if cls is None:
+        if reason == "active_execution_timeout":
+            limit = (details or {}).get("limit", 0)
+            return ActiveExecutionTimeoutError(
+                limit if isinstance(limit, int | float) else 0,
+                message,
+                details=details,
+                result=result,
+                cause=cause,
+            )
+        return RunError(reason, message, details=details, result=result, cause=cause)
+    return cls(message, details=details, result=result, cause=cause)
+
+
+# --- thread errors ----------------------------------------------------------------------------
+
+
+class _ThreadError(AdaptorError):
+    exit_code = 4
+
+
+class ThreadStoreRequiredError(_ThreadError):
+    code = "ErrThreadStoreRequired"
+    default_message = "this operation needs a thread store (Agent(thread_store=...))"
+
+
+class ThreadNotFoundError(_ThreadError):
+    code = "ErrThreadNotFound"
+    default_message = "thread not found"
+
+
+class ThreadBusyError(_ThreadError):
+    code = "ErrThreadBusy"
+    exit_code = 75
+    default_message = "thread is busy: another owner holds its lease"
+
+
+class ThreadIncompatibleError(_ThreadError):
+    code = "ErrThreadIncompatible"
+    default_message = "stored thread is incompatible with this agent"
+
+
+class ThreadLeaseLostError(_ThreadError):
+    code = "ErrThreadLeaseLost"
+    default_message = "thread lease lost; nothing was persisted"
+
+
+class ThreadCheckpointMissingError(_ThreadError):
+    code = "ErrThreadCheckpointMissing"
+    default_message = "run did not produce a valid resumable checkpoint"
+
+
+class ThreadAlreadyExistsError(_ThreadError):
+    code = "ErrThreadAlreadyExists"
+    default_message = "thread key already has an active conversation"
+
+
+class ResumeRejectedError(_ThreadError):
+    """The driver refused to resume the stored session; ``reason`` is the driver's word."""
+
+    code = "ErrResumeRejected"
+    default_message = "the agent rejected the stored session"
+    _fields = {"reason": _Str}
+
+    reason: str
+
+    def __init__(
+        self, reason: str = "", message: str = "", *, cause: BaseException | None = None
+    ) -> None:
+        self.reason = reason
+        super().__init__(
+            message or (f"resume rejected: {reason}" if reason else ""), cause=cause
+        )
+
+
+# --- approval responder errors ----------------------------------------------------------------
+
+
+class ApprovalResolvedError(AdaptorError):
+    code = "ErrApprovalResolved"
+    exit_code = 5
+    default_message = "approval request was already resolved"
+
+
+class ApprovalExpiredError(ApprovalResolvedError):
+    code = "ErrApprovalExpired"
+    default_message = "approval request expired"
+
+
+class ApprovalKindMismatchError(AdaptorError):
+    code = "ErrApprovalKindMismatch"
+    exit_code = 5
+    default_message = "response does not fit the approval kind"
+
+
+class ApprovalUnavailableError(AdaptorError):
+    code = "ErrApprovalUnavailable"
+    exit_code = 5
+    default_message = "no such pending approval request"
+
+
+# --- matching ---------------------------------------------------------------------------------
+
+
+def _walk(err: BaseException) -> Iterator[BaseException]:
+    """Depth-first over the error, its cause/context chain and group members."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [err]
+    visited = 0
+    while stack and visited < FIND_NODE_LIMIT:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        visited += 1
+        yield node
+        children: list[BaseException] = []
+        if node.__cause__ is not None:
+            children.append(node.__cause__)
+        elif node.__context__ is not None and not node.__suppress_context__:
+            children.append(node.__context__)
+        if isinstance(node, BaseExceptionGroup):
+            children.extend(node.exceptions)
+        stack.extend(reversed(children))
+
+
+def find(err: BaseException | None, cls: type[E]) -> E | None:
+    """The first exception of type ``cls`` in ``err``'s chain (``err`` itself included)."""
+    if err is None:
+        return None
+    for node in _walk(err):
+        if isinstance(node, cls):
+            return node
+    return None
+
+
+def matches(err: BaseException | None, cls: type[BaseException]) -> bool:
+    return find(err, cls) is not None
+
+
+# --- exit codes -------------------------------------------------------------------------------
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "success"),
+    (1, "a RunError (business failure) of any reason"),
+    (2, "usage: bad arguments, request file rejected by the schema (InvalidRequestError)"),
+    (
+        3,
+        "configuration refused before invocation: invalid policy, schema, driver config, "
+        "skill, MCP, capability unsupported, tool definition",
+    ),
+    (
+        4,
+        "thread state: not found, incompatible, already exists, resume rejected, "
+        "checkpoint missing, store required",
+    ),
+    (5, "approval response refused: resolved, expired, kind mismatch, unavailable"),
+    (69, "the daemon is not running / spool not reachable / agent CLI binary not found"),
+    (
+        70,
+        "internal or infrastructure failure outside the taxonomy, CancelledError, "
+        "DeadlineExceededError",
+    ),
+    (75, "ThreadBusyError: retry later"),
+    (124, "wait --timeout elapsed before a verdict (the run may still be going)"),
+)
+
+
+def exit_code_for(err: BaseException) -> int:
+    """The ``adaptor`` CLI exit code for an error outcome."""
+    if isinstance(err, RunError) and err.details.get("kind") == "binary_not_found":
+        return 69
+    if isinstance(err, AdaptorError):
+        return type(err).exit_code
+    return 70
+
+
+# --- the wire codec ---------------------------------------------------------------------------
+
+_REDACTED = "<redacted>"
+# Credentials that commonly leak into foreign exception text (HTTP clients, subprocess errors).
+_CREDENTIAL_PATTERNS = (
+    re.compile(r"(?i)\b(authorization\s*[:=]\s*)(bearer|basic|token)?\s*[^\s,;'\"]+"),
+    re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{4,}"),
+    re.compile(
+        r"(?i)\b((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd)"
+        r"[\"']?\s*[:=]\s*[\"']?)[^\s,;&'\"]+"
+    ),
+    re.compile(r"\b(sk-)[A-Za-z0-9_-]{8,}"),
+)
+
+
+def _scrub(text: str, secrets: tuple[str, ...], *, foreign: bool) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, _REDACTED)
+    if foreign:
+        for pattern in _CREDENTIAL_PATTERNS:
+            text = pattern.sub(lambda m: m.group(1) + _REDACTED, text)
+    return text
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _next_cause(err: BaseException) -> BaseException | None:
+    if err.__cause__ is not None:
+        return err.__cause__
+    if err.__context__ is not None and not err.__suppress_context__:
+        return err.__context__
+    return None
+
+
+def _type_name(err: BaseException) -> str:
+    cls = type(err)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _encode_one(err: BaseException, secrets: tuple[str, ...]) -> dict[str, Any]:
+    if isinstance(err, AdaptorError) and not isinstance(err, ExternalError):
+        obj: dict[str, Any] = {
+            "code": err.wire_code,
+            "type": err.wire_type,
+            "message": _scrub(err.message, secrets, foreign=False),
+            "fields": err.fields() if type(err)._fields else dict(err.__dict__.get("_wire_fields", {})),
+        }
+        if isinstance(err, RunError):
+            obj["reason"] = err.reason
+            obj["details"] = _jsonable(err.details)
+        return obj
+    if isinstance(err, ExternalError):
+        type_name, message = err.type_name, err.message
+    else:
+        type_name, message = _type_name(err), str(err)
+    return {
+        "code": "external",
+        "type": type_name,
+        "message": _scrub(message, secrets, foreign=True),
+        "fields": {},
+    }
+
+
+def to_wire(err: BaseException, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """The wire form of ``err`` and its cause chain (at most ``FIND_NODE_LIMIT`` deep).
+
+    Only the class identity, message, typed fields and, for RunErrors, reason and details are
+    written.  Every value in ``secrets`` is replaced in messages, and credential-looking text in
+    foreign exception messages is redacted.
+    """
+    secret_values = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
+    head = _encode_one(err, secret_values)
+    tail = head
+    seen = {id(err)}
+    node = _next_cause(err)
+    depth = 1
+    while node is not None and id(node) not in seen and depth < FIND_NODE_LIMIT:
+        seen.add(id(node))
+        encoded = _encode_one(node, secret_values)
+        tail["cause"] = encoded
+        tail = encoded
+        node = _next_cause(node)
+        depth += 1
+    tail["cause"] = None
+    return head
+
+
+def _load_leaf_modules() -> None:
+    for name in _LEAF_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a leaf not built yet must not break decoding of the others
+            continue
+
+
+_leaves_loaded = False
+
+
+def _class_for(code: str) -> type[AdaptorError] | None:
+    global _leaves_loaded
+    if code not in _REGISTRY and not _leaves_loaded:
+        _leaves_loaded = True
+        _load_leaf_modules()
+    return _REGISTRY.get(code)
+
+
+def _fields_fit(cls: type[AdaptorError], fields: Mapping[str, Any]) -> bool:
+    for name, accepted in cls._fields.items():
+        if name not in fields:
+            return False
+        value = fields[name]
+        if isinstance(value, bool) and bool not in accepted:
+            return False
+        if not isinstance(value, accepted):
+            return False
+    return True
+
+
+def _fits(cls: type[AdaptorError], fields: Mapping[str, Any], reason: str | None) -> bool:
+    if not _fields_fit(cls, fields):
+        return False
+    if issubclass(cls, RunError):
+        return reason is not None and cls._reason in (None, reason)
+    return reason is None
+
+
+def _builtin_exception(type_name: str) -> type[BaseException] | None:
+    cls = getattr(builtins, type_name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, AdaptorError):
+        return cls
+    return None
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _decode_one(obj: Mapping[str, Any]) -> BaseException:
+    code = obj.get("code")
+    code = code if isinstance(code, str) else ""
+    message = _str(obj.get("message"))
+    type_name = _str(obj.get("type"))
+    raw_fields = obj.get("fields")
+    fields: Mapping[str, Any] = raw_fields if isinstance(raw_fields, dict) else {}
+    has_reason = "reason" in obj
+    reason = _str(obj.get("reason"))
+    raw_details = obj.get("details")
+    details: dict[str, Any] = dict(raw_details) if isinstance(raw_details, dict) else {}
+
+    if code == "external":
+        builtin = _builtin_exception(type_name)
+        if builtin is not None:
+            try:
+                return builtin(message)
+            except Exception:  # an exception class with an unusual constructor
+                pass
+        return ExternalError(type_name or "Exception", message)
+
+    cls = _class_for(code)
+    if cls is not None and _fits(cls, fields, reason if has_reason else None):
+        err: AdaptorError = cls.__new__(cls)
+        Exception.__init__(err, message)
+        err.message = message
+        err.cause = None
+        for name in cls._fields:
+            setattr(err, name, fields[name])
+        if isinstance(err, RunError):
+            err.reason = reason
+            err.details = details
+            err.result = None
+        return err
+
+    # Unknown code or a known code whose shape does not fit: a generic error that keeps the
+    # wire identity verbatim, never a wrong subclass.
+    generic: AdaptorError
+    if has_reason:
+        generic = RunError(reason, message, details=details)
+    else:
+        generic = AdaptorError(message)
+    generic.message = message
+    generic.args = (message,)
+    generic.__dict__["_wire_code"] = code or "AdaptorError"
+    generic.__dict__["_wire_type"] = type_name or type(generic).__name__
+    generic.__dict__["_wire_fields"] = _jsonable(dict(fields))
+    return generic
+
+
+def from_wire(obj: object, result: Result | None = None) -> BaseException:
+    """Rebuild the exception written by :func:`to_wire`, cause chain included.
+
+    ``result`` becomes ``.result`` of the outermost RunError.  Raises ``ValueError`` only when
+    ``obj`` is not a JSON object.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"an error's wire form must be a JSON object, not {type(obj).__name__}")
+    head = _decode_one(obj)
+    if isinstance(head, RunError):
+        head.result = result
+    node, current = head, obj.get("cause")
+    seen = {id(obj)}
+    depth = 1
+    while isinstance(current, dict) and id(current) not in seen and depth < FIND_NODE_LIMIT:
+        seen.add(id(current))
+        child = _decode_one(current)
+        node.__cause__ = child
+        if isinstance(node, AdaptorError):
+            node.cause = child
+        node, current = child, current.get("cause")
+        depth += 1
+    return head

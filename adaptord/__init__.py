@@ -1,0 +1,1 @@
+"""adaptord: the local spool daemon around the adaptor SDK."""

@@ -1,0 +1,1 @@
+"""Optional host components built on the adaptor SDK."""

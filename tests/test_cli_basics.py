@@ -1,0 +1,28 @@
+"""The console scripts are installed and answer as documented."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from adaptor import errors
+
+
+def test_exit_codes_table_matches_the_taxonomy() -> None:
+    proc = subprocess.run(["adaptor", "exit-codes"], capture_output=True, text=True, check=True)
+    lines = proc.stdout.splitlines()
+    assert [int(line.split()[0]) for line in lines] == [0, 1, 2, 3, 4, 5, 69, 70, 75, 124]
+    assert "ThreadBusyError" in lines[8]
+
+    as_json = subprocess.run(
+        ["adaptor", "exit-codes", "--json"], capture_output=True, text=True, check=True
+    )
+    rows = json.loads(as_json.stdout)
+    assert [(r["exit_code"], r["meaning"]) for r in rows] == list(errors.EXIT_CODES)
+
+
+def test_both_commands_print_help() -> None:
+    for command in ("adaptor", "adaptord"):
+        proc = subprocess.run([command, "--help"], capture_output=True, text=True)
+        assert proc.returncode == 0
+        assert "Usage:" in proc.stdout
