@@ -1,0 +1,686 @@
+"""Durable file primitives shared by every writer of state under a state directory.
+
+Atomic whole-file replacement, per-path locks, and an append-only JSONL log whose lines carry
+a CRC and a strict sequence number, so a crash mid-append is detectable (a torn tail, which
+writers truncate) and distinguishable from corruption (a bad line before the tail, which is
+never skipped or truncated).  Higher layers translate :class:`CorruptLogError` and ``OSError``
+into their own error taxonomy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import inspect
+import os
+import secrets
+import threading
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypeAlias
+
+import filelock
+import orjson
+
+__all__ = [
+    "CorruptLogError",
+    "DurableLog",
+    "RepairReport",
+    "atomic_write",
+    "atomic_write_json",
+    "ensure_dir",
+    "exclusive",
+    "frame",
+    "fsync_dir",
+    "inspect_tail",
+    "lock_for",
+    "read_json",
+    "repair",
+    "scan",
+    "unframe",
+]
+
+_StrPath: TypeAlias = "str | os.PathLike[str]"
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+_LINE_OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+_BLOCK = 64 * 1024
+_PREVIEW_CHARS = 200
+# Worst case UTF-8 needs 4 bytes per character; reading more than this for a preview is waste.
+_PREVIEW_BYTES = 4 * _PREVIEW_CHARS
+
+# fdatasync flushes the new length along with the data, which is all an append needs.
+_datasync = getattr(os, "fdatasync", os.fsync)
+
+
+class CorruptLogError(Exception):
+    """A log line failed validation where a crash cannot explain it (or a strict reader saw it).
+
+    ``line`` is 1-based; ``why`` is a short reason such as ``"bad crc"``.
+    """
+
+    def __init__(self, path: str, line: int, why: str) -> None:
+        super().__init__(path, line, why)  # keeps the exception picklable
+        self.path = path
+        self.line = line
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.why}"
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """A torn tail: the bytes from ``offset`` to the end of the file that were (or would be) cut."""
+
+    path: str
+    offset: int
+    dropped_bytes: int
+    dropped_preview: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Directories and whole files
+
+
+def fsync_dir(path: _StrPath) -> None:
+    """Make the directory's entries (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: _StrPath) -> Path:
+    """Create ``path`` and any missing parents with mode ``0o700``.
+
+    Each directory this call creates has its parent fsynced, so the new entry survives a crash.
+    """
+    target = Path(path)
+    missing: list[Path] = []
+    probe = Path(os.path.abspath(target))
+    while not probe.is_dir():
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            # Another process may have won the race; only a non-directory is an error.
+            if not directory.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(directory)) from None
+            continue
+        fsync_dir(directory.parent)
+    return target
+
+
+def _random_suffix() -> str:
+    return secrets.token_hex(8)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            # A regular file never legitimately accepts zero bytes; looping would spin forever.
+            raise OSError(errno.EIO, "write accepted no bytes")
+        view = view[written:]
+
+
+def atomic_write(path: _StrPath, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` so readers see the old or the new content, never a mix.
+
+    The content is written to a fresh sibling temporary file, fsynced, renamed over ``path``
+    and the directory is fsynced.  A symlink at ``path`` is replaced, not followed.  The file
+    gets exactly ``mode`` (the umask is not applied).
+    """
+    target = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(target))
+    tmp = os.path.join(directory, f"{name}.tmp-{_random_suffix()}")
+    # O_EXCL|O_NOFOLLOW: a name planted by someone else (a symlink to a victim file) is refused
+    # instead of written through.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode)
+    try:
+        try:
+            # The umask may have narrowed ``mode``; the caller asked for exactly this mode.
+            os.fchmod(fd, mode)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def atomic_write_json(path: _StrPath, obj: object) -> None:
+    """:func:`atomic_write` of ``obj`` as sorted, indented JSON (stable diffs, human readable)."""
+    data = orjson.dumps(
+        obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE | orjson.OPT_INDENT_2
+    )
+    atomic_write(path, data)
+
+
+def read_json(path: _StrPath) -> Any:
+    """Parse a JSON file; refuses to follow a symlink at ``path`` (``OSError`` ``ELOOP``)."""
+    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        return orjson.loads(f.read())
+
+
+# ---------------------------------------------------------------------------------------------
+# Locks
+
+
+def _keep_private(fd: int) -> None:
+    # Python opens descriptors non-inheritable (PEP 446) and filelock uses os.open, so this is
+    # normally a no-op; it pins the guarantee to us rather than to filelock internals, because a
+    # lock fd inherited by an agent child keeps the flock alive after this process dies.
+    if os.get_inheritable(fd):
+        os.set_inheritable(fd, False)
+
+
+def _lock_options() -> dict[str, Any]:
+    params = inspect.signature(filelock.FileLock.__init__).parameters
+    wanted: dict[str, Any] = {
+        # A filesystem without flock must fail loudly, not degrade to a marker file.
+        "fallback_to_soft": False,
+        # Deleting a lock file races with waiters holding the old inode.
+        "preserve_lock_file": True,
+        "on_acquired": _keep_private,
+    }
+    return {key: value for key, value in wanted.items() if key in params}
+
+
+_LOCK_OPTIONS = _lock_options()
+_locks: dict[str, tuple[filelock.FileLock, threading.RLock]] = {}
+_locks_guard = threading.Lock()
+
+
+def _reset_thread_locks_in_child() -> None:
+    # A thread that held one of these at fork time does not exist in the child; without fresh
+    # locks the child would deadlock on its first append.
+    global _locks_guard
+    _locks_guard = threading.Lock()
+    for key, (file_lock, _) in list(_locks.items()):
+        _locks[key] = (file_lock, threading.RLock())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_thread_locks_in_child)
+
+
+def _entry(path: _StrPath) -> tuple[filelock.FileLock, threading.RLock]:
+    key = os.path.abspath(path)
+    with _locks_guard:
+        entry = _locks.get(key)
+        if entry is None:
+            # This dict is the singleton registry: filelock's is_singleton keeps only weak
+            # references (a dropped lock could be rebuilt while another object still holds the
+            # flock) and rejects differing options.  poll_interval: waiters poll flock with
+            # LOCK_NB, and the default 50 ms stalls appenders far longer than an fsync takes.
+            file_lock = filelock.FileLock(
+                key, mode=0o600, thread_local=False, poll_interval=0.01, **_LOCK_OPTIONS
+            )
+            entry = _locks[key] = (file_lock, threading.RLock())
+        return entry
+
+
+def lock_for(path: _StrPath) -> filelock.FileLock:
+    """The process-wide lock object for the lock file ``path`` (created ``0o600``, never deleted).
+
+    One object per absolute path per process: flock belongs to the open file description, so a
+    second object for the same path in this process would deadlock against the first.
+
+    It excludes other *processes* only.  With ``thread_local=False`` the hold count is shared by
+    all threads, so a second thread "acquires" it at once; use :func:`exclusive` to exclude
+    threads too.
+    """
+    return _entry(path)[0]
+
+
+@contextlib.contextmanager
+def exclusive(path: _StrPath) -> Iterator[None]:
+    """Hold the lock file ``path`` against other processes and other threads of this process.
+
+    Reentrant in the holding thread.  Blocks without a timeout.
+    """
+    file_lock, thread_lock = _entry(path)
+    with thread_lock, file_lock:
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Framed records
+
+
+def frame(obj: Mapping[str, Any]) -> bytes:
+    """One JSONL line: ``obj`` plus ``crc`` (CRC32 of the sorted-key JSON of ``obj`` without it).
+
+    An existing ``crc`` key in ``obj`` is ignored and recomputed.
+    """
+    return _seal({key: value for key, value in obj.items() if key != "crc"})
+
+
+def _seal(body: dict[str, Any]) -> bytes:
+    """Add ``crc`` to ``body`` (which must not have one) in place and serialize it."""
+    body["crc"] = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+    return orjson.dumps(body, option=_LINE_OPTS)
+
+
+def unframe(line: bytes) -> dict[str, Any]:
+    """Parse a line made by :func:`frame` (trailing newline optional) and verify its crc.
+
+    Raises ``ValueError`` with a short reason.  The returned dict includes ``crc``.
+    """
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise ValueError("invalid json") from None
+    if not isinstance(record, dict):
+        raise ValueError("not an object")
+    if "crc" not in record:
+        raise ValueError("missing crc")
+    crc = record.pop("crc")
+    # bool is an int subclass; True must not pass for a crc of 1.
+    if type(crc) is not int or crc != zlib.crc32(orjson.dumps(record, option=orjson.OPT_SORT_KEYS)):
+        raise ValueError("bad crc")
+    record["crc"] = crc
+    return record
+
+
+def _parse(raw: bytes, seq_key: str, expected: int | None) -> dict[str, Any]:
+    """Validate one raw line as read from the file; ``expected=None`` skips the sequence check."""
+    if not raw.endswith(b"\n"):
+        raise ValueError("unterminated last line")
+    if raw == b"\n":
+        raise ValueError("empty line")
+    record = unframe(raw)
+    seq = record.get(seq_key)
+    if type(seq) is not int:
+        raise ValueError(f"missing {seq_key}" if seq is None else f"bad {seq_key}: {seq!r}")
+    if expected is not None and seq != expected:
+        kind = "sequence gap" if seq > expected else "sequence went backwards"
+        raise ValueError(f"{kind}: expected {expected} got {seq}")
+    return record
+
+
+def _preview(raw: bytes) -> str:
+    return raw[:_PREVIEW_BYTES].decode("utf-8", errors="replace")[:_PREVIEW_CHARS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming readers
+
+
+@dataclass(frozen=True, slots=True)
+class _Bad:
+    line: int
+    offset: int
+    why: str
+    last: bool
+    head: bytes
+
+
+def _checked(
+    f: IO[bytes], seq_key: str, start_seq: int
+) -> Iterator[tuple[int, dict[str, Any] | _Bad]]:
+    """Yield ``(line_no, record)``; the first invalid line is yielded as :class:`_Bad` and ends it.
+
+    Holds at most two lines in memory: one line of lookahead tells a bad *last* line (a crash
+    artifact) from a bad line with more data after it (corruption).
+    """
+    expected = start_seq
+    offset = 0
+    line_no = 0
+    upcoming = f.readline()
+    while upcoming:
+        raw, upcoming = upcoming, f.readline()
+        line_no += 1
+        try:
+            record = _parse(raw, seq_key, expected)
+        except ValueError as exc:
+            yield line_no, _Bad(line_no, offset, str(exc), not upcoming, raw[:_PREVIEW_BYTES])
+            return
+        yield line_no, record
+        expected += 1
+        offset += len(raw)
+
+
+def _open_for_read(path: _StrPath, flags: int = os.O_RDONLY) -> IO[bytes]:
+    fd = os.open(path, flags | _O_NOFOLLOW | _O_CLOEXEC)
+    return os.fdopen(fd, "rb", buffering=_BLOCK)
+
+
+def scan(
+    path: _StrPath, *, seq_key: str = "seq", start_seq: int = 1, strict: bool = True
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream ``(line_no, record)`` from a framed log, validating every line.
+
+    Raises :class:`CorruptLogError` on an unterminated last line, an empty line, invalid JSON,
+    a non-object, a bad or missing crc, or a sequence that is not exactly previous + 1 (the
+    first record must carry ``start_seq``).  With ``strict=False`` a bad *last* line is taken
+    to be an append in progress (or a crash artifact) and ends the iteration quietly; a bad line
+    anywhere else still raises.  A missing file yields nothing.  Memory use is bounded by the
+    longest line, not the file size.
+    """
+    name = os.fspath(path)
+    try:
+        f = _open_for_read(name)
+    except FileNotFoundError:
+        return
+    with f:
+        for line_no, item in _checked(f, seq_key, start_seq):
+            if isinstance(item, _Bad):
+                if item.last and not strict:
+                    return
+                raise CorruptLogError(name, item.line, item.why)
+            yield line_no, item
+
+
+def _find_torn(f: IO[bytes], path: str, seq_key: str, start_seq: int) -> RepairReport | None:
+    for _, item in _checked(f, seq_key, start_seq):
+        if isinstance(item, _Bad):
+            if not item.last:
+                raise CorruptLogError(path, item.line, item.why)
+            size = os.fstat(f.fileno()).st_size
+            return RepairReport(path, item.offset, size - item.offset, _preview(item.head))
+    return None
+
+
+def inspect_tail(
+    path: _StrPath, *, seq_key: str = "seq", start_seq: int = 1
+) -> RepairReport | None:
+    """What :func:`repair` would cut, without taking the lock or changing anything.
+
+    Reads the whole file (streaming) so corruption anywhere raises :class:`CorruptLogError`.
+    Without the lock, a writer's append in progress can show up as a torn tail.
+    """
+    name = os.fspath(path)
+    try:
+        f = _open_for_read(name)
+    except FileNotFoundError:
+        return None
+    with f:
+        return _find_torn(f, name, seq_key, start_seq)
+
+
+def repair(path: _StrPath, *, seq_key: str = "seq", start_seq: int = 1) -> RepairReport | None:
+    """Under the log's lock, truncate a torn tail (and only that) and fsync.
+
+    Returns what was cut, or ``None`` when the log is intact or missing.  Corruption before
+    the last line raises :class:`CorruptLogError` and leaves the file untouched.
+    """
+    name = os.fspath(path)
+    if not os.path.lexists(name):
+        return None  # don't create a lock file next to a log that does not exist
+    with exclusive(name + ".lock"):
+        try:
+            f = _open_for_read(name, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        with f:
+            report = _find_torn(f, name, seq_key, start_seq)
+            if report is not None:
+                os.ftruncate(f.fileno(), report.offset)
+                os.fsync(f.fileno())
+        return report
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer
+
+
+def _pread_exact(fd: int, size: int, offset: int) -> bytes:
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _rfind_newline(fd: int, end: int) -> int:
+    """Offset of the last ``\\n`` in ``[0, end)``, or -1; reads backwards one block at a time."""
+    pos = end
+    while pos > 0:
+        start = max(0, pos - _BLOCK)
+        found = _pread_exact(fd, pos - start, start).rfind(b"\n")
+        if found >= 0:
+            return start + found
+        pos = start
+    return -1
+
+
+def _line_number(fd: int, offset: int) -> int:
+    # Only on the error path: counting newlines is the one reason to read the whole prefix.
+    count = 0
+    pos = 0
+    while pos < offset:
+        chunk = _pread_exact(fd, min(_BLOCK, offset - pos), pos)
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        pos += len(chunk)
+    return count + 1
+
+
+def _check_tail(fd: int, size: int, path: str, seq_key: str) -> tuple[int, RepairReport | None]:
+    """Return ``(last_good_seq, torn)`` from the last two lines only.
+
+    The line before the last must be valid (else :class:`CorruptLogError`); the last line is a
+    torn tail if it is unterminated or fails JSON, crc or sequence checks.
+    """
+    if size == 0:
+        return 0, None
+    terminated = _pread_exact(fd, 1, size - 1) == b"\n"
+    boundary = _rfind_newline(fd, size - 1 if terminated else size)
+    last_start = boundary + 1
+    prev_seq = 0
+    if boundary >= 0:
+        prev_start = _rfind_newline(fd, boundary) + 1
+        try:
+            prev = _parse(_pread_exact(fd, last_start - prev_start, prev_start), seq_key, None)
+        except ValueError as exc:
+            raise CorruptLogError(path, _line_number(fd, prev_start), str(exc)) from None
+        prev_seq = prev[seq_key]
+    if terminated:
+        raw = _pread_exact(fd, size - last_start, last_start)
+        try:
+            _parse(raw, seq_key, prev_seq + 1)
+        except ValueError:
+            pass
+        else:
+            return prev_seq + 1, None
+    else:
+        raw = _pread_exact(fd, min(size - last_start, _PREVIEW_BYTES), last_start)
+    return prev_seq, RepairReport(path, last_start, size - last_start, _preview(raw))
+
+
+class DurableLog:
+    """Append-only framed JSONL file.
+
+    Every record gets ``v`` (when ``version`` is not None), a per-file sequence field
+    (``seq_key``, strictly 1, 2, 3, ...) and ``crc``; those keys in the caller's objects are
+    overwritten.  Appends from any number of instances, threads and processes are serialized by
+    :func:`exclusive` on ``<path>.lock``.  An append returns only after the batch is written
+    with one ``write`` and (with ``sync=True``) fdatasynced.
+
+    Before writing, whenever the file is new to this instance or changed size since its last
+    append, the last two lines are checked: a torn last line is truncated away (see
+    :attr:`repaired`), a bad line before it raises :class:`CorruptLogError` and nothing is
+    written.  Corruption deeper in the file is not looked for here; :func:`scan` finds it.
+
+    A failed write is rolled back to the previous size; a failed fsync (or a failed rollback)
+    makes this instance refuse every later append, because the kernel may have dropped the data
+    while reporting the error only once.
+    """
+
+    def __init__(
+        self,
+        path: _StrPath,
+        *,
+        seq_key: str = "seq",
+        version: int | None = 1,
+        sync: bool = True,
+    ) -> None:
+        self._path = os.fspath(path)
+        self._lock_path = self._path + ".lock"
+        self._seq_key = seq_key
+        self._version = version
+        self._sync = sync
+        self._fd: int | None = None
+        self._dir_ready = False
+        # Size of the file after this instance's last check or append; -1 forces a tail check.
+        self._seen_size = -1
+        self._last_seq = 0
+        self._repaired: list[RepairReport] = []
+        self._suspect: OSError | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"DurableLog({self._path!r})"
+
+    def __enter__(self) -> DurableLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def repaired(self) -> list[RepairReport]:
+        """Torn tails this instance truncated, oldest first."""
+        return list(self._repaired)
+
+    def append(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one record; returns it as written (with ``v``, the sequence field and ``crc``)."""
+        return self.append_many([obj])[0]
+
+    def append_many(self, objs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Append a batch with one write and one fsync (group commit); all or nothing."""
+        if not objs:
+            return []
+        if not self._dir_ready:
+            ensure_dir(os.path.dirname(os.path.abspath(self._path)))
+            self._dir_ready = True
+        with exclusive(self._lock_path):
+            self._check_usable()
+            fd = self._open()
+            self._check_file(fd)
+            records: list[dict[str, Any]] = []
+            lines: list[bytes] = []
+            for number, obj in enumerate(objs, self._last_seq + 1):
+                record = {key: value for key, value in obj.items() if key != "crc"}
+                if self._version is not None:
+                    record["v"] = self._version
+                record[self._seq_key] = number
+                lines.append(_seal(record))
+                records.append(record)
+            self._commit(fd, b"".join(lines), len(records))
+            return records
+
+    def close(self) -> None:
+        """Close the file descriptor; idempotent.  Later appends raise ``ValueError``."""
+        # Only the thread half of the lock: closing must not wait on another process.
+        with _entry(self._lock_path)[1]:
+            self._closed = True
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self!r} is closed")
+        if self._suspect is not None:
+            raise OSError(
+                self._suspect.errno,
+                "log is suspect after a failed write or fsync; verify it before appending again",
+                self._path,
+            ) from self._suspect
+
+    def _open(self) -> int:
+        if self._fd is not None:
+            # A compactor may rename a fresh file over the path; appending through the old
+            # descriptor would write into an orphaned inode.
+            try:
+                current = os.stat(self._path, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            if current is not None and os.path.samestat(current, os.fstat(self._fd)):
+                return self._fd
+            fd, self._fd = self._fd, None
+            self._seen_size = -1
+            os.close(fd)
+        # O_RDWR rather than O_WRONLY: the tail check reads through this same descriptor, so it
+        # cannot inspect a different inode than the one it appends to.
+        flags = os.O_RDWR | os.O_APPEND | _O_NOFOLLOW | _O_CLOEXEC
+        try:
+            fd = os.open(self._path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            fd = os.open(self._path, flags)
+        else:
+            try:
+                fsync_dir(os.path.dirname(os.path.abspath(self._path)))
+            except BaseException:
+                os.close(fd)
+                raise
+        self._fd = fd
+        return fd
+
+    def _check_file(self, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        # Every writer holds the lock, acknowledged data is never removed and a torn tail only
+        # sits past it, so an unchanged size means nobody else appended since our last append.
+        if size == self._seen_size:
+            return
+        last_seq, torn = _check_tail(fd, size, self._path, self._seq_key)
+        if torn is not None:
+            try:
+                os.ftruncate(fd, torn.offset)
+                os.fsync(fd)
+            except OSError as exc:
+                self._suspect = exc
+                raise
+            self._repaired.append(torn)
+            size = torn.offset
+        self._last_seq = last_seq
+        self._seen_size = size
+
+    def _commit(self, fd: int, data: bytes, count: int) -> None:
+        before = self._seen_size
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            # A partial batch must not stay visible: the caller was told the append failed.
+            try:
+                os.ftruncate(fd, before)
+            except OSError:
+                self._suspect = exc
+            raise
+        if self._sync:
+            try:
+                _datasync(fd)
+            except OSError as exc:
+                # Never retry: after a failed fsync the page cache may already have dropped the
+                # dirty pages, so a second fsync can "succeed" without the data (fsyncgate).
+                self._suspect = exc
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, before)
+                raise
+        self._seen_size = before + len(data)
+        self._last_seq += count

@@ -1,0 +1,662 @@
+"""adaptor._durable: atomic files, locks, framed append-only logs, torn tails and corruption."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import select
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adaptor import _durable
+from adaptor._durable import (
+    CorruptLogError,
+    DurableLog,
+    RepairReport,
+    atomic_write,
+    atomic_write_json,
+    ensure_dir,
+    exclusive,
+    frame,
+    inspect_tail,
+    lock_for,
+    read_json,
+    repair,
+    scan,
+    unframe,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD_TIMEOUT = 120
+
+HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _python(code: str, *args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, **kwargs)
+
+
+def _write_log(path: Path, n: int, **extra: Any) -> None:
+    with DurableLog(path, sync=False) as log:
+        log.append_many([{"i": i, **extra} for i in range(n)])
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def _assert_seqs(path: Path, expected: int) -> list[dict[str, Any]]:
+    records = [record for _, record in scan(path)]
+    assert [r["seq"] for r in records] == list(range(1, expected + 1))
+    return records
+
+
+@pytest.fixture
+def log_path(tmp_path: Path) -> Path:
+    return tmp_path / "log.jsonl"
+
+
+# --- directories and whole files -------------------------------------------------------------
+
+
+def test_ensure_dir_creates_private_nested_dirs_and_is_idempotent(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "c"
+    assert ensure_dir(target) == target
+    for directory in (tmp_path / "a", tmp_path / "a" / "b", target):
+        assert directory.is_dir()
+        assert _mode(directory) == 0o700
+    ensure_dir(target)
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(OSError):
+        ensure_dir(tmp_path / "file")
+
+
+def test_atomic_write_replaces_content_with_mode_0600_and_no_leftovers(tmp_path: Path) -> None:
+    target = tmp_path / "state.json"
+    target.write_bytes(b"old")
+    target.chmod(0o644)
+    atomic_write(target, b"new content")
+    assert target.read_bytes() == b"new content"
+    assert _mode(target) == 0o600
+    assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_atomic_write_json_is_sorted_indented_and_read_back(tmp_path: Path) -> None:
+    target = tmp_path / "v.json"
+    atomic_write_json(target, {"b": 1, "a": [1, 2]})
+    assert target.read_bytes() == b'{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
+    assert read_json(target) == {"a": [1, 2], "b": 1}
+
+
+def test_read_json_does_not_follow_symlinks(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_bytes(b"{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    with pytest.raises(OSError) as info:
+        read_json(link)
+    assert info.value.errno == errno.ELOOP
+
+
+def test_atomic_write_refuses_a_planted_tmp_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    target = tmp_path / "state"
+    target.write_bytes(b"old")
+    monkeypatch.setattr(_durable, "_random_suffix", lambda: "guessed")
+    planted = tmp_path / "state.tmp-guessed"
+    planted.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        atomic_write(target, b"attacker wants this in victim")
+    assert victim.read_bytes() == b"precious"
+    assert target.read_bytes() == b"old"
+    # Not ours to remove: we never created it.
+    assert planted.is_symlink()
+
+
+def test_atomic_write_failure_removes_tmp_and_keeps_old_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "state"
+    target.write_bytes(b"old")
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="injected"):
+        atomic_write(target, b"new")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["state"]
+
+
+# --- framing ---------------------------------------------------------------------------------
+
+
+def test_frame_sorts_keys_and_recomputes_crc() -> None:
+    line = frame({"b": 1, "a": {"y": 2, "x": 1}, "crc": 12345})
+    assert line.endswith(b"\n")
+    assert line.startswith(b'{"a":{"x":1,"y":2},"b":1,"crc":')
+    record = unframe(line)
+    assert record["a"] == {"x": 1, "y": 2}
+    assert record["crc"] != 12345
+    assert unframe(line.rstrip(b"\n")) == record
+    assert frame(record) == line
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (b"{not json", "invalid json"),
+        (b"[1,2]", "not an object"),
+        (b'{"a":1}', "missing crc"),
+        (b'{"a":1,"crc":1}', "bad crc"),
+        (b'{"a":1,"crc":"x"}', "bad crc"),
+    ],
+)
+def test_unframe_rejects(line: bytes, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        unframe(line)
+
+
+def test_corrupt_log_error_fields_str_and_pickle() -> None:
+    exc = CorruptLogError("/x/log", 3, "bad crc")
+    assert (exc.path, exc.line, exc.why) == ("/x/log", 3, "bad crc")
+    assert str(exc) == "/x/log:3: bad crc"
+    again = pickle.loads(pickle.dumps(exc))
+    assert (again.path, again.line, again.why) == ("/x/log", 3, "bad crc")
+
+
+# --- DurableLog basics -----------------------------------------------------------------------
+
+
+def test_append_and_append_many_number_records(log_path: Path) -> None:
+    log = DurableLog(log_path)
+    assert not log_path.exists()  # no I/O before the first append
+    first = log.append({"kind": "a", "seq": 99, "crc": 1})
+    batch = log.append_many([{"kind": "b"}, {"kind": "c"}])
+    assert log.append_many([]) == []
+    log.close()
+    log.close()
+    assert [r["seq"] for r in [first, *batch]] == [1, 2, 3]
+    assert all(r["v"] == 1 for r in [first, *batch])
+    assert _assert_seqs(log_path, 3) == [first, *batch]
+    assert _mode(log_path) == 0o600
+    assert _mode(Path(str(log_path) + ".lock")) == 0o600
+    assert log.repaired == []
+    with pytest.raises(ValueError, match="closed"):
+        log.append({})
+
+
+def test_custom_seq_key_and_no_version(log_path: Path) -> None:
+    with DurableLog(log_path, seq_key="host_seq", version=None) as log:
+        record = log.append({"event": "x"})
+    assert record == {"event": "x", "host_seq": 1, "crc": record["crc"]}
+    assert [r for _, r in scan(log_path, seq_key="host_seq")] == [record]
+    with pytest.raises(CorruptLogError, match="missing seq"):
+        list(scan(log_path))
+
+
+def test_append_creates_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "log.jsonl"
+    with DurableLog(path) as log:
+        log.append({})
+    assert _mode(path.parent) == 0o700
+
+
+def test_two_instances_in_one_process_interleave(log_path: Path) -> None:
+    a, b = DurableLog(log_path), DurableLog(log_path)
+    for i in range(20):
+        (a if i % 3 else b).append({"i": i})
+        if i % 5 == 0:
+            a.append_many([{"i": i, "batch": j} for j in range(3)])
+    a.close()
+    b.close()
+    records = _assert_seqs(log_path, 20 + 4 * 3)
+    assert [r["i"] for r in records if "batch" not in r] == list(range(20))
+
+
+def test_threads_sharing_and_not_sharing_an_instance(log_path: Path) -> None:
+    shared = DurableLog(log_path, sync=False)
+    own = [DurableLog(log_path, sync=False) for _ in range(3)]
+    writers = [shared, shared, *own]
+
+    def work(n: int, log: DurableLog) -> None:
+        for i in range(100):
+            log.append({"t": n, "i": i})
+
+    threads = [threading.Thread(target=work, args=(n, log)) for n, log in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    records = _assert_seqs(log_path, 500)
+    for n in range(len(writers)):
+        assert [r["i"] for r in records if r["t"] == n] == list(range(100))
+
+
+def test_writer_follows_a_file_replaced_by_compaction(log_path: Path) -> None:
+    log = DurableLog(log_path)
+    log.append_many([{"i": i} for i in range(3)])
+    # A compactor writes a fresh log atomically under the same name.
+    atomic_write(log_path, frame({"snapshot": True, "seq": 1, "v": 1}))
+    assert log.append({"i": 3})["seq"] == 2
+    log.close()
+    assert [r.get("snapshot", r.get("i")) for r in _assert_seqs(log_path, 2)] == [True, 3]
+
+
+def test_writer_refuses_a_symlinked_log(tmp_path: Path) -> None:
+    real = tmp_path / "real.jsonl"
+    real.write_bytes(b"")
+    link = tmp_path / "log.jsonl"
+    link.symlink_to(real)
+    with pytest.raises(OSError) as info:
+        DurableLog(link).append({})
+    assert info.value.errno == errno.ELOOP
+    assert real.read_bytes() == b""
+    with pytest.raises(OSError):
+        list(scan(link))
+
+
+def test_failed_fsync_makes_the_log_suspect(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = DurableLog(log_path)
+    log.append({"i": 0})
+    size = log_path.stat().st_size
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(errno.EIO, "injected fsync failure")
+
+    monkeypatch.setattr(_durable, "_datasync", failing_sync)
+    with pytest.raises(OSError, match="injected") as first:
+        log.append({"i": 1})
+    monkeypatch.undo()
+    # The unacknowledged record is not left behind for readers.
+    assert log_path.stat().st_size == size
+    with pytest.raises(OSError, match="suspect") as later:
+        log.append({"i": 2})
+    assert later.value.__cause__ is first.value
+    assert log_path.stat().st_size == size
+    log.close()
+    # Another writer (after whatever check the owner decides on) continues the sequence.
+    with DurableLog(log_path) as fresh:
+        assert fresh.append({"i": 3})["seq"] == 2
+
+
+def test_unserializable_batch_writes_nothing(log_path: Path) -> None:
+    with DurableLog(log_path) as log:
+        log.append({"i": 0})
+        with pytest.raises(TypeError):
+            log.append_many([{"i": 1}, {"i": {1, 2}}])
+        assert log.append({"i": 2})["seq"] == 2
+    _assert_seqs(log_path, 2)
+
+
+# --- real cross-process behaviour ------------------------------------------------------------
+
+_APPENDER = """
+import sys
+from adaptor._durable import DurableLog
+path, worker = sys.argv[1], int(sys.argv[2])
+with DurableLog(path) as log:
+    for i in range(200):
+        log.append({"w": worker, "i": i})
+"""
+
+
+def test_four_processes_race_on_one_log(log_path: Path) -> None:
+    procs = [_python(_APPENDER, str(log_path), str(w)) for w in range(4)]
+    for proc in procs:
+        assert proc.wait(timeout=CHILD_TIMEOUT) == 0
+    records = _assert_seqs(log_path, 800)  # scan checks every crc
+    for w in range(4):
+        assert [r["i"] for r in records if r["w"] == w] == list(range(200))
+
+
+_TIGHT_LOOP = """
+import sys
+from adaptor._durable import DurableLog
+log = DurableLog(sys.argv[1])
+i = 0
+while True:
+    log.append({"i": i, "pad": "x" * 64})
+    i += 1
+    if i == 150:
+        print("ready", flush=True)
+"""
+
+
+def test_sigkill_mid_append_leaves_a_recoverable_log(log_path: Path) -> None:
+    proc = _python(_TIGHT_LOOP, str(log_path), stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        readable, _, _ = select.select([proc.stdout], [], [], CHILD_TIMEOUT)
+        assert readable, "appender never got going"
+        assert proc.stdout.readline() == b"ready\n"
+        assert log_path.read_bytes().count(b"\n") > 100
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=CHILD_TIMEOUT)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    with DurableLog(log_path) as log:
+        record = log.append({"after": "kill"})
+    records = _assert_seqs(log_path, record["seq"])
+    assert records[-1]["after"] == "kill"
+    assert [r["i"] for r in records[:-1]] == list(range(len(records) - 1))
+
+
+def _fd_targets(pid: int | str) -> set[str]:
+    targets = set()
+    directory = f"/proc/{pid}/fd"
+    for name in os.listdir(directory):
+        try:
+            targets.add(os.readlink(f"{directory}/{name}"))
+        except FileNotFoundError:  # the listing's own descriptor, already closed
+            pass
+    return targets
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_lock_and_log_fds_are_not_inherited(log_path: Path) -> None:
+    lock_path = str(log_path) + ".lock"
+    with DurableLog(log_path) as log:
+        log.append({})  # leaves the log descriptor open
+        with exclusive(lock_path):
+            mine = {
+                int(name)
+                for name in os.listdir("/proc/self/fd")
+                if os.path.realpath(f"/proc/self/fd/{name}") in {lock_path, str(log_path)}
+            }
+            assert len(mine) == 2
+            assert not any(os.get_inheritable(fd) for fd in mine)
+            # close_fds=False: only close-on-exec stands between the child and our fds.
+            child = _python("import sys; sys.stdin.read()", stdin=subprocess.PIPE, close_fds=False)
+            try:
+                # Popen returns after the exec succeeded, so the child's table is final.
+                leaked = _fd_targets(child.pid) & {lock_path, str(log_path)}
+            finally:
+                assert child.stdin is not None
+                child.stdin.close()
+                child.wait(timeout=CHILD_TIMEOUT)
+            assert leaked == set()
+
+
+_TRY_LOCK = """
+import sys, filelock
+from adaptor._durable import lock_for
+try:
+    lock_for(sys.argv[1]).acquire(blocking=False)
+except filelock.Timeout:
+    print("busy")
+else:
+    print("free")
+"""
+
+
+def test_lock_excludes_other_processes_and_is_one_object_per_path(tmp_path: Path) -> None:
+    lock_path = tmp_path / "x.lock"
+    assert lock_for(lock_path) is lock_for(str(tmp_path / "sub" / ".." / "x.lock"))
+
+    def probe() -> bytes:
+        return subprocess.run(
+            [sys.executable, "-c", _TRY_LOCK, str(lock_path)],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            timeout=CHILD_TIMEOUT,
+        ).stdout
+
+    with exclusive(lock_path), exclusive(lock_path):  # reentrant in one thread
+        assert probe() == b"busy\n"
+    assert probe() == b"free\n"
+    assert lock_path.exists()  # lock files are never deleted
+
+
+# --- strict reading, torn tails, corruption --------------------------------------------------
+
+
+def test_scan_missing_file_yields_nothing(tmp_path: Path) -> None:
+    assert list(scan(tmp_path / "absent")) == []
+    assert inspect_tail(tmp_path / "absent") is None
+    assert repair(tmp_path / "absent") is None
+    assert not (tmp_path / "absent.lock").exists()
+
+
+@pytest.mark.parametrize(
+    ("seqs", "line", "why"),
+    [
+        ([1, 2, 4], 3, "sequence gap: expected 3 got 4"),
+        ([1, 2, 2], 3, "sequence went backwards: expected 3 got 2"),
+        ([2], 1, "sequence gap: expected 1 got 2"),
+    ],
+)
+def test_scan_checks_the_sequence(log_path: Path, seqs: list[int], line: int, why: str) -> None:
+    log_path.write_bytes(b"".join(frame({"seq": s}) for s in [*seqs, seqs[-1] + 1]))
+    with pytest.raises(CorruptLogError) as info:
+        list(scan(log_path))
+    assert (info.value.line, info.value.why) == (line, why)
+
+
+def test_scan_start_seq(log_path: Path) -> None:
+    log_path.write_bytes(frame({"seq": 7}) + frame({"seq": 8}))
+    assert [n for n, _ in scan(log_path, start_seq=7)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("tail", "why"),
+    [
+        (b'{"seq":4', "unterminated last line"),
+        (b"\n", "empty line"),
+        (b"garbage\n", "invalid json"),
+    ],
+)
+def test_torn_tail_strict_lenient_inspect_and_repair(log_path: Path, tail: bytes, why: str) -> None:
+    _write_log(log_path, 3)
+    good = log_path.read_bytes()
+    log_path.write_bytes(good + tail)
+    with pytest.raises(CorruptLogError) as info:
+        list(scan(log_path))
+    assert (info.value.line, info.value.why) == (4, why)
+    assert len(list(scan(log_path, strict=False))) == 3
+    expected = RepairReport(str(log_path), len(good), len(tail), tail.decode())
+    assert inspect_tail(log_path) == expected
+    assert log_path.read_bytes() == good + tail  # inspecting changed nothing
+    assert repair(log_path) == expected
+    assert log_path.read_bytes() == good
+    assert repair(log_path) is None
+    _assert_seqs(log_path, 3)
+
+
+def test_empty_line_in_the_middle_is_corruption(log_path: Path) -> None:
+    log_path.write_bytes(frame({"seq": 1}) + b"\n" + frame({"seq": 2}))
+    with pytest.raises(CorruptLogError, match="empty line") as info:
+        list(scan(log_path, strict=False))
+    assert info.value.line == 2
+
+
+def _flip_payload(line: bytes) -> bytes:
+    return line.replace(b'"i":', b'"j":', 1)
+
+
+def _break_json(line: bytes) -> bytes:
+    return b"\xff" + line[1:]
+
+
+@pytest.mark.parametrize("damage", [_flip_payload, _break_json])
+def test_corrupt_middle_line_is_never_repaired(log_path: Path, damage: Any) -> None:
+    _write_log(log_path, 6)
+    lines = _lines(log_path)
+    lines[2] = damage(lines[2])
+    log_path.write_bytes(b"".join(lines))
+    before = log_path.read_bytes()
+    for lenient in (True, False):
+        with pytest.raises(CorruptLogError) as info:
+            list(scan(log_path, strict=not lenient))
+        assert info.value.line == 3
+    with pytest.raises(CorruptLogError) as info:
+        inspect_tail(log_path)
+    assert info.value.line == 3
+    with pytest.raises(CorruptLogError) as info:
+        repair(log_path)
+    assert info.value.line == 3
+    assert log_path.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", [_flip_payload, _break_json])
+def test_writer_refuses_corruption_before_the_last_line(log_path: Path, damage: Any) -> None:
+    _write_log(log_path, 6)
+    lines = _lines(log_path)
+    lines[4] = damage(lines[4])  # the writer checks the last two lines
+    log_path.write_bytes(b"".join(lines))
+    before = log_path.read_bytes()
+    log = DurableLog(log_path)
+    for _ in range(2):  # and keeps refusing
+        with pytest.raises(CorruptLogError) as info:
+            log.append({"i": 99})
+        assert info.value.line == 5
+    assert log_path.read_bytes() == before
+    assert log.repaired == []
+
+
+def test_writer_treats_a_bad_terminated_last_line_as_torn(log_path: Path) -> None:
+    _write_log(log_path, 3)
+    lines = _lines(log_path)
+    lines[2] = _flip_payload(lines[2])
+    log_path.write_bytes(b"".join(lines))
+    with DurableLog(log_path) as log:
+        assert log.append({"i": "new"})["seq"] == 3
+        (report,) = log.repaired
+    assert report.offset == len(lines[0]) + len(lines[1])
+    assert report.dropped_preview == lines[2].decode()
+    _assert_seqs(log_path, 3)
+
+
+def test_writer_notices_another_writers_torn_tail(log_path: Path) -> None:
+    log = DurableLog(log_path)
+    log.append({"i": 0})
+    with log_path.open("ab") as f:  # another process crashed mid-append
+        f.write(frame({"seq": 2})[:-5])
+    assert log.append({"i": 1})["seq"] == 2
+    assert len(log.repaired) == 1
+    log.close()
+    _assert_seqs(log_path, 2)
+
+
+def test_repair_preview_is_bounded(log_path: Path) -> None:
+    _write_log(log_path, 1)
+    good = log_path.stat().st_size
+    with log_path.open("ab") as f:
+        f.write("é".encode() * 10_000)
+    report = repair(log_path)
+    assert report is not None
+    assert (report.offset, report.dropped_bytes) == (good, 20_000)
+    assert report.dropped_preview == "é" * 200
+
+
+# --- properties ------------------------------------------------------------------------------
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_records = st.dictionaries(
+    st.text(max_size=8).filter(lambda key: key not in {"seq", "v", "crc"}), _values, max_size=5
+)
+
+
+@HYPOTHESIS
+@given(batches=st.lists(st.lists(_records, min_size=1, max_size=4), min_size=1, max_size=6))
+def test_records_round_trip_through_append_and_scan(batches: list[list[dict[str, Any]]]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "log.jsonl"
+        with DurableLog(path, sync=False) as log:
+            written = [r for batch in batches for r in log.append_many(batch)]
+        read = [record for _, record in scan(path)]
+    assert read == written
+    originals = [r for batch in batches for r in batch]
+    assert [{k: v for k, v in r.items() if k not in {"seq", "v", "crc"}} for r in read] == originals
+
+
+@HYPOTHESIS
+@given(n=st.integers(1, 8), data=st.data())
+def test_truncation_anywhere_is_a_torn_tail_at_worst(n: int, data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "log.jsonl"
+        _write_log(path, n, text="ü€")
+        blob = path.read_bytes()
+        cut = data.draw(st.integers(0, len(blob)), label="cut")
+        os.truncate(path, cut)
+        prefix = blob[:cut]
+        complete = prefix.count(b"\n")
+        on_boundary = cut == 0 or prefix.endswith(b"\n")
+        if on_boundary:
+            assert len(list(scan(path))) == complete
+            assert inspect_tail(path) is None
+        else:
+            with pytest.raises(CorruptLogError) as info:
+                list(scan(path))
+            assert info.value.line == complete + 1  # always the last line
+            assert len(list(scan(path, strict=False))) == complete
+        predicted = inspect_tail(path)
+        with DurableLog(path) as log:
+            assert log.append({"after": True})["seq"] == complete + 1
+            repaired = log.repaired
+        if on_boundary:
+            assert repaired == []
+        else:
+            start = prefix.rfind(b"\n") + 1
+            assert repaired == [predicted]
+            assert (repaired[0].offset, repaired[0].dropped_bytes) == (start, cut - start)
+        _assert_seqs(path, complete + 1)
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def test_scan_streams_in_constant_memory(log_path: Path) -> None:
+    pad = "p" * 200
+    with DurableLog(log_path, sync=False) as log:
+        for start in range(0, 50_000, 5_000):
+            log.append_many([{"i": i, "pad": pad} for i in range(start, start + 5_000)])
+    assert log_path.stat().st_size > 10 * 2**20
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in scan(log_path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 50_000
+    assert peak < 2 * 2**20
