@@ -161,14 +161,14 @@ class CancelledError(AdaptorError):
     """The host cancelled the call before the driver was entered."""
 
     code = "context.Canceled"
-    default_message = "run cancelled before the driver started"
+    default_message = "cancelled by the host"
 
 
 class DeadlineExceededError(AdaptorError, TimeoutError):
     """The call's timeout elapsed before the driver was entered."""
 
     code = "context.DeadlineExceeded"
-    default_message = "deadline exceeded before the driver started"
+    default_message = "deadline exceeded"
 
 
 class AgentClosedError(AdaptorError):

@@ -1,0 +1,644 @@
+"""The one run pipeline behind ``Agent.run``/``stream`` and ``Thread.run``/``stream``.
+
+Phases: static checks (no events, nothing touched) → admission (``RunStarted``) → preparation
+→ driver entry → verdict (``RunFinished``).  Failures before driver entry raise the
+pre-invocation identities without a Result; after entry every failure is a ``RunError`` with
+the Result gathered so far.
+"""
+
+from __future__ import annotations
+
+import secrets as _secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from adaptor import errors
+from adaptor.approval import Outcome, Responder
+from adaptor.driver import (
+    DecisionRequest,
+    DecisionResponse,
+    Descriptor,
+    Driver,
+    InvalidDriverConfigError,
+    OutputSchema,
+    Request,
+    Response,
+    SessionContext,
+)
+from adaptor.events import (
+    ApprovalRequest,
+    Choice,
+    Event,
+    Notice,
+    RunFinished,
+    RunStarted,
+    format_time,
+)
+from adaptor.policy import EffectiveApprovals, explicit_ask_kinds, validate
+from adaptor.result import Result, TranscriptItem
+from adaptor.stream import Broker, Stream
+
+if TYPE_CHECKING:
+    from adaptor._options import RunOptions
+    from adaptor.schema import CompiledSchema
+
+
+def new_run_id() -> str:
+    return "run_" + _secrets.token_hex(8)
+
+
+class RunHost(Protocol):
+    """What the pipeline needs from the Agent that owns it."""
+
+    driver: Driver
+    event_buffer: int
+    blocking_events: bool
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _register(self, run: RunPipeline) -> None: ...
+    def _unregister(self, run: RunPipeline) -> None: ...
+
+
+@dataclass
+class _Terminal:
+    """The first confirmed cause that ends a run; later causes never replace it."""
+
+    kind: str  # cancelled | deadline | budget | approval_denied | approval_timeout | handler
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    cause: BaseException | None = None
+
+
+class _Budget:
+    """The policy's active-execution budget: a timer that approvals can pause."""
+
+    def __init__(self, limit: float, on_exhausted: Callable[[], None]) -> None:
+        self.limit = limit
+        self._remaining = limit
+        self._on_exhausted = on_exhausted
+        self._lock = threading.Lock()
+        self._pauses = 0
+        self._started_at = 0.0
+        self._timer: threading.Timer | None = None
+        self._sealed = False
+
+    def start(self) -> None:
+        with self._lock:
+            self._arm()
+
+    def _arm(self) -> None:
+        self._started_at = time.monotonic()
+        self._timer = threading.Timer(max(self._remaining, 0.0), self._on_exhausted)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def pause(self) -> None:
+        with self._lock:
+            self._pauses += 1
+            if self._pauses == 1 and self._timer is not None and not self._sealed:
+                self._timer.cancel()
+                self._remaining -= time.monotonic() - self._started_at
+                self._timer = None
+
+    def resume(self) -> None:
+        with self._lock:
+            self._pauses -= 1
+            if self._pauses == 0 and not self._sealed:
+                self._arm()
+
+    def seal(self) -> None:
+        with self._lock:
+            self._sealed = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+
+class RunPipeline:
+    """One admitted-or-refused run.  Created by ``Agent.stream``; lives until its verdict."""
+
+    def __init__(
+        self,
+        host: RunHost,
+        prompt: str,
+        options: RunOptions,
+        *,
+        thread_key: str = "",
+    ) -> None:
+        if not isinstance(prompt, str):
+            raise TypeError("prompt must be a str")
+        self.host = host
+        self.prompt = prompt
+        self.options = options
+        self.thread_key = thread_key
+        self.run_id = new_run_id()
+        self.started = time.monotonic()
+        self.deadline = None if options.timeout is None else self.started + options.timeout
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._terminal: _Terminal | None = None
+        self._entered = False
+        self._responders: list[Responder] = []
+        self._decisions = 0
+        self._retry_warned: set[str] = set()
+        self._timer: threading.Timer | None = None
+        self._budget: _Budget | None = None
+        self.broker: Broker | None = None
+        self.stream = Stream(self.run_id, None, self.cancel)
+        # Filled by the static checks.
+        self.descriptor: Descriptor | None = None
+        self.approvals = EffectiveApprovals()
+        self.compiled: CompiledSchema | None = None
+        self.schema_source: str = ""
+
+    # -- phases ------------------------------------------------------------------------------
+
+    def start(self) -> Stream:
+        try:
+            self._static_checks()
+        except BaseException as exc:  # refused before admission: no events at all
+            self.stream._settle(None, exc)
+            return self.stream
+        self.broker = Broker(
+            self.run_id, self.thread_key, self.host.event_buffer, self.host.blocking_events
+        )
+        self.stream._broker = self.broker
+        if self.options.timeout is not None:
+            self._timer = threading.Timer(max(self.options.timeout, 0.0), self._on_deadline)
+            self._timer.daemon = True
+            self._timer.start()
+        self.broker.publish(RunStarted(run_id=self.run_id))
+        worker = threading.Thread(target=self._execute, name=f"adaptor-{self.run_id}", daemon=True)
+        worker.start()
+        return self.stream
+
+    def _static_checks(self) -> None:
+        if self.host.closed:
+            raise errors.AgentClosedError()
+        driver = self.host.driver
+        descriptor = driver.descriptor()
+        self.descriptor = descriptor
+        try:
+            driver.validate_config(None)
+        except errors.AdaptorError:
+            raise
+        except Exception as exc:
+            raise InvalidDriverConfigError(descriptor.type, exc) from exc
+        self.approvals = validate(self.options.policy, descriptor)
+        _refuse_unbuilt("skills", self.options.skills)
+        _refuse_unbuilt("mcp", self.options.mcp)
+        if self.options.schema is not None:
+            from adaptor import schema as _schema
+
+            self.compiled = _schema.compile_schema(self.options.schema)
+            self.schema_source = _schema.negotiate(
+                descriptor,
+                ask_kinds=self.approvals.ask_kinds,
+                explicit_ask_kinds=explicit_ask_kinds(self.options.policy),
+                streaming=True,
+            )
+        if self.options.timeout is not None and self.options.timeout <= 0:
+            raise errors.DeadlineExceededError()
+        self.host._register(self)
+
+    def _execute(self) -> None:
+        result: Result | None = None
+        error: BaseException | None = None
+        try:
+            result = self._prepare_and_run()
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._teardown()
+        if isinstance(error, errors.RunError):
+            result_for_event = error.result
+        else:
+            result_for_event = result
+        self.stream._settle(result, error)
+        assert self.broker is not None
+        self.broker.finish(lambda: self._run_finished(result_for_event, error))
+        self.host._unregister(self)
+
+    def _prepare_and_run(self) -> Result:
+        policy = self.options.policy
+        budget_limit = None if policy is None else policy.active_execution_timeout
+        if budget_limit:
+            self._budget = _Budget(float(budget_limit), self._on_budget)
+            self._budget.start()
+        self._raise_if_ended_before_entry()
+        request = self._request()
+        with self._lock:
+            self._raise_if_ended_before_entry()
+            self._entered = True
+        sink = _Sink(self)
+        response: Response | None = None
+        driver_error: BaseException | None = None
+        try:
+            response = self.host.driver.run(request, sink)
+        except BaseException as exc:
+            driver_error = exc
+        finally:
+            sink.closed = True
+            self._expire_open_requests()
+        return self._verdict(response, driver_error)
+
+    def _raise_if_ended_before_entry(self) -> None:
+        terminal = self._terminal
+        if terminal is None:
+            return
+        if terminal.kind == "deadline":
+            raise errors.DeadlineExceededError()
+        if terminal.kind == "budget" and self._budget is not None:
+            raise errors.ActiveExecutionTimeoutError(self._budget.limit)
+        raise errors.CancelledError()
+
+    def _request(self) -> Request:
+        prompt = self.prompt
+        output_schema: OutputSchema | None = None
+        if self.compiled is not None:
+            from adaptor import schema as _schema
+
+            schema_options = self.options.schema_options or _schema.SchemaOptions()
+            output_schema = self.compiled.to_output_schema(schema_options)
+            if self.schema_source == "prompt_validate":
+                prompt = _schema.instruct(prompt, self.compiled, schema_options)
+        return Request(
+            run_id=self.run_id,
+            prompt=prompt,
+            config=None,
+            workspace_cwd=self.options.workspace,
+            session=SessionContext(mode="stateless"),
+            policy=self.options.policy,
+            output_schema=output_schema,
+            structured_output_source=self.schema_source,  # type: ignore[arg-type]
+            spawn=self.options.spawn,
+            model_override=self.options.model or "",
+            append_system_prompt=self.options.append_system_prompt,
+            instructions=self.options.instructions,
+            metadata=dict(self.options.metadata),
+            deadline=None
+            if self.deadline is None
+            else datetime.now(UTC) + timedelta(seconds=self.deadline - time.monotonic()),
+        )
+
+    # -- verdict -----------------------------------------------------------------------------
+
+    def _verdict(self, response: Response | None, driver_error: BaseException | None) -> Result:
+        result = self._result(response)
+        terminal = self._terminal
+        if self._budget is not None:
+            self._budget.seal()
+        if terminal is not None:
+            raise self._terminal_error(terminal, result)
+        if driver_error is not None:
+            raise errors.RunError(
+                "infrastructure_error", "execution failed", result=result, cause=driver_error
+            ) from driver_error
+        assert response is not None
+        if response.failure is not None:
+            failure = response.failure
+            raise errors.run_error_for_reason(
+                errors.reason_for_driver_code(failure.code),
+                failure.message,
+                details=dict(failure.details),
+                result=result,
+            )
+        if response.exit_code != 0 or response.signal is not None or response.timed_out:
+            raise errors.AgentFailedError(
+                "driver process ended unsuccessfully: " + _describe_exit(response),
+                details={
+                    "exit_code": response.exit_code,
+                    "signal": response.signal,
+                    "timed_out": response.timed_out,
+                },
+                result=result,
+            )
+        if self.compiled is not None:
+            source: Literal["native", "prompt_validate"] = (
+                "native" if self.schema_source == "native" else "prompt_validate"
+            )
+            record = self.compiled.validate_text(response.output, source)
+            result = result._with(structured=record)
+            return_invalid = bool(
+                self.options.schema_options and self.options.schema_options.return_invalid
+            )
+            if not record.valid and not return_invalid:
+                raise errors.PolicyViolationError(
+                    "structured output invalid: " + ("; ".join(record.errors) or "no value"),
+                    details={"errors": list(record.errors)},
+                    result=result,
+                )
+        return result
+
+    def _result(self, response: Response | None) -> Result:
+        assert self.descriptor is not None
+        if response is None:
+            return Result(run_id=self.run_id, provider=self.descriptor.type,
+                          model=self.options.model or "")
+        return Result(
+            run_id=self.run_id,
+            model=response.model or self.options.model or "",
+            provider=response.provider or self.descriptor.type,
+            text=response.output,
+            summary=response.summary,
+            usage=response.usage,
+            metadata=dict(response.metadata),
+            _raw=response.raw_streams,
+            _transcript=tuple(response.transcript),
+        )
+
+    def _terminal_error(self, terminal: _Terminal, result: Result) -> errors.RunError:
+        if terminal.kind == "cancelled":
+            return errors.RunCancelledError(
+                "run cancelled", result=result, cause=errors.CancelledError()
+            )
+        if terminal.kind == "deadline":
+            return errors.RunDeadlineExceededError(
+                f"run deadline of {self.options.timeout:g}s exceeded",
+                result=result,
+                cause=errors.DeadlineExceededError(),
+            )
+        if terminal.kind == "budget":
+            assert self._budget is not None
+            return errors.ActiveExecutionTimeoutError(
+                self._budget.limit, details={"limit": self._budget.limit}, result=result
+            )
+        if terminal.kind == "approval_denied":
+            return errors.ApprovalDeniedError(terminal.message, details=terminal.details, result=result)
+        if terminal.kind == "approval_timeout":
+            return errors.ApprovalTimeoutError(terminal.message, details=terminal.details, result=result)
+        return errors.AgentFailedError(
+            terminal.message, details=terminal.details, result=result, cause=terminal.cause
+        )
+
+    def _run_finished(self, result: Result | None, error: BaseException | None) -> RunFinished:
+        reason = ""
+        if isinstance(error, errors.RunError):
+            reason = error.reason
+        return RunFinished(
+            run_id=self.run_id,
+            usage=None if result is None else result.usage,
+            failed=error is not None,
+            reason=reason,
+            message="" if error is None else str(error),
+        )
+
+    # -- ending a run ------------------------------------------------------------------------
+
+    def end(self, terminal: _Terminal) -> None:
+        """Record the first terminal cause and stop the driver."""
+        with self._lock:
+            if self._terminal is None:
+                self._terminal = terminal
+        self.cancelled.set()
+        if self.broker is not None:
+            self.broker.cancel()
+        self._expire_open_requests()
+
+    def cancel(self) -> None:
+        if self.stream._done.is_set():
+            return
+        self.end(_Terminal("cancelled"))
+
+    def _on_deadline(self) -> None:
+        self.end(_Terminal("deadline"))
+
+    def _on_budget(self) -> None:
+        self.end(_Terminal("budget"))
+
+    def _expire_open_requests(self) -> None:
+        with self._lock:
+            responders = list(self._responders)
+        for responder in responders:
+            responder.expire("aborted")
+
+    def _teardown(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._budget is not None:
+            self._budget.seal()
+
+    # -- events and approvals from the driver ------------------------------------------------
+
+    def publish(self, event: Event, *, deadline: float | None = None) -> bool:
+        assert self.broker is not None
+        return self.broker.publish(event, deadline=deadline)
+
+    def decide(self, request: DecisionRequest) -> DecisionResponse:
+        """Route one driver decision through the policy; see ``adaptor.approval``."""
+        attempt = 0
+        while True:
+            outcome, approval = self._ask(request, attempt)
+            if outcome.result in ("approved", "answered", "aborted"):
+                return _response(approval.id, outcome)
+            timed_out = outcome.result == "timed_out"
+            action = self.approvals.on_timeout if timed_out else self.approvals.on_reject
+            auto = self.approvals.mode(request.kind) == "auto_reject"
+            if action == "continue":
+                return _response(approval.id, outcome)
+            if action == "retry" and not auto:
+                caps = self.descriptor.run_policy_caps if self.descriptor else None
+                supported = bool(caps and getattr(caps, request.kind).retry)
+                if supported and attempt < self.approvals.max_retries:
+                    attempt += 1
+                    continue
+                if not supported:
+                    self._warn_retry_unsupported(request.kind, action)
+            self._abort_for(approval, outcome, attempt, exhausted=action == "retry" and not auto)
+            return _response(approval.id, Outcome("aborted"))
+
+    def _ask(self, request: DecisionRequest, attempt: int) -> tuple[Outcome, ApprovalRequest]:
+        with self._lock:
+            self._decisions += 1
+            number = self._decisions
+        now = datetime.now(UTC)
+        timeout = self.approvals.timeout
+        request_id = (
+            request.request_id if request.request_id and attempt == 0 else f"{self.run_id}-dec-{number}"
+        )
+        responder = Responder(request.kind, tuple(c.key for c in request.choices))
+        approval = ApprovalRequest(
+            id=request_id,
+            run_id=self.run_id,
+            kind=request.kind,
+            title=request.title,
+            source=request.source or request.kind,
+            tool_call_id=request.tool_call_id,
+            choices=tuple(Choice(c.key, c.label, c.description) for c in request.choices),
+            details=dict(request.payload),
+            created_at=now,
+            deadline=None if timeout is None else now + timedelta(seconds=timeout),
+            attempt=attempt,
+            _responder=responder,
+        )
+        mode = self.approvals.mode(request.kind)
+        self._notice_requested(approval, mode)
+        if mode != "ask":
+            result = "approved" if mode == "auto_approve" and request.kind != "question" else "rejected"
+            outcome = Outcome(result, resolved_at=datetime.now(UTC))  # type: ignore[arg-type]
+            self._notice_resolved(approval, outcome)
+            return outcome, approval
+        with self._lock:
+            if self.cancelled.is_set():
+                responder.expire("aborted")
+            self._responders.append(responder)
+        if self._budget is not None:
+            self._budget.pause()
+        try:
+            outcome = self._wait_for_answer(approval, responder, timeout)
+        finally:
+            if self._budget is not None:
+                self._budget.resume()
+            with self._lock:
+                self._responders.remove(responder)
+        self._notice_resolved(approval, outcome)
+        return outcome, approval
+
+    def _wait_for_answer(
+        self, approval: ApprovalRequest, responder: Responder, timeout: float | None
+    ) -> Outcome:
+        handler = self.options.on_approval
+        if handler is not None:
+            try:
+                handler(approval)
+            except Exception as exc:
+                responder.expire("aborted")
+                self.end(_Terminal("handler", "approval handler raised", cause=exc))
+                return Outcome("aborted")
+            outcome = responder.outcome
+            if outcome is None:
+                responder.expire("aborted")
+                self.end(_Terminal("handler", "approval handler returned without resolving the request"))
+                return Outcome("aborted")
+            return outcome
+        bound = None if timeout is None else time.monotonic() + timeout
+        if not self.publish(approval, deadline=bound):
+            return responder.expire("timed_out" if not self.cancelled.is_set() else "aborted")
+        remaining = None if bound is None else max(bound - time.monotonic(), 0.0)
+        settled = responder.wait(remaining)
+        if settled is not None:
+            return settled
+        return responder.expire("timed_out")
+
+    def _abort_for(
+        self, approval: ApprovalRequest, outcome: Outcome, attempt: int, *, exhausted: bool
+    ) -> None:
+        timed_out = outcome.result == "timed_out"
+        word = "timed out" if timed_out else "rejected"
+        if exhausted and attempt >= self.approvals.max_retries and attempt > 0:
+            message = f"approval {word} exhausted retries ({attempt + 1} attempts)"
+        else:
+            message = f"approval {word}: kind={approval.kind} source={approval.source}"
+        details: dict[str, Any] = {"kind": approval.kind, "source": approval.source,
+                                   "request_id": approval.id, "attempts": attempt + 1}
+        if outcome.text:
+            details["text"] = outcome.text
+        self.end(_Terminal("approval_timeout" if timed_out else "approval_denied", message, details))
+
+    def _warn_retry_unsupported(self, kind: str, action: str) -> None:
+        if kind in self._retry_warned:
+            return
+        self._retry_warned.add(kind)
+        self.publish(
+            Notice(
+                kind="lifecycle",
+                text=f"the driver cannot retry {kind} approvals; aborting instead",
+                data={"warning": "human_decision_retry_unsupported", "kind": kind, "action": action},
+            )
+        )
+
+    def _notice_requested(self, approval: ApprovalRequest, mode: str) -> None:
+        self.publish(
+            Notice(
+                kind="approval.requested",
+                text=approval.title,
+                data={
+                    **_approval_data(approval),
+                    "default_result": "ask" if mode == "ask" else mode,
+                },
+            )
+        )
+
+    def _notice_resolved(self, approval: ApprovalRequest, outcome: Outcome) -> None:
+        resolved_at = outcome.resolved_at or datetime.now(UTC)
+        self.publish(
+            Notice(
+                kind="approval.resolved",
+                text=outcome.result,
+                data={
+                    **_approval_data(approval),
+                    "result": outcome.result,
+                    "choice": outcome.choice,
+                    "text": outcome.text,
+                    "resolved_at": format_time(resolved_at),
+                    "latency": (resolved_at - approval.created_at).total_seconds(),
+                },
+            )
+        )
+
+
+def _approval_data(approval: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "request_id": approval.id,
+        "kind": approval.kind,
+        "source": approval.source,
+        "tool_call_id": approval.tool_call_id,
+        "payload": approval.details,
+        "choices": [c.key for c in approval.choices],
+        "created_at": format_time(approval.created_at),
+        "deadline": None if approval.deadline is None else format_time(approval.deadline),
+        "attempt": approval.attempt,
+    }
+
+
+def _response(request_id: str, outcome: Outcome) -> DecisionResponse:
+    return DecisionResponse(
+        request_id=request_id, result=outcome.result, choice=outcome.choice, text=outcome.text
+    )
+
+
+def _describe_exit(response: Response) -> str:
+    if response.timed_out:
+        return "timed out"
+    if response.signal is not None:
+        return f"killed by signal {response.signal}"
+    return f"exit code {response.exit_code}"
+
+
+def _refuse_unbuilt(name: str, value: Any) -> None:
+    if value:
+        raise NotImplementedError(f"{name} are not supported by this version of adaptor yet")
+
+
+class _Sink:
+    """The EventSink handed to the driver for one run."""
+
+    def __init__(self, run: RunPipeline) -> None:
+        self._run = run
+        self.closed = False
+
+    @property
+    def cancelled(self) -> threading.Event:
+        return self._run.cancelled
+
+    def emit(self, payload: Event | TranscriptItem) -> None:
+        if self.closed:
+            return
+        if isinstance(payload, TranscriptItem):
+            self._run.publish(Notice(kind="transcript.item", text=payload.text, data=payload.to_json()))
+            return
+        if isinstance(payload, RunStarted | RunFinished):
+            return  # the SDK owns the run lifecycle events
+        if isinstance(payload, ApprovalRequest):
+            raise TypeError("drivers ask for approvals with sink.request_decision(), not emit()")
+        self._run.publish(payload)
+
+    def request_decision(self, request: DecisionRequest) -> DecisionResponse:
+        if self.closed or self._run.cancelled.is_set():
+            return DecisionResponse(request_id=request.request_id, result="aborted")
+        return self._run.decide(request)

@@ -1,0 +1,165 @@
+"""Agent: the one constructor and the entry point of every run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from adaptor import _options
+from adaptor._options import RunOptions
+from adaptor._run import RunPipeline
+from adaptor.driver import Driver
+from adaptor.errors import AgentClosedError
+
+if TYPE_CHECKING:
+    from adaptor.events import ApprovalRequest
+    from adaptor.policy import Policy
+    from adaptor.result import Result
+    from adaptor.schema import SchemaOptions
+    from adaptor.stream import Stream
+
+__all__ = ["Agent", "Runner"]
+
+
+class Runner(Protocol):
+    """Anything that runs prompts: ``Agent`` and ``Thread``."""
+
+    def run(self, prompt: str, **options: Any) -> Result: ...
+    def stream(self, prompt: str, **options: Any) -> Stream: ...
+
+
+class Agent:
+    """Runs prompts through one driver.
+
+    Construction does no environment I/O.  Shared options set here are defaults for every run
+    and can be overridden per call with keyword arguments of the same name; per-call options
+    never change these defaults.  Safe to use from several threads.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        workspace: str | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        policy: Policy | None = None,
+        instructions: str | None = None,
+        append_system_prompt: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        skills: Sequence[Any] = (),
+        mcp: Sequence[Any] | None = None,
+        on_approval: Callable[[ApprovalRequest], None] | None = None,
+        spawn: bool = False,
+        thread_store: Any = None,
+        tools: Sequence[Any] = (),
+        skill_provider: Any = None,
+        event_buffer: int = 1024,
+        blocking_events: bool = False,
+    ) -> None:
+        if driver is None:
+            raise TypeError("Agent needs a driver, e.g. Agent(claude.Driver(claude.Config()))")
+        for method in ("descriptor", "validate_config", "run"):
+            if not callable(getattr(driver, method, None)):
+                raise TypeError(f"driver {driver!r} has no {method}() method")
+        self.driver = driver
+        self.event_buffer = event_buffer if event_buffer > 0 else 1024
+        self.blocking_events = blocking_events
+        self.thread_store = thread_store
+        self.tools = tuple(tools)
+        self.skill_provider = skill_provider
+        self._defaults = _options.defaults(
+            workspace=workspace,
+            model=model,
+            timeout=timeout,
+            policy=policy,
+            instructions=instructions,
+            append_system_prompt=append_system_prompt,
+            metadata=metadata,
+            skills=skills,
+            mcp=mcp,
+            on_approval=on_approval,
+            spawn=spawn,
+        )
+        self._closed = False
+        self._lock = threading.Lock()
+        self._active: set[RunPipeline] = set()
+        self._idle = threading.Condition(self._lock)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(
+        self,
+        prompt: str,
+        *,
+        schema: Any = None,
+        schema_options: SchemaOptions | None = None,
+        **options: Any,
+    ) -> Result:
+        """Run ``prompt`` to completion: exactly ``stream``, drain every event, ``result()``."""
+        return self.stream(prompt, schema=schema, schema_options=schema_options, **options).result()
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        schema: Any = None,
+        schema_options: SchemaOptions | None = None,
+        **options: Any,
+    ) -> Stream:
+        """Start a run and return its live Stream.  Never raises for run failures:
+        ``result()`` raises them."""
+        effective = self._options(options, schema=schema, schema_options=schema_options)
+        return RunPipeline(self, prompt, effective).start()
+
+    def _options(self, call: Mapping[str, Any], **call_only: Any) -> RunOptions:
+        merged = self._defaults.merged(call)
+        return merged.merged({k: v for k, v in call_only.items() if v is not None} or {})
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, timeout: float = 10) -> None:
+        """Refuse new runs, cancel active ones and wait up to ``timeout`` seconds for them.
+
+        Idempotent.  Drivers with persistent processes get ``close_processes(timeout)``.
+        """
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+            active = list(self._active)
+        for run in active:
+            run.cancel()
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._active:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._idle.wait(remaining)
+        closer = getattr(self.driver, "close_processes", None)
+        if first and callable(closer):
+            closer(max(deadline - time.monotonic(), 0.0))
+
+    def _register(self, run: RunPipeline) -> None:
+        with self._lock:
+            if self._closed:
+                raise AgentClosedError()
+            self._active.add(run)
+
+    def _unregister(self, run: RunPipeline) -> None:
+        with self._idle:
+            self._active.discard(run)
+            self._idle.notify_all()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,123 @@
+"""Approval requests: the exactly-once responder and the helper handlers.
+
+Routing of a driver's decision request through the run policy lives in the run pipeline
+(``adaptor._run``); this module owns what a request *is* and how a response is settled.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
+
+from adaptor.errors import (
+    ApprovalExpiredError,
+    ApprovalKindMismatchError,
+    ApprovalResolvedError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from adaptor.events import ApprovalRequest
+
+__all__ = ["Outcome", "Responder", "approve_all", "deny_all"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a request was settled."""
+
+    result: Literal["approved", "rejected", "answered", "timed_out", "aborted"]
+    choice: str = ""
+    text: str = ""
+    resolved_at: datetime | None = None
+
+
+class Responder:
+    """The single live responder shared by every copy of one approval request.
+
+    The first settle wins; later responses raise ``ApprovalResolvedError``, or
+    ``ApprovalExpiredError`` when the SDK expired the request first.  Methods never block.
+    """
+
+    def __init__(self, kind: str, choice_keys: tuple[str, ...]) -> None:
+        self._kind = kind
+        self._choice_keys = choice_keys
+        self._lock = threading.Lock()
+        self._settled = threading.Event()
+        self._outcome: Outcome | None = None
+        self._expired = False
+
+    # -- responses from the host -------------------------------------------------------------
+
+    def approve(self, request: ApprovalRequest) -> None:
+        if self._kind == "question":
+            raise ApprovalKindMismatchError(
+                f"approval {request.id!r} is a question: answer(option) or deny(reason) it"
+            )
+        self._settle(request, Outcome("approved"))
+
+    def deny(self, request: ApprovalRequest, reason: str = "") -> None:
+        self._settle(request, Outcome("rejected", text=reason))
+
+    def answer(self, request: ApprovalRequest, option: str) -> None:
+        if self._kind != "question":
+            raise ApprovalKindMismatchError(
+                f"approval {request.id!r} is a {self._kind} request: approve() or deny() it"
+            )
+        choice = option if option in self._choice_keys else ""
+        self._settle(request, Outcome("answered", choice=choice, text=option))
+
+    def _settle(self, request: ApprovalRequest, outcome: Outcome) -> None:
+        with self._lock:
+            if self._expired:
+                raise ApprovalExpiredError(f"approval {request.id!r} expired before this response")
+            if self._outcome is not None:
+                raise ApprovalResolvedError(f"approval {request.id!r} was already resolved")
+            self._outcome = Outcome(
+                outcome.result, outcome.choice, outcome.text, datetime.now(UTC)
+            )
+            self._settled.set()
+
+    # -- the SDK side ------------------------------------------------------------------------
+
+    def expire(self, result: Literal["timed_out", "aborted"]) -> Outcome:
+        """Expire the request unless a response already won; returns the winning outcome."""
+        with self._lock:
+            if self._outcome is None:
+                self._expired = True
+                self._outcome = Outcome(result, resolved_at=datetime.now(UTC))
+                self._settled.set()
+            return self._outcome
+
+    def wait(self, timeout: float | None) -> Outcome | None:
+        """Wait for a response; None when ``timeout`` passed first.
+
+        The run pipeline expires every open request when the run is cancelled or ends, so
+        waiting on the request alone also covers cancellation.
+        """
+        self._settled.wait(timeout)
+        return self._outcome
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return self._outcome
+
+
+def approve_all(request: ApprovalRequest) -> None:
+    """An ``on_approval`` handler: approves permission and plan_review, denies questions."""
+    if request.kind == "question":
+        request.deny("questions cannot be auto-approved")
+    else:
+        request.approve()
+
+
+def deny_all(reason: str = "denied by policy") -> Callable[[ApprovalRequest], None]:
+    """An ``on_approval`` handler factory that denies every request with ``reason``."""
+
+    def handler(request: ApprovalRequest) -> None:
+        request.deny(reason)
+
+    return handler

@@ -1,0 +1,260 @@
+"""The outcome of a run: Result and its layers (raw streams, transcript, structured output)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, overload
+
+import orjson
+
+__all__ = [
+    "RawStreams",
+    "Result",
+    "StructuredOutput",
+    "TerminalPayload",
+    "TranscriptItem",
+    "Usage",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token usage reported by the provider.  ``Result.usage is None`` when it reported nothing."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Usage:
+        return cls(
+            input_tokens=int(obj.get("input_tokens") or 0),
+            output_tokens=int(obj.get("output_tokens") or 0),
+            cached_input_tokens=int(obj.get("cached_input_tokens") or 0),
+            cost_usd=None if obj.get("cost_usd") is None else float(obj["cost_usd"]),
+        )
+
+    def __add__(self, other: Usage) -> Usage:
+        cost = (
+            None
+            if self.cost_usd is None and other.cost_usd is None
+            else (self.cost_usd or 0.0) + (other.cost_usd or 0.0)
+        )
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            cost,
+        )
+
+
+@dataclass(frozen=True)
+class TerminalPayload:
+    """The provider's official terminal event, verbatim."""
+
+    event: str
+    json: str
+
+
+@dataclass(frozen=True)
+class RawStreams:
+    """Every byte the agent process printed (decoded as UTF-8 with replacement)."""
+
+    stdout: str = ""
+    stderr: str = ""
+    terminal: TerminalPayload | None = None
+
+
+TranscriptKind = Literal[
+    "assistant",
+    "thinking",
+    "user",
+    "tool_call",
+    "tool_result",
+    "init",
+    "result",
+    "stdout",
+    "stderr",
+    "system",
+    "summary",
+    "question",
+    "failure",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranscriptItem:
+    """One normalized item of the provider's official protocol."""
+
+    kind: str
+    text: str = ""
+    tool_use_id: str = ""
+    tool_name: str = ""
+    input: Any = None
+    is_error: bool = False
+    model: str = ""
+    session_id: str = ""
+    usage: Usage | None = None
+    subtype: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["usage"] = None if self.usage is None else self.usage.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> TranscriptItem:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in obj.items() if k in names}
+        if kwargs.get("usage") is not None:
+            kwargs["usage"] = Usage.from_json(kwargs["usage"])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StructuredOutput:
+    """The validation record of a run that asked for structured output."""
+
+    source: Literal["native", "prompt_validate"]
+    valid: bool
+    value: Any = None
+    errors: tuple[str, ...] = ()
+    raw_json: str = ""
+    schema_hash: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["errors"] = list(self.errors)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> StructuredOutput:
+        return cls(
+            source=obj["source"],
+            valid=bool(obj["valid"]),
+            value=obj.get("value"),
+            errors=tuple(obj.get("errors") or ()),
+            raw_json=obj.get("raw_json") or "",
+            schema_hash=obj.get("schema_hash") or "",
+        )
+
+
+class DecodeError(ValueError):
+    """``Result.decode`` found no valid value to decode."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result:
+    """A finished run.  ``text`` is final assistant text only — never raw stdout."""
+
+    run_id: str
+    model: str = ""
+    provider: str = ""
+    text: str = ""
+    summary: str = ""
+    usage: Usage | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    structured: StructuredOutput | None = None
+    _raw: RawStreams = field(default_factory=RawStreams, repr=False)
+    _transcript: tuple[TranscriptItem, ...] = field(default=(), repr=False)
+
+    def raw(self) -> RawStreams:
+        return self._raw
+
+    def transcript(self) -> list[TranscriptItem]:
+        return list(self._transcript)
+
+    @overload
+    def decode(self, type_: None = None) -> Any: ...
+    @overload
+    def decode(self, type_: type[T]) -> T: ...
+    def decode(self, type_: type[Any] | None = None) -> Any:
+        """The structured value when a schema was requested, else ``text`` parsed as JSON.
+
+        With a schema it never falls back to ``text``: invalid or missing output raises
+        :class:`DecodeError` naming the validation errors.  ``type_`` (a dataclass,
+        TypedDict or pydantic model) converts the value.
+        """
+        if self.structured is not None:
+            if not self.structured.valid:
+                problems = "; ".join(self.structured.errors) or "no value"
+                raise DecodeError(f"structured output invalid: {problems}")
+            value = self.structured.value
+        else:
+            text = self.text.strip()
+            if not text:
+                raise DecodeError("result text is empty")
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError as exc:
+                raise DecodeError(f"result text is not JSON: {exc}") from exc
+        if type_ is None:
+            return value
+        from adaptor.schema import convert
+
+        return convert(value, type_)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "model": self.model,
+            "provider": self.provider,
+            "text": self.text,
+            "summary": self.summary,
+            "usage": None if self.usage is None else self.usage.to_json(),
+            "metadata": dict(self.metadata),
+            "structured": None if self.structured is None else self.structured.to_json(),
+            "raw": {
+                "stdout": self._raw.stdout,
+                "stderr": self._raw.stderr,
+                "terminal": None
+                if self._raw.terminal is None
+                else dataclasses.asdict(self._raw.terminal),
+            },
+            "transcript": [item.to_json() for item in self._transcript],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Result:
+        raw = obj.get("raw") or {}
+        terminal = raw.get("terminal")
+        return cls(
+            run_id=obj.get("run_id") or "",
+            model=obj.get("model") or "",
+            provider=obj.get("provider") or "",
+            text=obj.get("text") or "",
+            summary=obj.get("summary") or "",
+            usage=None if obj.get("usage") is None else Usage.from_json(obj["usage"]),
+            metadata=dict(obj.get("metadata") or {}),
+            structured=None
+            if obj.get("structured") is None
+            else StructuredOutput.from_json(obj["structured"]),
+            _raw=RawStreams(
+                stdout=_text(raw.get("stdout")),
+                stderr=_text(raw.get("stderr")),
+                terminal=None if terminal is None else TerminalPayload(**terminal),
+            ),
+            _transcript=tuple(
+                TranscriptItem.from_json(item) for item in obj.get("transcript") or ()
+            ),
+        )
+
+    def _with(self, **changes: Any) -> Result:
+        return dataclasses.replace(self, **changes)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def concat_transcripts(*parts: Sequence[TranscriptItem]) -> tuple[TranscriptItem, ...]:
+    return tuple(item for part in parts for item in part)

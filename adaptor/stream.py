@@ -1,0 +1,221 @@
+"""Stream and the event broker: sequencing, backpressure, ``Dropped`` reports.
+
+One broker per run serializes every producer (driver, approvals, SDK notices).  Sequence
+numbers are assigned in acceptance order and delivery order equals sequence order.  Content
+deltas and raw process chunks may be dropped when the consumer falls behind; every other event
+blocks its producer until there is room.  Lost events still consume sequence numbers and are
+reported by a ``Dropped`` event.  After cancellation the final ``Dropped`` and ``RunFinished``
+go through reserved slots that never wait for the consumer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from adaptor.events import (
+    Dropped,
+    Event,
+    EventMeta,
+    RunFinished,
+    event_kind,
+    is_droppable,
+    with_meta,
+)
+
+if TYPE_CHECKING:
+    from adaptor.result import Result
+
+__all__ = ["Stream"]
+
+
+class _Loss:
+    """Sequence numbers reserved for events that never reached the consumer."""
+
+    def __init__(self) -> None:
+        self.by_kind: Counter[str] = Counter()
+        self.first = 0
+        self.last = 0
+
+    def add(self, kind: str, sequence: int) -> None:
+        self.by_kind[kind] += 1
+        self.first = self.first or sequence
+        self.last = sequence
+
+    def __bool__(self) -> bool:
+        return bool(self.by_kind)
+
+
+class Broker:
+    """Orders, numbers and buffers the events of one run."""
+
+    def __init__(self, run_id: str, thread_key: str, capacity: int, blocking: bool) -> None:
+        self._run_id = run_id
+        self._thread_key = thread_key
+        self._capacity = max(1, capacity)
+        self._blocking = blocking
+        self._queue: deque[Event] = deque()
+        self._cond = threading.Condition()
+        # Held for a whole publish, waiting included: a later event can never overtake a
+        # blocked earlier one, so delivery order stays sequence order.
+        self._publish_lock = threading.Lock()
+        self._sequence = 0
+        self._loss = _Loss()
+        self._cancelled = False
+        self._finished = False
+        self.turn_id = ""
+
+    # -- producers ---------------------------------------------------------------------------
+
+    def publish(self, event: Event, *, deadline: float | None = None) -> bool:
+        """Number and enqueue ``event``; False when it was dropped or could not be delivered.
+
+        ``deadline`` (a ``time.monotonic()`` value) bounds how long a reliable event waits.
+        """
+        with self._publish_lock:
+            with self._cond:
+                if self._finished:
+                    return False
+                droppable = is_droppable(event) and not self._blocking
+                if self._loss:
+                    # The loss report goes first; it waits for room like any reliable event.
+                    if not self._wait_for_room(deadline, droppable or self._cancelled):
+                        return self._lose(event)
+                    self._flush_loss("backpressure")
+                numbered = self._number(event)
+                if self._wait_for_room(deadline, droppable or self._cancelled):
+                    self._append(numbered)
+                    return True
+                self._loss.add(event_kind(numbered), numbered.meta.sequence)
+                return False
+
+    def _lose(self, event: Event) -> bool:
+        numbered = self._number(event)
+        self._loss.add(event_kind(numbered), numbered.meta.sequence)
+        return False
+
+    def _wait_for_room(self, deadline: float | None, nowait: bool) -> bool:
+        while len(self._queue) >= self._capacity:
+            if nowait or self._cancelled:
+                return False
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                return False
+            self._cond.wait(timeout)
+        return True
+
+    def _number(self, event: Event) -> Event:
+        self._sequence += 1
+        meta = EventMeta(
+            run_id=self._run_id,
+            thread_key=self._thread_key,
+            sequence=self._sequence,
+            time=datetime.now(UTC),
+            turn_id=self.turn_id,
+        )
+        return with_meta(event, meta)
+
+    def _flush_loss(self, reason: str) -> None:
+        loss, self._loss = self._loss, _Loss()
+        report = Dropped(
+            count=sum(loss.by_kind.values()),
+            by_kind=dict(loss.by_kind),
+            first_sequence=loss.first,
+            last_sequence=loss.last,
+            reason=reason,
+        )
+        self._append(self._number(report))
+
+    def _append(self, event: Event) -> None:
+        self._queue.append(event)
+        self._cond.notify_all()
+
+    def cancel(self) -> None:
+        """Release blocked producers; later events are delivered only if there is room."""
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+    def finish(self, make_terminal: Callable[[], RunFinished]) -> None:
+        """Deliver the final ``Dropped`` (if any) and ``RunFinished`` through reserved slots."""
+        self.cancel()
+        with self._publish_lock, self._cond:
+            if self._finished:
+                return
+            if self._loss:
+                self._flush_loss("cancelled" if self._cancelled else "backpressure")
+            self._append(self._number(make_terminal()))
+            self._finished = True
+
+    # -- the consumer ------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            with self._cond:
+                while not self._queue and not self._finished:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                event = self._queue.popleft()
+                self._cond.notify_all()
+            yield event
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+
+class Stream:
+    """A live run: iterate its events, then read ``result()``.
+
+    ``result()`` drains any events not yet read, blocks until the run ends and returns the
+    same outcome (or raises the same error) on every call.  A consumer that stops iterating
+    early must call ``cancel()``.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        broker: Broker | None,
+        cancel: Callable[[], None],
+    ) -> None:
+        self._run_id = run_id
+        self._broker = broker
+        self._cancel = cancel
+        self._done = threading.Event()
+        self._result: Result | None = None
+        self._error: BaseException | None = None
+        self._iter_lock = threading.Lock()
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    def __iter__(self) -> Iterator[Event]:
+        return self.events()
+
+    def events(self) -> Iterator[Event]:
+        if self._broker is None:
+            return iter(())
+        return iter(self._broker)
+
+    def result(self) -> Result:
+        for _ in self.events():
+            pass
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Abort the run (idempotent).  Buffered events stay readable."""
+        self._cancel()
+
+    def _settle(self, result: Result | None, error: BaseException | None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
