@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from adaptor.agent import Agent, Runner
+from adaptor.approval import approve_all, deny_all
 from adaptor.driver import (
     HumanDecisionModeUnsupportedError,
     InvalidDriverConfigError,
@@ -37,7 +39,26 @@ from adaptor.errors import (
     ThreadNotFoundError,
     ThreadStoreRequiredError,
 )
+from adaptor.events import (
+    ApprovalRequest,
+    Choice,
+    Dropped,
+    Event,
+    EventMeta,
+    Notice,
+    ProcessInfo,
+    RunFinished,
+    RunStarted,
+    SubagentUpdate,
+    TextDelta,
+    Thinking,
+    ToolCall,
+    ToolResult,
+)
 from adaptor.mcp import InvalidMCPConfigError, MCPTransportUnsupportedError, MCPUnsupportedError
+from adaptor.policy import ApprovalPolicy, Policy
+from adaptor.result import RawStreams, Result, StructuredOutput, TranscriptItem, Usage
+from adaptor.schema import SchemaOptions, run_as
 from adaptor.skill import (
     SkillKeyConflictError,
     SkillKeyMissingError,
@@ -46,10 +67,39 @@ from adaptor.skill import (
     SkillSourceMissingError,
 )
 from adaptor.spool import InvalidRequestError
+from adaptor.stream import Stream
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
+    "ApprovalPolicy",
+    "ApprovalRequest",
+    "Choice",
+    "Dropped",
+    "Event",
+    "EventMeta",
+    "Notice",
+    "Policy",
+    "ProcessInfo",
+    "RawStreams",
+    "Result",
+    "RunFinished",
+    "RunStarted",
+    "Runner",
+    "SchemaOptions",
+    "Stream",
+    "StructuredOutput",
+    "SubagentUpdate",
+    "TextDelta",
+    "Thinking",
+    "ToolCall",
+    "ToolResult",
+    "TranscriptItem",
+    "Usage",
+    "approve_all",
+    "deny_all",
+    "run_as",
     "ActiveExecutionTimeoutError",
     "AdaptorError",
     "AgentClosedError",

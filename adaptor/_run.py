@@ -181,7 +181,10 @@ class RunPipeline:
         if self.host.closed:
             raise errors.AgentClosedError()
         driver = self.host.driver
-        descriptor = driver.descriptor()
+        try:
+            descriptor = driver.descriptor()
+        except Exception as exc:  # a descriptor built from bad configuration
+            raise InvalidDriverConfigError(type(driver).__module__.rsplit(".", 1)[-1], exc) from exc
         self.descriptor = descriptor
         try:
             driver.validate_config(None)

@@ -313,6 +313,9 @@ _FOLDED_FIELD: dict[type[_Event], str] = {
     SubagentUpdate: "kind",
 }
 
+# Fields whose name would collide with the JSON ``kind`` key travel under another name.
+_JSON_NAMES: dict[type[_Event], dict[str, str]] = {ApprovalRequest: {"kind": "approval_kind"}}
+
 _BY_PREFIX: dict[str, type[_Event]] = {
     cls._kind_prefix: cls
     for cls in (
@@ -347,13 +350,14 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
 def to_json(event: Event) -> dict[str, Any]:
     """The JSON object form of an event (used by audit logs, verdicts and ``--json``)."""
     folded = _FOLDED_FIELD.get(type(event))
+    renamed = _JSON_NAMES.get(type(event), {})
     out: dict[str, Any] = {"kind": event._kind(), "meta": _meta_to_json(event.meta)}
     for f in dataclasses.fields(event):
         if f.name in ("meta", "_responder") or f.name == folded:
             continue
         value = getattr(event, f.name)
         encoder = _ENCODERS.get(f.name)
-        out[f.name] = encoder(value) if encoder else value
+        out[renamed.get(f.name, f.name)] = encoder(value) if encoder else value
     return out
 
 
@@ -370,23 +374,25 @@ def from_json(obj: Mapping[str, Any]) -> Event:
         raise ValueError("event has no kind")
     cls = _BY_PREFIX.get(kind)
     folded_value = None
-    if cls is None:
+    if cls is None or cls in _FOLDED_FIELD:
         prefix, _, rest = kind.partition(".")
         cls = _BY_PREFIX.get(prefix)
         if cls is None or not rest or cls not in _FOLDED_FIELD:
             raise ValueError(f"unknown event kind {kind!r}")
         folded_value = rest
-    kwargs: dict[str, Any] = {}
-    names = {f.name for f in dataclasses.fields(cls)} - {"meta", "_responder"}
-    for name in names:
-        if name in obj:
-            decoder = _DECODERS.get(name)
-            kwargs[name] = decoder(obj[name]) if decoder else obj[name]
-    if folded_value is not None:
-        kwargs[_FOLDED_FIELD[cls]] = folded_value
     try:
+        kwargs: dict[str, Any] = {}
+        renamed = _JSON_NAMES.get(cls, {})
+        names = {f.name for f in dataclasses.fields(cls)} - {"meta", "_responder"}
+        for name in names:
+            json_name = renamed.get(name, name)
+            if json_name in obj:
+                decoder = _DECODERS.get(name)
+                kwargs[name] = decoder(obj[json_name]) if decoder else obj[json_name]
+        if folded_value is not None:
+            kwargs[_FOLDED_FIELD[cls]] = folded_value
         meta = _meta_from_json(obj.get("meta") or {})
         return cls(meta=meta, **kwargs)  # type: ignore[return-value]
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ValueError(f"malformed {kind!r} event: {exc}") from exc
 

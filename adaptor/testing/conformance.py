@@ -1,0 +1,544 @@
+"""The driver conformance suite: the rules every driver keeps, checked against one driver.
+
+::
+
+    from adaptor.testing import conformance
+
+    conformance.run(lambda: mydriver.Driver(mydriver.Config(...))).raise_for_failures()
+
+The suite calls the driver directly through :class:`~adaptor.testing.RecordingSink` (no Agent):
+it inspects the descriptor, config validation and capability declarations, then makes one run
+with ``prompt`` in a fresh temporary working directory and checks the events, the transcript and
+the response.  Clause ids follow the reference suite where one exists (see :data:`CLAUSES`).
+
+A clause that does not apply (e.g. ``CAP-11`` for a driver without persistent processes) passes.
+When the run itself fails (``RUN-00``), the clauses that inspect it are not reported at all.
+Failure messages name ids, kinds and sizes only, never provider text.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import secrets
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn
+
+import orjson
+
+from adaptor.driver import (
+    Descriptor,
+    Driver,
+    InvalidDriverConfigError,
+    Request,
+    Response,
+    SessionCodec,
+    SessionContext,
+)
+from adaptor.events import (
+    Event,
+    EventMeta,
+    ProcessInfo,
+    TextDelta,
+    Thinking,
+    ToolCall,
+    ToolResult,
+)
+from adaptor.result import TranscriptItem
+from adaptor.testing import RecordingSink
+
+__all__ = ["CLAUSES", "ConformanceError", "Report", "run"]
+
+CLAUSES: Final[Mapping[str, str]] = {
+    "DRV-01": "descriptor type and display_name are non-empty strings",
+    "DRV-02": "descriptor is deterministic across calls and across fresh instances",
+    "DRV-03": "each descriptor() call returns an independent copy",
+    "CFG-01": "validate_config(None) accepts the captured config",
+    "CFG-02": "validate_config rejects a foreign config type",
+    "CAP-01": "sessions.supports_resume <=> a session codec; resume => stable config fingerprint",
+    "CAP-11": "process.persistent => close_processes(), idempotent",
+    "RUN-00": "run() returns a Response without raising, within the time limit",
+    "EVT-03": "text lifecycle: start once per message id; content/end only while open",
+    "EVT-04": "content deltas are non-empty",
+    "EVT-05": "tool lifecycle: start has id and name; content/end/result only for known ids",
+    "EVT-06": "thinking lifecycle like text",
+    "EVT-10": "drivers leave event meta at its default (the SDK assigns it)",
+    "EVT-11": "every lifecycle is closed when run() returns",
+    "RUN-04": "transcript items emitted equal Response.transcript, in order",
+    "TRN-01": "text-bearing transcript items have text",
+    "TRN-02": "tool_call items name the tool",
+    "TRN-03": "tool_result items carry the tool use id",
+    "RSP-01": "a valid checkpoint needs exit 0, no signal/timeout/failure and a resume id",
+    "RSP-03": "output is never the raw stdout or the terminal JSON",
+    "RSP-04": "a valid checkpoint round-trips through the session codec",
+    "RSP-05": "a terminal payload has an event name and valid JSON",
+    "SEC-01": "environment values never appear in events, transcript or output",
+}
+
+_TEXT_KINDS: Final = frozenset({"assistant", "thinking", "user", "summary", "question"})
+_CANARY_NAME: Final = "ADAPTOR_CONFORMANCE_SECRET"
+_CANCEL_GRACE: Final = 10.0
+
+
+class ConformanceError(AssertionError):
+    """Raised by :meth:`Report.raise_for_failures`; ``failed`` maps clause ids to reasons."""
+
+    def __init__(self, failed: Mapping[str, str]) -> None:
+        self.failed = dict(failed)
+        lines = "\n".join(f"  {clause}: {why}" for clause, why in self.failed.items())
+        super().__init__(f"driver conformance failed ({len(self.failed)} clause(s)):\n{lines}")
+
+
+@dataclass
+class Report:
+    """Clause ids that passed, in check order, and the failed ones with their reasons."""
+
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def raise_for_failures(self) -> None:
+        if self.failed:
+            raise ConformanceError(self.failed)
+
+
+def run(
+    driver_factory: Callable[[], Driver], *, prompt: str = "Say hello", timeout: float = 120.0
+) -> Report:
+    """Check the driver ``driver_factory()`` builds; ``prompt`` must make it produce text.
+
+    Each clause needing a pristine instance gets a fresh one.  ``timeout`` bounds the one run;
+    past it the sink's ``cancelled`` is set and ``RUN-00`` fails.
+    """
+    report = Report()
+    suite = _Suite(report)
+
+    try:
+        # A private copy: DRV-03 scrambles returned descriptors, possibly this very object.
+        descriptor = copy.deepcopy(driver_factory().descriptor())
+    except Exception as exc:
+        report.failed["DRV-01"] = f"descriptor() raised {_describe(exc)}"
+        return report
+    suite.check("DRV-01", lambda: _names(descriptor))
+    suite.check("DRV-02", lambda: _deterministic(driver_factory))
+    suite.check("DRV-03", lambda: _independent(driver_factory))
+    suite.check("CFG-01", lambda: driver_factory().validate_config(None))
+    suite.check("CFG-02", lambda: _rejects_foreign_config(driver_factory()))
+    suite.check("CAP-01", lambda: _session_support(driver_factory, descriptor))
+    suite.check("CAP-11", lambda: _process_lifecycle(driver_factory(), descriptor))
+
+    driver = driver_factory()
+    canary = secrets.token_hex(16)
+    sink = RecordingSink()
+    with tempfile.TemporaryDirectory(prefix="adaptor-conformance-") as cwd:
+        request = Request(
+            run_id="run_" + secrets.token_hex(8),
+            prompt=prompt,
+            workspace_cwd=cwd,
+            session=SessionContext("continue_or_start")
+            if descriptor.sessions.supports_resume
+            else None,
+            env={_CANARY_NAME: canary},
+        )
+        response = _run_with_timeout(suite, driver, request, sink, timeout)
+    if response is None:
+        return report
+
+    payloads = sink.payloads
+    events = sink.events
+    lifecycles = _Lifecycles()
+    lifecycles.feed(events)
+    for clause in ("EVT-03", "EVT-04", "EVT-05", "EVT-06", "EVT-11"):
+        suite.check(clause, functools.partial(lifecycles.verdict, clause))
+    suite.check("EVT-10", lambda: _default_meta(events))
+    suite.check("RUN-04", lambda: _mirrored(sink.transcript, response.transcript))
+    suite.check("TRN-01", lambda: _text_items(response.transcript))
+    suite.check("TRN-02", lambda: _tool_call_items(response.transcript))
+    suite.check("TRN-03", lambda: _tool_result_items(response.transcript))
+    suite.check("RSP-01", lambda: _checkpoint_clean(response))
+    suite.check("RSP-03", lambda: _output_layer(response))
+    suite.check("RSP-04", lambda: _checkpoint_codec(driver, response))
+    suite.check("RSP-05", lambda: _terminal(response))
+    suite.check("SEC-01", lambda: _no_secret(canary, payloads, response))
+    return report
+
+
+# --- machinery ----------------------------------------------------------------------------------
+
+
+class _Violation(Exception):
+    pass
+
+
+def _fail(why: str) -> NoReturn:
+    raise _Violation(why)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Suite:
+    def __init__(self, report: Report) -> None:
+        self.report = report
+
+    def check(self, clause: str, probe: Callable[[], None]) -> None:
+        try:
+            probe()
+        except _Violation as violation:
+            self.report.failed[clause] = str(violation)
+        except Exception as exc:  # a crashing driver fails the clause, not the suite
+            self.report.failed[clause] = f"raised {_describe(exc)}"
+        else:
+            self.report.passed.append(clause)
+
+
+def _run_with_timeout(
+    suite: _Suite, driver: Driver, request: Request, sink: RecordingSink, timeout: float
+) -> Response | None:
+    outcome: list[Response | BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(driver.run(request, sink))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    # A thread, so a hung driver costs the caller ``timeout`` and not the whole test session.
+    worker = threading.Thread(target=target, name="conformance-run", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        sink.cancelled.set()
+        worker.join(_CANCEL_GRACE)
+        suite.report.failed["RUN-00"] = f"run() did not return within {timeout:g}s"
+        return None
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        suite.report.failed["RUN-00"] = f"run() raised {_describe(result)}"
+        return None
+    if not isinstance(result, Response):
+        suite.report.failed["RUN-00"] = f"run() returned {type(result).__name__}, not Response"
+        return None
+    suite.report.passed.append("RUN-00")
+    return result
+
+
+# --- descriptor, config, capabilities -----------------------------------------------------------
+
+
+def _names(descriptor: Descriptor) -> None:
+    for name in ("type", "display_name"):
+        value = getattr(descriptor, name)
+        if not isinstance(value, str) or not value.strip():
+            _fail(f"descriptor.{name} is empty or not a string")
+
+
+def _deterministic(factory: Callable[[], Driver]) -> None:
+    driver = factory()
+    first = dataclasses.asdict(driver.descriptor())
+    if dataclasses.asdict(driver.descriptor()) != first:
+        _fail("two descriptor() calls on one instance differ")
+    if dataclasses.asdict(factory().descriptor()) != first:
+        _fail("descriptors of two fresh instances differ")
+
+
+def _independent(factory: Callable[[], Driver]) -> None:
+    driver = factory()
+    returned = driver.descriptor()
+    baseline = dataclasses.asdict(returned)
+    _scramble(returned)
+    if dataclasses.asdict(driver.descriptor()) != baseline:
+        _fail("mutating a returned descriptor changed the next one (shared objects)")
+
+
+def _scramble(obj: Any) -> None:
+    """Change every mutable part of a descriptor in place."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, bool):
+            setattr(obj, f.name, not value)
+        elif isinstance(value, str):
+            setattr(obj, f.name, value + "~")
+        elif isinstance(value, list):
+            for item in value:
+                if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                    _scramble(item)
+            value.append(None)
+        elif isinstance(value, dict):
+            value["~conformance"] = True
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _scramble(value)
+
+
+def _rejects_foreign_config(driver: Driver) -> None:
+    try:
+        driver.validate_config(object())
+    except (TypeError, ValueError, InvalidDriverConfigError):
+        return
+    _fail("validate_config(object()) did not raise TypeError or ValueError")
+
+
+def _codec(driver: Driver) -> SessionCodec | None:
+    # Optional SPI methods: absent, or present and returning None, both mean "not supported".
+    provider = getattr(driver, "session_codec", None)
+    return provider() if callable(provider) else None
+
+
+def _fingerprint(driver: Driver) -> Any:
+    fingerprinter = getattr(driver, "session_config_fingerprint", None)
+    if not callable(fingerprinter):
+        _fail("supports_resume but no session_config_fingerprint()")
+    return fingerprinter()
+
+
+def _session_support(factory: Callable[[], Driver], descriptor: Descriptor) -> None:
+    driver = factory()
+    codec = _codec(driver)
+    if not descriptor.sessions.supports_resume:
+        if codec is not None:
+            _fail("a session codec without sessions.supports_resume")
+        return
+    if codec is None:
+        _fail("sessions.supports_resume without a session codec")
+    name = codec.name()
+    if not isinstance(name, str) or not name:
+        _fail("session codec name is empty")
+    other = _codec(factory())
+    if other is None or other.name() != name:
+        _fail("session codec differs across fresh instances")
+    fingerprint = _fingerprint(driver)
+    if not isinstance(fingerprint, str) or not fingerprint.startswith("sha256:"):
+        _fail('session config fingerprint is not a "sha256:" string')
+    if len(fingerprint) <= len("sha256:"):
+        _fail("session config fingerprint has no digest")
+    if _fingerprint(driver) != fingerprint or _fingerprint(factory()) != fingerprint:
+        _fail("session config fingerprint is not stable")
+
+
+def _process_lifecycle(driver: Driver, descriptor: Descriptor) -> None:
+    if not descriptor.process.persistent:
+        return
+    close = getattr(driver, "close_processes", None)
+    if not callable(close):
+        _fail("process.persistent without close_processes()")
+    close(10.0)
+    close(10.0)
+
+
+# --- events -------------------------------------------------------------------------------------
+
+
+class _Lifecycle:
+    """Open/seen ids of one lifecycle family; problems are filed under clause ids."""
+
+    def __init__(self, label: str, clause: str, problems: dict[str, list[str]]) -> None:
+        self.label = label
+        self.clause = clause
+        self.problems = problems
+        self.open: list[str] = []
+        self.seen: set[str] = set()
+
+    def file(self, clause: str, why: str) -> None:
+        self.problems.setdefault(clause, []).append(why)
+
+    def start(self, ident: str) -> None:
+        if not ident:
+            self.file(self.clause, f"{self.label}.start without an id")
+        elif ident in self.seen:
+            self.file(self.clause, f"{self.label}.start repeated for {ident!r}")
+        else:
+            self.seen.add(ident)
+            self.open.append(ident)
+
+    def touch(self, ident: str, phase: str) -> bool:
+        if ident not in self.open:
+            self.file(self.clause, f"{self.label}.{phase} for {ident!r} outside an open lifecycle")
+            return False
+        return True
+
+    def end(self, ident: str) -> None:
+        if self.touch(ident, "end"):
+            self.open.remove(ident)
+
+    def close_out(self) -> None:
+        for ident in self.open:
+            self.file("EVT-11", f"{self.label} {ident!r} never ended")
+
+
+class _Lifecycles:
+    def __init__(self) -> None:
+        self.problems: dict[str, list[str]] = {}
+        self.text = _Lifecycle("text", "EVT-03", self.problems)
+        self.thinking = _Lifecycle("thinking", "EVT-06", self.problems)
+        self.tool = _Lifecycle("tool_call", "EVT-05", self.problems)
+
+    def feed(self, events: Sequence[Event]) -> None:
+        for event in events:
+            match event:
+                case TextDelta():
+                    self._message(self.text, event.phase, event.message_id, event.text)
+                case Thinking():
+                    self._message(self.thinking, event.phase, event.message_id, event.text)
+                case ToolCall():
+                    self._tool(event)
+                case ToolResult():
+                    if event.id not in self.tool.seen:
+                        self.tool.file("EVT-05", f"tool_result for unknown id {event.id!r}")
+        for family in (self.text, self.thinking, self.tool):
+            family.close_out()
+
+    def _message(self, family: _Lifecycle, phase: str, ident: str, text: str) -> None:
+        if phase == "start":
+            family.start(ident)
+        elif phase == "content":
+            family.touch(ident, "content")
+            if not text:
+                family.file("EVT-04", f"empty {family.label}.content delta for {ident!r}")
+        elif phase == "end":
+            family.end(ident)
+        else:
+            family.file(family.clause, f"unknown {family.label} phase {phase!r}")
+
+    def _tool(self, event: ToolCall) -> None:
+        if event.phase == "start":
+            if not event.name:
+                self.tool.file("EVT-05", f"tool_call.start for {event.id!r} without a name")
+            self.tool.start(event.id)
+        elif event.phase == "content":
+            self.tool.touch(event.id, "content")
+            if not event.args_delta:
+                self.tool.file("EVT-04", f"empty tool_call.content args delta for {event.id!r}")
+        elif event.phase == "end":
+            self.tool.end(event.id)
+        else:
+            self.tool.file("EVT-05", f"unknown tool_call phase {event.phase!r}")
+
+    def verdict(self, clause: str) -> None:
+        problems = self.problems.get(clause)
+        if problems:
+            _fail("; ".join(problems))
+
+
+def _default_meta(events: Sequence[Event]) -> None:
+    default = EventMeta()
+    for index, event in enumerate(events):
+        if event.meta != default:
+            _fail(f"event #{index} ({type(event).__name__}) carries meta")
+
+
+# --- transcript and response --------------------------------------------------------------------
+
+
+def _mirrored(emitted: Sequence[TranscriptItem], returned: Sequence[TranscriptItem]) -> None:
+    returned = list(returned)
+    if list(emitted) == returned:
+        return
+    for index, (a, b) in enumerate(zip(emitted, returned, strict=False)):
+        if a != b:
+            _fail(f"item #{index} differs (emitted {a.kind!r}, returned {b.kind!r})")
+    _fail(f"{len(emitted)} item(s) emitted but {len(returned)} returned")
+
+
+def _text_items(items: Sequence[TranscriptItem]) -> None:
+    for index, item in enumerate(items):
+        if item.kind in _TEXT_KINDS and not item.text:
+            _fail(f"item #{index} ({item.kind}) has no text")
+
+
+def _tool_call_items(items: Sequence[TranscriptItem]) -> None:
+    for index, item in enumerate(items):
+        if item.kind == "tool_call" and not item.tool_name:
+            _fail(f"tool_call item #{index} has no tool_name")
+
+
+def _tool_result_items(items: Sequence[TranscriptItem]) -> None:
+    for index, item in enumerate(items):
+        if item.kind == "tool_result" and not item.tool_use_id:
+            _fail(f"tool_result item #{index} has no tool_use_id")
+
+
+def _checkpoint_clean(response: Response) -> None:
+    checkpoint = response.checkpoint
+    if checkpoint is None or not checkpoint.valid:
+        return
+    if response.exit_code != 0:
+        _fail(f"valid checkpoint with exit code {response.exit_code}")
+    if response.signal is not None:
+        _fail(f"valid checkpoint with signal {response.signal}")
+    if response.timed_out:
+        _fail("valid checkpoint on a timed-out run")
+    if response.failure is not None:
+        _fail(f"valid checkpoint with failure {response.failure.code!r}")
+    if not checkpoint.state.resume_id:
+        _fail("valid checkpoint without a resume id")
+
+
+def _output_layer(response: Response) -> None:
+    output = response.output
+    if not output:
+        return
+    raw = response.raw_streams
+    # Only a driver that saw an official terminal event speaks a protocol; for a plain-text
+    # driver (``command``) the whole stdout legitimately is the answer.
+    if raw.terminal is not None and raw.stdout and output.strip() == raw.stdout.strip():
+        _fail(f"output is the raw stdout ({len(output)} chars)")
+    if raw.terminal is not None and output.strip() == raw.terminal.json.strip():
+        _fail("output is the terminal JSON")
+
+
+def _checkpoint_codec(driver: Driver, response: Response) -> None:
+    checkpoint = response.checkpoint
+    if checkpoint is None or not checkpoint.valid:
+        return
+    codec = _codec(driver)
+    if codec is None:
+        _fail("valid checkpoint from a driver without a session codec")
+    params = codec.encode(checkpoint.state)
+    state = codec.decode(params)
+    if state is None:
+        _fail("the codec decoded the checkpoint's parameters to nothing")
+    if state.resume_id != checkpoint.state.resume_id or dict(state.data) != dict(
+        checkpoint.state.data
+    ):
+        _fail("resume_id or data changed through the codec")
+    if codec.encode(state) != params:
+        _fail("parameters changed through a decode/encode round trip")
+
+
+def _terminal(response: Response) -> None:
+    terminal = response.raw_streams.terminal
+    if terminal is None:
+        return
+    if not terminal.event:
+        _fail("terminal payload without an event name")
+    try:
+        orjson.loads(terminal.json)
+    except orjson.JSONDecodeError:
+        _fail(f"terminal payload JSON does not parse ({len(terminal.json)} chars)")
+
+
+def _no_secret(canary: str, payloads: Sequence[object], response: Response) -> None:
+    # Raw chunks and raw streams keep every byte the process printed, by design.
+    for index, payload in enumerate(payloads):
+        if isinstance(payload, ProcessInfo) and payload.kind in ("stdout", "stderr"):
+            continue
+        if canary in repr(payload):
+            _fail(f"payload #{index} ({type(payload).__name__}) contains an environment value")
+    public = (
+        response.output,
+        response.summary,
+        response.transcript,
+        response.metadata,
+        response.failure,
+        response.checkpoint,
+    )
+    if any(canary in repr(part) for part in public):
+        _fail("the response contains an environment value")

@@ -1,0 +1,686 @@
+"""The run pipeline through real runs of the script driver."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import adaptor
+from adaptor import events
+from adaptor.driver import Descriptor, Request, Response
+from adaptor.testing import ScriptedDriver
+
+PERMISSION = {"approval": {"kind": "permission", "title": "write main.py"}}
+QUESTION = {"approval": {"kind": "question", "title": "which one?", "choices": ["a", "b"]}}
+
+
+def collect(stream: adaptor.Stream) -> list[events.Event]:
+    return list(stream)
+
+
+def kinds(evs: list[events.Event]) -> list[str]:
+    return [events.event_kind(e) for e in evs]
+
+
+def assert_lifecycle(evs: list[events.Event]) -> None:
+    assert isinstance(evs[0], events.RunStarted)
+    assert isinstance(evs[-1], events.RunFinished)
+    assert sum(isinstance(e, events.RunStarted) for e in evs) == 1
+    assert sum(isinstance(e, events.RunFinished) for e in evs) == 1
+    seqs = [e.meta.sequence for e in evs]
+    assert seqs[0] == 1
+    assert all(b > a for a, b in zip(seqs, seqs[1:], strict=False))
+    # every gap is covered by a Dropped report that precedes the next delivered event
+    covered: set[int] = set()
+    for e in evs:
+        if isinstance(e, events.Dropped):
+            covered |= set(range(e.first_sequence, e.last_sequence + 1))
+    missing = set(range(1, seqs[-1] + 1)) - set(seqs)
+    assert missing <= covered
+    run_ids = {e.meta.run_id for e in evs}
+    assert len(run_ids) == 1
+
+
+# --- success and layers -------------------------------------------------------------------
+
+
+def test_run_returns_final_text_not_stdout() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([{"stdout": "raw noise"}, {"text": "first"}, {"text": "final answer"}])
+    )
+    result = agent.run("hi")
+    assert result.text == "final answer"
+    assert result.run_id.startswith("run_") and len(result.run_id) == 20
+    assert result.provider == "script"
+    assert "raw noise" in result.raw().stdout
+    assert "raw noise" not in result.text
+    assert [i.kind for i in result.transcript()] == ["assistant", "assistant"]
+
+
+def test_stream_events_are_ordered_and_mirror_the_transcript() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver(
+            [
+                {"thinking": "hmm"},
+                {"tool_call": {"name": "Bash", "args": {"cmd": "ls"}, "result": {"out": "a"}}},
+                {"text": "done"},
+            ]
+        )
+    )
+    stream = agent.stream("go")
+    evs = collect(stream)
+    result = stream.result()
+    assert_lifecycle(evs)
+    assert stream.run_id == result.run_id == evs[0].meta.run_id
+    items = [e for e in evs if isinstance(e, events.Notice) and e.kind == "transcript.item"]
+    assert [n.data for n in items] == [i.to_json() for i in result.transcript()]
+    finished = evs[-1]
+    assert isinstance(finished, events.RunFinished)
+    assert not finished.failed and finished.usage == result.usage
+    assert "tool_call.start" in kinds(evs) and "tool_result" in kinds(evs)
+    assert stream.result() is result  # same outcome on every call
+
+
+def test_result_drains_without_iteration_and_run_is_stream_plus_result() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}] * 50), event_buffer=2)
+    stream = agent.stream("go")
+    assert stream.result().text == "x"
+    assert list(stream) == []  # already drained
+
+
+# --- every RunError identity through real runs ---------------------------------------------
+
+
+def test_agent_failure_from_a_failure_step_keeps_partial_result() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([{"text": "partial"}, {"fail": {"code": "agent_error", "message": "boom"}}])
+    )
+    with pytest.raises(adaptor.AgentFailedError) as info:
+        agent.run("go")
+    err = info.value
+    assert err.reason == "agent_error" and "boom" in str(err)
+    assert err.result is not None and err.result.text == "partial"
+    assert [i.text for i in err.result.transcript()] == ["partial"]
+
+
+def test_non_zero_exit_can_never_succeed() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"text": "looks fine"}, {"exit": 3}]))
+    with pytest.raises(adaptor.AgentFailedError) as info:
+        agent.run("go")
+    assert info.value.details["exit_code"] == 3
+    assert info.value.result is not None
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "reason"),
+    [
+        ("decision_rejected", adaptor.ApprovalDeniedError, "approval_denied"),
+        ("decision_timeout", adaptor.ApprovalTimeoutError, "approval_timeout"),
+        ("", adaptor.AgentFailedError, "agent_error"),
+        ("cancelled", adaptor.RunCancelledError, "cancelled"),
+        ("policy_error", adaptor.PolicyViolationError, "policy_violation"),
+        ("rate_limited", adaptor.RunError, "rate_limited"),
+        ("quota_exhausted_v2", adaptor.RunError, "quota_exhausted_v2"),
+    ],
+)
+def test_driver_failure_codes_map_to_reasons(code: str, cls: type, reason: str) -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"fail": {"code": code, "message": "m"}}]))
+    with pytest.raises(adaptor.RunError) as info:
+        agent.run("go")
+    assert type(info.value) is cls
+    assert info.value.reason == reason
+
+
+def test_unknown_reason_stays_plain_run_error_in_the_terminal_event() -> None:
+    stream = adaptor.Agent(ScriptedDriver([{"fail": {"code": "weird"}}])).stream("go")
+    evs = collect(stream)
+    with pytest.raises(adaptor.RunError):
+        stream.result()
+    finished = evs[-1]
+    assert isinstance(finished, events.RunFinished)
+    assert finished.failed and finished.reason == "weird"
+
+
+def test_cancel_mid_run_is_run_cancelled_with_host_cause() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"text": "started"}, {"sleep": 30}, {"text": "never"}]))
+    stream = agent.stream("go")
+    seen: list[events.Event] = []
+    for event in stream:
+        seen.append(event)
+        if isinstance(event, events.TextDelta) and event.phase == "end":
+            stream.cancel()
+            stream.cancel()  # idempotent
+    with pytest.raises(adaptor.RunCancelledError) as info:
+        stream.result()
+    assert isinstance(info.value.cause, adaptor.CancelledError)
+    assert adaptor.errors.matches(info.value, adaptor.CancelledError)
+    assert_lifecycle(seen)
+    assert "never" not in kinds(seen)
+    last = seen[-1]
+    assert isinstance(last, events.RunFinished) and last.reason == "cancelled"
+
+
+def test_call_timeout_after_entry_is_run_deadline_exceeded() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"sleep": 30}]))
+    with pytest.raises(adaptor.RunDeadlineExceededError) as info:
+        agent.run("go", timeout=0.2)
+    assert isinstance(info.value, TimeoutError)
+    assert isinstance(info.value.cause, adaptor.DeadlineExceededError)
+    assert info.value.result is not None
+
+
+def test_timeout_before_entry_is_plain_deadline_exceeded() -> None:
+    stream = adaptor.Agent(ScriptedDriver([{"text": "x"}])).stream("go", timeout=0)
+    assert list(stream) == []
+    with pytest.raises(adaptor.DeadlineExceededError) as info:
+        stream.result()
+    assert not isinstance(info.value, adaptor.RunError)
+
+
+def test_active_execution_budget() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([{"sleep": 30}]), policy=adaptor.Policy(active_execution_timeout=0.2)
+    )
+    with pytest.raises(adaptor.ActiveExecutionTimeoutError) as info:
+        agent.run("go")
+    assert info.value.limit == 0.2
+    assert info.value.reason == "active_execution_timeout"
+
+
+def test_driver_exception_is_infrastructure_run_error() -> None:
+    class Exploding(ScriptedDriver):  # type: ignore[misc, valid-type]
+        def run(self, request: Request, sink: Any) -> Response:
+            raise OSError("pipe broke")
+
+    with pytest.raises(adaptor.RunError) as info:
+        adaptor.Agent(Exploding([{"text": "x"}])).run("go")
+    assert type(info.value) is adaptor.RunError
+    assert info.value.reason == "infrastructure_error"
+    assert isinstance(info.value.cause, OSError)
+
+
+# --- pre-invocation refusals emit no events ---------------------------------------------------
+
+
+def refused(agent: adaptor.Agent, **opts: Any) -> BaseException:
+    stream = agent.stream("go", **opts)
+    assert list(stream) == []
+    with pytest.raises(adaptor.AdaptorError) as info:
+        stream.result()
+    assert not isinstance(info.value, adaptor.RunError)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("policy", "field", "value"),
+    [
+        (adaptor.Policy(active_execution_timeout=-1, sandbox="bogus"), "Policy.ActiveExecutionTimeout", -1),
+        (adaptor.Policy(sandbox="bogus", web_search="bogus"), "Policy.Sandbox", "bogus"),
+        (adaptor.Policy(web_search="maybe"), "Policy.WebSearch", "maybe"),
+        (adaptor.Policy(browser=True), "Policy.Browser", True),
+        (adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="yes")), "Policy.Approvals.Permission", "yes"),
+        (adaptor.Policy(approvals=adaptor.ApprovalPolicy(plan_review="ask_me")), "Policy.Approvals.PlanReview", "ask_me"),
+        (adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="auto_approve")), "Policy.Approvals.Question", "auto_approve"),
+        (adaptor.Policy(approvals=adaptor.ApprovalPolicy(on_timeout="explode")), "Policy.Approvals.OnTimeout", "explode"),
+        (adaptor.Policy(approvals=adaptor.ApprovalPolicy(on_reject="")), "Policy.Approvals.OnReject", ""),
+        (adaptor.Policy(approvals=adaptor.ApprovalPolicy(max_retries=-1)), "Policy.Approvals.MaxRetries", -1),
+    ],
+)
+def test_invalid_policy_in_documented_order(policy: adaptor.Policy, field: str, value: Any) -> None:
+    err = refused(adaptor.Agent(ScriptedDriver([{"text": "x"}])), policy=policy)
+    assert isinstance(err, adaptor.InvalidPolicyError)
+    assert (err.driver, err.field, err.value) == ("script", field, value)
+
+
+@pytest.mark.parametrize(
+    ("override", "policy", "dimension"),
+    [
+        ({"run_policy_caps": {"isolation": False}}, adaptor.Policy(sandbox="read_only"), "sandbox"),
+        ({"run_policy_caps": {"web_search": False}}, adaptor.Policy(web_search="deny"), "web_search"),
+        ({"run_policy_caps": {"browser": False}}, adaptor.Policy(browser="allow"), "browser"),
+    ],
+)
+def test_capability_unsupported(override: dict[str, Any], policy: adaptor.Policy, dimension: str) -> None:
+    err = refused(adaptor.Agent(ScriptedDriver([{"text": "x"}], descriptor=override)), policy=policy)
+    assert isinstance(err, adaptor.PolicyCapabilityUnsupportedError)
+    assert err.dimension == dimension
+
+
+def test_inherited_values_are_never_checked_against_capabilities() -> None:
+    nothing = {
+        "run_policy_caps": {
+            "isolation": False,
+            "permission": {"ask": False, "auto_approve": False, "auto_reject": False},
+            "plan_review": {"ask": False, "auto_approve": False, "auto_reject": False},
+            "question": {"ask": False, "auto_reject": False},
+        }
+    }
+    assert adaptor.Agent(ScriptedDriver([{"text": "ok"}], descriptor=nothing)).run("go").text == "ok"
+
+
+@pytest.mark.parametrize(
+    ("approvals", "kind", "mode"),
+    [
+        (adaptor.ApprovalPolicy(permission="ask", plan_review="ask"), "permission", "ask"),
+        (adaptor.ApprovalPolicy(plan_review="auto_approve"), "plan_review", "auto_approve"),
+        (adaptor.ApprovalPolicy(question="ask"), "question", "ask"),
+    ],
+)
+def test_human_decision_mode_unsupported(approvals: adaptor.ApprovalPolicy, kind: str, mode: str) -> None:
+    override = {
+        "run_policy_caps": {
+            "permission": {"ask": False},
+            "plan_review": {"auto_approve": False, "ask": False},
+            "question": {"ask": False},
+        }
+    }
+    err = refused(
+        adaptor.Agent(ScriptedDriver([{"text": "x"}], descriptor=override)),
+        policy=adaptor.Policy(approvals=approvals),
+    )
+    assert isinstance(err, adaptor.HumanDecisionModeUnsupportedError)
+    assert (err.kind, err.mode) == (kind, mode)
+
+
+def test_invalid_driver_config_joins_its_cause() -> None:
+    err = refused(adaptor.Agent(ScriptedDriver([{"dance": True}])))
+    assert isinstance(err, adaptor.InvalidDriverConfigError)
+    assert err.driver == "script" and err.cause is not None
+
+
+def test_invalid_output_schema() -> None:
+    err = refused(adaptor.Agent(ScriptedDriver([{"text": "x"}])), schema={"type": 12})
+    assert isinstance(err, adaptor.InvalidOutputSchemaError)
+
+
+def test_structured_output_unsupported() -> None:
+    override = {"structured_output": {"native": False, "prompt_validate": False}}
+    err = refused(adaptor.Agent(ScriptedDriver([{"text": "x"}], descriptor=override)), schema={"type": "object"})
+    assert isinstance(err, adaptor.StructuredOutputUnsupportedError)
+    assert err.driver == "script"
+
+
+def test_closed_agent_refuses_and_close_is_idempotent() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]))
+    agent.close()
+    agent.close()
+    assert isinstance(refused(agent), adaptor.AgentClosedError)
+
+
+def test_close_cancels_active_runs() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}, {"sleep": 30}]))
+    stream = agent.stream("go")
+    for event in stream:
+        if isinstance(event, events.TextDelta) and event.phase == "end":
+            agent.close(timeout=10)
+    with pytest.raises(adaptor.RunCancelledError):
+        stream.result()
+
+
+def test_programmer_errors_raise_immediately() -> None:
+    with pytest.raises(TypeError):
+        adaptor.Agent(None)  # type: ignore[arg-type]
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]))
+    with pytest.raises(TypeError):
+        agent.run("go", modle="typo")
+    with pytest.raises(TypeError):
+        agent.run(None)  # type: ignore[arg-type]
+
+
+def test_call_options_never_change_agent_defaults() -> None:
+    seen: list[Request] = []
+
+    class Capturing(ScriptedDriver):  # type: ignore[misc, valid-type]
+        def run(self, request: Request, sink: Any) -> Response:
+            seen.append(request)
+            return super().run(request, sink)
+
+    agent = adaptor.Agent(Capturing([{"text": "x"}]), model="m1", metadata={"a": "1", "b": "2"})
+    agent.run("go", model="m2", metadata={"b": "3"})
+    agent.run("go")
+    assert seen[0].model_override == "m2" and dict(seen[0].metadata) == {"a": "1", "b": "3"}
+    assert seen[1].model_override == "m1" and dict(seen[1].metadata) == {"a": "1", "b": "2"}
+
+
+# --- approvals ----------------------------------------------------------------------------------
+
+
+def test_callback_approve_continues_and_emits_notices_not_request_events() -> None:
+    requests: list[events.ApprovalRequest] = []
+
+    def handler(req: events.ApprovalRequest) -> None:
+        requests.append(req)
+        req.approve()
+        with pytest.raises(adaptor.ApprovalResolvedError):
+            req.approve()
+
+    agent = adaptor.Agent(ScriptedDriver([PERMISSION, {"text": "wrote it"}]), on_approval=handler)
+    stream = agent.stream("go")
+    evs = collect(stream)
+    assert stream.result().text == "wrote it"
+    (req,) = requests
+    assert req.id == f"{stream.run_id}-dec-1" and req.kind == "permission" and req.title == "write main.py"
+    assert req.deadline is not None and req.created_at < req.deadline
+    assert not any(isinstance(e, events.ApprovalRequest) for e in evs)
+    notices = [e for e in evs if isinstance(e, events.Notice) and e.kind.startswith("approval.")]
+    assert [n.kind for n in notices] == ["approval.requested", "approval.resolved"]
+    assert notices[1].data["result"] == "approved"
+
+
+def test_deny_aborts_with_partial_result() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([{"text": "plan"}, PERMISSION, {"text": "never"}]),
+        on_approval=adaptor.deny_all("not today"),
+    )
+    with pytest.raises(adaptor.ApprovalDeniedError) as info:
+        agent.run("go")
+    err = info.value
+    assert err.details["kind"] == "permission" and err.details["text"] == "not today"
+    assert [i.text for i in err.result.transcript() if i.kind == "assistant"] == ["plan"]  # type: ignore[union-attr]
+
+
+def test_ask_without_callback_times_out() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "never"}]),
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.2)),
+    )
+    with pytest.raises(adaptor.ApprovalTimeoutError):
+        agent.run("go")
+
+
+def test_event_form_request_is_answered_from_the_stream() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "approved path"}]),
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=30)),
+    )
+    stream = agent.stream("go")
+    for event in stream:
+        if isinstance(event, events.ApprovalRequest):
+            event.approve()
+    assert stream.result().text == "approved path"
+
+
+def test_question_answer_kind_mismatch_and_late_responses() -> None:
+    captured: list[events.ApprovalRequest] = []
+
+    def handler(req: events.ApprovalRequest) -> None:
+        captured.append(req)
+        with pytest.raises(adaptor.ApprovalKindMismatchError):
+            req.approve()  # the request stays open
+        req.answer("b")
+
+    agent = adaptor.Agent(
+        ScriptedDriver([QUESTION, {"text": "picked"}]),
+        on_approval=handler,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask")),
+    )
+    stream = agent.stream("go")
+    evs = collect(stream)
+    assert stream.result().text == "picked"
+    resolved = [e for e in evs if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
+    assert resolved[0].data["result"] == "answered" and resolved[0].data["choice"] == "b"
+    with pytest.raises(adaptor.ApprovalResolvedError):
+        captured[0].answer("a")
+
+
+def test_answer_on_binary_kind_is_a_mismatch() -> None:
+    def handler(req: events.ApprovalRequest) -> None:
+        with pytest.raises(adaptor.ApprovalKindMismatchError):
+            req.answer("yes")
+        req.approve()
+
+    agent = adaptor.Agent(ScriptedDriver([PERMISSION, {"text": "ok"}]), on_approval=handler)
+    assert agent.run("go").text == "ok"
+
+
+def test_expired_request_rejects_late_response() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION]),
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.2)),
+    )
+    stream = agent.stream("go")
+    held: list[events.ApprovalRequest] = []
+    for event in stream:
+        if isinstance(event, events.ApprovalRequest):
+            held.append(event)
+    with pytest.raises(adaptor.ApprovalTimeoutError):
+        stream.result()
+    with pytest.raises(adaptor.ApprovalExpiredError) as info:
+        held[0].approve()
+    assert isinstance(info.value, adaptor.ApprovalResolvedError)
+
+
+def test_default_question_is_auto_rejected_without_consulting_the_handler() -> None:
+    called: list[object] = []
+    agent = adaptor.Agent(ScriptedDriver([QUESTION, {"text": "x"}]), on_approval=called.append)
+    with pytest.raises(adaptor.ApprovalDeniedError):
+        agent.run("go")
+    assert called == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome"),
+    [("auto_approve", "ok"), ("auto_reject", adaptor.ApprovalDeniedError)],
+)
+def test_auto_modes_short_circuit(mode: str, outcome: Any) -> None:
+    called: list[object] = []
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "ok"}]),
+        on_approval=called.append,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission=mode)),
+    )
+    if outcome == "ok":
+        assert agent.run("go").text == "ok"
+    else:
+        with pytest.raises(outcome):
+            agent.run("go")
+    assert called == []
+
+
+def test_approve_all_denies_questions() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, QUESTION, {"text": "x"}]),
+        on_approval=adaptor.approve_all,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask")),
+    )
+    with pytest.raises(adaptor.ApprovalDeniedError) as info:
+        agent.run("go")
+    assert info.value.details["kind"] == "question"
+
+
+def test_continue_fallback_lets_the_driver_go_on() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "worked around it"}]),
+        on_approval=adaptor.deny_all(),
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(on_reject="continue")),
+    )
+    assert agent.run("go").text == "worked around it"
+
+
+def test_timeout_continue_fallback() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "carried on"}]),
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.1, on_timeout="continue")),
+    )
+    assert agent.run("go").text == "carried on"
+
+
+def test_retry_asks_again_with_new_id_and_attempt() -> None:
+    seen: list[events.ApprovalRequest] = []
+
+    def handler(req: events.ApprovalRequest) -> None:
+        seen.append(req)
+        if req.attempt < 2:
+            req.deny("not yet")
+        else:
+            req.approve()
+
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "third time"}]),
+        on_approval=handler,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(on_reject="retry")),
+    )
+    assert agent.run("go").text == "third time"
+    assert [r.attempt for r in seen] == [0, 1, 2]
+    assert len({r.id for r in seen}) == 3
+
+
+def test_retry_exhaustion_aborts() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION]),
+        on_approval=adaptor.deny_all(),
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(on_reject="retry", max_retries=2)),
+    )
+    with pytest.raises(adaptor.ApprovalDeniedError) as info:
+        agent.run("go")
+    assert info.value.details["attempts"] == 3
+    assert "exhausted retries" in str(info.value)
+
+
+def test_retry_unsupported_warns_once_and_aborts() -> None:
+    override = {"run_policy_caps": {"permission": {"retry": False}}}
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION], descriptor=override),
+        on_approval=adaptor.deny_all(),
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(on_reject="retry")),
+    )
+    stream = agent.stream("go")
+    evs = collect(stream)
+    with pytest.raises(adaptor.ApprovalDeniedError):
+        stream.result()
+    warnings = [e for e in evs if isinstance(e, events.Notice) and e.data.get("warning")]
+    assert [w.data["warning"] for w in warnings] == ["human_decision_retry_unsupported"]
+
+
+def test_handler_that_raises_or_does_not_resolve_fails_the_run() -> None:
+    def raising(req: events.ApprovalRequest) -> None:
+        raise RuntimeError("handler bug")
+
+    with pytest.raises(adaptor.AgentFailedError) as info:
+        adaptor.Agent(ScriptedDriver([PERMISSION]), on_approval=raising).run("go")
+    assert isinstance(info.value.cause, RuntimeError)
+
+    with pytest.raises(adaptor.AgentFailedError, match="without resolving"):
+        adaptor.Agent(ScriptedDriver([PERMISSION]), on_approval=lambda req: None).run("go")
+
+
+# --- backpressure -------------------------------------------------------------------------------
+
+
+class Burst(ScriptedDriver):  # type: ignore[misc, valid-type]
+    """Prints a burst of raw output before running its script, then says so."""
+
+    def __init__(self, steps: list[dict[str, Any]], lines: int, **kw: Any) -> None:
+        super().__init__(steps, **kw)
+        self.lines = lines
+        self.burst_done = threading.Event()
+
+    def run(self, request: Request, sink: Any) -> Response:
+        for i in range(self.lines):
+            sink.emit(events.ProcessInfo(kind="stdout", text=f"line {i}\n"))
+        self.burst_done.set()
+        return super().run(request, sink)
+
+
+def test_slow_consumer_forces_drops_reported_by_dropped_events() -> None:
+    driver = Burst([{"text": "after the burst"}], lines=100)
+    stream = adaptor.Agent(driver, event_buffer=4).stream("go")
+    assert driver.burst_done.wait(10)  # the consumer has not read anything yet
+    evs = collect(stream)
+    assert stream.result().text == "after the burst"
+    assert_lifecycle(evs)
+    dropped = [e for e in evs if isinstance(e, events.Dropped)]
+    assert len(dropped) == 1
+    report = dropped[0]
+    assert report.by_kind == {"process.stdout": report.count}
+    # RunStarted and three lines filled the buffer; the other 97 lines were lost in order
+    assert (report.count, report.first_sequence, report.last_sequence) == (97, 5, 101)
+    assert report.meta.sequence == 102 and report.reason == "backpressure"
+    assert sum(d.count for d in dropped) == evs[-1].meta.sequence - len(evs)
+    # reliable events after the loss were all delivered
+    assert [e.phase for e in evs if isinstance(e, events.TextDelta)] == ["start", "content", "end"]
+
+
+def test_blocking_events_never_drop() -> None:
+    driver = Burst([{"text": "done"}], lines=100)
+    stream = adaptor.Agent(driver, event_buffer=2, blocking_events=True).stream("go")
+    evs = collect(stream)
+    assert stream.result().text == "done"
+    assert sum(isinstance(e, events.ProcessInfo) and e.kind == "stdout" for e in evs) == 100
+    assert not any(isinstance(e, events.Dropped) for e in evs)
+    assert [e.meta.sequence for e in evs] == list(range(1, len(evs) + 1))
+
+
+def test_cancel_with_full_buffer_delivers_final_dropped_then_finished() -> None:
+    steps = [{"text": f"c{i}"} for i in range(50)] + [{"sleep": 30}]
+    agent = adaptor.Agent(ScriptedDriver(steps), event_buffer=1)
+    stream = agent.stream("go")
+    it = iter(stream)
+    first = next(it)
+    assert isinstance(first, events.RunStarted)
+    stream.cancel()  # without draining: reserved slots must still carry the terminal
+    rest = list(it)
+    assert isinstance(rest[-1], events.RunFinished)
+    assert rest[-1].reason == "cancelled"
+    assert_lifecycle([first, *rest])
+    with pytest.raises(adaptor.RunCancelledError):
+        stream.result()
+
+
+# --- structured output ---------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    notes: str
+
+
+def test_native_structured_output_and_decode() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"output_json": {"ok": True, "notes": "fine"}}]))
+    result = agent.run("review", schema=Verdict)
+    assert result.structured is not None and result.structured.source == "native"
+    assert result.decode(Verdict) == Verdict(ok=True, notes="fine")
+    value, again = adaptor.run_as(agent, "review", Verdict)
+    assert value == Verdict(ok=True, notes="fine") and again.text == result.text
+
+
+def test_invalid_structured_output_is_a_policy_violation_with_result() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"text": "```json\n{\"ok\": true}\n```"}]))
+    with pytest.raises(adaptor.PolicyViolationError) as info:
+        agent.run("review", schema=Verdict)
+    assert info.value.result is not None and info.value.result.structured is not None
+    assert not info.value.result.structured.valid
+
+
+def test_return_invalid_succeeds_and_decode_raises() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"output_json": {"ok": "nope"}}]))
+    result = agent.run(
+        "review", schema=Verdict, schema_options=adaptor.SchemaOptions(return_invalid=True)
+    )
+    assert result.structured is not None and not result.structured.valid
+    with pytest.raises(ValueError, match="structured output invalid"):
+        result.decode()
+
+
+def test_prompt_validation_mode_instructs_the_prompt() -> None:
+    prompts: list[str] = []
+
+    class Capturing(ScriptedDriver):  # type: ignore[misc, valid-type]
+        def run(self, request: Request, sink: Any) -> Response:
+            prompts.append(request.prompt)
+            assert request.structured_output_source == "prompt_validate"
+            return super().run(request, sink)
+
+    override = {"structured_output": {"native": False}}
+    agent = adaptor.Agent(Capturing([{"output_json": {"ok": True, "notes": ""}}], descriptor=override))
+    result = agent.run("review this", schema=Verdict)
+    assert result.structured is not None and result.structured.source == "prompt_validate"
+    assert "review this" in prompts[0] and '"notes"' in prompts[0]
+
+
+def test_descriptor_is_a_real_descriptor() -> None:
+    assert isinstance(ScriptedDriver([]).descriptor(), Descriptor)

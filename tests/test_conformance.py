@@ -1,0 +1,306 @@
+"""adaptor.testing.conformance: the script driver passes; each broken toy fails its clause."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from adaptor.driver import (
+    Checkpoint,
+    Descriptor,
+    Driver,
+    EventSink,
+    ProcessCaps,
+    Request,
+    Response,
+    RunFailure,
+    SessionCaps,
+    SessionCodec,
+    SessionState,
+    canonical_fingerprint,
+)
+from adaptor.events import EventMeta, ProcessInfo, TextDelta
+from adaptor.result import RawStreams, TerminalPayload, TranscriptItem
+from adaptor.testing import ScriptedDriver, conformance
+
+EVERY_STEP: tuple[Mapping[str, Any], ...] = (
+    {"thinking": "plan"},
+    {"tool_call": {"name": "Bash", "args": {"cmd": "ls"}, "result": "a b"}},
+    {"approval": {"kind": "permission", "title": "run ls?"}},
+    {"approval": {"kind": "question", "choices": ["yes", "no"]}},
+    {"stdout": '{"type": "noise"}'},
+    {"stderr": "warning"},
+    {"sleep": 0},
+    {"text": "Hello"},
+    {"output_json": {"ok": True}},
+)
+
+
+@pytest.mark.parametrize(
+    ("steps", "descriptor", "session"),
+    [
+        pytest.param([{"text": "Hello"}], None, None, id="text"),
+        pytest.param([], None, None, id="empty"),
+        pytest.param(EVERY_STEP, None, "auto", id="every-step-auto-session"),
+        pytest.param([{"text": "Hello"}], None, "fixed-id", id="fixed-session"),
+        pytest.param([{"text": "Hi"}, {"fail": {"message": "x"}}], None, "auto", id="fail"),
+        pytest.param([{"text": "Hi"}, {"exit": 3}], None, "auto", id="exit"),
+        pytest.param(
+            [{"text": "Hello"}], {"sessions": {"supports_resume": False}}, "auto", id="no-resume"
+        ),
+        pytest.param(
+            [{"text": "Hello"}],
+            {"process": {"persistent": True}, "structured_output": {"native_hitl": {}}},
+            "auto",
+            id="persistent",
+        ),
+    ],
+)
+def test_script_driver_conforms(
+    steps: Sequence[Mapping[str, Any]], descriptor: Mapping[str, Any] | None, session: str | None
+) -> None:
+    report = conformance.run(lambda: ScriptedDriver(steps, descriptor, session=session))
+    report.raise_for_failures()
+    assert report.ok
+    assert sorted(report.passed) == sorted(conformance.CLAUSES)
+
+
+# --- toy drivers --------------------------------------------------------------------------------
+
+
+class ToyCodec:
+    def name(self) -> str:
+        return "toy"
+
+    def encode(self, state: SessionState | None) -> dict[str, Any]:
+        return {} if state is None else {"resume_id": state.resume_id, "data": dict(state.data)}
+
+    def decode(self, params: Mapping[str, Any]) -> SessionState | None:
+        if not params:
+            return None
+        return SessionState(resume_id=params["resume_id"], data=params["data"])
+
+
+class ToyDriver:
+    """A minimal compliant driver; each subclass below breaks exactly one rule."""
+
+    def descriptor(self) -> Descriptor:
+        return Descriptor(
+            type="toy", display_name="Toy", sessions=SessionCaps(supports_resume=True)
+        )
+
+    def validate_config(self, config: object | None = None) -> None:
+        if config is not None:
+            raise TypeError("toy takes no config")
+
+    def session_codec(self) -> SessionCodec | None:
+        return ToyCodec()
+
+    def session_config_fingerprint(self) -> str:
+        return canonical_fingerprint("toy/v1", {})
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        self.speak(sink, "hi")
+        item = TranscriptItem(kind="assistant", text="hi")
+        sink.emit(item)
+        return self.respond([item])
+
+    def speak(self, sink: EventSink, text: str) -> None:
+        sink.emit(TextDelta(message_id="m1", phase="start"))
+        sink.emit(TextDelta(message_id="m1", text=text, phase="content"))
+        sink.emit(TextDelta(message_id="m1", phase="end"))
+
+    def respond(self, transcript: Sequence[TranscriptItem], **fields: Any) -> Response:
+        state = SessionState(resume_id="toy-1", data={"cwd": "/"})
+        defaults: dict[str, Any] = {
+            "output": "hi",
+            "transcript": tuple(transcript),
+            "checkpoint": Checkpoint(state, valid=True),
+        }
+        return Response(**(defaults | fields))
+
+
+_instances = itertools.count()
+
+
+class NondeterministicDescriptor(ToyDriver):
+    def __init__(self) -> None:
+        self.serial = next(_instances)
+
+    def descriptor(self) -> Descriptor:
+        return dataclasses.replace(super().descriptor(), display_name=f"Toy #{self.serial}")
+
+
+_SHARED = ToyDriver().descriptor()
+
+
+class SharedDescriptor(ToyDriver):
+    def descriptor(self) -> Descriptor:
+        return _SHARED
+
+
+class AcceptsForeignConfig(ToyDriver):
+    def validate_config(self, config: object | None = None) -> None:
+        pass
+
+
+class ResumeWithoutCodec(ToyDriver):
+    def session_codec(self) -> SessionCodec | None:
+        return None
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        return self.respond([], checkpoint=None)  # a checkpoint would also break RSP-04
+
+
+class UnstableFingerprint(ToyDriver):
+    def session_config_fingerprint(self) -> str:
+        return canonical_fingerprint("toy/v1", {"n": next(_instances)})
+
+
+class PersistentWithoutClose(ToyDriver):
+    def descriptor(self) -> Descriptor:
+        return dataclasses.replace(super().descriptor(), process=ProcessCaps(persistent=True))
+
+
+class UnclosedText(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        sink.emit(TextDelta(message_id="m1", phase="start"))
+        sink.emit(TextDelta(message_id="m1", text="hi", phase="content"))
+        return self.respond([])
+
+
+class ContentOutsideLifecycle(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        sink.emit(TextDelta(message_id="m9", text="hi", phase="content"))
+        return self.respond([])
+
+
+class EmptyDelta(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        self.speak(sink, "")
+        return self.respond([])
+
+
+class MetaOnEvents(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        sink.emit(ProcessInfo(kind="spawn", meta=EventMeta(run_id=request.run_id, sequence=1)))
+        return self.respond([])
+
+
+class TranscriptMismatch(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        hidden = TranscriptItem(kind="assistant", text="hidden")
+        return self.respond([hidden])
+
+
+class ToolCallItemWithoutName(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        item = TranscriptItem(kind="tool_call", tool_use_id="t1")
+        sink.emit(item)
+        return self.respond([item])
+
+
+class CheckpointOnFailure(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        return self.respond([], exit_code=1, failure=RunFailure(message="boom"))
+
+
+class OutputIsRawStdout(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        stdout = '{"type":"text","text":"hi"}\n{"type":"result"}\n'
+        raw = RawStreams(stdout=stdout, terminal=TerminalPayload("result", '{"type":"result"}'))
+        return self.respond([], output=stdout, raw_streams=raw)
+
+
+class BadTerminalJSON(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        raw = RawStreams(stdout="{", terminal=TerminalPayload("result", "{"))
+        return self.respond([], raw_streams=raw)
+
+
+class LeaksEnvironment(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        sink.emit(ProcessInfo(kind="spawn", data={"env": dict(request.env)}))
+        return self.respond([])
+
+
+@pytest.mark.parametrize(
+    ("toy", "clause"),
+    [
+        (NondeterministicDescriptor, "DRV-02"),
+        (SharedDescriptor, "DRV-03"),
+        (AcceptsForeignConfig, "CFG-02"),
+        (ResumeWithoutCodec, "CAP-01"),
+        (UnstableFingerprint, "CAP-01"),
+        (PersistentWithoutClose, "CAP-11"),
+        (UnclosedText, "EVT-11"),
+        (ContentOutsideLifecycle, "EVT-03"),
+        (EmptyDelta, "EVT-04"),
+        (MetaOnEvents, "EVT-10"),
+        (TranscriptMismatch, "RUN-04"),
+        (ToolCallItemWithoutName, "TRN-02"),
+        (CheckpointOnFailure, "RSP-01"),
+        (OutputIsRawStdout, "RSP-03"),
+        (BadTerminalJSON, "RSP-05"),
+        (LeaksEnvironment, "SEC-01"),
+    ],
+)
+def test_broken_driver_fails_exactly_its_clause(toy: Callable[[], Driver], clause: str) -> None:
+    report = conformance.run(toy)
+
+    assert list(report.failed) == [clause], report.failed
+    assert clause not in report.passed
+    with pytest.raises(conformance.ConformanceError) as caught:
+        report.raise_for_failures()
+    assert isinstance(caught.value, AssertionError)
+    assert caught.value.failed == report.failed
+    assert clause in str(caught.value)
+
+
+def test_the_compliant_toy_passes() -> None:
+    report = conformance.run(ToyDriver)
+    assert report.failed == {}
+    assert sorted(report.passed) == sorted(conformance.CLAUSES)
+
+
+def test_failure_messages_withhold_provider_text() -> None:
+    report = conformance.run(OutputIsRawStdout)
+    assert '"type"' not in report.failed["RSP-03"]
+
+
+class RaisesInRun(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        raise RuntimeError("process exploded")
+
+
+class HangsUntilCancelled(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        sink.cancelled.wait()
+        return self.respond([])
+
+
+class DescriptorRaises(ToyDriver):
+    def descriptor(self) -> Descriptor:
+        raise RuntimeError("no descriptor")
+
+
+def test_a_run_that_raises_fails_run_00_and_skips_run_clauses() -> None:
+    report = conformance.run(RaisesInRun)
+    assert report.failed == {"RUN-00": "run() raised RuntimeError: process exploded"}
+    assert "RUN-04" not in report.passed and "EVT-03" not in report.passed
+
+
+def test_a_hanging_run_is_cancelled_after_the_timeout() -> None:
+    report = conformance.run(HangsUntilCancelled, timeout=0.01)
+    assert list(report.failed) == ["RUN-00"]
+    assert "did not return" in report.failed["RUN-00"]
+
+
+def test_a_descriptor_that_raises_stops_the_suite() -> None:
+    report = conformance.run(DescriptorRaises)
+    assert list(report.failed) == ["DRV-01"]
+    assert report.passed == []

@@ -1,0 +1,265 @@
+"""Events and Results survive their JSON form exactly."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import adaptor
+from adaptor import events
+from adaptor.result import (
+    RawStreams,
+    Result,
+    StructuredOutput,
+    TerminalPayload,
+    TranscriptItem,
+    Usage,
+)
+
+_text = st.text(max_size=30)
+_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**53), 2**53), _text),
+    lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(_text, c, max_size=3)),
+    max_leaves=10,
+)
+_times = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+_meta = st.builds(
+    events.EventMeta,
+    run_id=_text,
+    thread_key=_text,
+    sequence=st.integers(0, 2**40),
+    time=_times,
+    turn_id=_text,
+)
+_phase = st.sampled_from(["start", "content", "end"])
+_usage = st.one_of(
+    st.none(),
+    st.builds(
+        Usage,
+        input_tokens=st.integers(0, 10**9),
+        output_tokens=st.integers(0, 10**9),
+        cached_input_tokens=st.integers(0, 10**9),
+        cost_usd=st.one_of(st.none(), st.floats(0, 1e6, allow_nan=False)),
+    ),
+)
+_kind_word = st.from_regex(r"[a-z_]{1,10}(\.[a-z_]{1,10})?", fullmatch=True)
+
+EVENTS = st.one_of(
+    st.builds(events.RunStarted, meta=_meta, run_id=_text, thread_id=_text),
+    st.builds(
+        events.RunFinished,
+        meta=_meta,
+        run_id=_text,
+        thread_id=_text,
+        usage=_usage,
+        failed=st.booleans(),
+        reason=_text,
+        message=_text,
+    ),
+    st.builds(events.TextDelta, meta=_meta, message_id=_text, text=_text, phase=_phase),
+    st.builds(events.Thinking, meta=_meta, message_id=_text, text=_text, phase=_phase),
+    st.builds(
+        events.ToolCall,
+        meta=_meta,
+        id=_text,
+        name=_text,
+        args=st.one_of(st.none(), st.dictionaries(_text, _json, max_size=3)),
+        args_delta=_text,
+        result=_json,
+        phase=_phase,
+    ),
+    st.builds(events.ToolResult, meta=_meta, id=_text, result=_json, is_error=st.booleans()),
+    st.builds(
+        events.ProcessInfo,
+        meta=_meta,
+        kind=st.sampled_from(["spawn", "stdout", "stderr"]),
+        text=_text,
+        data=st.dictionaries(_text, _json, max_size=3),
+    ),
+    st.builds(events.Notice, meta=_meta, kind=_kind_word, text=_text, data=st.dictionaries(_text, _json, max_size=3)),
+    st.builds(
+        events.Dropped,
+        meta=_meta,
+        count=st.integers(0, 1000),
+        by_kind=st.dictionaries(_kind_word, st.integers(0, 100), max_size=3),
+        first_sequence=st.integers(0, 1000),
+        last_sequence=st.integers(0, 1000),
+        reason=_text,
+    ),
+    st.builds(
+        events.SubagentUpdate,
+        meta=_meta,
+        agent=_text,
+        kind=st.sampled_from(["started", "delta", "finished"]),
+        delta=_text,
+        data=st.dictionaries(_text, _json, max_size=3),
+    ),
+    st.builds(
+        events.ApprovalRequest,
+        meta=_meta,
+        id=_text,
+        run_id=_text,
+        kind=st.sampled_from(["permission", "plan_review", "question"]),
+        title=_text,
+        source=_text,
+        tool_call_id=_text,
+        choices=st.lists(st.builds(events.Choice, _text, _text, _text), max_size=3).map(tuple),
+        details=st.dictionaries(_text, _json, max_size=3),
+        created_at=_times,
+        deadline=st.one_of(st.none(), _times),
+        attempt=st.integers(0, 10),
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(EVENTS)
+def test_every_event_roundtrips_through_json_bytes(event: Any) -> None:
+    obj = events.to_json(event)
+    assert obj["kind"] == events.event_kind(event)
+    back = events.from_json(orjson.loads(orjson.dumps(obj)))
+    assert type(back) is type(event)
+    assert back == event
+    assert back.meta == event.meta
+    assert events.to_json(back) == obj
+
+
+def test_kinds_fold_the_discriminating_field() -> None:
+    assert events.event_kind(events.TextDelta(text="x")) == "text.content"
+    assert events.event_kind(events.ToolCall(phase="end")) == "tool_call.end"
+    assert events.event_kind(events.Notice(kind="transcript.item")) == "notice.transcript.item"
+    assert events.event_kind(events.ProcessInfo(kind="stderr")) == "process.stderr"
+    assert events.event_kind(events.SubagentUpdate(kind="delta")) == "subagent.delta"
+    obj = events.to_json(events.Notice(kind="approval.resolved", text="t"))
+    assert "kind" in obj and obj["kind"] == "notice.approval.resolved"
+    assert events.from_json(obj) == events.Notice(kind="approval.resolved", text="t")
+
+
+def test_droppable_set_is_exactly_content_and_raw_chunks() -> None:
+    droppable = [
+        events.TextDelta(phase="content"),
+        events.Thinking(phase="content"),
+        events.ToolCall(phase="content"),
+        events.ProcessInfo(kind="stdout"),
+        events.ProcessInfo(kind="stderr"),
+        events.SubagentUpdate(kind="delta"),
+    ]
+    reliable = [
+        events.TextDelta(phase="start"),
+        events.TextDelta(phase="end"),
+        events.ToolCall(phase="start"),
+        events.ToolResult(),
+        events.ProcessInfo(kind="spawn"),
+        events.Notice(kind="transcript.item"),
+        events.Dropped(),
+        events.RunStarted(run_id="r"),
+        events.RunFinished(run_id="r"),
+        events.SubagentUpdate(kind="finished"),
+        events.ApprovalRequest(id="a"),
+    ]
+    assert all(events.is_droppable(e) for e in droppable)
+    assert not any(events.is_droppable(e) for e in reliable)
+
+
+def test_approval_request_read_back_has_no_responder() -> None:
+    req = events.ApprovalRequest(id="run_x-dec-1", kind="permission", title="write")
+    back = events.from_json(events.to_json(req))
+    assert isinstance(back, events.ApprovalRequest)
+    with pytest.raises(adaptor.ApprovalUnavailableError):
+        back.approve()
+    with pytest.raises(adaptor.ApprovalUnavailableError):
+        back.deny("no")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {},
+        {"kind": 3},
+        {"kind": "no.such.kind"},
+        {"kind": "text"},
+        {"kind": "run.started"},  # run_id missing
+        {"kind": "run.finished", "run_id": "r", "usage": 5},
+        {"kind": "notice.x", "meta": {"time": "not a time"}},
+    ],
+)
+def test_from_json_rejects_malformed_events_with_value_error(bad: Any) -> None:
+    with pytest.raises(ValueError):
+        events.from_json(bad)
+
+
+_items = st.builds(
+    TranscriptItem,
+    kind=st.sampled_from(["assistant", "tool_call", "tool_result", "result"]),
+    text=_text,
+    tool_use_id=_text,
+    tool_name=_text,
+    input=_json,
+    is_error=st.booleans(),
+    usage=_usage,
+    metadata=st.dictionaries(_text, _json, max_size=2),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=_text,
+    usage=_usage,
+    transcript=st.lists(_items, max_size=4),
+    structured=st.one_of(
+        st.none(),
+        st.builds(
+            StructuredOutput,
+            source=st.sampled_from(["native", "prompt_validate"]),
+            valid=st.booleans(),
+            value=_json,
+            errors=st.lists(_text, max_size=2).map(tuple),
+        ),
+    ),
+    terminal=st.one_of(st.none(), st.builds(TerminalPayload, _text, _text)),
+)
+def test_result_roundtrips_through_json(
+    text: str,
+    usage: Usage | None,
+    transcript: list[TranscriptItem],
+    structured: StructuredOutput | None,
+    terminal: TerminalPayload | None,
+) -> None:
+    result = Result(
+        run_id="run_0123456789abcdef",
+        model="m",
+        provider="script",
+        text=text,
+        usage=usage,
+        metadata={"a": "b"},
+        structured=structured,
+        _raw=RawStreams(stdout="out\n", stderr="err\n", terminal=terminal),
+        _transcript=tuple(transcript),
+    )
+    back = Result.from_json(orjson.loads(orjson.dumps(result.to_json())))
+    assert back == result
+    assert back.raw() == result.raw()
+    assert back.transcript() == result.transcript()
+
+
+def test_decode_never_falls_back_to_text_when_a_schema_was_requested() -> None:
+    invalid = Result(
+        run_id="r",
+        text='{"a": 1}',
+        structured=StructuredOutput(source="prompt_validate", valid=False, errors=("/a: bad",)),
+    )
+    with pytest.raises(ValueError, match="structured output invalid: /a: bad"):
+        invalid.decode()
+    assert Result(run_id="r", text=' {"a": 1} ').decode() == {"a": 1}
+    with pytest.raises(ValueError):
+        Result(run_id="r", text="").decode()
+    with pytest.raises(ValueError):
+        Result(run_id="r", text="not json").decode()

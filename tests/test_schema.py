@@ -1,0 +1,916 @@
+"""Structured output: schema compilation, validation, negotiation, instructions, conversion."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated, Any, Literal, NotRequired, Optional, TypedDict
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jsonschema.exceptions import SchemaError
+from referencing.exceptions import Unresolvable
+
+from adaptor.driver import (
+    Descriptor,
+    HumanDecisionSupport,
+    InvalidOutputSchemaError,
+    QuestionSupport,
+    RunPolicyCaps,
+    StructuredOutputCaps,
+    StructuredOutputHITL,
+    StructuredOutputUnsupportedError,
+)
+from adaptor.result import DecodeError, Result, StructuredOutput
+from adaptor.schema import (
+    CompiledSchema,
+    SchemaOptions,
+    compile_schema,
+    convert,
+    instruct,
+    negotiate,
+    run_as,
+)
+
+# --- types under test (module level: string annotations resolve against module globals) ------
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+@dataclass(frozen=True)
+class Point:
+    x: float
+    y: float
+
+
+@dataclass
+class Shape:
+    name: str
+    center: Point
+    color: Color
+    kind: Literal["circle", "square"]
+    tags: dict[str, int]
+    note: Optional[str] = None  # noqa: UP045 - Optional is part of what is under test
+    corners: list[Point] = field(default_factory=list)
+
+
+@dataclass
+class Sized:
+    size: Annotated[int, "how big", {"minimum": 0}]
+    label: str = field(default="", metadata={"description": "shown to humans"})
+    computed: int = field(init=False, default=0)
+
+
+class Movie(TypedDict):
+    title: str
+    year: int
+    origin: NotRequired[Point]
+
+
+class Partial(TypedDict, total=False):
+    rating: float
+
+
+@dataclass
+class Node:
+    value: int
+    next: Node | None = None
+
+
+@dataclass
+class Ping:
+    pong: Pong
+
+
+@dataclass
+class Pong:
+    ping: list[Ping]
+
+
+@dataclass
+class WithCallback:
+    callback: Callable[[], int]
+
+
+@dataclass
+class IntKeys:
+    counts: dict[int, str]
+
+
+@dataclass
+class WithSet:
+    tags: set[str]
+
+
+@dataclass
+class WithBytes:
+    blob: bytes
+
+
+class Opaque:
+    pass
+
+
+@dataclass
+class WithOpaque:
+    thing: Opaque
+
+
+@dataclass
+class Dangling:
+    other: Missing  # type: ignore[name-defined]  # noqa: F821 - unresolvable on purpose
+
+
+@dataclass(frozen=True)
+class Leaf:
+    label: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    count: int
+    ratio: float
+    flag: bool
+    name: str
+    color: Color
+    level: Level
+    mode: Literal["fast", "slow", 3]
+    leaves: list[Leaf]
+    scores: dict[str, int]
+    pair: tuple[int, str]
+    rest: tuple[float, ...]
+    maybe: Leaf | None = None
+    anything: Any = None
+
+
+# --- derivation ---------------------------------------------------------------------------------
+
+
+def test_dataclass_derivation_is_strict_and_reuses_defs() -> None:
+    compiled = compile_schema(Shape)
+    schema = compiled.schema
+    assert compiled.type_ is Shape
+    assert schema["type"] == "object"
+    assert schema["additionalProperties"] is False
+    assert schema["required"] == ["name", "center", "color", "kind", "tags"]
+    props = schema["properties"]
+    assert props["name"] == {"type": "string"}
+    assert props["color"] == {"type": "string", "enum": ["red", "green"]}
+    assert props["kind"] == {"type": "string", "enum": ["circle", "square"]}
+    assert props["tags"] == {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert props["note"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    # Point is used twice: it goes to $defs once and both places reference it.
+    assert props["center"] == {"$ref": "#/$defs/Point"}
+    assert props["corners"] == {"type": "array", "items": {"$ref": "#/$defs/Point"}}
+    assert schema["$defs"]["Point"] == {
+        "type": "object",
+        "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+        "required": ["x", "y"],
+        "additionalProperties": False,
+    }
+
+
+def test_single_use_nested_type_is_inlined() -> None:
+    schema = compile_schema(Movie).schema
+    assert "$defs" not in schema
+    assert schema["required"] == ["title", "year"]  # NotRequired seen through the string hint
+    assert schema["properties"]["origin"]["properties"]["x"] == {"type": "number"}
+    assert schema["additionalProperties"] is False
+
+
+def test_typeddict_total_false_has_no_required_keys() -> None:
+    schema = compile_schema(Partial).schema
+    assert schema["required"] == []
+    assert schema["properties"] == {"rating": {"type": "number"}}
+
+
+def test_annotated_metadata_and_field_description() -> None:
+    schema = compile_schema(Sized).schema
+    assert schema["properties"]["size"] == {
+        "type": "integer",
+        "description": "how big",
+        "minimum": 0,
+    }
+    assert schema["properties"]["label"]["description"] == "shown to humans"
+    assert "computed" not in schema["properties"]  # init=False is not part of the wire shape
+    assert schema["required"] == ["size"]
+
+
+def test_int_enum_literal_mixed_and_tuples() -> None:
+    schema = compile_schema(Sample).schema
+    props = schema["properties"]
+    assert props["level"] == {"type": "integer", "enum": [1, 2]}
+    assert props["mode"] == {"enum": ["fast", "slow", 3]}  # mixed kinds: no "type"
+    assert props["pair"] == {
+        "type": "array",
+        "prefixItems": [{"type": "integer"}, {"type": "string"}],
+        "items": False,
+        "minItems": 2,
+    }
+    assert props["rest"] == {"type": "array", "items": {"type": "number"}}
+    assert props["anything"] == {}
+
+
+def test_non_struct_type_at_the_root() -> None:
+    compiled = compile_schema(list[Point])
+    assert compiled.schema["type"] == "array"
+    assert compiled.schema["items"]["required"] == ["x", "y"]
+    assert compiled.type_ is None  # list[Point] is not a class
+
+
+def test_pydantic_model_and_nesting() -> None:
+    base_model: Any = pytest.importorskip("pydantic").BaseModel
+
+    class Inner(base_model):
+        a: int
+
+    class Model(base_model):
+        inner: Inner
+        tags: list[str] = []
+
+    compiled = compile_schema(Model)
+    assert compiled.type_ is Model
+    assert compiled.schema == Model.model_json_schema()
+
+    @dataclass
+    class Holder:
+        model: Any
+
+    # A pydantic model nested in a dataclass keeps its own $defs, hoisted to the root.
+    Holder.__annotations__["model"] = Model
+    holder = compile_schema(Holder).schema
+    model_schema = Model.model_json_schema()
+    inner_def = model_schema.pop("$defs")["Inner"]
+    assert holder["properties"]["model"] == model_schema  # used once: inline
+    assert holder["$defs"] == {"Inner": inner_def}
+    out = compile_schema(Holder).validate_text('{"model": {"inner": {"a": 1}}}', "native")
+    assert out.valid, out.errors
+    assert convert(out.value, Holder) == Holder(model=Model(inner=Inner(a=1)))
+
+
+def test_schema_from_dict_text_and_bytes_agree() -> None:
+    doc = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    from_dict = compile_schema(doc)
+    from_text = compile_schema(orjson.dumps(doc).decode())
+    from_bytes = compile_schema(b"  " + orjson.dumps(doc) + b"\n")
+    assert from_dict == from_text == from_bytes
+    assert from_dict.type_ is None
+    assert compile_schema(from_dict) is from_dict
+
+
+def test_schema_is_deep_copied() -> None:
+    doc: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    compiled = compile_schema(doc)
+    doc["properties"]["a"]["type"] = "string"
+    assert compiled.schema["properties"]["a"]["type"] == "integer"
+    assert compiled.validate_text('{"a": 1}', "native").valid
+
+
+def test_tuple_values_in_a_schema_dict_become_lists() -> None:
+    compiled = compile_schema({"type": "object", "required": ("a",)})
+    assert compiled.schema["required"] == ["a"]
+
+
+def test_schema_hash_is_sha256_of_canonical_json() -> None:
+    compiled = compile_schema({"type": "object", "required": ["b", "a"]})
+    expected = hashlib.sha256(b'{"required":["b","a"],"type":"object"}').hexdigest()
+    assert compiled.schema_hash == f"sha256:{expected}"
+
+
+def test_schema_hash_stable_across_key_order() -> None:
+    a = compile_schema({"type": "object", "properties": {"x": {"type": "string"}, "y": {}}})
+    b = compile_schema({"properties": {"y": {}, "x": {"type": "string"}}, "type": "object"})
+    assert a.schema_hash == b.schema_hash
+    assert a == b and hash(a) == hash(b)
+
+
+_json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text()
+_json_values = st.recursive(
+    _json_scalars | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _reverse_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _reverse_keys(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reverse_keys(v) for v in value]
+    return value
+
+
+@given(_json_values)
+def test_schema_hash_ignores_key_order_for_any_content(data: Any) -> None:
+    # Unknown keywords are annotations in draft 2020-12, so any JSON can ride along.
+    doc = {"type": "object", "x-data": data, "description": "d"}
+    assert compile_schema(doc).schema_hash == compile_schema(_reverse_keys(doc)).schema_hash
+
+
+# --- schema errors ------------------------------------------------------------------------------
+
+
+def _schema_error(schema: object) -> InvalidOutputSchemaError:
+    with pytest.raises(InvalidOutputSchemaError) as info:
+        compile_schema(schema)
+    return info.value
+
+
+@pytest.mark.parametrize("type_", [Node, Ping])
+def test_recursive_types_are_rejected(type_: type) -> None:
+    error = _schema_error(type_)
+    assert error.reason.startswith(f"cannot derive a schema from {__name__}.{type_.__name__}: ")
+    assert "recursive type" in error.reason
+
+
+@pytest.mark.parametrize(
+    ("type_", "detail"),
+    [
+        (WithCallback, "callables"),
+        (IntKeys, "keys are strings"),
+        (WithSet, "sets are not JSON"),
+        (WithBytes, "bytes are not JSON"),
+        (WithOpaque, "unsupported class"),
+        (bytes, "bytes are not JSON"),
+        (Opaque, "unsupported class"),
+        (frozenset[int], "sets are not JSON"),
+    ],
+)
+def test_unsupported_shapes_are_rejected(type_: object, detail: str) -> None:
+    error = _schema_error(type_)
+    assert error.reason.startswith("cannot derive a schema from ")
+    assert detail in error.reason
+    assert error.cause is None
+
+
+def test_unsupported_shape_error_names_the_field() -> None:
+    assert "$.callback" in _schema_error(WithCallback).reason
+
+
+def test_unresolvable_type_hint_keeps_the_cause() -> None:
+    error = _schema_error(Dangling)
+    assert "cannot resolve the type hints" in error.reason
+    assert isinstance(error.cause, NameError)
+    assert error.__cause__ is error.cause
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ('{"type": ', "malformed schema JSON"),
+        ("{'type': 'object'}", "malformed schema JSON"),
+        ('{"type": "object"} {"type": "string"}', "unexpected data after the JSON value"),
+        (b'{"type": "object"} trailing', "unexpected data after the JSON value"),
+    ],
+)
+def test_malformed_schema_text(text: str | bytes, detail: str) -> None:
+    error = _schema_error(text)
+    assert detail in error.reason
+    assert isinstance(error.cause, ValueError)  # orjson's JSONDecodeError
+
+
+@pytest.mark.parametrize("text", ["", "   \n", b""])
+def test_empty_schema_document(text: str | bytes) -> None:
+    assert _schema_error(text).reason == "empty schema document"
+
+
+def test_non_utf8_schema_bytes() -> None:
+    error = _schema_error(b"\xff\xfe")
+    assert isinstance(error.cause, UnicodeDecodeError)
+
+
+@pytest.mark.parametrize("schema", ["[1, 2]", "true", "42", '"object"', [{"type": "string"}]])
+def test_non_object_schema(schema: object) -> None:
+    assert "must be a JSON object" in _schema_error(schema).reason
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": 12}, {"type": "object", "properties": {"a": {"pattern": "(["}}}, {"minimum": "0"}],
+)
+def test_uncompilable_schema(schema: dict[str, Any]) -> None:
+    error = _schema_error(schema)
+    assert "not a valid draft 2020-12 schema" in error.reason
+    assert isinstance(error.cause, SchemaError)
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["#/$defs/missing", "https://example.com/remote.json", "#nope"],
+)
+def test_dangling_reference_fails_at_compile_time(ref: str) -> None:
+    schema = {"type": "object", "properties": {"a": {"anyOf": [{"$ref": ref}, {}]}}}
+    error = _schema_error(schema)
+    assert "unresolvable $ref" in error.reason
+    assert isinstance(error.cause, Unresolvable)
+
+
+def test_internal_references_compile() -> None:
+    schema = {
+        "$defs": {"n": {"type": "integer"}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#/properties/a"}},
+    }
+    assert compile_schema(schema).validate_text('{"a": 1, "b": 2}', "native").valid
+
+
+@pytest.mark.parametrize(
+    ("schema", "detail"),
+    [
+        ({"type": "object", "default": datetime(2024, 1, 1)}, "not JSON"),
+        ({"type": "number", "maximum": float("nan")}, "not finite"),
+        ({1: {"type": "string"}}, "not a string"),
+        ({"type": "integer", "maximum": 2**70}, "canonicalized"),
+        ({"$schema": "http://json-schema.org/draft-07/schema#"}, "unsupported $schema"),
+    ],
+)
+def test_non_json_or_foreign_schema_dicts(schema: dict[Any, Any], detail: str) -> None:
+    assert detail in _schema_error(schema).reason
+
+
+def test_self_referencing_schema_dict() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    schema["not"] = schema
+    assert "reference cycle" in _schema_error(schema).reason
+
+
+def test_draft_2020_12_dialect_is_accepted() -> None:
+    compile_schema({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"})
+
+
+@pytest.mark.parametrize("schema", [None, 42, Point(1, 2)])
+def test_values_that_are_not_schemas(schema: object) -> None:
+    _schema_error(schema)
+
+
+# --- validate_text ------------------------------------------------------------------------------
+
+_OBJECT = compile_schema(
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "items": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+)
+
+
+def test_valid_output_record() -> None:
+    out = _OBJECT.validate_text('\n  {"items": ["x"], "a": 1}  \n', "prompt_validate")
+    assert out == StructuredOutput(
+        source="prompt_validate",
+        valid=True,
+        value={"items": ["x"], "a": 1},
+        errors=(),
+        raw_json='{"a":1,"items":["x"]}',
+        schema_hash=_OBJECT.schema_hash,
+    )
+
+
+def test_invalid_output_keeps_value_and_sorts_errors_by_path() -> None:
+    items: list[Any] = ["ok"] * 11
+    items[10] = 1
+    items[2] = 2
+    text = orjson.dumps({"a": "nope", "items": items, "zzz": True}).decode()
+    out = _OBJECT.validate_text(text, "native")
+    assert not out.valid
+    assert out.value == orjson.loads(text)
+    assert out.raw_json
+    assert out.errors == (
+        "$: Additional properties are not allowed ('zzz' was unexpected)",
+        "$.a: 'nope' is not of type 'integer'",
+        "$.items[2]: 2 is not of type 'string'",
+        "$.items[10]: 1 is not of type 'string'",
+    )
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+def test_empty_output_is_invalid(text: str) -> None:
+    out = _OBJECT.validate_text(text, "native")
+    assert out == StructuredOutput(
+        source="native",
+        valid=False,
+        errors=("no structured output",),
+        schema_hash=_OBJECT.schema_hash,
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '```json\n{"a": 1}\n```',
+        '```\n{"a": 1}\n```',
+        'Here you go: {"a": 1}',
+        '{"a": 1}\nHope this helps!',
+        '{"a": 1} {"a": 2}',
+        '{"a": 1',
+        '{"a": NaN}',
+    ],
+)
+def test_anything_but_one_bare_json_value_is_invalid(text: str) -> None:
+    out = _OBJECT.validate_text(text, "prompt_validate")
+    assert not out.valid
+    assert out.value is None and out.raw_json == ""
+    assert len(out.errors) == 1 and out.errors[0].startswith("output is not a single JSON value")
+
+
+def test_trailing_data_is_named() -> None:
+    out = _OBJECT.validate_text('{"a": 1} garbage', "native")
+    assert "unexpected data after the JSON value" in out.errors[0]
+
+
+def test_long_error_messages_are_truncated() -> None:
+    compiled = compile_schema({"type": "string"})
+    out = compiled.validate_text(orjson.dumps(["x" * 2000]).decode(), "native")
+    assert not out.valid and len(out.errors[0]) < 600
+
+
+def test_validation_survives_mutating_the_public_schema() -> None:
+    compiled = compile_schema({"type": "integer"})
+    compiled.schema["type"] = "string"
+    assert compiled.validate_text("1", "native").valid
+
+
+def test_to_output_schema() -> None:
+    compiled = compile_schema(Shape)
+    out = compiled.to_output_schema(SchemaOptions(name="  shape ", description=" A shape. "))
+    assert out.name == "shape" and out.description == "A shape."
+    assert out.schema == compiled.schema and out.schema is not compiled.schema
+    assert out.schema_hash == compiled.schema_hash
+    assert compiled.to_output_schema(SchemaOptions()).name == ""
+
+
+# --- negotiation --------------------------------------------------------------------------------
+
+_ALL = frozenset({"permission", "plan_review", "question"})
+_DEFAULT_ASK = frozenset({"permission", "plan_review"})
+
+
+def _descriptor(
+    *,
+    native: bool = True,
+    prompt_validate: bool = True,
+    streaming: bool = True,
+    native_hitl: StructuredOutputHITL | None = None,
+    prompt_validate_hitl: StructuredOutputHITL | None = None,
+    can_ask: bool = True,
+) -> Descriptor:
+    decision = HumanDecisionSupport(ask=can_ask)
+    return Descriptor(
+        type="fake",
+        display_name="Fake",
+        run_policy_caps=RunPolicyCaps(
+            permission=decision, plan_review=decision, question=QuestionSupport(ask=can_ask)
+        ),
+        structured_output=StructuredOutputCaps(
+            native=native,
+            prompt_validate=prompt_validate,
+            works_with_streaming=streaming,
+            native_hitl=native_hitl,
+            prompt_validate_hitl=prompt_validate_hitl,
+        ),
+    )
+
+
+def _negotiate(
+    descriptor: Descriptor,
+    ask: frozenset[str] = frozenset(),
+    explicit: frozenset[str] = frozenset(),
+    streaming: bool = False,
+) -> str:
+    return negotiate(descriptor, ask_kinds=ask, explicit_ask_kinds=explicit, streaming=streaming)
+
+
+def test_native_is_preferred() -> None:
+    assert _negotiate(_descriptor(), _DEFAULT_ASK) == "native"
+
+
+def test_prompt_validate_when_native_is_not_offered() -> None:
+    assert _negotiate(_descriptor(native=False)) == "prompt_validate"
+
+
+def test_claude_like_matrix_falls_back_on_inherited_permission_ask() -> None:
+    claude = _descriptor(
+        native_hitl=StructuredOutputHITL(permission=False, plan_review=True, question=True),
+        prompt_validate_hitl=StructuredOutputHITL(permission=True, plan_review=True, question=True),
+    )
+    assert _negotiate(claude, _DEFAULT_ASK) == "prompt_validate"
+    assert _negotiate(claude, frozenset({"plan_review", "question"})) == "native"
+    assert _negotiate(claude, frozenset()) == "native"
+
+
+def test_all_false_matrix_rejects_any_ask() -> None:
+    descriptor = _descriptor(native_hitl=StructuredOutputHITL(), prompt_validate=False)
+    assert _negotiate(descriptor) == "native"
+    with pytest.raises(StructuredOutputUnsupportedError) as info:
+        _negotiate(descriptor, frozenset({"question"}), explicit=frozenset({"question"}))
+    assert info.value.driver == "fake"
+    assert "native: incompatible with ask for question (set explicitly)" in info.value.reason
+    assert "prompt_validate: not offered by the driver" in info.value.reason
+
+
+def test_matrix_requires_run_policy_ask_support() -> None:
+    descriptor = _descriptor(
+        native_hitl=StructuredOutputHITL(permission=True, plan_review=True, question=True),
+        can_ask=False,
+    )
+    assert _negotiate(descriptor, frozenset({"permission"})) == "prompt_validate"
+    with pytest.raises(StructuredOutputUnsupportedError) as info:
+        _negotiate(
+            _descriptor(
+                native_hitl=StructuredOutputHITL(permission=True),
+                prompt_validate=False,
+                can_ask=False,
+            ),
+            frozenset({"permission"}),
+        )
+    assert "driver cannot ask for permission (inherited default)" in info.value.reason
+
+
+def test_none_matrix_means_no_hitl_restriction() -> None:
+    assert _negotiate(_descriptor(can_ask=False), _ALL, explicit=_ALL) == "native"
+
+
+def test_streaming_restriction() -> None:
+    descriptor = _descriptor(streaming=False)
+    assert _negotiate(descriptor, streaming=False) == "native"
+    with pytest.raises(StructuredOutputUnsupportedError) as info:
+        _negotiate(descriptor, streaming=True)
+    assert info.value.reason == (
+        "native: does not work with the streaming transport; "
+        "prompt_validate: does not work with the streaming transport"
+    )
+
+
+def test_unsupported_when_neither_is_offered() -> None:
+    with pytest.raises(StructuredOutputUnsupportedError) as info:
+        _negotiate(_descriptor(native=False, prompt_validate=False))
+    assert info.value.reason == (
+        "native: not offered by the driver; prompt_validate: not offered by the driver"
+    )
+
+
+def test_explicit_kinds_count_as_effective() -> None:
+    descriptor = _descriptor(native_hitl=StructuredOutputHITL(plan_review=True))
+    assert _negotiate(descriptor, explicit=frozenset({"permission"})) == "prompt_validate"
+
+
+def test_unknown_ask_kind_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="unknown ask kind"):
+        _negotiate(_descriptor(), frozenset({"telepathy"}))
+
+
+# --- instruct -----------------------------------------------------------------------------------
+
+
+def test_instruct_contains_schema_and_prompt() -> None:
+    compiled = compile_schema(Shape)
+    text = instruct(
+        "Describe a shape.", compiled, SchemaOptions(name="shape", description="A shape")
+    )
+    head, prompt = text.rsplit("\n\n", 1)
+    assert prompt == "Describe a shape."
+    assert "exactly one JSON value" in head and "no Markdown code fences" in head
+    assert 'named "shape"' in head and "Description: A shape" in head
+    schema_text = head[head.index("{") :]
+    assert orjson.loads(schema_text) == compiled.schema
+
+
+def test_instruct_without_name_or_description() -> None:
+    text = instruct("p", compile_schema({"type": "object"}), SchemaOptions())
+    assert "named" not in text and "Description:" not in text
+    assert text.endswith('{\n  "type": "object"\n}\n\np')
+
+
+# --- convert ------------------------------------------------------------------------------------
+
+
+def test_convert_round_trips_nested_dataclasses() -> None:
+    value = {
+        "name": "sq",
+        "center": {"x": 0, "y": 1.5},
+        "color": "green",
+        "kind": "square",
+        "tags": {"a": 1},
+        "corners": [{"x": 1, "y": 2}],
+    }
+    shape = convert(value, Shape)
+    assert shape == Shape(
+        name="sq",
+        center=Point(0.0, 1.5),
+        color=Color.GREEN,
+        kind="square",
+        tags={"a": 1},
+        note=None,
+        corners=[Point(1.0, 2.0)],
+    )
+    assert isinstance(shape.center.x, float)
+
+
+def test_convert_typeddict_returns_a_dict_with_converted_values() -> None:
+    movie = convert({"title": "T", "year": 1999, "origin": {"x": 1, "y": 2}}, Movie)
+    assert movie == {"title": "T", "year": 1999, "origin": Point(1.0, 2.0)}
+    assert convert({"title": "T", "year": 1999}, Movie) == {"title": "T", "year": 1999}
+
+
+def test_convert_pydantic() -> None:
+    base_model: Any = pytest.importorskip("pydantic").BaseModel
+
+    class Model(base_model):
+        a: int
+
+    assert convert({"a": 1}, Model) == Model(a=1)
+    with pytest.raises(ValueError, match="not a valid Model"):
+        convert({"a": "x"}, Model)
+
+
+def test_convert_plain_types() -> None:
+    assert convert("s", str) == "s"
+    assert convert(3, float) == 3.0 and isinstance(convert(3, float), float)
+    assert convert(3.0, int) == 3 and isinstance(convert(3.0, int), int)
+    assert convert(True, bool) is True
+    assert convert(None, type(None)) is None
+    assert convert([1, 2], list) == [1, 2]
+    assert convert(2, Level) is Level.HIGH
+    assert convert(Point(1, 2), Point) == Point(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("value", "type_", "message"),
+    [
+        ({"x": 1}, Point, r"\$: missing field\(s\) for Point: \['y'\]"),
+        ({"x": 1, "y": 2, "z": 3}, Point, r"unexpected field\(s\) for Point: \['z'\]"),
+        ({"x": "1", "y": 2}, Point, r"\$\.x: expected number, got string"),
+        ([1], Point, r"\$: expected object, got array"),
+        (True, int, "expected integer, got boolean"),
+        (1.5, int, "expected integer, got number"),
+        (False, float, "expected number, got boolean"),
+        (1, str, "expected string, got integer"),
+        (1, bool, "expected boolean, got integer"),
+        ("blue", Color, "not a value of Color"),
+        (True, Level, "not a value of Level"),
+        ([1], Movie, "expected object"),
+        ({"title": "t"}, Movie, r"missing field\(s\) for Movie: \['year'\]"),
+    ],
+)
+def test_convert_mismatch(value: Any, type_: type, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        convert(value, type_)
+
+
+def test_convert_nested_mismatch_names_the_path() -> None:
+    value: dict[str, Any] = {"name": "n", "center": {"x": 0, "y": 0}, "color": "red"}
+    value |= {"kind": "circle"}
+    value |= {"tags": {}, "corners": [{"x": 0, "y": 0}, {"x": 0, "y": "no"}]}
+    with pytest.raises(ValueError, match=r"\$\.corners\[1\]\.y: expected number"):
+        convert(value, Shape)
+
+
+def test_convert_literal_and_union_rules() -> None:
+    with pytest.raises(ValueError, match="is not one of"):
+        convert({**_sample_json(), "mode": "medium"}, Sample)
+    with pytest.raises(ValueError, match="matches no member of the union"):
+        convert({**_sample_json(), "maybe": 1}, Sample)
+    assert convert({**_sample_json(), "mode": 3.0}, Sample).mode == 3
+
+
+def test_convert_tuple_length() -> None:
+    with pytest.raises(ValueError, match="expected 2 items, got 3"):
+        convert({**_sample_json(), "pair": [1, "a", 2]}, Sample)
+
+
+def test_convert_unsupported_type() -> None:
+    with pytest.raises(TypeError, match="convert does not support"):
+        convert(1, frozenset[int])
+
+
+def test_convert_construction_error_is_a_value_error() -> None:
+    @dataclass
+    class Checked:
+        n: int
+
+        def __post_init__(self) -> None:
+            if self.n < 0:
+                raise ValueError("n must not be negative")
+
+    with pytest.raises(ValueError, match="cannot build Checked: n must not be negative"):
+        convert({"n": -1}, Checked)
+
+
+# --- property: derived schema, validation and conversion agree ---------------------------------
+
+_floats = st.floats(allow_nan=False, allow_infinity=False)
+_leaves = st.builds(Leaf, label=st.text(max_size=8), weight=_floats)
+_samples = st.builds(
+    Sample,
+    count=st.integers(-(2**63), 2**63 - 1),
+    ratio=_floats,
+    flag=st.booleans(),
+    name=st.text(),
+    color=st.sampled_from(Color),
+    level=st.sampled_from(Level),
+    mode=st.sampled_from(["fast", "slow", 3]),
+    leaves=st.lists(_leaves, max_size=3),
+    scores=st.dictionaries(st.text(max_size=5), st.integers(-1000, 1000), max_size=3),
+    pair=st.tuples(st.integers(-5, 5), st.text(max_size=3)),
+    rest=st.lists(_floats, max_size=3).map(tuple),
+    maybe=st.none() | _leaves,
+    anything=_json_values,
+)
+
+
+def _to_json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    return value
+
+
+def _sample_json() -> dict[str, Any]:
+    sample = Sample(1, 0.5, True, "n", Color.RED, Level.LOW, "fast", [], {}, (1, "a"), ())
+    result: dict[str, Any] = _to_json(sample)
+    return result
+
+
+_SAMPLE_SCHEMA = compile_schema(Sample)
+
+
+@given(_samples)
+def test_derived_schema_accepts_what_convert_round_trips(sample: Sample) -> None:
+    text = orjson.dumps(_to_json(sample)).decode()
+    out = _SAMPLE_SCHEMA.validate_text(text, "native")
+    assert out.valid, out.errors
+    assert convert(out.value, Sample) == sample
+
+
+@given(_samples, st.sampled_from(["count", "color", "leaves", "pair", "mode"]))
+def test_derived_schema_rejects_what_convert_rejects(sample: Sample, key: str) -> None:
+    broken = _to_json(sample)
+    broken[key] = {"unexpected": "object"}
+    out = _SAMPLE_SCHEMA.validate_text(orjson.dumps(broken).decode(), "native")
+    assert not out.valid
+    with pytest.raises(ValueError):
+        convert(out.value, Sample)
+
+
+# --- run_as -------------------------------------------------------------------------------------
+
+
+class _Runner:
+    def __init__(self, structured: StructuredOutput) -> None:
+        self.structured = structured
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def run(self, prompt: str, **opts: Any) -> Result:
+        self.calls.append((prompt, opts))
+        return Result(run_id="r1", structured=self.structured)
+
+
+def _structured(value: Any, valid: bool = True) -> StructuredOutput:
+    errors = () if valid else ("$.x: bad",)
+    return StructuredOutput(source="native", valid=valid, value=value, errors=errors)
+
+
+def test_run_as_passes_the_type_as_schema_and_decodes() -> None:
+    runner = _Runner(_structured({"x": 1, "y": 2}))
+    point, result = run_as(runner, "where?", Point, timeout=3)
+    assert point == Point(1.0, 2.0)
+    assert result.run_id == "r1"
+    assert runner.calls == [("where?", {"schema": Point, "timeout": 3})]
+
+
+def test_run_as_explicit_schema_wins() -> None:
+    runner = _Runner(_structured({"x": 1, "y": 2}))
+    explicit: CompiledSchema = compile_schema(Point)
+    run_as(runner, "p", Point, schema=explicit)
+    assert runner.calls[0][1]["schema"] is explicit
+
+
+def test_run_as_decode_errors_propagate() -> None:
+    with pytest.raises(DecodeError, match=r"\$\.x: bad"):
+        run_as(_Runner(_structured(None, valid=False)), "p", Point)
+    with pytest.raises(ValueError, match="missing field"):
+        run_as(_Runner(_structured({"x": 1})), "p", Point)
