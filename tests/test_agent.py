@@ -684,3 +684,49 @@ def test_prompt_validation_mode_instructs_the_prompt() -> None:
 
 def test_descriptor_is_a_real_descriptor() -> None:
     assert isinstance(ScriptedDriver([]).descriptor(), Descriptor)
+
+
+class Counting(ScriptedDriver):  # type: ignore[misc, valid-type]
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.calls = 0
+
+    def run(self, request: Request, sink: Any) -> Response:
+        self.calls += 1
+        return super().run(request, sink)
+
+
+@pytest.mark.parametrize(
+    ("steps", "descriptor", "options"),
+    [
+        ([{"text": "x"}], None, {"policy": adaptor.Policy(sandbox="bogus")}),
+        ([{"text": "x"}], {"run_policy_caps": {"browser": False}}, {"policy": adaptor.Policy(browser="deny")}),
+        (
+            [{"text": "x"}],
+            {"run_policy_caps": {"question": {"ask": False}}},
+            {"policy": adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask"))},
+        ),
+        ([{"text": "x"}], None, {"schema": {"type": 12}}),
+        ([{"text": "x"}], {"structured_output": {"native": False, "prompt_validate": False}}, {"schema": {}}),
+        ([{"bogus_step": 1}], None, {}),
+        ([{"text": "x"}], {"no_such_field": 1}, {}),
+        ([{"text": "x"}], None, {"timeout": 0}),
+    ],
+)
+def test_pre_invocation_failures_never_call_the_driver(
+    steps: list[dict[str, Any]], descriptor: dict[str, Any] | None, options: dict[str, Any]
+) -> None:
+    driver = Counting(steps, descriptor=descriptor)
+    agent = adaptor.Agent(driver)
+    with pytest.raises(adaptor.AdaptorError) as info:
+        agent.run("go", **options)
+    assert not isinstance(info.value, adaptor.RunError)
+    stream = agent.stream("go", **options)
+    assert list(stream) == []
+    with pytest.raises(type(info.value)):
+        stream.result()
+    assert driver.calls == 0
+    agent.close()
+    with pytest.raises(adaptor.AgentClosedError):
+        agent.run("go")
+    assert driver.calls == 0
