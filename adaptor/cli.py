@@ -28,5 +28,79 @@ def exit_codes(as_json: bool) -> None:
         click.echo(f"{code:>4}  {meaning}")
 
 
+@cli.command("verify-log")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--repair",
+    "do_repair",
+    is_flag=True,
+    help="Cut a torn last line (a crash mid-append) first. Never touches damage before it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
+    """Strictly check a session-recorder event log (events/<session>.jsonl).
+
+    Every line must be a complete record with a valid crc, host_seq 1, 2, 3, ... and a known
+    event kind. Prints "ok: N records" and exits 0; otherwise prints "corrupt: FILE line L: why"
+    on stderr and exits 70 (an infrastructure failure: the file is damaged, see
+    `adaptor exit-codes`), as it does when the file cannot be read. With --repair, a torn last
+    line is cut and the exit is 0 if the file is valid afterwards; corruption before the last
+    line is reported and left as it is (exit 70).
+
+    --json prints {"ok", "records", "repaired", "error"}: "records" counts the valid records
+    (before the bad line, on failure), "repaired" describes what was cut (or null) and "error"
+    is the failure in the wire form of the error taxonomy (or null).
+    """
+    # Imported here: the host tools are optional and the core CLI must not depend on them.
+    from hosttools import sessionrecorder
+
+    repaired: dict[str, object] | None = None
+    records = 0
+    failure: BaseException | None = None
+    try:
+        try:
+            records = sessionrecorder.verify(file)
+        except sessionrecorder.JSONLEventLogCorruptError as exc:
+            if not do_repair:
+                raise
+            report = sessionrecorder.repair(file)  # raises again unless the damage is a torn tail
+            if report is not None:
+                repaired = {
+                    "line": exc.line,
+                    "offset": report.offset,
+                    "dropped_bytes": report.dropped_bytes,
+                    "dropped_preview": report.dropped_preview,
+                }
+            records = sessionrecorder.verify(file)
+    except (sessionrecorder.JSONLEventLogCorruptError, OSError) as exc:
+        failure = exc
+        if isinstance(exc, sessionrecorder.JSONLEventLogCorruptError):
+            records = exc.line - 1
+
+    if as_json:
+        out = {
+            "ok": failure is None,
+            "records": records,
+            "repaired": repaired,
+            "error": None if failure is None else errors.to_wire(failure),
+        }
+        sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE))
+    else:
+        if repaired is not None:
+            click.echo(
+                f"repaired: cut a torn line {repaired['line']} "
+                f"({repaired['dropped_bytes']} bytes at offset {repaired['offset']})"
+            )
+        if failure is None:
+            click.echo(f"ok: {records} records")
+        elif isinstance(failure, sessionrecorder.JSONLEventLogCorruptError):
+            hint = " (--repair cuts it)" if failure.why.startswith("torn tail") else ""
+            click.echo(f"corrupt: {file} line {failure.line}: {failure.why}{hint}", err=True)
+        else:
+            click.echo(f"error: {file}: {failure}", err=True)
+    if failure is not None:
+        sys.exit(errors.exit_code_for(failure))
+
+
 def main() -> None:
     cli(prog_name="adaptor")

@@ -1,0 +1,495 @@
+"""``JSONLEventBackend``: one durable, human-readable log file per session key."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, NoReturn
+
+import orjson
+
+from adaptor._durable import CorruptLogError, DurableLog, RepairReport, ensure_dir, exclusive
+
+from . import _format
+from ._format import SEQ_KEY, SUFFIX, StrPath
+from ._model import (
+    EventRecord,
+    InvalidSessionKeyError,
+    JSONLEventBackendClosedError,
+    JSONLEventLogCorruptError,
+    SessionInfo,
+    check_contained,
+)
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class _Retired(Exception):
+    """The session object was evicted between lookup and use; look the key up again."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """An exception kept to be raised again later, with the traceback of its first raise."""
+
+    error: BaseException
+    traceback: TracebackType | None
+
+    @classmethod
+    def of(cls, error: BaseException) -> _Failure:
+        return cls(error, error.__traceback__)
+
+    def raise_(self) -> NoReturn:
+        # Re-raising one object repeatedly would chain every raise site onto its traceback.
+        raise self.error.with_traceback(self.traceback)
+
+
+@dataclass(eq=False)
+class _Pending:
+    body: dict[str, Any]
+    written: dict[str, Any] | None = None
+    failure: _Failure | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.written is not None or self.failure is not None
+
+    def result(self) -> dict[str, Any]:
+        if self.failure is not None:
+            self.failure.raise_()
+        assert self.written is not None
+        return self.written
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path, follow_symlinks=False).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _open_for_sync(path: str) -> int:
+    return os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+
+
+@dataclass(eq=False)
+class _Session:
+    """Per-key writer state: group commit, the open log, and poison.
+
+    Appends that arrive while one is being written queue up; whoever finds the log idle writes
+    the whole queue with one write and one fsync (group commit), so concurrent writers to a key
+    share fsyncs instead of waiting for one each.
+    """
+
+    key: str
+    path: str
+    sync: bool
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _queue: list[_Pending] = field(default_factory=list)
+    _writing: bool = False
+    _state: Literal["open", "retired", "closed"] = "open"
+    _log: DurableLog | None = None
+    # Buffered mode only: opened right after the first append so a later write-back error is
+    # reported to it (an fd opened after the error would never see it).
+    _sync_fd: int | None = None
+    _dirty: bool = False
+    poison: _Failure | None = None
+    # The backend's list, shared by all its sessions so evicting one loses nothing.
+    repairs: list[RepairReport] = field(default_factory=list)
+
+    @property
+    def lock_path(self) -> str:
+        return self.path + ".lock"
+
+    def check_poison(self) -> None:
+        if self.poison is not None:
+            self.poison.raise_()
+
+    # --- appending --------------------------------------------------------------------------
+
+    def append(self, body: dict[str, Any]) -> dict[str, Any]:
+        pending = _Pending(body)
+        with self._cond:
+            if self._state == "retired":
+                raise _Retired
+            if self._state == "closed":
+                raise JSONLEventBackendClosedError()
+            self.check_poison()
+            self._queue.append(pending)
+            while self._writing and not pending.done:
+                self._cond.wait()
+            if pending.done:
+                return pending.result()
+            batch, self._queue = self._queue, []
+            self._writing = True
+        try:
+            self._write_batch(batch)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+        return pending.result()
+
+    def _write_batch(self, batch: list[_Pending]) -> None:
+        try:
+            written = self._append_many([p.body for p in batch])
+        except orjson.JSONEncodeError as exc:
+            # DurableLog serializes the whole batch before writing any of it, so nothing was
+            # written; one event that cannot be serialized must not fail those queued with it.
+            good: list[_Pending] = []
+            for pending in batch:
+                try:
+                    orjson.dumps(pending.body, option=orjson.OPT_SORT_KEYS)
+                except orjson.JSONEncodeError as own:
+                    pending.failure = _Failure.of(own)
+                else:
+                    good.append(pending)
+            if len(good) == len(batch):  # not reproducible one by one: fail them all
+                failure = _Failure.of(exc)
+                for pending in batch:
+                    pending.failure = failure
+            elif good:
+                self._write_batch(good)
+        except BaseException as exc:
+            failure = _Failure.of(exc)
+            for pending in batch:
+                pending.failure = failure
+        else:
+            for pending, record in zip(batch, written, strict=True):
+                pending.written = record
+
+    def _append_many(self, bodies: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.check_poison()
+        if self._log is None:
+            self._log = DurableLog(
+                self.path, seq_key=SEQ_KEY, version=_format.FORMAT_VERSION, sync=self.sync
+            )
+        log = self._log
+        # Reentrant: DurableLog takes the same lock inside.  Holding it across the call makes
+        # the sizes measured here comparable with the ones DurableLog works with.
+        with exclusive(self.lock_path):
+            before = _size(self.path)
+            known_repairs = len(log.repaired)
+            try:
+                written = log.append_many(bodies)
+            except CorruptLogError as exc:
+                self._drop_log()
+                raise JSONLEventLogCorruptError(self.key, exc.line, why=exc.why) from exc
+            except OSError as exc:
+                cut = log.repaired[known_repairs:]
+                self.repairs.extend(cut)
+                self._drop_log()
+                # Errors naming a path come from open/stat/mkdir, before DurableLog writes a
+                # byte; only descriptor-level failures (write, fsync, truncate) can leave
+                # something behind to roll back.
+                if exc.filename is None:
+                    self._settle_rollback(exc, cut[-1].offset if cut else before)
+                raise
+            self.repairs.extend(log.repaired[known_repairs:])
+        if not self.sync:
+            self._dirty = True
+            if self._sync_fd is None:
+                try:
+                    self._sync_fd = _open_for_sync(self.path)
+                except OSError as exc:
+                    # The record is written (and must be reported as such), but this key's
+                    # buffered data can no longer be made durable: say so from now on.
+                    self.poison = _Failure.of(exc)
+        return written
+
+    def _settle_rollback(self, error: OSError, expected_size: int) -> None:
+        """After a failed append: poison the key unless the file is back to its old size, durably.
+
+        DurableLog truncates a failed append away; whether that worked is read off the file
+        rather than trusted, and the truncation is synced so a crash cannot resurrect the
+        unacknowledged record.  A DurableLog that saw a failed fsync refuses to append again,
+        so the next append gets a fresh instance, which re-checks the tail first.
+        """
+        try:
+            if _size(self.path) != expected_size:
+                raise OSError(errno.EIO, "rollback did not restore the previous size")
+            if os.path.lexists(self.path):
+                fd = _open_for_sync(self.path)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError:
+            self.poison = _Failure.of(error)
+
+    def _drop_log(self) -> None:
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()
+
+    # --- syncing and closing ----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Make buffered appends durable; a failure poisons the key (the data may be gone)."""
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        self.check_poison()
+        if not self._dirty or self._sync_fd is None:
+            return
+        try:
+            os.fsync(self._sync_fd)
+        except OSError as exc:
+            # Never retried: the kernel may have dropped the dirty pages while reporting the
+            # error once, so a second fsync could "succeed" without the data.
+            self.poison = _Failure.of(exc)
+            raise
+        self._dirty = False
+
+    def try_retire(self) -> bool:
+        """Stop this object taking appends if it is idle; the caller must then :meth:`release`."""
+        with self._cond:
+            if self._writing or self._queue or self.poison is not None or self._state != "open":
+                return False
+            self._state = "retired"
+            return True
+
+    def release(self) -> None:
+        """Sync and close the file descriptors of a retired or closed session."""
+        with self._cond:
+            try:
+                self._flush_locked()
+            finally:
+                self._drop_log()
+                if self._sync_fd is not None:
+                    fd, self._sync_fd = self._sync_fd, None
+                    os.close(fd)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._state = "closed"
+            closed = _Failure.of(JSONLEventBackendClosedError())
+            for pending in self._queue:
+                pending.failure = closed
+            self._queue.clear()
+            self._cond.notify_all()
+        self.release()
+
+
+class JSONLEventBackend:
+    """Events stored as ``<directory>/<key>.jsonl``, one framed record per line.
+
+    ``host_seq`` is the log's own sequence number, allocated under the file's lock, so any
+    number of backends in any number of processes may append to one key and the log stays
+    1, 2, 3, ...  Every append is written with a single ``write`` (``tail -f`` sees it at once)
+    and, with ``sync_on_append`` (the default), fsynced before it returns.  Without it appends
+    are synced by :meth:`flush` and :meth:`close`.
+
+    Concurrent appends to one key from threads of this process are group-committed: one write
+    and one fsync per batch, each caller still returns only once its record is durable.
+
+    At most ``max_open_files`` sessions keep their files open; the least recently used idle
+    ones are closed (and reopened on demand), so a long-lived process with many sessions does
+    not run out of descriptors.
+
+    The directory (and missing parents, mode ``0o700``) is created on the first append; files
+    are ``0o600``.  Keys must name a file inside the directory (:func:`check_contained`),
+    whatever validator the recorder uses.
+    """
+
+    def __init__(
+        self,
+        directory: StrPath,
+        sync_on_append: bool = True,
+        *,
+        max_open_files: int = 64,
+    ) -> None:
+        if max_open_files < 1:
+            raise ValueError("max_open_files must be at least 1")
+        self._directory = os.path.abspath(os.fspath(directory))
+        if os.path.lexists(self._directory) and not os.path.isdir(self._directory):
+            # Fail now rather than on the first append, possibly hours into a daemon's life.
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", self._directory)
+        self._sync = sync_on_append
+        self._max_open = max_open_files
+        self._lock = threading.Lock()
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._repairs: list[RepairReport] = []
+        self._dir_ready = False
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._close_failure: _Failure | None = None
+
+    def __repr__(self) -> str:
+        return f"JSONLEventBackend({self._directory!r}, sync_on_append={self._sync})"
+
+    @property
+    def directory(self) -> Path:
+        return Path(self._directory)
+
+    def path_for(self, key: str) -> Path:
+        """The log file of ``key`` (raises :class:`InvalidSessionKeyError` for a bad key)."""
+        return Path(self._path(key))
+
+    def _path(self, key: str) -> str:
+        check_contained(key)
+        # Plain strings: this runs on every append, and pathlib's parsing is not free.
+        return os.path.join(self._directory, key + SUFFIX)
+
+    @property
+    def repairs(self) -> list[RepairReport]:
+        """Torn tails (crash artifacts) this backend cut before appending, oldest first."""
+        return list(self._repairs)
+
+    # --- the EventBackend protocol ----------------------------------------------------------
+
+    def load(self, key: str) -> Generator[EventRecord, None, None]:
+        """Stream ``key``'s records, strictly validated; nothing for a key never recorded.
+
+        The key, the closed state and poison are checked at the call; the file is read lazily,
+        up to its size when iteration starts.
+        """
+        path = self._path(key)
+        with self._lock:
+            self._check_open()
+            session = self._sessions.get(key)
+        if session is not None:
+            session.check_poison()
+        return _format.load(path, key)
+
+    def append(self, key: str, record: EventRecord) -> EventRecord:
+        """Append ``record`` (its ``host_seq`` must be 0) and return it with its ``host_seq``."""
+        path = self._path(key)
+        if record.host_seq != 0:
+            raise ValueError(f"the backend allocates host_seq; pass 0, not {record.host_seq}")
+        # Serialization work stays outside every lock.
+        body = _format.encode(record)
+        while True:
+            session = self._session(key, path)
+            try:
+                written = session.append(body)
+            except _Retired:
+                continue
+            self._evict_idle(keep=session)
+            return EventRecord(written[SEQ_KEY], record.recorded_at, record.event)
+
+    def sessions(self) -> list[SessionInfo]:
+        """Every key with at least one record, from each file's tail (no full replay)."""
+        with self._lock:
+            self._check_open()
+        try:
+            entries = list(os.scandir(self._directory))
+        except FileNotFoundError:
+            return []
+        infos: list[SessionInfo] = []
+        for entry in entries:
+            if not entry.name.endswith(SUFFIX) or not entry.is_file(follow_symlinks=False):
+                continue
+            key = entry.name[: -len(SUFFIX)]
+            try:
+                check_contained(key)
+            except InvalidSessionKeyError:
+                continue
+            last = _format.last_record(entry.path, key)
+            if last is not None:
+                infos.append(SessionInfo(key, last[0], last[1]))
+        return infos
+
+    def flush(self) -> None:
+        """Sync appends made with ``sync_on_append=False``; a no-op otherwise."""
+        with self._lock:
+            self._check_open()
+            sessions = list(self._sessions.values())
+        _raise_all([_attempt(session.flush) for session in sessions], "flushing event logs")
+
+    def close(self) -> None:
+        """Sync, close every file and refuse further use.  Idempotent.
+
+        Raises what went wrong (a failed sync, a poisoned key) to this and every later caller.
+        """
+        with self._close_lock:
+            with self._lock:
+                first = not self._closed
+                self._closed = True
+                sessions = sorted(self._sessions.values(), key=lambda s: s.key)
+            if first:
+                errors = [_attempt(session.shutdown) for session in sessions]
+                try:
+                    _raise_all(errors, "closing event backend")
+                except BaseException as exc:
+                    self._close_failure = _Failure.of(exc)
+            if self._close_failure is not None:
+                self._close_failure.raise_()
+
+    def __enter__(self) -> JSONLEventBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JSONLEventBackendClosedError(f"{self!r} is closed")
+
+    def _session(self, key: str, path: str) -> _Session:
+        with self._lock:
+            self._check_open()
+            if not self._dir_ready:
+                # Here rather than in __init__: a rejected key or a read must create nothing.
+                ensure_dir(self._directory)
+                self._dir_ready = True
+            session = self._sessions.get(key)
+            if session is None:
+                session = _Session(key, path, self._sync, repairs=self._repairs)
+                self._sessions[key] = session
+            else:
+                self._sessions.move_to_end(key)
+            return session
+
+    def _evict_idle(self, keep: _Session) -> None:
+        retired: list[_Session] = []
+        with self._lock:
+            excess = len(self._sessions) - self._max_open
+            for key, session in list(self._sessions.items()):
+                if excess <= 0:
+                    break
+                if session is not keep and session.try_retire():
+                    del self._sessions[key]
+                    retired.append(session)
+                    excess -= 1
+        for session in retired:
+            try:
+                session.release()
+            except OSError as exc:
+                # The key's buffered data may be lost: whoever writes the key next must hear it.
+                with self._lock:
+                    current = self._sessions.setdefault(
+                        session.key,
+                        _Session(session.key, session.path, self._sync, repairs=self._repairs),
+                    )
+                    current.poison = _Failure.of(exc)
+
+
+def _attempt(step: Any) -> BaseException | None:
+    try:
+        step()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _raise_all(errors: list[BaseException | None], what: str) -> None:
+    found = [error for error in errors if error is not None]
+    if len(found) == 1:
+        raise found[0]
+    if found:
+        raise ExceptionGroup(what, [e for e in found if isinstance(e, Exception)])

@@ -1,0 +1,161 @@
+"""``adaptor verify-log``: the real console script on real event logs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adaptor import errors
+from adaptor._durable import frame
+from adaptor.events import TextDelta
+from hosttools import sessionrecorder as sr
+
+TIMEOUT = 120
+
+
+def _adaptor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["adaptor", "verify-log", *args], capture_output=True, text=True, timeout=TIMEOUT
+    )
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    """A valid log of five records, written by the recorder itself."""
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path / "events")) as recorder:
+        for i in range(5):
+            recorder.record("sess", TextDelta(text=f"line {i}"))
+    return tmp_path / "events" / "sess.jsonl"
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+def _corrupt_line(path: Path, line: int) -> None:
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[line - 1] = lines[line - 1].replace(b"line", b"LINE")  # keeps the old crc
+    path.write_bytes(b"".join(lines))
+
+
+def test_valid_log(log: Path) -> None:
+    proc = _adaptor(str(log))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok: 5 records\n", "")
+    as_json = _json(_adaptor("--json", str(log)))
+    assert as_json == {"ok": True, "records": 5, "repaired": None, "error": None}
+
+
+def test_empty_log_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"")
+    proc = _adaptor(str(path))
+    assert (proc.returncode, proc.stdout) == (0, "ok: 0 records\n")
+
+
+def test_torn_tail_is_reported_then_repaired(log: Path) -> None:
+    whole = log.read_bytes()
+    log.write_bytes(whole + b'{"crc": 1, "host_seq": 6, "ev')  # a crash mid-append
+
+    proc = _adaptor(str(log))
+    assert proc.returncode == 70
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"corrupt: {log} line 6: torn tail: unterminated last line")
+    assert "--repair" in proc.stderr
+    assert log.read_bytes() != whole  # reporting changes nothing
+
+    as_json = _json(_adaptor("--json", str(log)))
+    assert as_json["ok"] is False and as_json["records"] == 5 and as_json["repaired"] is None
+    err = errors.from_wire(as_json["error"])
+    assert isinstance(err, sr.JSONLEventLogCorruptError)
+    assert (err.key, err.line) == ("sess", 6)
+
+    proc = _adaptor("--repair", str(log))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"repaired: cut a torn line 6 (29 bytes at offset {len(whole)})",
+        "ok: 5 records",
+    ]
+    assert log.read_bytes() == whole
+
+
+def test_repair_json_reports_what_was_cut(log: Path) -> None:
+    whole = log.read_bytes()
+    log.write_bytes(whole + b'{"half')
+    proc = _adaptor("--repair", "--json", str(log))
+    assert proc.returncode == 0
+    assert _json(proc) == {
+        "ok": True,
+        "records": 5,
+        "repaired": {
+            "line": 6,
+            "offset": len(whole),
+            "dropped_bytes": 6,
+            "dropped_preview": '{"half',
+        },
+        "error": None,
+    }
+    # Nothing left to repair: a second run is a plain success.
+    assert _json(_adaptor("--repair", "--json", str(log)))["repaired"] is None
+
+
+def test_corruption_before_the_tail_is_never_repaired(log: Path) -> None:
+    _corrupt_line(log, 3)
+    damaged = log.read_bytes()
+    for flags in ([], ["--repair"]):
+        proc = _adaptor(*flags, str(log))
+        assert proc.returncode == 70
+        assert proc.stderr == f"corrupt: {log} line 3: bad crc\n"
+        assert proc.stdout == ""
+    as_json = _json(_adaptor("--repair", "--json", str(log)))
+    assert as_json["ok"] is False and as_json["records"] == 2 and as_json["repaired"] is None
+    assert as_json["error"]["code"] == "sessionrecorder.ErrJSONLEventLogCorrupt"
+    assert as_json["error"]["fields"] == {"key": "sess", "line": 3}
+    assert log.read_bytes() == damaged
+
+
+def test_a_well_framed_but_meaningless_last_line_is_corruption_not_a_torn_tail(log: Path) -> None:
+    bogus = frame(
+        {
+            "v": 1,
+            "host_seq": 6,
+            "recorded_at": "2026-12-02T10:00:00.000000Z",
+            "kind": "no.such.kind",
+            "event": {"kind": "no.such.kind"},
+        }
+    )
+    log.write_bytes(log.read_bytes() + bogus)
+    before = log.read_bytes()
+    proc = _adaptor("--repair", str(log))
+    assert proc.returncode == 70
+    assert proc.stderr.startswith(f"corrupt: {log} line 6: bad event: unknown event kind")
+    assert log.read_bytes() == before
+
+
+def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
+    proc = _adaptor(str(tmp_path / "nope.jsonl"))
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr
+
+
+def test_unreadable_file_is_an_infrastructure_error(tmp_path: Path, log: Path) -> None:
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(log)  # state files are never opened through a symlink
+    proc = _adaptor("--json", str(link))
+    assert proc.returncode == 70
+    out = _json(proc)
+    assert out["ok"] is False and out["error"]["code"] == "external"
+    assert out["error"]["type"] == "OSError"
+
+
+def test_help_documents_the_exit_codes() -> None:
+    proc = subprocess.run(
+        ["adaptor", "verify-log", "--help"], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert proc.returncode == 0
+    assert "exits 70" in " ".join(proc.stdout.split())
+    assert "--repair" in proc.stdout and "--json" in proc.stdout

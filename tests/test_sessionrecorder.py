@@ -1,0 +1,1304 @@
+"""hosttools.sessionrecorder: the recorder contract on both backends, the JSONL file format,
+strict replay, torn tails versus corruption, failure injection, and real processes."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import re
+import select
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adaptor import _durable
+from adaptor._durable import frame, unframe
+from adaptor.approval import Responder
+from adaptor.errors import ApprovalUnavailableError
+from adaptor.events import (
+    ApprovalRequest,
+    Choice,
+    Dropped,
+    Event,
+    EventMeta,
+    Notice,
+    ProcessInfo,
+    RunFinished,
+    RunStarted,
+    SubagentUpdate,
+    TextDelta,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    event_kind,
+    to_json,
+)
+from adaptor.result import Usage
+from hosttools import sessionrecorder as sr
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD_TIMEOUT = 120
+HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+T0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
+
+
+class Clock:
+    """A deterministic clock: each reading is one second after the previous one."""
+
+    def __init__(self, start: datetime = T0, step: timedelta = timedelta(seconds=1)) -> None:
+        self.now = start
+        self.step = step
+
+    def __call__(self) -> datetime:
+        moment = self.now
+        self.now += self.step
+        return moment
+
+
+def _python(code: str, *args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, **kwargs)
+
+
+def _text(i: int) -> TextDelta:
+    return TextDelta(message_id="m", text=f"text {i}")
+
+
+def _seqs(records: list[sr.EventRecord]) -> list[int]:
+    return [r.host_seq for r in records]
+
+
+# --- one contract, both backends -------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    """A backend under test and a way to build another on the same storage (a "restart")."""
+
+    name: str
+    make: Callable[[], sr.EventBackend]
+    root: Path
+
+    def recorder(self, **kwargs: Any) -> sr.EventRecorder:
+        return sr.EventRecorder(self.make(), **kwargs)
+
+
+@pytest.fixture(params=["memory", "jsonl"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
+    if request.param == "memory":
+        return Env("memory", sr.MemoryEventBackend, tmp_path)
+    return Env("jsonl", lambda: sr.JSONLEventBackend(tmp_path / "events"), tmp_path)
+
+
+def test_backends_satisfy_the_protocol(tmp_path: Path) -> None:
+    assert isinstance(sr.MemoryEventBackend(), sr.EventBackend)
+    assert isinstance(sr.JSONLEventBackend(tmp_path), sr.EventBackend)
+
+
+def test_record_allocates_host_seq_per_key(env: Env) -> None:
+    with env.recorder(clock=Clock()) as recorder:
+        got = [recorder.record(key, _text(i)) for i, key in enumerate(["ka", "kb", "ka", "kb"])]
+        assert [(r.host_seq, r.event.text) for r in got] == [
+            (1, "text 0"),
+            (1, "text 1"),
+            (2, "text 2"),
+            (2, "text 3"),
+        ]
+        assert [r.recorded_at for r in got] == [T0 + timedelta(seconds=i) for i in range(4)]
+        assert recorder.since("ka") == got[0::2]
+        assert recorder.since("kb") == got[1::2]
+
+
+def test_since_is_strictly_greater_and_ascending(env: Env) -> None:
+    with env.recorder() as recorder:
+        for i in range(5):
+            recorder.record("s", _text(i))
+        assert _seqs(recorder.since("s")) == [1, 2, 3, 4, 5]
+        assert _seqs(recorder.since("s", 0)) == [1, 2, 3, 4, 5]
+        assert _seqs(recorder.since("s", 3)) == [4, 5]
+        assert recorder.since("s", 5) == []
+        assert recorder.since("s", 99) == []
+        assert recorder.since("never-recorded") == []
+        assert [r.event.text for r in recorder.iter_since("s", 1)] == [
+            f"text {i}" for i in range(1, 5)
+        ]
+        with pytest.raises(ValueError):
+            recorder.since("s", -1)
+
+
+def test_tail_and_range(env: Env) -> None:
+    with env.recorder() as recorder:
+        for i in range(6):
+            recorder.record("s", _text(i))
+        assert _seqs(sr.tail(recorder, "s", 2)) == [5, 6]
+        assert _seqs(sr.tail(recorder, "s", 1)) == [6]
+        assert _seqs(sr.tail(recorder, "s", 10)) == [1, 2, 3, 4, 5, 6]
+        assert sr.tail(recorder, "s", 0) == []
+        assert sr.tail(recorder, "empty", 3) == []
+        assert _seqs(sr.range_(recorder, "s", 2, 4)) == [3, 4]
+        assert _seqs(sr.range_(recorder, "s", 0, 1)) == [1]
+        assert _seqs(sr.range_(recorder, "s", 4, 100)) == [5, 6]
+        assert sr.range_(recorder, "s", 3, 3) == []
+        assert sr.range_(recorder, "s", 4, 2) == []
+        assert sr.range_(recorder, "s", 6, 9) == []
+        with pytest.raises(ValueError):
+            sr.tail(recorder, "s", -1)
+        with pytest.raises(sr.InvalidSessionKeyError):
+            sr.tail(recorder, "../s", 1)
+        with pytest.raises(sr.InvalidSessionKeyError):
+            sr.range_(recorder, "a/b", 0, 1)
+
+
+def test_sessions_most_recent_first(env: Env) -> None:
+    clock = Clock()
+    with env.recorder(clock=clock) as recorder:
+        assert recorder.sessions() == []
+        for key in ["s1", "s2", "s3", "s2", "s1", "s1"]:
+            recorder.record(key, _text(0))
+        assert recorder.sessions() == [
+            sr.SessionInfo("s1", 3, T0 + timedelta(seconds=5)),
+            sr.SessionInfo("s2", 2, T0 + timedelta(seconds=3)),
+            sr.SessionInfo("s3", 1, T0 + timedelta(seconds=2)),
+        ]
+
+
+def test_sessions_with_equal_times_are_ordered_by_key(env: Env) -> None:
+    with env.recorder(clock=lambda: T0) as recorder:
+        for key in ["b", "c", "a"]:
+            recorder.record(key, _text(0))
+        assert [s.key for s in recorder.sessions()] == ["a", "b", "c"]
+
+
+def test_host_seq_continues_after_a_restart(env: Env) -> None:
+    if env.name == "memory":
+        pytest.skip("a memory backend does not outlive itself")
+    with env.recorder() as first:
+        for i in range(3):
+            first.record("s", _text(i))
+    with env.recorder() as second:
+        assert second.record("s", _text(3)).host_seq == 4
+        assert [r.event.text for r in second.since("s", 2)] == ["text 2", "text 3"]
+        assert second.sessions()[0].last_host_seq == 4
+    with env.recorder() as third:
+        assert _seqs(third.since("s")) == [1, 2, 3, 4]
+
+
+def test_recorded_at_is_utc_and_the_clock_must_be_aware(env: Env) -> None:
+    plus_two = datetime(2026, 12, 2, 12, 0, 0, 123456).astimezone()
+    with env.recorder(clock=lambda: plus_two) as recorder:
+        rec = recorder.record("s", _text(0))
+        assert rec.recorded_at == plus_two and rec.recorded_at.tzinfo is UTC
+        assert recorder.since("s")[0].recorded_at == plus_two
+    with env.recorder(clock=lambda: datetime(2026, 1, 1)) as recorder:
+        with pytest.raises(ValueError, match="naive"):
+            recorder.record("t", _text(0))
+        assert recorder.since("t") == []
+
+
+meta = EventMeta(
+    run_id="run-1",
+    thread_key="thread/ü",
+    sequence=7,
+    time=datetime(2026, 12, 2, 10, 0, 0, 123456, tzinfo=UTC),
+    turn_id="turn-1",
+)
+EVENTS: list[Event] = [
+    RunStarted(run_id="run-1", thread_id="th-1", meta=meta),
+    RunFinished(
+        run_id="run-1",
+        thread_id="th-1",
+        usage=Usage(input_tokens=1, output_tokens=2, cached_input_tokens=3, cost_usd=0.25),
+        failed=True,
+        reason="agent_error",
+        message="boom",
+        meta=meta,
+    ),
+    RunFinished(run_id="run-2"),
+    *[
+        TextDelta(message_id="m", text="héllo ✓\n", phase=p, meta=meta)
+        for p in ("start", "content", "end")
+    ],
+    *[Thinking(message_id="m", text="hmm", phase=p) for p in ("start", "content", "end")],
+    ToolCall(id="c1", name="bash", args={"cmd": ["ls", "-l"]}, phase="start", meta=meta),
+    ToolCall(id="c1", args_delta='{"cm', phase="content"),
+    ToolCall(id="c1", result={"ok": True}, phase="end"),
+    ToolResult(id="c1", result={"out": [1, 2.5, None, "x"]}, is_error=True),
+    ProcessInfo(kind="spawn", data={"argv": ["claude", "-p"], "pid": 42, "env": ["HOME"]}),
+    ProcessInfo(kind="stdout", text="out\n"),
+    ProcessInfo(kind="stderr", text="err\n"),
+    Notice(kind="transcript.item", text="t", data={"nested": {"a": [1]}}),
+    Notice(kind="lifecycle", text="started"),
+    Dropped(count=3, by_kind={"text.content": 3}, first_sequence=4, last_sequence=6, reason="slow"),
+    SubagentUpdate(agent="reviewer", kind="delta", delta="d", data={"k": 1}),
+    ApprovalRequest(
+        id="ap-1",
+        run_id="run-1",
+        kind="question",
+        title="Pick one",
+        source="tool",
+        tool_call_id="c1",
+        choices=(Choice("y", "Yes", "go ahead"), Choice("n")),
+        details={"cmd": "rm -rf build"},
+        created_at=datetime(2026, 12, 2, 9, 0, tzinfo=UTC),
+        deadline=datetime(2026, 12, 2, 9, 5, tzinfo=UTC),
+        attempt=2,
+        meta=meta,
+    ),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=[event_kind(e) for e in EVENTS])
+def test_every_event_class_round_trips_through_a_record(env: Env, event: Event) -> None:
+    with env.recorder() as recorder:
+        recorder.record("s", event)
+        [back] = recorder.since("s")
+    assert type(back.event) is type(event)
+    assert back.event == event
+    assert back.event.meta == event.meta
+    assert to_json(back.event) == to_json(event)
+
+
+def test_recorded_approval_requests_cannot_answer(env: Env) -> None:
+    live = ApprovalRequest(id="ap-1", kind="permission", _responder=Responder("permission", ()))
+    with env.recorder() as recorder:
+        rec = recorder.record("s", live)
+        [back] = recorder.since("s")
+    for copy in (rec.event, back.event):
+        assert isinstance(copy, ApprovalRequest)
+        assert copy == live
+        with pytest.raises(ApprovalUnavailableError):
+            copy.approve()
+    assert live._responder is not None  # the caller's own copy stays live
+
+
+def test_stored_events_are_independent_of_the_callers_objects(env: Env) -> None:
+    data: dict[str, Any] = {"a": 1}
+    with env.recorder() as recorder:
+        recorder.record("s", Notice(kind="x", data=data))
+        data["a"] = 2
+        assert recorder.since("s")[0].event == Notice(kind="x", data={"a": 1})
+
+
+def test_an_unserializable_event_records_nothing(env: Env) -> None:
+    with env.recorder() as recorder:
+        recorder.record("s", _text(0))
+        with pytest.raises(TypeError):
+            recorder.record("s", ToolResult(id="x", result={1, 2}))
+        assert recorder.record("s", _text(1)).host_seq == 2
+        assert [r.event.text for r in recorder.since("s")] == ["text 0", "text 1"]
+
+
+def test_backends_allocate_host_seq_themselves(env: Env) -> None:
+    backend = env.make()
+    with pytest.raises(ValueError, match="allocates"):
+        backend.append("s", sr.EventRecord(5, T0, _text(0)))
+    assert backend.append("s", sr.EventRecord(0, T0, _text(0))).host_seq == 1
+    backend.close()
+
+
+INVALID_KEYS = [
+    "",
+    ".",
+    "..",
+    "../x",
+    "a/b",
+    "a\\b",
+    "/abs",
+    "a" * 129,
+    "é",
+    "ключ",
+    "a b",
+    "-lead",
+    "_lead",
+    "a.b",
+    "a\n",
+    "a\0b",
+    "x/../y",
+]
+
+
+@pytest.mark.parametrize("key", INVALID_KEYS, ids=repr)
+def test_invalid_keys_are_rejected_and_touch_nothing(env: Env, key: str) -> None:
+    before = sorted(env.root.rglob("*"))
+    with env.recorder() as recorder:
+        with pytest.raises(sr.InvalidSessionKeyError):
+            recorder.record(key, _text(0))
+        with pytest.raises(sr.InvalidSessionKeyError):
+            recorder.since(key)
+        with pytest.raises(sr.InvalidSessionKeyError):
+            recorder.iter_since(key)  # checked at the call, not at the first next()
+        assert recorder.sessions() == []
+    assert sorted(env.root.rglob("*")) == before
+
+
+@pytest.mark.parametrize("key", ["a", "Z", "0", "a" * 128, "A-b_9", "0-_-"])
+def test_valid_keys(env: Env, key: str) -> None:
+    with env.recorder() as recorder:
+        assert recorder.record(key, _text(0)).host_seq == 1
+        assert [s.key for s in recorder.sessions()] == [key]
+
+
+def test_the_validator_is_replaceable(env: Env) -> None:
+    def only_upper(key: str) -> None:
+        if not key.isupper():
+            raise ValueError("keys are upper case here")
+
+    with env.recorder(key_validator=only_upper) as recorder:
+        assert recorder.record("ABC", _text(0)).host_seq == 1
+        with pytest.raises(sr.InvalidSessionKeyError, match="upper case") as info:
+            recorder.record("abc", _text(0))
+        assert isinstance(info.value.__cause__, ValueError)
+    with env.recorder(key_validator=lambda key: None) as recorder:
+        assert recorder.record("with.dots and spaces", _text(0)).host_seq == 1
+        with pytest.raises(sr.InvalidSessionKeyError):
+            recorder.record(3, _text(0))  # type: ignore[arg-type]
+
+
+def test_closed_recorder_refuses_everything(env: Env) -> None:
+    recorder = env.recorder()
+    recorder.record("s", _text(0))
+    recorder.close()
+    recorder.close()  # idempotent
+    for call in (
+        lambda: recorder.record("s", _text(1)),
+        lambda: recorder.since("s"),
+        lambda: recorder.iter_since("s"),
+        lambda: recorder.sessions(),
+        lambda: sr.tail(recorder, "s", 1),
+        lambda: sr.range_(recorder, "s", 0, 1),
+    ):
+        with pytest.raises(sr.JSONLEventBackendClosedError):
+            call()
+
+
+def test_closed_backend_refuses_everything(env: Env) -> None:
+    backend = env.make()
+    backend.append("s", sr.EventRecord(0, T0, _text(0)))
+    backend.close()
+    backend.close()
+    for call in (
+        lambda: backend.append("s", sr.EventRecord(0, T0, _text(1))),
+        lambda: backend.load("s"),
+        lambda: backend.sessions(),
+    ):
+        with pytest.raises(sr.JSONLEventBackendClosedError):
+            call()
+    # A recorder over a closed backend reports the same.
+    with pytest.raises(sr.JSONLEventBackendClosedError):
+        sr.EventRecorder(backend).record("s", _text(1))
+
+
+def test_recorder_closes_its_backend_once() -> None:
+    calls = []
+
+    class Counting(sr.MemoryEventBackend):
+        def close(self) -> None:
+            calls.append(1)
+            super().close()
+
+    recorder = sr.EventRecorder(Counting())
+    recorder.close()
+    recorder.close()
+    assert calls == [1]
+
+
+# --- the JSONL file --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def events_dir(tmp_path: Path) -> Path:
+    return tmp_path / "home" / "events"
+
+
+def _recorder(directory: Path, **kwargs: Any) -> sr.EventRecorder:
+    sync = kwargs.pop("sync_on_append", True)
+    return sr.EventRecorder(sr.JSONLEventBackend(directory, sync_on_append=sync), **kwargs)
+
+
+def _fill(directory: Path, key: str, n: int) -> Path:
+    with _recorder(directory) as recorder:
+        for i in range(n):
+            recorder.record(key, _text(i))
+    return directory / f"{key}.jsonl"
+
+
+def test_record_line_format(events_dir: Path) -> None:
+    event = TextDelta(message_id="m1", text="hi", meta=meta)
+    with _recorder(events_dir, clock=lambda: T0.replace(microsecond=5)) as recorder:
+        recorder.record("s", event)
+    raw = (events_dir / "s.jsonl").read_bytes()
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1
+    line = orjson.loads(raw)
+    assert set(line) == {"host_seq", "recorded_at", "kind", "meta", "event", "v", "crc"}
+    assert line["host_seq"] == 1
+    assert line["recorded_at"] == "2026-12-02T10:00:00.000005Z"
+    assert line["kind"] == "text.content"
+    assert line["event"] == to_json(event)
+    assert line["meta"] == to_json(event)["meta"]
+    assert line["v"] == 1
+    assert unframe(raw)["crc"] == line["crc"]  # adaptor._durable framing
+    assert raw == frame({k: v for k, v in line.items() if k != "crc"})  # sorted keys, one line
+
+
+def test_files_and_directories_are_private(events_dir: Path) -> None:
+    _fill(events_dir, "s", 1)
+    assert stat.S_IMODE(events_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(events_dir.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE((events_dir / "s.jsonl").stat().st_mode) == 0o600
+
+
+def test_directory_is_created_lazily_and_must_not_be_a_file(tmp_path: Path) -> None:
+    backend = sr.JSONLEventBackend(tmp_path / "a" / "b")
+    recorder = sr.EventRecorder(backend)
+    assert recorder.since("s") == [] and recorder.sessions() == []
+    assert not (tmp_path / "a").exists()
+    recorder.close()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        sr.JSONLEventBackend(tmp_path / "file")
+    assert backend.path_for("k") == tmp_path / "a" / "b" / "k.jsonl"
+    assert backend.directory == tmp_path / "a" / "b"
+
+
+def test_relative_directory_is_resolved_at_construction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    backend = sr.JSONLEventBackend("events")
+    monkeypatch.chdir("/")
+    with sr.EventRecorder(backend) as recorder:
+        recorder.record("s", _text(0))
+    assert (tmp_path / "events" / "s.jsonl").exists()
+
+
+@pytest.mark.parametrize("key", ["", ".", "..", "../x", "a/b", "a\\b", "/etc/x", "a\0b", "x/.."])
+def test_containment_cannot_be_replaced(tmp_path: Path, key: str) -> None:
+    events = tmp_path / "events"
+    recorder = _recorder(events, key_validator=lambda key: None)
+    with pytest.raises(sr.InvalidSessionKeyError):
+        recorder.record(key, _text(0))
+    with pytest.raises(sr.InvalidSessionKeyError):
+        recorder.since(key)
+    recorder.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_records_are_visible_to_tail_f_as_they_happen(events_dir: Path) -> None:
+    for sync in (True, False):
+        with _recorder(events_dir, sync_on_append=sync) as recorder:
+            for i in range(3):
+                recorder.record(f"s{sync}", _text(i))
+                assert (events_dir / f"s{sync}.jsonl").read_bytes().count(b"\n") == i + 1
+
+
+def test_first_touch_reads_the_tail_not_the_whole_file(events_dir: Path) -> None:
+    path = _fill(events_dir, "s", 5)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b"text 1", b"TEXT 1")  # corruption deep in the file
+    path.write_bytes(b"".join(lines))
+    with _recorder(events_dir) as recorder:
+        # An append only checks the last lines, so it proceeds from the tail's host_seq...
+        assert recorder.record("s", _text(5)).host_seq == 6
+        # ...while a replay is strict.
+        with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+            recorder.since("s")
+    assert (info.value.key, info.value.line, info.value.why) == ("s", 2, "bad crc")
+
+
+def test_two_backends_in_one_process_share_the_sequence(events_dir: Path) -> None:
+    a, b = _recorder(events_dir), _recorder(events_dir)
+    assert [r.record("s", _text(i)).host_seq for i, r in enumerate([a, b, a, a, b])] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert [r.event.text for r in b.since("s")] == [f"text {i}" for i in range(5)]
+    a.close()
+    b.close()
+
+
+def test_sessions_ignore_stray_files_and_read_only_tails(events_dir: Path) -> None:
+    _fill(events_dir, "good", 2)
+    (events_dir / "notes.txt").write_text("hello")
+    (events_dir / "sub.jsonl").mkdir()
+    (events_dir / "link.jsonl").symlink_to(events_dir / "good.jsonl")
+    (events_dir / ".jsonl").write_text("")
+    (events_dir / "empty.jsonl").write_bytes(b"")
+    odd = _fill(events_dir.parent / "elsewhere", "odd", 1)
+    os.rename(odd, events_dir / "has space.jsonl")
+    backend = sr.JSONLEventBackend(events_dir)
+    # The backend lists every file its containment rule admits; the recorder only keys its
+    # validator accepts, so each listed key can be read back.
+    assert sorted(s.key for s in backend.sessions()) == ["good", "has space"]
+    with sr.EventRecorder(backend) as recorder:
+        assert [(s.key, s.last_host_seq) for s in recorder.sessions()] == [("good", 2)]
+
+
+def test_sessions_pass_over_a_torn_tail_but_not_corruption(events_dir: Path) -> None:
+    path = _fill(events_dir, "s", 3)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"crc":12')
+    with _recorder(events_dir) as recorder:
+        [info] = recorder.sessions()
+        assert info.last_host_seq == 3
+        with pytest.raises(sr.JSONLEventLogCorruptError) as torn:
+            recorder.since("s")
+        assert torn.value.line == 4 and torn.value.why.startswith("torn tail")
+    lines = whole.splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"garbage\n" + lines[2])
+    with _recorder(events_dir) as recorder:
+        with pytest.raises(sr.JSONLEventLogCorruptError) as corrupt:
+            recorder.sessions()
+        assert (corrupt.value.line, corrupt.value.why) == (2, "invalid json")
+
+
+def test_sessions_read_long_lines_at_the_tail(events_dir: Path) -> None:
+    with _recorder(events_dir, clock=Clock()) as recorder:
+        for i in range(3):
+            recorder.record("s", TextDelta(text="x" * 150_000 * (i + 1)))
+        assert recorder.sessions() == [sr.SessionInfo("s", 3, T0 + timedelta(seconds=2))]
+
+
+def test_writer_cuts_a_torn_tail_and_reports_it(events_dir: Path) -> None:
+    path = _fill(events_dir, "s", 2)
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes() + b'{"host_seq": 3, "ki')
+    backend = sr.JSONLEventBackend(events_dir)
+    with sr.EventRecorder(backend) as recorder:
+        assert recorder.record("s", _text(2)).host_seq == 3
+        assert [(r.offset, r.dropped_bytes) for r in backend.repairs] == [(size, 19)]
+        assert _seqs(recorder.since("s")) == [1, 2, 3]
+
+
+def test_writer_refuses_to_append_after_corruption_at_the_tail(events_dir: Path) -> None:
+    path = _fill(events_dir, "s", 3)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = b"not json\n"
+    damaged = b"".join(lines)
+    path.write_bytes(damaged)
+    with _recorder(events_dir) as recorder:
+        for _ in range(2):
+            with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+                recorder.record("s", _text(3))
+            assert (info.value.key, info.value.line) == ("s", 2)
+    assert path.read_bytes() == damaged
+
+
+def test_a_symlinked_log_is_not_followed(events_dir: Path, tmp_path: Path) -> None:
+    target = _fill(tmp_path / "other", "t", 1)
+    events_dir.mkdir(parents=True)
+    (events_dir / "s.jsonl").symlink_to(target)
+    with _recorder(events_dir) as recorder:
+        with pytest.raises(OSError) as info:
+            recorder.since("s")
+        assert info.value.errno == errno.ELOOP
+        with pytest.raises(OSError):
+            recorder.record("s", _text(1))
+    assert sr.verify(target) == 1
+
+
+# --- strict replay: every kind of damage, at its exact line ----------------------------------
+
+
+def _body(seq: int, **changes: Any) -> dict[str, Any]:
+    event = to_json(_text(seq))
+    body: dict[str, Any] = {
+        "v": 1,
+        "host_seq": seq,
+        "recorded_at": "2026-12-02T10:00:00.000000Z",
+        "kind": event["kind"],
+        "meta": event["meta"],
+        "event": event,
+    }
+    for name, value in changes.items():
+        if value is _DROP:
+            del body[name]
+        else:
+            body[name] = value
+    return body
+
+
+_DROP = object()
+
+
+def _line(seq: int, **changes: Any) -> bytes:
+    return frame(_body(seq, **changes))
+
+
+GOOD = [_line(1), _line(2), _line(3)]
+
+DAMAGE: dict[str, tuple[list[bytes], int, str]] = {
+    "unterminated last line": (
+        [GOOD[0], GOOD[1], GOOD[2][:-1]],
+        3,
+        "torn tail: unterminated last line",
+    ),
+    "half a last line": ([GOOD[0], GOOD[1][:30]], 2, "torn tail: unterminated last line"),
+    "empty line": ([GOOD[0], b"\n", GOOD[1]], 2, "empty line"),
+    "empty last line": ([GOOD[0], b"\n"], 2, "torn tail: empty line"),
+    "invalid json": ([GOOD[0], b"{not json\n", GOOD[2]], 2, "invalid json"),
+    "not an object": ([GOOD[0], b"[1, 2]\n", GOOD[2]], 2, "not an object"),
+    "bad crc": ([GOOD[0], GOOD[1].replace(b"text 2", b"text X"), GOOD[2]], 2, "bad crc"),
+    "missing crc": ([GOOD[0], orjson.dumps(_body(2)) + b"\n", GOOD[2]], 2, "missing crc"),
+    "first is not 1": ([_line(2), _line(3)], 1, "host_seq gap: expected 1, got 2"),
+    "gap": ([GOOD[0], GOOD[2], _line(4)], 2, "host_seq gap: expected 2, got 3"),
+    "duplicate": ([GOOD[0], GOOD[1], GOOD[1], _line(3)], 3, "duplicate host_seq 2"),
+    "reordered": ([GOOD[0], GOOD[2], GOOD[1]], 2, "host_seq gap: expected 2, got 3"),
+    "backwards": ([*GOOD, _line(1), _line(5)], 4, "host_seq went backwards: expected 4, got 1"),
+    "missing host_seq": ([GOOD[0], _line(2, host_seq=_DROP), GOOD[2]], 2, "missing host_seq"),
+    "bool host_seq": ([_line(1, host_seq=True), GOOD[1]], 1, "bad host_seq: True"),
+    "missing recorded_at": (
+        [GOOD[0], _line(2, recorded_at=_DROP), GOOD[2]],
+        2,
+        "missing recorded_at",
+    ),
+    "bad recorded_at": ([_line(1, recorded_at="yesterday")], 1, "bad recorded_at: 'yesterday'"),
+    "naive recorded_at": (
+        [_line(1, recorded_at="2026-12-02T10:00:00")],
+        1,
+        "recorded_at has no time zone",
+    ),
+    "missing kind": ([GOOD[0], _line(2, kind=_DROP), GOOD[2]], 2, "missing kind"),
+    "missing event": ([GOOD[0], _line(2, event=_DROP), GOOD[2]], 2, "missing event"),
+    "event not an object": ([_line(1, event="text")], 1, "event is not an object"),
+    "unknown kind": (
+        [GOOD[0], _line(2, kind="bogus.kind", event={**to_json(_text(2)), "kind": "bogus.kind"})],
+        2,
+        "bad event: unknown event kind 'bogus.kind'",
+    ),
+    "unknown phase": (
+        [
+            GOOD[0],
+            _line(2, kind="text.sideways", event={**to_json(_text(2)), "kind": "text.sideways"}),
+        ],
+        2,
+        "bad event: text.sideways has phase='sideways'",
+    ),
+    "unknown approval kind": (
+        [
+            _line(
+                1,
+                kind="approval.requested",
+                meta=_DROP,
+                event={**to_json(ApprovalRequest(id="a")), "approval_kind": "maybe", "meta": None},
+            )
+        ],
+        1,
+        "bad event: approval.requested has kind='maybe'",
+    ),
+    "kind mismatch": (
+        [GOOD[0], _line(2, kind="thinking.content")],
+        2,
+        "kind 'thinking.content' does not match",
+    ),
+    "meta mismatch": ([_line(1, meta={"run_id": "other"}), GOOD[1]], 1, "meta does not match"),
+    "malformed event": (
+        [_line(1, kind="approval.requested", meta=_DROP, event={"kind": "approval.requested"})],
+        1,
+        "bad event: malformed 'approval.requested' event",
+    ),
+    "future version": ([GOOD[0], _line(2, v=2)], 2, "unsupported format version 2"),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGE))
+def test_every_kind_of_damage_is_reported_at_its_line(events_dir: Path, name: str) -> None:
+    lines, line, why = DAMAGE[name]
+    events_dir.mkdir(parents=True)
+    path = events_dir / "sess.jsonl"
+    path.write_bytes(b"".join(lines))
+    with _recorder(events_dir) as recorder:
+        with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+            recorder.since("sess")
+        # The records before the damage are still readable one by one; none is skipped.
+        it = recorder.iter_since("sess")
+        assert [next(it).host_seq for _ in range(line - 1)] == list(range(1, line))
+        with pytest.raises(sr.JSONLEventLogCorruptError):
+            next(it)
+    err = info.value
+    assert (err.key, err.line) == ("sess", line)
+    assert err.why.startswith(why), err.why
+    assert f"line {line}" in str(err)
+    with pytest.raises(sr.JSONLEventLogCorruptError) as again:
+        sr.verify(path)
+    assert (again.value.key, again.value.line, again.value.why) == ("sess", line, err.why)
+
+
+def test_crlf_line_endings_are_tolerated(events_dir: Path) -> None:
+    events_dir.mkdir(parents=True)
+    (events_dir / "s.jsonl").write_bytes(b"".join(line[:-1] + b"\r\n" for line in GOOD))
+    with _recorder(events_dir) as recorder:
+        assert _seqs(recorder.since("s")) == [1, 2, 3]
+
+
+def test_missing_file_is_an_empty_history_but_not_verifiable(events_dir: Path) -> None:
+    with _recorder(events_dir) as recorder:
+        assert recorder.since("nothing") == []
+    with pytest.raises(FileNotFoundError):
+        sr.verify(events_dir / "nothing.jsonl")
+    assert sr.repair(events_dir / "nothing.jsonl") is None
+    assert not events_dir.exists()
+
+
+def test_verify_does_not_create_a_lock_file_for_a_copied_log(tmp_path: Path) -> None:
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(b"".join(GOOD))
+    assert sr.verify(copy) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.jsonl"]
+
+
+# --- repair: torn tails only -----------------------------------------------------------------
+
+
+def test_repair_cuts_a_torn_tail_only(events_dir: Path) -> None:
+    path = _fill(events_dir, "s", 3)
+    whole = path.read_bytes()
+    assert sr.repair(path) is None
+    path.write_bytes(whole + b'{"crc": 5, "host')
+    report = sr.repair(path)
+    assert report is not None
+    assert (report.offset, report.dropped_bytes, report.dropped_preview) == (
+        len(whole),
+        16,
+        '{"crc": 5, "host',
+    )
+    assert path.read_bytes() == whole
+    assert sr.verify(path) == 3
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [GOOD[2].replace(b"text", b"TEXT"), _line(5), _line(2), b"{}\n", b"\n"],
+    ids=["bad crc", "gap", "duplicate", "no crc", "empty"],
+)
+def test_repair_cuts_a_badly_framed_last_line(events_dir: Path, tail: bytes) -> None:
+    events_dir.mkdir(parents=True)
+    path = events_dir / "s.jsonl"
+    path.write_bytes(GOOD[0] + GOOD[1] + tail)
+    report = sr.repair(path)
+    assert report is not None and report.offset == len(GOOD[0] + GOOD[1])
+    assert sr.verify(path) == 2
+
+
+def test_repair_refuses_corruption_before_the_tail(events_dir: Path) -> None:
+    events_dir.mkdir(parents=True)
+    path = events_dir / "s.jsonl"
+    damaged = GOOD[0] + b"garbage\n" + GOOD[2] + b'{"torn'
+    path.write_bytes(damaged)
+    with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+        sr.repair(path)
+    assert (info.value.key, info.value.line, info.value.why) == ("s", 2, "invalid json")
+    assert path.read_bytes() == damaged
+
+
+def test_repair_refuses_a_well_framed_last_line_that_is_not_a_record(events_dir: Path) -> None:
+    events_dir.mkdir(parents=True)
+    path = events_dir / "s.jsonl"
+    damaged = GOOD[0] + _line(2, kind="no.such", event={"kind": "no.such"})
+    path.write_bytes(damaged)
+    with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+        sr.repair(path)
+    assert info.value.line == 2 and not info.value.why.startswith("torn")
+    assert path.read_bytes() == damaged
+
+
+_TEMPLATE: list[bytes] = []
+
+
+def _template() -> bytes:
+    """A real log of twelve records of varied sizes, written once by the recorder."""
+    if not _TEMPLATE:
+        with tempfile.TemporaryDirectory() as tmp:
+            with _recorder(Path(tmp), sync_on_append=False) as recorder:
+                for i in range(12):
+                    recorder.record("t", TextDelta(text="y" * (i * 37 % 300)))
+            _TEMPLATE.append((Path(tmp) / "t.jsonl").read_bytes())
+    return _TEMPLATE[0]
+
+
+@HYPOTHESIS
+@given(st.data())
+def test_truncation_anywhere_is_valid_or_a_torn_tail_at_the_last_line(data: st.DataObject) -> None:
+    whole = _template()
+    ends = [m.end() for m in re.finditer(b"\n", whole)]
+    cut = data.draw(st.integers(0, len(whole)), label="cut")
+    complete = sum(1 for end in ends if end <= cut)
+    boundary = ends[complete - 1] if complete else 0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        path.write_bytes(whole[:cut])
+        if cut == boundary:
+            assert sr.verify(path) == complete
+            assert sr.repair(path) is None
+        else:
+            with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+                sr.verify(path)
+            assert info.value.line == complete + 1
+            assert info.value.why.startswith("torn tail")
+            report = sr.repair(path)
+            assert report is not None
+            assert (report.offset, report.dropped_bytes) == (boundary, cut - boundary)
+            assert sr.verify(path) == complete
+        with _recorder(Path(tmp)) as recorder:
+            assert recorder.record("t", _text(0)).host_seq == complete + 1
+            assert len(recorder.since("t")) == complete + 1
+
+
+@HYPOTHESIS
+@given(st.data())
+def test_damage_before_the_last_line_is_reported_and_never_repaired(data: st.DataObject) -> None:
+    whole = _template()
+    ends = [m.end() for m in re.finditer(b"\n", whole)]
+    line = data.draw(st.integers(1, len(ends) - 1), label="line")  # never the last line
+    start = ends[line - 2] if line > 1 else 0
+    # Any byte but the newline: a merged line N-1 would become a (repairable) last line.
+    offset = data.draw(st.integers(start, ends[line - 1] - 2), label="offset")
+    flip = data.draw(st.integers(1, 255), label="flip")
+    damaged = bytearray(whole)
+    damaged[offset] ^= flip
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+            sr.verify(path)
+        assert info.value.line == line
+        assert not info.value.why.startswith("torn")
+        with pytest.raises(sr.JSONLEventLogCorruptError):
+            sr.repair(path)
+        assert path.read_bytes() == bytes(damaged)
+
+
+# --- failures while appending: rollback and poison -------------------------------------------
+
+
+@pytest.fixture
+def started(events_dir: Path) -> tuple[sr.EventRecorder, Path]:
+    """A recorder whose key "s" has two records (so the file exists before any injection)."""
+    recorder = _recorder(events_dir)
+    recorder.record("s", _text(0))
+    recorder.record("s", _text(1))
+    return recorder, events_dir / "s.jsonl"
+
+
+def _fail_fsync_on(monkeypatch: pytest.MonkeyPatch, times: int = 1) -> list[int]:
+    calls: list[int] = []
+    real = _durable._datasync
+
+    def failing(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) <= times:
+            raise OSError(errno.EIO, "injected fsync failure")
+        real(fd)
+
+    monkeypatch.setattr(_durable, "_datasync", failing)
+    return calls
+
+
+def _short_write_on(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    real = os.write
+    target = path.stat()
+
+    def short(fd: int, data: Any) -> int:
+        if os.path.samestat(os.fstat(fd), target):
+            real(fd, bytes(data)[:10])
+            raise OSError(errno.ENOSPC, "injected short write")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", short)
+
+
+def _fail_truncate(monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(fd: int, length: int) -> None:
+        raise OSError(errno.EIO, "injected truncate failure")
+
+    monkeypatch.setattr(os, "ftruncate", failing)
+
+
+def test_failed_fsync_rolls_back_and_the_key_stays_usable(
+    started: tuple[sr.EventRecorder, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder, path = started
+    size = path.stat().st_size
+    _fail_fsync_on(monkeypatch)
+    with pytest.raises(OSError, match="injected fsync failure"):
+        recorder.record("s", _text(2))
+    assert path.stat().st_size == size  # the unacknowledged record is gone
+    # Nothing advanced: the retry gets the number the failed attempt would have had.
+    assert recorder.record("s", _text(3)).host_seq == 3
+    assert [r.event.text for r in recorder.since("s")] == ["text 0", "text 1", "text 3"]
+    recorder.close()
+
+
+def test_short_write_rolls_back(
+    started: tuple[sr.EventRecorder, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder, path = started
+    size = path.stat().st_size
+    _short_write_on(monkeypatch, path)
+    with pytest.raises(OSError, match="short write"):
+        recorder.record("s", _text(2))
+    monkeypatch.undo()
+    assert path.stat().st_size == size
+    assert recorder.record("s", _text(3)).host_seq == 3
+    assert sr.verify(path) == 3
+    recorder.close()
+
+
+@pytest.mark.parametrize("failure", ["short write", "fsync", "sync of the rollback"])
+def test_a_failed_rollback_poisons_the_key(
+    started: tuple[sr.EventRecorder, Path], monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    recorder, path = started
+    if failure == "short write":
+        _short_write_on(monkeypatch, path)
+        _fail_truncate(monkeypatch)
+    elif failure == "fsync":
+        _fail_fsync_on(monkeypatch)
+        _fail_truncate(monkeypatch)
+    else:
+        _fail_fsync_on(monkeypatch)
+
+        def fsync_fails(fd: int) -> None:
+            raise OSError(errno.EIO, "injected fsync failure of the rollback")
+
+        monkeypatch.setattr(os, "fsync", fsync_fails)
+    with pytest.raises(OSError) as first:
+        recorder.record("s", _text(2))
+    original = first.value
+    assert "injected" in str(original) and "rollback" not in str(original)
+    monkeypatch.undo()  # the disk "recovers"; the key stays poisoned regardless
+
+    for call in (
+        lambda: recorder.record("s", _text(3)),
+        lambda: recorder.since("s"),
+        lambda: recorder.iter_since("s"),
+        lambda: sr.tail(recorder, "s", 1),
+    ):
+        with pytest.raises(OSError) as later:
+            call()
+        assert later.value is original
+    # Other keys are unaffected.
+    assert recorder.record("other", _text(0)).host_seq == 1
+    # Closing reports the poison, to every caller.
+    for _ in range(2):
+        with pytest.raises(OSError) as at_close:
+            recorder.close()
+        assert at_close.value is original
+
+    # A new process (here: a new backend) starts from the file: a torn tail is cut and the
+    # sequence continues.  A record whose fsync failed but was written whole stays: it is
+    # intact, merely unacknowledged (its caller saw the error).
+    survivors = ["text 0", "text 1"] + (["text 2"] if failure == "fsync" else [])
+    backend = sr.JSONLEventBackend(path.parent)
+    with sr.EventRecorder(backend) as fresh:
+        assert fresh.record("s", _text(4)).host_seq == len(survivors) + 1
+        assert [r.event.text for r in fresh.since("s")] == [*survivors, "text 4"]
+        assert len(backend.repairs) == (1 if failure == "short write" else 0)
+
+
+def test_a_failed_sync_in_buffered_mode_poisons_and_is_reported_by_close(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    datasyncs = _fail_fsync_on(monkeypatch, times=0)
+    recorder = _recorder(events_dir, sync_on_append=False)
+    for i in range(3):
+        recorder.record("s", _text(i))
+    assert datasyncs == []  # buffered: no fsync per append
+
+    def fsync_fails(fd: int) -> None:
+        raise OSError(errno.EIO, "injected write-back failure")
+
+    monkeypatch.setattr(os, "fsync", fsync_fails)
+    with pytest.raises(OSError, match="write-back") as first:
+        recorder.close()
+    with pytest.raises(OSError) as second:
+        recorder.close()
+    assert second.value is first.value
+
+
+def test_buffered_mode_syncs_on_flush_and_close(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
+    recorder = sr.EventRecorder(backend)
+    recorder.record("a", _text(0))
+    recorder.record("b", _text(0))
+    synced.clear()
+    backend.flush()
+    assert len(synced) == 2
+    backend.flush()  # nothing dirty
+    assert len(synced) == 2
+    recorder.record("a", _text(1))
+    recorder.close()
+    assert len(synced) == 3
+
+
+# --- concurrency -----------------------------------------------------------------------------
+
+
+def test_concurrent_threads_are_group_committed(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = sr.JSONLEventBackend(events_dir)
+    recorder = sr.EventRecorder(backend)
+    recorder.record("s", _text(0))  # the session exists; its writer is idle
+    followers = 7
+    real = _durable._datasync
+    datasyncs: list[int] = []
+
+    def gated(fd: int) -> None:
+        datasyncs.append(fd)
+        if len(datasyncs) == 1:
+            # Hold the first commit until every other writer has queued behind it.
+            session = backend._sessions["s"]
+            deadline = time.monotonic() + CHILD_TIMEOUT
+            while len(session._queue) < followers:
+                assert time.monotonic() < deadline, "writers never queued"
+                time.sleep(0.001)
+        real(fd)
+
+    monkeypatch.setattr(_durable, "_datasync", gated)
+    results: dict[int, sr.EventRecord | BaseException] = {}
+
+    def write(i: int) -> None:
+        event: Event = ToolResult(result={1}) if i == 3 else _text(i)
+        try:
+            results[i] = recorder.record("s", event)
+        except BaseException as exc:
+            results[i] = exc
+
+    leader = threading.Thread(target=write, args=(0,))
+    leader.start()
+    while not datasyncs:  # the leader is inside its fsync
+        leader.join(0.001)
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(1, followers + 1)]
+    for t in threads:
+        t.start()
+    for t in [leader, *threads]:
+        t.join(CHILD_TIMEOUT)
+    assert isinstance(results.pop(3), TypeError)  # the unserializable one fails alone
+    seqs = sorted(r.host_seq for r in results.values() if isinstance(r, sr.EventRecord))
+    assert seqs == list(range(2, 2 + followers))
+    # One fsync for the leader, one for the six good followers batched together.
+    assert len(datasyncs) == 2
+    assert len(recorder.since("s")) == 1 + followers  # the first, the leader, six followers
+    recorder.close()
+
+
+def test_many_threads_many_keys(events_dir: Path) -> None:
+    backend = sr.JSONLEventBackend(events_dir, max_open_files=3)
+    recorder = sr.EventRecorder(backend)
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for i in range(40):
+                recorder.record(f"k{(worker + i) % 6}", _text(worker * 1000 + i))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CHILD_TIMEOUT)
+    assert errors == []
+    total = 0
+    for k in range(6):
+        records = recorder.since(f"k{k}")
+        assert _seqs(records) == list(range(1, len(records) + 1))
+        total += len(records)
+    assert total == 8 * 40
+    recorder.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+@pytest.mark.parametrize("sync", [True, False])
+def test_idle_sessions_give_back_their_file_descriptors(events_dir: Path, sync: bool) -> None:
+    def open_logs() -> int:
+        count = 0
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+            except FileNotFoundError:
+                continue
+            count += target.startswith(str(events_dir)) and target.endswith(".jsonl")
+        return count
+
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=sync, max_open_files=2)
+    with sr.EventRecorder(backend) as recorder:
+        for round_ in range(3):
+            for k in range(10):
+                assert recorder.record(f"k{k}", _text(round_)).host_seq == round_ + 1
+                assert open_logs() <= 2 * (1 if sync else 2)
+    assert open_logs() == 0
+    for k in range(10):
+        assert sr.verify(events_dir / f"k{k}.jsonl") == 3
+
+
+_APPENDER = """
+import sys
+from adaptor.events import TextDelta
+from hosttools import sessionrecorder as sr
+directory, worker, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.stdin.readline()  # start together
+with sr.EventRecorder(sr.JSONLEventBackend(directory)) as recorder:
+    for i in range(count):
+        print(recorder.record("shared", TextDelta(message_id=worker, text=str(i))).host_seq)
+"""
+
+
+def test_two_processes_append_to_one_key(events_dir: Path) -> None:
+    count = 150
+    procs = [
+        _python(
+            _APPENDER, str(events_dir), w, str(count), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        for w in ("a", "b")
+    ]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+    acked = {}
+    for worker, proc in zip(("a", "b"), procs, strict=True):
+        out, _ = proc.communicate(timeout=CHILD_TIMEOUT)
+        assert proc.returncode == 0
+        acked[worker] = [int(line) for line in out.split()]
+    for seqs in acked.values():
+        assert len(seqs) == count and seqs == sorted(set(seqs))
+    assert sorted(acked["a"] + acked["b"]) == list(range(1, 2 * count + 1))
+    with _recorder(events_dir) as recorder:
+        records = recorder.since("shared")
+    assert sr.verify(events_dir / "shared.jsonl") == 2 * count
+    for worker in ("a", "b"):
+        mine = [r for r in records if r.event.message_id == worker]  # type: ignore[union-attr]
+        assert [r.host_seq for r in mine] == acked[worker]
+        assert [r.event.text for r in mine] == [str(i) for i in range(count)]  # type: ignore[union-attr]
+
+
+_WRITER = """
+import sys
+from adaptor.events import TextDelta
+from hosttools import sessionrecorder as sr
+with sr.EventRecorder(sr.JSONLEventBackend(sys.argv[1], sync_on_append=False)) as recorder:
+    for i in range(int(sys.argv[2])):
+        # Lines longer than a page: a reader could otherwise see half of one.
+        recorder.record("live", TextDelta(text=str(i) * 7000))
+"""
+
+
+def test_reading_while_another_process_appends_never_sees_a_torn_line(events_dir: Path) -> None:
+    proc = _python(_WRITER, str(events_dir), "600")
+    try:
+        seen = 0
+        with _recorder(events_dir) as recorder:
+            while True:
+                done = proc.poll() is not None
+                count = len(recorder.since("live"))
+                assert count >= seen
+                seen = count
+                if done:
+                    break
+    finally:
+        proc.kill()
+        proc.wait(timeout=CHILD_TIMEOUT)
+    assert proc.returncode == 0
+    assert seen == 600
+
+
+_LOOP = """
+import sys
+from adaptor.events import TextDelta
+from hosttools import sessionrecorder as sr
+recorder = sr.EventRecorder(sr.JSONLEventBackend(sys.argv[1]))
+i = 0
+while True:
+    rec = recorder.record("victim", TextDelta(text="z" * (i * 131 % 5000)))
+    print(rec.host_seq, flush=True)
+    i += 1
+"""
+
+
+def test_sigkill_while_appending_leaves_a_repairable_log(events_dir: Path) -> None:
+    proc = _python(_LOOP, str(events_dir), stdout=subprocess.PIPE)
+    acked: list[int] = []
+    try:
+        assert proc.stdout is not None
+        while len(acked) < 200:
+            readable, _, _ = select.select([proc.stdout], [], [], CHILD_TIMEOUT)
+            assert readable, "appender never got going"
+            line = proc.stdout.readline()
+            assert line, "appender died"
+            acked.append(int(line))
+        proc.send_signal(signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=CHILD_TIMEOUT)
+        acked += [int(line) for line in rest.split()]
+    finally:
+        proc.kill()
+        proc.wait(timeout=CHILD_TIMEOUT)
+    assert proc.returncode == -signal.SIGKILL
+    assert acked == list(range(1, len(acked) + 1))
+    path = events_dir / "victim.jsonl"
+    sr.repair(path)  # a torn tail if the kill landed mid-write, else nothing
+    count = sr.verify(path)
+    # Every acknowledged record survived; at most the one being acknowledged is extra.
+    assert len(acked) <= count <= len(acked) + 1
+    with _recorder(events_dir) as recorder:
+        assert _seqs(recorder.since("victim")) == list(range(1, count + 1))
+        assert recorder.record("victim", _text(0)).host_seq == count + 1
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def test_replay_streams_in_constant_memory(events_dir: Path) -> None:
+    n = 5_000
+    with _recorder(events_dir, sync_on_append=False) as recorder:
+        for i in range(n):
+            recorder.record("big", TextDelta(text=f"{i:08d}" * 250))
+    assert (events_dir / "big.jsonl").stat().st_size > 10 * 2**20
+    with _recorder(events_dir) as recorder:
+        tracemalloc.start()
+        try:
+            count = collections.deque(enumerate(recorder.iter_since("big"), 1), maxlen=1)[0][0]
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert count == n
+    assert peak < 2**20
+
+
+def test_an_abandoned_iteration_releases_the_file(events_dir: Path) -> None:
+    _fill(events_dir, "s", 3)
+    with _recorder(events_dir) as recorder:
+        it: Iterator[sr.EventRecord] = recorder.iter_since("s")
+        assert next(it).host_seq == 1
+        assert isinstance(it, collections.abc.Generator)
+        it.close()
+        assert _seqs(sr.range_(recorder, "s", 0, 2)) == [1, 2]
