@@ -1,4 +1,13 @@
-"""The thread store contract and the durable JSONL store."""
+"""The thread store contract and the durable JSONL store.
+
+A store persists what a stateful Thread needs to resume: one :class:`Record` per provider
+session (checkpoint plus compatibility fingerprints), the key index that points a host thread
+key at its active record, and leases that keep two runs off one thread.  It is not chat history.
+
+Two implementations share one state machine and pass one contract suite:
+:class:`JSONLStore` (plain files, safe across processes, crash-safe) and
+:class:`adaptor.memory.Store` (one process).
+"""
 
 from __future__ import annotations
 
@@ -42,4 +51,26 @@ class AlreadyExistsError(AdaptorError):
         super().__init__(f"key {key!r} already has an active record")
 
 
-__all__ = ["AlreadyExistsError", "BusyError", "LeaseLostError"]
+# Imported after the error classes: the submodules raise them and import them from here.
+from adaptor.threadstore._jsonl import JSONLStore  # noqa: E402
+from adaptor.threadstore._types import (  # noqa: E402
+    FinalizeRequest,
+    Lease,
+    Query,
+    Record,
+    Status,
+    Store,
+)
+
+__all__ = [
+    "AlreadyExistsError",
+    "BusyError",
+    "FinalizeRequest",
+    "JSONLStore",
+    "Lease",
+    "LeaseLostError",
+    "Query",
+    "Record",
+    "Status",
+    "Store",
+]

@@ -1,0 +1,406 @@
+"""The durable thread store: one snapshot plus one append-only framed log, under one lock.
+
+Layout of ``directory`` (``0700``; every file ``0600``)::
+
+    store.lock            flock held for every operation, by every process and thread
+    snapshot.json         the whole state as of the start of the current log (indented JSON)
+    log-000007.jsonl      every change since that snapshot, one event per line
+    log-000007.jsonl.lock DurableLog's own append lock (always taken inside store.lock)
+
+``snapshot.json`` names the log it continues (``"generation": 7, "log": "log-000007.jsonl"``);
+a store that has never compacted has no snapshot and generation 1.  Keys, record ids and lease
+targets only ever appear *inside* JSON, never in a file name, so any opaque string works and
+none can reach outside the directory.  Read it with ``jq . snapshot.json`` and
+``jq -c . log-*.jsonl``.
+
+Why this is atomic.  Every operation runs under ``store.lock`` and first brings this process's
+in-memory state up to date (reload the snapshot if the file was replaced, then read the log
+lines it has not seen).  A mutation is planned against that state (:mod:`._state`) and becomes
+exactly one framed line (``v``, ``seq``, ``crc``), appended with one ``write``.  So a finalize
+that saves the new record, archives the previous one and rebinds the key is one line: after a
+``kill -9`` it is either whole (CRC and newline intact) or a torn tail, which readers ignore and
+the next writer truncates.  Lease checks and the append happen in the same critical section,
+which is what makes finalize a compare-and-swap.
+
+Durability.  A finalize is acknowledged only after ``fdatasync``.  Lease events are written
+without their own sync: a killed process does not lose the page cache, and anything that does
+(power loss, kernel crash) is a reboot, which changes the boot id and so expires every lease the
+lost lines could have held; the next finalize's sync persists them anyway.
+
+Compaction.  Once the log holds more lines than the state has entries (and at least
+``1024``), the state is written to ``snapshot.json`` with :func:`atomic_write_json` naming the
+next generation, and only then are older logs deleted.  Replacing the snapshot is the single
+commit point: a crash before it leaves the old snapshot and its complete log; after it, the new
+snapshot is complete and the old log is garbage that the next compaction removes.  Resolve
+therefore never reads more than one compaction interval of lines.  Other processes notice a
+replaced snapshot because each keeps the snapshot it loaded open and compares it with the file
+at the path (the inode cannot be reused while it is open).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
+
+import orjson
+
+from adaptor._durable import (
+    CorruptLogError,
+    DurableLog,
+    atomic_write_json,
+    ensure_dir,
+    exclusive,
+    unframe,
+)
+from adaptor.threadstore._state import Event, State, check_event
+from adaptor.threadstore._types import (
+    FinalizeRequest,
+    Lease,
+    Query,
+    Record,
+    check_finalize,
+    check_lease,
+    check_text,
+    check_ttl,
+    format_time,
+    record_from_json,
+    time_of,
+)
+
+__all__ = ["JSONLStore"]
+
+_FORMAT = "adaptor.threadstore"
+_VERSION = 1
+_SNAPSHOT = "snapshot.json"
+_LOCK = "store.lock"
+_LOG_NAME = re.compile(r"log-(\d+)\.jsonl(?:\.lock)?")
+_COMPACT_MIN_LINES = 1024
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_READ_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC
+
+
+@cache
+def _read_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().decode("ascii", "replace").strip()
+    except OSError:
+        # Without a boot id only the wall clock ends a lease, which is still safe: it only
+        # delays a takeover after a reboot until the TTL runs out.
+        return ""
+
+
+def current_boot_id() -> str:
+    """This boot's id; a lease granted under another one is expired."""
+    return _read_boot_id()
+
+
+def _log_name(generation: int) -> str:
+    return f"log-{generation:06d}.jsonl"
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+def _pread_exact(fd: int, size: int, offset: int) -> bytes:
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _parse_event(raw: bytes, expected_seq: int) -> Event:
+    if not raw.endswith(b"\n"):
+        raise ValueError("unterminated last line")
+    event = unframe(raw)
+    if event.get("seq") != expected_seq or type(event.get("seq")) is not int:
+        raise ValueError(f"expected seq {expected_seq}, got {event.get('seq')!r}")
+    if event.get("v") != _VERSION:
+        raise ValueError(f"unsupported format version {event.get('v')!r}")
+    try:
+        check_event(event)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed event: {exc}") from None
+    return event
+
+
+class JSONLStore:
+    """The thread store in plain files under ``directory``, safe across processes and threads.
+
+    Every call takes ``store.lock`` (blocking, no timeout; it is held for one small read or
+    one append).  The store keeps a few file descriptors open; :meth:`close` them when done.
+    Corruption that a crash cannot explain raises :class:`adaptor._durable.CorruptLogError`;
+    a failed write or fsync raises ``OSError`` and makes this instance refuse further writes
+    (open a new one to re-read the files and carry on).
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._dir = os.path.abspath(os.fspath(directory))
+        ensure_dir(self._dir)
+        self._clock = clock
+        self._lock_path = os.path.join(self._dir, _LOCK)
+        self._snapshot_path = os.path.join(self._dir, _SNAPSHOT)
+        # Tests lower this to show compaction without writing thousands of lines.
+        self._compact_after = _COMPACT_MIN_LINES
+        self._state = State()
+        self._generation = 0  # 0: nothing loaded yet
+        self._snapshot_fd: int | None = None
+        self._log_fd: int | None = None
+        self._offset = 0  # bytes of the current log applied to _state
+        self._seq = 0  # seq of the last applied line
+        self._logs: dict[bool, DurableLog] = {}  # keyed by sync
+        self._broken: OSError | None = None
+        self._closed = False
+        self.lines_read = 0  # log lines parsed by this instance, for cost checks
+
+    def __repr__(self) -> str:
+        return f"JSONLStore({self._dir!r})"
+
+    def __enter__(self) -> JSONLStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    def close(self) -> None:
+        """Close the file descriptors; idempotent.  Later calls raise ``ValueError``."""
+        with exclusive(self._lock_path):
+            self._closed = True
+            self._forget_files()
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def resolve(self, query: Query) -> Record | None:
+        if not isinstance(query, Query):
+            raise TypeError(f"expected a Query, not {type(query).__name__}")
+        with self._locked():
+            found = self._state.lookup(query)
+            return None if found is None else record_from_json(found)
+
+    def acquire_lease(self, target: str, owner: str, ttl: float) -> Lease:
+        check_text("target", target)
+        check_text("owner", owner)
+        ttl = check_ttl(ttl)
+        with self._locked():
+            lease, event = self._state.plan_acquire(
+                target, owner, ttl, self._clock(), current_boot_id()
+            )
+            self._commit(event, sync=False)
+        return lease
+
+    def renew_lease(self, lease: Lease, ttl: float) -> None:
+        check_lease(lease)
+        ttl = check_ttl(ttl)
+        with self._locked():
+            event = self._state.plan_renew(lease, ttl, self._clock(), current_boot_id())
+            self._commit(event, sync=False)
+
+    def release_lease(self, lease: Lease) -> None:
+        check_lease(lease)
+        with self._locked():
+            event = self._state.plan_release(lease)
+            if event is not None:
+                self._commit(event, sync=False)
+
+    def finalize(self, request: FinalizeRequest) -> None:
+        check_finalize(request)
+        with self._locked():
+            event = self._state.plan_finalize(request, self._clock(), current_boot_id())
+            self._commit(event, sync=True)
+
+    def compact(self) -> None:
+        """Write a snapshot and start a fresh log now (it also happens on its own)."""
+        with self._locked():
+            self._compact()
+
+    # --- reading --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with exclusive(self._lock_path):
+            if self._closed:
+                raise ValueError(f"{self!r} is closed")
+            self._refresh()
+            yield
+
+    def _refresh(self) -> None:
+        try:
+            on_disk = os.stat(self._snapshot_path, follow_symlinks=False)
+        except FileNotFoundError:
+            on_disk = None
+        if on_disk is None:
+            if self._snapshot_fd is not None:
+                raise CorruptLogError(self._snapshot_path, 1, "snapshot disappeared")
+            if self._generation == 0:
+                self._start_without_snapshot()
+        elif self._snapshot_fd is None or not os.path.samestat(
+            on_disk, os.fstat(self._snapshot_fd)
+        ):
+            self._load_snapshot()
+        self._read_log()
+
+    def _start_without_snapshot(self) -> None:
+        # Only a store that has never compacted lacks a snapshot; a later log without one means
+        # the snapshot was lost, and starting empty would silently drop every thread.
+        for name in os.listdir(self._dir):
+            match = _LOG_NAME.fullmatch(name)
+            if match and int(match.group(1)) > 1 and not name.endswith(".lock"):
+                raise CorruptLogError(
+                    os.path.join(self._dir, name), 1, f"{_SNAPSHOT} is missing for this log"
+                )
+        self._switch(1, State(), None)
+
+    def _load_snapshot(self) -> None:
+        fd = os.open(self._snapshot_path, _READ_FLAGS)
+        try:
+            try:
+                obj = orjson.loads(_read_all(fd))
+                if not isinstance(obj, dict):
+                    raise ValueError("not an object")
+                if obj.get("format") != _FORMAT or obj.get("v") != _VERSION:
+                    raise ValueError("not a version 1 thread store snapshot")
+                generation = obj.get("generation")
+                if type(generation) is not int or generation < 2:
+                    raise ValueError("bad generation")
+                state = State.from_snapshot(obj)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptLogError(self._snapshot_path, 1, str(exc)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._switch(generation, state, fd)
+
+    def _switch(self, generation: int, state: State, snapshot_fd: int | None) -> None:
+        self._forget_files()
+        self._generation = generation
+        self._state = state
+        self._snapshot_fd = snapshot_fd
+        self._offset = 0
+        self._seq = 0
+
+    def _forget_files(self) -> None:
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        for name in ("_snapshot_fd", "_log_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
+
+    def _log_path(self) -> str:
+        return os.path.join(self._dir, _log_name(self._generation))
+
+    def _read_log(self) -> None:
+        """Apply the log lines appended since the last call (by anyone)."""
+        path = self._log_path()
+        if self._log_fd is None:
+            try:
+                self._log_fd = os.open(path, _READ_FLAGS)
+            except FileNotFoundError:
+                return  # nothing written in this generation yet
+        size = os.fstat(self._log_fd).st_size
+        if size == self._offset:
+            return
+        if size < self._offset:
+            raise CorruptLogError(path, self._seq, "log shrank below acknowledged data")
+        data = _pread_exact(self._log_fd, size - self._offset, self._offset)
+        # Split on b"\n" only: bytes.splitlines would also split on a stray b"\r" in damage.
+        parts = data.split(b"\n")
+        tail = parts.pop()  # after the last newline: empty unless an append was torn
+        lines = [part + b"\n" for part in parts]
+        if tail:
+            lines.append(tail)
+        for index, raw in enumerate(lines):
+            try:
+                event = _parse_event(raw, self._seq + 1)
+            except ValueError as exc:
+                # We hold the lock, so no append is in progress: a bad last line is what a
+                # crash mid-append leaves (never acknowledged; the next append truncates it).
+                # Anything before it is corruption and must not be skipped.
+                if index == len(lines) - 1:
+                    return
+                raise CorruptLogError(path, self._seq + 1, str(exc)) from None
+            self._state.apply(event)
+            self._offset += len(raw)
+            self._seq += 1
+            self.lines_read += 1
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def _commit(self, event: Event, *, sync: bool) -> None:
+        if self._broken is not None:
+            raise OSError(
+                self._broken.errno,
+                "an earlier write to this store failed; open a new JSONLStore to continue",
+                self._dir,
+            ) from self._broken
+        log = self._logs.get(sync)
+        if log is None:
+            log = self._logs[sync] = DurableLog(self._log_path(), sync=sync)
+        try:
+            log.append(event)
+        except OSError as exc:
+            # The write may or may not be on disk; only re-reading the files can tell.
+            self._broken = exc
+            raise
+        # Apply what is now in the file rather than the event in hand: one code path for our
+        # writes and everyone else's, and the line just written is checked on the way.
+        self._read_log()
+        if self._seq >= max(self._compact_after, len(self._state)):
+            self._compact()
+
+    def _compact(self) -> None:
+        now = self._clock()
+        generation = self._generation + 1
+        snapshot: dict[str, Any] = {
+            "format": _FORMAT,
+            "v": _VERSION,
+            "generation": generation,
+            "log": _log_name(generation),
+            "written_at": format_time(time_of(now)),
+            **self._state.snapshot(now, current_boot_id()),
+        }
+        atomic_write_json(self._snapshot_path, snapshot)
+        # The snapshot is now the truth; load it back so this process holds the same state
+        # (dead leases dropped) and the same open file that other processes compare against.
+        self._load_snapshot()
+        self._remove_stale(generation)
+
+    def _remove_stale(self, generation: int) -> None:
+        for name in os.listdir(self._dir):
+            match = _LOG_NAME.fullmatch(name)
+            stale = (match is not None and int(match.group(1)) < generation) or name.startswith(
+                f"{_SNAPSHOT}.tmp-"
+            )
+            if stale:
+                # Only ever created or used under store.lock, which we hold: nobody is using
+                # them, and a crash between the snapshot and this point just leaves garbage.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self._dir, name))

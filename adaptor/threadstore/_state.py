@@ -1,0 +1,236 @@
+"""The store state machine shared by :mod:`adaptor.memory` and the JSONL store.
+
+Every mutation is *planned* against the current state first: planning validates, raises the
+contract errors and changes nothing.  A successful plan yields one *event*, a JSON object that
+performs the whole mutation when applied.  The memory store applies it at once; the JSONL store
+appends it to its log as one framed line and applies what it reads back, so replaying the log
+reaches exactly the state the writer had, and one finalize can never be half-applied.
+
+Events::
+
+    {"kind": "lease", "target": T, "lease": {...} | null}      # grant, extend, renew, release
+    {"kind": "finalize", "records": [R, ...], "bind": {"key": K, "id": I} | null}
+
+A lease is ``{"owner", "token", "generation", "expires", "expires_at", "boot_id"}``: ``expires``
+is wall-clock seconds (``expires_at`` the same instant for humans) and ``boot_id`` the boot it
+was granted in, so a lease never outlives a reboot even if the clock says it should.
+Generations come from one counter per store, not per target, so expired leases can be dropped
+from snapshots without ever handing out a generation again.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from adaptor.threadstore import AlreadyExistsError, BusyError, LeaseLostError
+from adaptor.threadstore._types import (
+    FinalizeRequest,
+    Lease,
+    Query,
+    format_time,
+    record_from_json,
+    record_to_json,
+    time_of,
+)
+
+Event = dict[str, Any]
+
+
+def _is_live(lease: Mapping[str, Any], now: float, boot_id: str) -> bool:
+    return bool(lease["boot_id"] == boot_id and now < lease["expires"])
+
+
+def _holds(current: Mapping[str, Any] | None, lease: Lease) -> bool:
+    return (
+        current is not None and current["owner"] == lease.owner and current["token"] == lease.token
+    )
+
+
+def _lease_json(owner: str, token: str, generation: int, expires: float, boot_id: str) -> Event:
+    return {
+        "owner": owner,
+        "token": token,
+        "generation": generation,
+        "expires": expires,
+        "expires_at": format_time(time_of(expires)),
+        "boot_id": boot_id,
+    }
+
+
+class State:
+    """Records by id, the key index and leases by target, all in their JSON form."""
+
+    __slots__ = ("keys", "leases", "next_generation", "records")
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[str, Any]] = {}
+        self.keys: dict[str, str] = {}
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.next_generation = 1
+
+    def __len__(self) -> int:
+        return len(self.records) + len(self.keys) + len(self.leases)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def lookup(self, query: Query) -> dict[str, Any] | None:
+        if query.id is not None:
+            record = self.records.get(query.id)
+        else:
+            record_id = self.keys.get(query.key or "")
+            record = None if record_id is None else self.records.get(record_id)
+        if record is None or (record["status"] != "active" and not query.include_archived):
+            return None
+        return record
+
+    def _active_id(self, key: str) -> str | None:
+        record_id = self.keys.get(key)
+        if record_id is None:
+            return None
+        record = self.records.get(record_id)
+        return record_id if record is not None and record["status"] == "active" else None
+
+    # --- plans ----------------------------------------------------------------------------------
+
+    def plan_acquire(
+        self, target: str, owner: str, ttl: float, now: float, boot_id: str
+    ) -> tuple[Lease, Event]:
+        current = self.leases.get(target)
+        if current is not None and _is_live(current, now, boot_id):
+            if current["owner"] != owner:
+                raise BusyError(target)
+            # Re-acquiring your own live lease extends it under the same token, so leases the
+            # caller already handed to a finalize stay valid.
+            token, generation = current["token"], current["generation"]
+        else:
+            generation = self.next_generation
+            token = f"{generation}-{secrets.token_hex(8)}"
+        lease = _lease_json(owner, token, generation, now + ttl, boot_id)
+        return Lease(target, owner, token), {"kind": "lease", "target": target, "lease": lease}
+
+    def plan_renew(self, lease: Lease, ttl: float, now: float, boot_id: str) -> Event:
+        current = self.leases.get(lease.target)
+        if current is None or not _holds(current, lease) or not _is_live(current, now, boot_id):
+            raise LeaseLostError(lease.target)
+        renewed = {**current, "expires": now + ttl, "expires_at": format_time(time_of(now + ttl))}
+        return {"kind": "lease", "target": lease.target, "lease": renewed}
+
+    def plan_release(self, lease: Lease) -> Event | None:
+        """``None`` when there is nothing to do: a stale or foreign release must not write."""
+        if not _holds(self.leases.get(lease.target), lease):
+            return None
+        return {"kind": "lease", "target": lease.target, "lease": None}
+
+    def plan_finalize(self, request: FinalizeRequest, now: float, boot_id: str) -> Event:
+        for held in request.held_leases:
+            current = self.leases.get(held.target)
+            if current is None or not _holds(current, held) or not _is_live(current, now, boot_id):
+                raise LeaseLostError(held.target)
+        if request.require_key_absent and self._active_id(request.key) is not None:
+            raise AlreadyExistsError(request.key)
+        records = [record_to_json(request.record)]
+        if request.archive_old and request.previous_id is not None:
+            previous = self.records.get(request.previous_id)
+            if previous is not None:
+                archived_at = format_time(time_of(now))
+                records.append({**previous, "status": "archived", "updated_at": archived_at})
+        bind = {"key": request.key, "id": request.record.id} if request.rebind_active or request.key else None
+        return {"kind": "finalize", "records": records, "bind": bind}
+
+    # --- apply ----------------------------------------------------------------------------------
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """Apply an event made by a plan (or read back and checked by :func:`check_event`)."""
+        if event["kind"] == "lease":
+            lease = event["lease"]
+            if lease is None:
+                self.leases.pop(event["target"], None)
+            else:
+                self.leases[event["target"]] = dict(lease)
+                self.next_generation = max(self.next_generation, lease["generation"] + 1)
+        else:
+            for record in event["records"]:
+                self.records[record["id"]] = dict(record)
+            bind = event["bind"]
+            if bind is not None:
+                self.keys[bind["key"]] = bind["id"]
+
+    # --- snapshots ------------------------------------------------------------------------------
+
+    def snapshot(self, now: float, boot_id: str) -> dict[str, Any]:
+        """The state as one JSON object; dead leases are dropped (the counter remembers)."""
+        return {
+            "next_generation": self.next_generation,
+            "records": self.records,
+            "keys": self.keys,
+            "leases": {t: le for t, le in self.leases.items() if _is_live(le, now, boot_id)},
+        }
+
+    @classmethod
+    def from_snapshot(cls, obj: Mapping[str, Any]) -> State:
+        """Rebuild from :meth:`snapshot` output; ``ValueError`` if it is not well formed."""
+        state = cls()
+        generation = obj.get("next_generation")
+        if type(generation) is not int or generation < 1:
+            raise ValueError("bad next_generation")
+        state.next_generation = generation
+        records, keys, leases = obj.get("records"), obj.get("keys"), obj.get("leases")
+        if not (isinstance(records, dict) and isinstance(keys, dict) and isinstance(leases, dict)):
+            raise ValueError("records, keys and leases must be objects")
+        for record_id, record in records.items():
+            if record_from_json(record).id != record_id:
+                raise ValueError(f"record filed under the wrong id {record_id!r}")
+            state.records[record_id] = record
+        for key, record_id in keys.items():
+            if not isinstance(record_id, str):
+                raise ValueError(f"key {key!r} maps to a non-string id")
+            state.keys[key] = record_id
+        for target, lease in leases.items():
+            _check_lease_json(lease)
+            if lease["generation"] >= generation:
+                raise ValueError(f"lease on {target!r} is newer than next_generation")
+            state.leases[target] = lease
+        return state
+
+
+def _check_lease_json(lease: object) -> None:
+    if not isinstance(lease, dict):
+        raise ValueError("lease is not an object")
+    for name in ("owner", "token", "boot_id"):
+        if not isinstance(lease.get(name), str):
+            raise ValueError(f"lease field {name!r} is not a string")
+    generation, expires = lease.get("generation"), lease.get("expires")
+    if type(generation) is not int or generation < 1:
+        raise ValueError("lease generation is not a positive integer")
+    if isinstance(expires, bool) or not isinstance(expires, int | float):
+        raise ValueError("lease expiry is not a number")
+
+
+def check_event(event: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` unless ``event`` (read back from disk) has the shape a plan makes.
+
+    The CRC already rules out torn or flipped bytes; this rules out a line written by something
+    else, so :meth:`State.apply` and later resolves cannot fail half-way.
+    """
+    kind = event.get("kind")
+    if kind == "lease":
+        if not isinstance(event.get("target"), str):
+            raise ValueError("lease event without a target")
+        if event.get("lease") is not None:
+            _check_lease_json(event["lease"])
+    elif kind == "finalize":
+        records, bind = event.get("records"), event.get("bind")
+        if not isinstance(records, list) or not records:
+            raise ValueError("finalize event without records")
+        for record in records:
+            record_from_json(record)
+        if bind is not None and not (
+            isinstance(bind, dict)
+            and isinstance(bind.get("key"), str)
+            and isinstance(bind.get("id"), str)
+        ):
+            raise ValueError("bad bind in finalize event")
+    else:
+        raise ValueError(f"unknown event kind {kind!r}")
