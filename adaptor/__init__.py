@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adaptor.agent import Agent, Runner
+from adaptor.agent import Agent, Runner, Thread
 from adaptor.approval import approve_all, deny_all
 from adaptor.driver import (
     HumanDecisionModeUnsupportedError,
@@ -93,6 +93,7 @@ __all__ = [
     "SubagentUpdate",
     "TextDelta",
     "Thinking",
+    "Thread",
     "ToolCall",
     "ToolResult",
     "TranscriptItem",

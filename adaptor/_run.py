@@ -8,6 +8,7 @@ the Result gathered so far.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets as _secrets
 import threading
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from adaptor import errors
+from adaptor import _thread, errors
 from adaptor.approval import Outcome, Responder
 from adaptor.driver import (
     DecisionRequest,
@@ -44,6 +45,7 @@ from adaptor.stream import Broker, Stream
 
 if TYPE_CHECKING:
     from adaptor._options import RunOptions
+    from adaptor._thread import ThreadSpec
     from adaptor.schema import CompiledSchema
 
 
@@ -57,6 +59,9 @@ class RunHost(Protocol):
     driver: Driver
     event_buffer: int
     blocking_events: bool
+    thread_store: Any
+    lease_ttl: float
+    lease_renewal: float
 
     @property
     def closed(self) -> bool: ...
@@ -128,14 +133,20 @@ class RunPipeline:
         prompt: str,
         options: RunOptions,
         *,
-        thread_key: str = "",
+        thread: ThreadSpec | None = None,
     ) -> None:
         if not isinstance(prompt, str):
             raise TypeError("prompt must be a str")
         self.host = host
         self.prompt = prompt
         self.options = options
-        self.thread_key = thread_key
+        self.thread = thread
+        self.thread_key = "" if thread is None else thread.key
+        self._plan: _thread.ThreadPlan | None = None
+        self._thread_identity: tuple[str, str] = ("", "")  # codec name, compatibility fp
+        self._renewer: threading.Thread | None = None
+        self._released = threading.Event()
+        self._fresh_session = False
         self.run_id = new_run_id()
         self.started = time.monotonic()
         self.deadline = None if options.timeout is None else self.started + options.timeout
@@ -193,6 +204,14 @@ class RunPipeline:
         except Exception as exc:
             raise InvalidDriverConfigError(descriptor.type, exc) from exc
         self.approvals = validate(self.options.policy, descriptor)
+        if self.thread is not None:
+            codec_name, config_fingerprint = _thread.prelaunch(self.host, descriptor)  # type: ignore[arg-type]
+            self._thread_identity = (
+                codec_name,
+                _thread.compatibility_fingerprint(
+                    descriptor, codec_name, config_fingerprint, self.options
+                ),
+            )
         _refuse_unbuilt("skills", self.options.skills)
         _refuse_unbuilt("mcp", self.options.mcp)
         if self.options.schema is not None:
@@ -234,21 +253,82 @@ class RunPipeline:
             self._budget = _Budget(float(budget_limit), self._on_budget)
             self._budget.start()
         self._raise_if_ended_before_entry()
+        if self.thread is not None:
+            self._plan_thread(self.thread)
+        self._raise_if_ended_before_entry()
         request = self._request()
         with self._lock:
             self._raise_if_ended_before_entry()
             self._entered = True
+        self.publish(Notice(kind="lifecycle", text="driver started", data={"phase": "driver.started"}))
+        response, driver_error = self._call_driver(request)
+        if isinstance(driver_error, errors.ResumeRejectedError) and self._may_start_fresh():
+            # The stored session was refused: start a fresh one in the same invocation.  The
+            # prompt was never delivered to the refused session, so nothing is replayed twice.
+            self.publish(
+                Notice(
+                    kind="lifecycle",
+                    text="stored session rejected; starting a fresh session",
+                    data={"phase": "thread.resume_rejected", "reason": driver_error.reason},
+                )
+            )
+            self._fresh_session = True
+            fresh_request = dataclasses.replace(
+                request, session=self._plan.session_context(fresh=True)  # type: ignore[union-attr]
+            )
+            response, driver_error = self._call_driver(fresh_request)
+        return self._verdict(response, driver_error)
+
+    def _call_driver(self, request: Request) -> tuple[Response | None, BaseException | None]:
         sink = _Sink(self)
-        response: Response | None = None
-        driver_error: BaseException | None = None
         try:
-            response = self.host.driver.run(request, sink)
+            return self.host.driver.run(request, sink), None
         except BaseException as exc:
-            driver_error = exc
+            return None, exc
         finally:
             sink.closed = True
             self._expire_open_requests()
-        return self._verdict(response, driver_error)
+
+    def _may_start_fresh(self) -> bool:
+        plan = self._plan
+        return (
+            plan is not None
+            and plan.session_mode == "continue_or_start"
+            and plan.resumed is not None
+            and not self._fresh_session
+            and self._terminal is None
+        )
+
+    def _plan_thread(self, spec: ThreadSpec) -> None:
+        assert self.descriptor is not None
+        store = self.host.thread_store
+        codec_name, fingerprint = self._thread_identity
+        self._plan = _thread.plan(
+            spec,
+            store,
+            driver_type=self.descriptor.type,
+            codec_name=codec_name,
+            fingerprint=fingerprint,
+            lease_ttl=self.host.lease_ttl,
+        )
+        self._renewer = threading.Thread(
+            target=self._renew_leases, name=f"adaptor-lease-{self.run_id}", daemon=True
+        )
+        self._renewer.start()
+
+    def _renew_leases(self) -> None:
+        interval = self.host.lease_renewal
+        if interval >= self.host.lease_ttl:
+            interval = self.host.lease_ttl / 2
+        plan = self._plan
+        while plan is not None and not self._released.wait(interval):
+            try:
+                _thread.renew(plan, self.host.lease_ttl)
+            except errors.ThreadLeaseLostError as exc:
+                self.end(_Terminal("lease_lost", "thread lease lost; nothing was persisted", cause=exc))
+                return
+            except Exception:  # a transient store failure: the next renewal tries again
+                continue
 
     def _raise_if_ended_before_entry(self) -> None:
         terminal = self._terminal
@@ -258,6 +338,8 @@ class RunPipeline:
             raise errors.DeadlineExceededError()
         if terminal.kind == "budget" and self._budget is not None:
             raise errors.ActiveExecutionTimeoutError(self._budget.limit)
+        if terminal.kind == "lease_lost" and terminal.cause is not None:
+            raise terminal.cause
         raise errors.CancelledError()
 
     def _request(self) -> Request:
@@ -275,7 +357,9 @@ class RunPipeline:
             prompt=prompt,
             config=None,
             workspace_cwd=self.options.workspace,
-            session=SessionContext(mode="stateless"),
+            session=SessionContext(mode="stateless")
+            if self._plan is None
+            else self._plan.session_context(),
             policy=self.options.policy,
             output_schema=output_schema,
             structured_output_source=self.schema_source,  # type: ignore[arg-type]
@@ -298,6 +382,8 @@ class RunPipeline:
             self._budget.seal()
         if terminal is not None:
             raise self._terminal_error(terminal, result)
+        if isinstance(driver_error, errors.ResumeRejectedError):
+            raise driver_error
         if driver_error is not None:
             raise errors.RunError(
                 "infrastructure_error", "execution failed", result=result, cause=driver_error
@@ -336,6 +422,18 @@ class RunPipeline:
                     details={"errors": list(record.errors)},
                     result=result,
                 )
+        if self._plan is not None:
+            try:
+                _thread.finalize(self._plan, response, fresh=self._fresh_session)
+            except (
+                errors.ThreadCheckpointMissingError,
+                errors.ThreadLeaseLostError,
+                errors.ThreadAlreadyExistsError,
+            ) as exc:
+                raise errors.RunError(
+                    "infrastructure_error", "thread coordination failed: " + str(exc),
+                    result=result, cause=exc,
+                ) from exc
         return result
 
     def _result(self, response: Response | None) -> Result:
@@ -375,6 +473,10 @@ class RunPipeline:
             return errors.ApprovalDeniedError(terminal.message, details=terminal.details, result=result)
         if terminal.kind == "approval_timeout":
             return errors.ApprovalTimeoutError(terminal.message, details=terminal.details, result=result)
+        if terminal.kind == "lease_lost":
+            return errors.RunError(
+                "infrastructure_error", terminal.message, result=result, cause=terminal.cause
+            )
         return errors.AgentFailedError(
             terminal.message, details=terminal.details, result=result, cause=terminal.cause
         )
@@ -421,6 +523,9 @@ class RunPipeline:
             responder.expire("aborted")
 
     def _teardown(self) -> None:
+        self._released.set()
+        if self._plan is not None:
+            _thread.release(self._plan)
         if self._timer is not None:
             self._timer.cancel()
         if self._budget is not None:

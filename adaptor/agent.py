@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from adaptor import _options
 from adaptor._options import RunOptions
 from adaptor._run import RunPipeline
+from adaptor._thread import DEFAULT_LEASE_RENEWAL, DEFAULT_LEASE_TTL, Thread, codec_name_of
 from adaptor.driver import Driver
 from adaptor.errors import AgentClosedError
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from adaptor.schema import SchemaOptions
     from adaptor.stream import Stream
 
-__all__ = ["Agent", "Runner"]
+__all__ = ["Agent", "Runner", "Thread"]
 
 
 class Runner(Protocol):
@@ -58,6 +59,8 @@ class Agent:
         skill_provider: Any = None,
         event_buffer: int = 1024,
         blocking_events: bool = False,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        lease_renewal: float = DEFAULT_LEASE_RENEWAL,
     ) -> None:
         if driver is None:
             raise TypeError("Agent needs a driver, e.g. Agent(claude.Driver(claude.Config()))")
@@ -68,6 +71,10 @@ class Agent:
         self.event_buffer = event_buffer if event_buffer > 0 else 1024
         self.blocking_events = blocking_events
         self.thread_store = thread_store
+        if lease_ttl <= 0 or lease_renewal <= 0:
+            raise ValueError("lease_ttl and lease_renewal must be positive")
+        self.lease_ttl = float(lease_ttl)
+        self.lease_renewal = float(lease_renewal)
         self.tools = tuple(tools)
         self.skill_provider = skill_provider
         self._defaults = _options.defaults(
@@ -113,6 +120,18 @@ class Agent:
         ``result()`` raises them."""
         effective = self._options(options, schema=schema, schema_options=schema_options)
         return RunPipeline(self, prompt, effective).start()
+
+    def thread(self, key: str, *, resume_only: bool = False) -> Thread:
+        """A durable conversation under ``key`` (needs ``thread_store``).
+
+        By default a run continues the stored conversation or starts one; with
+        ``resume_only=True`` a missing conversation is ``ThreadNotFoundError`` and an
+        incompatible one ``ThreadIncompatibleError``.
+        """
+        return Thread(self, key, "continue_only" if resume_only else "continue_or_start")
+
+    def driver_codec_name(self) -> str | None:
+        return codec_name_of(self.driver)
 
     def _options(self, call: Mapping[str, Any], **call_only: Any) -> RunOptions:
         merged = self._defaults.merged(call)

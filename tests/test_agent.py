@@ -596,9 +596,10 @@ def test_slow_consumer_forces_drops_reported_by_dropped_events() -> None:
     assert len(dropped) == 1
     report = dropped[0]
     assert report.by_kind == {"process.stdout": report.count}
-    # RunStarted and three lines filled the buffer; the other 97 lines were lost in order
-    assert (report.count, report.first_sequence, report.last_sequence) == (97, 5, 101)
-    assert report.meta.sequence == 102 and report.reason == "backpressure"
+    # RunStarted, the "driver started" notice and two lines filled the buffer; the other 98
+    # lines were lost, in order
+    assert (report.count, report.first_sequence, report.last_sequence) == (98, 5, 102)
+    assert report.meta.sequence == 103 and report.reason == "backpressure"
     assert sum(d.count for d in dropped) == evs[-1].meta.sequence - len(evs)
     # reliable events after the loss were all delivered
     assert [e.phase for e in evs if isinstance(e, events.TextDelta)] == ["start", "content", "end"]

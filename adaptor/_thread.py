@@ -1,0 +1,391 @@
+"""Threads: durable conversations on top of the run pipeline and a thread store.
+
+A Thread handle holds no resources; state lives in the store.  Every thread run:
+prelaunch checks (no events) → key lease → plan (resolve, compatibility) → driver entry with the
+planned session → on a healthy checkpoint, one atomic finalize → leases released.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from adaptor import errors
+from adaptor.driver import (
+    Checkpoint,
+    Descriptor,
+    Response,
+    SessionConfigFingerprintError,
+    SessionContext,
+    SessionState,
+    canonical_fingerprint,
+)
+from adaptor.threadstore import (
+    AlreadyExistsError,
+    BusyError,
+    FinalizeRequest,
+    Lease,
+    LeaseLostError,
+    Query,
+    Record,
+    Store,
+)
+
+if TYPE_CHECKING:
+    from adaptor._options import RunOptions
+    from adaptor.agent import Agent
+    from adaptor.result import Result
+    from adaptor.stream import Stream
+
+ThreadMode = Literal["continue_or_start", "continue_only", "fork"]
+
+DEFAULT_LEASE_TTL = 300.0
+DEFAULT_LEASE_RENEWAL = 120.0
+
+
+class Thread:
+    """A durable conversation under a host-chosen key.
+
+    Any number of handles for one key are interchangeable.  ``run``/``stream`` take the same
+    options as the Agent's.
+    """
+
+    def __init__(self, agent: Agent, key: str, mode: ThreadMode, parent_key: str | None = None):
+        if not isinstance(key, str):
+            raise TypeError("thread key must be a str")
+        if not key:
+            raise ValueError("thread key must not be empty")
+        self._agent = agent
+        self._key = key
+        self._mode: ThreadMode = mode
+        self._parent_key = parent_key
+        self._lock = threading.Lock()
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def run(self, prompt: str, **options: Any) -> Result:
+        return self.stream(prompt, **options).result()
+
+    def stream(self, prompt: str, **options: Any) -> Stream:
+        from adaptor._run import RunPipeline
+
+        effective = self._agent._options(options)
+        with self._lock:
+            spec = ThreadSpec(self._key, self._mode, self._parent_key, on_persisted=self._persisted)
+        return RunPipeline(self._agent, prompt, effective, thread=spec).start()
+
+    def fork(self, new_key: str) -> Thread:
+        """A thread under ``new_key`` that starts from this thread's checkpoint.
+
+        The parent is resolved at the fork's first run and never changed; ``new_key`` must not
+        have an active conversation.  After its first successful run the fork continues like
+        ``agent.thread(new_key)``.
+        """
+        if not isinstance(new_key, str):
+            raise TypeError("thread key must be a str")
+        if not new_key:
+            raise ValueError("thread key must not be empty")
+        return Thread(self._agent, new_key, "fork", parent_key=self._key)
+
+    def checkpoint(self) -> Checkpoint:
+        """The active record's checkpoint (diagnostic only)."""
+        store = self._agent.thread_store
+        if store is None:
+            raise errors.ThreadStoreRequiredError()
+        record = _translated(lambda: store.resolve(Query(key=self._key)))
+        if record is None:
+            raise errors.ThreadNotFoundError(f"thread {self._key!r} has no active conversation")
+        codec = self._agent.driver_codec_name()
+        if codec is not None and record.session_codec != codec:
+            raise errors.ThreadIncompatibleError(
+                f"thread {self._key!r} was stored with session codec {record.session_codec!r}"
+            )
+        if record.state is None:
+            raise errors.ThreadCheckpointMissingError(f"thread {self._key!r} has no checkpoint")
+        return Checkpoint(state=record.state, valid=True)
+
+    def _persisted(self) -> None:
+        with self._lock:
+            if self._mode == "fork":
+                self._mode = "continue_or_start"
+                self._parent_key = None
+
+    def __repr__(self) -> str:
+        return f"Thread({self._key!r}, mode={self._mode!r})"
+
+
+@dataclass
+class ThreadSpec:
+    key: str
+    mode: ThreadMode
+    parent_key: str | None = None
+    on_persisted: Any = None
+
+
+@dataclass
+class ThreadPlan:
+    """What a thread run decided before the driver started."""
+
+    spec: ThreadSpec
+    store: Store
+    owner: str
+    fingerprint: str
+    codec_name: str
+    driver_type: str
+    leases: list[Lease] = field(default_factory=list)
+    previous: Record | None = None  # the active record under the key, if any
+    resumed: Record | None = None  # the record whose state the driver resumes
+    session_mode: str = "continue_or_start"
+
+    @property
+    def state(self) -> SessionState | None:
+        return None if self.resumed is None else self.resumed.state
+
+    def session_context(self, *, fresh: bool = False) -> SessionContext:
+        if fresh:
+            return SessionContext(mode="continue_or_start", state=None)
+        return SessionContext(mode=self.session_mode, state=self.state)  # type: ignore[arg-type]
+
+
+def prelaunch(agent: Agent, descriptor: Descriptor) -> tuple[str, str]:
+    """Static thread checks (no events, nothing acquired): returns (codec name, config fp)."""
+    if agent.thread_store is None:
+        raise errors.ThreadStoreRequiredError()
+    driver = agent.driver
+    if not descriptor.sessions.supports_resume:
+        raise errors.ThreadIncompatibleError(
+            f"driver {descriptor.type!r} cannot resume sessions, so it cannot run threads"
+        )
+    codec_name = agent.driver_codec_name()
+    if not codec_name:
+        raise errors.ThreadIncompatibleError(f"driver {descriptor.type!r} has no session codec")
+    fingerprinter = getattr(driver, "session_config_fingerprint", None)
+    if not callable(fingerprinter):
+        raise errors.ThreadIncompatibleError(
+            f"driver {descriptor.type!r} has no session config fingerprint"
+        )
+    try:
+        first, second = fingerprinter(), fingerprinter()
+    except SessionConfigFingerprintError as exc:
+        raise errors.ThreadIncompatibleError(
+            "the driver configuration cannot be fingerprinted", cause=exc
+        ) from exc
+    except Exception as exc:
+        raise errors.ThreadIncompatibleError(
+            "the driver's session config fingerprint failed", cause=exc
+        ) from exc
+    if not isinstance(first, str) or not first.strip() or first != second:
+        raise errors.ThreadIncompatibleError("the driver's session config fingerprint is not stable")
+    return codec_name, first.strip()
+
+
+def compatibility_fingerprint(
+    descriptor: Descriptor, codec_name: str, config_fingerprint: str, options: RunOptions
+) -> str:
+    """What must match for a stored session to be resumed: never secrets, never the schema."""
+    workspace = options.workspace
+    resolved_workspace = str(Path(workspace).resolve()) if workspace else ""
+    return canonical_fingerprint(
+        "adaptor/thread-invocation/v1",
+        {
+            "driver": descriptor.type,
+            "codec": codec_name,
+            "config": config_fingerprint,
+            "model": options.model or "",
+            "workspace": resolved_workspace,
+            "skills": [repr(s) for s in options.skills],
+            "mcp": [repr(m) for m in options.mcp or ()],
+            "instructions": options.instructions or "",
+            "append_system_prompt": options.append_system_prompt or "",
+        },
+    )
+
+
+def plan(
+    spec: ThreadSpec,
+    store: Store,
+    *,
+    driver_type: str,
+    codec_name: str,
+    fingerprint: str,
+    lease_ttl: float,
+) -> ThreadPlan:
+    """Take the leases and decide the session; raises thread errors (pre-entry identities)."""
+    result = ThreadPlan(
+        spec=spec,
+        store=store,
+        owner="own_" + secrets.token_hex(8),
+        fingerprint=fingerprint,
+        codec_name=codec_name,
+        driver_type=driver_type,
+    )
+    try:
+        result.leases.append(_acquire(store, _key_target(spec.key), result.owner, lease_ttl))
+        if spec.mode == "fork":
+            assert spec.parent_key is not None
+            result.leases.append(
+                _acquire(store, _key_target(spec.parent_key), result.owner, lease_ttl)
+            )
+            _plan_fork(result, spec.parent_key)
+        else:
+            _plan_continue(result)
+    except BaseException:
+        release(result)
+        raise
+    return result
+
+
+def _plan_continue(plan_: ThreadPlan) -> None:
+    spec = plan_.spec
+    record = _translated(lambda: plan_.store.resolve(Query(key=spec.key)))
+    plan_.previous = record
+    only = spec.mode == "continue_only"
+    plan_.session_mode = "continue_only" if only else "continue_or_start"
+    if record is None:
+        if only:
+            raise errors.ThreadNotFoundError(f"thread {spec.key!r} has no active conversation")
+        return
+    problem = _incompatibility(plan_, record)
+    if problem is not None:
+        if only:
+            raise errors.ThreadIncompatibleError(f"thread {spec.key!r}: {problem}")
+        return  # start fresh; the old record is archived only once the new one persists
+    if record.state is None:
+        raise errors.ThreadCheckpointMissingError(f"thread {spec.key!r} has no checkpoint")
+    if not record.state.resume_id:
+        raise errors.ThreadIncompatibleError(f"thread {spec.key!r}: stored state has no resume id")
+    plan_.resumed = record
+
+
+def _plan_fork(plan_: ThreadPlan, parent_key: str) -> None:
+    spec = plan_.spec
+    store = plan_.store
+    parent = _translated(lambda: store.resolve(Query(key=parent_key)))
+    if parent is None:
+        raise errors.ThreadNotFoundError(f"fork parent {parent_key!r} has no active conversation")
+    if parent.state is None:
+        raise errors.ThreadCheckpointMissingError(f"fork parent {parent_key!r} has no checkpoint")
+    problem = _incompatibility(plan_, parent)
+    if problem is not None:
+        raise errors.ThreadIncompatibleError(f"fork parent {parent_key!r}: {problem}")
+    if not parent.state.resume_id:
+        raise errors.ThreadIncompatibleError(f"fork parent {parent_key!r} has no resume id")
+    if _translated(lambda: store.resolve(Query(key=spec.key))) is not None:
+        raise errors.ThreadAlreadyExistsError(
+            f"thread {spec.key!r} already has an active conversation",
+            cause=AlreadyExistsError(spec.key),
+        )
+    plan_.resumed = parent
+    plan_.session_mode = "fork"
+
+
+def _incompatibility(plan_: ThreadPlan, record: Record) -> str | None:
+    if record.driver_type != plan_.driver_type:
+        return f"stored with driver {record.driver_type!r}"
+    if record.session_codec != plan_.codec_name:
+        return f"stored with session codec {record.session_codec!r}"
+    if not record.compatibility_fingerprint or not plan_.fingerprint:
+        return "missing fingerprint"
+    if record.compatibility_fingerprint != plan_.fingerprint:
+        return "driver configuration, model, workspace or instructions changed"
+    return None
+
+
+def finalize(plan_: ThreadPlan, response: Response, *, fresh: bool) -> None:
+    """Persist a healthy checkpoint atomically; raises thread errors (post-entry)."""
+    checkpoint = response.checkpoint
+    state = None if checkpoint is None else checkpoint.state
+    if checkpoint is None or not checkpoint.valid or state is None or not state.resume_id:
+        raise errors.ThreadCheckpointMissingError(
+            "the run succeeded but did not prove a resumable checkpoint; nothing was persisted"
+        )
+    spec = plan_.spec
+    now = datetime.now(UTC)
+    reuse = plan_.resumed is not None and not fresh and plan_.session_mode != "fork"
+    previous = plan_.previous
+    if reuse:
+        assert plan_.resumed is not None
+        record_id, created = plan_.resumed.id, plan_.resumed.created_at
+    else:
+        record_id, created = "ses_" + secrets.token_hex(8), now
+    record = Record(
+        id=record_id,
+        key=spec.key,
+        status="active",
+        driver_type=plan_.driver_type,
+        agent="",
+        fingerprint=plan_.fingerprint,
+        compatibility_fingerprint=plan_.fingerprint,
+        session_codec=plan_.codec_name,
+        state=state,
+        created_at=created,
+        updated_at=now,
+    )
+    fork = plan_.session_mode == "fork"
+    request = FinalizeRequest(
+        record=record,
+        previous_id=None if fork or previous is None or reuse else previous.id,
+        key=spec.key,
+        held_leases=tuple(plan_.leases),
+        archive_old=not fork and not reuse and previous is not None,
+        rebind_active=True,
+        require_key_absent=fork,
+    )
+    _translated(lambda: plan_.store.finalize(request))
+    if spec.on_persisted is not None:
+        spec.on_persisted()
+
+
+def renew(plan_: ThreadPlan, ttl: float) -> None:
+    for lease in plan_.leases:
+        _translated(lambda lease=lease: plan_.store.renew_lease(lease, ttl))
+
+
+def release(plan_: ThreadPlan) -> None:
+    """Release every lease in reverse order; stale leases are ignored by the store."""
+    for lease in reversed(plan_.leases):
+        try:
+            plan_.store.release_lease(lease)
+        except Exception:  # a lease we cannot release expires on its own
+            pass
+    plan_.leases.clear()
+
+
+def _key_target(key: str) -> str:
+    return "thread-key:" + key
+
+
+def _acquire(store: Store, target: str, owner: str, ttl: float) -> Lease:
+    return _translated(lambda: store.acquire_lease(target, owner, ttl))
+
+
+def _translated(call: Any) -> Any:
+    """Run a store call, translating store identities into Thread errors (store error kept)."""
+    try:
+        return call()
+    except BusyError as exc:
+        raise errors.ThreadBusyError(cause=exc) from exc
+    except LeaseLostError as exc:
+        raise errors.ThreadLeaseLostError(cause=exc) from exc
+    except AlreadyExistsError as exc:
+        raise errors.ThreadAlreadyExistsError(
+            f"thread key {exc.key!r} already has an active conversation", cause=exc
+        ) from exc
+
+
+def codec_name_of(driver: Any) -> str | None:
+    factory = getattr(driver, "session_codec", None)
+    if not callable(factory):
+        return None
+    codec = factory()
+    if codec is None:
+        return None
+    name = codec.name() if callable(getattr(codec, "name", None)) else None
+    return name if isinstance(name, str) and name.strip() else None
+

@@ -1,0 +1,333 @@
+"""Threads through real script-driver runs on both thread stores."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import adaptor
+from adaptor import errors, events
+from adaptor.driver import Request, Response, SessionContext
+from adaptor.memory import Store as MemoryStore
+from adaptor.testing import ScriptedDriver
+from adaptor.threadstore import JSONLStore, LeaseLostError, Query
+
+
+class Recording(ScriptedDriver):  # type: ignore[misc, valid-type]
+    """A script driver that remembers the session context of every call."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.sessions: list[SessionContext | None] = []
+
+    def run(self, request: Request, sink: Any) -> Response:
+        self.sessions.append(request.session)
+        return super().run(request, sink)
+
+
+@pytest.fixture(params=["memory", "jsonl"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "memory":
+        return MemoryStore()
+    return JSONLStore(tmp_path / "threads")
+
+
+def agent_with(
+    store: Any, steps: list[dict[str, Any]] | None = None, **kw: Any
+) -> tuple[adaptor.Agent, Recording]:
+    driver = Recording(
+        steps or [{"text": "ok"}], session="auto", descriptor=kw.pop("descriptor", None)
+    )
+    return adaptor.Agent(driver, thread_store=store, **kw), driver
+
+
+def test_thread_needs_a_store() -> None:
+    driver = Recording([{"text": "x"}], session="auto")
+    agent = adaptor.Agent(driver)
+    thread = agent.thread("k")
+    with pytest.raises(adaptor.ThreadStoreRequiredError):
+        thread.run("go")
+    stream = thread.stream("go")
+    assert list(stream) == []
+    with pytest.raises(adaptor.ThreadStoreRequiredError):
+        stream.result()
+    with pytest.raises(adaptor.ThreadStoreRequiredError):
+        thread.checkpoint()
+    assert driver.sessions == []
+
+
+def test_programmer_errors_on_keys(store: Any) -> None:
+    agent, _ = agent_with(store)
+    with pytest.raises(ValueError):
+        agent.thread("")
+    with pytest.raises(ValueError):
+        agent.thread("k").fork("")
+
+
+def test_driver_without_resume_cannot_run_threads(store: Any) -> None:
+    agent, driver = agent_with(store, descriptor={"sessions": {"supports_resume": False}})
+    with pytest.raises(adaptor.ThreadIncompatibleError):
+        agent.thread("k").run("go")
+    assert driver.sessions == []
+
+
+def test_continue_or_start_then_resume(store: Any) -> None:
+    agent, driver = agent_with(store)
+    thread = agent.thread("tenant-42/issue-123")
+    first = thread.run("one")
+    assert driver.sessions[0] is not None and driver.sessions[0].state is None
+    checkpoint = thread.checkpoint()
+    assert checkpoint.valid and checkpoint.state.resume_id.startswith("script-")
+    second = agent.thread("tenant-42/issue-123").run("two")  # another handle, same conversation
+    session = driver.sessions[1]
+    assert session is not None and session.mode == "continue_or_start"
+    assert session.state is not None and session.state.resume_id == checkpoint.state.resume_id
+    assert first.text == second.text == "ok"
+    record = store.resolve(Query(key="tenant-42/issue-123"))
+    assert record is not None and record.state.resume_id == checkpoint.state.resume_id
+
+
+def test_events_carry_the_thread_key(store: Any) -> None:
+    agent, _ = agent_with(store)
+    stream = agent.thread("k/1").stream("go")
+    evs = list(stream)
+    stream.result()
+    assert {e.meta.thread_key for e in evs} == {"k/1"}
+
+
+def test_resume_only(store: Any) -> None:
+    agent, driver = agent_with(store)
+    with pytest.raises(adaptor.ThreadNotFoundError):
+        agent.thread("k", resume_only=True).run("go")
+    assert driver.sessions == []
+    agent.thread("k").run("start")
+    agent.thread("k", resume_only=True).run("again")
+    last = driver.sessions[-1]
+    assert last is not None and last.mode == "continue_only" and last.state is not None
+
+
+def test_fingerprint_guard(store: Any) -> None:
+    agent, driver = agent_with(store)
+    agent.thread("k").run("start", model="m1")
+    original = store.resolve(Query(key="k"))
+    with pytest.raises(adaptor.ThreadIncompatibleError):
+        agent.thread("k", resume_only=True).run("go", model="m2")
+    assert store.resolve(Query(key="k")) == original  # untouched
+    calls = len(driver.sessions)
+    agent.thread("k").run("go", model="m2")  # default mode starts fresh
+    assert len(driver.sessions) == calls + 1
+    assert driver.sessions[-1].state is None  # type: ignore[union-attr]
+    fresh = store.resolve(Query(key="k"))
+    assert fresh is not None and fresh.id != original.id
+    archived = store.resolve(Query(id=original.id, include_archived=True))
+    assert archived is not None and archived.status == "archived"
+
+
+def test_schema_is_not_part_of_the_fingerprint(store: Any) -> None:
+    agent, driver = agent_with(store, [{"output_json": {"a": 1}}])
+    agent.thread("k").run("start")
+    agent.thread("k", resume_only=True).run("go", schema={"type": "object"})
+    assert driver.sessions[-1].state is not None  # type: ignore[union-attr]
+
+
+def test_fork(store: Any) -> None:
+    agent, driver = agent_with(store)
+    parent = agent.thread("parent")
+    parent.run("start")
+    before = store.resolve(Query(key="parent"))
+    branch = parent.fork("parent/alt")
+    branch.run("branch off")
+    fork_session = driver.sessions[-1]
+    assert fork_session is not None and fork_session.mode == "fork"
+    assert fork_session.state is not None and fork_session.state.resume_id == before.state.resume_id
+    assert store.resolve(Query(key="parent")) == before  # parent unchanged
+    child = store.resolve(Query(key="parent/alt"))
+    assert child is not None and child.state.resume_id != before.state.resume_id
+    branch.run("continue the branch")
+    assert driver.sessions[-1].mode == "continue_or_start"  # type: ignore[union-attr]
+    assert driver.sessions[-1].state.resume_id == child.state.resume_id  # type: ignore[union-attr]
+
+
+def test_fork_refusals(store: Any) -> None:
+    agent, driver = agent_with(store)
+    with pytest.raises(adaptor.ThreadNotFoundError):
+        agent.thread("nobody").fork("x").run("go")
+    agent.thread("a").run("start")
+    agent.thread("b").run("start")
+    before = (store.resolve(Query(key="a")), store.resolve(Query(key="b")))
+    calls = len(driver.sessions)
+    with pytest.raises(adaptor.ThreadAlreadyExistsError):
+        agent.thread("a").fork("b").run("go")
+    assert len(driver.sessions) == calls
+    assert (store.resolve(Query(key="a")), store.resolve(Query(key="b"))) == before
+
+
+def test_busy_loser_never_reaches_the_driver(store: Any) -> None:
+    agent, driver = agent_with(store, [{"text": "holding"}, {"sleep": 30}])
+    holder = agent.thread("k").stream("hold the lease")
+    for event in holder:
+        if isinstance(event, events.TextDelta) and event.phase == "end":
+            break
+    calls = len(driver.sessions)
+    with pytest.raises(adaptor.ThreadBusyError) as info:
+        agent.thread("k").run("second")
+    assert errors.find(info.value, adaptor.threadstore.BusyError) is not None
+    assert errors.exit_code_for(info.value) == 75
+    assert len(driver.sessions) == calls
+    holder.cancel()
+    with pytest.raises(adaptor.RunCancelledError):
+        holder.result()
+    # the key is usable after the holder released its lease
+    agent2, _ = agent_with(store)
+    agent2.thread("k").run("third")
+
+
+def test_resume_rejected_falls_back_to_a_fresh_session(store: Any) -> None:
+    agent, driver = agent_with(store)
+    agent.thread("k").run("start")
+    old = store.resolve(Query(key="k"))
+    rejecting = Recording(
+        [{"reject_resume": "session not found"}, {"text": "fresh"}], session="auto"
+    )
+    agent2 = adaptor.Agent(rejecting, thread_store=store)
+    result = agent2.thread("k").run("go on")
+    assert result.text == "fresh"
+    assert len(rejecting.sessions) == 2
+    assert rejecting.sessions[0].state is not None and rejecting.sessions[1].state is None  # type: ignore[union-attr]
+    new = store.resolve(Query(key="k"))
+    assert new is not None and new.id != old.id
+    assert store.resolve(Query(id=old.id, include_archived=True)).status == "archived"
+
+
+def test_resume_only_keeps_resume_rejected(store: Any) -> None:
+    agent, _ = agent_with(store)
+    agent.thread("k").run("start")
+    old = store.resolve(Query(key="k"))
+    rejecting = Recording([{"reject_resume": "session not found"}], session="auto")
+    with pytest.raises(adaptor.ResumeRejectedError) as info:
+        adaptor.Agent(rejecting, thread_store=store).thread("k", resume_only=True).run("go")
+    assert info.value.reason == "session not found"
+    assert errors.exit_code_for(info.value) == 4
+    assert len(rejecting.sessions) == 1
+    assert store.resolve(Query(key="k")) == old
+
+
+def test_success_without_checkpoint_persists_nothing(store: Any) -> None:
+    driver = Recording([{"text": "no session id"}])  # session=None: never checkpointable
+    agent = adaptor.Agent(driver, thread_store=store)
+    with pytest.raises(adaptor.RunError) as info:
+        agent.thread("k").run("go")
+    assert type(info.value) is adaptor.RunError
+    assert info.value.reason == "infrastructure_error"
+    assert errors.matches(info.value, adaptor.ThreadCheckpointMissingError)
+    assert info.value.result is not None and info.value.result.text == "no session id"
+    assert store.resolve(Query(key="k")) is None
+
+
+def test_failed_runs_never_overwrite_a_good_checkpoint(store: Any) -> None:
+    agent, _ = agent_with(store)
+    agent.thread("k").run("start")
+    good = store.resolve(Query(key="k"))
+    failing = Recording([PERMISSION_STEP], session="auto")
+    with pytest.raises(adaptor.ApprovalDeniedError):
+        adaptor.Agent(failing, thread_store=store, on_approval=adaptor.deny_all()).thread("k").run(
+            "x"
+        )
+    broken = Recording([{"fail": {"code": "agent_error"}}], session="auto")
+    with pytest.raises(adaptor.AgentFailedError):
+        adaptor.Agent(broken, thread_store=store).thread("k").run("x")
+    assert store.resolve(Query(key="k")) == good
+
+
+PERMISSION_STEP = {"approval": {"kind": "permission", "title": "write"}}
+
+
+class LosingStore(MemoryStore):  # type: ignore[misc, valid-type]
+    """A store whose renewals fail: another owner took the lease over."""
+
+    def renew_lease(self, lease: Any, ttl: float) -> None:
+        raise LeaseLostError(lease.target)
+
+
+def test_lease_loss_aborts_without_persisting() -> None:
+    store = LosingStore()
+    driver = Recording([{"text": "working"}, {"sleep": 30}], session="auto")
+    agent = adaptor.Agent(driver, thread_store=store, lease_renewal=0.05)
+    with pytest.raises(adaptor.RunError) as info:
+        agent.thread("k").run("go")
+    assert info.value.reason == "infrastructure_error"
+    assert errors.matches(info.value, adaptor.ThreadLeaseLostError)
+    assert errors.matches(info.value, LeaseLostError)
+    assert store.resolve(Query(key="k")) is None
+
+
+class GatedStore(MemoryStore):  # type: ignore[misc, valid-type]
+    """A store whose lease acquisition waits for a gate (a slow shared disk, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def acquire_lease(self, target: str, owner: str, ttl: float) -> Any:
+        self.entered.set()
+        self.gate.wait(30)
+        return super().acquire_lease(target, owner, ttl)
+
+
+def test_cancel_before_driver_entry_is_plain_cancelled() -> None:
+    store = GatedStore()
+    driver = Recording([{"text": "x"}], session="auto")
+    stream = adaptor.Agent(driver, thread_store=store).thread("k").stream("go")
+    assert store.entered.wait(10)
+    stream.cancel()
+    store.gate.set()
+    evs = list(stream)
+    with pytest.raises(adaptor.CancelledError) as info:
+        stream.result()
+    assert not isinstance(info.value, adaptor.RunError)
+    assert driver.sessions == []
+    assert isinstance(evs[0], events.RunStarted) and isinstance(evs[-1], events.RunFinished)
+    assert evs[-1].failed
+
+
+def test_deadline_before_driver_entry_is_plain_deadline_exceeded() -> None:
+    store = GatedStore()
+    driver = Recording([{"text": "x"}], session="auto")
+    stream = adaptor.Agent(driver, thread_store=store).thread("k").stream("go", timeout=0.05)
+    assert store.entered.wait(10)
+    # the store answers long after the deadline fired; the run must not reach the driver
+    opener = threading.Timer(1.0, store.gate.set)
+    opener.start()
+    with pytest.raises(adaptor.DeadlineExceededError) as info:
+        stream.result()
+    assert not isinstance(info.value, adaptor.RunError)
+    assert driver.sessions == []
+
+
+@pytest.mark.parametrize("key", ["../x", "a/b", "with space", "ключ/ü", "k" * 1024, "./.", "a\\b"])
+def test_opaque_keys(tmp_path: Path, key: str) -> None:
+    store = JSONLStore(tmp_path / "threads")
+    agent, driver = agent_with(store)
+    agent.thread(key).run("one")
+    agent.thread(key, resume_only=True).run("two")
+    assert driver.sessions[-1].state is not None  # type: ignore[union-attr]
+    assert not (tmp_path / "x").exists() and not (tmp_path / "threads" / "a").exists()
+    assert agent.thread(key).checkpoint().valid
+
+
+def test_checkpoint_errors(store: Any) -> None:
+    agent, _ = agent_with(store)
+    with pytest.raises(adaptor.ThreadNotFoundError):
+        agent.thread("missing").checkpoint()
+
+
+def test_closed_agent_refuses_thread_runs(store: Any) -> None:
+    agent, driver = agent_with(store)
+    agent.close()
+    with pytest.raises(adaptor.AgentClosedError):
+        agent.thread("k").run("go")
+    assert driver.sessions == []
