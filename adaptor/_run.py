@@ -619,6 +619,9 @@ class RunPipeline:
                 self.end(_Terminal("handler", "approval handler raised", cause=exc))
                 return Outcome("aborted")
             outcome = responder.outcome
+            if outcome is None and approval.deadline is not None and datetime.now(UTC) >= approval.deadline:
+                # A handler that waited out the deadline (a human who never answered).
+                return responder.expire("timed_out")
             if outcome is None:
                 responder.expire("aborted")
                 self.end(_Terminal("handler", "approval handler returned without resolving the request"))

@@ -229,6 +229,15 @@ class ApprovalRequest(_Event):
     def answer(self, option: str) -> None:
         self._live().answer(self, option)
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request is settled by anyone (a response, its deadline, the run's
+        end); True when settled.  Useful for hosts that route approvals themselves."""
+        return self._live().wait(timeout) is not None
+
+    @property
+    def settled(self) -> bool:
+        return self._responder is not None and self._responder.outcome is not None
+
     def _live(self) -> Responder:
         from adaptor.errors import ApprovalUnavailableError
 

@@ -1,14 +1,102 @@
-"""The ``adaptord`` command."""
+"""The ``adaptord`` command: serve, status, check."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
 import click
+import orjson
+
+from adaptor import _home
+from adaptord import config as config_module
+
+DRIVER_BINARIES = {
+    "claude": "claude",
+    "codex": "codex",
+    "cursor": "cursor-agent",
+    "codebuddy": "codebuddy",
+    "gemini": "gemini",
+}
+
+
+def _home_option(home: str | None) -> _home.Home:
+    return _home.Home.at(home)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="adaptor", prog_name="adaptord")
 def cli() -> None:
     """The adaptor spool daemon: runs request files dropped into its spool directory."""
+
+
+@cli.command()
+@click.option("--home", type=click.Path(file_okay=False), help="State directory (default: $ADAPTORD_HOME or $XDG_STATE_HOME/adaptord).")
+@click.option("--workers", type=click.IntRange(1, 256), help="Requests run at once (default 4, or the config file's).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
+@click.option("--grace", type=click.FloatRange(min=0), help="Seconds running work may finish after SIGTERM (default 30).")
+def serve(home: str | None, workers: int | None, config_path: str | None, grace: float | None) -> None:
+    """Run the daemon in the foreground (logs to stderr, one line per fact)."""
+    from adaptord.daemon import Daemon
+
+    try:
+        config = config_module.load(config_path, required=config_path is not None)
+    except config_module.ConfigError as exc:
+        click.echo(f"adaptord: {exc}", err=True)
+        sys.exit(2)
+    daemon = Daemon(_home_option(home), config, workers=workers, grace=grace, config_path=config_path)
+    try:
+        code = daemon.serve()
+    except config_module.ConfigError as exc:
+        click.echo(f"adaptord: {exc}", err=True)
+        sys.exit(2)
+    sys.exit(code)
+
+
+@cli.command()
+@click.option("--home", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def status(home: str | None, as_json: bool) -> None:
+    """Exit 0 while a daemon serves this home, 69 when none does."""
+    paths = _home_option(home)
+    running = _home.daemon_running(paths)
+    info = {}
+    if running and paths.daemon_state.exists():
+        info = orjson.loads(paths.daemon_state.read_bytes())
+    if as_json:
+        click.echo(orjson.dumps({"running": running, "home": str(paths.root), **info}).decode())
+    else:
+        click.echo(f"adaptord {'running' if running else 'not running'} for {paths.root}" + (f" (pid {info.get('pid')})" if info else ""))
+    sys.exit(0 if running else 69)
+
+
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+def check(config_path: str | None) -> None:
+    """Validate the config file and report which agent CLIs are on PATH, with versions."""
+    ok = True
+    try:
+        config = config_module.load(config_path, required=config_path is not None)
+        config.load_tools()
+        click.echo(f"config: ok ({config.source or 'defaults; no config file'})")
+    except config_module.ConfigError as exc:
+        click.echo(f"config: {exc}")
+        ok = False
+        config = config_module.DaemonConfig()
+    for driver, binary in DRIVER_BINARIES.items():
+        command = str(config.driver_defaults(driver).get("command") or binary)
+        path = shutil.which(command)
+        if path is None:
+            click.echo(f"{driver}: {command} not found on PATH")
+            continue
+        try:
+            proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+            version = (proc.stdout or proc.stderr).strip().splitlines()[0] if (proc.stdout or proc.stderr).strip() else "?"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            version = f"cannot run --version: {exc}"
+        click.echo(f"{driver}: {path} ({version})")
+    sys.exit(0 if ok else 2)
 
 
 def main() -> None:

@@ -1,0 +1,327 @@
+"""The adaptord home directory: its layout and the file protocols shared by the daemon and
+its clients (request submission, cancel requests, approvals as files).
+
+Public layout (scripts may rely on it): ``spool/tmp``, ``spool/new``, ``verdicts/<id>.json``,
+``events/<session>.jsonl``, ``runs/<id>/``, ``threads/``, ``approvals/pending/<id>.json``.
+Everything else here is internal.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import filelock
+import orjson
+
+from adaptor import _durable
+from adaptor.errors import (
+    ApprovalExpiredError,
+    ApprovalKindMismatchError,
+    ApprovalResolvedError,
+    ApprovalUnavailableError,
+)
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_REQUEST_BYTES = 1024 * 1024
+REQUEST_FORMAT = "adaptord.request/1"
+VERDICT_FORMAT = "adaptord.verdict/1"
+DAEMON_SESSION = "adaptord"
+
+
+def default_home() -> Path:
+    """``ADAPTORD_HOME``, else ``$XDG_STATE_HOME/adaptord``, else ``~/.local/state/adaptord``."""
+    explicit = os.environ.get("ADAPTORD_HOME")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state).absolute() / "adaptord"
+
+
+def new_request_id() -> str:
+    """A time-sortable id: ``20261202T101500123456Z-1a2b3c``."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
+
+
+THREAD_SESSION = re.compile(r"^thread=[a-z2-7]{1,200}$|^thread=sha256-[0-9a-f]{64}$")
+
+
+def session_for_thread(key: str) -> str:
+    """The audit-log session name of a thread key: one file per conversation.
+
+    The key's UTF-8 bytes, base32-encoded (lowercase, no padding) behind ``thread=``; a request
+    id can never contain ``=``, so the two kinds of session names never collide.  Keys too long
+    for one file name are hashed instead.
+    """
+    encoded = base64.b32encode(key.encode()).decode().rstrip("=").lower()
+    if len(encoded) <= 200:
+        return "thread=" + encoded
+    return "thread=sha256-" + hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Home:
+    """Paths under one adaptord home."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | os.PathLike[str] | None = None) -> Home:
+        return cls(Path(root).expanduser().absolute() if root is not None else default_home())
+
+    # public
+    @property
+    def spool_tmp(self) -> Path:
+        return self.root / "spool" / "tmp"
+
+    @property
+    def spool_new(self) -> Path:
+        return self.root / "spool" / "new"
+
+    @property
+    def verdicts(self) -> Path:
+        return self.root / "verdicts"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def threads(self) -> Path:
+        return self.root / "threads"
+
+    @property
+    def approvals_pending(self) -> Path:
+        return self.root / "approvals" / "pending"
+
+    # internal
+    @property
+    def claimed(self) -> Path:
+        return self.root / "claimed"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine"
+
+    @property
+    def cancels(self) -> Path:
+        return self.root / "control" / "cancel"
+
+    @property
+    def approvals_responses(self) -> Path:
+        return self.root / "approvals" / "responses"
+
+    @property
+    def approvals_resolved(self) -> Path:
+        return self.root / "approvals" / "resolved"
+
+    @property
+    def approvals_lock(self) -> Path:
+        return self.root / "approvals" / "approvals.lock"
+
+    @property
+    def daemon_lock(self) -> Path:
+        return self.root / "adaptord.lock"
+
+    @property
+    def daemon_state(self) -> Path:
+        return self.root / "adaptord.json"
+
+    def verdict(self, request_id: str) -> Path:
+        return self.verdicts / f"{request_id}.json"
+
+    def run_dir(self, request_id: str) -> Path:
+        return self.runs / request_id
+
+    def run_state(self, request_id: str) -> Path:
+        return self.runs / request_id / "state.json"
+
+    def ensure(self) -> None:
+        for directory in (
+            self.spool_tmp,
+            self.spool_new,
+            self.verdicts,
+            self.events,
+            self.runs,
+            self.threads,
+            self.approvals_pending,
+            self.approvals_responses,
+            self.approvals_resolved,
+            self.claimed,
+            self.quarantine,
+            self.cancels,
+        ):
+            _durable.ensure_dir(directory)
+
+
+def daemon_running(home: Home) -> bool:
+    """True while some process holds the home's daemon lock (the daemon is serving it)."""
+    if not home.daemon_lock.exists():
+        return False
+    probe = filelock.FileLock(str(home.daemon_lock), thread_local=False)
+    try:
+        probe.acquire(timeout=0)
+    except filelock.Timeout:
+        return True
+    probe.release()
+    return False
+
+
+# --- submitting -------------------------------------------------------------------------------
+
+
+def submit(home: Home, request: Mapping[str, Any]) -> str:
+    """Drop ``request`` into the spool: write under ``spool/tmp``, fsync, link into ``spool/new``.
+
+    Returns the request id (minted when the request has none).  Raises ``FileExistsError`` when a
+    request with that id is already queued.
+    """
+    body = dict(request)
+    request_id = body.get("id")
+    if request_id is None:
+        request_id = new_request_id()
+        body["id"] = request_id
+    if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
+        raise ValueError(f"invalid request id {request_id!r}")
+    body.setdefault("format", REQUEST_FORMAT)
+    data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+    if not home.spool_tmp.is_dir() or not home.spool_new.is_dir():
+        raise FileNotFoundError(f"no adaptord spool under {home.root}")
+    if home.verdict(request_id).exists():
+        raise FileExistsError(f"request {request_id!r} already has a verdict")
+    tmp = home.spool_tmp / f"{request_id}.json"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, home.spool_new / f"{request_id}.json")
+    finally:
+        os.unlink(tmp)
+    _durable.fsync_dir(home.spool_new)
+    return request_id
+
+
+def request_cancel(home: Home, request_id: str) -> None:
+    """Ask the daemon to cancel a queued or running request (idempotent)."""
+    if not REQUEST_ID.match(request_id):
+        raise ValueError(f"invalid request id {request_id!r}")
+    _durable.atomic_write(home.cancels / request_id, b"")
+
+
+# --- approvals as files ---------------------------------------------------------------------------
+#
+# Exactly-once is decided under one lock (approvals.lock) by whoever acts first: a responder
+# (the CLI) writes responses/<id>.json; the daemon, at expiry, writes resolved/<id>.json with
+# result "expired".  A response file that exists always wins over a later expiry.
+
+APPROVAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dict[str, Any]:
+    """Record a human response to a pending approval (``approve``, ``deny`` or ``answer``).
+
+    Raises the approval responder errors: ``ApprovalUnavailableError`` (no such request),
+    ``ApprovalResolvedError`` (another response won), ``ApprovalExpiredError`` (deadline or run
+    end came first), ``ApprovalKindMismatchError`` (wrong action for the kind; still open).
+    """
+    if action not in ("approve", "deny", "answer"):
+        raise ValueError(f"unknown approval action {action!r}")
+    if not APPROVAL_ID.match(approval_id):
+        raise ApprovalUnavailableError(f"no pending approval {approval_id!r}")
+    with _durable.exclusive(home.approvals_lock):
+        response_path = home.approvals_responses / f"{approval_id}.json"
+        resolved_path = home.approvals_resolved / f"{approval_id}.json"
+        if resolved_path.exists():
+            resolved = _read(resolved_path)
+            if resolved.get("result") == "expired":
+                raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response")
+            raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved")
+        if response_path.exists():
+            raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved")
+        pending_path = home.approvals_pending / f"{approval_id}.json"
+        try:
+            pending = _read(pending_path)
+        except FileNotFoundError:
+            raise ApprovalUnavailableError(f"no pending approval {approval_id!r}") from None
+        kind = pending.get("approval_kind")
+        if action == "approve" and kind == "question":
+            raise ApprovalKindMismatchError(
+                f"approval {approval_id!r} is a question: answer it or deny it"
+            )
+        if action == "answer" and kind != "question":
+            raise ApprovalKindMismatchError(
+                f"approval {approval_id!r} is a {kind} request: approve or deny it"
+            )
+        response = {
+            "id": approval_id,
+            "action": action,
+            "text": text,
+            "responded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+        _durable.atomic_write_json(response_path, response)
+        return response
+
+
+def take_response(home: Home, approval_id: str) -> dict[str, Any] | None:
+    """The daemon's side: consume a response if one was written, marking the request resolved."""
+    with _durable.exclusive(home.approvals_lock):
+        return _consume(home, approval_id)
+
+
+def expire(home: Home, approval_id: str) -> dict[str, Any] | None:
+    """Expire a pending approval, unless a response already won: then consume and return it."""
+    with _durable.exclusive(home.approvals_lock):
+        response = _consume(home, approval_id)
+        if response is None:
+            _durable.atomic_write_json(
+                home.approvals_resolved / f"{approval_id}.json",
+                {"id": approval_id, "result": "expired"},
+            )
+            _remove(home.approvals_pending / f"{approval_id}.json")
+        return response
+
+
+def _consume(home: Home, approval_id: str) -> dict[str, Any] | None:
+    response_path = home.approvals_responses / f"{approval_id}.json"
+    try:
+        response = _read(response_path)
+    except FileNotFoundError:
+        return None
+    _durable.atomic_write_json(
+        home.approvals_resolved / f"{approval_id}.json",
+        {"id": approval_id, "result": response.get("action")},
+    )
+    _remove(home.approvals_pending / f"{approval_id}.json")
+    _remove(response_path)
+    return response
+
+
+def _read(path: Path) -> dict[str, Any]:
+    value = _durable.read_json(path)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return value
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

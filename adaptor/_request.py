@@ -1,0 +1,254 @@
+"""Run requests (the spool file format): reading, schema validation, redaction and the
+mapping onto the SDK.
+
+Shared by the daemon and by ``adaptor run --no-daemon``: the mapping uses exactly the SDK calls
+an in-process program would make, so the same inputs give the same outcome and the same error
+identity in both paths.  The schema file ships in ``adaptord/schemas/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+
+import adaptor
+from adaptor import _home
+from adaptor.driver import Driver, InvalidDriverConfigError
+from adaptor.spool import InvalidRequestError
+
+REDACTED = "<redacted>"
+DRIVERS = ("claude", "codex", "cursor", "codebuddy", "gemini", "command", "script")
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    text = resources.files("adaptord").joinpath("schemas/request.schema.json").read_text()
+    schema = json.loads(text)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def _pointer(path: Iterator[Any] | Any) -> str:
+    return "".join(f"/{str(part).replace('~', '~0').replace('/', '~1')}" for part in path)
+
+
+def parse(data: bytes, request_id: str) -> dict[str, Any]:
+    """Decode and validate one request file; raises ``InvalidRequestError`` listing every problem."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError([{"path": "", "message": f"not UTF-8: {exc.reason} at byte {exc.start}"}]) from None
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
+    if not isinstance(obj, dict):
+        raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
+    problems = [
+        {"path": _pointer(error.absolute_path), "message": error.message[:500]}
+        for error in sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+    if "id" in obj and obj["id"] != request_id and isinstance(obj["id"], str):
+        problems.append({"path": "/id", "message": f"must equal the file name stem {request_id!r}"})
+    driver = obj.get("driver")
+    if isinstance(driver, str) and driver not in DRIVERS:
+        problems.append({"path": "/driver", "message": f"unknown driver; one of: {', '.join(DRIVERS)}"})
+    workspace = obj.get("workspace")
+    if isinstance(workspace, str):
+        if not os.path.isabs(workspace):
+            problems.append({"path": "/workspace", "message": "must be an absolute path"})
+        elif not os.path.isdir(workspace):
+            problems.append({"path": "/workspace", "message": "is not an existing directory"})
+    if problems:
+        raise InvalidRequestError(problems)
+    obj["id"] = request_id
+    return obj
+
+
+def secrets_of(request: Mapping[str, Any]) -> list[str]:
+    """Every secret value a request carries: driver env values, MCP env values and headers."""
+    found: list[str] = []
+    config = request.get("config")
+    if isinstance(config, Mapping):
+        env = config.get("env")
+        if isinstance(env, Mapping):
+            found += [v for v in env.values() if isinstance(v, str) and v]
+    for server in request.get("mcp") or ():
+        if isinstance(server, Mapping):
+            for name in ("env", "headers"):
+                values = server.get(name)
+                if isinstance(values, Mapping):
+                    found += [v for v in values.values() if isinstance(v, str) and v]
+    return sorted(set(found), key=len, reverse=True)
+
+
+class Redactor:
+    """Replaces known secret values in text and JSON values with ``<redacted>``."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        self.secrets = [s for s in secrets if s]
+
+    def __bool__(self) -> bool:
+        return bool(self.secrets)
+
+    def text(self, value: str) -> str:
+        for secret in self.secrets:
+            value = value.replace(secret, REDACTED)
+        return value
+
+    def value(self, value: Any) -> Any:
+        if not self.secrets:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        if isinstance(value, dict):
+            return {self.text(str(k)): self.value(v) for k, v in value.items()}
+        return value
+
+
+def redacted_request(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The copy of a request the daemon keeps: secret values shown as ``<redacted>``."""
+    copy = orjson.loads(orjson.dumps(request))
+    config = copy.get("config")
+    if isinstance(config, dict) and isinstance(config.get("env"), dict):
+        config["env"] = dict.fromkeys(config["env"], REDACTED)
+    for server in copy.get("mcp") or ():
+        if isinstance(server, dict):
+            for name in ("env", "headers"):
+                if isinstance(server.get(name), dict):
+                    server[name] = dict.fromkeys(server[name], REDACTED)
+    return Redactor(secrets_of(request)).value(copy)
+
+
+def session_of(request: Mapping[str, Any]) -> str:
+    """The audit-log session: the thread's safe encoding, else the request id."""
+    thread = request.get("thread")
+    if isinstance(thread, Mapping) and thread.get("key"):
+        return _home.session_for_thread(str(thread["key"]))
+    return str(request["id"])
+
+
+def make_driver(name: str, config: Mapping[str, Any]) -> Driver:
+    """Build a built-in driver from a JSON config (pre-invocation identity on failure)."""
+    try:
+        module = importlib.import_module(f"adaptor.drivers.{name}")
+    except ImportError as exc:
+        raise InvalidDriverConfigError(name, exc) from exc
+    factory: Callable[..., Driver] = module.Driver
+    config_type = getattr(module, "Config", None)
+    try:
+        from_dict = getattr(config_type, "from_dict", None)
+        if callable(from_dict):
+            return factory(from_dict(dict(config)))
+        if config_type is not None:
+            return factory(config_type(**config))
+        return factory(dict(config))
+    except (TypeError, ValueError) as exc:
+        raise InvalidDriverConfigError(name, exc) from exc
+
+
+@dataclass
+class Call:
+    """An SDK call ready to start: ``start()`` returns the Stream."""
+
+    agent: adaptor.Agent
+    start: Callable[[], adaptor.Stream]
+
+
+def build(
+    request: Mapping[str, Any],
+    *,
+    driver_defaults: Mapping[str, Any],
+    thread_store: Any,
+    on_approval: Callable[[adaptor.ApprovalRequest], None],
+    tools: Mapping[str, Any],
+) -> Call:
+    """Map a validated request onto ``Agent(...)`` and ``run``/``thread(...).run`` options."""
+    config = {**driver_defaults, **(request.get("config") or {})}
+    if isinstance(driver_defaults.get("env"), Mapping) or isinstance(request.get("config", {}).get("env"), Mapping):
+        config["env"] = {**(driver_defaults.get("env") or {}), **((request.get("config") or {}).get("env") or {})}
+    driver = make_driver(str(request["driver"]), config)
+    selected_tools = []
+    for position, name in enumerate(request.get("tools") or ()):
+        if name not in tools:
+            raise InvalidRequestError([{"path": f"/tools/{position}", "message": f"no host tool {name!r} in the daemon config"}])
+        selected_tools.append(tools[name])
+    agent = adaptor.Agent(
+        driver,
+        workspace=request.get("workspace"),
+        model=request.get("model"),
+        timeout=request.get("timeout"),
+        policy=_policy(request.get("policy")),
+        instructions=request.get("instructions"),
+        append_system_prompt=request.get("append_system_prompt"),
+        metadata=request.get("metadata"),
+        skills=tuple(request.get("skills") or ()),
+        mcp=request.get("mcp"),
+        on_approval=on_approval,
+        spawn=bool(request.get("spawn", False)),
+        thread_store=thread_store,
+        tools=selected_tools,
+    )
+    options: dict[str, Any] = {}
+    if request.get("schema") is not None:
+        options["schema"] = request["schema"]
+        schema_options = request.get("schema_options") or {}
+        options["schema_options"] = adaptor.SchemaOptions(
+            name=schema_options.get("name"),
+            description=schema_options.get("description"),
+            return_invalid=bool(schema_options.get("return_invalid", False)),
+        )
+    prompt = str(request["prompt"])
+    thread = request.get("thread")
+    if isinstance(thread, Mapping):
+        key = str(thread["key"])
+        parent = thread.get("fork_from")
+        if parent:
+            handle = agent.thread(str(parent)).fork(key)
+        else:
+            handle = agent.thread(key, resume_only=bool(thread.get("resume_only", False)))
+        return Call(agent, lambda: handle.stream(prompt, **options))
+    return Call(agent, lambda: agent.stream(prompt, **options))
+
+
+def _policy(raw: Mapping[str, Any] | None) -> adaptor.Policy | None:
+    if raw is None:
+        return None
+    approvals = raw.get("approvals") or {}
+    return adaptor.Policy(
+        sandbox=raw.get("sandbox"),
+        web_search=raw.get("web_search"),
+        browser=raw.get("browser"),
+        active_execution_timeout=raw.get("active_execution_timeout"),
+        approvals=adaptor.ApprovalPolicy(**approvals),
+    )
+
+
+def read_limited(path: Path, limit: int) -> bytes:
+    """Read a spool file without following links, refusing more than ``limit`` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            total += len(chunk)
+            if total > limit:
+                raise InvalidRequestError([{"path": "", "message": f"request file is larger than {limit} bytes"}])
+            chunks.append(chunk)
+    finally:
+        os.close(fd)

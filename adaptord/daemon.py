@@ -1,0 +1,728 @@
+"""adaptord serve: the spool watcher, the scheduler, the workers and crash recovery.
+
+Life of a request: ``spool/new/<id>.json`` → claimed by an atomic rename into ``claimed/`` →
+validated (a rejection verdict if not) → queued (same thread key: arrival order) → run through
+the SDK with its events recorded live → side files under ``runs/<id>/`` → ``verdicts/<id>.json``
+written once, atomically → the claimed copy (which may hold secrets) removed.
+
+The watcher is only a wake-up hint: the spool is also scanned at start, periodically, and after
+any watcher failure.  Crash recovery at start gives every claimed request without a verdict
+exactly one outcome (``on_interrupt``: fail, or requeue up to three attempts in all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import filelock
+import orjson
+
+import adaptor
+from adaptor import _durable, _home, errors, events
+from adaptor import _request as requests
+from adaptor.spool import InvalidRequestError
+from adaptor.threadstore import JSONLStore
+from adaptord.config import DaemonConfig
+from hosttools import sessionrecorder as sr
+
+MAX_ATTEMPTS = 3
+_APPROVAL_POLL = 0.25
+
+
+def _now() -> str:
+    return events.format_time(datetime.now(UTC))
+
+
+def _session_key_ok(key: str) -> None:
+    """Session names: request ids, ``thread=<base32>`` and the daemon's own log."""
+    if not (_home.REQUEST_ID.match(key) or _home.THREAD_SESSION.match(key)):
+        raise ValueError("not a request id or thread session name")
+
+
+@dataclass
+class Job:
+    id: str
+    request: dict[str, Any]
+    received_at: str
+    attempt: int = 0
+    thread_key: str | None = None
+    stream: adaptor.Stream | None = None
+    cancel_requested: bool = False
+    run_ids: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    def __init__(
+        self,
+        home: _home.Home,
+        config: DaemonConfig,
+        *,
+        workers: int | None = None,
+        grace: float | None = None,
+        config_path: str | None = None,
+        log: Any = None,
+    ) -> None:
+        self.home = home
+        self.config = config
+        self.workers = workers or config.workers
+        self.grace = config.grace if grace is None else grace
+        self.config_path = config_path
+        self._log_stream = log or sys.stderr
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._lock = threading.Lock()
+        self._queue: deque[Job] = deque()
+        self._running: dict[str, Job] = {}
+        self._busy_keys: set[str] = set()
+        self._approval_changed = threading.Condition()
+        self._idle = threading.Condition(self._lock)
+        self._observer: Any = None
+        self._tools: dict[str, Any] = {}
+
+    # -- logging and audit -------------------------------------------------------------------
+
+    def log(self, fact: str, **fields: Any) -> None:
+        extra = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        line = f"adaptord: {fact}" + (f" {extra}" if extra else "")
+        try:
+            print(line, file=self._log_stream, flush=True)
+        except (OSError, ValueError):  # journald gone or stderr closed: keep serving
+            pass
+
+    def audit(self, phase: str, request_id: str | None = None, **data: Any) -> None:
+        """One lifecycle fact in events/adaptord.jsonl (and one log line)."""
+        self.log(phase, id=request_id, **{k: v for k, v in data.items() if isinstance(v, str | int | float)})
+        notice = events.Notice(
+            kind="lifecycle",
+            text=phase,
+            data={"phase": phase, "request_id": request_id, **data},
+        )
+        try:
+            self._daemon_log.record(_home.DAEMON_SESSION, notice)
+        except Exception as exc:  # the audit log must never take the daemon down
+            self.log("audit log write failed", error=type(exc).__name__)
+
+    # -- serve -------------------------------------------------------------------------------
+
+    def serve(self) -> int:
+        self.home.ensure()
+        instance = filelock.FileLock(str(self.home.daemon_lock), thread_local=False)
+        try:
+            instance.acquire(timeout=0)
+        except filelock.Timeout:
+            self.log("another adaptord is already running for this home", home=self.home.root)
+            return 69
+        try:
+            return self._serve_locked()
+        finally:
+            instance.release()
+
+    def _serve_locked(self) -> int:
+        self._daemon_log = sr.EventRecorder(sr.JSONLEventBackend(self.home.events), key_validator=_session_key_ok)
+        self._events = sr.EventRecorder(
+            sr.JSONLEventBackend(self.home.events, sync_on_append=False), key_validator=_session_key_ok
+        )
+        self._store = JSONLStore(self.home.threads)
+        self._tools = self.config.load_tools()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="adaptord-worker")
+        try:
+            _durable.atomic_write_json(
+                self.home.daemon_state,
+                {"pid": os.getpid(), "started_at": _now(), "home": str(self.home.root), "workers": self.workers,
+                 "version": adaptor.__version__},
+            )
+            self.audit("daemon.started", workers=self.workers, pid=os.getpid())
+            self._recover()
+            self._start_observer()
+            self._scan()
+            _notify("READY=1\nSTATUS=serving")
+            self.log("ready", home=self.home.root, workers=self.workers)
+            while not self._stop.is_set():
+                self._wake.wait(self.config.scan_interval)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self._reload_config()
+                self._check_observer()
+                self._scan()
+            _notify("STOPPING=1")
+            self._drain()
+            self.audit("daemon.stopped")
+            return 0
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._stop_observer()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            for recorder in (self._events, self._daemon_log):
+                with contextlib.suppress(Exception):
+                    recorder.close()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:
+            self._reload.set()
+        else:
+            self._stop.set()
+        self._wake.set()
+
+    def _reload_config(self) -> None:
+        from adaptord import config as config_module
+
+        try:
+            fresh = config_module.load(self.config_path, required=self.config_path is not None)
+            tools = fresh.load_tools()
+        except config_module.ConfigError as exc:
+            self.log("config reload failed; keeping the old config", error=str(exc))
+            return
+        self.config = fresh
+        self._tools = tools
+        self.log("config reloaded", source=fresh.source)
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def _start_observer(self) -> None:
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:  # pragma: no cover - watchdog is a dependency; polling still works
+            return
+        daemon = self
+
+        class Hint(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:
+                try:
+                    if "approvals" in str(getattr(event, "dest_path", "") or event.src_path):
+                        with daemon._approval_changed:
+                            daemon._approval_changed.notify_all()
+                    else:
+                        daemon._wake.set()
+                except Exception:  # an exception here would kill the observer thread
+                    pass
+
+        observer = Observer()
+        handler = Hint()
+        for directory in (self.home.spool_new, self.home.cancels, self.home.approvals_responses):
+            observer.schedule(handler, str(directory), recursive=False)
+        observer.daemon = True
+        try:
+            observer.start()
+        except OSError as exc:
+            self.log("file watcher unavailable; polling only", error=str(exc))
+            return
+        self._observer = observer
+
+    def _check_observer(self) -> None:
+        if self._observer is not None and not self._observer.is_alive():
+            self.log("file watcher died; restarting it and rescanning")
+            self._stop_observer()
+            self._start_observer()
+
+    def _stop_observer(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            with contextlib.suppress(Exception):
+                observer.stop()
+                observer.join(timeout=2)
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    def _scan(self) -> None:
+        try:
+            names = sorted(entry.name for entry in os.scandir(self.home.spool_new))
+        except OSError as exc:
+            self.log("cannot list the spool", error=str(exc))
+            return
+        for name in names:
+            if self._stop.is_set():
+                return
+            try:
+                self._take(name)
+            except Exception as exc:  # the daemon never dies of a request
+                self.log("could not take a spool entry", name=repr(name), error=f"{type(exc).__name__}: {exc}")
+        self._apply_cancels()
+        self._dispatch()
+
+    def _take(self, name: str) -> None:
+        source = self.home.spool_new / name
+        request_id = name[: -len(".json")] if name.endswith(".json") else None
+        if request_id is None or not _home.REQUEST_ID.match(request_id) or request_id == _home.DAEMON_SESSION:
+            self._quarantine(source, name, None, "the name is not <id>.json with a valid id")
+            return
+        try:
+            info = os.lstat(source)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(info.st_mode):
+            kind = "symlink" if stat.S_ISLNK(info.st_mode) else "directory" if stat.S_ISDIR(info.st_mode) else "special file"
+            self._quarantine(source, name, request_id, f"not a regular file ({kind})")
+            return
+        if info.st_size > _home.MAX_REQUEST_BYTES:
+            self._quarantine(source, name, request_id, f"larger than {_home.MAX_REQUEST_BYTES} bytes")
+            return
+        if self.home.verdict(request_id).exists() or (self.home.claimed / name).exists():
+            self._quarantine(source, name, None, "a request with this id was already received")
+            return
+        claimed = self.home.claimed / name
+        try:
+            os.rename(source, claimed)
+        except FileNotFoundError:
+            return  # taken by an earlier pass
+        _durable.fsync_dir(self.home.claimed)
+        self._accept(request_id, claimed, attempt=0, received_at=_now())
+
+    def _accept(self, request_id: str, claimed: Path, *, attempt: int, received_at: str) -> None:
+        self.audit("request.received", request_id, attempt=attempt)
+        try:
+            body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
+            request = requests.parse(body, request_id)
+        except InvalidRequestError as exc:
+            self._reject(request_id, exc, received_at)
+            return
+        except OSError as exc:
+            self._reject(
+                request_id,
+                InvalidRequestError([{"path": "", "message": f"unreadable request file: {exc.strerror}"}]),
+                received_at,
+            )
+            return
+        run_dir = self.home.run_dir(request_id)
+        _durable.ensure_dir(run_dir)
+        _durable.atomic_write_json(run_dir / "request.json", requests.redacted_request(request))
+        thread = request.get("thread")
+        job = Job(
+            id=request_id,
+            request=request,
+            received_at=received_at,
+            attempt=attempt,
+            thread_key=str(thread["key"]) if isinstance(thread, Mapping) else None,
+        )
+        self._write_state(job, "queued")
+        with self._lock:
+            self._queue.append(job)
+        self.audit("request.queued", request_id)
+
+    def _quarantine(self, source: Path, name: str, request_id: str | None, why: str) -> None:
+        target = self.home.quarantine / f"{time.time_ns()}-{name[:150] or 'unnamed'}"
+        try:
+            os.rename(source, target)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.log("cannot quarantine a spool entry", name=repr(name), error=str(exc))
+            return
+        self.audit("request.quarantined", request_id, why=why, file=target.name)
+        if request_id is not None and not self.home.verdict(request_id).exists():
+            self._reject(request_id, InvalidRequestError([{"path": "", "message": why}]), _now())
+
+    def _reject(self, request_id: str, error: InvalidRequestError, received_at: str) -> None:
+        self._write_verdict(
+            request_id,
+            run_id=None,
+            result=None,
+            error=error,
+            received_at=received_at,
+            started_at=None,
+            session=None,
+            secrets=[],
+        )
+        self._cleanup_claim(request_id)
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        with self._lock:
+            if self._stop.is_set():
+                return
+            started: list[Job] = []
+            for job in list(self._queue):
+                if len(self._running) + len(started) >= self.workers:
+                    break
+                if job.thread_key is not None and job.thread_key in self._busy_keys:
+                    continue
+                if job.thread_key is not None:
+                    self._busy_keys.add(job.thread_key)
+                self._queue.remove(job)
+                self._running[job.id] = job
+                started.append(job)
+        for job in started:
+            self._executor.submit(self._work, job)
+
+    def _work(self, job: Job) -> None:
+        try:
+            self._execute(job)
+        except Exception as exc:  # a bug here must not lose the request: it still gets a verdict
+            self.log("worker failed", id=job.id, error=f"{type(exc).__name__}: {exc}")
+            if not self.home.verdict(job.id).exists():
+                with contextlib.suppress(Exception):
+                    self._write_verdict(
+                        job.id, run_id=None, result=None, error=exc, received_at=job.received_at,
+                        started_at=None, session=None, secrets=requests.secrets_of(job.request),
+                    )
+                    self._cleanup_claim(job.id)
+        finally:
+            with self._lock:
+                self._running.pop(job.id, None)
+                if job.thread_key is not None:
+                    self._busy_keys.discard(job.thread_key)
+                self._idle.notify_all()
+            self._wake.set()
+
+    def _execute(self, job: Job) -> None:
+        request = job.request
+        secrets = requests.secrets_of(request)
+        redactor = requests.Redactor(secrets)
+        session = requests.session_of(request)
+        started_at = _now()
+        job.attempt += 1
+        self._write_state(job, "running", started_at=started_at, session=session)
+        self.audit("request.started", job.id, attempt=job.attempt)
+        result: adaptor.Result | None = None
+        error: BaseException | None = None
+        try:
+            call = requests.build(
+                request,
+                driver_defaults=self.config.driver_defaults(str(request["driver"])),
+                thread_store=self._store,
+                on_approval=lambda req: self._route_approval(job, req),
+                tools=self._tools,
+            )
+        except BaseException as exc:
+            error = exc
+        else:
+            try:
+                stream = call.start()
+                job.stream = stream
+                job.run_ids.append(stream.run_id)
+                self._write_state(job, "running", started_at=started_at, session=session)
+                if job.cancel_requested:
+                    stream.cancel()
+                for event in stream:
+                    self._record(session, event, redactor, job)
+                result = stream.result()
+            except BaseException as exc:
+                error = exc
+            finally:
+                call.agent.close(timeout=self.grace)
+        if isinstance(error, errors.RunError):
+            result = error.result
+        run_id = job.run_ids[-1] if job.run_ids else None
+        with contextlib.suppress(Exception):
+            self._events.backend.flush()  # type: ignore[attr-defined]
+        self._write_verdict(
+            job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
+            started_at=started_at, session=session, secrets=secrets,
+        )
+        self._cleanup_claim(job.id)
+
+    def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
+        if redactor:
+            event = events.from_json(redactor.value(events.to_json(event)))
+        try:
+            self._events.record(session, event)
+        except Exception as exc:
+            self.log("event not recorded", id=job.id, error=f"{type(exc).__name__}: {exc}")
+        if isinstance(event, events.Notice) and event.data.get("phase") == "driver.started":
+            self._write_state(job, "running", entered=True, session=session)
+
+    # -- approvals as files --------------------------------------------------------------------
+
+    def _route_approval(self, job: Job, req: adaptor.ApprovalRequest) -> None:
+        """The ``on_approval`` handler of daemon runs: a pending file answered by the CLI."""
+        redactor = requests.Redactor(requests.secrets_of(job.request))
+        record = redactor.value(events.to_json(req))
+        record["request_id"] = job.id
+        pending = self.home.approvals_pending / f"{req.id}.json"
+        _durable.atomic_write_json(pending, record)
+        self.audit("approval.pending", job.id, approval_id=req.id, kind=req.kind)
+        while True:
+            response = _home.take_response(self.home, req.id)
+            if response is not None:
+                self._apply_response(req, response)
+                return
+            remaining = None if req.deadline is None else (req.deadline - datetime.now(UTC)).total_seconds()
+            if req.settled:  # the run ended or was cancelled
+                _home.expire(self.home, req.id)
+                return
+            if remaining is not None and remaining <= 0:
+                response = _home.expire(self.home, req.id)
+                if response is not None:
+                    self._apply_response(req, response)
+                self.audit("approval.expired", job.id, approval_id=req.id)
+                return  # unresolved after the deadline: the SDK times the attempt out
+            with self._approval_changed:
+                self._approval_changed.wait(_APPROVAL_POLL if remaining is None else min(remaining, _APPROVAL_POLL))
+
+    def _apply_response(self, req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> None:
+        action = response.get("action")
+        text = str(response.get("text") or "")
+        try:
+            if action == "approve":
+                req.approve()
+            elif action == "answer":
+                req.answer(text)
+            else:
+                req.deny(text)
+        except errors.ApprovalResolvedError:
+            pass  # the run ended in the meantime; its verdict says so
+        self.audit("approval.resolved", None, approval_id=req.id, action=str(action))
+
+    # -- cancellation ---------------------------------------------------------------------------
+
+    def _apply_cancels(self) -> None:
+        try:
+            names = [entry.name for entry in os.scandir(self.home.cancels)]
+        except OSError:
+            return
+        for request_id in names:
+            if not _home.REQUEST_ID.match(request_id):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.home.cancels / request_id)
+                continue
+            with self._lock:
+                running = self._running.get(request_id)
+                queued = next((job for job in self._queue if job.id == request_id), None)
+                if queued is not None:
+                    self._queue.remove(queued)
+            if running is not None:
+                running.cancel_requested = True
+                if running.stream is not None:
+                    running.stream.cancel()
+                self.audit("request.cancel_requested", request_id)
+            elif queued is not None:
+                self.audit("request.cancel_requested", request_id)
+                self._write_verdict(
+                    request_id, run_id=None, result=None, error=errors.CancelledError("cancelled before it started"),
+                    received_at=queued.received_at, started_at=None, session=None,
+                    secrets=requests.secrets_of(queued.request),
+                )
+                self._cleanup_claim(request_id)
+            elif (self.home.spool_new / f"{request_id}.json").exists():
+                continue  # not claimed yet: the next scan claims it, then this marker applies
+            with contextlib.suppress(OSError):
+                os.unlink(self.home.cancels / request_id)
+
+    # -- verdicts ------------------------------------------------------------------------------
+
+    def _write_verdict(
+        self,
+        request_id: str,
+        *,
+        run_id: str | None,
+        result: adaptor.Result | None,
+        error: BaseException | None,
+        received_at: str,
+        started_at: str | None,
+        session: str | None,
+        secrets: list[str],
+    ) -> None:
+        redactor = requests.Redactor(secrets)
+        run_dir = self.home.run_dir(request_id)
+        result_json: dict[str, Any] | None = None
+        if result is not None:
+            _durable.ensure_dir(run_dir)
+            raw = result.raw()
+            _durable.atomic_write(run_dir / "stdout", redactor.text(raw.stdout).encode())
+            _durable.atomic_write(run_dir / "stderr", redactor.text(raw.stderr).encode())
+            full = redactor.value(result.to_json())
+            full["raw"] = {
+                "stdout": f"runs/{request_id}/stdout",
+                "stderr": f"runs/{request_id}/stderr",
+                "terminal": None if raw.terminal is None else f"runs/{request_id}/terminal.json",
+            }
+            if raw.terminal is not None:
+                _durable.atomic_write_json(
+                    run_dir / "terminal.json",
+                    redactor.value({"event": raw.terminal.event, "json": raw.terminal.json}),
+                )
+            _durable.atomic_write_json(run_dir / "transcript.json", full.pop("transcript"))
+            _durable.atomic_write_json(run_dir / "result.json", {**full, "transcript": f"runs/{request_id}/transcript.json"})
+            result_json = {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
+        wire = None if error is None else errors.to_wire(error, secrets=secrets)
+        verdict = {
+            "format": _home.VERDICT_FORMAT,
+            "id": request_id,
+            "run_id": run_id,
+            "ok": error is None,
+            "result": result_json,
+            "error": wire,
+            "exit_code": 0 if error is None else errors.exit_code_for(error),
+            "events": None if session is None else f"events/{session}.jsonl",
+            "received_at": received_at,
+            "started_at": started_at,
+            "finished_at": _now(),
+        }
+        written = _write_once(self.home.verdict(request_id), orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+        if written:
+            self.audit(
+                "verdict.written", request_id, ok=error is None,
+                code=None if wire is None else wire["code"], exit_code=verdict["exit_code"],
+            )
+        self._write_state_raw(request_id, {"id": request_id, "status": "done", "run_id": run_id, "session": session})
+
+    def _write_state(self, job: Job, status: str, **extra: Any) -> None:
+        path = self.home.run_state(job.id)
+        try:
+            current = _durable.read_json(path) if path.exists() else {}
+        except (OSError, ValueError):
+            current = {}
+        current.update(
+            {
+                "id": job.id,
+                "status": status,
+                "attempt": job.attempt,
+                "run_ids": list(job.run_ids),
+                "run_id": job.run_ids[-1] if job.run_ids else None,
+                "on_interrupt": job.request.get("on_interrupt", "fail"),
+                "received_at": job.received_at,
+            }
+        )
+        current.update({k: v for k, v in extra.items() if v is not None})
+        if "session" in current and current["session"]:
+            current["events"] = f"events/{current['session']}.jsonl"
+        self._write_state_raw(job.id, current)
+
+    def _write_state_raw(self, request_id: str, state: Mapping[str, Any]) -> None:
+        path = self.home.run_state(request_id)
+        _durable.ensure_dir(path.parent)
+        if path.exists():
+            with contextlib.suppress(OSError, ValueError):
+                merged = {**_durable.read_json(path), **state}
+                state = merged
+        _durable.atomic_write_json(path, dict(state))
+
+    def _cleanup_claim(self, request_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.home.claimed / f"{request_id}.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.home.cancels / request_id)
+
+    # -- crash recovery ------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        for name in sorted(os.listdir(self.home.claimed)):
+            request_id = name[: -len(".json")]
+            claimed = self.home.claimed / name
+            if not name.endswith(".json") or not _home.REQUEST_ID.match(request_id):
+                self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
+                continue
+            if self.home.verdict(request_id).exists():
+                self._cleanup_claim(request_id)  # crashed between the verdict and the cleanup
+                continue
+            try:
+                state = _durable.read_json(self.home.run_state(request_id))
+            except (OSError, ValueError):
+                state = {}
+            received_at = state.get("received_at") or _now()
+            attempt = int(state.get("attempt") or 0)
+            if state.get("status") in (None, "queued") or attempt == 0:
+                self.log("recovered a queued request", id=request_id)
+                self._accept(request_id, claimed, attempt=attempt, received_at=received_at)
+                continue
+            self._interrupted(request_id, claimed, state, attempt, received_at)
+
+    def _interrupted(self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str) -> None:
+        entered = bool(state.get("entered"))
+        policy = state.get("on_interrupt", "fail")
+        self.audit("request.interrupted", request_id, attempt=attempt, entered=entered)
+        if policy == "requeue" and attempt < MAX_ATTEMPTS:
+            self._accept(request_id, claimed, attempt=attempt, received_at=received_at)
+            return
+        run_id = state.get("run_id")
+        if entered:
+            details: dict[str, Any] = {"interrupted": True, "attempts": attempt}
+            error: BaseException = errors.RunError(
+                "infrastructure_error",
+                "the daemon stopped while the run was in progress",
+                details=details,
+                result=adaptor.Result(run_id=run_id or ""),
+            )
+        else:
+            error = errors.AdaptorError("the daemon stopped before the agent started")
+        try:
+            secrets = requests.secrets_of(orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)))
+        except Exception:
+            secrets = []
+        result = error.result if isinstance(error, errors.RunError) else None
+        self._write_verdict(
+            request_id, run_id=run_id, result=result, error=error, received_at=received_at,
+            started_at=state.get("started_at"), session=state.get("session"), secrets=secrets,
+        )
+        self._cleanup_claim(request_id)
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Stop claiming; let running work finish within the grace period, then cancel it."""
+        with self._lock:
+            queued = list(self._queue)
+            self._queue.clear()
+        for job in queued:  # not started: back to the spool for the next daemon
+            with contextlib.suppress(OSError):
+                os.rename(self.home.claimed / f"{job.id}.json", self.home.spool_new / f"{job.id}.json")
+                self._write_state_raw(job.id, {"status": "requeued"})
+        self.log("draining", running=len(self._running), grace=self.grace)
+        with self._idle:
+            self._idle.wait_for(lambda: not self._running, timeout=self.grace)
+            running = list(self._running.values())
+        for job in running:
+            job.cancel_requested = True
+            if job.stream is not None:
+                job.stream.cancel()
+        with self._idle:
+            self._idle.wait_for(lambda: not self._running, timeout=30)
+
+
+def _write_once(path: Path, data: bytes) -> bool:
+    """Write ``path`` atomically unless it exists: a verdict is written exactly once."""
+    directory = path.parent
+    tmp = directory / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{time.time_ns()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    _durable.fsync_dir(directory)
+    return True
+
+
+def _notify(message: str) -> None:
+    """sd_notify(3) without libsystemd: one datagram to ``$NOTIFY_SOCKET``."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+    except OSError:
+        pass
+
