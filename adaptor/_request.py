@@ -27,6 +27,7 @@ from adaptor.driver import Driver, InvalidDriverConfigError
 from adaptor.spool import InvalidRequestError
 
 REDACTED = "<redacted>"
+MAX_DEPTH = 64
 DRIVERS = ("claude", "codex", "cursor", "codebuddy", "gemini", "command", "script")
 
 
@@ -54,6 +55,8 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
     if not isinstance(obj, dict):
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
+    if _depth_exceeds(obj, MAX_DEPTH):
+        raise InvalidRequestError([{"path": "", "message": f"nested deeper than {MAX_DEPTH} levels"}])
     problems = [
         {"path": _pointer(error.absolute_path), "message": error.message[:500]}
         for error in sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
@@ -73,6 +76,20 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         raise InvalidRequestError(problems)
     obj["id"] = request_id
     return obj
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether JSON nesting goes deeper than ``limit`` (checked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return False
 
 
 def secrets_of(request: Mapping[str, Any]) -> list[str]:

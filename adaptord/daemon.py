@@ -303,6 +303,14 @@ class Daemon:
                 received_at,
             )
             return
+        except Exception as exc:  # whatever a hostile file does, it gets a verdict
+            self.log("request could not be read", id=request_id, error=type(exc).__name__)
+            self._reject(
+                request_id,
+                InvalidRequestError([{"path": "", "message": f"request could not be processed ({type(exc).__name__})"}]),
+                received_at,
+            )
+            return
         run_dir = self.home.run_dir(request_id)
         _durable.ensure_dir(run_dir)
         _durable.atomic_write_json(run_dir / "request.json", requests.redacted_request(request))
@@ -570,6 +578,7 @@ class Daemon:
             "finished_at": _now(),
         }
         written = _write_once(self.home.verdict(request_id), orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+        self._cleanup_claim(request_id)  # the claimed copy may hold secrets: gone with the verdict
         if written:
             self.audit(
                 "verdict.written", request_id, ok=error is None,

@@ -1,0 +1,3 @@
+from adaptor.cli import main
+
+main()

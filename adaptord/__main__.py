@@ -1,0 +1,3 @@
+from adaptord.cli import main
+
+main()

@@ -1,0 +1,94 @@
+"""A real ``adaptord serve`` subprocess on a temporary home, driven through files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from adaptor import _home
+
+READY_TIMEOUT = 30.0
+
+
+class DaemonProcess:
+    def __init__(self, home: Path, *args: str, env: Mapping[str, str] | None = None) -> None:
+        self.home = _home.Home.at(home)
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+
+    def start(self, *, wait_ready: bool = True) -> DaemonProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "adaptord", "serve", "--home", str(self.home.root), *self.args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self.env,
+        )
+        reader = threading.Thread(target=self._read, daemon=True)
+        reader.start()
+        if wait_ready:
+            self.wait_for_line("adaptord: ready")
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            with self._changed:
+                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_line(self, needle: str, timeout: float = READY_TIMEOUT) -> str:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if needle in line:
+                        return line
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.proc is not None and self.proc.poll() is not None and not self._pending()):
+                    raise AssertionError(f"no log line containing {needle!r}; got:\n" + "\n".join(self.lines))
+                self._changed.wait(min(remaining, 0.5))
+
+    def _pending(self) -> bool:
+        return False
+
+    def submit(self, request: Mapping[str, Any]) -> str:
+        return _home.submit(self.home, request)
+
+    def verdict(self, request_id: str, timeout: float = 60.0) -> dict[str, Any]:
+        path = self.home.verdict(request_id)
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no verdict for {request_id}; daemon log:\n" + "\n".join(self.lines))
+            time.sleep(0.02)
+        return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)

@@ -1,0 +1,306 @@
+"""adaptord end to end: a real daemon process, used only through its files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from adaptor import _home, errors
+from hosttools import sessionrecorder as sr
+from tests.daemon_harness import DaemonProcess
+
+pytestmark = pytest.mark.slow
+
+SECRET = "sk-test-Zq8Y3vW1secretvalue"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    proc = DaemonProcess(tmp_path / "home", "--workers", "4", "--grace", "5").start()
+    yield proc
+    assert proc.stop() == 0
+
+
+def script(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"driver": "script", "prompt": "go", "config": {"steps": list(steps)}, **extra}
+
+
+def test_success_verdict_side_files_and_audit_log(daemon: DaemonProcess) -> None:
+    rid = daemon.submit(script({"stdout": "raw line"}, {"text": "hello"}))
+    verdict = daemon.verdict(rid)
+    assert verdict["format"] == "adaptord.verdict/1" and verdict["id"] == rid
+    assert verdict["ok"] is True and verdict["error"] is None and verdict["exit_code"] == 0
+    assert verdict["run_id"].startswith("run_")
+    result = verdict["result"]
+    assert result["text"] == "hello" and result["provider"] == "script"
+    assert (daemon.home.root / result["raw"]["stdout"]).read_text() == "raw line\n"
+    assert verdict["events"] == f"events/{rid}.jsonl"
+    records = sr.EventRecorder(sr.JSONLEventBackend(daemon.home.events), key_validator=lambda k: None).since(rid)
+    kinds = [r.event.meta.sequence for r in records]
+    assert kinds == sorted(kinds) and records[0].event.meta.run_id == verdict["run_id"]
+    assert sr.verify(daemon.home.root / verdict["events"]) == len(records)
+    daemon.wait_for_line(f"verdict.written id={rid}")
+    assert not (daemon.home.claimed / f"{rid}.json").exists()
+    lifecycle = [
+        r.event.data["phase"]
+        for r in sr.EventRecorder(sr.JSONLEventBackend(daemon.home.events), key_validator=lambda k: None).since("adaptord")
+        if r.event.data.get("request_id") == rid
+    ]
+    assert lifecycle[0] == "request.received" and lifecycle[-1] == "verdict.written"
+    assert "request.started" in lifecycle
+
+
+def test_run_error_verdict_rebuilds_the_same_exception(daemon: DaemonProcess) -> None:
+    rid = daemon.submit(script({"text": "partial"}, {"fail": {"code": "agent_error", "message": "boom"}}))
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"] is False and verdict["exit_code"] == 1 and verdict["result"] is not None
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.AgentFailedError and err.reason == "agent_error" and str(err) == "boom"
+
+
+def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:
+    first = daemon.submit(script({"text": "one"}, thread={"key": "tenant/7"}, config={"steps": [{"text": "one"}], "session": "auto"}))
+    assert daemon.verdict(first)["ok"]
+    second = daemon.submit(
+        {"driver": "script", "prompt": "again", "thread": {"key": "tenant/7", "resume_only": True},
+         "config": {"steps": [{"text": "two"}], "session": "auto"}}
+    )
+    verdict = daemon.verdict(second)
+    assert verdict["ok"], verdict["error"]
+    assert verdict["events"] == f"events/{_home.session_for_thread('tenant/7')}.jsonl"
+    records = sr.verify(daemon.home.root / verdict["events"])
+    assert records > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("bad-json.json", b"{not json", "invalid JSON"),
+        ("wrong-types.json", orjson.dumps({"driver": 5, "prompt": ["x"]}), "is not of type"),
+        ("non-utf8.json", b'{"driver": "script", "prompt": "\xff\xfe"}', "not UTF-8"),
+        ("not-object.json", b"[1, 2]", "JSON object"),
+        ("unknown-field.json", orjson.dumps({"driver": "script", "prompt": "x", "surprise": 1}), "Additional properties"),
+        ("deep.json", b'{"driver": "script", "prompt": "x", "metadata": ' + b"[" * 1000 + b"]" * 1000 + b"}", ""),
+        ("id-mismatch.json", orjson.dumps({"driver": "script", "prompt": "x", "id": "other"}), "must equal"),
+        ("relative-ws.json", orjson.dumps({"driver": "script", "prompt": "x", "workspace": "rel/dir"}), "absolute"),
+        ("bad-driver.json", orjson.dumps({"driver": "nope", "prompt": "x"}), "driver"),
+    ],
+)
+def test_hostile_files_get_rejection_verdicts(daemon: DaemonProcess, name: str, content: bytes, why: str) -> None:
+    (daemon.home.spool_new / name).write_bytes(content)
+    verdict = daemon.verdict(name[: -len(".json")])
+    assert verdict["ok"] is False and verdict["exit_code"] == 2
+    err = errors.from_wire(verdict["error"])
+    assert isinstance(err, errors.AdaptorError) and err.wire_code == "ErrInvalidRequest"
+    assert why in str(verdict["error"])
+    # the daemon keeps serving
+    assert daemon.verdict(daemon.submit(script({"text": "still here"})))["ok"]
+
+
+def test_hostile_entries_are_quarantined(daemon: DaemonProcess, tmp_path: Path) -> None:
+    new = daemon.home.spool_new
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(orjson.dumps(script({"text": "x"})))
+    os.symlink(outside, new / "symlinked.json")
+    os.mkfifo(new / "fifo.json")
+    (new / "directory.json").mkdir()
+    (new / "huge.json").write_bytes(b'{"driver": "script", "prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}')
+    (new / "no extension").write_bytes(b"{}")
+    (new / "..weird.json").write_bytes(b"{}")
+    for rid in ("symlinked", "fifo", "directory", "huge"):
+        verdict = daemon.verdict(rid)
+        assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest"
+    assert daemon.verdict(daemon.submit(script({"text": "fine"})))["ok"]
+    quarantined = sorted(p.name for p in daemon.home.quarantine.iterdir())
+    assert any(n.endswith("no extension") for n in quarantined)
+    assert any(n.endswith("..weird.json") for n in quarantined)
+    assert list(new.iterdir()) == []
+    assert outside.exists()  # a symlink target is never touched
+
+
+def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:
+    request = script(
+        {"stdout": f"leaking {SECRET} to stdout"},
+        {"text": f"the token is {SECRET}"},
+        {"fail": {"code": "agent_error", "message": f"failed with {SECRET}"}},
+    )
+    request["config"]["env"] = {"API_TOKEN": SECRET}
+    rid = daemon.submit(request)
+    verdict = daemon.verdict(rid)
+    assert verdict["error"]["code"] == "ErrAgentFailed"
+    for path in daemon.home.root.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    assert all(SECRET not in line for line in daemon.lines)
+    kept = orjson.loads((daemon.home.run_dir(rid) / "request.json").read_bytes())
+    assert kept["config"]["env"] == {"API_TOKEN": "<redacted>"}
+
+
+def test_second_daemon_on_the_same_home_exits_69(daemon: DaemonProcess) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(daemon.home.root)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 69
+    assert "already running" in proc.stderr
+
+
+def test_status_reports_the_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
+    running = subprocess.run([sys.executable, "-m", "adaptord", "status", "--home", str(daemon.home.root)], capture_output=True, text=True)
+    assert running.returncode == 0 and "running" in running.stdout
+    idle = subprocess.run([sys.executable, "-m", "adaptord", "status", "--home", str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert idle.returncode == 69
+
+
+def test_same_thread_key_runs_in_arrival_order(daemon: DaemonProcess) -> None:
+    ids = [
+        daemon.submit(
+            {"driver": "script", "prompt": str(i), "thread": {"key": "ordered"},
+             "config": {"steps": [{"sleep": 0.05}, {"text": f"turn {i}"}], "session": "auto"}}
+        )
+        for i in range(4)
+    ]
+    verdicts = [daemon.verdict(rid) for rid in ids]
+    assert all(v["ok"] for v in verdicts), [v["error"] for v in verdicts]
+    spans = [(v["started_at"], v["finished_at"]) for v in verdicts]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_sigterm_drains_running_work_and_writes_its_verdict(tmp_path: Path) -> None:
+    proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
+    rid = proc.submit(script({"text": "started"}, {"sleep": 0.5}, {"text": "finished"}))
+    proc.wait_for_line(f"request.started id={rid}")
+    proc.signal(signal.SIGTERM)
+    assert proc.stop() == 0
+    verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
+    assert verdict["ok"] and verdict["result"]["text"] == "finished"
+
+
+def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:
+    proc = DaemonProcess(tmp_path / "home", "--grace", "0.2").start()
+    rid = proc.submit(script({"text": "started"}, {"sleep": 60}))
+    proc.wait_for_line(f"request.started id={rid}")
+    assert proc.stop() == 0
+    verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
+    assert verdict["error"]["code"] == "ErrRunCancelled" and verdict["exit_code"] == 1
+
+
+def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = DaemonProcess(home).start()
+    failing = proc.submit(script({"text": "working"}, {"sleep": 60}))
+    requeued = proc.submit(script({"text": "working"}, {"sleep": 60}, on_interrupt="requeue"))
+    proc.wait_for_line(f"request.started id={failing}")
+    proc.wait_for_line(f"request.started id={requeued}")
+    # wait until the driver is entered for both (the audit log says so)
+    for rid in (failing, requeued):
+        path = proc.home.run_state(rid)
+        proc_state = {}
+        for _ in range(500):
+            proc_state = orjson.loads(path.read_bytes())
+            if proc_state.get("entered"):
+                break
+            __import__("time").sleep(0.02)
+        assert proc_state.get("entered"), proc_state
+    proc.kill9()
+    assert not proc.home.verdict(failing).exists()
+
+    restarted = DaemonProcess(home).start()
+    verdict = restarted.verdict(failing)
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.RunError and err.reason == "infrastructure_error"
+    assert err.details["interrupted"] is True
+    # the requeued one runs again (second attempt) and is interrupted again below
+    restarted.wait_for_line(f"request.started id={requeued} attempt=2")
+    restarted.kill9()
+    third = DaemonProcess(home).start()
+    third.wait_for_line(f"request.started id={requeued} attempt=3")
+    third.kill9()
+    last = DaemonProcess(home).start()
+    verdict = last.verdict(requeued)
+    assert verdict["error"]["details"]["attempts"] == 3
+    assert last.stop() == 0
+    assert sorted(p.name for p in last.home.verdicts.iterdir()) == sorted([f"{failing}.json", f"{requeued}.json"])
+    assert list(last.home.claimed.iterdir()) == []
+
+
+def test_cancel_marker_cancels_a_running_request(daemon: DaemonProcess) -> None:
+    rid = daemon.submit(script({"text": "started"}, {"sleep": 60}))
+    daemon.wait_for_line(f"request.started id={rid}")
+    _home.request_cancel(daemon.home, rid)
+    verdict = daemon.verdict(rid)
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.RunCancelledError or type(err) is errors.CancelledError
+
+
+def test_approval_file_answered_by_a_responder(daemon: DaemonProcess) -> None:
+    rid = daemon.submit(
+        script(
+            {"approval": {"kind": "permission", "title": "edit main.py"}},
+            {"text": "edited"},
+            policy={"approvals": {"timeout": 60}},
+        )
+    )
+    pending = daemon.home.approvals_pending
+    for _ in range(1500):
+        entries = list(pending.glob("*.json"))
+        if entries:
+            break
+        __import__("time").sleep(0.02)
+    (entry,) = entries
+    record = orjson.loads(entry.read_bytes())
+    assert record["request_id"] == rid and record["approval_kind"] == "permission"
+    approval_id = entry.name[: -len(".json")]
+    _home.respond(daemon.home, approval_id, "approve")
+    with pytest.raises(errors.ApprovalResolvedError):
+        _home.respond(daemon.home, approval_id, "deny")
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"] and verdict["result"]["text"] == "edited"
+    assert not entry.exists()
+
+
+def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
+    rid = daemon.submit(script({"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 0.3}}))
+    verdict = daemon.verdict(rid)
+    assert verdict["error"]["code"] == "ErrApprovalTimeout"
+    assert list(daemon.home.approvals_pending.iterdir()) == []
+
+
+def test_sd_notify_ready_and_stopping(tmp_path: Path) -> None:
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(30)
+    proc = DaemonProcess(tmp_path / "home", env={"NOTIFY_SOCKET": sock_path}).start()
+    assert b"READY=1" in sock.recv(4096)
+    assert proc.stop() == 0
+    assert b"STOPPING=1" in sock.recv(4096)
+    sock.close()
+
+
+def test_sighup_reloads_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[drivers.script]\nsteps = [{text = "from config v1"}]\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    first = proc.submit({"driver": "script", "prompt": "x"})
+    assert proc.verdict(first)["result"]["text"] == "from config v1"
+    config.write_text('[drivers.script]\nsteps = [{text = "from config v2"}]\n')
+    proc.signal(signal.SIGHUP)
+    proc.wait_for_line("config reloaded")
+    second = proc.submit({"driver": "script", "prompt": "x"})
+    assert proc.verdict(second)["result"]["text"] == "from config v2"
+    config.write_text("workers = [broken")
+    proc.signal(signal.SIGHUP)
+    proc.wait_for_line("config reload failed")
+    third = proc.submit({"driver": "script", "prompt": "x"})
+    assert proc.verdict(third)["result"]["text"] == "from config v2"
+    assert proc.stop() == 0
