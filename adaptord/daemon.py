@@ -134,9 +134,10 @@ class Daemon:
 
     def _serve_locked(self) -> int:
         self._daemon_log = sr.EventRecorder(sr.JSONLEventBackend(self.home.events), key_validator=_session_key_ok)
-        self._events = sr.EventRecorder(
-            sr.JSONLEventBackend(self.home.events, sync_on_append=False), key_validator=_session_key_ok
-        )
+        # Run events are written as they happen (tail -f shows them live) and fsynced once,
+        # before the verdict: per-event fsync would cap a streaming run at the disk's sync rate.
+        self._events_backend = sr.JSONLEventBackend(self.home.events, sync_on_append=False)
+        self._events = sr.EventRecorder(self._events_backend, key_validator=_session_key_ok)
         self._store = JSONLStore(self.home.threads)
         self._tools = self.config.load_tools()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -432,8 +433,10 @@ class Daemon:
         if isinstance(error, errors.RunError):
             result = error.result
         run_id = job.run_ids[-1] if job.run_ids else None
-        with contextlib.suppress(Exception):
-            self._events.backend.flush()  # type: ignore[attr-defined]
+        try:
+            self._events_backend.flush()
+        except Exception as exc:
+            self.log("audit log sync failed", id=job.id, error=f"{type(exc).__name__}: {exc}")
         self._write_verdict(
             job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
             started_at=started_at, session=session, secrets=secrets,
