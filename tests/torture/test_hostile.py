@@ -1,0 +1,97 @@
+"""Hostile spool entries never stop the daemon: each ends as a rejection or in quarantine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adaptor import errors
+from tests.daemon_harness import DaemonProcess
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    proc = DaemonProcess(tmp_path_factory.mktemp("hostile") / "home", "--workers", "2").start()
+    yield proc
+    assert proc.stop() == 0
+
+
+_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)),
+    lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=10), c, max_size=4)),
+    max_leaves=20,
+)
+_request_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "driver": st.one_of(st.sampled_from(["script", "claude", "nope"]), _json),
+        "prompt": st.one_of(st.text(max_size=50), _json),
+        "thread": st.one_of(st.fixed_dictionaries({"key": st.text(max_size=30)}), _json),
+        "policy": _json,
+        "config": st.one_of(st.fixed_dictionaries({"steps": st.just([{"text": "x"}])}), _json),
+        "workspace": st.one_of(st.sampled_from(["/", "rel", "/no/such/dir"]), _json),
+        "id": st.text(max_size=20),
+        "timeout": _json,
+    },
+)
+_payloads = st.one_of(
+    _request_like.map(lambda obj: orjson.dumps(obj)),
+    _json.map(lambda obj: orjson.dumps(obj)),
+    st.binary(max_size=200),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=_payloads, number=st.integers(0, 10**9))
+def test_random_request_files(daemon: DaemonProcess, payload: bytes, number: int) -> None:
+    rid = f"h-{number}-{os.urandom(4).hex()}"
+    (daemon.home.spool_new / f"{rid}.json").write_bytes(payload)
+    verdict = daemon.verdict(rid)
+    assert verdict["id"] == rid
+    if verdict["error"] is not None:
+        err = errors.from_wire(verdict["error"])
+        assert isinstance(err, BaseException)
+        assert verdict["exit_code"] in {1, 2, 3, 4, 69, 70, 75}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.text(min_size=1, max_size=40).filter(lambda n: "/" not in n and "\0" not in n and n not in (".", "..")))
+def test_random_names_are_claimed_or_quarantined(daemon: DaemonProcess, name: str) -> None:
+    try:
+        (daemon.home.spool_new / name).write_bytes(b'{"driver": "script", "prompt": "x"}')
+    except OSError:
+        return  # a name this filesystem refuses cannot reach the daemon either
+    probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
+    assert daemon.verdict(probe)["result"]["text"] == "alive"
+    assert not (daemon.home.spool_new / name).exists()
+
+
+def test_ten_megabyte_prompt_and_deep_nesting(daemon: DaemonProcess) -> None:
+    big = b'{"driver": "script", "prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}'
+    (daemon.home.spool_new / "big.json").write_bytes(big)
+    (daemon.home.spool_new / "deep.json").write_bytes(_deep_bytes(1000))
+    for rid in ("big", "deep"):
+        verdict = daemon.verdict(rid)
+        assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest"
+
+
+def _deep_bytes(levels: int) -> bytes:
+    return b'{"driver": "script", "prompt": "x", "metadata": ' + b'{"k": ' * levels + b"1" + b"}" * levels + b"}"
+
+
+def test_path_syntax_in_ids_and_thread_keys(daemon: DaemonProcess, tmp_path: Path) -> None:
+    for key in ("../../etc/passwd", "/abs/key", "a/../../b", "..", "con\\nul"):
+        rid = daemon.submit(
+            {"driver": "script", "prompt": "x", "thread": {"key": key}, "config": {"steps": [{"text": "ok"}], "session": "auto"}}
+        )
+        verdict = daemon.verdict(rid)
+        assert verdict["ok"], verdict["error"]
+        assert verdict["events"].startswith("events/thread=")
+    outside = [p for p in daemon.home.root.parent.iterdir() if p.name != "home"]
+    assert outside == []
