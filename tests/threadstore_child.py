@@ -10,6 +10,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from datetime import UTC, datetime
@@ -63,6 +64,9 @@ def cycles(
             lease = store.acquire_lease(f"key:{key}", owner, 600)
         except BusyError:
             busy += 1
+            # Back off as a real client does on ErrThreadBusy: flock waiters poll, so workers
+            # retrying flat out could keep the lease holder from ever getting the store lock.
+            time.sleep(random.uniform(0.001, 0.005))
             continue
         witness.append({"event": "enter", "key": key, "owner": owner})
         current = store.resolve(Query(key=key))

@@ -22,10 +22,11 @@ that saves the new record, archives the previous one and rebinds the key is one 
 the next writer truncates.  Lease checks and the append happen in the same critical section,
 which is what makes finalize a compare-and-swap.
 
-Durability.  A finalize is acknowledged only after ``fdatasync``.  Lease events are written
-without their own sync: a killed process does not lose the page cache, and anything that does
-(power loss, kernel crash) is a reboot, which changes the boot id and so expires every lease the
-lost lines could have held; the next finalize's sync persists them anyway.
+Durability.  Every event, lease changes included, is acknowledged only after ``fdatasync``.
+Leases alone would not need it (whatever loses the page cache is a reboot, which expires them
+through the boot id), but an unsynced line followed by a synced one could come back from a power
+cut as a hole *before* the tail, which is corruption rather than a torn tail; syncing each append
+keeps a crash's damage to the last, unacknowledged line.
 
 Compaction.  Once the log holds more lines than the state has entries (and at least
 ``1024``), the state is written to ``snapshot.json`` with :func:`atomic_write_json` naming the
@@ -43,6 +44,7 @@ import contextlib
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -170,7 +172,7 @@ class JSONLStore:
         self._log_fd: int | None = None
         self._offset = 0  # bytes of the current log applied to _state
         self._seq = 0  # seq of the last applied line
-        self._logs: dict[bool, DurableLog] = {}  # keyed by sync
+        self._log: DurableLog | None = None
         self._broken: OSError | None = None
         self._closed = False
         self.lines_read = 0  # log lines parsed by this instance, for cost checks
@@ -203,6 +205,13 @@ class JSONLStore:
             found = self._state.lookup(query)
             return None if found is None else record_from_json(found)
 
+    def keys(self) -> list[str]:
+        """The thread keys that have an active record, sorted (read-only; for listings)."""
+        with self._locked():
+            return sorted(
+                key for key in self._state.keys if self._state.lookup(Query(key=key)) is not None
+            )
+
     def acquire_lease(self, target: str, owner: str, ttl: float) -> Lease:
         check_text("target", target)
         check_text("owner", owner)
@@ -211,7 +220,7 @@ class JSONLStore:
             lease, event = self._state.plan_acquire(
                 target, owner, ttl, self._clock(), current_boot_id()
             )
-            self._commit(event, sync=False)
+            self._commit(event)
         return lease
 
     def renew_lease(self, lease: Lease, ttl: float) -> None:
@@ -219,20 +228,20 @@ class JSONLStore:
         ttl = check_ttl(ttl)
         with self._locked():
             event = self._state.plan_renew(lease, ttl, self._clock(), current_boot_id())
-            self._commit(event, sync=False)
+            self._commit(event)
 
     def release_lease(self, lease: Lease) -> None:
         check_lease(lease)
         with self._locked():
             event = self._state.plan_release(lease)
             if event is not None:
-                self._commit(event, sync=False)
+                self._commit(event)
 
     def finalize(self, request: FinalizeRequest) -> None:
         check_finalize(request)
         with self._locked():
             event = self._state.plan_finalize(request, self._clock(), current_boot_id())
-            self._commit(event, sync=True)
+            self._commit(event)
 
     def compact(self) -> None:
         """Write a snapshot and start a fresh log now (it also happens on its own)."""
@@ -305,9 +314,9 @@ class JSONLStore:
         self._seq = 0
 
     def _forget_files(self) -> None:
-        for log in self._logs.values():
+        if self._log is not None:
+            log, self._log = self._log, None
             log.close()
-        self._logs.clear()
         for name in ("_snapshot_fd", "_log_fd"):
             fd = getattr(self, name)
             if fd is not None:
@@ -354,18 +363,17 @@ class JSONLStore:
 
     # --- writing --------------------------------------------------------------------------------
 
-    def _commit(self, event: Event, *, sync: bool) -> None:
+    def _commit(self, event: Event) -> None:
         if self._broken is not None:
             raise OSError(
                 self._broken.errno,
                 "an earlier write to this store failed; open a new JSONLStore to continue",
                 self._dir,
             ) from self._broken
-        log = self._logs.get(sync)
-        if log is None:
-            log = self._logs[sync] = DurableLog(self._log_path(), sync=sync)
+        if self._log is None:
+            self._log = DurableLog(self._log_path())
         try:
-            log.append(event)
+            written = self._log.append(event)
         except OSError as exc:
             # The write may or may not be on disk; only re-reading the files can tell.
             self._broken = exc
@@ -373,8 +381,18 @@ class JSONLStore:
         # Apply what is now in the file rather than the event in hand: one code path for our
         # writes and everyone else's, and the line just written is checked on the way.
         self._read_log()
+        if self._seq != written["seq"]:
+            raise CorruptLogError(
+                self._log_path(), written["seq"], "appended line did not read back"
+            )
         if self._seq >= max(self._compact_after, len(self._state)):
-            self._compact()
+            try:
+                self._compact()
+            except OSError as exc:
+                # The commit above is durable and must not be reported as failed.  A failed
+                # compaction changed nothing (the snapshot is replaced atomically) and is
+                # retried after the next append.
+                warnings.warn(f"thread store compaction failed: {exc}", RuntimeWarning, 2)
 
     def _compact(self) -> None:
         now = self._clock()

@@ -136,7 +136,7 @@ class State:
             if previous is not None:
                 archived_at = format_time(time_of(now))
                 records.append({**previous, "status": "archived", "updated_at": archived_at})
-        bind = {"key": request.key, "id": request.record.id} if request.rebind_active or request.key else None
+        bind = {"key": request.key, "id": request.record.id} if request.rebind_active else None
         return {"kind": "finalize", "records": records, "bind": bind}
 
     # --- apply ----------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ __all__ = [
 
 Status = Literal["active", "archived"]
 _STATUSES: tuple[Status, ...] = ("active", "archived")
+# Ten years: far beyond any sane lease, well inside what datetime can represent.
+_MAX_TTL = 10 * 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -159,8 +161,8 @@ def check_text(name: str, value: object, *, allow_empty: bool = False) -> str:
 def check_ttl(ttl: object) -> float:
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
-    if not (math.isfinite(ttl) and ttl > 0):
-        raise ValueError(f"ttl must be a positive, finite number of seconds, not {ttl!r}")
+    if not (math.isfinite(ttl) and 0 < ttl <= _MAX_TTL):
+        raise ValueError(f"ttl must be a positive number of seconds up to ten years, not {ttl!r}")
     return float(ttl)
 
 
