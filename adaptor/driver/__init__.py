@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from adaptor.driver._codec import StandardSessionCodec
 from adaptor.driver._errors import (
     HumanDecisionModeUnsupportedError,
     InvalidDriverConfigError,
@@ -78,6 +79,7 @@ __all__ = [
     "SessionMode",
     "SessionState",
     "SkillCaps",
+    "StandardSessionCodec",
     "StreamCaps",
     "StructuredOutputCaps",
     "StructuredOutputHITL",

@@ -1,0 +1,500 @@
+"""The one subprocess runner every CLI driver uses.
+
+A :class:`Child` is an agent CLI started in its own process group (``start_new_session``) with
+stdout and stderr piped and stdin either closed at once (``/dev/null``), fed a fixed input and
+closed, or driven by the driver (a stream-json control channel).  One pump thread reads both
+pipes and splits them into lines; the driver's thread consumes them with :meth:`Child.lines`,
+which also emits every chunk as a ``ProcessInfo`` event and keeps every byte for
+``Response.raw_streams``.
+
+Stopping is always about the group, never one pid: the npm launchers (``codex``) and node
+wrappers re-spawn the real binary, and killing only the launcher leaves the model process
+running.  :meth:`Child.terminate` sends SIGTERM to the group and SIGKILL after the grace
+period; :meth:`Child.finish` reaps the leader and then clears whatever is left of the group the
+same way, so no orphan outlives a run.
+
+Cancellation and deadlines are watched by :meth:`Child.watch` on a thread of their own, so a
+driver blocked in ``sink.request_decision`` or in a slow parser still gets its process stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import queue
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final, Literal, TypeVar
+
+from adaptor.driver import CancelSignal, EventSink, Response, RunFailure
+from adaptor.events import ProcessInfo
+
+__all__ = [
+    "BinaryNotFound",
+    "Child",
+    "Exit",
+    "Line",
+    "Spec",
+    "binary_not_found",
+    "check_common",
+    "child_env",
+    "config_from_dict",
+    "make_private_dir",
+    "monotonic_deadline",
+    "private_dir",
+    "remove_private_dir",
+]
+
+StreamName = Literal["stdout", "stderr"]
+
+_READ_SIZE: Final = 65536
+_POLL: Final = 0.05
+# After the leader exits, how long the pipes may stay open (a grandchild holding them) before
+# the rest of the group is stopped so the pump can see EOF.
+_DRAIN_AFTER_EXIT: Final = 0.2
+_KILL_WAIT: Final = 5.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What to start.  ``env`` is the child's complete environment; ``env_names`` the names of
+    the variables the driver added on top of the inherited ones (the only ones reported)."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    env_names: Sequence[str] = ()
+    cwd: str | None = None
+    stdin: bytes | Literal["closed", "driven"] = "closed"
+    grace_period: float = 2.0
+    shown_argv: Sequence[str] | None = None  # what the spawn event reports, if not ``argv``
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of output (bytes, newline stripped); ``partial`` when the stream ended first."""
+
+    stream: StreamName
+    data: bytes
+    partial: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How the child ended.  ``exit_code`` is ``None`` when a signal ended it."""
+
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool = False
+    cancelled: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return self.exit_code == 0 and self.signal is None and not self.timed_out
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return "timed out"
+        if self.signal is not None:
+            return f"killed by signal {self.signal}"
+        return f"exit code {self.exit_code}"
+
+
+class BinaryNotFound(Exception):
+    """The command could not be executed (missing, or not executable)."""
+
+    def __init__(self, binary: str, why: str) -> None:
+        super().__init__(f"{binary} not found on PATH" if why == "missing" else f"{binary}: {why}")
+        self.binary = binary
+        self.why = why
+
+
+def binary_not_found(error: BinaryNotFound) -> Response:
+    """The Response every driver returns when its CLI cannot be started (CLI exit 69)."""
+    return Response(
+        exit_code=None,
+        failure=RunFailure(
+            code="infrastructure_error",
+            message=str(error),
+            details={"kind": "binary_not_found", "binary": error.binary},
+        ),
+    )
+
+
+def monotonic_deadline(deadline: datetime | None) -> float | None:
+    """A request's wall-clock deadline on the monotonic clock the runner uses."""
+    if deadline is None:
+        return None
+    return time.monotonic() + (deadline - datetime.now(UTC)).total_seconds()
+
+
+# --- configuration plumbing every CLI driver's Config shares ------------------------------------
+
+C = TypeVar("C")
+
+
+def config_from_dict(cls: type[C], obj: object) -> C:
+    """Build a driver ``Config`` from a JSON object (daemon requests); unknown keys refused.
+
+    JSON has lists where the dataclasses declare tuples; only the shape is fixed here, the
+    driver's ``validate_config`` checks the values.
+    """
+    if not isinstance(obj, Mapping):
+        raise TypeError(f"driver config must be an object, not {type(obj).__name__}")
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(str(key) for key in obj if key not in fields)
+    if unknown:
+        raise ValueError(f"unknown config key(s): {', '.join(unknown)}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in obj.items()}
+    return cls(**values)
+
+
+def check_common(
+    command: object, env: object, extra_args: object, cwd: object, grace_period: object
+) -> None:
+    """Validate the fields every CLI driver config has; ``TypeError``/``ValueError``."""
+    if not isinstance(command, str) or not command:
+        raise TypeError("command: expected a non-empty string (a binary name or path)")
+    if not isinstance(env, Mapping):
+        raise TypeError("env: expected an object of strings")
+    for name, value in env.items():
+        # Names are safe to show (they are reported anyway); values may be secrets.
+        if not isinstance(name, str) or not name or "=" in name:
+            raise TypeError("env: variable names must be non-empty strings without '='")
+        if not isinstance(value, str):
+            raise TypeError(f"env: the value of {name} must be a string")
+    if not isinstance(extra_args, tuple) or not all(isinstance(a, str) for a in extra_args):
+        raise TypeError("extra_args: expected a list of strings")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd):
+        raise TypeError("cwd: expected a non-empty string or null")
+    if (
+        not isinstance(grace_period, int | float)
+        or isinstance(grace_period, bool)
+        or not 0 <= grace_period < math.inf
+    ):
+        raise ValueError("grace_period: expected a finite number of seconds >= 0")
+
+
+def child_env(*layers: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The child's environment (this process's, then each layer on top) and the names the
+    layers set — the only names a spawn event reports, and never a value."""
+    env = dict(os.environ)
+    names: set[str] = set()
+    for layer in layers:
+        env.update(layer)
+        names.update(layer)
+    return env, sorted(names)
+
+
+def make_private_dir(prefix: str) -> str:
+    """A fresh 0700 directory for a run's private files (schemas, prompts); the caller removes
+    it with :func:`remove_private_dir` once the process that reads them is gone."""
+    return tempfile.mkdtemp(prefix=prefix)
+
+
+def remove_private_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_dir(prefix: str) -> Iterator[str]:
+    """:func:`make_private_dir` for the length of a ``with`` block."""
+    path = make_private_dir(prefix)
+    try:
+        yield path
+    finally:
+        remove_private_dir(path)
+
+
+_EOF: Final = object()
+
+
+@dataclass
+class _Capture:
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+
+
+class Child:
+    """A running agent CLI.  Create with :meth:`start`; always end with :meth:`finish`."""
+
+    def __init__(self, spec: Spec, proc: subprocess.Popen[bytes]) -> None:
+        self.spec = spec
+        self.pid = proc.pid
+        self._proc = proc
+        self._lines: queue.Queue[Line | object] = queue.Queue()
+        self._stdin_lock = threading.Lock()
+        self._capture = _Capture()
+        self._capture_lock = threading.Lock()
+        self._stop_lock = threading.Lock()
+        self._stopping: threading.Thread | None = None
+        self._reason: Literal["", "cancelled", "timed_out"] = ""
+        self._open_streams = 2
+        self._pump = threading.Thread(target=self._pump_loop, name=f"adaptor-pump-{proc.pid}",
+                                      daemon=True)
+        self._pump.start()
+        if isinstance(spec.stdin, bytes):
+            threading.Thread(target=self._feed, args=(spec.stdin,), daemon=True).start()
+
+    # --- starting -------------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, spec: Spec, sink: EventSink) -> Child:
+        """Start ``spec`` and emit its ``process.spawn`` event; raises :class:`BinaryNotFound`."""
+        binary = spec.argv[0]
+        stdin: int = subprocess.DEVNULL if spec.stdin == "closed" else subprocess.PIPE
+        try:
+            proc = subprocess.Popen(
+                list(spec.argv),
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=spec.cwd,
+                env=dict(spec.env),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except FileNotFoundError as exc:
+            # A missing cwd raises FileNotFoundError too; only a missing binary is "not found".
+            if spec.cwd is not None and not os.path.isdir(spec.cwd):
+                raise BinaryNotFound(binary, f"working directory {spec.cwd} does not exist") from exc
+            raise BinaryNotFound(binary, "missing") from exc
+        except PermissionError as exc:
+            raise BinaryNotFound(binary, "not executable") from exc
+        sink.emit(
+            ProcessInfo(
+                kind="spawn",
+                data={
+                    "argv": list(spec.argv if spec.shown_argv is None else spec.shown_argv),
+                    "env": sorted(spec.env_names),
+                    "cwd": spec.cwd or os.getcwd(),
+                    "pid": proc.pid,
+                },
+            )
+        )
+        return cls(spec, proc)
+
+    # --- stdin ----------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        self.send(data)
+        self.close_stdin()
+
+    def send(self, data: bytes) -> bool:
+        """Write to a piped stdin; ``False`` once it is closed or the child went away."""
+        with self._stdin_lock:
+            pipe = self._proc.stdin
+            if pipe is None or pipe.closed:
+                return False
+            try:
+                pipe.write(data)
+                pipe.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                return False
+            return True
+
+    def close_stdin(self) -> None:
+        with self._stdin_lock:
+            pipe = self._proc.stdin
+            if pipe is not None and not pipe.closed:
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.close()
+
+    # --- output ---------------------------------------------------------------------------------
+
+    def _pump_loop(self) -> None:
+        selector = selectors.DefaultSelector()
+        pending: dict[StreamName, bytes] = {"stdout": b"", "stderr": b""}
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        for pipe, name in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr")):
+            os.set_blocking(pipe.fileno(), False)
+            selector.register(pipe, selectors.EVENT_READ, name)
+        exited_at: float | None = None
+        try:
+            while selector.get_map():
+                ready = selector.select(timeout=_POLL * 2)
+                for key, _ in ready:
+                    stream: StreamName = key.data
+                    try:
+                        chunk = os.read(key.fd, _READ_SIZE)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        if pending[stream]:
+                            self._lines.put(Line(stream, pending[stream], partial=True))
+                            pending[stream] = b""
+                        continue
+                    *complete, pending[stream] = (pending[stream] + chunk).split(b"\n")
+                    for data in complete:
+                        self._lines.put(Line(stream, data.removesuffix(b"\r")))
+                if ready:
+                    continue
+                # Quiet pipes: if the leader is gone, whoever still holds them is a leftover of
+                # its group.  Stop the group so the pipes close; give up on a process that
+                # escaped the group (setsid) once the stop sequence is over.
+                now = time.monotonic()
+                if exited_at is None and self._proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT:
+                    self.terminate(self._reason)
+                    if now - exited_at > _DRAIN_AFTER_EXIT + self.spec.grace_period + 1.0:
+                        break
+        finally:
+            for stream, data in pending.items():
+                if data:
+                    self._lines.put(Line(stream, data, partial=True))
+            selector.close()
+            self._lines.put(_EOF)
+
+    def lines(self, sink: EventSink) -> Iterator[Line]:
+        """Every output line until both pipes close; each is emitted and captured first.
+
+        A persistent child's driver stops iterating at its turn's terminal event instead.
+        """
+        while True:
+            item = self._lines.get()
+            if item is _EOF:
+                self._lines.put(_EOF)  # later calls see the end too
+                return
+            assert isinstance(item, Line)
+            raw = item.data if item.partial else item.data + b"\n"
+            with self._capture_lock:
+                (self._capture.stdout if item.stream == "stdout" else self._capture.stderr).extend(raw)
+            sink.emit(ProcessInfo(kind=item.stream, text=raw.decode("utf-8", "replace")))
+            yield item
+
+    def take_raw(self) -> tuple[str, str]:
+        """The stdout and stderr captured since the last call (a persistent child's turn)."""
+        with self._capture_lock:
+            out, err = bytes(self._capture.stdout), bytes(self._capture.stderr)
+            self._capture = _Capture()
+        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    # --- stopping -------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    @contextlib.contextmanager
+    def watch(self, cancelled: CancelSignal, deadline: float | None) -> Iterator[None]:
+        """While inside, stop the group when ``cancelled`` is set or ``deadline`` passes."""
+        done = threading.Event()
+
+        def watchdog() -> None:
+            while not done.is_set():
+                wait = _POLL if deadline is None else min(_POLL, max(deadline - time.monotonic(), 0))
+                if cancelled.wait(wait):
+                    if not done.is_set():
+                        self.terminate("cancelled")
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.terminate("timed_out")
+                    return
+
+        thread = threading.Thread(target=watchdog, name=f"adaptor-watch-{self.pid}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def terminate(self, reason: Literal["", "cancelled", "timed_out"] = "") -> None:
+        """Stop the whole group: SIGTERM now, SIGKILL after the grace period.  Returns at once;
+        :meth:`finish` waits for it."""
+        with self._stop_lock:
+            if self._stopping is not None:
+                return
+            self._reason = reason
+            # stdin is left to finish(): a writer blocked on a full pipe holds its lock, and the
+            # signals below are what unblock it.
+            self._stopping = threading.Thread(target=self._stop_group, daemon=True)
+            self._stopping.start()
+
+    def _stop_group(self) -> None:
+        _signal_group(self.pid, signal.SIGTERM)
+        until = time.monotonic() + max(self.spec.grace_period, 0.0)
+        while time.monotonic() < until:
+            self._proc.poll()
+            if not _group_alive(self.pid):
+                return
+            time.sleep(_POLL)
+        _signal_group(self.pid, signal.SIGKILL)
+        # SIGKILL is asynchronous: return only once the group is really gone (or clearly stuck
+        # in the kernel), so a finished run never leaves a live process behind.
+        until = time.monotonic() + _KILL_WAIT
+        while time.monotonic() < until:
+            self._proc.poll()
+            if not _group_alive(self.pid):
+                return
+            time.sleep(_POLL / 5)
+
+    def finish(self) -> Exit:
+        """Wait for the leader, stop what is left of its group, drain the pipes and reap."""
+        self._proc.wait()
+        self._pump.join()  # ends by itself: EOF, or the leftover group stopped (see the pump)
+        if _group_alive(self.pid):
+            self.terminate(self._reason)
+        with self._stop_lock:
+            stopping = self._stopping
+        if stopping is not None:
+            stopping.join()
+        self.close_stdin()
+        for pipe in (self._proc.stdout, self._proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        code = self._proc.returncode
+        return Exit(
+            exit_code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            timed_out=self._reason == "timed_out",
+            cancelled=self._reason == "cancelled",
+        )
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in the group (zombies cannot be killed anyway)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc: trust killpg
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, ...
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False

@@ -1,0 +1,1091 @@
+"""The ``claude`` driver: Claude Code (npm ``@anthropic-ai/claude-code``) in print mode.
+
+::
+
+    from adaptor.drivers import claude
+
+    agent = adaptor.Agent(claude.Driver(claude.Config(model="claude-sonnet-4-5")))
+
+Every run speaks stream-json both ways (``-p --input-format stream-json --output-format
+stream-json --verbose``): the prompt goes in as one ``user`` frame on stdin, and the CLI's
+NDJSON comes back as events, transcript items and a Response.  The exact argv is built in one
+place, :func:`_argv`, checked against Claude Code 2.1.332.
+
+- **Approvals.**  When the run's policy sets an approval mode that needs an answer from the
+  host (permission ``ask``/``auto_reject``, any plan_review mode, any question mode), the CLI
+  also gets ``--permission-prompt-tool stdio``: every ``can_use_tool`` control request becomes
+  a ``sink.request_decision`` (``ExitPlanMode`` → plan_review, ``AskUserQuestion`` → question,
+  anything else → permission) and the answer goes back as a ``control_response`` allow/deny.
+  With no approval policy the CLI's own permission mode decides; a write it denies silently is
+  kept visible as ``permission_denied`` transcript items and ``Result.metadata
+  ["permission_denials"]``.  Permission ``auto_approve`` alone runs with
+  ``--dangerously-skip-permissions`` (plus ``IS_SANDBOX=1`` as root, which the CLI requires).
+- **Structured output.**  Native via ``--json-schema``.  The CLI reports
+  ``structured_output: null`` and still says success when the model never produced a valid
+  value, so ``output`` is then the final text and the SDK's own validation fails the run.
+- **Sessions.**  ``--resume ID`` (fork adds ``--fork-session``).  A checkpoint is valid only
+  when the turn ended with ``result``/``success`` carrying ``session_id``, with no failure, no
+  malformed line and a clean exit.  "No conversation found" raises ``ResumeRejectedError``.
+- **Process reuse.**  A thread turn keeps its process alive afterwards (stream-json input
+  accepts further ``user`` frames); the next turn of the same session with the same settings
+  reuses it instead of starting the CLI again.  Idle processes are stopped after
+  ``Config.idle_timeout`` seconds; ``close_processes`` (called by ``agent.close()``) stops all
+  of them and no process is started for this driver's threads afterwards.
+
+Failures follow drivers.md: API errors come back as ``subtype: "success"`` with
+``is_error: true`` and ``api_error_status``; 401/403 and "Not logged in" are
+``details.kind = "auth"``, 429 ``rate_limit`` and 5xx or an unreachable server
+``provider_unavailable`` (both ``retryable``).
+
+Session compatibility (:meth:`Driver.session_config_fingerprint`) covers ``cwd``,
+``extra_args``, ``model``, ``permission_mode``, ``config_dir`` and the *names* of ``env``;
+``command``, ``grace_period`` and ``idle_timeout`` do not change a conversation.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from adaptor.driver import (
+    Checkpoint,
+    DecisionChoice,
+    DecisionKind,
+    DecisionRequest,
+    DecisionResponse,
+    Descriptor,
+    EventSink,
+    HumanDecisionSupport,
+    MCPCaps,
+    ProcessCaps,
+    QuestionSupport,
+    Request,
+    Response,
+    RunFailure,
+    RunPolicyCaps,
+    SessionCaps,
+    SessionCodec,
+    SessionState,
+    StandardSessionCodec,
+    StreamCaps,
+    StructuredOutputCaps,
+    SystemPromptCaps,
+    canonical_fingerprint,
+)
+from adaptor.drivers import _process
+from adaptor.drivers._lines import (
+    FailureKind,
+    NullSink,
+    Protocol,
+    as_dict,
+    as_int,
+    as_list,
+    as_str,
+    provider_failure,
+)
+from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.errors import ResumeRejectedError
+from adaptor.events import Notice, TextDelta, Thinking, ToolCall, ToolResult
+from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem, Usage
+
+__all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
+
+TYPE: Final = "claude"
+PROVIDER: Final = "anthropic"
+CLI_VERSION: Final = "2.1.332"
+
+_FINGERPRINT_DOMAIN: Final = "claude/config/v1"
+PERMISSION_MODES: Final = (
+    "default", "acceptEdits", "auto", "bypassPermissions", "manual", "dontAsk", "plan"
+)
+# Flags the driver sets itself; in extra_args they would contradict what it parses or decides.
+_OWNED_FLAGS: Final = frozenset({
+    "-p", "--print", "--output-format", "--input-format", "--verbose",
+    "--include-partial-messages", "--replay-user-messages", "--permission-prompt-tool",
+    "-r", "--resume", "-c", "--continue", "--fork-session", "--session-id", "--json-schema",
+    "--append-system-prompt", "--append-system-prompt-file", "--model", "--permission-mode",
+    "--dangerously-skip-permissions",
+})
+_NO_CONVERSATION = re.compile(
+    r"no conversation found with session id|conversation with id .* not found|"
+    r"failed to resume session",
+    re.IGNORECASE,
+)
+_INITIALIZE: Final = orjson.dumps(
+    {"type": "control_request", "request_id": "adaptor_init",
+     "request": {"subtype": "initialize", "hooks": None}}
+) + b"\n"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Claude Code's configuration.
+
+    ``model`` is passed as ``--model`` (a run's ``model=`` wins); ``permission_mode`` as
+    ``--permission-mode`` (one of :data:`PERMISSION_MODES`; empty: the CLI's default);
+    ``config_dir`` becomes ``CLAUDE_CONFIG_DIR`` (the profile holding sessions, settings and
+    credentials; ``None``: the CLI's default under ``$HOME``).  ``idle_timeout`` is how long a
+    thread's process is kept for its next turn (0 turns reuse off).
+    """
+
+    command: str = "claude"
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    cwd: str | None = None
+    grace_period: float = 2.0
+    model: str = ""
+    permission_mode: str = ""
+    config_dir: str | None = None
+    idle_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_args, list):
+            object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
+        """A config from a JSON object (daemon requests); unknown keys are refused."""
+        return _process.config_from_dict(cls, obj)
+
+
+class Driver:
+    """The Claude Code driver.  Construction snapshots the config and does no I/O."""
+
+    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
+        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
+        self._pool = _Pool()
+
+    def __repr__(self) -> str:
+        return f"claude.Driver(command={self._config.command!r}, model={self._config.model!r})"
+
+    # --- SPI: description and validation --------------------------------------------------------
+
+    def descriptor(self) -> Descriptor:
+        every_mode = HumanDecisionSupport(ask=True, auto_approve=True, auto_reject=True)
+        return Descriptor(
+            type=TYPE,
+            display_name="Claude Code",
+            sessions=SessionCaps(supports_resume=True),
+            mcp=MCPCaps(supported=False),
+            instructions=True,
+            workspace=True,
+            process=ProcessCaps(persistent=True),
+            # No sandbox, web-search or browser switch the driver can honour with a real flag.
+            run_policy_caps=RunPolicyCaps(
+                permission=every_mode,
+                plan_review=copy.copy(every_mode),
+                question=QuestionSupport(ask=True, auto_reject=True),
+            ),
+            structured_output=StructuredOutputCaps(
+                native=True, prompt_validate=True, works_with_streaming=True
+            ),
+            system_prompt=SystemPromptCaps(append=True),
+            stream=StreamCaps(native=True, token_level=True, reasoning=True, tool_call_args=True),
+        )
+
+    def validate_config(self, config: object | None = None) -> None:
+        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
+        _validate(self._config if config is None else _as_config(config))
+
+    def session_codec(self) -> SessionCodec:
+        return StandardSessionCodec(TYPE)
+
+    def session_config_fingerprint(self) -> str:
+        c = self._config
+        return canonical_fingerprint(
+            _FINGERPRINT_DOMAIN,
+            {
+                "cwd": c.cwd,
+                "extra_args": c.extra_args,
+                "model": c.model,
+                "permission_mode": c.permission_mode,
+                "config_dir": c.config_dir,
+                "env_names": sorted(c.env),
+            },
+        )
+
+    def close_processes(self, timeout: float | None = None) -> None:
+        """Stop every kept process (idempotent); later thread turns start none to keep."""
+        self._pool.close(timeout)
+
+    # --- SPI: running ---------------------------------------------------------------------------
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        config = self._config if request.config is None else _as_config(request.config)
+        _validate(config)
+        plan = _plan(config, request, persistent_allowed=not self._pool.closed)
+        live = self._pool.take(plan.resume_id, plan.signature) if plan.reusable else None
+        if live is not None:
+            sink.emit(Notice(kind="lifecycle", text="reusing the thread's claude process",
+                             data={"phase": "driver.process_reused", "pid": live.child.pid}))
+        else:
+            try:
+                live = _Live.start(config, plan, sink)
+            except BinaryNotFound as exc:
+                return _process.binary_not_found(exc)
+        try:
+            response, keep = _turn(live, plan, request, sink)
+        except BaseException:
+            live.close(config.grace_period)
+            raise
+        if keep and response.checkpoint is not None:
+            live.session_id = response.checkpoint.state.resume_id
+            self._pool.put(live, config.idle_timeout)
+        else:
+            live.close(config.grace_period)
+        return response
+
+
+def replay(
+    stdout: str | bytes,
+    stderr: str | bytes = b"",
+    exit_code: int | None = 0,
+    *,
+    sink: EventSink | None = None,
+    request: Request | None = None,
+) -> Response:
+    """Parse captured Claude Code stream-json output as if a run had produced it.
+
+    For tests and diagnostics: the same parser and Response rules as a live run (control
+    requests are recorded, not answered).  Raises ``ResumeRejectedError`` like ``run`` when
+    ``request`` resumed a session the output says does not exist.
+    """
+    sink = sink or NullSink()
+    request = request or Request(run_id="replay", prompt="")
+    plan = _plan(Config(), request, persistent_allowed=False)
+    parser = _Parser(sink, plan)
+    data = [stdout.encode() if isinstance(stdout, str) else stdout,
+            stderr.encode() if isinstance(stderr, str) else stderr]
+    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
+        for raw in blob.splitlines():
+            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
+    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
+    text_out, text_err = (b.decode("utf-8", "replace") for b in data)
+    return parser.response(exit_, text_out, text_err)
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def _as_config(config: object) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return Config.from_dict(config)
+    raise TypeError(f"the claude driver expects a claude.Config, not {type(config).__name__}")
+
+
+def _validate(config: Config) -> None:
+    _process.check_common(
+        config.command, config.env, config.extra_args, config.cwd, config.grace_period
+    )
+    if not isinstance(config.model, str):
+        raise TypeError("model: expected a string")
+    if config.permission_mode and config.permission_mode not in PERMISSION_MODES:
+        raise ValueError(f"permission_mode: expected one of {', '.join(PERMISSION_MODES)}")
+    if config.config_dir is not None and (not isinstance(config.config_dir, str)
+                                          or not config.config_dir):
+        raise TypeError("config_dir: expected a non-empty string or null")
+    idle = config.idle_timeout
+    if not isinstance(idle, int | float) or isinstance(idle, bool) or not 0 <= idle < float("inf"):
+        raise ValueError("idle_timeout: expected a finite number of seconds >= 0")
+    for arg in config.extra_args:
+        if arg.split("=", 1)[0] in _OWNED_FLAGS:
+            raise ValueError(f"extra_args: {arg.split('=', 1)[0]} is set by the driver itself")
+
+
+# --- one run's plan and argv --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    prompt: str
+    argv_model: str
+    spawn_cwd: str | None
+    session_cwd: str
+    resume_id: str | None
+    fork: bool
+    interactive: bool
+    skip_permissions: bool
+    partial: bool
+    schema: str | None
+    append: str | None
+    env_layers: tuple[Mapping[str, str], ...]
+    persistent: bool
+    spawn: bool
+    signature: str
+
+    @property
+    def reusable(self) -> bool:
+        return self.persistent and not self.spawn and self.resume_id is not None
+
+
+def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Plan:
+    spawn_cwd = request.workspace_cwd or config.cwd
+    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
+    session = request.session
+    resume_id: str | None = None
+    fork = False
+    if session is not None and session.state is not None and session.mode != "stateless":
+        stored_cwd = session.state.data.get("cwd")
+        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
+            # Claude keeps sessions per working directory; resuming elsewhere finds nothing.
+            raise ResumeRejectedError("session working directory changed")
+        resume_id = session.state.resume_id
+        fork = session.mode == "fork"
+
+    interactive, skip_permissions = _approval_transport(request)
+    schema = None
+    if request.output_schema is not None and request.structured_output_source == "native":
+        # Claude Code validates with a draft-07 engine that rejects the 2020-12 meta-schema id.
+        document = {k: v for k, v in request.output_schema.schema.items() if k != "$schema"}
+        schema = orjson.dumps(document).decode()
+    prompt = request.prompt
+    if request.instructions:
+        prompt = f"{request.instructions}\n\n{prompt}"
+    owned: dict[str, str] = {}
+    if config.config_dir:
+        owned["CLAUDE_CONFIG_DIR"] = config.config_dir
+    if skip_permissions and hasattr(os, "geteuid") and os.geteuid() == 0:
+        # As root the CLI refuses --dangerously-skip-permissions unless told it is sandboxed.
+        env_now = {**os.environ, **config.env, **request.env}
+        if "IS_SANDBOX" not in env_now and "CLAUDE_CODE_BUBBLEWRAP" not in env_now:
+            owned["IS_SANDBOX"] = "1"
+    layers = (dict(config.env), dict(request.env), owned)
+    persistent = (
+        persistent_allowed
+        and config.idle_timeout > 0
+        and session is not None
+        and session.mode in ("continue_or_start", "continue_only")
+        and schema is None
+    )
+    model = request.model_override or config.model
+    signature = hashlib.sha256(
+        orjson.dumps(
+            [config.command, list(config.extra_args), config.permission_mode, model,
+             interactive, skip_permissions, request.streaming, request.append_system_prompt or "",
+             session_cwd, sorted({k: v for layer in layers for k, v in layer.items()}.items())]
+        )
+    ).hexdigest()
+    return _Plan(
+        prompt=prompt,
+        argv_model=model,
+        spawn_cwd=spawn_cwd,
+        session_cwd=session_cwd,
+        resume_id=resume_id,
+        fork=fork,
+        interactive=interactive,
+        skip_permissions=skip_permissions,
+        partial=request.streaming,
+        schema=schema,
+        append=request.append_system_prompt or None,
+        env_layers=layers,
+        persistent=persistent,
+        spawn=request.spawn,
+        signature=signature,
+    )
+
+
+def _approval_transport(request: Request) -> tuple[bool, bool]:
+    """(interactive, skip_permissions) from the run's *explicit* approval modes.
+
+    Inherited modes keep the CLI's own permission handling: a run without an approval policy
+    must not hang on a prompt nobody will answer.
+    """
+    approvals = None if request.policy is None else request.policy.approvals
+    if approvals is None:
+        return False, False
+    interactive = (
+        approvals.permission in ("ask", "auto_reject")
+        or approvals.plan_review is not None
+        or approvals.question is not None
+    )
+    return interactive, not interactive and approvals.permission == "auto_approve"
+
+
+def _argv(config: Config, plan: _Plan, append_file: str | None) -> list[str]:
+    """The command line.  Checked against Claude Code 2.1.332 (``claude --help``,
+    shared/reference/real-clis.md §3): keep every flag decision here."""
+    argv = [config.command, "-p", "--input-format", "stream-json",
+            "--output-format", "stream-json", "--verbose"]
+    if plan.partial:
+        argv.append("--include-partial-messages")
+    if plan.interactive:
+        argv += ["--permission-prompt-tool", "stdio"]
+    if plan.skip_permissions:
+        argv.append("--dangerously-skip-permissions")
+    if config.permission_mode:
+        argv += ["--permission-mode", config.permission_mode]
+    if plan.argv_model:
+        argv += ["--model", plan.argv_model]
+    if plan.resume_id is not None:
+        argv += ["--resume", plan.resume_id]
+        if plan.fork:
+            argv.append("--fork-session")
+    if plan.schema is not None:
+        argv += ["--json-schema", plan.schema]
+    if append_file is not None:
+        argv += ["--append-system-prompt-file", append_file]
+    argv += config.extra_args
+    return argv
+
+
+# --- the process and one turn -------------------------------------------------------------------
+
+
+class _Live:
+    """One Claude Code process and the private directory its files live in."""
+
+    def __init__(self, child: Child, private: str, signature: str) -> None:
+        self.child = child
+        self.private = private
+        self.signature = signature
+        self.session_id = ""
+        self.idle_since = time.monotonic()
+        self.turns = 0
+
+    @classmethod
+    def start(cls, config: Config, plan: _Plan, sink: EventSink) -> _Live:
+        private = _process.make_private_dir("adaptor-claude-")
+        try:
+            append_file = None
+            if plan.append is not None:
+                # A file, not an argv element: no command-line limit, and the text stays out
+                # of the spawn event.
+                append_file = os.path.join(private, "append-system-prompt.txt")
+                with open(append_file, "w", encoding="utf-8") as handle:
+                    handle.write(plan.append)
+            env, names = _process.child_env(*plan.env_layers)
+            spec = Spec(
+                argv=_argv(config, plan, append_file),
+                env=env,
+                env_names=names,
+                cwd=plan.spawn_cwd,
+                stdin="driven",
+                grace_period=config.grace_period,
+            )
+            child = Child.start(spec, sink)
+        except BaseException:
+            _process.remove_private_dir(private)
+            raise
+        return cls(child, private, plan.signature)
+
+    def close(self, grace: float | None = None) -> None:
+        """End the process (EOF first, the group's SIGTERM/SIGKILL if it lingers), reap it and
+        remove its private files.  Safe on a process that already ended."""
+        if self.child.alive:
+            self.child.close_stdin()
+            until = time.monotonic() + (self.child.spec.grace_period if grace is None else grace)
+            while self.child.alive and time.monotonic() < until:
+                time.sleep(0.02)
+            if self.child.alive:
+                self.child.terminate()
+            for _ in self.child.lines(NullSink()):
+                pass
+        self.child.finish()
+        _process.remove_private_dir(self.private)
+
+
+def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[Response, bool]:
+    """Deliver one prompt and read its turn; returns the Response and whether to keep the
+    process for the next turn."""
+    child = live.child
+    parser = _Parser(sink, plan)
+    deadline = _process.monotonic_deadline(request.deadline)
+    keep = False
+    with child.watch(sink.cancelled, deadline):
+        if live.turns == 0:
+            child.send(_INITIALIZE)
+        live.turns += 1
+        frame = {"type": "user", "message": {"role": "user", "content": plan.prompt},
+                 "parent_tool_use_id": None, "session_id": ""}
+        child.send(orjson.dumps(frame) + b"\n")
+        for line in child.lines(sink):
+            control = parser.feed(line)
+            if control is not None:
+                _answer(child, control, parser, sink)
+            if parser.terminal_seen:
+                break
+        keep = (
+            plan.persistent
+            and parser.succeeded
+            and child.alive
+            and not sink.cancelled.is_set()
+        )
+        if keep:
+            exit_ = Exit(exit_code=0, signal=None)
+        else:
+            # The turn is over (or the process is): EOF lets the CLI exit; anything it prints
+            # on the way out is still parsed (an event after the terminal is malformed).
+            child.close_stdin()
+            for line in child.lines(sink):
+                parser.feed(line)
+            exit_ = child.finish()
+    stdout, stderr = child.take_raw()
+    response = parser.response(exit_, stdout, stderr)
+    metadata = dict(response.metadata)
+    metadata.update(pid=str(child.pid), process="reused" if live.turns > 1 else "spawned")
+    response = dataclasses.replace(response, metadata=metadata)
+    return response, keep
+
+
+def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventSink) -> None:
+    """Answer one control request from the CLI on its stdin."""
+    request_id = control.get("request_id")
+    body = as_dict(control.get("request"))
+    if body.get("subtype") != "can_use_tool":
+        child.send(_control_response(request_id, error=f"unsupported: {body.get('subtype')}"))
+        return
+    tool = as_str(body.get("tool_name")) or "tool"
+    tool_input = as_dict(body.get("input"))
+    tool_use_id = as_str(body.get("tool_use_id"))
+    kind: DecisionKind = (
+        "plan_review" if tool == "ExitPlanMode"
+        else "question" if tool == "AskUserQuestion"
+        else "permission"
+    )
+    title, choices, question = _decision_text(kind, tool, body, tool_input)
+    payload: dict[str, Any] = {"tool_name": tool, "input": copy.deepcopy(tool_input)}
+    for key in ("description", "blocked_path", "decision_reason"):
+        if isinstance(body.get(key), str):
+            payload[key] = body[key]
+    decision = sink.request_decision(
+        DecisionRequest(kind=kind, title=title, source=f"claude.{_snake(tool)}",
+                        tool_call_id=tool_use_id, payload=payload, choices=choices)
+    )
+    parser.decision(kind, tool, tool_use_id, decision)
+    reply: dict[str, Any]
+    if decision.result in ("approved", "answered"):
+        updated = dict(tool_input)
+        if kind == "question":
+            updated["answers"] = {question: decision.choice or decision.text}
+        reply = {"behavior": "allow", "updatedInput": updated}
+    else:
+        reply = {"behavior": "deny", "message": decision.text or _DENY_MESSAGES[kind]}
+        if decision.result == "aborted":
+            reply["interrupt"] = True
+    child.send(_control_response(request_id, response=reply))
+    if decision.result == "aborted":
+        # The SDK has already decided the verdict; the process must not go on.
+        child.terminate("cancelled")
+
+
+_DENY_MESSAGES: Final[Mapping[str, str]] = {
+    "permission": "Permission denied by user.",
+    "plan_review": "User rejected the plan.",
+    "question": "User declined to answer.",
+}
+
+
+def _decision_text(
+    kind: DecisionKind, tool: str, body: Mapping[str, Any], tool_input: Mapping[str, Any]
+) -> tuple[str, tuple[DecisionChoice, ...], str]:
+    if kind == "question":
+        questions = tool_input.get("questions")
+        first = as_dict(questions[0]) if isinstance(questions, list) and questions else {}
+        question = as_str(first.get("question"))
+        choices = tuple(
+            DecisionChoice(key=as_str(o.get("label")), label=as_str(o.get("label")),
+                           description=as_str(o.get("description")))
+            for o in as_list(first.get("options")) if isinstance(o, dict) and as_str(o.get("label"))
+        )
+        return question or "Claude has a question", choices, question
+    if kind == "plan_review":
+        return "Review Claude's plan", (), ""
+    description = as_str(body.get("description"))
+    return description or f"Allow {tool}?", (), ""
+
+
+def _control_response(request_id: Any, *, response: Any = None, error: str = "") -> bytes:
+    inner: dict[str, Any] = {"request_id": request_id}
+    if error:
+        inner.update(subtype="error", error=error)
+    else:
+        inner.update(subtype="success", response=response)
+    return orjson.dumps({"type": "control_response", "response": inner}) + b"\n"
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+
+class _Parser:
+    """Claude stream-json → events, transcript items and, at the end, a Response."""
+
+    def __init__(self, sink: EventSink, plan: _Plan) -> None:
+        self.sink = sink
+        self.plan = plan
+        self.protocol = Protocol(sink)
+        self.model = ""
+        self.version = ""
+        self.final: list[str] = []
+        self.result: dict[str, Any] | None = None
+        self.api_error: dict[str, Any] = {}
+        self.rejected_resume = ""
+        self.tool_names: dict[str, str] = {}
+        self.open_tools: set[str] = set()
+        self.open_blocks: dict[int, tuple[str, str]] = {}  # index -> (kind, lifecycle id)
+        self.streamed: set[str] = set()
+        self.message = ""
+        self.assistant_lines = 0
+        self.denials: list[Any] = []
+
+    @property
+    def terminal_seen(self) -> bool:
+        return self.result is not None
+
+    @property
+    def succeeded(self) -> bool:
+        result = self.result
+        return (
+            result is not None
+            and result.get("subtype") == "success"
+            and result.get("is_error") is not True
+            and not self.protocol.malformed
+        )
+
+    def _item(self, **fields: Any) -> None:
+        self.protocol.item(TranscriptItem(**fields))
+
+    def feed(self, line: Line) -> dict[str, Any] | None:
+        """One line; returns a control request the caller must answer."""
+        if line.stream == "stderr":
+            self.protocol.feed_stderr(line.data)
+            if self.plan.resume_id and _NO_CONVERSATION.search(line.text):
+                self.rejected_resume = line.text.strip()
+            return None
+        decoded = self.protocol.feed_stdout(line.data)
+        if decoded is None or decoded.event is None:
+            return None
+        event = decoded.event
+        kind = event.get("type")
+        handler = self._HANDLERS.get(kind if isinstance(kind, str) else "")
+        if handler is not None:
+            handler(self, event)
+        if kind == "result":
+            self.protocol.set_terminal(event, decoded.text)
+        if kind == "control_request":
+            return event
+        return None
+
+    # -- event handlers --
+
+    def _system(self, event: dict[str, Any]) -> None:
+        subtype = as_str(event.get("subtype"))
+        if subtype == "init":
+            self.model = as_str(event.get("model")) or self.model
+            self.version = as_str(event.get("claude_code_version"))
+            servers = [
+                {"name": as_str(s.get("name")), "status": as_str(s.get("status"))}
+                for s in event.get("mcp_servers") or () if isinstance(s, dict)
+            ]
+            self._item(kind="init", model=self.model, session_id=as_str(event.get("session_id")),
+                       metadata={"cwd": as_str(event.get("cwd")),
+                                 "permission_mode": as_str(event.get("permissionMode")),
+                                 "claude_code_version": self.version, "mcp_servers": servers})
+        elif subtype == "api_retry":
+            meta = {k: event.get(k) for k in ("attempt", "max_retries", "retry_delay_ms",
+                                              "error_status", "error")}
+            self._item(kind="system", subtype="api_retry", metadata=meta,
+                       text=f"API request failed ({event.get('error')}); retry "
+                            f"{event.get('attempt')} of {event.get('max_retries')}")
+        elif subtype == "permission_denied":
+            self._item(kind="system", subtype="permission_denied",
+                       text=as_str(event.get("message")) or "permission denied",
+                       tool_name=as_str(event.get("tool_name")),
+                       tool_use_id=as_str(event.get("tool_use_id")))
+        elif subtype and subtype != "status":  # "status" is a progress ping
+            self._item(kind="system", subtype=subtype)
+
+    def _stream_event(self, event: dict[str, Any]) -> None:
+        inner = as_dict(event.get("event"))
+        kind = inner.get("type")
+        if kind == "message_start":
+            self.message = as_str(as_dict(inner.get("message")).get("id")) or f"m{self.assistant_lines}"
+            self.streamed.add(self.message)
+            self.open_blocks = {}
+            return
+        index = inner.get("index")
+        if not isinstance(index, int):
+            return
+        if kind == "content_block_start":
+            block = as_dict(inner.get("content_block"))
+            btype = block.get("type")
+            if index in self.open_blocks:  # restarted without a stop: close the old one
+                old_type, old_ident = self.open_blocks.pop(index)
+                if old_type != "tool":
+                    self._delta(old_type, old_ident, "end")
+            if btype in ("text", "thinking"):
+                ident = self.protocol.fresh_id(f"{self.message}/{index}")
+                self.open_blocks[index] = (str(btype), ident)
+                self._delta(str(btype), ident, "start")
+            elif btype == "tool_use":
+                ident = as_str(block.get("id"))
+                name = as_str(block.get("name")) or "tool"
+                if ident and ident not in self.tool_names:
+                    self.tool_names[ident] = name
+                    self.open_tools.add(ident)
+                    self.open_blocks[index] = ("tool", ident)
+                    self.sink.emit(ToolCall(id=ident, name=name, phase="start"))
+        elif kind == "content_block_delta" and index in self.open_blocks:
+            btype, ident = self.open_blocks[index]
+            delta = as_dict(inner.get("delta"))
+            if btype == "text":
+                self._delta("text", ident, "content", as_str(delta.get("text")))
+            elif btype == "thinking":
+                self._delta("thinking", ident, "content", as_str(delta.get("thinking")))
+            elif ident in self.open_tools and as_str(delta.get("partial_json")):
+                self.sink.emit(ToolCall(id=ident, args_delta=as_str(delta.get("partial_json")),
+                                        phase="content"))
+        elif kind == "content_block_stop" and index in self.open_blocks:
+            btype, ident = self.open_blocks.pop(index)
+            if btype != "tool":
+                self._delta(btype, ident, "end")
+
+    def _delta(self, kind: str, ident: str, phase: str, text: str = "") -> None:
+        if phase == "content" and not text:
+            return  # empty deltas carry nothing (and consumers may not see them)
+        cls = TextDelta if kind == "text" else Thinking
+        self.sink.emit(cls(message_id=ident, text=text, phase=phase))  # type: ignore[arg-type]
+
+    def _assistant(self, event: dict[str, Any]) -> None:
+        self.assistant_lines += 1
+        message = as_dict(event.get("message"))
+        content = as_list(message.get("content"))
+        texts = [as_str(b.get("text")) for b in content if isinstance(b, dict)
+                 and b.get("type") == "text" and as_str(b.get("text"))]
+        if event.get("error") or event.get("is_api_error_message"):
+            # A synthetic message standing for an API failure: not the model's words.
+            self.api_error = {"error": event.get("error"),
+                              "api_error_status": event.get("api_error_status"),
+                              "api_error_type": event.get("api_error_type")}
+            self._item(kind="failure", text="\n\n".join(texts) or "API error",
+                       metadata={"code": "agent_error", **self.api_error})
+            return
+        model = as_str(message.get("model"))
+        if model and model != "<synthetic>":
+            self.model = model
+        message_id = as_str(message.get("id"))
+        live = message_id not in self.streamed
+        for position, block in enumerate(content):
+            if not isinstance(block, dict):
+                continue
+            btype = block.get("type")
+            if btype == "text" and as_str(block.get("text")):
+                text = as_str(block["text"])
+                if live:
+                    ident = self.protocol.fresh_id(f"{message_id or 'msg'}/{position}")
+                    for phase, piece in (("start", ""), ("content", text), ("end", "")):
+                        self._delta("text", ident, phase, piece)
+                self._item(kind="assistant", text=text, model=self.model)
+                self.final.append(text)
+            elif btype == "thinking" and as_str(block.get("thinking")):
+                text = as_str(block["thinking"])
+                if live:
+                    ident = self.protocol.fresh_id(f"{message_id or 'msg'}/{position}")
+                    for phase, piece in (("start", ""), ("content", text), ("end", "")):
+                        self._delta("thinking", ident, phase, piece)
+                self._item(kind="thinking", text=text)
+            elif btype == "tool_use":
+                ident = as_str(block.get("id"))
+                name = as_str(block.get("name")) or "tool"
+                tool_input = block.get("input")
+                if ident and ident not in self.tool_names:
+                    self.tool_names[ident] = name
+                    self.open_tools.add(ident)
+                    args = copy.deepcopy(tool_input) if isinstance(tool_input, dict) else None
+                    self.sink.emit(ToolCall(id=ident, name=name, args=args, phase="start"))
+                self._item(kind="tool_call", tool_use_id=ident, tool_name=name,
+                           input=copy.deepcopy(tool_input))
+                self.final = []  # text before a tool call is not the final answer
+
+    def _user(self, event: dict[str, Any]) -> None:
+        message = as_dict(event.get("message"))
+        content = message.get("content")
+        if isinstance(content, str):
+            if content:
+                self._item(kind="user", text=content)
+            return
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "tool_result":
+                ident = as_str(block.get("tool_use_id"))
+                text = _content_text(block.get("content"))
+                is_error = block.get("is_error") is True
+                name = self.tool_names.get(ident, "")
+                if ident in self.open_tools:
+                    self.open_tools.discard(ident)
+                    self.sink.emit(ToolCall(id=ident, name=name, result=text, phase="end"))
+                if ident in self.tool_names:
+                    self.sink.emit(ToolResult(id=ident, result=text, is_error=is_error))
+                self._item(kind="tool_result", tool_use_id=ident or "unknown", tool_name=name,
+                           text=text, is_error=is_error)
+                self.final = []
+            elif block.get("type") == "text" and as_str(block.get("text")):
+                self._item(kind="user", text=as_str(block["text"]))
+
+    def _result(self, event: dict[str, Any]) -> None:
+        self.result = event
+        denials = event.get("permission_denials")
+        self.denials = list(denials) if isinstance(denials, list) else []
+        errors = as_list(event.get("errors"))
+        if self.plan.resume_id and event.get("subtype") != "success":
+            for message in (*errors, event.get("result")):
+                if isinstance(message, str) and _NO_CONVERSATION.search(message):
+                    self.rejected_resume = message
+        meta: dict[str, Any] = {
+            k: event[k] for k in ("stop_reason", "terminal_reason", "num_turns",
+                                  "total_cost_usd", "api_error_status")
+            if event.get(k) is not None
+        }
+        if self.denials:
+            meta["permission_denials"] = copy.deepcopy(self.denials)
+        if errors:
+            meta["errors"] = [str(e) for e in errors]
+        text = event.get("result")
+        self._item(kind="result", text=text if isinstance(text, str) else "",
+                   subtype=as_str(event.get("subtype")), is_error=event.get("is_error") is True,
+                   session_id=as_str(event.get("session_id")), usage=_usage(event),
+                   metadata=meta)
+
+    _HANDLERS: Final[Mapping[str, Callable[[_Parser, dict[str, Any]], None]]] = {
+        "system": _system,
+        "stream_event": _stream_event,
+        "assistant": _assistant,
+        "user": _user,
+        "result": _result,
+    }
+
+    def decision(
+        self, kind: str, tool: str, tool_use_id: str, decision: DecisionResponse
+    ) -> None:
+        metadata: dict[str, Any] = {"kind": kind, "result": decision.result}
+        if decision.choice:
+            metadata["choice"] = decision.choice
+        self._item(kind="system", subtype="decision", text=f"{kind}: {decision.result}",
+                   tool_name=tool, tool_use_id=tool_use_id, metadata=metadata)
+
+    # -- the Response --
+
+    def _close_lifecycles(self) -> None:
+        for btype, ident in self.open_blocks.values():
+            if btype != "tool":
+                self._delta(btype, ident, "end")
+        self.open_blocks = {}
+        for ident in sorted(self.open_tools):
+            self.sink.emit(ToolCall(id=ident, name=self.tool_names.get(ident, ""), phase="end"))
+        self.open_tools = set()
+
+    def response(self, exit_: Exit, stdout: str, stderr: str) -> Response:
+        self._close_lifecycles()
+        if self.rejected_resume and not self.succeeded:
+            raise ResumeRejectedError(self.rejected_resume)
+        result = self.result
+        failure = self._failure(exit_)
+        clean = failure is None and exit_.clean and self.succeeded
+        session_id = as_str((result or {}).get("session_id"))
+        if self.plan.fork and session_id == self.plan.resume_id:
+            clean = False  # a fork that kept the parent's id would write into the parent
+        checkpoint = None
+        if clean and session_id:
+            state = SessionState(resume_id=session_id, display_id=session_id,
+                                 data={"cwd": self.plan.session_cwd})
+            checkpoint = Checkpoint(state, valid=True)
+        output = "\n\n".join(self.final)
+        structured = None
+        if self.plan.schema is not None:
+            value = (result or {}).get("structured_output")
+            if value is not None:
+                output = orjson.dumps(value).decode()
+            structured = StructuredOutput(
+                source="native", valid=value is not None, value=value,
+                raw_json=output if value is not None else "",
+                errors=() if value is not None else ("the CLI returned no structured_output",),
+            )
+        metadata: dict[str, str] = {}
+        if result is not None:
+            for key in ("session_id", "stop_reason", "terminal_reason", "num_turns", "subtype"):
+                if result.get(key) is not None:
+                    metadata[key] = str(result[key])
+        if self.denials:
+            metadata["permission_denials"] = orjson.dumps(self.denials).decode()
+        if self.version:
+            metadata["claude_code_version"] = self.version
+        if self.protocol.malformed:
+            metadata["protocol"] = "malformed"
+        summary = as_str((result or {}).get("result")) if self.succeeded else ""
+        return Response(
+            output=output,
+            raw_streams=RawStreams(
+                stdout=stdout, stderr=stderr,
+                terminal=None if result is None
+                else TerminalPayload(event="result", json=self.protocol.terminal_line),
+            ),
+            transcript=tuple(self.protocol.transcript),
+            exit_code=exit_.exit_code,
+            signal=exit_.signal,
+            timed_out=exit_.timed_out,
+            usage=None if result is None else _usage(result),
+            checkpoint=checkpoint,
+            metadata=metadata,
+            provider=PROVIDER,
+            model=self.model,
+            summary=summary,
+            structured_output=structured,
+            failure=failure,
+        )
+
+    def _failure(self, exit_: Exit) -> RunFailure | None:
+        result = self.result
+        if result is not None and not (result.get("subtype") == "success"
+                                       and result.get("is_error") is not True):
+            return self._provider_failure(result)
+        if self.protocol.malformed:
+            return RunFailure(code="agent_error",
+                              message="claude printed a malformed stream: "
+                                      + self.protocol.problems[0],
+                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
+        if exit_.cancelled or exit_.timed_out:
+            return None  # the host's cancellation or deadline keeps its own identity
+        if result is None:
+            return self.protocol.died("claude", exit_.describe(), exit_code=exit_.exit_code,
+                                      signal=exit_.signal)
+        if exit_.exit_code not in (0, None) or exit_.signal is not None:
+            return RunFailure(code="agent_error",
+                              message=f"claude exited unsuccessfully ({exit_.describe()})",
+                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+        return None
+
+    def _provider_failure(self, result: Mapping[str, Any]) -> RunFailure:
+        status = result.get("api_error_status") or self.api_error.get("api_error_status")
+        error_type = as_str(result.get("api_error_type") or self.api_error.get("api_error_type"))
+        error = as_str(self.api_error.get("error") or result.get("api_error"))
+        text = as_str(result.get("result"))
+        errors = as_list(result.get("errors"))
+        message = text or "; ".join(str(e) for e in errors) or "claude reported an error"
+        kind: FailureKind = ""
+        if (status in (401, 403) or error_type in ("authentication_error", "permission_error")
+                or error == "authentication_failed" or text.startswith("Not logged in")):
+            kind = "auth"
+        elif status == 429 or error_type == "rate_limit_error" or error == "rate_limit":
+            kind = "rate_limit"
+        elif ((isinstance(status, int) and status >= 500)
+              or error_type in ("api_error", "overloaded_error")
+              or error in ("server_error", "connection_failed", "overloaded")):
+            kind = "provider_unavailable"
+        return provider_failure(
+            message, kind,
+            subtype=as_str(result.get("subtype")) or None,
+            provider_status=status if isinstance(status, int) else None,
+            provider_error=error_type or error or None,
+            terminal_reason=as_str(result.get("terminal_reason")) or None,
+        )
+
+
+# --- the process pool ---------------------------------------------------------------------------
+
+
+class _Pool:
+    """Processes kept between thread turns, keyed by the session they last continued."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[str, tuple[_Live, float]] = {}
+        self._closed = False
+        self._evictor: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def take(self, session_id: str | None, signature: str) -> _Live | None:
+        """The kept process for ``session_id`` if it still fits; a misfit is stopped."""
+        if session_id is None:
+            return None
+        with self._lock:
+            entry = self._live.pop(session_id, None)
+        if entry is None:
+            return None
+        live = entry[0]
+        if live.signature == signature and live.child.alive:
+            return live
+        live.close()
+        return None
+
+    def put(self, live: _Live, idle_timeout: float) -> None:
+        live.idle_since = time.monotonic()
+        with self._lock:
+            if self._closed:
+                stale: _Live | None = live
+            else:
+                previous = self._live.pop(live.session_id, None)
+                stale = None if previous is None else previous[0]
+                self._live[live.session_id] = (live, idle_timeout)
+                if self._evictor is None:
+                    self._evictor = threading.Thread(target=self._evict_loop,
+                                                     name="adaptor-claude-evictor", daemon=True)
+                    self._evictor.start()
+        if stale is not None:
+            stale.close()
+
+    def _evict_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(1.0)
+            now = time.monotonic()
+            with self._lock:
+                expired = [key for key, (live, idle) in self._live.items()
+                           if now - live.idle_since >= idle]
+                victims = [self._live.pop(key)[0] for key in expired]
+            for live in victims:
+                live.close()
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._lock:
+            self._closed = True
+            victims = [live for live, _ in self._live.values()]
+            self._live.clear()
+        self._wake.set()
+        grace = None if timeout is None else max(timeout, 0.0) / max(len(victims), 1)
+        for live in victims:
+            live.close(grace)
+
+
+# --- small helpers ------------------------------------------------------------------------------
+
+
+def _usage(result: Mapping[str, Any]) -> Usage | None:
+    usage = as_dict(result.get("usage"))
+    cost = result.get("total_cost_usd")
+    if not usage and cost is None:
+        return None
+    return Usage(
+        input_tokens=as_int(usage.get("input_tokens")),
+        output_tokens=as_int(usage.get("output_tokens")),
+        cached_input_tokens=as_int(usage.get("cache_read_input_tokens")),
+        cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool)
+        else None,
+    )
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(as_str(p.get("text")) for p in content
+                         if isinstance(p, dict) and p.get("type") == "text")
+    return "" if content is None else orjson.dumps(content).decode()
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

@@ -1,0 +1,607 @@
+"""The ``codex`` driver: the Codex CLI (npm ``@openai/codex``) in ``exec --json`` mode.
+
+::
+
+    from adaptor.drivers import codex
+
+    agent = adaptor.Agent(codex.Driver(codex.Config(model="gpt-5.5")))
+
+Each run is one ``codex exec --json --skip-git-repo-check ... -`` process with the prompt on
+stdin followed by EOF (an idle open stdin makes codex wait forever).  The exact argv is built in
+one place, :func:`_argv`, checked against codex-cli 0.171.0.  ``.bin/codex`` is a Node launcher
+that spawns the real Rust binary, which is why the runner stops the whole process group.
+
+- **Policy.**  ``sandbox`` maps to ``-c sandbox_mode="read-only"|"workspace-write"|
+  "danger-full-access"`` and ``web_search`` to ``-c web_search="live"|"disabled"`` (both also
+  accepted by ``exec resume``).  ``codex exec`` has no approval channel: it never asks, so only
+  ``auto_approve`` is offered for permission and plan_review, and an explicit ``ask`` is
+  refused by the SDK with ``HumanDecisionModeUnsupportedError`` before anything starts.
+- **Structured output.**  Native via ``--output-schema FILE``; the file is written into a
+  private per-run temporary directory, never into ``CODEX_HOME``.
+- **Append system prompt.**  ``-c developer_instructions=<TOML string>``; the spawn event shows
+  a placeholder instead of the text.
+- **Sessions.**  ``exec resume ID -`` (fork: ``exec fork ID -``).  A checkpoint needs
+  ``thread.started.thread_id`` and ``turn.completed`` with a clean exit.  codex prints nothing
+  on stdout for an unknown id (only an error and a backtrace on stderr); that, or any of the
+  "no rollout found"-class messages, raises ``ResumeRejectedError``.
+
+Failures: ``turn.failed`` (and a bare ``error`` when the process dies before its terminal) is
+an ``agent_error`` classified from the message: 401/403 and a missing key variable are
+``auth``; 429 is ``rate_limit``; 5xx, "high demand" and broken streams are
+``provider_unavailable``.  An unreachable server makes codex retry forever ("Reconnecting...
+waiting for network"): only the run's ``timeout`` (or a cancel) ends it, and the message is
+kept in ``Result.metadata["last_error"]``.
+
+Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``home`` and the *names* of
+``env``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from adaptor.driver import (
+    Checkpoint,
+    Descriptor,
+    EventSink,
+    HumanDecisionSupport,
+    MCPCaps,
+    ProcessCaps,
+    QuestionSupport,
+    Request,
+    Response,
+    RunFailure,
+    RunPolicyCaps,
+    SessionCaps,
+    SessionCodec,
+    SessionState,
+    StandardSessionCodec,
+    StreamCaps,
+    StructuredOutputCaps,
+    SystemPromptCaps,
+    canonical_fingerprint,
+)
+from adaptor.drivers import _process
+from adaptor.drivers._lines import (
+    FailureKind,
+    NullSink,
+    Protocol,
+    as_dict,
+    as_int,
+    as_list,
+    as_str,
+    provider_failure,
+)
+from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.errors import ResumeRejectedError
+from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
+from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem, Usage
+
+__all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
+
+TYPE: Final = "codex"
+PROVIDER: Final = "openai"
+CLI_VERSION: Final = "0.171.0"
+
+_FINGERPRINT_DOMAIN: Final = "codex/config/v1"
+_SANDBOX_MODES: Final = {
+    "read_only": "read-only",
+    "workspace_write": "workspace-write",
+    "unrestricted": "danger-full-access",
+}
+# Flags the driver sets itself, and those `exec resume` does not accept (a run that works fresh
+# must keep working when it resumes).
+_OWNED_FLAGS: Final = frozenset({
+    "--json", "--output-schema", "-o", "--output-last-message", "--skip-git-repo-check",
+    "-m", "--model", "-s", "--sandbox", "-C", "--cd", "--add-dir", "-p", "--profile",
+    "--last", "--ephemeral",
+})
+_RESUME_REJECTED = re.compile(
+    r"no rollout found for thread id|missing rollout path for thread|"
+    r"state db missing rollout path|unknown (session|thread)|"
+    r"(session|thread|conversation) .{0,80}not found",
+    re.IGNORECASE,
+)
+_AUTH = re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|missing environment variable|"
+                   r"invalid api key|incorrect api key|not logged in", re.IGNORECASE)
+_RATE_LIMIT = re.compile(r"\b429\b|too many requests|rate limit", re.IGNORECASE)
+_UNAVAILABLE = re.compile(
+    r"\b5\d\d\b|high demand|overloaded|internal server error|service unavailable|bad gateway|"
+    r"stream disconnected|connection failed|waiting for network|error sending request|"
+    r"connection refused",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The Codex CLI's configuration.
+
+    ``model`` is passed as ``-m`` (a run's ``model=`` wins); ``home`` becomes ``CODEX_HOME``
+    (sessions, config.toml, credentials; ``None``: the CLI's default ``~/.codex``).  Provider
+    settings and other ``config.toml`` overrides go in ``extra_args`` as ``-c key=value``.
+    """
+
+    command: str = "codex"
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    cwd: str | None = None
+    grace_period: float = 2.0
+    model: str = ""
+    home: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_args, list):
+            object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
+        """A config from a JSON object (daemon requests); unknown keys are refused."""
+        return _process.config_from_dict(cls, obj)
+
+
+class Driver:
+    """The Codex driver.  Construction snapshots the config and does no I/O."""
+
+    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
+        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
+
+    def __repr__(self) -> str:
+        return f"codex.Driver(command={self._config.command!r}, model={self._config.model!r})"
+
+    def descriptor(self) -> Descriptor:
+        return Descriptor(
+            type=TYPE,
+            display_name="Codex CLI",
+            sessions=SessionCaps(supports_resume=True),
+            mcp=MCPCaps(supported=False),
+            instructions=True,
+            workspace=True,
+            process=ProcessCaps(persistent=False),
+            run_policy_caps=RunPolicyCaps(
+                isolation=True,
+                web_search=True,
+                # exec never asks: everything inside the sandbox just runs.
+                permission=HumanDecisionSupport(auto_approve=True),
+                plan_review=HumanDecisionSupport(auto_approve=True),
+                question=QuestionSupport(),
+            ),
+            structured_output=StructuredOutputCaps(
+                native=True, prompt_validate=True, works_with_streaming=True
+            ),
+            system_prompt=SystemPromptCaps(append=True),
+            stream=StreamCaps(native=True, reasoning=True),
+        )
+
+    def validate_config(self, config: object | None = None) -> None:
+        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
+        _validate(self._config if config is None else _as_config(config))
+
+    def session_codec(self) -> SessionCodec:
+        return StandardSessionCodec(TYPE)
+
+    def session_config_fingerprint(self) -> str:
+        c = self._config
+        return canonical_fingerprint(
+            _FINGERPRINT_DOMAIN,
+            {"cwd": c.cwd, "extra_args": c.extra_args, "model": c.model, "home": c.home,
+             "env_names": sorted(c.env)},
+        )
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        config = self._config if request.config is None else _as_config(request.config)
+        _validate(config)
+        plan = _plan(config, request)
+        if config.home:
+            # codex refuses a CODEX_HOME that does not exist; a configured profile is ours to make.
+            os.makedirs(config.home, mode=0o700, exist_ok=True)
+        with _process.private_dir("adaptor-codex-") as private:
+            schema_file = None
+            if plan.schema is not None:
+                schema_file = os.path.join(private, "output-schema.json")
+                with open(schema_file, "wb") as handle:
+                    handle.write(plan.schema)
+            argv, shown = _argv(config, plan, schema_file)
+            env, names = _process.child_env(*plan.env_layers)
+            spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names,
+                        cwd=plan.spawn_cwd, stdin=plan.prompt.encode(),
+                        grace_period=config.grace_period)
+            try:
+                child = Child.start(spec, sink)
+            except BinaryNotFound as exc:
+                return _process.binary_not_found(exc)
+            parser = _Parser(sink, plan)
+            with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
+                for line in child.lines(sink):
+                    parser.feed(line)
+                exit_ = child.finish()
+        stdout, stderr = child.take_raw()
+        return parser.response(exit_, stdout, stderr)
+
+
+def replay(
+    stdout: str | bytes,
+    stderr: str | bytes = b"",
+    exit_code: int | None = 0,
+    *,
+    sink: EventSink | None = None,
+    request: Request | None = None,
+) -> Response:
+    """Parse captured ``codex exec --json`` output as if a run had produced it (tests,
+    diagnostics); raises ``ResumeRejectedError`` like ``run`` for a refused resume."""
+    sink = sink or NullSink()
+    plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
+    parser = _Parser(sink, plan)
+    data = [stdout.encode() if isinstance(stdout, str) else stdout,
+            stderr.encode() if isinstance(stderr, str) else stderr]
+    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
+        for raw in blob.splitlines():
+            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
+    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
+    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def _as_config(config: object) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return Config.from_dict(config)
+    raise TypeError(f"the codex driver expects a codex.Config, not {type(config).__name__}")
+
+
+def _validate(config: Config) -> None:
+    _process.check_common(
+        config.command, config.env, config.extra_args, config.cwd, config.grace_period
+    )
+    if not isinstance(config.model, str):
+        raise TypeError("model: expected a string")
+    if config.home is not None and (not isinstance(config.home, str) or not config.home):
+        raise TypeError("home: expected a non-empty string or null")
+    for arg in config.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in _OWNED_FLAGS:
+            raise ValueError(f"extra_args: {flag} is set by the driver or breaks `exec resume`")
+
+
+# --- plan and argv ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    prompt: str
+    model: str
+    spawn_cwd: str | None
+    session_cwd: str
+    resume_id: str | None
+    fork: bool
+    sandbox: str | None
+    web_search: str | None
+    schema: bytes | None
+    append: str | None
+    env_layers: tuple[Mapping[str, str], ...]
+
+
+def _plan(config: Config, request: Request) -> _Plan:
+    spawn_cwd = request.workspace_cwd or config.cwd
+    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
+    session = request.session
+    resume_id: str | None = None
+    fork = False
+    if session is not None and session.state is not None and session.mode != "stateless":
+        stored_cwd = session.state.data.get("cwd")
+        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
+            raise ResumeRejectedError("session working directory changed")
+        resume_id = session.state.resume_id
+        fork = session.mode == "fork"
+    policy = request.policy
+    sandbox = None if policy is None else _SANDBOX_MODES.get(policy.sandbox)
+    web_search = None
+    if policy is not None and policy.web_search in ("allow", "deny"):
+        web_search = "live" if policy.web_search == "allow" else "disabled"
+    schema = None
+    if request.output_schema is not None and request.structured_output_source == "native":
+        schema = orjson.dumps(dict(request.output_schema.schema))
+    prompt = request.prompt
+    if request.instructions:
+        prompt = f"{request.instructions}\n\n{prompt}"
+    owned = {"CODEX_HOME": config.home} if config.home else {}
+    return _Plan(
+        prompt=prompt,
+        model=request.model_override or config.model,
+        spawn_cwd=spawn_cwd,
+        session_cwd=session_cwd,
+        resume_id=resume_id,
+        fork=fork,
+        sandbox=sandbox,
+        web_search=web_search,
+        schema=schema,
+        append=request.append_system_prompt or None,
+        env_layers=(dict(config.env), dict(request.env), owned),
+    )
+
+
+def _argv(config: Config, plan: _Plan, schema_file: str | None) -> tuple[list[str], list[str]]:
+    """The command line and the form a spawn event may show.  Checked against codex-cli
+    0.171.0 (``codex exec --help``, ``codex exec resume --help``, shared/reference/real-clis.md
+    §4): keep every flag decision here.  Every option used is accepted by ``exec``,
+    ``exec resume`` and ``exec fork`` alike."""
+    argv = [config.command, "exec"]
+    if plan.resume_id is not None:
+        argv.append("fork" if plan.fork else "resume")
+    argv += ["--json", "--skip-git-repo-check"]
+    if plan.model:
+        argv += ["-m", plan.model]
+    if plan.sandbox is not None:
+        argv += ["-c", f'sandbox_mode="{plan.sandbox}"']
+    if plan.web_search is not None:
+        argv += ["-c", f'web_search="{plan.web_search}"']
+    if schema_file is not None:
+        argv += ["--output-schema", schema_file]
+    shown = list(argv)
+    if plan.append is not None:
+        # A JSON string is a valid TOML basic string.
+        argv += ["-c", "developer_instructions=" + orjson.dumps(plan.append).decode()]
+        shown += ["-c", f"developer_instructions=<{len(plan.append)} characters>"]
+    tail = [*config.extra_args, *(() if plan.resume_id is None else (plan.resume_id,)), "-"]
+    return argv + tail, shown + tail
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+# Item types that stand for a tool the agent used, and the tool name each is reported under.
+_TOOL_ITEMS: Final[Mapping[str, str]] = {
+    "command_execution": "shell",
+    "file_change": "apply_patch",
+    "mcp_tool_call": "mcp",
+    "web_search": "web_search",
+}
+
+
+class _Parser:
+    """``codex exec --json`` → events, transcript items and, at the end, a Response."""
+
+    def __init__(self, sink: EventSink, plan: _Plan) -> None:
+        self.sink = sink
+        self.plan = plan
+        self.protocol = Protocol(sink)
+        self.thread_id = ""
+        self.final = ""
+        self.completed: dict[str, Any] | None = None
+        self.failed: dict[str, Any] | None = None
+        self.last_error = ""
+        self.started_tools: dict[str, str] = {}
+        self.reasoning = 0
+        self.resume_problem = ""
+
+    def _item(self, **fields: Any) -> None:
+        self.protocol.item(TranscriptItem(**fields))
+
+    def feed(self, line: Line) -> None:
+        if line.stream == "stderr":
+            self.protocol.feed_stderr(line.data)
+            if self.plan.resume_id and _RESUME_REJECTED.search(line.text):
+                self.resume_problem = self.resume_problem or line.text.strip()
+            return
+        decoded = self.protocol.feed_stdout(line.data)
+        if decoded is None or decoded.event is None:
+            return
+        event = decoded.event
+        kind = as_str(event.get("type"))
+        handler = self._HANDLERS.get(kind.split(".", 1)[0] if kind.startswith("item.") else kind)
+        if handler is not None:
+            handler(self, event)
+        if kind in ("turn.completed", "turn.failed"):
+            self.protocol.set_terminal(event, decoded.text)
+
+    def _thread_started(self, event: dict[str, Any]) -> None:
+        self.thread_id = as_str(event.get("thread_id")) or self.thread_id
+        self._item(kind="init", session_id=self.thread_id, model=self.plan.model)
+
+    def _turn_completed(self, event: dict[str, Any]) -> None:
+        self.completed = event
+        self._item(kind="result", subtype="success", session_id=self.thread_id,
+                   usage=_usage(event), text=self.final)
+
+    def _turn_failed(self, event: dict[str, Any]) -> None:
+        self.failed = event
+        message = as_str(as_dict(event.get("error")).get("message")) or self.last_error
+        self._item(kind="failure", text=message or "turn failed",
+                   metadata={"code": "agent_error"})
+
+    def _error(self, event: dict[str, Any]) -> None:
+        # Retries announce themselves as `error` too; only turn.failed (or dying) ends a turn.
+        self.last_error = as_str(event.get("message")) or self.last_error
+        self._item(kind="system", subtype="error", text=self.last_error or "error")
+
+    def _item_event(self, event: dict[str, Any]) -> None:
+        phase = as_str(event.get("type")).removeprefix("item.")
+        item = as_dict(event.get("item"))
+        itype = as_str(item.get("type"))
+        ident = as_str(item.get("id")) or f"item@{len(self.protocol.transcript)}"
+        if itype == "agent_message":
+            text = as_str(item.get("text"))
+            if phase == "completed" and text:
+                lifecycle = self.protocol.fresh_id(ident)
+                for step, piece in (("start", ""), ("content", text), ("end", "")):
+                    self.sink.emit(TextDelta(message_id=lifecycle, text=piece, phase=step))  # type: ignore[arg-type]
+                self._item(kind="assistant", text=text, model=self.plan.model)
+                self.final = text
+        elif itype == "reasoning":
+            text = as_str(item.get("text"))
+            if phase == "completed" and text:
+                self.reasoning += 1
+                lifecycle = self.protocol.fresh_id(ident)
+                for step, piece in (("start", ""), ("content", text), ("end", "")):
+                    self.sink.emit(Thinking(message_id=lifecycle, text=piece, phase=step))  # type: ignore[arg-type]
+                self._item(kind="thinking", text=text)
+        elif itype in _TOOL_ITEMS:
+            self._tool(phase, ident, itype, item)
+        elif itype == "error":
+            self._item(kind="system", subtype="warning", text=as_str(item.get("message")))
+        elif phase == "completed" and itype:
+            self._item(kind="system", subtype=itype, metadata={"item": copy.deepcopy(item)})
+
+    def _tool(self, phase: str, ident: str, itype: str, item: dict[str, Any]) -> None:
+        name, args = _tool_call(itype, item)
+        if self.started_tools.get(ident) == "":
+            return  # already completed: a repeated event must not reopen the call
+        if ident not in self.started_tools:
+            self.started_tools[ident] = name
+            self.sink.emit(ToolCall(id=ident, name=name, args=copy.deepcopy(args), phase="start"))
+            self._item(kind="tool_call", tool_use_id=ident, tool_name=name, input=args)
+        if phase != "completed":
+            return
+        text, is_error = _tool_result(itype, item)
+        self.sink.emit(ToolCall(id=ident, name=name, result=text, phase="end"))
+        self.sink.emit(ToolResult(id=ident, result=text, is_error=is_error))
+        self._item(kind="tool_result", tool_use_id=ident, tool_name=name, text=text,
+                   is_error=is_error)
+        self.started_tools[ident] = ""  # ended
+
+    _HANDLERS: Final[Mapping[str, Callable[[_Parser, dict[str, Any]], None]]] = {
+        "thread.started": _thread_started,
+        "turn.completed": _turn_completed,
+        "turn.failed": _turn_failed,
+        "error": _error,
+        "item": _item_event,
+    }
+
+    # -- the Response --
+
+    def response(self, exit_: Exit, stdout: str, stderr: str) -> Response:
+        for ident, name in self.started_tools.items():
+            if name:  # started, never completed: close the lifecycle
+                self.sink.emit(ToolCall(id=ident, name=name, phase="end"))
+        self.started_tools = {}
+        if self.resume_problem and self.completed is None and not exit_.clean:
+            # codex prints nothing on stdout for an unknown thread id; stderr says why.
+            raise ResumeRejectedError(self.resume_problem)
+        failure = self._failure(exit_)
+        clean = failure is None and exit_.clean and self.completed is not None
+        checkpoint = None
+        if clean and self.thread_id:
+            state = SessionState(resume_id=self.thread_id, display_id=self.thread_id,
+                                 data={"cwd": self.plan.session_cwd})
+            checkpoint = Checkpoint(state, valid=True)
+        structured = None
+        if self.plan.schema is not None:
+            try:
+                value = orjson.loads(self.final) if self.final else None
+            except orjson.JSONDecodeError:
+                value = None
+            structured = StructuredOutput(source="native", valid=value is not None, value=value,
+                                          raw_json=self.final)
+        metadata: dict[str, str] = {}
+        if self.thread_id:
+            metadata["thread_id"] = self.thread_id
+        if self.last_error:
+            metadata["last_error"] = self.last_error
+        if self.protocol.malformed:
+            metadata["protocol"] = "malformed"
+        terminal = self.completed or self.failed
+        return Response(
+            output=self.final,
+            raw_streams=RawStreams(
+                stdout=stdout, stderr=stderr,
+                terminal=None if terminal is None else TerminalPayload(
+                    event=as_str(terminal.get("type")), json=self.protocol.terminal_line),
+            ),
+            transcript=tuple(self.protocol.transcript),
+            exit_code=exit_.exit_code,
+            signal=exit_.signal,
+            timed_out=exit_.timed_out,
+            usage=None if self.completed is None else _usage(self.completed),
+            checkpoint=checkpoint,
+            metadata=metadata,
+            provider=PROVIDER,
+            model=self.plan.model,
+            structured_output=structured,
+            failure=failure,
+        )
+
+    def _failure(self, exit_: Exit) -> RunFailure | None:
+        if self.failed is not None:
+            message = as_str(as_dict(self.failed.get("error")).get("message")) or self.last_error
+            return _classify(message or "codex reported a failed turn")
+        if self.protocol.malformed:
+            return RunFailure(code="agent_error",
+                              message="codex printed a malformed stream: "
+                                      + self.protocol.problems[0],
+                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
+        if exit_.cancelled or exit_.timed_out:
+            return None  # the host's cancellation or deadline keeps its own identity
+        if self.completed is None:
+            if self.last_error:
+                return _classify(self.last_error, exit_code=exit_.exit_code, signal=exit_.signal)
+            return self.protocol.died("codex", exit_.describe(), exit_code=exit_.exit_code,
+                                      signal=exit_.signal)
+        if not exit_.clean:
+            return RunFailure(code="agent_error",
+                              message=f"codex exited unsuccessfully ({exit_.describe()})",
+                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+        return None
+
+
+def _classify(message: str, **details: Any) -> RunFailure:
+    kind: FailureKind = ""
+    if _AUTH.search(message):
+        kind = "auth"
+    elif _RATE_LIMIT.search(message):
+        kind = "rate_limit"
+    elif _UNAVAILABLE.search(message):
+        kind = "provider_unavailable"
+    status = re.search(r"\b([45]\d\d)\b", message)
+    return provider_failure(message, kind,
+                            provider_status=int(status.group(1)) if status else None, **details)
+
+
+def _tool_call(itype: str, item: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    if itype == "command_execution":
+        return "shell", {"command": as_str(item.get("command"))}
+    if itype == "file_change":
+        return "apply_patch", {"changes": copy.deepcopy(as_list(item.get("changes")))}
+    if itype == "mcp_tool_call":
+        name = f"mcp__{as_str(item.get('server'))}__{as_str(item.get('tool'))}"
+        arguments = item.get("arguments")
+        return name, copy.deepcopy(arguments) if isinstance(arguments, dict) else {}
+    return _TOOL_ITEMS.get(itype, itype), {"query": as_str(item.get("query"))}
+
+
+def _tool_result(itype: str, item: Mapping[str, Any]) -> tuple[str, bool]:
+    failed = as_str(item.get("status")) == "failed"
+    if itype == "command_execution":
+        code = item.get("exit_code")
+        return as_str(item.get("aggregated_output")), failed or (isinstance(code, int) and code != 0)
+    if itype == "mcp_tool_call":
+        error = as_dict(item.get("error"))
+        if error:
+            return as_str(error.get("message")) or "MCP tool call failed", True
+        content = as_list(as_dict(item.get("result")).get("content"))
+        return "\n".join(as_str(as_dict(p).get("text")) for p in content), failed
+    if itype == "file_change":
+        changes = as_list(item.get("changes"))
+        text = "\n".join(f"{as_str(as_dict(c).get('kind'))} {as_str(as_dict(c).get('path'))}"
+                         for c in changes)
+        return text, failed
+    return as_str(item.get("status")), failed
+
+
+def _usage(event: Mapping[str, Any]) -> Usage | None:
+    usage = as_dict(event.get("usage"))
+    if not usage:
+        return None
+    return Usage(
+        input_tokens=as_int(usage.get("input_tokens")),
+        output_tokens=as_int(usage.get("output_tokens")),
+        cached_input_tokens=as_int(usage.get("cached_input_tokens")),
+    )

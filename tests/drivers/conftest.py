@@ -1,0 +1,131 @@
+"""Fixtures for the driver tests: fake executables, the real CLIs, and isolated homes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+TRANSCRIPTS = HERE / "transcripts"
+CLI_CACHE = Path(os.environ.get("ADAPTOR_CLI_CACHE") or Path.home() / ".cache" / "adaptor-clis")
+CLAUDE_VERSION = "2.1.332"
+CODEX_VERSION = "0.171.0"
+INSTALL_HINT = "run .ci/install-clis.sh (needs npm) or set {var}"
+
+
+def _find_cli(var: str, package_dir: str, binary: str) -> str | None:
+    explicit = os.environ.get(var)
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    candidate = CLI_CACHE / package_dir / "node_modules" / ".bin" / binary
+    return str(candidate) if os.access(candidate, os.X_OK) else None
+
+
+@pytest.fixture(scope="session")
+def claude_bin() -> str:
+    found = _find_cli("ADAPTOR_CLAUDE_BIN", f"claude-code-{CLAUDE_VERSION}", "claude")
+    if found is None:
+        pytest.skip(f"claude {CLAUDE_VERSION} not installed: "
+                    + INSTALL_HINT.format(var="ADAPTOR_CLAUDE_BIN"))
+    return found
+
+
+@pytest.fixture(scope="session")
+def codex_bin() -> str:
+    found = _find_cli("ADAPTOR_CODEX_BIN", f"codex-{CODEX_VERSION}", "codex")
+    if found is None:
+        pytest.skip(f"codex {CODEX_VERSION} not installed: "
+                    + INSTALL_HINT.format(var="ADAPTOR_CODEX_BIN"))
+    return found
+
+
+def transcript(name: str) -> tuple[bytes, bytes, int | None]:
+    """A capture's stdout, stderr and exit status (None: the harness killed it)."""
+    exit_text = (TRANSCRIPTS / f"{name}.exit").read_text().strip()
+    return (
+        (TRANSCRIPTS / f"{name}.jsonl").read_bytes(),
+        (TRANSCRIPTS / f"{name}.stderr").read_bytes(),
+        int(exit_text) if exit_text.lstrip("-").isdigit() else None,
+    )
+
+
+@pytest.fixture
+def fake_exe(tmp_path: Path) -> Callable[[str, str], str]:
+    """``fake_exe(name, python_body)`` writes an executable Python script and returns its path."""
+
+    def make(name: str, body: str) -> str:
+        path = tmp_path / "bin" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        return str(path)
+
+    return make
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``, from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat_line = (Path("/proc") / entry / "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            members.append(int(entry))
+    return members
+
+
+@pytest.fixture
+def isolated_home(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """HOME, XDG and TMP dirs under the test's tmp_path, so CLIs never touch the user's files."""
+    home = tmp_path / "home"
+    tmp = tmp_path / "tmp"
+    for path in (home, tmp):
+        path.mkdir()
+    yield {"HOME": str(home), "TMPDIR": str(tmp), "XDG_CONFIG_HOME": str(home / ".config"),
+           "XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".local/share")}
+
+
+class FakeCLI:
+    """A fake executable replaying one transcript; ``records()`` is what it was given."""
+
+    def __init__(self, path: str, record: Path) -> None:
+        self.path = path
+        self._record = record
+
+    def records(self, kind: str) -> list[object]:
+        if not self._record.exists():
+            return []
+        import json
+
+        rows = [json.loads(line) for line in self._record.read_text().splitlines()]
+        return [row["value"] for row in rows if row["kind"] == kind]
+
+
+@pytest.fixture
+def fake_cli(tmp_path: Path, fake_exe: Callable[[str, str], str]) -> Callable[..., FakeCLI]:
+    """``fake_cli("claude-text", stdin_protocol=True)``: a CLI that replays that capture."""
+    counter = iter(range(1_000_000))
+
+    def make(name: str, *, stdin_protocol: bool = False, exit_code: int | None = None) -> FakeCLI:
+        n = next(counter)
+        record = tmp_path / f"record-{n}.jsonl"
+        _, _, captured_exit = transcript(name)
+        code = exit_code if exit_code is not None else (captured_exit or 0)
+        args = [str(record), str(TRANSCRIPTS / f"{name}.jsonl"), str(TRANSCRIPTS / f"{name}.stderr"),
+                str(code)] + (["--stdin-protocol"] if stdin_protocol else [])
+        body = (f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport fake_cli\n"
+                f"sys.exit(fake_cli.main({args!r}))\n")
+        return FakeCLI(fake_exe(f"fake-{n}", body), record)
+
+    return make

@@ -1,0 +1,203 @@
+"""A mock Anthropic Messages API for running the real ``claude`` CLI offline (test code).
+
+``POST /v1/messages`` answers with SSE when the body says ``stream: true`` and with one JSON
+message otherwise (Claude Code falls back to a non-streaming request after a broken stream);
+``POST /v1/messages/count_tokens`` answers a fixed count.  What the CLI sends and accepts is
+described in ``shared/reference/real-clis.md`` §3.2.
+
+The reply depends only on the request and :attr:`AnthropicMock.scenario`:
+
+- an error ``status`` answers every request with that status and an Anthropic error body;
+- when the last user turn carries a ``tool_result``, the reply is the text
+  ``"Tool result was: <result>"`` (so a scripted tool turn always ends);
+- else ``structured`` (when the request offers the ``StructuredOutput`` tool) or ``tool`` makes
+  the model call that tool; otherwise the model says ``text``.
+
+``delay`` pauses after ``message_start`` (cancellation tests); ``truncate`` cuts the stream
+after the first text delta (the CLI then retries and falls back to ``stream: false``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tests.drivers._mockhttp import MockServer, Reply
+
+DEFAULT_TEXT = "Hello from the mock Anthropic server."
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    text: str = DEFAULT_TEXT
+    tool: tuple[str, dict[str, Any]] | None = None
+    structured: Any = None
+    status: int | None = None
+    delay: float = 0.0
+    truncate: bool = False
+    usage: dict[str, int] = field(
+        default_factory=lambda: {"input_tokens": 12, "output_tokens": 7, "cache_read_input_tokens": 3}
+    )
+
+
+class AnthropicMock(MockServer):
+    def __init__(self, scenario: Scenario | None = None) -> None:
+        super().__init__()
+        self.scenario = scenario or Scenario()
+        self._ids = itertools.count(1)
+
+    def configure(self, **changes: Any) -> None:
+        self.scenario = replace(self.scenario, **changes)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The bodies of every ``/v1/messages`` request, in order."""
+        return [r["body"] for r in self.logged("/v1/messages") if "count_tokens" not in r["path"]]
+
+    def handle(self, reply: Reply, request: dict[str, Any]) -> None:
+        path = request["path"]
+        if request["method"] != "POST":
+            reply.json(404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
+            return
+        if "/v1/messages/count_tokens" in path:
+            reply.json(200, {"input_tokens": 12})
+            return
+        if "/v1/messages" not in path:
+            reply.json(404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
+            return
+        scenario = self.scenario
+        if scenario.status is not None:
+            kind = _ERROR_TYPES.get(scenario.status, "api_error")
+            reply.json(
+                scenario.status,
+                {"type": "error", "error": {"type": kind, "message": f"mock {kind}"}},
+            )
+            return
+        body = request["body"] or {}
+        blocks = self._answer(scenario, body)
+        message_id = f"msg_mock_{next(self._ids)}"
+        model = str(body.get("model") or "claude-mock")
+        stop_reason = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
+        if body.get("stream"):
+            reply.sse(self._events(scenario, message_id, model, blocks, stop_reason))
+        else:
+            reply.json(
+                200,
+                {
+                    "id": message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": blocks,
+                    "stop_reason": stop_reason,
+                    "stop_sequence": None,
+                    "usage": dict(scenario.usage),
+                },
+            )
+
+    def _answer(self, scenario: Scenario, body: dict[str, Any]) -> list[dict[str, Any]]:
+        result = _last_tool_result(body.get("messages") or [])
+        if result is not None:
+            return [{"type": "text", "text": f"Tool result was: {result}"}]
+        offered = {t.get("name") for t in body.get("tools") or () if isinstance(t, dict)}
+        if scenario.structured is not None and "StructuredOutput" in offered:
+            return [self._tool_use("StructuredOutput", scenario.structured)]
+        if scenario.tool is not None:
+            return [self._tool_use(*scenario.tool)]
+        return [{"type": "text", "text": scenario.text}]
+
+    def _tool_use(self, name: str, tool_input: Any) -> dict[str, Any]:
+        return {"type": "tool_use", "id": f"toolu_mock_{next(self._ids)}", "name": name, "input": tool_input}
+
+    def _events(
+        self,
+        scenario: Scenario,
+        message_id: str,
+        model: str,
+        blocks: list[dict[str, Any]],
+        stop_reason: str,
+    ) -> list[tuple[str, Any] | float]:
+        usage = scenario.usage
+        out: list[tuple[str, Any] | float] = [
+            (
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": message_id,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": model,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {
+                            "input_tokens": usage["input_tokens"],
+                            "output_tokens": 1,
+                            "cache_creation_input_tokens": 0,
+                            "cache_read_input_tokens": usage.get("cache_read_input_tokens", 0),
+                        },
+                    },
+                },
+            ),
+            ("ping", {"type": "ping"}),
+        ]
+        if scenario.delay:
+            out.append(scenario.delay)
+        for index, block in enumerate(blocks):
+            if block["type"] == "text":
+                out.append(("content_block_start", {"type": "content_block_start", "index": index,
+                                                    "content_block": {"type": "text", "text": ""}}))
+                for piece in _pieces(block["text"]):
+                    out.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                        "delta": {"type": "text_delta", "text": piece}}))
+                    if scenario.truncate:
+                        return out  # the connection ends mid-message
+            else:
+                start = {**block, "input": {}}
+                out.append(("content_block_start", {"type": "content_block_start", "index": index,
+                                                    "content_block": start}))
+                raw = json.dumps(block["input"])
+                for piece in (raw[: len(raw) // 2], raw[len(raw) // 2 :]):
+                    out.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                        "delta": {"type": "input_json_delta",
+                                                                  "partial_json": piece}}))
+            out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        out.append(("message_delta", {"type": "message_delta",
+                                       "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                                       "usage": {"output_tokens": usage["output_tokens"]}}))
+        out.append(("message_stop", {"type": "message_stop"}))
+        return out
+
+
+def _pieces(text: str) -> list[str]:
+    words = text.split(" ")
+    return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words) if w or i == 0]
+
+
+def _last_tool_result(messages: list[Any]) -> str | None:
+    """The text of the last user turn's tool_result, or None when that turn has none."""
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue  # Claude Code inserts role "system" items; skip them like the API would
+        content = message.get("content")
+        if not isinstance(content, list):
+            return None
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, list):
+                    return "".join(p.get("text", "") for p in inner if isinstance(p, dict))
+                return str(inner or "")
+        return None
+    return None

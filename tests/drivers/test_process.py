@@ -1,0 +1,170 @@
+"""The shared runner (adaptor.drivers._process): lines, raw bytes, stdin, process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from adaptor.driver import Request
+from adaptor.drivers import _process, claude, codex
+from adaptor.drivers._process import BinaryNotFound, Child, Spec
+from adaptor.events import ProcessInfo
+from adaptor.testing import RecordingSink
+from tests.drivers.conftest import group_members
+
+FakeExe = Callable[[str, str], str]
+
+# A leader that ignores SIGTERM and starts a grandchild (same group) that ignores it too; both
+# would outlive a run whose runner killed only the leader.
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(0.1)
+print("ready", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _spec(argv: list[str], **changes: object) -> Spec:
+    env, names = _process.child_env({"ADAPTOR_TEST_SECRET": "s3cret-value"})
+    fields: dict[str, object] = {"argv": argv, "env": env, "env_names": names,
+                                 "grace_period": 0.5}
+    fields.update(changes)
+    return Spec(**fields)  # type: ignore[arg-type]
+
+
+def _drain(child: Child, sink: RecordingSink) -> list[tuple[str, bytes, bool]]:
+    return [(line.stream, line.data, line.partial) for line in child.lines(sink)]
+
+
+def test_lines_raw_bytes_and_events(fake_exe: FakeExe) -> None:
+    exe = fake_exe("talker", """
+        import sys
+        sys.stdout.write("one\\n{\\"a\\": 1}\\r\\n")
+        sys.stdout.flush()
+        sys.stderr.write("warn\\n")
+        sys.stderr.flush()
+        sys.stdout.write("tail without newline")
+    """)
+    sink = RecordingSink()
+    child = Child.start(_spec([exe, "--flag"]), sink)
+    lines = _drain(child, sink)
+    exit_ = child.finish()
+    assert exit_.exit_code == 0 and exit_.signal is None and exit_.clean
+    assert ("stdout", b"one", False) in lines
+    assert ("stdout", b'{"a": 1}', False) in lines
+    assert ("stdout", b"tail without newline", True) in lines
+    assert ("stderr", b"warn", False) in lines
+    stdout, stderr = child.take_raw()
+    assert stdout == 'one\n{"a": 1}\ntail without newline' and stderr == "warn\n"
+    spawn = [e for e in sink.events if isinstance(e, ProcessInfo) and e.kind == "spawn"]
+    assert len(spawn) == 1
+    assert spawn[0].data["argv"] == [exe, "--flag"]
+    assert spawn[0].data["env"] == ["ADAPTOR_TEST_SECRET"]
+    assert "s3cret-value" not in repr(sink.payloads)  # names only, never values
+    chunks = "".join(e.text for e in sink.events if isinstance(e, ProcessInfo) and e.kind != "spawn")
+    assert "tail without newline" in chunks and "warn" in chunks
+
+
+def test_stdin_is_closed_or_fed(fake_exe: FakeExe) -> None:
+    exe = fake_exe("cat", "import sys\nprint(repr(sys.stdin.read()))\n")
+    for stdin, expected in (("closed", b"''"), (b"the prompt", b"'the prompt'")):
+        sink = RecordingSink()
+        child = Child.start(_spec([exe], stdin=stdin), sink)
+        assert [line.data for line in child.lines(sink)] == [expected]
+        assert child.finish().exit_code == 0
+
+
+def test_binary_not_found_is_an_infrastructure_failure(tmp_path: object) -> None:
+    with pytest.raises(BinaryNotFound) as caught:
+        Child.start(_spec(["adaptor-no-such-binary"]), RecordingSink())
+    assert str(caught.value) == "adaptor-no-such-binary not found on PATH"
+    for module in (claude, codex):
+        driver = module.Driver(module.Config(command="adaptor-no-such-binary"))  # type: ignore[attr-defined]
+        response = driver.run(Request(run_id="r", prompt="hi"), RecordingSink())
+        assert response.exit_code is None and response.checkpoint is None
+        assert response.failure is not None
+        assert response.failure.code == "infrastructure_error"
+        assert response.failure.message == "adaptor-no-such-binary not found on PATH"
+        assert dict(response.failure.details) == {"kind": "binary_not_found",
+                                                  "binary": "adaptor-no-such-binary"}
+
+
+@pytest.mark.parametrize("trigger", ["cancel", "deadline"])
+def test_cancel_and_deadline_kill_the_whole_group(fake_exe: FakeExe, trigger: str) -> None:
+    exe = fake_exe("stubborn", STUBBORN)
+    sink = RecordingSink()
+    child = Child.start(_spec([exe]), sink)
+    deadline = time.monotonic() + 0.5 if trigger == "deadline" else None
+    started = time.monotonic()
+    with child.watch(sink.cancelled, deadline):
+        if trigger == "cancel":
+            threading.Timer(0.5, sink.cancelled.set).start()
+        lines = _drain(child, sink)
+        exit_ = child.finish()
+    elapsed = time.monotonic() - started
+    assert ("stdout", b"ready", False) in lines
+    # SIGTERM is ignored by both, so only SIGKILL after the 0.5 s grace ends them.
+    assert exit_.signal == signal.SIGKILL and exit_.exit_code is None
+    assert exit_.timed_out is (trigger == "deadline")
+    assert exit_.cancelled is (trigger == "cancel")
+    assert elapsed < 5
+    assert group_members(child.pid) == []
+
+
+def test_leftover_grandchild_is_reaped_after_a_normal_exit(fake_exe: FakeExe) -> None:
+    # The grandchild keeps stdout open: without the group stop the reader would never see EOF.
+    exe = fake_exe("leaver", """
+        import os, signal, time
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(60)
+        print("bye", flush=True)
+    """)
+    sink = RecordingSink()
+    child = Child.start(_spec([exe]), sink)
+    started = time.monotonic()
+    lines = _drain(child, sink)
+    exit_ = child.finish()
+    assert lines == [("stdout", b"bye", False)]
+    assert exit_.exit_code == 0
+    assert time.monotonic() - started < 5
+    assert group_members(child.pid) == []
+
+
+def test_driven_stdin_round_trip(fake_exe: FakeExe) -> None:
+    exe = fake_exe("echo", """
+        import sys
+        for line in sys.stdin:
+            print("got " + line.strip(), flush=True)
+    """)
+    sink = RecordingSink()
+    child = Child.start(_spec([exe], stdin="driven"), sink)
+    lines = child.lines(sink)
+    assert child.send(b"a\n")
+    assert next(lines).data == b"got a"
+    assert child.send(b"b\n")
+    assert next(lines).data == b"got b"
+    child.close_stdin()
+    assert not child.send(b"late\n")
+    assert list(lines) == []
+    assert child.finish().exit_code == 0
+
+
+def test_no_zombie_left(fake_exe: FakeExe) -> None:
+    exe = fake_exe("quick", "print('x')\n")
+    sink = RecordingSink()
+    child = Child.start(_spec([exe]), sink)
+    _drain(child, sink)
+    child.finish()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # already reaped: not our child any more

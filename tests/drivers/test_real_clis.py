@@ -1,0 +1,492 @@
+"""The real ``claude`` and ``codex`` binaries against the project's mock model servers.
+
+Marked slow; skipped with a visible reason when the pinned CLIs are not installed
+(``.ci/install-clis.sh``).  Every run talks only to a mock on 127.0.0.1: HOME, CLAUDE_CONFIG_DIR
+and CODEX_HOME are per-test temporary directories, and the variables real-clis.md found to stop
+all outside traffic are set (claude: ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``; codex: a
+custom ``model_provider``, ``--disable plugins`` and ``analytics.enabled=false``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import adaptor
+from adaptor.drivers import claude, codex
+from adaptor.events import Notice, ProcessInfo
+from adaptor.memory import Store
+from adaptor.testing import conformance
+from tests.drivers.conftest import group_members
+from tests.drivers.mock_anthropic import AnthropicMock
+from tests.drivers.mock_openai import OpenAIMock
+
+pytestmark = pytest.mark.slow
+
+QUIET_CLAUDE = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_MAX_RETRIES": "0",  # API failures come back at once instead of after backoff
+}
+
+
+@dataclasses.dataclass
+class Item:
+    name: str
+    count: int
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nothing listens once the socket closes
+
+
+def spawned_pid(events: list[adaptor.Event]) -> int:
+    return next(int(e.data["pid"]) for e in events if isinstance(e, ProcessInfo) and e.kind == "spawn")
+
+
+def wait_until_gone(pgid: int, seconds: float = 10.0) -> list[int]:
+    until = time.monotonic() + seconds
+    while group_members(pgid) and time.monotonic() < until:
+        time.sleep(0.05)
+    return group_members(pgid)
+
+
+# --- claude -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def anthropic() -> Iterator[AnthropicMock]:
+    with AnthropicMock() as mock:
+        yield mock  # type: ignore[misc]
+
+
+@pytest.fixture
+def claude_config(
+    claude_bin: str, anthropic: AnthropicMock, isolated_home: dict[str, str], tmp_path: Path
+) -> Callable[..., claude.Config]:
+    def make(base_url: str | None = None, **fields: Any) -> claude.Config:
+        env = {**isolated_home, **QUIET_CLAUDE, "ANTHROPIC_API_KEY": "sk-ant-mock-key",
+               "ANTHROPIC_BASE_URL": base_url or anthropic.url}
+        return claude.Config(command=claude_bin, env=env,
+                             config_dir=str(tmp_path / "claude-profile"), **fields)
+
+    return make
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> str:
+    path = tmp_path / "work"
+    path.mkdir()
+    return str(path)
+
+
+def test_claude_text(claude_config: Callable[..., claude.Config], workspace: str) -> None:
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        result = agent.run("say hello")
+    assert result.text == "Hello from the mock Anthropic server."
+    assert (result.provider, result.model) == ("anthropic", "claude-opus-5-5")
+    assert result.usage is not None and result.usage.input_tokens == 12
+    assert result.usage.output_tokens == 7 and result.usage.cached_input_tokens == 3
+    assert result.usage.cost_usd is not None and result.usage.cost_usd > 0
+    assert result.metadata["claude_code_version"] == claude.CLI_VERSION
+    assert result.raw().terminal is not None and result.raw().terminal.event == "result"
+
+
+def test_claude_tool_call(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    target = os.path.join(workspace, "hello.txt")
+    anthropic.configure(tool=("Write", {"file_path": target, "content": "hi\n"}))
+    config = claude_config(permission_mode="acceptEdits")
+    with adaptor.Agent(claude.Driver(config), workspace=workspace) as agent:
+        result = agent.run("write hello.txt")
+    assert Path(target).read_text() == "hi\n"
+    kinds = [i.kind for i in result.transcript()]
+    assert kinds.index("tool_call") < kinds.index("tool_result") < kinds.index("assistant")
+    assert result.text.startswith("Tool result was: File created successfully")
+
+
+@pytest.mark.parametrize("answer", ["approve", "deny"])
+def test_claude_permission_prompt(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    answer: str,
+) -> None:
+    target = os.path.join(workspace, "perm.txt")
+    anthropic.configure(tool=("Bash", {"command": f"touch {target}", "description": "Create perm.txt"}))
+    asked: list[adaptor.ApprovalRequest] = []
+
+    def decide(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request)
+        request.approve() if answer == "approve" else request.deny("denied by the test")
+
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask", on_reject="continue"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=policy,
+                       on_approval=decide) as agent:
+        result = agent.run("please create perm.txt")
+    assert [(r.kind, r.source, r.title) for r in asked] == [("permission", "claude.bash",
+                                                            "Create perm.txt")]
+    if answer == "approve":
+        assert os.path.exists(target)
+        assert result.text == "Tool result was: (Bash completed with no output)"
+    else:
+        assert not os.path.exists(target)
+        assert result.text == "Tool result was: denied by the test"
+        assert "Bash" in result.metadata["permission_denials"]
+
+
+def test_claude_question_and_default_denial(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    anthropic.configure(tool=("AskUserQuestion", {"questions": [{
+        "question": "Which color?", "header": "Color", "multiSelect": False,
+        "options": [{"label": "red", "description": "warm"}, {"label": "blue", "description": "cool"}],
+    }]}))
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        result = agent.run("ask me", policy=policy, on_approval=lambda r: r.answer("blue"))
+        assert '"Which color?"="blue"' in result.text
+        # No approval policy: the CLI's own default mode denies the write without asking, and
+        # the denial stays visible in the Result.
+        target = os.path.join(workspace, "perm.txt")
+        anthropic.configure(tool=("Bash", {"command": f"touch {target}", "description": "x"}))
+        result = agent.run("create perm.txt")
+    assert not os.path.exists(target)
+    assert "touch" in result.metadata["permission_denials"]
+    assert any(i.subtype == "permission_denied" for i in result.transcript())
+
+
+def test_claude_thread_resume_reuse_and_restart(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    store = Store()
+    agent = adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, thread_store=store)
+    thread = agent.thread("conversation")
+    first = thread.run("first question")
+    second = thread.run("second question")
+    session = thread.checkpoint().state.resume_id
+    assert first.metadata["session_id"] == second.metadata["session_id"] == session
+    # One process served both turns, and the second request carried the first turn.
+    assert first.metadata["pid"] == second.metadata["pid"]
+    assert (first.metadata["process"], second.metadata["process"]) == ("spawned", "reused")
+    assert len(anthropic.messages()[-1]["messages"]) > len(anthropic.messages()[0]["messages"])
+    pid = int(second.metadata["pid"])
+    agent.close()
+    assert wait_until_gone(pid) == []
+    with pytest.raises(adaptor.AgentClosedError):
+        thread.run("after close")
+
+    # A new Agent (a daemon restart) resumes the stored session with --resume.
+    restarted = adaptor.Agent(claude.Driver(claude_config()), workspace=workspace,
+                              thread_store=store)
+    stream = restarted.thread("conversation").stream("third question")
+    events = list(stream)
+    third = stream.result()
+    argv = next(e.data["argv"] for e in events if isinstance(e, ProcessInfo) and e.kind == "spawn")
+    assert argv[argv.index("--resume") + 1] == session
+    assert third.metadata["session_id"] == session and third.metadata["process"] == "spawned"
+    # The approval transport changed: the kept process no longer fits, so it is stopped and a
+    # new one resumes the same session.
+    strict = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject"))
+    changed = restarted.thread("conversation").run("fourth", policy=strict)
+    assert changed.metadata["process"] == "spawned"
+    assert changed.metadata["session_id"] == session
+    assert changed.metadata["pid"] != third.metadata["pid"]
+    assert wait_until_gone(int(third.metadata["pid"])) == []
+    restarted.close()
+    assert wait_until_gone(int(changed.metadata["pid"])) == []
+
+
+def test_claude_fork(claude_config: Callable[..., claude.Config], workspace: str) -> None:
+    store = Store()
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        parent = agent.thread("parent")
+        parent.run("hello")
+        child = parent.fork("child")
+        child.run("branch")
+        assert child.checkpoint().state.resume_id != parent.checkpoint().state.resume_id
+
+
+def test_claude_bad_resume_id(
+    claude_config: Callable[..., claude.Config], workspace: str, tmp_path: Path
+) -> None:
+    store = Store()
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        agent.thread("t").run("hello")
+    session = glob.glob(str(tmp_path / "claude-profile" / "projects" / "*" / "*.jsonl"))
+    assert session, "claude stores sessions under CLAUDE_CONFIG_DIR/projects"
+    for path in session:
+        os.remove(path)  # the provider lost the conversation
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        with pytest.raises(adaptor.ResumeRejectedError) as caught:
+            agent.thread("t", resume_only=True).run("again")
+        assert "No conversation found" in caught.value.reason
+        stream = agent.thread("t").stream("again")  # continue-or-start falls back to a fresh one
+        notices = [e for e in stream if isinstance(e, Notice)]
+        assert stream.result().text == "Hello from the mock Anthropic server."
+        assert any(n.data.get("phase") == "thread.resume_rejected" for n in notices)
+
+
+def test_claude_structured_output(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        anthropic.configure(structured={"name": "mock", "count": 3})
+        result = agent.run("give me structured data", schema=Item)
+        assert result.decode(Item) == Item("mock", 3)
+        assert result.structured is not None and result.structured.source == "native"
+        tools = {t["name"] for t in anthropic.messages()[-1]["tools"]}
+        assert "StructuredOutput" in tools
+        anthropic.configure(structured={"name": 5})
+        with pytest.raises(adaptor.PolicyViolationError):
+            agent.run("give me structured data", schema=Item)
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "retryable"),
+    [(401, "auth", False), (429, "rate_limit", True), (500, "provider_unavailable", True)],
+)
+def test_claude_http_errors(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    status: int, kind: str, retryable: bool,
+) -> None:
+    anthropic.configure(status=status)
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert caught.value.details["kind"] == kind
+    assert caught.value.details["retryable"] is retryable
+    assert caught.value.details.get("provider_status") == status
+    assert str(status) in str(caught.value)
+
+
+def test_claude_unreachable_server(claude_config: Callable[..., claude.Config], workspace: str) -> None:
+    config = claude_config(base_url=f"http://127.0.0.1:{closed_port()}")
+    with adaptor.Agent(claude.Driver(config), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert caught.value.details["kind"] == "provider_unavailable"
+    assert caught.value.details["retryable"] is True
+
+
+def test_claude_cancel_mid_run(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    anthropic.configure(delay=60.0)
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        stream = agent.stream("say hello slowly")
+        events: list[adaptor.Event] = []
+        for event in stream:
+            events.append(event)
+            if isinstance(event, Notice) and event.data.get("kind") == "init":
+                break
+        until = time.monotonic() + 20
+        while not anthropic.messages() and time.monotonic() < until:
+            time.sleep(0.05)  # the model request is in flight
+        started = time.monotonic()
+        stream.cancel()
+        with pytest.raises(adaptor.RunCancelledError):
+            stream.result()
+    assert time.monotonic() - started < 10
+    assert wait_until_gone(spawned_pid(events)) == []
+
+
+def test_claude_conformance(claude_config: Callable[..., claude.Config]) -> None:
+    made: list[claude.Driver] = []
+
+    def factory() -> claude.Driver:
+        made.append(claude.Driver(claude_config()))
+        return made[-1]
+
+    try:
+        conformance.run(factory).raise_for_failures()
+    finally:
+        for driver in made:
+            driver.close_processes(10)
+
+
+# --- codex --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def openai() -> Iterator[OpenAIMock]:
+    with OpenAIMock() as mock:
+        yield mock  # type: ignore[misc]
+
+
+@pytest.fixture
+def codex_config(
+    codex_bin: str, openai: OpenAIMock, isolated_home: dict[str, str], tmp_path: Path
+) -> Callable[..., codex.Config]:
+    def make(base_url: str | None = None, **fields: Any) -> codex.Config:
+        provider = (
+            f'model_providers.mock={{name="mock",base_url="{base_url or openai.base_url}",'
+            'env_key="MOCK_API_KEY",wire_api="responses",request_max_retries=0,'
+            "stream_max_retries=0}"
+        )
+        extra = ("-c", "model_provider=mock", "-c", provider, "-c", "analytics.enabled=false",
+                 "-c", "check_for_update_on_startup=false", "--disable", "plugins")
+        return codex.Config(command=codex_bin, model="gpt-5.5", home=str(tmp_path / "codex-home"),
+                            env={**isolated_home, "MOCK_API_KEY": "mock-key"}, extra_args=extra,
+                            **fields)
+
+    return make
+
+
+def test_codex_text(codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str) -> None:
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        result = agent.run("say hello")
+    assert result.text == "Hello from the mock OpenAI server."
+    assert (result.provider, result.model) == ("openai", "gpt-5.5")
+    assert result.usage is not None
+    assert (result.usage.input_tokens, result.usage.cached_input_tokens,
+            result.usage.output_tokens) == (20, 4, 6)
+    assert openai.logged("/v1/responses")[0]["headers"]["authorization"] == "Bearer mock-key"
+
+
+def test_codex_tool_call_in_the_sandbox(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    openai.configure(shell="echo hi")
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        result = agent.run("run echo hi", policy=adaptor.Policy(sandbox="read_only",
+                                                                web_search="deny"))
+    call = next(i for i in result.transcript() if i.kind == "tool_call")
+    output = next(i for i in result.transcript() if i.kind == "tool_result")
+    assert call.tool_name == "shell" and "echo hi" in call.input["command"]
+    assert output.text == "hi\n" and not output.is_error
+    request = openai.logged("/v1/responses")[0]
+    assert '"sandbox_mode":"read-only"' in request["headers"]["x-codex-turn-metadata"].replace(" ", "")
+    assert "web_search" not in {t.get("name") or t.get("type") for t in request["body"]["tools"]}
+
+
+def test_codex_thread_resume_and_restart(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    store = Store()
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        agent.thread("t").run("first")
+        thread_id = agent.thread("t").checkpoint().state.resume_id
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        again = agent.thread("t").run("second")
+    assert again.metadata["thread_id"] == thread_id
+    first_input, second_input = (len(b["input"]) for b in openai.responses())
+    assert second_input > first_input  # the history went along
+
+
+def test_codex_bad_resume_id(
+    codex_config: Callable[..., codex.Config], workspace: str, tmp_path: Path
+) -> None:
+    store = Store()
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        agent.thread("t").run("first")
+    rollouts = glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
+                         recursive=True)
+    assert rollouts
+    for path in rollouts:
+        os.remove(path)
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        with pytest.raises(adaptor.ResumeRejectedError) as caught:
+            agent.thread("t", resume_only=True).run("again")
+    assert "no rollout found" in caught.value.reason
+
+
+def test_codex_structured_output(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        openai.configure(structured={"name": "mock", "count": 3})
+        assert agent.run("give", schema=Item).decode(Item) == Item("mock", 3)
+        text_format = openai.responses()[-1]["text"]["format"]
+        assert text_format["type"] == "json_schema" and text_format["schema"]["required"]
+        openai.configure(structured={"name": 5})
+        with pytest.raises(adaptor.PolicyViolationError):
+            agent.run("give", schema=Item)
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "retryable"),
+    [(401, "auth", False), (429, "rate_limit", True), (500, "provider_unavailable", True)],
+)
+def test_codex_http_errors(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str,
+    status: int, kind: str, retryable: bool,
+) -> None:
+    openai.configure(status=status)
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert caught.value.details["kind"] == kind
+    assert caught.value.details["retryable"] is retryable
+
+
+def test_codex_unreachable_server_ends_with_the_run_timeout(
+    codex_config: Callable[..., codex.Config], workspace: str
+) -> None:
+    config = codex_config(base_url=f"http://127.0.0.1:{closed_port()}/v1", grace_period=1.0)
+    with adaptor.Agent(codex.Driver(config), workspace=workspace) as agent:
+        stream = agent.stream("say hello", timeout=4)
+        events = list(stream)
+        with pytest.raises(adaptor.RunDeadlineExceededError) as caught:
+            stream.result()
+    assert caught.value.result is not None
+    assert "network" in caught.value.result.metadata.get("last_error", "")
+    assert wait_until_gone(spawned_pid(events)) == []
+
+
+def test_codex_cancel_mid_run(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    openai.configure(delay=60.0)
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        stream = agent.stream("say hello slowly")
+        events: list[adaptor.Event] = []
+        for event in stream:
+            events.append(event)
+            if isinstance(event, Notice) and event.data.get("kind") == "init":
+                break
+        until = time.monotonic() + 20
+        while not openai.responses() and time.monotonic() < until:
+            time.sleep(0.05)
+        pgid = spawned_pid(events)
+        assert len(group_members(pgid)) >= 2  # the node launcher and the real codex binary
+        stream.cancel()
+        with pytest.raises(adaptor.RunCancelledError):
+            stream.result()
+    assert wait_until_gone(pgid) == []
+
+
+def test_codex_conformance(codex_config: Callable[..., codex.Config]) -> None:
+    conformance.run(lambda: codex.Driver(codex_config())).raise_for_failures()
+
+
+
+def test_claude_idle_process_is_evicted(
+    claude_config: Callable[..., claude.Config], workspace: str
+) -> None:
+    with adaptor.Agent(claude.Driver(claude_config(idle_timeout=0.5)), workspace=workspace,
+                       thread_store=Store()) as agent:
+        result = agent.thread("t").run("hello")
+        pid = int(result.metadata["pid"])
+        assert group_members(pid)  # kept for the next turn
+        assert wait_until_gone(pid, 10) == []
+        again = agent.thread("t").run("hello again")  # a new process resumes the session
+        assert again.metadata["process"] == "spawned"
