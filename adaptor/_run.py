@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import secrets as _secrets
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from adaptor import _thread, errors
+from adaptor import mcp as _mcp
+from adaptor import skill as _skill
+from adaptor import tool as _tool
 from adaptor.approval import Outcome, Responder
 from adaptor.driver import (
     DecisionRequest,
@@ -30,6 +36,7 @@ from adaptor.driver import (
     Response,
     SessionContext,
 )
+from adaptor.driver._spi import MCPServerSpec, ResolvedSkill, ToolsEndpoint
 from adaptor.events import (
     ApprovalRequest,
     Choice,
@@ -62,12 +69,17 @@ class RunHost(Protocol):
     thread_store: Any
     lease_ttl: float
     lease_renewal: float
+    tools: tuple[Any, ...]
+    skill_provider: Any
 
     @property
     def closed(self) -> bool: ...
 
     def _register(self, run: RunPipeline) -> None: ...
     def _unregister(self, run: RunPipeline) -> None: ...
+    def _tools_endpoint(
+        self, tools: Sequence[_tool.Definition]
+    ) -> tuple[ToolsEndpoint, Mapping[str, str]]: ...
 
 
 @dataclass
@@ -143,6 +155,7 @@ class RunPipeline:
         self.thread = thread
         self.thread_key = "" if thread is None else thread.key
         self._plan: _thread.ThreadPlan | None = None
+        self._prelaunch: tuple[str, str] = ("", "")  # codec name, driver config fingerprint
         self._thread_identity: tuple[str, str] = ("", "")  # codec name, compatibility fp
         self._renewer: threading.Thread | None = None
         self._released = threading.Event()
@@ -166,6 +179,14 @@ class RunPipeline:
         self.approvals = EffectiveApprovals()
         self.compiled: CompiledSchema | None = None
         self.schema_source: str = ""
+        self._tools: tuple[_tool.Definition, ...] = ()
+        self._mcp: tuple[MCPServerSpec, ...] = ()
+        self._skills: tuple[_skill.Skill, ...] = ()
+        # Filled by the preparation, released by the teardown.
+        self._scratch: str | None = None
+        self._resolved_skills: tuple[ResolvedSkill, ...] = ()
+        self._endpoint: ToolsEndpoint | None = None
+        self._tool_env: Mapping[str, str] = {}
 
     # -- phases ------------------------------------------------------------------------------
 
@@ -189,6 +210,10 @@ class RunPipeline:
         return self.stream
 
     def _static_checks(self) -> None:
+        """Every check made before admission (no events, nothing started), first problem
+        wins: closed agent, driver config, policy, thread contract, tool definitions (and
+        tool revisions for threads), MCP declarations (the tool gateway's included), the MCP
+        SDK when there are tools, skill resolution (its one provider lookup), output schema."""
         if self.host.closed:
             raise errors.AgentClosedError()
         driver = self.host.driver
@@ -205,15 +230,16 @@ class RunPipeline:
             raise InvalidDriverConfigError(descriptor.type, exc) from exc
         self.approvals = validate(self.options.policy, descriptor)
         if self.thread is not None:
-            codec_name, config_fingerprint = _thread.prelaunch(self.host, descriptor)  # type: ignore[arg-type]
-            self._thread_identity = (
-                codec_name,
-                _thread.compatibility_fingerprint(
-                    descriptor, codec_name, config_fingerprint, self.options
-                ),
-            )
-        _refuse_unbuilt("skills", self.options.skills)
-        _refuse_unbuilt("mcp", self.options.mcp)
+            self._prelaunch = _thread.prelaunch(self.host, descriptor)  # type: ignore[arg-type]
+        self._tools = _tool.check_catalogue(self.host.tools)
+        if self._tools and self.thread is not None:
+            _thread.require_tool_revisions(self._tools)
+        self._mcp = _mcp.validate(self.options.mcp, descriptor, tools=bool(self._tools))
+        if self._tools:
+            from adaptor import _gateway
+
+            _gateway.require_sdk()
+        self._skills = _skill.resolve(self.options.skills, self.host.skill_provider)
         if self.options.schema is not None:
             from adaptor import schema as _schema
 
@@ -253,7 +279,10 @@ class RunPipeline:
             self._budget = _Budget(float(budget_limit), self._on_budget)
             self._budget.start()
         self._raise_if_ended_before_entry()
+        self._prepare_resources()
+        self._raise_if_ended_before_entry()
         if self.thread is not None:
+            self._thread_identity = (self._prelaunch[0], self._compatibility_fingerprint())
             self._plan_thread(self.thread)
         self._raise_if_ended_before_entry()
         request = self._request()
@@ -278,6 +307,46 @@ class RunPipeline:
             )
             response, driver_error = self._call_driver(fresh_request)
         return self._verdict(response, driver_error)
+
+    def _prepare_resources(self) -> None:
+        """Stage skills and start the tool gateway: after admission, before driver entry."""
+        assert self.descriptor is not None
+        skills = self._skills
+        if skills and not self.descriptor.skills.supported:
+            self.publish(
+                Notice(
+                    kind="lifecycle",
+                    text=f"driver {self.descriptor.type!r} does not load skills; "
+                    f"{len(skills)} skill(s) not delivered",
+                    data={"warning": "skills_unsupported", "keys": [s.key for s in skills]},
+                )
+            )
+            skills = ()
+        if skills or self._mcp or self._tools:
+            self._scratch = tempfile.mkdtemp(prefix="adaptor-run-")
+        if skills:
+            assert self._scratch is not None
+            self._resolved_skills = _skill.materialize(skills, Path(self._scratch) / "skills")
+        if self._tools:
+            try:
+                self._endpoint, self._tool_env = self.host._tools_endpoint(self._tools)
+            except errors.AgentClosedError:
+                # close() cancelled this run first: report that, as for any pre-entry cancel.
+                self._raise_if_ended_before_entry()
+                raise
+
+    def _compatibility_fingerprint(self) -> str:
+        assert self.descriptor is not None
+        codec_name, config_fingerprint = self._prelaunch
+        return _thread.compatibility_fingerprint(
+            self.descriptor,
+            codec_name,
+            config_fingerprint,
+            self.options,
+            skills=_skill.fingerprint(self._resolved_skills) if self._resolved_skills else "",
+            mcp=_mcp.fingerprint(self._mcp) if self._mcp else "",
+            tools=_tool.catalogue_fingerprint(self._tools) if self._tools else "",
+        )
 
     def _call_driver(self, request: Request) -> tuple[Response | None, BaseException | None]:
         sink = _Sink(self)
@@ -361,6 +430,11 @@ class RunPipeline:
             if self._plan is None
             else self._plan.session_context(),
             policy=self.options.policy,
+            skills=self._resolved_skills,
+            mcp=self._mcp,
+            tools_endpoint=self._endpoint,
+            scratch_dir=self._scratch,
+            env=dict(self._tool_env),
             output_schema=output_schema,
             structured_output_source=self.schema_source,  # type: ignore[arg-type]
             spawn=self.options.spawn,
@@ -530,6 +604,8 @@ class RunPipeline:
             self._timer.cancel()
         if self._budget is not None:
             self._budget.seal()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     # -- events and approvals from the driver ------------------------------------------------
 
@@ -719,11 +795,6 @@ def _describe_exit(response: Response) -> str:
     if response.signal is not None:
         return f"killed by signal {response.signal}"
     return f"exit code {response.exit_code}"
-
-
-def _refuse_unbuilt(name: str, value: Any) -> None:
-    if value:
-        raise NotImplementedError(f"{name} are not supported by this version of adaptor yet")
 
 
 class _Sink:

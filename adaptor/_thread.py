@@ -36,10 +36,13 @@ from adaptor.threadstore import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from adaptor._options import RunOptions
     from adaptor.agent import Agent
     from adaptor.result import Result
     from adaptor.stream import Stream
+    from adaptor.tool import Definition
 
 ThreadMode = Literal["continue_or_start", "continue_only", "fork"]
 
@@ -185,26 +188,48 @@ def prelaunch(agent: Agent, descriptor: Descriptor) -> tuple[str, str]:
     return codec_name, first.strip()
 
 
+def require_tool_revisions(tools: Sequence[Definition]) -> None:
+    """A thread pins its tool catalogue, which needs a revision on every tool (static check)."""
+    missing = sorted(t.name for t in tools if not t.revision)
+    if missing:
+        raise errors.ThreadIncompatibleError(
+            "thread runs need a revision on every host-defined tool; missing on "
+            + ", ".join(map(repr, missing))
+        )
+
+
 def compatibility_fingerprint(
-    descriptor: Descriptor, codec_name: str, config_fingerprint: str, options: RunOptions
+    descriptor: Descriptor,
+    codec_name: str,
+    config_fingerprint: str,
+    options: RunOptions,
+    *,
+    skills: str = "",
+    mcp: str = "",
+    tools: str = "",
 ) -> str:
-    """What must match for a stored session to be resumed: never secrets, never the schema."""
+    """What must match for a stored session to be resumed: never secrets, never the schema.
+
+    ``skills``, ``mcp`` and ``tools`` are the fingerprints of the staged skills (content), the
+    validated MCP set (env and header names only) and the tool catalogue (with revisions);
+    empty when the run has none, which keeps fingerprints of runs without them unchanged.
+    """
     workspace = options.workspace
     resolved_workspace = str(Path(workspace).resolve()) if workspace else ""
-    return canonical_fingerprint(
-        "adaptor/thread-invocation/v1",
-        {
-            "driver": descriptor.type,
-            "codec": codec_name,
-            "config": config_fingerprint,
-            "model": options.model or "",
-            "workspace": resolved_workspace,
-            "skills": [repr(s) for s in options.skills],
-            "mcp": [repr(m) for m in options.mcp or ()],
-            "instructions": options.instructions or "",
-            "append_system_prompt": options.append_system_prompt or "",
-        },
-    )
+    payload: dict[str, Any] = {
+        "driver": descriptor.type,
+        "codec": codec_name,
+        "config": config_fingerprint,
+        "model": options.model or "",
+        "workspace": resolved_workspace,
+        "skills": [skills] if skills else [],
+        "mcp": [mcp] if mcp else [],
+        "instructions": options.instructions or "",
+        "append_system_prompt": options.append_system_prompt or "",
+    }
+    if tools:
+        payload["tools"] = tools
+    return canonical_fingerprint("adaptor/thread-invocation/v1", payload)
 
 
 def plan(
@@ -293,7 +318,10 @@ def _incompatibility(plan_: ThreadPlan, record: Record) -> str | None:
     if not record.compatibility_fingerprint or not plan_.fingerprint:
         return "missing fingerprint"
     if record.compatibility_fingerprint != plan_.fingerprint:
-        return "driver configuration, model, workspace or instructions changed"
+        return (
+            "driver configuration, model, workspace, instructions, skills, MCP servers or "
+            "tools changed"
+        )
     return None
 
 

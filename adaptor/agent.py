@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,11 +16,15 @@ from adaptor.driver import Driver
 from adaptor.errors import AgentClosedError
 
 if TYPE_CHECKING:
+    from adaptor._gateway import Gateway
+    from adaptor.driver._spi import ToolsEndpoint
     from adaptor.events import ApprovalRequest
     from adaptor.policy import Policy
     from adaptor.result import Result
     from adaptor.schema import SchemaOptions
+    from adaptor.skill import Provider
     from adaptor.stream import Stream
+    from adaptor.tool import Definition
 
 __all__ = ["Agent", "Runner", "Thread"]
 
@@ -55,8 +60,8 @@ class Agent:
         on_approval: Callable[[ApprovalRequest], None] | None = None,
         spawn: bool = False,
         thread_store: Any = None,
-        tools: Sequence[Any] = (),
-        skill_provider: Any = None,
+        tools: Sequence[Definition] = (),
+        skill_provider: Provider | None = None,
         event_buffer: int = 1024,
         blocking_events: bool = False,
         lease_ttl: float = DEFAULT_LEASE_TTL,
@@ -75,8 +80,12 @@ class Agent:
             raise ValueError("lease_ttl and lease_renewal must be positive")
         self.lease_ttl = float(lease_ttl)
         self.lease_renewal = float(lease_renewal)
+        # Construction does no I/O: tools are checked, and their gateway started, by the first
+        # run that needs them.
         self.tools = tuple(tools)
         self.skill_provider = skill_provider
+        self._gateway: Gateway | None = None
+        self._gateway_lock = threading.Lock()
         self._defaults = _options.defaults(
             workspace=workspace,
             model=model,
@@ -146,7 +155,8 @@ class Agent:
     def close(self, timeout: float = 10) -> None:
         """Refuse new runs, cancel active ones and wait up to ``timeout`` seconds for them.
 
-        Idempotent.  Drivers with persistent processes get ``close_processes(timeout)``.
+        Idempotent.  Drivers with persistent processes get ``close_processes(timeout)``; then
+        the tool gateway, if a run started one, is shut down.
         """
         with self._lock:
             first = not self._closed
@@ -164,6 +174,28 @@ class Agent:
         closer = getattr(self.driver, "close_processes", None)
         if first and callable(closer):
             closer(max(deadline - time.monotonic(), 0.0))
+        # After the runs and the CLI processes: a CLI still running may still call a tool.
+        with self._gateway_lock:
+            gateway, self._gateway = self._gateway, None
+        if gateway is not None:
+            gateway.close(max(deadline - time.monotonic(), 0.0))
+
+    def _tools_endpoint(
+        self, tools: Sequence[Definition]
+    ) -> tuple[ToolsEndpoint, Mapping[str, str]]:
+        """The running tool gateway (started on first use) and the env its clients need."""
+        from adaptor._gateway import Gateway
+
+        with self._gateway_lock:
+            # close() marks the agent closed before it takes this lock, so a gateway started
+            # here is always seen (and stopped) by it.
+            if self._closed:
+                raise AgentClosedError()
+            if self._gateway is None:
+                self._gateway = Gateway(tools)
+                # An Agent dropped without close() must not leave its server listening.
+                weakref.finalize(self, self._gateway.close, 1.0)
+            return self._gateway.start(), self._gateway.env
 
     def _register(self, run: RunPipeline) -> None:
         with self._lock:

@@ -1,8 +1,104 @@
-"""Host-defined tools served to agent CLIs."""
+"""Host-defined tools served to agent CLIs.
+
+::
+
+    from adaptor import tool
+
+    @dataclass
+    class IssueQuery:
+        number: int
+
+    def lookup(query: IssueQuery) -> dict[str, str]:
+        if query.number not in issues:
+            raise tool.reject("not_found", "no such issue")
+        return issues[query.number]
+
+    lookup_issue = tool.define("lookup_issue", "Fetch an issue by number", lookup,
+                               input=IssueQuery, revision="1", read_only=True)
+    agent = adaptor.Agent(driver, tools=[lookup_issue])
+
+``input``/``output`` are a dataclass, a TypedDict, a pydantic model class or a JSON Schema
+``dict`` (draft 2020-12, local references only), compiled by :func:`adaptor.schema.compile_schema`.
+``input`` must describe a JSON object; ``None`` means "no arguments".  The handler is a plain
+(synchronous) callable taking one argument: an instance of the ``input`` type (a ``dict`` for a
+JSON Schema or ``None`` input).  It may be called from several threads at once.  Its return
+value is JSON-encoded (dataclasses and pydantic models included) and, with an ``output``,
+validated; a ``str`` result without an ``output`` reaches the model as plain text.
+
+:func:`define` never raises: a definition that cannot form a valid tool is kept and raises
+:class:`InvalidDefinitionError` when a run starts, before the driver runs (and from
+:meth:`Definition.descriptor`).
+
+The model sees exactly three kinds of failure: the message of a :func:`reject` raised by the
+handler, a safe ``invalid_input`` message that names fields but never echoes values, and a
+fixed generic message for everything else (a failed output check included).  The full
+exception goes to the ``adaptor.tool`` logger, never to the model.
+
+Annotations are tri-state hints for the CLI: ``None`` leaves the hint unset, and MCP then
+assumes a tool may be destructive and open-world.
+
+An Agent serves its tools to the CLI through its tool gateway (``adaptor._gateway``), which
+needs the ``mcp`` extra; without it a run is refused before launch with
+:class:`InvalidDefinitionError` (its cause the ``ImportError``).  Thread runs need a
+``revision`` on every tool: the catalogue, revisions included, is part of a thread's
+compatibility fingerprint, and a tool without one refuses the run with
+``ThreadIncompatibleError``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, NoReturn, final
+
+import orjson
+
+from adaptor import errors
 from adaptor.errors import AdaptorError
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+
+    from adaptor.schema import CompiledSchema
+
+__all__ = [
+    "GENERIC_FAILURE",
+    "Annotations",
+    "CallOutcome",
+    "Definition",
+    "InvalidDefinitionError",
+    "InvalidInputError",
+    "InvalidOutputError",
+    "ToolDescriptor",
+    "as_rejection",
+    "catalogue_fingerprint",
+    "check_catalogue",
+    "define",
+    "reject",
+]
+
+NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+GENERIC_FAILURE: Final = "the tool failed while handling this request"
+INVALID_INPUT_CODE: Final = "invalid_input"
+
+_DEFAULT_REJECT_CODE = "rejected"
+_DEFAULT_REJECT_MESSAGE = "tool request rejected"
+_MAX_CODE_BYTES = 64
+_MAX_MESSAGE_BYTES = 4096
+_MAX_ECHO_BYTES = 64
+_INVALID_JSON: Final = "invalid JSON arguments; send a JSON object and retry"
+_NO_ARGUMENTS: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {},
+    "additionalProperties": False,
+}
+
+log = logging.getLogger("adaptor.tool")
 
 
 class InvalidDefinitionError(AdaptorError):
@@ -23,3 +119,403 @@ class InvalidInputError(AdaptorError):
 class InvalidOutputError(AdaptorError):
     code = "tool.ErrInvalidOutput"
     default_message = "invalid tool output"
+
+
+# --- rejections --------------------------------------------------------------------------------
+
+# Only objects built by ``reject`` carry this exact object; a lookalike class with the same
+# attributes, or a subclass, is not a rejection.
+_MARKER: Final = object()
+
+
+@final
+class _Rejection(Exception):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError("tool rejections cannot be subclassed; use adaptor.tool.reject()")
+
+    def __init__(self, code: str, message: str, marker: object) -> None:
+        if marker is not _MARKER:
+            raise TypeError("use adaptor.tool.reject(code, message)")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self._marker = marker
+
+    def __repr__(self) -> str:
+        return f"tool.reject({self.code!r}, {self.message!r})"
+
+
+def reject(code: str, message: str) -> Exception:
+    """The one model-visible expected failure: ``raise tool.reject("not_found", "no such issue")``.
+
+    ``code`` is trimmed and must match ``[A-Za-z0-9_.-]`` in at most 64 bytes, else it becomes
+    ``"rejected"``; ``message`` is trimmed and must be non-empty and at most 4096 bytes, else
+    it becomes ``"tool request rejected"``.
+    """
+    clean_code = code.strip() if isinstance(code, str) else ""
+    if not NAME.fullmatch(clean_code) or len(clean_code.encode()) > _MAX_CODE_BYTES:
+        clean_code = _DEFAULT_REJECT_CODE
+    clean_message = message.strip() if isinstance(message, str) else ""
+    if not clean_message or len(clean_message.encode()) > _MAX_MESSAGE_BYTES:
+        clean_message = _DEFAULT_REJECT_MESSAGE
+    return _Rejection(clean_code, clean_message, _MARKER)
+
+
+def as_rejection(err: BaseException | None) -> tuple[str, str] | None:
+    """``(code, message)`` when ``err`` is, or wraps, an error made by :func:`reject`.
+
+    Follows the chain like :func:`adaptor.errors.find` (causes, unsuppressed contexts, group
+    members; at most 100 nodes).
+    """
+    found = errors.find(err, _Rejection)
+    if found is None or getattr(found, "_marker", None) is not _MARKER:
+        return None
+    return found.code, found.message
+
+
+# --- definitions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """Behaviour hints for the CLI; ``None`` means "not stated"."""
+
+    read_only: bool | None = None
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = None
+
+
+@dataclass(frozen=True)
+class ToolDescriptor:
+    """A validated, detached view of a definition: what the CLI is told and what threads pin."""
+
+    name: str
+    description: str
+    title: str
+    revision: str
+    input_schema: Mapping[str, Any]
+    output_schema: Mapping[str, Any] | None
+    annotations: Annotations
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What the model receives for one call.
+
+    ``structured`` is the JSON object result when the tool declares an object-typed output.
+    """
+
+    text: str
+    is_error: bool = False
+    structured: Mapping[str, Any] | None = None
+
+
+@final
+@dataclass(frozen=True, eq=False)
+class Definition:
+    """A host-defined tool made by :func:`define`.  Immutable; compares by identity."""
+
+    name: str
+    description: str
+    handler: Callable[[Any], Any] = field(repr=False)
+    title: str
+    revision: str
+    annotations: Annotations
+    _input: CompiledSchema | None = field(repr=False)
+    _output: CompiledSchema | None = field(repr=False)
+    _problem: InvalidDefinitionError | None = field(repr=False)
+
+    @property
+    def problem(self) -> InvalidDefinitionError | None:
+        """Why this definition is invalid, or ``None``."""
+        return self._problem
+
+    def descriptor(self) -> ToolDescriptor:
+        """The validated view; raises :class:`InvalidDefinitionError` for an invalid definition."""
+        self._check()
+        input_schema = _NO_ARGUMENTS if self._input is None else self._input.schema
+        return ToolDescriptor(
+            name=self.name,
+            description=self.description,
+            title=self.title,
+            revision=self.revision,
+            input_schema=_copy_json(input_schema),
+            output_schema=None if self._output is None else _copy_json(self._output.schema),
+            annotations=self.annotations,
+        )
+
+    def invoke(self, arguments: str | bytes | Mapping[str, Any] | None) -> str:
+        """Run the handler on the model's arguments and return its result as JSON text.
+
+        Raises :class:`InvalidInputError` (its cause is the safe ``invalid_input`` rejection),
+        :class:`InvalidOutputError`, or whatever the handler raised.
+        """
+        return self._invoke(arguments)[0]
+
+    def call(self, arguments: str | bytes | Mapping[str, Any] | None) -> CallOutcome:
+        """What the gateway does per call: :meth:`invoke`, with every failure made model-safe."""
+        try:
+            text, plain = self._invoke(arguments)
+        except Exception as exc:
+            rejection = as_rejection(exc)
+            if rejection is not None:
+                return CallOutcome(text=rejection[1], is_error=True)
+            log.warning("tool %r failed", self.name, exc_info=True)
+            return CallOutcome(text=GENERIC_FAILURE, is_error=True)
+        structured = plain if isinstance(plain, dict) and _is_object_schema(self._output) else None
+        return CallOutcome(text=plain if isinstance(plain, str) else text, structured=structured)
+
+    # -- the invoke path ---------------------------------------------------------------------
+
+    def _check(self) -> None:
+        problem = self._problem
+        if problem is not None:
+            # A fresh error per raise: one shared instance would collect every run's traceback.
+            raise InvalidDefinitionError(problem.message, cause=problem.cause)
+
+    def _invoke(self, arguments: str | bytes | Mapping[str, Any] | None) -> tuple[str, Any]:
+        self._check()
+        result = self.handler(self._decode_input(arguments))
+        return self._encode_output(result)
+
+    def _decode_input(self, arguments: str | bytes | Mapping[str, Any] | None) -> Any:
+        value = _parse_arguments(arguments)
+        if self._input is None:
+            if value:
+                name = sorted(value)[0]
+                _fail_input(f"invalid field {_echo(name)}; this tool takes no arguments")
+            return {}
+        found = sorted(self._input._validator.iter_errors(value), key=_error_depth)
+        if found:
+            _fail_input(_safe_message(found[0]))
+        if self._input.type_ is None:
+            return value
+        from adaptor.schema import convert
+
+        try:
+            return convert(value, self._input.type_)
+        except (TypeError, ValueError):
+            # convert() messages quote the values; only the fact reaches the model.
+            _fail_input(
+                "the arguments could not build the tool's input; check the values and retry"
+            )
+
+    def _encode_output(self, result: Any) -> tuple[str, Any]:
+        try:
+            raw = orjson.dumps(result, default=_encode_default)
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            raise InvalidOutputError(
+                f"tool {self.name!r} returned a {type(result).__name__} that is not JSON: {exc}",
+                cause=exc,
+            ) from exc
+        plain = orjson.loads(raw)
+        if self._output is not None:
+            found = sorted(self._output._validator.iter_errors(plain), key=_error_depth)
+            if found:
+                # Path and keyword only: the output may hold data the logs should not.
+                first = found[0]
+                raise InvalidOutputError(
+                    f"tool {self.name!r} returned output that fails its output schema at "
+                    f"{first.json_path} ({first.validator})"
+                )
+        return raw.decode(), plain
+
+
+def define(
+    name: str,
+    description: str,
+    handler: Callable[[Any], Any],
+    *,
+    input: Any = None,
+    output: Any = None,
+    title: str | None = None,
+    revision: str | None = None,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
+    idempotent: bool | None = None,
+    open_world: bool | None = None,
+) -> Definition:
+    """Define a tool.  Never raises: an invalid definition is kept and fails the run later."""
+    annotations = Annotations(read_only, destructive, idempotent, open_world)
+    problem: InvalidDefinitionError | None = None
+    input_schema: CompiledSchema | None = None
+    output_schema: CompiledSchema | None = None
+    try:
+        _check_fields(name, description, handler, title, revision, annotations)
+        label = f"tool {name!r}"
+        if input is not None:
+            input_schema = _compile(input, f"{label}: input")
+            if input_schema.schema.get("type") != "object":
+                raise InvalidDefinitionError(
+                    f"{label}: the input schema must describe a JSON object "
+                    '(top-level "type": "object")'
+                )
+        if output is not None:
+            output_schema = _compile(output, f"{label}: output")
+    except InvalidDefinitionError as exc:
+        problem = exc
+    return Definition(
+        name=name,
+        description=description.strip() if isinstance(description, str) else description,
+        handler=handler,
+        title=title.strip() if isinstance(title, str) else "",
+        revision=revision.strip() if isinstance(revision, str) else "",
+        annotations=annotations,
+        _input=input_schema,
+        _output=output_schema,
+        _problem=problem,
+    )
+
+
+def check_catalogue(tools: Iterable[object]) -> tuple[Definition, ...]:
+    """The tools of one Agent, validated in order; duplicate names are an invalid definition."""
+    checked: list[Definition] = []
+    seen: set[str] = set()
+    for position, item in enumerate(tools):
+        if not isinstance(item, Definition):
+            raise InvalidDefinitionError(
+                f"tools[{position}] is a {type(item).__name__}, not a tool made by "
+                "adaptor.tool.define()"
+            )
+        item._check()
+        if item.name in seen:
+            raise InvalidDefinitionError(f"two tools are named {item.name!r}")
+        seen.add(item.name)
+        checked.append(item)
+    return tuple(checked)
+
+
+def catalogue_fingerprint(tools: Iterable[Definition]) -> str:
+    """A stable hash of the catalogue (names, texts, schemas, annotations, revisions)."""
+    from adaptor.driver import canonical_fingerprint
+
+    descriptors = sorted((t.descriptor() for t in tools), key=lambda d: d.name)
+    return canonical_fingerprint("adaptor/tools/v1", descriptors, root="Tools")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _check_fields(
+    name: object,
+    description: object,
+    handler: object,
+    title: object,
+    revision: object,
+    annotations: Annotations,
+) -> None:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise InvalidDefinitionError(
+            f"tool name {name!r} must be 1-128 characters of letters, digits, '_', '.' or '-'"
+        )
+    label = f"tool {name!r}"
+    if not isinstance(description, str) or not description.strip():
+        raise InvalidDefinitionError(f"{label}: the description must be a non-empty string")
+    if not callable(handler):
+        raise InvalidDefinitionError(f"{label}: the handler is not callable")
+    if inspect.iscoroutinefunction(handler):
+        raise InvalidDefinitionError(f"{label}: the handler must be a plain function, not async")
+    if title is not None and not isinstance(title, str):
+        raise InvalidDefinitionError(f"{label}: title must be a string")
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise InvalidDefinitionError(f"{label}: revision must be a non-empty string or None")
+    for hint in dataclasses.fields(annotations):
+        value = getattr(annotations, hint.name)
+        if value is not None and not isinstance(value, bool):
+            raise InvalidDefinitionError(f"{label}: {hint.name} must be True, False or None")
+    if annotations.read_only and annotations.destructive:
+        raise InvalidDefinitionError(f"{label}: a tool cannot be both read_only and destructive")
+
+
+def _compile(schema: object, where: str) -> CompiledSchema:
+    from adaptor.driver import InvalidOutputSchemaError
+    from adaptor.schema import compile_schema
+
+    try:
+        return compile_schema(schema)
+    except InvalidOutputSchemaError as exc:
+        raise InvalidDefinitionError(f"{where}: {exc.reason}", cause=exc) from exc
+
+
+def _is_object_schema(compiled: CompiledSchema | None) -> bool:
+    return compiled is not None and compiled.schema.get("type") == "object"
+
+
+def _copy_json(value: Mapping[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = orjson.loads(orjson.dumps(value))
+    return copied
+
+
+def _encode_default(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):  # a pydantic model: its JSON mode is the contract its author wrote
+        return dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _parse_arguments(arguments: str | bytes | Mapping[str, Any] | None) -> Any:
+    if arguments is None:
+        return {}
+    if isinstance(arguments, Mapping):
+        try:
+            # A round trip: the handler gets plain JSON data, never the caller's objects.
+            return orjson.loads(orjson.dumps(arguments))
+        except (TypeError, orjson.JSONEncodeError):
+            _fail_input(_INVALID_JSON)
+    if isinstance(arguments, str | bytes) and not arguments.strip():
+        return {}
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        _fail_input(_INVALID_JSON)
+    if not isinstance(value, dict):
+        _fail_input("the arguments must be a JSON object; send an object and retry")
+    return value
+
+
+def _fail_input(message: str) -> NoReturn:
+    """Raise ``InvalidInputError`` whose cause is the safe rejection the model sees.
+
+    Called inside an ``except`` block, the original problem (whose message may quote the
+    model's values) stays the context, for the host's traceback only.
+    """
+    error = InvalidInputError(message, cause=reject(INVALID_INPUT_CODE, message))
+    raise error from error.cause
+
+
+def _error_depth(error: ValidationError) -> tuple[int, str]:
+    # The shallowest problem first: a missing top-level field explains more than a nested one.
+    return len(error.absolute_path), str(list(error.absolute_path))
+
+
+def _safe_message(error: ValidationError) -> str:
+    """Say where and what kind of problem, naming fields but never echoing a value."""
+    where = _echo(error.json_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        schema = error.schema if isinstance(error.schema, Mapping) else {}
+        declared = schema.get("properties") or {}
+        extras = sorted(k for k in error.instance if k not in declared)
+        if extras:
+            return f"invalid field {_echo(extras[0])}; use a declared field name and retry"
+    if error.validator == "required" and isinstance(error.instance, dict):
+        required = error.validator_value if isinstance(error.validator_value, list) else []
+        missing = [k for k in required if isinstance(k, str) and k not in error.instance]
+        if missing:
+            return f"missing required field {_echo(missing[0])} at {where}; add it and retry"
+    if error.validator == "type":
+        expected = error.validator_value
+        wanted = expected if isinstance(expected, str) else "/".join(map(str, expected))
+        return f"wrong type at {where}: expected {wanted}; fix the type and retry"
+    return f"invalid value at {where} ({error.validator}); check the tool's input schema and retry"
+
+
+def _echo(text: str) -> str:
+    """A quoted, escaped name of at most 64 bytes, safe to embed in a model-visible message."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) > _MAX_ECHO_BYTES:
+        text = encoded[:_MAX_ECHO_BYTES].decode("utf-8", "ignore") + "…"
+    # JSON escapes the control characters; other unprintables (bidi overrides, separators)
+    # could still disguise the message, so they are escaped too.
+    quoted = json.dumps(text, ensure_ascii=False)
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in quoted)

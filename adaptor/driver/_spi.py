@@ -247,9 +247,93 @@ class OutputSchema:
     schema_hash: str = ""
 
 
+# --- skills, MCP servers and host tools, as the driver renders them --------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedSkill:
+    """One selected skill, already staged on disk for this run.
+
+    ``path`` is an absolute directory holding ``SKILL.md`` and the skill's other files, inside
+    ``Request.scratch_dir``; it exists only while ``Driver.run`` runs.  ``runtime_name`` is the
+    directory name the CLI should see (``[a-z0-9-]``, at most 64 characters, unique in the
+    run): link or copy ``path`` to ``<skills root>/<runtime_name>``.  ``fingerprint`` is a
+    content hash of the staged files.
+    """
+
+    key: str
+    runtime_name: str
+    path: str
+    required: bool = False
+    reason: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    fingerprint: str = ""
+
+
+MCPTransport = Literal["stdio", "http", "sse"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MCPServerSpec:
+    """One validated MCP server for the CLI to connect to.
+
+    ``stdio`` servers use ``command``/``args``/``env``; ``http`` (streamable HTTP) and ``sse``
+    servers use ``url``/``headers``/``bearer_token_env``.  The fields of the other transport
+    are empty.  ``env`` and ``headers`` values are secrets: write them only to files readable
+    by the current user alone (e.g. under ``Request.scratch_dir``) or pass them through the
+    process environment, never into events, argv or logs.  ``bearer_token_env`` names an
+    environment variable of the CLI's process whose value is the bearer token (send it as
+    ``Authorization: Bearer <value>``); the value itself never appears in the request.
+    """
+
+    key: str
+    transport: MCPTransport
+    command: str = ""
+    args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    url: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    bearer_token_env: str = ""
+    required: bool = False
+    required_reason: str = ""
+
+    def __repr__(self) -> str:
+        # Values of env and headers are secrets; their names are enough to debug with.
+        parts = [f"key={self.key!r}", f"transport={self.transport!r}"]
+        if self.transport == "stdio":
+            parts += [f"command={self.command!r}", f"args={list(self.args)!r}",
+                      f"env=<{', '.join(sorted(self.env))}>"]
+        else:
+            parts += [f"url={self.url!r}", f"headers=<{', '.join(sorted(self.headers))}>",
+                      f"bearer_token_env={self.bearer_token_env!r}"]
+        return f"MCPServerSpec({', '.join(parts)})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolsEndpoint:
+    """The Agent's own MCP server serving its host-defined tools.
+
+    Render ``server`` exactly like an entry of ``Request.mcp`` (an ``http`` server with a
+    bearer token in the environment variable ``server.bearer_token_env``, which the SDK puts
+    into ``Request.env``).  ``tools`` lists the tool names it serves, for CLIs that need an
+    allow-list (e.g. ``mcp__<server.key>__<name>``).  The port and variable name change between
+    Agents; they are never part of a session fingerprint.
+    """
+
+    server: MCPServerSpec
+    tools: Sequence[str] = ()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Request:
-    """One fully resolved invocation.  Drivers apply all of it on every run."""
+    """One fully resolved invocation.  Drivers apply all of it on every run.
+
+    ``skills``, ``mcp`` and ``tools_endpoint`` are validated and normalized by the SDK (sorted
+    by key); ``scratch_dir`` is a private (``0700``) directory the SDK creates for a run that
+    has any of them and removes after the run, for per-run files such as an MCP config.
+    ``env`` holds variables the CLI's process must receive on top of the driver's own (the
+    tool gateway's token among them); their values are secrets.
+    """
 
     run_id: str
     prompt: str
@@ -257,9 +341,10 @@ class Request:
     workspace_cwd: str | None = None
     session: SessionContext | None = None
     policy: Policy | None = None
-    skills: Sequence[Any] = ()
-    mcp: Sequence[Any] = ()
-    tools_endpoint: Any = None
+    skills: Sequence[ResolvedSkill] = ()
+    mcp: Sequence[MCPServerSpec] = ()
+    tools_endpoint: ToolsEndpoint | None = None
+    scratch_dir: str | None = None
     output_schema: OutputSchema | None = None
     structured_output_source: Literal["native", "prompt_validate", ""] = ""
     spawn: bool = False

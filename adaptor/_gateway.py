@@ -1,0 +1,281 @@
+"""The tool gateway: the Agent's own MCP server for its host-defined tools.
+
+One per Agent, started on the first run that needs it and stopped by ``agent.close()``.  It
+serves streamable HTTP on ``127.0.0.1`` at an ephemeral port, path ``/mcp``, in a daemon thread
+with its own event loop; handlers run in worker threads so a slow tool never stalls the others.
+
+Every request must carry ``Authorization: Bearer <secret>``, where the secret is 32 random
+bytes made per Agent.  Drivers learn only the *name* of the environment variable holding it
+(``ToolsEndpoint.server.bearer_token_env``, itself random per Agent); the SDK puts the value
+into ``Request.env`` so it reaches the CLI's process without ever being written to argv, a
+config file, an event or a fingerprint.  Anything else gets ``401`` before the MCP layer sees it.
+
+Tool calls go through :meth:`adaptor.tool.Definition.call`; the gateway publishes no events of
+its own (the driver's parser reports the CLI's tool calls).
+
+Needs the ``mcp`` extra (``pip install 'adaptor[mcp]'``, MCP SDK 2.x).  Without it a run of an
+Agent with tools is refused before launch with ``InvalidDefinitionError`` whose cause is the
+``ImportError``: the tool set cannot be served, which is a configuration problem of the Agent
+(CLI exit code 3), not an infrastructure failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib
+import secrets
+import socket
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any, Final
+
+from adaptor.driver._spi import MCPServerSpec, ToolsEndpoint
+from adaptor.mcp import RESERVED_ENV_PREFIX, RESERVED_KEY
+from adaptor.tool import GENERIC_FAILURE, CallOutcome, Definition, InvalidDefinitionError
+
+__all__ = ["Gateway", "require_sdk"]
+
+HOST: Final = "127.0.0.1"
+PATH: Final = "/mcp"
+_START_TIMEOUT = 15.0
+_SDK_MODULES: Final = (
+    "mcp.types",
+    "mcp.server.lowlevel",
+    "mcp.server.streamable_http_manager",
+    "mcp.server.transport_security",
+    "uvicorn",
+    "anyio",
+)
+
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+def require_sdk() -> None:
+    """Import the MCP SDK now, so a missing extra refuses the run before anything starts."""
+    for name in _SDK_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise InvalidDefinitionError(
+                "host-defined tools need the MCP SDK: pip install 'adaptor[mcp]'", cause=exc
+            ) from exc
+
+
+class Gateway:
+    """An authenticated loopback MCP server for one Agent's tools.
+
+    ``start()`` is idempotent and thread-safe; ``close()`` stops the server (idempotent) and
+    a closed gateway cannot start again.
+    """
+
+    def __init__(self, tools: Sequence[Definition]) -> None:
+        self._tools = {t.name: t for t in tools}
+        self._descriptors = [t.descriptor() for t in tools]
+        self.token_env = RESERVED_ENV_PREFIX + secrets.token_hex(8).upper()
+        self._token = secrets.token_urlsafe(32)
+        self._expected = ("Bearer " + self._token).encode()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: Any = None
+        self._endpoint: ToolsEndpoint | None = None
+        self._closed = False
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the CLI's process needs: the token under its variable name.  Secret."""
+        return {self.token_env: self._token}
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._endpoint else "idle"
+        url = self._endpoint.server.url if self._endpoint else ""
+        return f"Gateway({state}, tools={sorted(self._tools)!r}, url={url!r})"
+
+    def start(self) -> ToolsEndpoint:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the tool gateway is closed")
+            if self._endpoint is None:
+                self._endpoint = self._start()
+            return self._endpoint
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._closed = True
+            server, loop, thread = self._server, self._loop, self._thread
+            self._endpoint = None
+        if server is None or loop is None or thread is None:
+            return
+        # uvicorn reads should_exit on its own loop; set it there.
+        with contextlib.suppress(RuntimeError):  # the loop already ended
+            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+        thread.join(max(timeout, 0.0))
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def _start(self) -> ToolsEndpoint:
+        import uvicorn
+
+        manager = self._manager()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((HOST, 0))
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            raise
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self._asgi_app(manager),
+            lifespan="off",
+            log_config=None,  # leave the host's logging configuration alone
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        server = uvicorn.Server(config)
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            try:
+                async with manager.run():
+                    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+                    while not server.started and not task.done():
+                        await asyncio.sleep(0.005)
+                    ready.set()
+                    await task
+            except BaseException as exc:
+                failure.append(exc)
+                raise
+            finally:
+                ready.set()
+                sock.close()
+
+        def run() -> None:
+            try:
+                asyncio.run(serve())
+            except BaseException:  # reported to start() through ``failure``
+                pass
+
+        thread = threading.Thread(target=run, name="adaptor-tool-gateway", daemon=True)
+        thread.start()
+        if not ready.wait(_START_TIMEOUT) or not server.started:
+            server.should_exit = True
+            cause = failure[0] if failure else None
+            raise RuntimeError("the tool gateway did not start") from cause
+        self._server, self._thread = server, thread
+        return ToolsEndpoint(
+            server=MCPServerSpec(
+                key=RESERVED_KEY,
+                transport="http",
+                url=f"http://{HOST}:{port}{PATH}",
+                bearer_token_env=self.token_env,
+            ),
+            tools=tuple(sorted(self._tools)),
+        )
+
+    def _manager(self) -> Any:
+        from mcp.server.lowlevel import Server
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        server: Any = Server(
+            RESERVED_KEY, on_list_tools=self._list_tools, on_call_tool=self._call_tool
+        )
+        return StreamableHTTPSessionManager(
+            app=server,
+            # Stateless JSON: every call stands alone, so nothing lingers for close() to drain.
+            stateless=True,
+            json_response=True,
+            security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=[f"{HOST}:*", "localhost:*"],
+                allowed_origins=[f"http://{HOST}:*", "http://localhost:*"],
+            ),
+        )
+
+    def _asgi_app(self, manager: Any) -> Callable[[_Scope, _Receive, _Send], Awaitable[None]]:
+        expected = self._expected
+
+        async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
+            if scope["type"] != "http":
+                return
+            if scope.get("path") != PATH:
+                await _plain(send, 404, b"not found")
+                return
+            presented = b""
+            for name, value in scope.get("headers") or ():
+                if name.lower() == b"authorization":
+                    presented = value
+            if not hmac.compare_digest(presented, expected):
+                await _plain(send, 401, b"unauthorized", [(b"www-authenticate", b"Bearer")])
+                return
+            await manager.handle_request(scope, receive, send)
+
+        return app
+
+    async def _list_tools(self, ctx: Any, params: Any) -> Any:
+        from mcp import types
+
+        tools = []
+        for d in self._descriptors:
+            hints = d.annotations
+            annotations = types.ToolAnnotations(
+                title=d.title or None,
+                read_only_hint=hints.read_only,
+                destructive_hint=hints.destructive,
+                idempotent_hint=hints.idempotent,
+                open_world_hint=hints.open_world,
+            )
+            output = d.output_schema
+            tools.append(
+                types.Tool(
+                    name=d.name,
+                    title=d.title or None,
+                    description=d.description,
+                    input_schema=dict(d.input_schema),
+                    # MCP's structured results are objects; other outputs travel as text.
+                    output_schema=dict(output)
+                    if output is not None and output.get("type") == "object"
+                    else None,
+                    annotations=annotations,
+                )
+            )
+        return types.ListToolsResult(tools=tools)
+
+    async def _call_tool(self, ctx: Any, params: Any) -> Any:
+        import anyio.to_thread
+        from mcp import types
+
+        definition = self._tools.get(params.name)
+        if definition is None:
+            outcome = CallOutcome(text="unknown tool", is_error=True)
+        else:
+            try:
+                outcome = await anyio.to_thread.run_sync(definition.call, params.arguments)
+            except Exception:  # call() contains handler failures; this is a last resort
+                outcome = CallOutcome(text=GENERIC_FAILURE, is_error=True)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=outcome.text)],
+            structured_content=dict(outcome.structured) if outcome.structured is not None else None,
+            is_error=outcome.is_error,
+        )
+
+
+async def _plain(
+    send: _Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"text/plain"), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,232 @@
+"""The tool gateway: a real MCP server on 127.0.0.1, exercised with the official MCP client."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp", reason="the tool gateway needs the mcp extra")
+
+import anyio
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from adaptor import _gateway, tool
+
+
+@dataclass
+class Add:
+    a: int
+    b: int
+
+
+@dataclass
+class Sum:
+    total: int
+
+
+def add(args: Add) -> Sum:
+    if args.a < 0:
+        raise tool.reject("negative", "only non-negative numbers, please")
+    if args.a == 13:
+        raise RuntimeError("unlucky: connection string postgres://admin:pw@db")
+    return Sum(args.a + args.b)
+
+
+TOOLS = [
+    tool.define(
+        "add",
+        "Add two numbers",
+        add,
+        input=Add,
+        output=Sum,
+        revision="1",
+        read_only=True,
+        idempotent=True,
+        title="Adder",
+    ),
+    tool.define(
+        "shout",
+        "Upper-case a text",
+        lambda v: v["text"].upper(),
+        input={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[_gateway.Gateway]:
+    gw = _gateway.Gateway(tool.check_catalogue(TOOLS))
+    gw.start()
+    yield gw
+    gw.close()
+
+
+def session_call(gateway: _gateway.Gateway, fn: Any, *, token: str | None = None) -> Any:
+    endpoint = gateway.start()
+    secret = gateway.env[endpoint.server.bearer_token_env] if token is None else token
+    result: list[Any] = []
+
+    async def main() -> None:
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        async with create_mcp_http_client(headers=headers) as http:
+            async with streamable_http_client(endpoint.server.url, http_client=http) as (r, w):
+                async with ClientSession(r, w) as session:
+                    await session.initialize()
+                    result.append(await fn(session))
+
+    anyio.run(main)
+    return result[0]
+
+
+def test_endpoint_shape(gateway: _gateway.Gateway) -> None:
+    endpoint = gateway.start()
+    assert gateway.start() is endpoint  # idempotent
+    server = endpoint.server
+    assert server.key == "adaptor" and server.transport == "http"
+    assert server.url.startswith("http://127.0.0.1:") and server.url.endswith("/mcp")
+    assert server.bearer_token_env.startswith("ADAPTOR_TOOLS_TOKEN_")
+    assert endpoint.tools == ("add", "shout")
+    token = gateway.env[server.bearer_token_env]
+    assert len(token) >= 32
+    for shown in (repr(endpoint), repr(gateway), server.url):
+        assert token not in shown
+
+
+def test_list_tools(gateway: _gateway.Gateway) -> None:
+    async def list_tools(session: ClientSession) -> Any:
+        return await session.list_tools()
+
+    listed = {t.name: t for t in session_call(gateway, list_tools).tools}
+    assert set(listed) == {"add", "shout"}
+    adder = listed["add"]
+    assert adder.title == "Adder" and adder.description == "Add two numbers"
+    assert adder.input_schema["required"] == ["a", "b"]
+    assert adder.output_schema is not None and adder.output_schema["type"] == "object"
+    assert adder.annotations is not None
+    assert adder.annotations.read_only_hint is True and adder.annotations.idempotent_hint is True
+    assert adder.annotations.destructive_hint is None  # unset: the MCP default applies
+    assert listed["shout"].output_schema is None
+
+
+def call(gateway: _gateway.Gateway, name: str, arguments: dict[str, Any]) -> Any:
+    async def run(session: ClientSession) -> Any:
+        return await session.call_tool(name, arguments)
+
+    return session_call(gateway, run)
+
+
+def test_call_a_tool(gateway: _gateway.Gateway) -> None:
+    result = call(gateway, "add", {"a": 2, "b": 3})
+    assert result.is_error is False
+    assert result.structured_content == {"total": 5}
+    assert result.content[0].text == '{"total":5}'
+    shouted = call(gateway, "shout", {"text": "hi"})
+    assert shouted.content[0].text == "HI" and shouted.structured_content is None
+
+
+def test_bad_input_gets_the_safe_message(gateway: _gateway.Gateway) -> None:
+    result = call(gateway, "add", {"a": "SECRET-ARG", "b": 1})
+    assert result.is_error is True
+    text = result.content[0].text
+    assert "wrong type" in text and "SECRET-ARG" not in text
+    extra = call(gateway, "add", {"a": 1, "b": 1, "c": "SECRET-ARG"})
+    assert extra.content[0].text.startswith('invalid field "c"')
+
+
+def test_handler_exceptions_get_the_generic_message(gateway: _gateway.Gateway) -> None:
+    result = call(gateway, "add", {"a": 13, "b": 0})
+    assert result.is_error is True
+    assert result.content[0].text == tool.GENERIC_FAILURE
+    assert "postgres" not in result.content[0].text
+
+
+def test_rejections_reach_the_model(gateway: _gateway.Gateway) -> None:
+    result = call(gateway, "add", {"a": -1, "b": 0})
+    assert result.is_error is True
+    assert result.content[0].text == "only non-negative numbers, please"
+
+
+def test_unknown_tools(gateway: _gateway.Gateway) -> None:
+    result = call(gateway, "nope", {})
+    assert result.is_error is True and "nope" not in result.content[0].text
+
+
+@pytest.mark.parametrize("token", ["", "wrong-token"])
+def test_wrong_or_missing_bearer_is_refused(gateway: _gateway.Gateway, token: str) -> None:
+    async def list_tools(session: ClientSession) -> Any:
+        return await session.list_tools()
+
+    # The client reports the refusal as an error (in exception groups); the status shows below.
+    with pytest.raises(Exception):  # noqa: B017
+        session_call(gateway, list_tools, token=token)
+    url = gateway.start().server.url
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    refused = httpx2.post(
+        url, json=body, headers={**headers, "Accept": "application/json, text/event-stream"}
+    )
+    assert refused.status_code == 401
+    assert refused.headers["www-authenticate"] == "Bearer"
+
+
+def test_other_paths_are_not_found(gateway: _gateway.Gateway) -> None:
+    url = gateway.start().server.url.replace("/mcp", "/other")
+    assert httpx2.get(url).status_code == 404
+
+
+def test_concurrent_calls_do_not_block_each_other() -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def slow(value: Any) -> str:
+        entered.set()
+        release.wait(10)
+        return "slow done"
+
+    gw = _gateway.Gateway(
+        tool.check_catalogue(
+            [
+                tool.define("slow", "waits", slow),
+                tool.define("fast", "returns", lambda v: "fast done"),
+            ]
+        )
+    )
+    try:
+        results: list[Any] = []
+        worker = threading.Thread(target=lambda: results.append(call(gw, "slow", {})))
+        worker.start()
+        assert entered.wait(10)
+        assert call(gw, "fast", {}).content[0].text == "fast done"
+        release.set()
+        worker.join(10)
+        assert results[0].content[0].text == "slow done"
+    finally:
+        release.set()
+        gw.close()
+
+
+def test_close_stops_the_server_and_start_is_refused_after() -> None:
+    gw = _gateway.Gateway(tool.check_catalogue([tool.define("x", "d", lambda v: "x")]))
+    port = int(gw.start().server.url.split(":")[-1].split("/")[0])
+    gw.close(5)
+    gw.close(5)  # idempotent
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 1):
+        pass
+    with pytest.raises(RuntimeError):
+        gw.start()
+
+
+def test_a_missing_sdk_is_an_invalid_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mcp.server.streamable_http_manager", None)
+    with pytest.raises(tool.InvalidDefinitionError, match=r"adaptor\[mcp\]") as caught:
+        _gateway.require_sdk()
+    assert isinstance(caught.value.__cause__, ImportError)

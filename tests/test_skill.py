@@ -1,0 +1,400 @@
+"""adaptor.skill: sources, resolution with one provider call, conflicts, staging and limits."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adaptor import errors, skill
+
+SKILL_MD = "---\nname: lint\ndescription: lint things\n---\nRun the linter.\n"
+
+
+def make_dir(root: Path, name: str = "lint", files: Mapping[str, str] | None = None) -> Path:
+    base = root / name
+    for rel, text in (files or {"SKILL.md": SKILL_MD, "scripts/run.sh": "#!/bin/sh\n"}).items():
+        path = base / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return base
+
+
+def zip_bytes(entries: Mapping[str, bytes], *, modes: Mapping[str, int] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in entries.items():
+            info = zipfile.ZipInfo(name)
+            if modes and name in modes:
+                info.external_attr = modes[name] << 16
+            z.writestr(info, data)
+    return buffer.getvalue()
+
+
+def tar_bytes(members: Sequence[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as t:  # type: ignore[call-overload]
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+            else:
+                t.addfile(info)
+    return buffer.getvalue()
+
+
+def reg(name: str, mode: int = 0o644) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mode = mode
+    return info
+
+
+class CountingProvider:
+    def __init__(self, skills: Mapping[str, skill.Skill]) -> None:
+        self.inner = skill.Set(skills)
+        self.calls: list[list[str]] = []
+
+    def get_skills(self, keys: Sequence[str]) -> Mapping[str, skill.Skill]:
+        self.calls.append(list(keys))
+        return self.inner.get_skills(keys)
+
+
+# --- declarations --------------------------------------------------------------------------
+
+
+def test_constructors(tmp_path: Path) -> None:
+    d = skill.dir(tmp_path / "lint")
+    assert d.key == "lint" and d.source == skill.DirSource(str(tmp_path / "lint"))
+    i = skill.inline("style", SKILL_MD)
+    assert i.source == skill.InlineSource(SKILL_MD)
+    assert SKILL_MD not in repr(i)  # content stays out of reprs and errors
+    a = skill.archive("pack", b"PK..", subpath="x")
+    assert a.source == skill.ArchiveSource(data=b"PK..", subpath="x")
+    assert "PK.." not in repr(a)
+    r = skill.require(skill.key("notes"), "tenant policy")
+    assert r == skill.Ref("notes", required=True, reason="tenant policy")
+    assert skill.require(i, "why").required
+
+
+def test_from_json() -> None:
+    assert skill.from_json({"key": "a"}) == skill.Ref("a")
+    assert skill.from_json(
+        {"inline": "x", "key": "a", "required": True, "reason": "r"}
+    ) == skill.Skill("a", skill.InlineSource("x"), required=True, reason="r")
+    assert skill.from_json({"dir": "/srv/s/lint"}).key == "lint"
+    assert skill.from_json({"dir": "/srv/s/lint", "key": "x"}).key == "x"
+    with pytest.raises(ValueError):
+        skill.from_json({"key": "a", "inline": "x", "dir": "/d"})
+    with pytest.raises(ValueError):
+        skill.from_json({"key": "a", "color": "red"})
+    with pytest.raises(TypeError):
+        skill.from_json(3)
+
+
+# --- resolution ----------------------------------------------------------------------------
+
+
+def test_resolution_batches_one_provider_call_and_sorts() -> None:
+    provider = CountingProvider(
+        {
+            "notes": skill.inline("notes", "n"),
+            "mandatory": skill.require(skill.inline("mandatory", "m"), "tenant"),
+            "unused": skill.inline("unused", "u"),
+        }
+    )
+    resolved = skill.resolve(
+        [skill.inline("zeta", "z"), skill.key("notes"), skill.require(skill.key("notes"), "why")],
+        provider,
+    )
+    assert provider.calls == [["notes"]]
+    assert [s.key for s in resolved] == ["mandatory", "notes", "zeta"]
+    notes = resolved[1]
+    assert notes.required and notes.reason == "why"
+
+
+def test_provider_is_asked_even_without_references() -> None:
+    provider = CountingProvider({"m": skill.require(skill.inline("m", "m"), "always")})
+    assert [s.key for s in skill.resolve([], provider)] == ["m"]
+    assert provider.calls == [[]]
+
+
+def test_not_found() -> None:
+    with pytest.raises(skill.SkillNotFoundError, match="missing"):
+        skill.resolve([skill.key("missing")], CountingProvider({}))
+    with pytest.raises(skill.SkillNotFoundError):
+        skill.resolve([skill.key("x")], None)
+
+
+def test_a_reference_may_name_an_inline_skill() -> None:
+    resolved = skill.resolve([skill.inline("a", "x"), skill.key("a")], None)
+    assert [s.key for s in resolved] == ["a"]
+
+
+def test_key_and_source_missing() -> None:
+    with pytest.raises(skill.SkillKeyMissingError):
+        skill.resolve([skill.inline("  ", "x")], None)
+    with pytest.raises(skill.SkillKeyMissingError):
+        skill.resolve([skill.key("")], None)
+    with pytest.raises(skill.SkillSourceMissingError):
+        skill.resolve([skill.Skill("a", None)], None)
+    with pytest.raises(skill.SkillKeyMissingError):
+        skill.resolve([], CountingProvider({"": skill.require(skill.inline("", "x"), "r")}))
+
+
+def test_equal_duplicates_merge(tmp_path: Path) -> None:
+    a = skill.dir(tmp_path / "lint")
+    b = skill.dir(str(tmp_path / "x" / ".." / "lint"))
+    assert len(skill.resolve([a, b, skill.inline("s", "t"), skill.inline("s", "t")], None)) == 2
+
+
+@pytest.mark.parametrize(
+    "other,detail",
+    [
+        (skill.inline("a", "different"), "different sources"),
+        (skill.require(skill.inline("a", "text"), "r"), "required"),
+        (skill.Skill("a", skill.InlineSource("text"), reason="r"), "reasons"),
+        (skill.inline("a", "text", metadata={"runtime_name": "b"}), "metadata"),
+        (skill.archive("a", b"x"), "different sources"),
+    ],
+)
+def test_conflicts(other: skill.Skill, detail: str) -> None:
+    with pytest.raises(skill.SkillKeyConflictError) as caught:
+        skill.resolve([skill.inline("a", "text"), other], None)
+    err = caught.value
+    assert err.key == "a" and detail in err.detail
+    assert len(err.sources) == 2 and all(isinstance(s, str) for s in err.sources)
+    assert "text" not in " ".join(err.sources)  # inline content is shown as a hash
+    rebuilt = errors.from_wire(err.to_wire())
+    assert isinstance(rebuilt, skill.SkillKeyConflictError) and rebuilt.sources == err.sources
+
+
+def test_provider_entries_conflict_with_inline_values() -> None:
+    provider = CountingProvider({"a": skill.inline("a", "provider")})
+    with pytest.raises(skill.SkillKeyConflictError):
+        skill.resolve([skill.inline("a", "mine"), skill.key("a")], provider)
+
+
+def test_set_catalogue() -> None:
+    s = skill.Set({"b": skill.inline("x", "b"), "a": skill.inline("a", "a")})
+    assert [k.key for k in s.catalogue()] == ["a", "b"]
+    assert set(s.get_skills(["b", "zz"])) == {"b"}
+    assert isinstance(s, skill.Catalogue)
+
+
+# --- runtime names -------------------------------------------------------------------------
+
+
+def test_runtime_names() -> None:
+    assert skill.runtime_name(skill.inline("lint", "x")) == "lint"
+    tenant = skill.runtime_name(skill.inline("tenant/Lint", "x"))
+    assert tenant.startswith("lint-") and len(tenant) == len("lint-") + 10
+    assert skill.runtime_name(skill.inline("a", "x", metadata={"runtime_name": "b"})) == "b"
+
+
+@given(st.text(min_size=1, max_size=200))
+def test_runtime_names_are_safe_and_distinct(key: str) -> None:
+    name = skill.runtime_name(skill.inline(key, "x"))
+    assert skill._RUNTIME_NAME.fullmatch(name)
+    if name == key:
+        return
+    assert name != skill.runtime_name(skill.inline(key + "/", "x"))
+
+
+# --- staging -------------------------------------------------------------------------------
+
+
+def test_stage_dir_inline_and_archives(tmp_path: Path) -> None:
+    source = make_dir(tmp_path / "src")
+    os.chmod(source / "scripts" / "run.sh", 0o755)
+    packed = zip_bytes({"SKILL.md": SKILL_MD.encode(), "ref/notes.txt": b"n"})
+    tgz = tar_bytes([(reg("top/SKILL.md"), b"x"), (reg("top/bin/tool", 0o755), b"#!")], "w:gz")
+    archive_file = tmp_path / "pack.tar"
+    archive_file.write_bytes(tar_bytes([(reg("SKILL.md"), b"y")]))
+    skills = skill.resolve(
+        [
+            skill.dir(source),
+            skill.inline("style", SKILL_MD),
+            skill.archive("zipped", packed),
+            skill.archive("gzipped", tgz, subpath="top"),
+            skill.archive("from-file", archive_file),
+        ],
+        None,
+    )
+    out = tmp_path / "run" / "skills"
+    staged = {r.key: r for r in skill.materialize(skills, out)}
+    assert set(staged) == {"lint", "style", "zipped", "gzipped", "from-file"}
+    lint = Path(staged["lint"].path)
+    assert lint == out / "lint"
+    assert (lint / "scripts" / "run.sh").stat().st_mode & 0o111
+    assert stat.S_IMODE(lint.stat().st_mode) == 0o700
+    assert stat.S_IMODE((lint / "SKILL.md").stat().st_mode) == 0o600
+    assert (Path(staged["style"].path) / "SKILL.md").read_text() == SKILL_MD
+    assert (Path(staged["zipped"].path) / "ref" / "notes.txt").read_bytes() == b"n"
+    gz = Path(staged["gzipped"].path)
+    assert (gz / "SKILL.md").read_bytes() == b"x" and os.access(gz / "bin" / "tool", os.X_OK)
+    assert (Path(staged["from-file"].path) / "SKILL.md").read_bytes() == b"y"
+    for r in staged.values():
+        assert r.fingerprint.startswith("sha256:") and r.runtime_name == Path(r.path).name
+
+
+def test_fingerprints_follow_content(tmp_path: Path) -> None:
+    def staged(text: str, where: str) -> str:
+        (result,) = skill.materialize([skill.inline("a", text)], tmp_path / where)
+        return result.fingerprint
+
+    assert staged("x", "one") == staged("x", "two")
+    assert staged("x", "three") != staged("y", "four")
+    source = make_dir(tmp_path / "src")
+    (first,) = skill.materialize([skill.dir(source)], tmp_path / "five")
+    (source / "scripts" / "run.sh").write_text("changed\n")
+    (second,) = skill.materialize([skill.dir(source)], tmp_path / "six")
+    assert first.fingerprint != second.fingerprint
+    assert skill.fingerprint([first]) != skill.fingerprint([second])
+
+
+def failure(tmp_path: Path, made: skill.Skill, **limits: int) -> skill.SkillMaterializationError:
+    out = tmp_path / "out"
+    with pytest.raises(skill.SkillMaterializationError) as caught:
+        skill.materialize([made], out, _limits=skill.Limits(**limits))
+    err = caught.value
+    assert err.key == made.key and err.runtime_name == skill.runtime_name(made)
+    assert err.cause is not None and err.__cause__ is err.cause
+    assert not (out / err.runtime_name).exists()  # a failed skill leaves nothing behind
+    return err
+
+
+def test_missing_skill_md(tmp_path: Path) -> None:
+    err = failure(tmp_path, skill.archive("a", zip_bytes({"README": b"x"})))
+    assert "SKILL.md" in str(err.cause)
+    failure(tmp_path, skill.archive("b", tar_bytes([(reg("x/SKILL.md"), b"x")])))  # no subpath
+    failure(tmp_path, skill.dir(tmp_path / "does-not-exist"))
+    failure(tmp_path, skill.archive("c", tmp_path / "missing.zip"))
+    failure(tmp_path, skill.archive("d", b"neither zip nor tar"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../evil/SKILL.md", "/etc/SKILL.md", "a/../../SKILL.md", "C:/SKILL.md", "a\\..\\SKILL.md"],
+)
+def test_path_escapes_are_refused(tmp_path: Path, name: str) -> None:
+    entries = {"SKILL.md": b"ok", name: b"evil"}
+    err = failure(tmp_path, skill.archive("z", zip_bytes(entries)))
+    assert isinstance(err.cause, ValueError)
+    failure(tmp_path, skill.archive("t", tar_bytes([(reg("SKILL.md"), b"ok"), (reg(name), b"e")])))
+    assert not (tmp_path / "evil").exists() and not (tmp_path.parent / "evil").exists()
+
+
+def test_links_and_devices_are_refused(tmp_path: Path) -> None:
+    symlink = reg("link")
+    symlink.type, symlink.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    hardlink = reg("hard")
+    hardlink.type, hardlink.linkname = tarfile.LNKTYPE, "SKILL.md"
+    device = reg("dev")
+    device.type = tarfile.CHRTYPE
+    fifo = reg("fifo")
+    fifo.type = tarfile.FIFOTYPE
+    for bad in (symlink, hardlink, device, fifo):
+        failure(tmp_path, skill.archive("t", tar_bytes([(reg("SKILL.md"), b"x"), (bad, None)])))
+    zipped_link = zip_bytes({"SKILL.md": b"x", "link": b"/etc/passwd"}, modes={"link": 0o120777})
+    failure(tmp_path, skill.archive("z", zipped_link))
+    source = make_dir(tmp_path / "src")
+    (source / "escape").symlink_to("/etc/passwd")
+    err = failure(tmp_path, skill.dir(source))
+    assert "symlink" in str(err.cause)
+
+
+def test_duplicate_entries_are_refused(tmp_path: Path) -> None:
+    twice = tar_bytes([(reg("SKILL.md"), b"a"), (reg("SKILL.md"), b"b")])
+    failure(tmp_path, skill.archive("t", twice))
+
+
+ONE_KIB = b"x" * 1024
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar", "tgz", "dir"])
+def test_entry_limit(tmp_path: Path, kind: str) -> None:
+    files = {"SKILL.md": b"x", **{f"f{i}": b"" for i in range(5)}}
+    made = _source(tmp_path, kind, files)
+    (ok,) = skill.materialize([made], tmp_path / "ok", _limits=skill.Limits(max_entries=6))
+    assert ok.key == made.key
+    err = failure(tmp_path, made, max_entries=5)
+    assert "entries" in str(err.cause)
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar", "tgz", "dir"])
+def test_file_limit(tmp_path: Path, kind: str) -> None:
+    made = _source(tmp_path, kind, {"SKILL.md": b"x", "big": ONE_KIB})
+    skill.materialize([made], tmp_path / "ok", _limits=skill.Limits(max_file_bytes=1024))
+    err = failure(tmp_path, made, max_file_bytes=1023)
+    assert "larger than 1023" in str(err.cause)
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar", "tgz", "dir"])
+def test_total_limit(tmp_path: Path, kind: str) -> None:
+    made = _source(tmp_path, kind, {"SKILL.md": b"x", "a": ONE_KIB, "b": ONE_KIB})
+    skill.materialize([made], tmp_path / "ok", _limits=skill.Limits(max_total_bytes=2049))
+    err = failure(tmp_path, made, max_total_bytes=2048)
+    assert "larger than 2048" in str(err.cause)
+
+
+def test_understated_sizes_cannot_smuggle_bytes(tmp_path: Path) -> None:
+    # A zip whose headers claim 10 bytes for a 1 KiB entry passes the declared-size check;
+    # what is read must still be bounded and checked.
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("SKILL.md", b"x")
+        z.writestr("big", ONE_KIB)
+    data = bytearray(buffer.getvalue())
+    local = data.rindex(b"PK\x03\x04")  # the second entry's local header
+    central = data.rindex(b"PK\x01\x02")  # and its central directory record
+    data[local + 22 : local + 26] = (10).to_bytes(4, "little")
+    data[central + 24 : central + 28] = (10).to_bytes(4, "little")
+    assert zipfile.ZipFile(io.BytesIO(bytes(data))).getinfo("big").file_size == 10
+    err = failure(tmp_path, skill.archive("z", bytes(data)), max_file_bytes=100)
+    assert err.cause is not None
+
+
+def test_duplicate_runtime_names_fail(tmp_path: Path) -> None:
+    a = skill.inline("a", "x", metadata={"runtime_name": "same"})
+    b = skill.inline("b", "x", metadata={"runtime_name": "same"})
+    with pytest.raises(skill.SkillMaterializationError) as caught:
+        skill.materialize([a, b], tmp_path)
+    assert caught.value.key == "b" and caught.value.runtime_name == "same"
+    with pytest.raises(skill.SkillMaterializationError):
+        skill.materialize([skill.inline("c", "x", metadata={"runtime_name": "../up"})], tmp_path)
+
+
+def test_errors_are_in_the_taxonomy() -> None:
+    err = skill.SkillMaterializationError("k", "r", OSError("disk"))
+    rebuilt = errors.from_wire(err.to_wire())
+    assert isinstance(rebuilt, skill.SkillMaterializationError)
+    assert (rebuilt.key, rebuilt.runtime_name) == ("k", "r")
+    for cls in (
+        skill.SkillNotFoundError,
+        skill.SkillSourceMissingError,
+        skill.SkillKeyMissingError,
+    ):
+        assert type(errors.from_wire(cls("m").to_wire())) is cls
+        assert errors.exit_code_for(cls()) == 3
+
+
+def _source(tmp_path: Path, kind: str, files: Mapping[str, bytes]) -> Any:
+    if kind == "zip":
+        return skill.archive("k", zip_bytes(files))
+    if kind in ("tar", "tgz"):
+        members = [(reg(name), data) for name, data in files.items()]
+        return skill.archive("k", tar_bytes(members, "w:gz" if kind == "tgz" else "w"))
+    base = tmp_path / "src" / "k"
+    base.mkdir(parents=True)
+    for name, data in files.items():
+        (base / name).write_bytes(data)
+    return skill.dir(base)

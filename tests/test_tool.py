@@ -1,0 +1,351 @@
+"""adaptor.tool: definitions, validation kept for later, rejections and the invoke path."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import orjson
+import pydantic
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import adaptor
+from adaptor import errors, tool
+
+
+@dataclass
+class Query:
+    number: int
+    label: str = ""
+
+
+@dataclass
+class Issue:
+    number: int
+    title: str
+
+
+class QueryDict(TypedDict):
+    number: int
+
+
+class QueryModel(pydantic.BaseModel):
+    number: int
+
+
+def lookup(query: Query) -> Issue:
+    if query.number == 404:
+        raise tool.reject("not_found", "no such issue")
+    if query.number == 500:
+        raise RuntimeError("database password is hunter2")
+    return Issue(query.number, f"issue {query.number}")
+
+
+def good(**kw: Any) -> tool.Definition:
+    return tool.define("lookup_issue", "Fetch an issue", lookup, input=Query, output=Issue, **kw)
+
+
+# --- definitions ---------------------------------------------------------------------------
+
+
+def test_a_valid_definition_describes_itself() -> None:
+    d = good(title=" Lookup ", revision="7", read_only=True)
+    desc = d.descriptor()
+    assert d.problem is None
+    assert desc.name == "lookup_issue" and desc.title == "Lookup" and desc.revision == "7"
+    assert desc.input_schema["type"] == "object"
+    assert desc.input_schema["required"] == ["number"]
+    assert desc.output_schema is not None and desc.output_schema["type"] == "object"
+    assert desc.annotations == tool.Annotations(read_only=True)
+    # detached: editing the copy changes nothing
+    desc.input_schema["type"] = "string"  # type: ignore[index]
+    assert d.descriptor().input_schema["type"] == "object"
+
+
+@pytest.mark.parametrize(
+    "input_",
+    [
+        Query,
+        QueryDict,
+        QueryModel,
+        {"type": "object", "properties": {"number": {"type": "integer"}}},
+    ],
+    ids=["dataclass", "typeddict", "pydantic", "schema"],
+)
+def test_input_kinds(input_: Any) -> None:
+    seen: list[Any] = []
+
+    def handler(value: Any) -> str:
+        seen.append(value)
+        return "ok"
+
+    d = tool.define("t", "d", handler, input=input_)
+    assert d.invoke('{"number": 3}') == '"ok"'
+    value = seen[0]
+    if input_ is Query:
+        assert value == Query(3)
+    elif input_ is QueryModel:
+        assert value == QueryModel(number=3)
+    else:
+        assert value == {"number": 3}
+
+
+def test_no_input_means_no_arguments() -> None:
+    d = tool.define("now", "the time", lambda v: {"t": 1, "got": v})
+    assert orjson.loads(d.invoke(None)) == {"t": 1, "got": {}}
+    assert orjson.loads(d.invoke("")) == {"t": 1, "got": {}}
+    with pytest.raises(tool.InvalidInputError) as caught:
+        d.invoke({"x": "secret-value"})
+    assert "secret-value" not in str(caught.value)
+    assert '"x"' in str(caught.value)
+
+
+async def _async_handler(v: Any) -> None:
+    return None
+
+
+BAD_DEFINITIONS: list[tuple[str, dict[str, Any]]] = [
+    ("empty name", {"name": ""}),
+    ("name with space", {"name": "a b"}),
+    ("name too long", {"name": "a" * 129}),
+    ("non-str name", {"name": 7}),
+    ("empty description", {"description": "  "}),
+    ("handler not callable", {"handler": 3}),
+    ("async handler", {"handler": _async_handler}),
+    ("read_only and destructive", {"read_only": True, "destructive": True}),
+    ("non-bool hint", {"idempotent": 1}),
+    ("empty revision", {"revision": " "}),
+    ("non-object input", {"input": int}),
+    ("schema input not object", {"input": {"type": "string"}}),
+    ("schema without type", {"input": {"properties": {}}}),
+    ("remote ref", {"input": {"type": "object", "properties": {"a": {"$ref": "https://x/y"}}}}),
+    (
+        "other draft",
+        {"input": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}},
+    ),
+    ("bad output type", {"output": set}),
+    ("malformed schema", {"output": {"type": 12}}),
+]
+
+
+@pytest.mark.parametrize("what,change", BAD_DEFINITIONS, ids=[b[0] for b in BAD_DEFINITIONS])
+def test_invalid_definitions_are_kept_not_raised(what: str, change: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"name": "t", "description": "d", "handler": lambda v: v}
+    args.update(change)
+    d = tool.define(args.pop("name"), args.pop("description"), args.pop("handler"), **args)
+    assert isinstance(d.problem, tool.InvalidDefinitionError)
+    assert d.problem.code == "tool.ErrInvalidDefinition"
+    with pytest.raises(tool.InvalidDefinitionError):
+        d.descriptor()
+    with pytest.raises(tool.InvalidDefinitionError):
+        d.invoke("{}")
+    with pytest.raises(tool.InvalidDefinitionError):
+        tool.check_catalogue([d])
+
+
+def test_schema_problems_join_their_cause() -> None:
+    d = tool.define(
+        "t", "d", lambda v: v, input={"type": "object", "properties": {"a": {"$ref": "#/nope"}}}
+    )
+    assert isinstance(d.problem, tool.InvalidDefinitionError)
+    assert isinstance(d.problem.__cause__, adaptor.InvalidOutputSchemaError)
+
+
+def test_catalogue_rejects_duplicates_and_strangers() -> None:
+    a = tool.define("a", "d", lambda v: v)
+    with pytest.raises(tool.InvalidDefinitionError, match="two tools"):
+        tool.check_catalogue([a, tool.define("a", "other", lambda v: v)])
+    with pytest.raises(tool.InvalidDefinitionError, match="tools\\[1\\]"):
+        tool.check_catalogue([a, {"name": "b"}])
+    assert tool.check_catalogue([a]) == (a,)
+
+
+@given(st.from_regex(r"[A-Za-z0-9_.-]{1,128}", fullmatch=True))
+def test_every_pattern_name_is_valid(name: str) -> None:
+    assert tool.define(name, "d", lambda v: v).problem is None
+
+
+@given(st.text(min_size=1, max_size=140).filter(lambda s: not tool.NAME.fullmatch(s)))
+def test_every_other_name_is_invalid(name: str) -> None:
+    assert isinstance(tool.define(name, "d", lambda v: v).problem, tool.InvalidDefinitionError)
+
+
+def test_catalogue_fingerprint_covers_revisions_and_schemas() -> None:
+    base = tool.catalogue_fingerprint([good(revision="1")])
+    assert base == tool.catalogue_fingerprint([good(revision="1")])
+    assert base != tool.catalogue_fingerprint([good(revision="2")])
+    assert base != tool.catalogue_fingerprint([good(revision="1", read_only=True)])
+    other = tool.define("lookup_issue", "Fetch an issue", lookup, input=QueryDict, revision="1")
+    assert base != tool.catalogue_fingerprint([other])
+    a, b = tool.define("a", "d", lambda v: v), tool.define("b", "d", lambda v: v)
+    assert tool.catalogue_fingerprint([a, b]) == tool.catalogue_fingerprint([b, a])
+
+
+# --- rejections ----------------------------------------------------------------------------
+
+
+def test_reject_and_as_rejection() -> None:
+    err = tool.reject("not_found", "  no such issue ")
+    assert tool.as_rejection(err) == ("not_found", "no such issue")
+    try:
+        try:
+            raise err
+        except Exception as inner:
+            raise ValueError("wrapped") from inner
+    except ValueError as outer:
+        assert tool.as_rejection(outer) == ("not_found", "no such issue")
+    assert tool.as_rejection(ValueError("x")) is None
+    assert tool.as_rejection(None) is None
+
+
+@pytest.mark.parametrize(
+    "code,message,expected",
+    [
+        ("", "m", ("rejected", "m")),
+        ("bad code", "m", ("rejected", "m")),
+        ("x" * 65, "m", ("rejected", "m")),
+        ("ok", "", ("ok", "tool request rejected")),
+        ("ok", "é" * 2049, ("ok", "tool request rejected")),
+        (3, None, ("rejected", "tool request rejected")),
+    ],
+)
+def test_reject_normalizes(code: Any, message: Any, expected: tuple[str, str]) -> None:
+    assert tool.as_rejection(tool.reject(code, message)) == expected
+
+
+def test_rejections_cannot_be_forged() -> None:
+    class LookAlike(Exception):
+        code = "not_found"
+        message = "forged"
+        _marker = object()
+
+    assert tool.as_rejection(LookAlike("forged")) is None
+    with pytest.raises(TypeError):
+
+        class Sub(type(tool.reject("a", "b"))):  # type: ignore[misc]
+            pass
+
+    with pytest.raises(TypeError):
+        type(tool.reject("a", "b"))("code", "message", object())
+    bare: Any = type(tool.reject("a", "b")).__new__(type(tool.reject("a", "b")))
+    bare.code, bare.message = "x", "forged"
+    assert tool.as_rejection(bare) is None
+    assert "forged" not in tool.define("t", "d", _raiser(LookAlike("forged"))).call({}).text
+
+
+def _raiser(exc: BaseException) -> Any:
+    def handler(value: Any) -> Any:
+        raise exc
+
+    return handler
+
+
+# --- the invoke path -----------------------------------------------------------------------
+
+
+def test_invoke_returns_json_and_call_the_model_view() -> None:
+    d = good()
+    assert orjson.loads(d.invoke('{"number": 1}')) == {"number": 1, "title": "issue 1"}
+    outcome = d.call({"number": 2})
+    assert not outcome.is_error
+    assert outcome.structured == {"number": 2, "title": "issue 2"}
+    assert orjson.loads(outcome.text) == outcome.structured
+
+
+def test_string_results_reach_the_model_as_text() -> None:
+    outcome = tool.define("t", "d", lambda v: "plain words").call(None)
+    assert outcome.text == "plain words" and outcome.structured is None
+
+
+SECRET = "s3cr3t-value-xyz"
+
+
+@pytest.mark.parametrize(
+    "arguments,fragment",
+    [
+        ("{not json", "invalid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        ('"just a string"', "must be a JSON object"),
+        ({"number": SECRET}, 'wrong type at "$.number": expected integer'),
+        ({"label": SECRET}, 'missing required field "number"'),
+        ({"number": 1, "extra_" + "x" * 100: SECRET}, "invalid field"),
+    ],
+)
+def test_invalid_input_is_safe(arguments: Any, fragment: str) -> None:
+    d = good()
+    with pytest.raises(tool.InvalidInputError) as caught:
+        d.invoke(arguments)
+    message = str(caught.value)
+    assert fragment in message
+    assert SECRET not in message
+    assert tool.as_rejection(caught.value) == ("invalid_input", message)
+    outcome = d.call(arguments)
+    assert outcome.is_error and outcome.text == message and SECRET not in outcome.text
+
+
+def test_echoed_field_names_are_bounded_and_escaped() -> None:
+    d = good()
+    name = "\n" + "é" * 100
+    with pytest.raises(tool.InvalidInputError) as caught:
+        d.invoke({"number": 1, name: 1})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert len(message) < 200
+
+
+def test_input_that_cannot_build_the_type_is_safe() -> None:
+    @dataclass
+    class Positive:
+        n: int
+
+        def __post_init__(self) -> None:
+            if self.n < 0:
+                raise ValueError(f"{self.n} is negative")
+
+    d = tool.define("t", "d", lambda v: v.n, input=Positive)
+    with pytest.raises(tool.InvalidInputError) as caught:
+        d.invoke({"n": -987654})
+    assert "-987654" not in str(caught.value)
+
+
+def test_invalid_output(caplog: pytest.LogCaptureFixture) -> None:
+    d = tool.define("t", "d", lambda v: {"number": "x", "title": SECRET}, output=Issue)
+    with pytest.raises(tool.InvalidOutputError) as caught:
+        d.invoke({})
+    assert SECRET not in str(caught.value)
+    with caplog.at_level(logging.WARNING, logger="adaptor.tool"):
+        outcome = d.call({})
+    assert outcome.is_error and outcome.text == tool.GENERIC_FAILURE
+    unencodable = tool.define("t", "d", lambda v: {1, 2})
+    with pytest.raises(tool.InvalidOutputError):
+        unencodable.invoke({})
+    assert unencodable.call({}).text == tool.GENERIC_FAILURE
+
+
+def test_pydantic_results_encode() -> None:
+    d = tool.define("t", "d", lambda v: QueryModel(number=4), output=QueryModel)
+    assert orjson.loads(d.invoke({})) == {"number": 4}
+
+
+def test_handler_exceptions_become_the_generic_message() -> None:
+    outcome = good().call({"number": 500})
+    assert outcome.is_error
+    assert outcome.text == tool.GENERIC_FAILURE
+    assert "hunter2" not in outcome.text
+    with pytest.raises(RuntimeError, match="hunter2"):
+        good().invoke({"number": 500})
+
+
+def test_rejections_reach_the_model() -> None:
+    outcome = good().call({"number": 404})
+    assert outcome.is_error and outcome.text == "no such issue"
+
+
+def test_errors_are_in_the_taxonomy() -> None:
+    for cls in (tool.InvalidDefinitionError, tool.InvalidInputError, tool.InvalidOutputError):
+        rebuilt = errors.from_wire(cls("m").to_wire())
+        assert type(rebuilt) is cls
+    assert errors.exit_code_for(tool.InvalidDefinitionError()) == 3
