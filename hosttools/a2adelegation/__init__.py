@@ -1,4 +1,27 @@
-"""Delegating work to remote A2A agents."""
+"""Delegating work to remote A2A agents (extra ``adaptor[a2a]``).
+
+::
+
+    from adaptor.clients import a2a
+
+    registry = Registry([RemoteAgentSpec("reviewer", card_url="https://.../agent-card.json",
+                                         auth=a2a.BearerTokenFromEnv("REVIEWER_TOKEN"))])
+    with Delegator(registry, on_update=leader_sink.emit) as delegator:
+        result = delegator.delegate(DelegationRequest("reviewer", "Review this diff"))
+
+A delegation resolves the agent, fetches and validates its card, streams the remote task (or
+polls it), recovers dropped streams, cancels the remote task on local cancellation or timeout,
+and reports ``SubagentUpdate`` progress.  Every failure is a ``DelegationError`` whose code is
+one of ``agent_not_found``, ``agent_unavailable`` (retryable unless the card is invalid),
+``configuration_error`` (credentials refused, untrusted origin), ``capability_unsupported``,
+``stream_unavailable`` (retryable), ``remote_failed``, ``protocol_error``, ``policy_violation``,
+``cancelled`` (retryable when the remote cancelled), ``deadline_exceeded``; its message is a
+fixed text, never the remote agent's, and ``metadata["reason"]`` refines the code.  The client
+error behind it, if any, is its cause.
+
+Importing this package needs neither ``a2a-sdk`` nor ``httpx`` (``adaptor.errors.from_wire``
+loads it to rebuild ``DelegationError``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +29,16 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from adaptor.errors import AdaptorError
+
+from ._delegator import (
+    CancelSignal,
+    DelegationRequest,
+    DelegationResult,
+    Delegator,
+    UpdateSink,
+)
+from ._registry import Policy, Registry, RemoteAgentSpec
+from ._tool import delegate_to_agent
 
 
 class DelegationError(AdaptorError):
@@ -40,4 +73,15 @@ class DelegationError(AdaptorError):
         super().__init__(message or f"delegation failed: {code}")
 
 
-__all__ = ["DelegationError"]
+__all__ = [
+    "CancelSignal",
+    "DelegationError",
+    "DelegationRequest",
+    "DelegationResult",
+    "Delegator",
+    "Policy",
+    "Registry",
+    "RemoteAgentSpec",
+    "UpdateSink",
+    "delegate_to_agent",
+]

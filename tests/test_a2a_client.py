@@ -1,0 +1,457 @@
+"""``adaptor.clients.a2a`` against a real a2a-sdk server on 127.0.0.1 (see ``a2a_server``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("a2a.server", reason="needs the a2a extra: pip install -e '.[test,a2a]'")
+pytest.importorskip("uvicorn", reason="needs uvicorn: pip install -e '.[test]'")
+
+from adaptor import errors
+from adaptor.clients import a2a
+from tests import a2a_server as srv
+
+TOKEN = "s3cr3t-token-value"
+TOKEN_ENV = "ADAPTOR_TEST_A2A_TOKEN"
+
+
+@pytest.fixture(scope="module")
+def executor() -> srv.ScriptedExecutor:
+    return srv.ScriptedExecutor()
+
+
+@pytest.fixture(scope="module")
+def server(executor: srv.ScriptedExecutor) -> Iterator[srv.Running]:
+    with srv.scripted_server(executor=executor) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server: srv.Running) -> Iterator[a2a.Client]:
+    with a2a.Client(server.card_url) as c:
+        yield c
+
+
+@pytest.fixture
+def token_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    return TOKEN_ENV
+
+
+def _wire_text(err: BaseException) -> str:
+    return json.dumps(
+        err.to_wire() if isinstance(err, errors.AdaptorError) else errors.to_wire(err)
+    )
+
+
+# --- discovery ---------------------------------------------------------------------------------
+
+
+def test_discovery_is_lazy_and_the_card_is_validated() -> None:
+    log = srv.HeaderLog()
+    with srv.scripted_server(header_log=log) as running, a2a.Client(running.card_url) as c:
+        assert log.seen == []  # constructing a client talks to nobody
+        card = c.agent_card()
+        assert card.name == "scripted"
+        assert card.streaming
+        assert card.url == running.card_url
+        assert [(i.url, i.binding) for i in card.interfaces] == [
+            (running.base_url + "/", "JSONRPC")
+        ]
+        assert card.raw["name"] == "scripted"
+        c.agent_card()
+        assert [path for path, _ in log.seen] == [srv.CARD_PATH]  # fetched once
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        pytest.param(lambda card: card.pop("name"), id="no-name"),
+        pytest.param(lambda card: card.update(supportedInterfaces=[]), id="no-interface"),
+        pytest.param(
+            lambda card: card["supportedInterfaces"][0].update(url="/relative"), id="relative-url"
+        ),
+        pytest.param(
+            lambda card: card["supportedInterfaces"][0].update(protocolBinding="CARRIER-PIGEON"),
+            id="unknown-binding",
+        ),
+        pytest.param(lambda card: card.update(capabilities={"streaming": "yes"}), id="bad-type"),
+    ],
+)
+def test_an_invalid_card_is_refused(server: srv.Running, mutate: Any) -> None:
+    card = srv.card_json(srv.agent_card(server.base_url))
+    mutate(card)
+    with a2a.Client(card=card) as c, pytest.raises(a2a.InvalidAgentCardError):
+        c.agent_card()
+
+
+def test_a_card_url_serving_no_card_is_refused() -> None:
+    routes = [_text_route("/not-a-card.json", "{not json")]
+    with srv.scripted_server(extra_routes=routes) as running:
+        with a2a.Client(running.base_url + "/not-a-card.json") as c:
+            with pytest.raises(a2a.InvalidAgentCardError):
+                c.agent_card()
+        with a2a.Client(running.base_url + "/missing.json") as c:
+            with pytest.raises(a2a.InvalidAgentCardError):
+                c.agent_card()
+
+
+def test_an_unreachable_agent_is_a_connection_error() -> None:
+    port = _closed_port()
+    with a2a.Client(f"http://127.0.0.1:{port}/.well-known/agent-card.json") as c:
+        with pytest.raises(ConnectionError):
+            c.agent_card()
+
+
+# --- operations --------------------------------------------------------------------------------
+
+
+def test_send_returns_the_final_task(client: a2a.Client) -> None:
+    task = client.send("echo hello")
+    assert task.state is a2a.TaskState.COMPLETED
+    assert task.text == "echo: hello"
+    assert [a.artifact_id for a in task.artifacts] == [f"{task.id}-out"]
+    assert task.status_message is not None and task.status_message.text == "done"
+    again = client.send("echo more", context_id=task.context_id)
+    assert again.context_id == task.context_id and again.id != task.id
+
+
+def test_a_bare_message_reply_becomes_a_completed_task(client: a2a.Client) -> None:
+    task = client.send("message hi")
+    assert task.state is a2a.TaskState.COMPLETED
+    assert task.text == "message: hi"
+
+
+def test_send_stream_yields_task_status_artifacts_and_one_terminal(client: a2a.Client) -> None:
+    with client.send_stream("echo world") as stream:
+        events = list(stream)
+        assert stream.ended
+    assert [e.kind for e in events] == ["task", "status", "artifact", "artifact", "terminal"]
+    task_event, status, first, second, terminal = events
+    assert isinstance(task_event, a2a.TaskEvent) and isinstance(status, a2a.StatusEvent)
+    assert status.state is a2a.TaskState.WORKING
+    assert isinstance(first, a2a.ArtifactEvent) and isinstance(second, a2a.ArtifactEvent)
+    assert not first.append and second.append and second.last_chunk
+    assert first.artifact.text + second.artifact.text == "echo: world"
+    assert isinstance(terminal, a2a.TerminalEvent)
+    assert terminal.state is a2a.TaskState.COMPLETED and not terminal.recovered
+    assert stream.task_id == task_event.task.id == terminal.task_id
+
+
+def test_a_stream_stops_at_input_required(client: a2a.Client) -> None:
+    events = list(client.send_stream("input"))
+    terminal = events[-1]
+    assert isinstance(terminal, a2a.TerminalEvent)
+    assert terminal.state is a2a.TaskState.INPUT_REQUIRED and terminal.state.interrupted
+    assert terminal.message is not None and terminal.message.text == "which branch?"
+
+
+def test_next_event_waits_with_a_bound(client: a2a.Client) -> None:
+    with client.send_stream("hang") as stream:
+        assert isinstance(stream.next_event(), a2a.TaskEvent)
+        assert isinstance(stream.next_event(), a2a.StatusEvent)
+        assert stream.next_event(timeout=0.05) is None
+        assert not stream.ended
+        task_id = stream.task_id
+    assert stream.ended and stream.next_event() is None
+    assert client.cancel_task(task_id).state is a2a.TaskState.CANCELED
+
+
+def test_get_cancel_and_subscribe(client: a2a.Client, executor: srv.ScriptedExecutor) -> None:
+    started = client.send("hang", return_immediately=True)
+    assert not started.state.final
+    assert client.get_task(started.id).id == started.id
+    with client.subscribe(started.id) as subscription:
+        first = subscription.next_event()
+        assert isinstance(first, a2a.TaskEvent) and first.task.id == started.id
+        cancelled = client.cancel_task(started.id)
+        assert cancelled.state is a2a.TaskState.CANCELED
+        # The SDK may close the subscription before the CANCELED write reaches it; then the
+        # client's one-fetch recovery supplies the terminal.
+        last = list(subscription)[-1]
+    assert isinstance(last, a2a.TerminalEvent) and last.state is a2a.TaskState.CANCELED
+    assert executor.wait_cancelled(started.id)
+    # Cancelling a terminal task is idempotent.
+    assert client.cancel_task(started.id).state is a2a.TaskState.CANCELED
+    assert client.get_task(started.id).state is a2a.TaskState.CANCELED
+
+
+def test_an_unknown_task_is_not_found(client: a2a.Client) -> None:
+    with pytest.raises(a2a.NotFoundError):
+        client.get_task("no-such-task")
+    with pytest.raises(a2a.NotFoundError):
+        client.cancel_task("no-such-task")
+
+
+def test_the_http_json_binding(server: srv.Running, executor: srv.ScriptedExecutor) -> None:
+    card = srv.card_json(
+        srv.agent_card(server.base_url, rpc_path=srv.REST_PREFIX, binding="HTTP+JSON")
+    )
+    with a2a.Client(card=card) as c:
+        assert [i.binding for i in c.agent_card().interfaces] == ["HTTP+JSON"]
+        assert c.send("echo rest").text == "echo: rest"
+        events = list(c.send_stream("echo rest stream"))
+        assert isinstance(events[-1], a2a.TerminalEvent)
+        assert events[-1].state is a2a.TaskState.COMPLETED
+        with pytest.raises(a2a.NotFoundError):
+            c.get_task("no-such-task")
+        started = c.send("hang", return_immediately=True)
+        assert c.cancel_task(started.id).state is a2a.TaskState.CANCELED
+        assert executor.wait_cancelled(started.id)
+
+
+def test_streaming_is_unsupported_when_the_card_says_so() -> None:
+    with srv.scripted_server(streaming=False) as running, a2a.Client(running.card_url) as c:
+        with pytest.raises(a2a.UnsupportedError):
+            c.send_stream("echo x")
+        with pytest.raises(a2a.UnsupportedError):
+            c.subscribe("any")
+        assert c.send("echo x").text == "echo: x"
+
+
+def test_subscribing_to_a_finished_task_is_unsupported(client: a2a.Client) -> None:
+    task = client.send("echo done")
+    with pytest.raises(a2a.UnsupportedError):
+        list(client.subscribe(task.id))
+
+
+def test_close_is_idempotent_and_final(server: srv.Running) -> None:
+    c = a2a.Client(server.card_url)
+    stream = c.send_stream("hang")
+    assert isinstance(stream.next_event(), a2a.TaskEvent)
+    c.close()
+    c.close()
+    assert stream.ended
+    with pytest.raises(RuntimeError):
+        c.send("echo x")
+
+
+# --- credentials -------------------------------------------------------------------------------
+
+
+def test_a_bearer_token_is_read_at_request_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = srv.HeaderLog()
+    with srv.scripted_server(bearer_token=TOKEN, header_log=log) as running:
+        c = a2a.Client(running.card_url, auth=a2a.BearerTokenFromEnv(TOKEN_ENV))
+        with c:
+            monkeypatch.delenv(TOKEN_ENV, raising=False)
+            with pytest.raises(a2a.UnauthorizedError) as missing:
+                c.send("echo x")
+            monkeypatch.setenv(TOKEN_ENV, TOKEN)
+            assert c.send("echo x").text == "echo: x"
+            assert f"Bearer {TOKEN}" in log.authorizations("/")
+            for text in (repr(c), repr(c._auth), str(missing.value), _wire_text(missing.value)):
+                assert TOKEN not in text
+
+
+def test_a_refused_token_is_unauthorized(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "wrong-token-value")
+    with srv.scripted_server(bearer_token=TOKEN) as running:
+        with a2a.Client(running.card_url) as anonymous, pytest.raises(a2a.UnauthorizedError):
+            anonymous.send("echo x")
+        auth = a2a.BearerTokenFromEnv(TOKEN_ENV)
+        with a2a.Client(running.card_url, auth=auth) as c:
+            with pytest.raises(a2a.UnauthorizedError) as refused:
+                c.send("echo x")
+            with pytest.raises(a2a.UnauthorizedError):
+                list(c.send_stream("echo x"))
+    assert "wrong-token-value" not in _wire_text(refused.value)
+
+
+def test_a_card_pointing_credentials_elsewhere_is_untrusted(token_env: str) -> None:
+    elsewhere_log = srv.HeaderLog()
+    with srv.scripted_server(header_log=elsewhere_log) as elsewhere:
+        with srv.scripted_server(card_interface_url=elsewhere.base_url + "/") as running:
+            auth = a2a.BearerTokenFromEnv(token_env)
+            with a2a.Client(running.card_url, auth=auth) as c:
+                with pytest.raises(a2a.UntrustedOriginError):
+                    c.agent_card()
+                with pytest.raises(a2a.UntrustedOriginError):
+                    c.send("echo x")
+            assert elsewhere_log.seen == []
+            # Without credentials there is nothing to leak; an explicit trust also allows it.
+            with a2a.Client(running.card_url) as c:
+                assert c.send("echo x").text == "echo: x"
+            trusted = [elsewhere.base_url]
+            with a2a.Client(running.card_url, auth=auth, trusted_origins=trusted) as c:
+                assert c.send("echo y").text == "echo: y"
+            assert elsewhere_log.authorizations("/") == [None, f"Bearer {TOKEN}"]
+
+
+def test_redirects_to_another_origin_drop_the_authorization_header(token_env: str) -> None:
+    other_log, home_log = srv.HeaderLog(), srv.HeaderLog()
+    with srv.scripted_server(header_log=other_log) as other:
+
+        def make(base_url: str) -> Any:
+            card = srv.agent_card(base_url, rpc_path="/hop")
+            routes = [srv.redirect_route("/hop", other.base_url + "/")]
+            return srv.build_app(
+                srv.ScriptedExecutor(), card, extra_routes=routes, header_log=home_log
+            )
+
+        with srv.serve(make) as home:
+            with a2a.Client(home.card_url, auth=a2a.BearerTokenFromEnv(token_env)) as c:
+                assert c.send("echo via redirect").text == "echo: via redirect"
+                events = list(c.send_stream("echo streamed"))
+    assert isinstance(events[-1], a2a.TerminalEvent)
+    assert home_log.authorizations("/hop") == [f"Bearer {TOKEN}"] * 2
+    assert other_log.authorizations("/") == [None, None]
+
+
+def test_same_origin_redirects_keep_the_authorization_header(token_env: str) -> None:
+    log = srv.HeaderLog()
+
+    def make(base_url: str) -> Any:
+        card = srv.agent_card(base_url, rpc_path="/hop")
+        routes = [srv.redirect_route("/hop", base_url + "/")]
+        return srv.build_app(
+            srv.ScriptedExecutor(), card, bearer_token=TOKEN, extra_routes=routes, header_log=log
+        )
+
+    with srv.serve(make) as home:
+        with a2a.Client(home.card_url, auth=a2a.BearerTokenFromEnv(token_env)) as c:
+            assert c.send("echo kept").text == "echo: kept"
+    assert log.authorizations("/") == [f"Bearer {TOKEN}"]
+
+
+# --- malformed traffic -------------------------------------------------------------------------
+
+_BAD_FRAMES = {
+    "bad-state": {"statusUpdate": {"taskId": "t1", "status": {"state": "TASK_STATE_BOGUS"}}},
+    "empty-part": {
+        "artifactUpdate": {
+            "taskId": "t1",
+            "artifact": {"artifactId": "a1", "parts": [{"metadata": {"echo": f"Bearer {TOKEN}"}}]},
+        }
+    },
+    "no-payload": {},
+}
+
+
+@pytest.mark.parametrize("frame", [*_BAD_FRAMES, "not-json"])
+def test_a_malformed_event_is_a_protocol_error(token_env: str, frame: str) -> None:
+    data = (
+        "{not json " + TOKEN
+        if frame == "not-json"
+        else json.dumps({"jsonrpc": "2.0", "id": "1", "result": _BAD_FRAMES[frame]})
+    )
+    route = srv.raw_sse_route("/bad", [data])
+    with srv.scripted_server(extra_routes=[route]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/bad"))
+        auth = a2a.BearerTokenFromEnv(token_env)
+        with a2a.Client(card=card, auth=auth, trusted_origins=[running.base_url]) as c:
+            with pytest.raises(a2a.ProtocolError) as caught:
+                list(c.send_stream("echo x"))
+    err = caught.value
+    assert err.op == "send_stream"
+    assert err.reason
+    assert TOKEN not in (err.raw or "") and TOKEN not in _wire_text(err)
+    if frame == "empty-part":
+        assert err.raw is not None and "<redacted>" in err.raw
+    rebuilt = errors.from_wire(err.to_wire())
+    assert isinstance(rebuilt, a2a.ProtocolError) and rebuilt.raw == err.raw
+
+
+# --- stream recovery after the server is killed ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def process_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[srv.ServerProcess]:
+    proc = srv.ServerProcess(tmp=tmp_path_factory.mktemp("a2a-seed"))
+    yield proc
+    proc.close()
+
+
+def _hang_until_working(c: a2a.Client) -> tuple[a2a.EventStream, str, str]:
+    stream = c.send_stream("hang")
+    assert isinstance(stream.next_event(), a2a.TaskEvent)
+    working = stream.next_event()
+    assert isinstance(working, a2a.StatusEvent) and working.state is a2a.TaskState.WORKING
+    return stream, stream.task_id, stream.context_id
+
+
+def test_a_killed_stream_recovers_a_finished_task(process_server: srv.ServerProcess) -> None:
+    process_server.ensure_running()
+    with a2a.Client(process_server.card_url) as c:
+        stream, task_id, context_id = _hang_until_working(c)
+        # The task finished while the connection was down: the restarted server knows it.
+        process_server.restart(seed=[srv.finished_task(task_id, context_id)])
+        events = list(stream)
+    assert len(events) == 1
+    terminal = events[0]
+    assert isinstance(terminal, a2a.TerminalEvent)
+    assert terminal.recovered and terminal.state is a2a.TaskState.COMPLETED
+    assert terminal.task is not None and terminal.task.text == "finished offline"
+
+
+@pytest.mark.parametrize("after", ["unknown", "still-working", "gone"])
+def test_a_killed_stream_that_cannot_recover_fails(
+    process_server: srv.ServerProcess, after: str
+) -> None:
+    process_server.ensure_running()
+    with a2a.Client(process_server.card_url) as c:
+        stream, task_id, context_id = _hang_until_working(c)
+        if after == "gone":
+            process_server.kill()
+        else:
+            working = srv.finished_task(task_id, context_id, "TASK_STATE_WORKING")
+            seed = [] if after == "unknown" else [working]
+            process_server.restart(seed=seed)
+        with pytest.raises(a2a.StreamRecoveryError) as caught:
+            list(stream)
+    err = caught.value
+    assert err.task_id == task_id
+    assert isinstance(err.__cause__, ConnectionError) and err.cause is err.__cause__
+    rebuilt = errors.from_wire(err.to_wire())
+    assert isinstance(rebuilt, a2a.StreamRecoveryError) and rebuilt.task_id == task_id
+
+
+# --- packaging ---------------------------------------------------------------------------------
+
+
+def test_the_error_identities_import_without_the_sdk() -> None:
+    code = """
+import sys
+for name in ("a2a", "httpx", "google.protobuf"):
+    sys.modules[name] = None  # any import of these now fails
+from adaptor import errors
+from adaptor.clients import a2a
+import hosttools.a2adelegation as d
+err = errors.from_wire(a2a.StreamRecoveryError("t", ConnectionError("x")).to_wire())
+assert isinstance(err, a2a.StreamRecoveryError)
+assert isinstance(errors.from_wire(d.DelegationError("cancelled").to_wire()), d.DelegationError)
+print("ok")
+"""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _text_route(path: str, body: str) -> Any:
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def endpoint(_: Any) -> Response:
+        return Response(body, media_type="application/json")
+
+    return Route(path, endpoint, methods=["GET"])
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

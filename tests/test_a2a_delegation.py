@@ -1,0 +1,444 @@
+"""``hosttools.a2adelegation`` against a real a2a-sdk server on 127.0.0.1 (see ``a2a_server``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("a2a.server", reason="needs the a2a extra: pip install -e '.[test,a2a]'")
+pytest.importorskip("uvicorn", reason="needs uvicorn: pip install -e '.[test]'")
+
+from adaptor import errors
+from adaptor.clients import a2a
+from adaptor.events import SubagentUpdate
+from hosttools import a2adelegation as d
+from tests import a2a_server as srv
+
+TOKEN = "delegation-token-value"
+TOKEN_ENV = "ADAPTOR_TEST_A2A_DELEGATION_TOKEN"
+FAST = d.Policy(poll_interval=0.01)
+
+
+@pytest.fixture(scope="module")
+def executor() -> srv.ScriptedExecutor:
+    return srv.ScriptedExecutor()
+
+
+@pytest.fixture(scope="module")
+def server(executor: srv.ScriptedExecutor) -> Iterator[srv.Running]:
+    with srv.scripted_server(executor=executor) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def polling_server(executor: srv.ScriptedExecutor) -> Iterator[srv.Running]:
+    with srv.scripted_server(executor=executor, streaming=False) as running:
+        yield running
+
+
+class Updates(list[SubagentUpdate]):
+    """A progress sink that records every update."""
+
+    def __call__(self, update: SubagentUpdate) -> None:
+        self.append(update)
+
+    def kinds(self) -> list[str]:
+        return [u.kind for u in self]
+
+
+def _delegator(*specs: d.RemoteAgentSpec, on_update: Any = None) -> d.Delegator:
+    return d.Delegator(d.Registry(specs), on_update=on_update)
+
+
+def _fails(delegator: d.Delegator, request: d.DelegationRequest) -> d.DelegationError:
+    with pytest.raises(d.DelegationError) as caught:
+        delegator.delegate(request)
+    return caught.value
+
+
+def _no_remote_text(err: d.DelegationError) -> None:
+    for text in (str(err), err.message, json.dumps(err.to_wire())):
+        assert srv.SECRET_FAILURE_TEXT not in text and "hunter2" not in text
+
+
+# --- success -----------------------------------------------------------------------------------
+
+
+def test_a_streamed_delegation_reports_progress(server: srv.Running) -> None:
+    updates = Updates()
+    spec = d.RemoteAgentSpec("echo", card_url=server.card_url, display_name="Echo")
+    with _delegator(spec, on_update=updates) as delegator:
+        result = delegator.delegate(d.DelegationRequest("echo", "echo hello"))
+    assert result.status is a2a.TaskState.COMPLETED
+    assert result.text == "echo: hello"
+    assert result.streamed and not result.recovered
+    assert result.remote_task_id and result.remote_context_id
+    assert [a.text for a in result.artifacts] == ["echo: hello"]
+    assert updates.kinds()[0] == "started" and updates.kinds()[-1] == "finished"
+    assert "delta" in updates.kinds() and "status" in updates.kinds()
+    assert {u.agent for u in updates} == {"echo"}
+    assert {u.data["delegation_id"] for u in updates} == {result.delegation_id}
+    assert "".join(u.delta for u in updates if u.kind == "delta") == "echo: hello"
+    states = [u.data["state"] for u in updates if u.kind == "status"]
+    assert states[:2] == ["submitted", "working"]
+
+
+@pytest.mark.parametrize("how", ["card-without-streaming", "stream-false"])
+def test_a_polled_delegation(server: srv.Running, polling_server: srv.Running, how: str) -> None:
+    url = polling_server.card_url if how == "card-without-streaming" else server.card_url
+    spec = d.RemoteAgentSpec("echo", card_url=url, policy=FAST)
+    with _delegator(spec) as delegator:
+        result = delegator.delegate(d.DelegationRequest("echo", "echo polled", stream=False))
+    assert result.status is a2a.TaskState.COMPLETED
+    assert result.text == "echo: polled"
+    assert not result.streamed
+    assert result.task is not None and result.task.id == result.remote_task_id
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_message_reply_completes_the_delegation(server: srv.Running, stream: bool) -> None:
+    with _delegator(d.RemoteAgentSpec("echo", card_url=server.card_url, policy=FAST)) as dg:
+        result = dg.delegate(d.DelegationRequest("echo", "message hi", stream=stream))
+    assert result.status is a2a.TaskState.COMPLETED and result.text == "message: hi"
+
+
+def test_input_required_is_a_result_only_when_allowed(server: srv.Running) -> None:
+    allowed = d.RemoteAgentSpec(
+        "asks", card_url=server.card_url, policy=d.Policy(allow_input_required=True)
+    )
+    strict = d.RemoteAgentSpec("strict", card_url=server.card_url)
+    with _delegator(allowed, strict) as delegator:
+        result = delegator.delegate(d.DelegationRequest("asks", "input"))
+        assert result.status is a2a.TaskState.INPUT_REQUIRED and result.text == "which branch?"
+        err = _fails(delegator, d.DelegationRequest("strict", "input"))
+    assert err.code == "remote_failed" and err.remote_status == "input_required"
+
+
+def test_a_failing_progress_sink_does_not_fail_the_delegation(server: srv.Running) -> None:
+    def broken(_: SubagentUpdate) -> None:
+        raise RuntimeError("sink down")
+
+    with _delegator(d.RemoteAgentSpec("echo", card_url=server.card_url), on_update=broken) as dg:
+        assert dg.delegate(d.DelegationRequest("echo", "echo ok")).text == "echo: ok"
+
+
+def test_bind_routes_progress_to_another_sink(server: srv.Running) -> None:
+    first, second = Updates(), Updates()
+    with _delegator(d.RemoteAgentSpec("echo", card_url=server.card_url), on_update=first) as dg:
+        dg.bind(second).delegate(d.DelegationRequest("echo", "echo bound"))
+    assert first == [] and second.kinds()[-1] == "finished"
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+def test_an_unknown_agent_is_not_found() -> None:
+    updates = Updates()
+    with _delegator(on_update=updates) as delegator:
+        err = _fails(delegator, d.DelegationRequest("nobody", "echo x"))
+    assert err.code == "agent_not_found" and not err.retryable
+    assert updates.kinds() == ["failed"]
+
+
+def test_an_unreachable_agent_is_unavailable_and_retryable() -> None:
+    spec = d.RemoteAgentSpec("down", card_url=f"http://127.0.0.1:{_closed_port()}/card.json")
+    with _delegator(spec) as delegator:
+        err = _fails(delegator, d.DelegationRequest("down", "echo x"))
+    assert err.code == "agent_unavailable" and err.retryable
+    assert errors.matches(err, ConnectionError)
+
+
+def test_an_invalid_card_is_unavailable_but_not_retryable(server: srv.Running) -> None:
+    card = srv.card_json(srv.agent_card(server.base_url))
+    card["supportedInterfaces"] = []
+    with _delegator(d.RemoteAgentSpec("bad", card=card)) as delegator:
+        err = _fails(delegator, d.DelegationRequest("bad", "echo x"))
+    assert err.code == "agent_unavailable" and not err.retryable
+    assert err.metadata["reason"] == "invalid_agent_card"
+    assert errors.find(err, a2a.InvalidAgentCardError) is not None
+
+
+def test_a_refused_credential_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "not-the-token")
+    with srv.scripted_server(bearer_token=TOKEN) as running:
+        spec = d.RemoteAgentSpec(
+            "guarded", card_url=running.card_url, auth=a2a.BearerTokenFromEnv(TOKEN_ENV)
+        )
+        with _delegator(spec) as delegator:
+            err = _fails(delegator, d.DelegationRequest("guarded", "echo x"))
+            assert err.code == "configuration_error" and err.metadata["reason"] == "unauthorized"
+            assert errors.find(err, a2a.UnauthorizedError) is not None
+            monkeypatch.setenv(TOKEN_ENV, TOKEN)
+            assert delegator.delegate(d.DelegationRequest("guarded", "echo y")).text == "echo: y"
+    rebuilt = errors.from_wire(err.to_wire())
+    assert isinstance(rebuilt, d.DelegationError) and rebuilt.code == "configuration_error"
+    assert errors.find(rebuilt, a2a.UnauthorizedError) is not None
+    assert "not-the-token" not in json.dumps(err.to_wire())
+
+
+def test_an_untrusted_interface_origin_is_a_configuration_error(
+    server: srv.Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    with srv.scripted_server(card_interface_url=server.base_url + "/") as pointing_away:
+        spec = d.RemoteAgentSpec(
+            "away", card_url=pointing_away.card_url, auth=a2a.BearerTokenFromEnv(TOKEN_ENV)
+        )
+        with _delegator(spec) as delegator:
+            err = _fails(delegator, d.DelegationRequest("away", "echo x"))
+    assert err.code == "configuration_error" and err.metadata["reason"] == "untrusted_origin"
+
+
+def test_streaming_required_but_not_offered(polling_server: srv.Running) -> None:
+    required = d.RemoteAgentSpec(
+        "must", card_url=polling_server.card_url, policy=d.Policy(require_streaming=True)
+    )
+    plain = d.RemoteAgentSpec("plain", card_url=polling_server.card_url)
+    with _delegator(required, plain) as delegator:
+        err = _fails(delegator, d.DelegationRequest("must", "echo x"))
+        assert err.code == "capability_unsupported"
+        err = _fails(delegator, d.DelegationRequest("plain", "echo x", stream=True))
+        assert err.code == "capability_unsupported"
+
+
+def test_a_stream_that_cannot_open(server: srv.Running) -> None:
+    # The card says "streaming" but its interface is a closed port: nothing ever reaches us.
+    card = srv.card_json(srv.agent_card(f"http://127.0.0.1:{_closed_port()}"))
+    required = d.RemoteAgentSpec("must", card=card, policy=d.Policy(require_streaming=True))
+    fallback = d.RemoteAgentSpec("may", card=card, policy=FAST)
+    updates = Updates()
+    with _delegator(required, fallback, on_update=updates) as delegator:
+        err = _fails(delegator, d.DelegationRequest("must", "echo x"))
+        assert err.code == "stream_unavailable" and err.retryable
+        # Without the requirement the delegator falls back to polling, which fails too.
+        err = _fails(delegator, d.DelegationRequest("may", "echo x"))
+        assert err.code == "agent_unavailable" and err.retryable
+    assert "stream.unavailable" in updates.kinds()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "code", "remote_status", "retryable"),
+    [
+        ("fail now", "remote_failed", "failed", False),
+        ("reject now", "remote_failed", "rejected", False),
+        ("canceled", "cancelled", "canceled", True),
+    ],
+)
+@pytest.mark.parametrize("stream", [True, False])
+def test_remote_outcomes_become_typed_failures_with_safe_messages(
+    server: srv.Running, prompt: str, code: str, remote_status: str, retryable: bool, stream: bool
+) -> None:
+    updates = Updates()
+    spec = d.RemoteAgentSpec("remote", card_url=server.card_url, policy=FAST)
+    with _delegator(spec, on_update=updates) as delegator:
+        err = _fails(delegator, d.DelegationRequest("remote", prompt, stream=stream))
+    assert (err.code, err.remote_status, err.retryable) == (code, remote_status, retryable)
+    assert err.metadata["remote_task_id"]
+    _no_remote_text(err)
+    assert updates.kinds()[-1] == ("cancelled" if code == "cancelled" else "failed")
+
+
+def test_artifacts_over_the_limit_are_a_policy_violation(server: srv.Running) -> None:
+    spec = d.RemoteAgentSpec(
+        "big", card_url=server.card_url, policy=d.Policy(max_artifact_bytes=100)
+    )
+    with _delegator(spec) as delegator:
+        assert delegator.delegate(d.DelegationRequest("big", "big 100")).text == "x" * 100
+        err = _fails(delegator, d.DelegationRequest("big", "big 101"))
+    assert err.code == "policy_violation" and err.metadata["limit_bytes"] == 100
+
+
+# --- local cancellation and deadlines ----------------------------------------------------------
+
+
+class ExpiringClock:
+    """The delegation clock, frozen until the remote task exists, then far past any deadline.
+
+    Deadlines are wall-clock by design; expiring them on cue keeps the tests independent of
+    machine speed (a real 0.3 s budget may run out before the remote task even exists).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from hosttools.a2adelegation import _delegator
+
+        self.now = 0.0
+        monkeypatch.setattr(_delegator, "_now", lambda: self.now)
+
+    def sink(self, update: SubagentUpdate) -> None:
+        if update.kind == "status":
+            self.now += 1e9
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_local_timeout_cancels_the_remote_task(
+    server: srv.Running,
+    executor: srv.ScriptedExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    clock = ExpiringClock(monkeypatch)
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=FAST)
+    with _delegator(spec, on_update=clock.sink) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "hang", timeout=30, stream=stream))
+    assert err.code == "deadline_exceeded" and err.metadata["limit_ms"] == 30_000
+    assert executor.wait_cancelled(err.metadata["remote_task_id"])
+
+
+def test_the_policy_caps_the_timeout(
+    server: srv.Running, executor: srv.ScriptedExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ExpiringClock(monkeypatch)
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=d.Policy(max_timeout=20))
+    with _delegator(spec, on_update=clock.sink) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "hang", timeout=3600))
+    assert err.code == "deadline_exceeded" and err.metadata["limit_ms"] == 20_000
+    assert executor.wait_cancelled(err.metadata["remote_task_id"])
+
+
+def test_a_real_deadline_expires(server: srv.Running) -> None:
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=FAST)
+    with _delegator(spec) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "hang", timeout=0.2))
+    assert err.code == "deadline_exceeded" and err.metadata["limit_ms"] == 200
+
+
+def test_polls_are_bounded(server: srv.Running, executor: srv.ScriptedExecutor) -> None:
+    spec = d.RemoteAgentSpec(
+        "slow", card_url=server.card_url, policy=d.Policy(poll_interval=0.01, max_polls=3)
+    )
+    with _delegator(spec) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "hang", stream=False))
+    assert err.code == "deadline_exceeded" and err.metadata["max_polls"] == 3
+    assert executor.wait_cancelled(err.metadata["remote_task_id"])
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_local_cancellation_cancels_the_remote_task(
+    server: srv.Running, executor: srv.ScriptedExecutor, stream: bool
+) -> None:
+    cancel = threading.Event()
+    updates = Updates()
+
+    def on_update(update: SubagentUpdate) -> None:
+        updates(update)
+        if update.kind == "status" and update.data.get("state") in ("working", "submitted"):
+            cancel.set()  # the leader gives up once the remote task exists
+
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=FAST)
+    with _delegator(spec, on_update=on_update) as delegator:
+        request = d.DelegationRequest("slow", "hang", stream=stream, cancel=cancel)
+        err = _fails(delegator, request)
+    assert err.code == "cancelled" and err.remote_status is None
+    assert executor.wait_cancelled(err.metadata["remote_task_id"])
+    assert updates.kinds()[-1] == "cancelled"
+
+
+# --- dropped streams ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def process_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[srv.ServerProcess]:
+    proc = srv.ServerProcess(tmp=tmp_path_factory.mktemp("a2a-seed"))
+    yield proc
+    proc.close()
+
+
+def _restart_when_working(
+    proc: srv.ServerProcess, seed: Callable[[str], list[Any]], updates: Updates
+) -> Callable[[SubagentUpdate], None]:
+    """A sink that restarts the server once the remote task is working.  The delegation thread
+    is inside the sink meanwhile, so it reads the stream again only after the restart."""
+
+    def on_update(update: SubagentUpdate) -> None:
+        updates(update)
+        if update.kind == "status" and update.data["state"] == "working":
+            proc.restart(seed=seed(update.data["task_id"]))
+
+    return on_update
+
+
+def test_a_dropped_stream_is_recovered(process_server: srv.ServerProcess) -> None:
+    process_server.ensure_running()
+    updates = Updates()
+    finished = _restart_when_working(
+        process_server, lambda task_id: [srv.finished_task(task_id, "")], updates
+    )
+    spec = d.RemoteAgentSpec("flaky", card_url=process_server.card_url, policy=FAST)
+    with _delegator(spec, on_update=finished) as delegator:
+        result = delegator.delegate(d.DelegationRequest("flaky", "hang"))
+    assert result.status is a2a.TaskState.COMPLETED and result.recovered
+    assert result.text == "finished offline"
+    assert updates.kinds()[-1] == "finished"
+
+
+def test_a_dropped_stream_whose_task_is_lost_fails(process_server: srv.ServerProcess) -> None:
+    process_server.ensure_running()
+    updates = Updates()
+    forgotten = _restart_when_working(process_server, lambda _: [], updates)
+    spec = d.RemoteAgentSpec("flaky", card_url=process_server.card_url, policy=FAST)
+    with _delegator(spec, on_update=forgotten) as delegator:
+        err = _fails(delegator, d.DelegationRequest("flaky", "hang"))
+    assert err.code == "remote_failed" and err.metadata["reason"] == "task_not_found"
+    assert "stream.dropped" in updates.kinds()
+
+
+# --- the registry and the host tool ------------------------------------------------------------
+
+
+def test_registry_rules() -> None:
+    spec = d.RemoteAgentSpec("a", card_url="http://127.0.0.1:1/card.json")
+    registry = d.Registry([spec])
+    with pytest.raises(ValueError):
+        registry.add(d.RemoteAgentSpec("a", card_url="http://127.0.0.1:2/card.json"))
+    with pytest.raises(ValueError):
+        d.RemoteAgentSpec("bad key", card_url="http://127.0.0.1:1/")
+    with pytest.raises(ValueError):
+        d.RemoteAgentSpec("nocard")
+    with pytest.raises(ValueError):
+        d.Policy(poll_interval=0)
+    assert "a" in registry and registry.keys() == ["a"] and list(registry) == [spec]
+    loaded = d.RemoteAgentSpec.from_mapping(
+        {
+            "key": "b",
+            "card_url": "http://127.0.0.1:3/card.json",
+            "bearer_token_env": "B_TOKEN",
+            "policy": {"max_timeout": 5, "require_streaming": True},
+        }
+    )
+    assert loaded.auth == a2a.BearerTokenFromEnv("B_TOKEN")
+    assert loaded.policy.require_streaming and loaded.policy.max_timeout == 5
+    with pytest.raises(ValueError):
+        d.RemoteAgentSpec.from_mapping({"key": "c", "card_url": "http://h/", "polcy": {}})
+
+
+def test_delegate_to_agent_as_a_host_tool(server: srv.Running) -> None:
+    tool = pytest.importorskip("adaptor.tool")
+    if not hasattr(tool, "define"):
+        pytest.skip("adaptor.tool.define is not available yet")
+    specs = [
+        d.RemoteAgentSpec("echo", card_url=server.card_url, description="echoes text"),
+        d.RemoteAgentSpec("failing", card_url=server.card_url),
+    ]
+    with _delegator(*specs) as delegator:
+        definition = d.delegate_to_agent(delegator)
+        descriptor = definition.descriptor()
+        assert descriptor.name == "delegate_to_agent" and "echoes text" in descriptor.description
+        ok = definition.call({"agent": "echo", "prompt": "echo via tool"})
+        assert not ok.is_error and ok.structured is not None
+        assert ok.structured["text"] == "echo: via tool" and ok.structured["status"] == "completed"
+        failed = definition.call({"agent": "failing", "prompt": "fail now"})
+        assert failed.is_error and failed.text == "the remote agent failed the task"
+        unknown = definition.call({"agent": "nobody", "prompt": "x"})
+        assert unknown.is_error
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
