@@ -222,7 +222,14 @@ def request_cancel(home: Home, request_id: str) -> None:
     """Ask the daemon to cancel a queued or running request (idempotent)."""
     if not REQUEST_ID.match(request_id):
         raise ValueError(f"invalid request id {request_id!r}")
-    _durable.atomic_write(home.cancels / request_id, b"")
+    # An empty marker needs no temporary file, and must not use one: the daemon scans this
+    # folder, and a temporary name is itself a valid request id, so it was taken for a stale
+    # marker and deleted before it could be renamed into place.
+    fd = os.open(
+        home.cancels / request_id, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    os.close(fd)
+    _durable.fsync_dir(home.cancels)
 
 
 # --- approvals as files ---------------------------------------------------------------------------

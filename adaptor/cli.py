@@ -1,4 +1,9 @@
-"""The ``adaptor`` command."""
+"""The ``adaptor`` command.
+
+Commands that talk to the daemon live in ``_cli_spool`` (submit, wait, events, cancel,
+approvals, approve/deny/answer, threads, status) and ``_cli_run`` (run); exit codes follow
+``adaptor exit-codes`` everywhere.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ import sys
 import click
 import orjson
 
-from adaptor import errors
+from adaptor import _cli_run, _cli_spool, errors
+from adaptor._cli_common import emit_json, quiet_broken_pipe
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -102,5 +108,36 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
         sys.exit(errors.exit_code_for(failure))
 
 
+for _command in (
+    _cli_run.run,
+    _cli_spool.submit,
+    _cli_spool.wait,
+    _cli_spool.events,
+    _cli_spool.cancel,
+    _cli_spool.approvals,
+    _cli_spool.approve,
+    _cli_spool.deny,
+    _cli_spool.answer,
+    _cli_spool.threads,
+    _cli_spool.status,
+):
+    cli.add_command(_command)
+del _command
+
+
 def main() -> None:
-    cli(prog_name="adaptor")
+    # Not click's standalone mode: a usage error must still honour --json (the error object
+    # on stdout, exit 2), and a closed pipe must end quietly with 0 rather than click's 1.
+    try:
+        code = cli.main(prog_name="adaptor", standalone_mode=False)
+    except click.ClickException as exc:
+        if "--json" in sys.argv[1:]:
+            emit_json({"ok": False, "exit_code": exc.exit_code, "error": errors.to_wire(exc)})
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except BrokenPipeError:
+        quiet_broken_pipe()
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,10 +1,58 @@
-"""The client of the adaptord spool daemon."""
+"""The client of the adaptord spool daemon.
+
+Everything goes through the home directory's public file layout (docs/daemon.md), so
+a client needs no connection to the daemon and works across restarts::
+
+    from adaptor.spool import Client
+
+    client = Client()                          # $ADAPTORD_HOME, else $XDG_STATE_HOME/adaptord
+    request_id = client.submit({"driver": "script", "prompt": "hi",
+                                "config": {"steps": [{"text": "hello"}]}})
+    for event in client.events(request_id, follow=True):
+        print(event)
+    result = client.wait(request_id, timeout=600)   # or raises what the run raised
+
+``wait`` raises exactly the exception the same request raises in-process (rebuilt from the
+verdict with :func:`adaptor.errors.from_wire`, ``RunError.result`` included), so one
+``except`` clause serves both paths.  Two conditions are the client's own and stay outside the
+error taxonomy: :class:`WaitTimeoutError` (the caller's deadline passed) and
+:class:`UnknownRequestError` (no such request in this home); :class:`SpoolNotFoundError` means
+the home has no spool at all.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import heapq
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
 
+from adaptor import _durable, _home, errors
 from adaptor.errors import AdaptorError
+from adaptor.events import Event
+from adaptor.result import Result
+
+if TYPE_CHECKING:
+    from hosttools.sessionrecorder import EventRecord
+
+__all__ = [
+    "Client",
+    "InvalidRequestError",
+    "SpoolNotFoundError",
+    "UnknownRequestError",
+    "WaitTimeoutError",
+]
+
+# How often waiting re-checks the files when no file event woke it.  The watcher is only a
+# hint (it misses events on overflow, on network filesystems, or when inotify is exhausted).
+_VERDICT_POLL = 0.5
+_EVENTS_POLL = 0.25
+_RECENT_VERDICTS = 10
 
 
 class InvalidRequestError(AdaptorError):
@@ -28,3 +76,617 @@ class InvalidRequestError(AdaptorError):
             if len(self.errors) > 1:
                 message += f" (and {len(self.errors) - 1} more)"
         super().__init__(message)
+
+
+class WaitTimeoutError(TimeoutError):
+    """:meth:`Client.wait` gave up: no verdict within ``timeout`` seconds.
+
+    The request may still be queued or running; wait again or cancel it.  Not an
+    ``AdaptorError``: it reports the caller's own deadline, never an outcome of the request
+    (``adaptor wait --timeout`` exits 124 on it, like ``timeout(1)``).
+    """
+
+    def __init__(self, request_id: str, timeout: float) -> None:
+        self.request_id = request_id
+        self.timeout = timeout
+        super().__init__(
+            f"no verdict for request {request_id!r} after {timeout:g}s (it may still be running)"
+        )
+
+
+class SpoolNotFoundError(FileNotFoundError):
+    """The home has no spool: the path is wrong or no daemon was ever started on it.
+
+    ``home`` is the directory looked at.  The ``adaptor`` CLI exits 69 on it.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        super().__init__(
+            f"no adaptord spool under {home} (start the daemon with "
+            f"`adaptord serve --home {home}`, or point ADAPTORD_HOME at its home)"
+        )
+        self.filename = str(home)
+
+
+class UnknownRequestError(LookupError):
+    """No request with id ``request_id`` was submitted to this home (or the id is malformed).
+
+    The ``adaptor`` CLI exits 2 on it (bad arguments).
+    """
+
+    def __init__(self, request_id: str, home: Path) -> None:
+        self.request_id = request_id
+        self.home = home
+        super().__init__(f"no request {request_id!r} under {home}")
+
+
+class Client:
+    """Talks to the adaptord daemon serving ``home`` through its files.
+
+    ``home`` defaults to ``$ADAPTORD_HOME``, else ``$XDG_STATE_HOME/adaptord``.  A client is
+    cheap, holds no resources between calls and may be shared by threads.
+    """
+
+    def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
+        self._home = _home.Home.at(home)
+
+    def __repr__(self) -> str:
+        return f"Client({str(self._home.root)!r})"
+
+    @property
+    def home(self) -> Path:
+        """The home directory this client uses."""
+        return self._home.root
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(self, request: Mapping[str, Any]) -> str:
+        """Drop ``request`` (the request JSON object) into the spool and return its id.
+
+        A time-sortable id is minted when the request has none.  The daemon validates it: a
+        request it rejects gets a verdict raising :class:`InvalidRequestError` from
+        :meth:`wait`.  Raises :class:`SpoolNotFoundError` when the home has no spool,
+        ``ValueError`` for a malformed ``id`` and ``FileExistsError`` when the id is taken.
+        """
+        self._require_spool()
+        try:
+            return _home.submit(self._home, request)
+        except FileNotFoundError:
+            if not self._home.spool_new.is_dir():  # removed under us
+                raise SpoolNotFoundError(self._home.root) from None
+            raise
+
+    def verdict(self, request_id: str) -> dict[str, Any] | None:
+        """The request's verdict file as JSON, or ``None`` while it has none."""
+        self._check_id(request_id)
+        try:
+            verdict = _read_object(self._home.verdict(request_id))
+        except FileNotFoundError:
+            return None
+        return verdict
+
+    def wait(self, request_id: str, timeout: float | None = None) -> Result:
+        """Wait for the request's verdict; return its :class:`Result` or raise its error.
+
+        The error is the in-process one, rebuilt with :func:`adaptor.errors.from_wire`; a
+        ``RunError``'s ``result`` is the rebuilt Result, whose ``raw()`` and ``transcript()``
+        are read back from ``runs/<id>/``.  ``timeout`` (seconds, ``None``: no limit) bounds
+        this wait only, not the run: :class:`WaitTimeoutError` when it passes first.  Raises
+        :class:`UnknownRequestError` for an id never submitted here.
+        """
+        return self._outcome(self._await_verdict(request_id, timeout))
+
+    def run(self, request: Mapping[str, Any], timeout: float | None = None) -> Result:
+        """:meth:`submit` then :meth:`wait` (``timeout`` bounds the wait, as there)."""
+        return self.wait(self.submit(request), timeout)
+
+    def events(self, request_id: str, follow: bool = False) -> Iterator[Event]:
+        """The events of the request's run(s), in order, read from its audit log.
+
+        Without ``follow``: what is recorded now.  With it, like ``tail -F``: keeps reading
+        (the log may not exist yet while the request is queued) until the verdict exists and
+        the log is drained.  Approval requests read back cannot be answered through the event;
+        use :meth:`approve` and friends.
+        """
+        for record in _request_records(self, request_id, follow=follow):
+            yield record.event
+
+    def cancel(self, request_id: str) -> bool:
+        """Ask the daemon to cancel a queued or running request.
+
+        Returns ``False`` when the request already has a verdict (nothing to cancel).  A
+        request cancelled before its driver started ends with ``adaptor.CancelledError``,
+        after that with ``RunCancelledError``.
+        """
+        self._require_spool()
+        if self.verdict(request_id) is not None:
+            return False
+        self._require_known(request_id)
+        _home.request_cancel(self._home, request_id)
+        return True
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    def approvals(self) -> list[dict[str, Any]]:
+        """The open approval requests, oldest first.
+
+        Each is the ``approvals/pending/<id>.json`` object: the ``ApprovalRequest``'s JSON
+        form (``id``, ``run_id``, ``approval_kind``, ``title``, ``choices``, ``details``,
+        ``deadline``, ...) plus the spool ``request_id``.
+        """
+        found: list[tuple[str, str, dict[str, Any]]] = []
+        for path in _listing(self._home.approvals_pending):
+            if path.name.startswith(".") or not path.name.endswith(".json"):
+                continue
+            try:
+                pending = _read_object(path)
+            except (OSError, ValueError):
+                continue  # resolved (removed) while we listed, or not ours to read
+            found.append((str(pending.get("created_at") or ""), path.name, pending))
+        return [pending for _, _, pending in sorted(found, key=lambda entry: entry[:2])]
+
+    def approve(self, approval_id: str) -> None:
+        """Approve a permission or plan-review request.
+
+        Raises ``ApprovalResolvedError`` (another response won), ``ApprovalExpiredError``
+        (deadline or run end came first), ``ApprovalKindMismatchError`` (a question; it stays
+        open) or ``ApprovalUnavailableError`` (no such request).
+        """
+        self._respond(approval_id, "approve")
+
+    def deny(self, approval_id: str, reason: str = "") -> None:
+        """Deny any kind of request; raises like :meth:`approve` (never a kind mismatch)."""
+        self._respond(approval_id, "deny", reason)
+
+    def answer(self, approval_id: str, option: str) -> None:
+        """Answer a question with ``option``; raises like :meth:`approve`."""
+        self._respond(approval_id, "answer", option)
+
+    def _respond(self, approval_id: str, action: str, text: str = "") -> None:
+        self._require_spool()
+        _home.respond(self._home, approval_id, action, text=text)
+
+    # -- the daemon --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The daemon and its queue.
+
+        ``{"home", "running", "pid", "started_at", "workers", "queued": [ids],
+        "in_progress": [ids], "recent": [{"id", "ok", "exit_code", "code", "finished_at"}]}``;
+        ``pid``, ``started_at`` and ``workers`` are ``None`` while no daemon runs, ``recent``
+        holds the latest verdicts, newest first.
+        """
+        home = self._home
+        running = home.root.is_dir() and _home.daemon_running(home)
+        info: dict[str, Any] = {}
+        if running:
+            try:
+                info = _read_object(home.daemon_state)
+            except (OSError, ValueError):
+                info = {}
+        queued = _request_ids(home.spool_new)
+        in_progress: list[str] = []
+        for request_id in _request_ids(home.claimed):
+            status = _read_state(home, request_id).get("status")
+            if status == "running":
+                in_progress.append(request_id)
+            elif status != "done":  # done: the verdict is written, the claim not yet removed
+                queued.append(request_id)
+        return {
+            "home": str(home.root),
+            "running": running,
+            "pid": info.get("pid"),
+            "started_at": info.get("started_at"),
+            "workers": info.get("workers"),
+            "queued": sorted(queued),
+            "in_progress": sorted(in_progress),
+            "recent": self._recent_verdicts(),
+        }
+
+    def _recent_verdicts(self) -> list[dict[str, Any]]:
+        entries: list[tuple[int, str]] = []
+        try:
+            with os.scandir(self._home.verdicts) as listing:
+                for entry in listing:
+                    if entry.name.startswith(".") or not entry.name.endswith(".json"):
+                        continue  # a verdict being written
+                    try:
+                        entries.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.name))
+                    except FileNotFoundError:
+                        continue
+        except FileNotFoundError:
+            return []
+        recent: list[dict[str, Any]] = []
+        for _, name in heapq.nlargest(_RECENT_VERDICTS, entries):
+            try:
+                verdict = _read_object(self._home.verdicts / name)
+            except (OSError, ValueError):
+                continue
+            error = verdict.get("error")
+            recent.append(
+                {
+                    "id": verdict.get("id", name[: -len(".json")]),
+                    "ok": verdict.get("ok"),
+                    "exit_code": verdict.get("exit_code"),
+                    "code": error.get("code") if isinstance(error, dict) else None,
+                    "finished_at": verdict.get("finished_at"),
+                }
+            )
+        return recent
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _require_spool(self) -> None:
+        if not self._home.spool_new.is_dir():
+            raise SpoolNotFoundError(self._home.root)
+
+    def _check_id(self, request_id: str) -> None:
+        # Ids name files under the home; anything else can never have been submitted.
+        if not isinstance(request_id, str) or not _home.REQUEST_ID.match(request_id):
+            raise UnknownRequestError(str(request_id), self._home.root)
+
+    def _known(self, request_id: str) -> bool:
+        """Whether the id is anywhere in the pipeline.
+
+        Checked in the order a request moves (spool, claimed, run folder, verdict); every move
+        creates the next place before leaving the last, so a request in flight is never missed.
+        """
+        home = self._home
+        name = f"{request_id}.json"
+        places = (
+            home.spool_tmp / name,
+            home.spool_new / name,
+            home.claimed / name,
+            home.run_dir(request_id),
+            home.verdict(request_id),
+        )
+        if any(os.path.lexists(place) for place in places):
+            return True
+        # A hostile entry is moved aside before its rejection verdict is written.
+        suffix = "-" + name
+        return any(path.name.endswith(suffix) for path in _listing(home.quarantine))
+
+    def _require_known(self, request_id: str) -> None:
+        self._check_id(request_id)
+        if not self._known(request_id):
+            raise UnknownRequestError(request_id, self._home.root)
+
+    def _await_verdict(self, request_id: str, timeout: float | None) -> dict[str, Any]:
+        self._require_spool()
+        verdict = self.verdict(request_id)
+        if verdict is not None:
+            return verdict
+        self._require_known(request_id)
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        # Armed before the next look, so a verdict written in between still wakes us.
+        with _Wakeup(self._home.verdicts) as wake:
+            while True:
+                verdict = self.verdict(request_id)
+                if verdict is not None:
+                    return verdict
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise WaitTimeoutError(request_id, timeout or 0.0)
+                wake.wait(_VERDICT_POLL if remaining is None else min(_VERDICT_POLL, remaining))
+
+    def _outcome(self, verdict: Mapping[str, Any]) -> Result:
+        """The verdict's Result, or raise its error (``RunError.result`` attached)."""
+        result = self._rebuild_result(verdict)
+        if verdict.get("ok") is True:
+            return result if result is not None else Result(run_id=str(verdict.get("run_id") or ""))
+        raise errors.from_wire(verdict.get("error") or {}, result=result)
+
+    def _rebuild_result(self, verdict: Mapping[str, Any]) -> Result | None:
+        """The full Result: ``runs/<id>/result.json`` with its raw streams and transcript.
+
+        Side files removed since (retention) read as empty; the verdict's summary is used
+        when ``result.json`` itself is gone.
+        """
+        summary = verdict.get("result")
+        if not isinstance(summary, dict):
+            return None
+        request_id = str(verdict.get("id") or "")
+        obj: dict[str, Any]
+        try:
+            obj = _read_object(self._home.run_dir(request_id) / "result.json")
+        except (OSError, ValueError):
+            obj = {**summary, "run_id": verdict.get("run_id") or ""}
+        raw_paths = obj.get("raw")
+        raw: dict[str, Any] = raw_paths if isinstance(raw_paths, dict) else {}
+        terminal = self._side_json(raw.get("terminal"))
+        obj["raw"] = {
+            "stdout": self._side_text(raw.get("stdout")),
+            "stderr": self._side_text(raw.get("stderr")),
+            "terminal": {
+                "event": str(terminal.get("event", "")),
+                "json": str(terminal.get("json", "")),
+            }
+            if isinstance(terminal, dict)
+            else None,
+        }
+        transcript = obj.get("transcript")
+        if isinstance(transcript, str):
+            transcript = self._side_json(transcript)
+        obj["transcript"] = transcript if isinstance(transcript, list) else []
+        return Result.from_json(obj)
+
+    def _side_path(self, relative: object) -> Path | None:
+        # Paths in verdicts are relative to the home; never follow one out of it.
+        if not isinstance(relative, str) or not relative:
+            return None
+        root = self._home.root.resolve()
+        path = (root / relative).resolve()
+        return path if path.is_relative_to(root) else None
+
+    def _side_text(self, relative: object) -> str:
+        path = self._side_path(relative)
+        if path is None:
+            return ""
+        try:
+            return path.read_bytes().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _side_json(self, relative: object) -> Any:
+        path = self._side_path(relative)
+        if path is None:
+            return None
+        try:
+            return _durable.read_json(path)
+        except FileNotFoundError:
+            return None
+
+
+# --- reading the audit log ----------------------------------------------------------------------
+
+
+def _request_records(
+    client: Client, request_id: str, *, follow: bool, since: int = 0
+) -> Iterator[EventRecord]:
+    """``EventRecord``s of one request's runs (``host_seq > since``), optionally followed.
+
+    The request's session log may hold other runs (a thread's earlier turns), so records are
+    kept by ``meta.run_id``.  The daemon writes a run id into ``state.json`` before recording
+    any of the run's events, so an id still unknown after re-reading the state is foreign for
+    good.
+    """
+    home = client._home
+    client._require_spool()
+    client._require_known(request_id)
+    ours: set[str] = set()
+    foreign: set[str] = set()
+    reader: _LogReader | None = None
+
+    def refresh() -> str | None:
+        state = _read_state(home, request_id)
+        ours.update(run_id for run_id in state.get("run_ids") or () if isinstance(run_id, str))
+        verdict = client.verdict(request_id)
+        if verdict is not None and isinstance(verdict.get("run_id"), str):
+            ours.add(verdict["run_id"])
+        session = state.get("session")
+        if not session and verdict is not None and isinstance(verdict.get("events"), str):
+            session = verdict["events"].removeprefix("events/").removesuffix(".jsonl")
+        return session if isinstance(session, str) and session else None
+
+    watched = (home.events, home.verdicts) if follow else ()
+    try:
+        with _Wakeup(*watched) as wake:
+            while True:
+                # Looked at before reading: a verdict seen here means every event of the run
+                # was already appended, so the read below drains the log.
+                finished = client.verdict(request_id) is not None
+                if reader is None:
+                    session = refresh()
+                    if session is not None:
+                        reader = _LogReader(home.events / f"{session}.jsonl", after=since)
+                if reader is not None:
+                    for record in reader.read():
+                        run_id = record.event.meta.run_id
+                        if run_id not in ours and run_id not in foreign:
+                            refresh()
+                            if run_id not in ours:
+                                foreign.add(run_id)
+                        if run_id in ours:
+                            yield record
+                if finished or not follow:
+                    return
+                wake.wait(_EVENTS_POLL)
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _log_records(path: Path, *, follow: bool, since: int = 0) -> Iterator[EventRecord]:
+    """Every ``EventRecord`` of one session log (``host_seq > since``); with ``follow``,
+    forever, like ``tail -F`` (the file may appear later or be replaced)."""
+    reader = _LogReader(path, after=since)
+    try:
+        with _Wakeup(*((path.parent,) if follow else ())) as wake:
+            while True:
+                yield from reader.read()
+                if not follow:
+                    return
+                wake.wait(_EVENTS_POLL)
+    finally:
+        reader.close()
+
+
+class _LogReader:
+    """Reads a session-recorder log incrementally: each :meth:`read` yields the records
+    appended since the last one, strictly validated.
+
+    Only complete lines are taken, so a record being appended is read on the next call.  A
+    replaced or shortened file (a repaired torn tail, a restored copy) is read again from its
+    start, skipping what was already returned.
+    """
+
+    def __init__(self, path: Path, *, after: int = 0) -> None:
+        self.path = path
+        self._after = after
+        self._file: IO[bytes] | None = None
+        self._identity: tuple[int, int] | None = None
+        self._offset = 0
+        self._expected = 1
+
+    def read(self) -> Iterator[EventRecord]:
+        # Imported here: importing adaptor must not load the host tools.  The recorder has no
+        # public incremental reader; its line decoder is the one strict definition of a record,
+        # so following a log uses it rather than a second parser.
+        from hosttools import sessionrecorder
+        from hosttools.sessionrecorder import _format as log_format
+
+        file = self._reopen()
+        if file is None:
+            return
+        file.seek(self._offset)
+        for raw in iter(file.readline, b""):
+            if not raw.endswith(b"\n"):
+                return  # being appended right now (or a torn tail the next writer cuts)
+            try:
+                record = log_format.decode(raw, self._expected)
+            except log_format._LineError as exc:
+                raise sessionrecorder.JSONLEventLogCorruptError(
+                    log_format.key_of(self.path), self._expected, why=exc.why
+                ) from None
+            self._offset += len(raw)
+            self._expected += 1
+            if record.host_seq > self._after:
+                self._after = record.host_seq
+                yield record
+
+    def _reopen(self) -> IO[bytes] | None:
+        from hosttools.sessionrecorder import _format as log_format
+
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            self.close()
+            return None
+        if self._file is not None and (
+            (info.st_dev, info.st_ino) != self._identity or info.st_size < self._offset
+        ):
+            self.close()
+        if self._file is None:
+            try:
+                self._file = log_format.open_log(self.path)
+            except FileNotFoundError:
+                return None
+            opened = os.fstat(self._file.fileno())
+            self._identity = (opened.st_dev, opened.st_ino)
+            self._offset = 0
+            self._expected = 1
+        return self._file
+
+    def close(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+
+# --- waking up ----------------------------------------------------------------------------------
+
+
+class _Wakeup:
+    """A watchdog observer on some directories whose only job is to cut a wait short.
+
+    Only a hint: callers re-check their condition after every :meth:`wait` and bound each wait,
+    so a missed or impossible watch (inotify limits, network filesystems) only makes them
+    slower.  With no directories it is a plain bounded sleep.
+    """
+
+    def __init__(self, *directories: Path) -> None:
+        self._directories = directories
+        self._changed = threading.Event()
+        self._observer: Any = None
+
+    def __enter__(self) -> _Wakeup:
+        if not self._directories:
+            return self
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        _quiet_watchdog_stop_race()
+
+        changed = self._changed
+
+        class Hint(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                changed.set()
+
+        observer = Observer()
+        observer.daemon = True
+        try:
+            for directory in self._directories:
+                if directory.is_dir():
+                    observer.schedule(Hint(), str(directory), recursive=False)
+            observer.start()
+        except OSError:
+            return self  # e.g. the inotify instance limit: polling only
+        self._observer = observer
+        return self
+
+    def wait(self, timeout: float) -> None:
+        self._changed.wait(timeout)
+        self._changed.clear()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=2)
+
+
+class _StopRaceFilter(logging.Filter):
+    # watchdog (7.x) logs an *error* when a file event arrives while an observer stops
+    # ("queue_events() called when the thread is inactive"); nothing is wrong, and short-lived
+    # observers stop often, so that one message is dropped.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+_stop_race_filter = _StopRaceFilter()
+
+
+def _quiet_watchdog_stop_race() -> None:
+    logger = logging.getLogger("watchdog.observers.inotify")
+    if _stop_race_filter not in logger.filters:
+        logger.addFilter(_stop_race_filter)
+
+
+# --- small file helpers -------------------------------------------------------------------------
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    value = _durable.read_json(path)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return value
+
+
+def _read_state(home: _home.Home, request_id: str) -> dict[str, Any]:
+    try:
+        return _read_object(home.run_state(request_id))
+    except (OSError, ValueError):
+        return {}
+
+
+def _listing(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _request_ids(directory: Path) -> list[str]:
+    ids = []
+    for path in _listing(directory):
+        stem = path.name[: -len(".json")]
+        if path.name.endswith(".json") and _home.REQUEST_ID.match(stem):
+            ids.append(stem)
+    return ids

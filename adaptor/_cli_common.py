@@ -1,0 +1,245 @@
+"""What every ``adaptor`` command shares: the ``--home``/``--json`` options, exit codes, error
+reports (``--json`` shape on stdout, human text on stderr) and one-line event summaries."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import click
+import orjson
+
+from adaptor import _home, errors, events
+from adaptor.spool import Client, SpoolNotFoundError, UnknownRequestError, WaitTimeoutError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_UNAVAILABLE = 69
+EXIT_WAIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+
+
+class DaemonNotRunningError(Exception):
+    """The command needs a serving daemon (to wait for a verdict) and none holds the home."""
+
+    def __init__(self, home: os.PathLike[str] | str) -> None:
+        super().__init__(
+            f"adaptord is not running for {home} (start it with `adaptord serve --home {home}`"
+            " or `systemctl --user start adaptord`; `adaptor run --no-daemon` runs in-process)"
+        )
+
+
+def home_option(func: Callable[P, R]) -> Callable[P, R]:
+    return click.option(
+        "--home",
+        envvar="ADAPTORD_HOME",
+        type=click.Path(file_okay=False),
+        help="The daemon's home directory (default: $ADAPTORD_HOME, else "
+        "$XDG_STATE_HOME/adaptord).",
+    )(func)
+
+
+def json_option(func: Callable[P, R]) -> Callable[P, R]:
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help='Print one JSON object on stdout: {"ok": true, ...} or '
+        '{"ok": false, "exit_code": N, "error": {...}}.',
+    )(func)
+
+
+def require_daemon(client: Client) -> None:
+    if not _home.daemon_running(_home.Home.at(client.home)):
+        raise DaemonNotRunningError(client.home)
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON document and a newline on stdout, flushed (scripts read it line by line)."""
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+    sys.stdout.buffer.flush()
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The documented exit code (``adaptor exit-codes``) for an error outcome."""
+    if isinstance(exc, WaitTimeoutError):
+        return EXIT_WAIT_TIMEOUT
+    if isinstance(exc, SpoolNotFoundError | DaemonNotRunningError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, UnknownRequestError | click.UsageError):
+        return 2
+    return errors.exit_code_for(exc)
+
+
+def describe(exc: BaseException, secrets: Iterable[str] = ()) -> str:
+    """Human text for an error: class, code and message, then its cause chain."""
+    wire = errors.to_wire(exc, secrets=secrets)
+    lines: list[str] = []
+    node: Mapping[str, Any] | None = wire
+    while isinstance(node, Mapping):
+        lines.append(_describe_one(node, exc if not lines else None))
+        cause = node.get("cause")
+        node = cause if isinstance(cause, Mapping) else None
+    return "\n  caused by: ".join(lines)
+
+
+def _describe_one(wire: Mapping[str, Any], exc: BaseException | None) -> str:
+    message = str(wire.get("message") or "")
+    if wire.get("code") == "external":
+        # The client's own conditions read best as their message alone.
+        if exc is not None and isinstance(exc, _CLIENT_ERRORS):
+            return message
+        return f"{wire.get('type')}: {message}"
+    label = f"{wire.get('type')} [{wire.get('code')}"
+    if "reason" in wire:
+        label += f", reason {wire.get('reason')}"
+    label += "]"
+    fields = wire.get("fields")
+    if isinstance(fields, Mapping) and fields and wire.get("code") != "ErrInvalidRequest":
+        label += " " + ", ".join(f"{key}={value!r}" for key, value in fields.items())
+    text = f"{label}: {message}"
+    if wire.get("code") == "ErrInvalidRequest" and isinstance(fields, Mapping):
+        for problem in fields.get("errors") or ():
+            if isinstance(problem, Mapping):
+                text += f"\n  {problem.get('path') or '<root>'}: {problem.get('message')}"
+    return text
+
+
+_CLIENT_ERRORS = (WaitTimeoutError, SpoolNotFoundError, UnknownRequestError, DaemonNotRunningError)
+
+
+def fail(
+    exc: BaseException,
+    *,
+    as_json: bool,
+    exit_code: int | None = None,
+    wire: Mapping[str, Any] | None = None,
+    secrets: Iterable[str] = (),
+    **extra: Any,
+) -> NoReturn:
+    """Report ``exc`` and exit: the ``--json`` object on stdout, human text on stderr.
+
+    ``wire`` (a verdict's error) is printed verbatim instead of re-encoding ``exc``.
+    """
+    secret_values = tuple(secrets)
+    code = exit_code_of(exc) if exit_code is None else exit_code
+    if as_json:
+        emit_json(
+            {
+                "ok": False,
+                "exit_code": code,
+                "error": dict(wire)
+                if wire is not None
+                else errors.to_wire(exc, secrets=secret_values),
+                **extra,
+            }
+        )
+    click.echo(f"adaptor: {describe(exc, secret_values)}", err=True)
+    sys.exit(code)
+
+
+def guarded(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn whatever a command raises into its documented exit code and report.
+
+    Ctrl-C exits 130 without a traceback; a closed stdout (``| head``) ends the command
+    quietly with 0.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except (click.exceptions.ClickException, click.exceptions.Exit, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            quiet_broken_pipe()
+        except Exception as exc:
+            fail(exc, as_json=bool(kwargs.get("as_json")))
+
+    return wrapper
+
+
+def quiet_broken_pipe() -> NoReturn:
+    # The reader went away.  Point stdout at /dev/null so the interpreter's final flush does
+    # not raise a second time and print "Exception ignored ... BrokenPipeError".
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+    sys.exit(0)
+
+
+# --- events as one line each --------------------------------------------------------------------
+
+
+def event_line(host_seq: int, recorded_at: datetime, event: events.Event) -> str:
+    """``  12 10:00:01.123 tool_call.start   grep {"pattern": "x"}``"""
+    moment = recorded_at.astimezone().strftime("%H:%M:%S.%f")[:-3]
+    kind = events.event_kind(event)
+    return f"{host_seq:>6} {moment} {kind:<22} {summary(event)}".rstrip()
+
+
+def summary(event: events.Event) -> str:
+    """The few words of an event a human scanning a log wants."""
+    match event:
+        case events.TextDelta(phase="content") | events.Thinking(phase="content"):
+            return clip(event.text)
+        case events.TextDelta() | events.Thinking():
+            return event.message_id
+        case events.ToolCall(phase="start"):
+            return f"{event.name} {compact(event.args)}" if event.args is not None else event.name
+        case events.ToolCall(phase="end"):
+            return f"{event.name} -> {compact(event.result)}"
+        case events.ToolCall():
+            return clip(event.args_delta)
+        case events.ToolResult():
+            return f"{event.id}{' (error)' if event.is_error else ''} {compact(event.result)}"
+        case events.ProcessInfo(kind="spawn"):
+            argv = event.data.get("argv")
+            shown = " ".join(map(str, argv)) if isinstance(argv, list) else ""
+            pid = event.data.get("pid")
+            return clip(shown + (f" (pid {pid})" if pid is not None else ""))
+        case events.ProcessInfo():
+            return clip(event.text)
+        case events.Notice():
+            return clip(" ".join(part for part in (event.text, compact(event.data)) if part))
+        case events.ApprovalRequest():
+            return clip(f"{event.id} {event.kind} {event.title}")
+        case events.RunStarted():
+            return event.run_id
+        case events.RunFinished():
+            return "ok" if not event.failed else clip(f"failed: {event.reason}: {event.message}")
+        case events.Dropped():
+            return f"{event.count} dropped {compact(event.by_kind)}"
+        case events.SubagentUpdate():
+            return clip(f"{event.agent} {event.delta or compact(event.data)}")
+    return ""
+
+
+def compact(value: Any) -> str:
+    if value is None or value == {}:
+        return ""
+    if isinstance(value, str):
+        return clip(value)
+    try:
+        return clip(orjson.dumps(value, default=str).decode())
+    except TypeError:
+        return clip(repr(value))
+
+
+def clip(text: str, limit: int = 160) -> str:
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

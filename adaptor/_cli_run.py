@@ -1,0 +1,579 @@
+"""``adaptor run``: build a request from options, run it through the daemon (or in-process with
+``--no-daemon``), show it live, print the result and exit with the documented code."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import IO, Any, TypeVar
+
+import click
+import orjson
+
+from adaptor import _home, errors, events
+from adaptor import _request as requests
+from adaptor._cli_common import (
+    EXIT_INTERRUPTED,
+    compact,
+    emit_json,
+    fail,
+    guarded,
+    home_option,
+    require_daemon,
+)
+from adaptor._cli_spool import print_text, report_verdict, submit_request
+from adaptor.result import Result
+from adaptor.spool import Client
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# --policy-NAME options: (name, path under "policy", click type, help).  Values are passed on
+# unchecked: the SDK owns their domains, so a bad one fails as InvalidPolicyError (exit 3)
+# exactly as it would in-process.
+_POLICY_OPTIONS: tuple[tuple[str, tuple[str, ...], Any, str], ...] = (
+    ("sandbox", ("sandbox",), str, "read_only | workspace_write | unrestricted"),
+    ("web-search", ("web_search",), str, "allow | deny"),
+    ("browser", ("browser",), str, "allow | deny"),
+    (
+        "active-execution-timeout",
+        ("active_execution_timeout",),
+        float,
+        "Seconds of active execution (approval waits excluded) before the run is stopped.",
+    ),
+    ("permission", ("approvals", "permission"), str, "ask | auto_approve | auto_reject"),
+    ("plan-review", ("approvals", "plan_review"), str, "ask | auto_approve | auto_reject"),
+    ("question", ("approvals", "question"), str, "ask | auto_reject"),
+    (
+        "approval-timeout",
+        ("approvals", "timeout"),
+        float,
+        "Seconds an approval may stay unanswered.",
+    ),
+    ("on-timeout", ("approvals", "on_timeout"), str, "abort | continue | retry"),
+    ("on-reject", ("approvals", "on_reject"), str, "abort | continue | retry"),
+    ("max-retries", ("approvals", "max_retries"), int, "Approval retries before aborting."),
+)
+
+
+def _policy_options(func: F) -> F:
+    for name, _, kind, help_text in reversed(_POLICY_OPTIONS):
+        func = click.option(f"--policy-{name}", type=kind, help=help_text)(func)
+    return func
+
+
+@click.command()
+@click.argument("prompt", required=False)
+@click.option(
+    "--request",
+    "request_file",
+    type=click.File("rb"),
+    help="Start from this request JSON ('-': stdin); the options below override its fields.",
+)
+@click.option(
+    "--driver",
+    envvar="ADAPTOR_DRIVER",
+    type=click.Choice(requests.DRIVERS),
+    help="The agent driver (default: $ADAPTOR_DRIVER; required unless --request names one).",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, resolve_path=True),
+    help="The agent's working directory (default: the current directory).",
+)
+@click.option("--thread", "thread_key", metavar="KEY", help="Continue (or start) this thread.")
+@click.option("--resume-only", is_flag=True, help="With --thread: fail unless it exists.")
+@click.option("--fork-from", metavar="KEY", help="With --thread: fork this thread into it.")
+@click.option("--model", help="The model, when the driver lets you choose.")
+@click.option(
+    "--timeout",
+    type=float,
+    help="Seconds the run may take (from its start) before RunDeadlineExceededError.",
+)
+@click.option(
+    "--schema",
+    "schema_file",
+    type=click.File("rb"),
+    help="JSON Schema file for structured output.",
+)
+@click.option("--instructions", help="Instructions for the agent.")
+@click.option("--append-system-prompt", help="Text appended to the agent's system prompt.")
+@_policy_options
+@click.option(
+    "--config",
+    "config_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Driver config; VALUE is JSON when it parses (steps=[...], grace_period=2), else a "
+    "string; KEY may be dotted (descriptor.sessions.supports_resume=false).  Repeatable.",
+)
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="Environment for the agent; NAME alone copies it from this environment, which "
+    "keeps secrets off the command line.  Never printed.  Repeatable.",
+)
+@click.option(
+    "--metadata", "metadata_items", multiple=True, metavar="KEY=VALUE", help="Repeatable."
+)
+@click.option("--id", "request_id", help="The request id (default: a new time-sortable id).")
+@click.option(
+    "--on-interrupt",
+    type=click.Choice(["fail", "requeue"]),
+    help="If the daemon dies mid-run: fail (default) or run again (at most 3 attempts).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Nothing live; print {"ok", "exit_code", "id", "result", "error"} on stdout.',
+)
+@click.option("-q", "--quiet", is_flag=True, help="Nothing live; print only the result text.")
+@click.option(
+    "--no-daemon",
+    is_flag=True,
+    help="Run in this process with the same request mapping (thread store and driver "
+    "defaults of the daemon's home and config file).",
+)
+@home_option
+@guarded
+def run(
+    prompt: str | None,
+    request_file: IO[bytes] | None,
+    driver: str | None,
+    workspace: str | None,
+    thread_key: str | None,
+    resume_only: bool,
+    fork_from: str | None,
+    model: str | None,
+    timeout: float | None,
+    schema_file: IO[bytes] | None,
+    instructions: str | None,
+    append_system_prompt: str | None,
+    config_items: Sequence[str],
+    env_items: Sequence[str],
+    metadata_items: Sequence[str],
+    request_id: str | None,
+    on_interrupt: str | None,
+    as_json: bool,
+    quiet: bool,
+    no_daemon: bool,
+    home: str | None,
+    **policy: Any,
+) -> None:
+    """Run PROMPT ('-': read stdin) and print the result text.
+
+    Through the daemon: submits the request, shows its events live and exits with the
+    verdict's exit code (`adaptor exit-codes`).  On a terminal the text streams as it comes,
+    with one line per tool call and a progress line; piped, only the final text is printed.
+    Ctrl-C cancels the request and exits 130.
+    """
+    request = _build_request(
+        base=_load_json(request_file, "--request") if request_file is not None else {},
+        prompt=prompt,
+        fields={
+            "driver": driver,
+            "workspace": workspace,
+            "model": model,
+            "timeout": timeout,
+            "instructions": instructions,
+            "append_system_prompt": append_system_prompt,
+            "id": request_id,
+            "on_interrupt": on_interrupt,
+        },
+        thread=(thread_key, resume_only, fork_from),
+        schema=_load_json(schema_file, "--schema") if schema_file is not None else None,
+        policy={
+            path: policy[f"policy_{name.replace('-', '_')}"] for name, path, _, _ in _POLICY_OPTIONS
+        },
+        config_items=config_items,
+        env_items=env_items,
+        metadata_items=metadata_items,
+    )
+    interactive = not (as_json or quiet)
+    live = Live(
+        stream_text=interactive and sys.stdout.isatty(),
+        hints=interactive,
+        spinner=interactive and sys.stdout.isatty() and sys.stderr.isatty(),
+        label=str(request.get("id") or "") if not no_daemon else "",
+        daemon=not no_daemon,
+    )
+    if no_daemon:
+        _run_in_process(request, home=home, live=live, as_json=as_json)
+    else:
+        _run_through_daemon(request, home=home, live=live, as_json=as_json)
+
+
+# --- building the request -----------------------------------------------------------------------
+
+
+def _load_json(file: IO[bytes], option: str) -> Any:
+    try:
+        return orjson.loads(file.read())
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+
+
+def _build_request(
+    *,
+    base: Any,
+    prompt: str | None,
+    fields: dict[str, Any],
+    thread: tuple[str | None, bool, str | None],
+    schema: Any,
+    policy: dict[tuple[str, ...], Any],
+    config_items: Sequence[str],
+    env_items: Sequence[str],
+    metadata_items: Sequence[str],
+) -> dict[str, Any]:
+    if not isinstance(base, dict):
+        raise click.BadParameter("must hold a JSON object", param_hint="--request")
+    request = dict(base)
+    if prompt is not None:
+        request["prompt"] = sys.stdin.read() if prompt == "-" else prompt
+    if "prompt" not in request:
+        raise click.UsageError("missing PROMPT (or a --request file with a prompt)")
+    request.update({name: value for name, value in fields.items() if value is not None})
+    if "driver" not in request:
+        raise click.UsageError(
+            "--driver is required (or $ADAPTOR_DRIVER, or a --request file naming one)"
+        )
+    # The daemon runs elsewhere; an agent started from a shell works where the shell is.
+    request.setdefault("workspace", os.getcwd())
+    key, resume_only, fork_from = thread
+    if key is not None:
+        request["thread"] = {"key": key, "resume_only": resume_only, "fork_from": fork_from}
+    elif resume_only or fork_from is not None:
+        raise click.UsageError("--resume-only and --fork-from need --thread KEY")
+    if schema is not None:
+        request["schema"] = schema
+    for path, value in policy.items():
+        if value is not None:
+            _put(request.setdefault("policy", {}), path, value)
+    config = request.setdefault("config", {})
+    if not isinstance(config, dict):
+        raise click.BadParameter("its config must be an object", param_hint="--request")
+    for key_path, raw in _assignments(config_items, "--config"):
+        # Environment values are secrets and always strings: never reinterpreted as JSON,
+        # so a numeric-looking one cannot end up quoted in a schema error.
+        value = raw if key_path[0] == "env" else _json_or_text(raw)
+        _put(config, key_path, value)
+    for item in env_items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            if name not in os.environ:
+                raise click.BadParameter(
+                    f"{name} is not set in this environment", param_hint="--env"
+                )
+            value = os.environ[name]
+        if not name:
+            raise click.BadParameter("expected NAME or NAME=VALUE", param_hint="--env")
+        _put(config, ("env", name), value)
+    if not config:
+        del request["config"]
+    for key_path, raw in _assignments(metadata_items, "--metadata"):
+        request.setdefault("metadata", {})[".".join(key_path)] = raw
+    return request
+
+
+def _assignments(items: Sequence[str], option: str) -> Iterator[tuple[tuple[str, ...], str]]:
+    for item in items:
+        key, sep, raw = item.partition("=")
+        path = tuple(key.split("."))
+        if not sep or not all(path):
+            raise click.BadParameter(f"expected KEY=VALUE, got {key!r}", param_hint=option)
+        yield path, raw
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+
+
+def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for part in path[:-1]:
+        child = target.get(part)
+        if not isinstance(child, dict):
+            child = target[part] = {}
+        target = child
+    target[path[-1]] = value
+
+
+# --- running --------------------------------------------------------------------------------------
+
+
+def _run_through_daemon(
+    request: dict[str, Any], *, home: str | None, live: Live, as_json: bool
+) -> None:
+    client = Client(home)
+    client._require_spool()
+    # Without a daemon nothing would ever write the verdict this command waits for.
+    require_daemon(client)
+    request_id = submit_request(client, request)
+    live.label = request_id
+    try:
+        with live:
+            for event in client.events(request_id, follow=True):
+                live.event(event)
+    except KeyboardInterrupt:
+        client.cancel(request_id)
+        click.echo(f"\nadaptor: cancelled {request_id}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    verdict = client.verdict(request_id)
+    assert verdict is not None  # following ends only once the verdict exists
+    report_verdict(client, verdict, as_json=as_json, text_shown=live.text_complete)
+
+
+def _run_in_process(
+    request: dict[str, Any], *, home: str | None, live: Live, as_json: bool
+) -> None:
+    from adaptord.config import ConfigError
+
+    request_id = str(request.get("id") or _home.new_request_id())
+    secrets = requests.secrets_of(request)
+    redactor = requests.Redactor(secrets)
+    result: Result | None = None
+    error: Exception | None = None
+    try:
+        result = _execute(request, request_id, home=home, live=live, redactor=redactor)
+    except Exception as exc:
+        error = exc
+    if isinstance(error, errors.RunError):
+        result = error.result
+    summary = None if result is None else redactor.value(_result_summary(result))
+    if error is not None:
+        # adaptord refuses a broken config file as bad usage (exit 2); so does this path.
+        code = 2 if isinstance(error, ConfigError) else None
+        fail(error, as_json=as_json, exit_code=code, secrets=secrets, id=request_id, result=summary)
+    assert result is not None
+    if as_json:
+        emit_json({"ok": True, "exit_code": 0, "id": request_id, "result": summary})
+    elif not live.text_complete:
+        print_text(redactor.text(result.text))
+
+
+def _execute(
+    request: dict[str, Any],
+    request_id: str,
+    *,
+    home: str | None,
+    live: Live,
+    redactor: requests.Redactor,
+) -> Result:
+    """What a daemon worker does with the request, in this process: the Result, or raises."""
+    from adaptord import config as daemon_config
+
+    # The daemon's own validation: the same request is refused the same way.
+    parsed = requests.parse(orjson.dumps(request), request_id)
+    config = daemon_config.load(None)
+    tools = config.load_tools()
+    store = None
+    if parsed.get("thread"):
+        from adaptor.threadstore import JSONLStore
+
+        store = JSONLStore(_home.Home.at(home).threads)
+    try:
+        call = requests.build(
+            parsed,
+            driver_defaults=config.driver_defaults(str(parsed["driver"])),
+            thread_store=store,
+            on_approval=_terminal_approver(live),
+            tools=tools,
+        )
+        stream = call.start()
+        try:
+            with live:
+                for event in stream:
+                    if redactor:
+                        event = events.from_json(redactor.value(events.to_json(event)))
+                    live.event(event)
+            return stream.result()
+        except KeyboardInterrupt:
+            stream.cancel()
+            click.echo("\nadaptor: cancelled", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        finally:
+            call.agent.close()
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _result_summary(result: Result) -> dict[str, Any]:
+    """The verdict's ``result`` object for an in-process run (no side files: ``raw`` null)."""
+    full = result.to_json()
+    keys = ("text", "summary", "model", "provider", "usage", "metadata", "structured")
+    return {**{key: full[key] for key in keys}, "raw": None, "run_id": result.run_id}
+
+
+def _terminal_approver(live: Live) -> Callable[[events.ApprovalRequest], None]:
+    """In-process approvals: asked on the terminal; denied when there is none to ask on."""
+    interactive = sys.stdin.isatty() and sys.stderr.isatty()
+
+    def handler(request: events.ApprovalRequest) -> None:
+        if not interactive:
+            request.deny("nobody to ask: adaptor run --no-daemon without a terminal")
+            return
+        with live.prompting():
+            click.echo(f"? {request.kind}: {request.title or request.source}", err=True)
+            try:
+                if request.kind == "question":
+                    keys = [choice.key for choice in request.choices]
+                    if keys:
+                        click.echo(f"  choices: {', '.join(keys)}", err=True)
+                    reply = click.prompt(
+                        "  answer (empty: deny)", default="", show_default=False, err=True
+                    )
+                    if reply:
+                        request.answer(reply)
+                    else:
+                        request.deny("no answer")
+                elif click.confirm("  approve?", default=False, err=True):
+                    request.approve()
+                else:
+                    request.deny(click.prompt("  reason", default="", show_default=False, err=True))
+            except errors.ApprovalResolvedError:
+                click.echo("  too late: the request was already settled", err=True)
+            except click.Abort:
+                request.deny("no answer")
+
+    return handler
+
+
+# --- live output ----------------------------------------------------------------------------------
+
+
+class Live:
+    """What ``adaptor run`` shows while a run is live.
+
+    ``stream_text``: assistant text as it streams and one line per tool call, on stdout.
+    ``hints``: how to answer an approval, on stderr.  ``spinner``: a progress line on stderr,
+    drawn only at the start of an empty line so it never mangles streamed text.
+    """
+
+    _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(
+        self, *, stream_text: bool, hints: bool, spinner: bool, label: str, daemon: bool
+    ) -> None:
+        self.stream_text = stream_text
+        self.hints = hints
+        self.spinner = spinner
+        self.label = label
+        self.daemon = daemon
+        self._text_shown = False
+        self._text_lost = False
+        self._phase = "queued" if daemon else "starting"
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._at_line_start = True
+        self._spinner_visible = False
+        self._paused = False
+        self._started = time.monotonic()
+
+    @property
+    def text_complete(self) -> bool:
+        """Whether the whole text was already streamed (so it need not be printed again)."""
+        return self._text_shown and not self._text_lost
+
+    def __enter__(self) -> Live:
+        if self.spinner:
+            self._thread = threading.Thread(target=self._spin, name="adaptor-spinner", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)
+        with self._lock:
+            self._clear_spinner()
+            if not self._at_line_start:
+                self._write(sys.stdout, "\n")
+
+    def event(self, event: events.Event) -> None:
+        with self._lock:
+            self._clear_spinner()
+            match event:
+                case events.RunStarted():
+                    self._phase = "running"
+                case events.TextDelta(phase="content") if self.stream_text and event.text:
+                    self._write(sys.stdout, event.text)
+                    self._text_shown = True
+                case events.TextDelta(phase="end") if self.stream_text and not self._at_line_start:
+                    self._write(sys.stdout, "\n")
+                case events.ToolCall(phase="start") if self.stream_text:
+                    args = compact(event.args)
+                    self._line(sys.stdout, click.style(f"⚙ {event.name} {args}".rstrip(), dim=True))
+                case events.Notice(kind="approval.requested") if self.hints:
+                    self._approval_hint(event.data)
+                case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):
+                    self._text_lost = True
+
+    def _approval_hint(self, data: dict[str, Any]) -> None:
+        if data.get("default_result") != "ask" or not self.daemon:
+            return  # settled by policy, or asked on this terminal
+        approval_id, kind = data.get("request_id"), data.get("kind")
+        how = (
+            f"adaptor answer {approval_id} OPTION"
+            if kind == "question"
+            else f"adaptor approve {approval_id}"
+        )
+        self._phase = "waiting for approval"
+        self._line(sys.stderr, f"? {kind} {approval_id}: {how} | adaptor deny {approval_id}")
+
+    @contextmanager
+    def prompting(self) -> Iterator[None]:
+        """Hold the terminal for a question to the user."""
+        with self._lock:
+            self._clear_spinner()
+            if not self._at_line_start:
+                self._write(sys.stdout, "\n")
+            self._paused = True
+            try:
+                yield
+            finally:
+                self._paused = False
+
+    def _spin(self) -> None:
+        frame = 0
+        while not self._stop.wait(0.1):
+            with self._lock:
+                if not self._at_line_start or self._paused:
+                    continue
+                elapsed = int(time.monotonic() - self._started)
+                label = f"{self.label} · " if self.label else ""
+                text = f"\r{self._FRAMES[frame % len(self._FRAMES)]} {label}{self._phase} · {elapsed}s\x1b[K"
+                self._write(sys.stderr, click.style(text, dim=True))
+                self._spinner_visible = True
+                frame += 1
+
+    def _clear_spinner(self) -> None:
+        if self._spinner_visible:
+            self._write(sys.stderr, "\r\x1b[K")
+            self._spinner_visible = False
+
+    def _line(self, stream: IO[str], text: str) -> None:
+        if not self._at_line_start:
+            self._write(sys.stdout, "\n")
+        self._write(stream, text + "\n")
+
+    def _write(self, stream: IO[str], text: str) -> None:
+        stream.write(text)
+        stream.flush()
+        if stream is sys.stdout:
+            self._at_line_start = text.endswith("\n")

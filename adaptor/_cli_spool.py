@@ -1,0 +1,403 @@
+"""``adaptor`` commands that work on the daemon's home: submit, wait, events, cancel, approvals,
+approve/deny/answer, threads, status."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import click
+import orjson
+
+from adaptor import _home, errors
+from adaptor._cli_common import (
+    EXIT_UNAVAILABLE,
+    emit_json,
+    event_line,
+    fail,
+    guarded,
+    home_option,
+    json_option,
+    require_daemon,
+)
+from adaptor.events import to_json
+from adaptor.spool import Client, InvalidRequestError, _log_records, _request_records
+
+
+@click.command()
+@click.argument("file", type=click.File("rb"), default="-", required=False)
+@home_option
+@guarded
+def submit(file: IO[bytes], home: str | None) -> None:
+    """Queue the request JSON in FILE (default: stdin) and print its id.
+
+    The request is linked into spool/new atomically; a new time-sortable id is minted when it
+    has none.  Without a running daemon it waits in the spool.  Exit 2 when FILE is not a JSON
+    object or its id is malformed or taken (schema problems come back in the verdict), 69 when
+    the home has no spool.
+    """
+    data = file.read()
+    try:
+        request = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
+    if not isinstance(request, dict):
+        raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
+    client = Client(home)
+    request_id = submit_request(client, request)
+    click.echo(request_id)
+    if not _home.daemon_running(_home.Home.at(client.home)):
+        click.echo(f"adaptor: queued; adaptord is not running for {client.home}", err=True)
+
+
+def submit_request(client: Client, request: dict[str, Any]) -> str:
+    """``client.submit``, with an id that cannot be used reported as the daemon would."""
+    request_id = request.get("id")
+    if request_id is not None and not (
+        isinstance(request_id, str) and _home.REQUEST_ID.match(request_id)
+    ):
+        raise InvalidRequestError(
+            [{"path": "/id", "message": f"must match {_home.REQUEST_ID.pattern}"}]
+        )
+    try:
+        return client.submit(request)
+    except FileExistsError:
+        raise InvalidRequestError(
+            [{"path": "/id", "message": "a request with this id was already submitted"}]
+        ) from None
+
+
+@click.command()
+@click.argument("request_id", metavar="ID")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    help="Give up after S seconds with exit 124 (the run goes on).",
+)
+@json_option
+@home_option
+@guarded
+def wait(request_id: str, timeout: float | None, as_json: bool, home: str | None) -> None:
+    """Wait for request ID's verdict; print its result text and exit with its exit code.
+
+    The error of a failed run goes to stderr (with --json: the verdict's error on stdout).
+    Exit 124 when --timeout passes first, 69 when there is no verdict yet and no daemon to
+    write one, 2 for an unknown ID.
+    """
+    client = Client(home)
+    verdict = client.verdict(request_id) if client.home.is_dir() else None
+    if verdict is None:
+        client._require_spool()
+        client._require_known(request_id)
+        require_daemon(client)
+        verdict = client._await_verdict(request_id, timeout)
+    report_verdict(client, verdict, as_json=as_json)
+
+
+def report_verdict(
+    client: Client, verdict: dict[str, Any], *, as_json: bool, text_shown: bool = False
+) -> None:
+    """Print a verdict's outcome as ``run``/``wait`` do and exit with its exit code."""
+    request_id = verdict.get("id")
+    summary = verdict.get("result")
+    result_json = (
+        {**summary, "run_id": verdict.get("run_id")} if isinstance(summary, dict) else None
+    )
+    try:
+        result = client._outcome(verdict)
+    except Exception as exc:
+        code = verdict.get("exit_code")
+        fail(
+            exc,
+            as_json=as_json,
+            exit_code=code if isinstance(code, int) else None,
+            wire=verdict.get("error") if isinstance(verdict.get("error"), dict) else None,
+            id=request_id,
+            result=result_json,
+        )
+    if as_json:
+        emit_json({"ok": True, "exit_code": 0, "id": request_id, "result": result_json})
+    elif not text_shown:
+        print_text(result.text)
+    sys.exit(0)
+
+
+def print_text(text: str) -> None:
+    if text:
+        click.echo(text if text.endswith("\n") else text + "\n", nl=False)
+
+
+@click.command()
+@click.argument("request_id", metavar="[ID]", required=False)
+@click.option("--thread", "thread_key", metavar="KEY", help="Every run of this thread key.")
+@click.option(
+    "--file",
+    "log_file",
+    type=click.Path(dir_okay=False),
+    help="Any session-recorder log (events/<session>.jsonl).",
+)
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing new events, like tail -F; for an ID, until its verdict exists.",
+)
+@click.option(
+    "--since",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="SEQ",
+    help="Only records after this host_seq cursor.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='NDJSON: one {"host_seq": N, "event": {...}} per line.',
+)
+@home_option
+@guarded
+def events(
+    request_id: str | None,
+    thread_key: str | None,
+    log_file: str | None,
+    follow: bool,
+    since: int,
+    as_json: bool,
+    home: str | None,
+) -> None:
+    """Print the audit-log events of request ID, of a thread, or of a log file.
+
+    One line per event (host_seq, time, kind, summary), or NDJSON with --json; each line is
+    flushed as it is written.  A host_seq from an earlier line resumes with --since.
+    """
+    chosen = [
+        name
+        for name, value in (("ID", request_id), ("--thread", thread_key), ("--file", log_file))
+        if value is not None
+    ]
+    if len(chosen) != 1:
+        raise click.UsageError("give exactly one of ID, --thread KEY and --file PATH")
+    if request_id is not None:
+        records = _request_records(Client(home), request_id, follow=follow, since=since)
+    elif thread_key is not None:
+        client = Client(home)
+        client._require_spool()
+        session = _home.session_for_thread(thread_key)
+        records = _log_records(
+            client.home / "events" / f"{session}.jsonl", follow=follow, since=since
+        )
+    else:
+        assert log_file is not None
+        path = Path(log_file).absolute()
+        if not follow and not path.is_file():  # with -f it may appear later, as for tail -F
+            raise click.BadParameter(f"no such file: {log_file}", param_hint="--file")
+        records = _log_records(path, follow=follow, since=since)
+    for record in records:
+        if as_json:
+            emit_json({"host_seq": record.host_seq, "event": to_json(record.event)})
+        else:
+            click.echo(event_line(record.host_seq, record.recorded_at, record.event))
+
+
+@click.command()
+@click.argument("request_id", metavar="ID")
+@home_option
+@guarded
+def cancel(request_id: str, home: str | None) -> None:
+    """Cancel a queued or running request (a no-op once it has a verdict).
+
+    Its verdict then says CancelledError (it never started) or RunCancelledError.
+    """
+    if Client(home).cancel(request_id):
+        click.echo(f"adaptor: cancel requested for {request_id}", err=True)
+    else:
+        click.echo(f"adaptor: {request_id} already has a verdict", err=True)
+
+
+# --- approvals ----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the pending requests as a JSON array.")
+@home_option
+@guarded
+def approvals(as_json: bool, home: str | None) -> None:
+    """List the open approval requests, oldest first."""
+    client = Client(home)
+    client._require_spool()
+    pending = client.approvals()
+    if as_json:
+        emit_json(pending)
+        return
+    for request in pending:
+        kind = request.get("approval_kind", "")
+        line = f"{request.get('id')}  {kind}  request {request.get('request_id')}"
+        if request.get("title"):
+            line += f"  {request['title']}"
+        if request.get("deadline"):
+            line += f"  (until {request['deadline']})"
+        click.echo(line)
+        choices = [c.get("key") for c in request.get("choices") or () if isinstance(c, dict)]
+        if choices:
+            click.echo(f"    choices: {', '.join(map(str, choices))}")
+
+
+def _responded(approval_id: str, action: str, as_json: bool) -> None:
+    if as_json:
+        emit_json({"ok": True, "result": {"id": approval_id, "action": action}})
+    else:
+        click.echo(f"{action}: {approval_id}")
+
+
+@click.command()
+@click.argument("approval_id", metavar="ID")
+@json_option
+@home_option
+@guarded
+def approve(approval_id: str, as_json: bool, home: str | None) -> None:
+    """Approve a pending permission or plan-review request.
+
+    Exit 5 when another response won, the request expired, it is a question (answer it), or
+    there is no such request.
+    """
+    Client(home).approve(approval_id)
+    _responded(approval_id, "approved", as_json)
+
+
+@click.command()
+@click.argument("approval_id", metavar="ID")
+@click.option("--reason", default="", help="Why; the agent may see it.")
+@json_option
+@home_option
+@guarded
+def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None:
+    """Deny a pending request of any kind (exit 5 as for approve)."""
+    Client(home).deny(approval_id, reason)
+    _responded(approval_id, "denied", as_json)
+
+
+@click.command()
+@click.argument("approval_id", metavar="ID")
+@click.argument("option")
+@json_option
+@home_option
+@guarded
+def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> None:
+    """Answer a pending question with OPTION (exit 5 as for approve)."""
+    Client(home).answer(approval_id, option)
+    _responded(approval_id, "answered", as_json)
+
+
+# --- threads ------------------------------------------------------------------------------------
+
+
+@click.group(invoke_without_command=True)
+@home_option
+@click.pass_context
+def threads(ctx: click.Context, home: str | None) -> None:
+    """The thread store: `threads list` (the default) and `threads show KEY`."""
+    ctx.obj = {"home": home}
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(threads_list)
+
+
+def _store_home(ctx: click.Context, home: str | None) -> Path:
+    parent = (ctx.obj or {}).get("home") if home is None else home
+    return Client(parent).home
+
+
+def _open_store(root: Path) -> Any:
+    from adaptor.threadstore import JSONLStore
+
+    # Opening creates the directory; a home without threads has none to list.
+    return JSONLStore(root / "threads") if (root / "threads").is_dir() else None
+
+
+@threads.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the active records as a JSON array.")
+@click.option("--home", type=click.Path(file_okay=False), help="As for `adaptor threads`.")
+@click.pass_context
+@guarded
+def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = None) -> None:
+    """The thread keys with an active conversation: key, driver, last update, session."""
+    from adaptor.threadstore import Query
+    from adaptor.threadstore._types import record_to_json
+
+    store = _open_store(_store_home(ctx, home))
+    records = []
+    if store is not None:
+        with store:
+            for key in store.keys():
+                record = store.resolve(Query(key=key))
+                if record is not None:
+                    records.append(record_to_json(record))
+    if as_json:
+        emit_json(records)
+        return
+    for record in records:
+        state = record.get("state") or {}
+        session = state.get("display_id") or state.get("resume_id") or "-"
+        click.echo(f"{record['key']}  {record['driver_type']}  {record['updated_at']}  {session}")
+
+
+@threads.command("show")
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+@click.option("--home", type=click.Path(file_okay=False), help="As for `adaptor threads`.")
+@click.pass_context
+@guarded
+def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) -> None:
+    """The active record of thread KEY (exit 4 when it has none)."""
+    from adaptor.threadstore import Query
+    from adaptor.threadstore._types import record_to_json
+
+    store = _open_store(_store_home(ctx, home))
+    record = None
+    if store is not None:
+        with store:
+            record = store.resolve(Query(key=key))
+    if record is None:
+        raise errors.ThreadNotFoundError(f"no active conversation for thread key {key!r}")
+    obj = record_to_json(record)
+    if as_json:
+        emit_json(obj)
+        return
+    for name, value in obj.items():
+        if isinstance(value, dict):
+            value = orjson.dumps(value).decode()
+        click.echo(f"{name}: {value}")
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
+@home_option
+@guarded
+def status(as_json: bool, home: str | None) -> None:
+    """The daemon and its queue; exit 0 while it runs, 69 when it does not."""
+    info = Client(home).status()
+    if as_json:
+        emit_json(info)
+    else:
+        if info["running"]:
+            click.echo(
+                f"adaptord running for {info['home']} (pid {info['pid']}, "
+                f"{info['workers']} workers, since {info['started_at']})"
+            )
+        else:
+            click.echo(f"adaptord not running for {info['home']}")
+        click.echo(f"queued: {len(info['queued'])}  running: {len(info['in_progress'])}")
+        for request_id in info["in_progress"]:
+            click.echo(f"  running  {request_id}")
+        for request_id in info["queued"]:
+            click.echo(f"  queued   {request_id}")
+        if info["recent"]:
+            click.echo("recent verdicts:")
+        for verdict in info["recent"]:
+            outcome = "ok" if verdict["ok"] else f"exit {verdict['exit_code']} {verdict['code']}"
+            click.echo(f"  {verdict['finished_at']}  {verdict['id']}  {outcome}")
+    sys.exit(0 if info["running"] else EXIT_UNAVAILABLE)

@@ -1,0 +1,556 @@
+"""adaptor.spool.Client against a real ``adaptord serve`` subprocess, used as a user would.
+
+The daemon is reached only through its home directory (``Client``) and the ``adaptor`` console
+script.  Every error class the in-process suite reaches with the ``script`` driver is produced
+through the daemon and compared with the same request run in-process through
+``adaptor._request.build``: same class, same fields, same cause chain, and ``adaptor wait``
+exits with the documented code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import adaptor
+from adaptor import _request, errors, events
+from adaptor.spool import (
+    Client,
+    InvalidRequestError,
+    SpoolNotFoundError,
+    UnknownRequestError,
+    WaitTimeoutError,
+)
+from adaptor.threadstore import JSONLStore
+from tests.daemon_harness import DaemonProcess
+
+TIMEOUT = 60.0
+PERMISSION = {"approval": {"kind": "permission", "title": "edit main.py"}}
+QUESTION = {"approval": {"kind": "question", "title": "which one?", "choices": ["red", "blue"]}}
+
+
+# --- the daemon and how a user reaches it -------------------------------------------------------
+
+
+@dataclass
+class Home:
+    """One running daemon's home, reached through files, the Client and the CLI."""
+
+    root: Path
+    daemon: DaemonProcess
+    config_home: Path
+    client: Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = Client(self.root)
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "ADAPTORD_HOME": str(self.root),
+            "XDG_CONFIG_HOME": str(self.config_home),
+        }
+
+    def cli(
+        self, *args: str, input: str | None = None, timeout: float = TIMEOUT
+    ) -> subprocess.CompletedProcess[str]:
+        """``adaptor ARGS`` as a separate process (the home comes from ``ADAPTORD_HOME``)."""
+        return subprocess.run(
+            ["adaptor", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=timeout,
+        )
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
+    base = tmp_path_factory.mktemp("adaptord")
+    config_home = base / "config"  # no config file: driver defaults as in-process
+    config_home.mkdir()
+    process = DaemonProcess(
+        base / "home", "--grace", "2", env={"XDG_CONFIG_HOME": str(config_home)}
+    ).start()  # returns once "adaptord: ready" is logged
+    yield Home(base / "home", process, config_home)
+    assert process.stop() == 0, "\n".join(process.lines)
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def pending_approval(home: Home, request_id: str) -> dict[str, Any]:
+    """Wait for the request's approval file in ``approvals/pending/``."""
+
+    def find() -> dict[str, Any] | None:
+        return next((a for a in home.client.approvals() if a["request_id"] == request_id), None)
+
+    return wait_until(find, f"a pending approval of {request_id}")
+
+
+def script(
+    *steps: dict[str, Any], config: dict[str, Any] | None = None, **fields: Any
+) -> dict[str, Any]:
+    return {
+        "driver": "script",
+        "prompt": "go",
+        "config": {"steps": list(steps), **(config or {})},
+        **fields,
+    }
+
+
+def threaded(
+    key: str, *steps: dict[str, Any], config: dict[str, Any] | None = None, **thread: Any
+) -> dict[str, Any]:
+    return script(
+        *(steps or ({"text": "ok"},)),
+        config={"session": "auto", **(config or {})},
+        thread={"key": key, **thread},
+    )
+
+
+# --- the in-process twin --------------------------------------------------------------------------
+
+
+def unanswered(request: adaptor.ApprovalRequest) -> None:
+    """The in-process counterpart of a pending file nobody answers: wait out the deadline."""
+    if request.deadline is not None:
+        request.wait(max((request.deadline - datetime.now(UTC)).total_seconds(), 0.0))
+
+
+def run_in_process(
+    request: dict[str, Any],
+    store: JSONLStore,
+    on_event: Callable[[events.Event, adaptor.Stream], None] | None = None,
+) -> adaptor.Result | BaseException:
+    """The request as the daemon maps it, run in this process; the Result or the exception."""
+    try:
+        parsed = _request.parse(orjson.dumps(request), "in-process")
+        call = _request.build(
+            parsed, driver_defaults={}, thread_store=store, on_approval=unanswered, tools={}
+        )
+    except Exception as exc:
+        return exc
+    stream = call.start()
+    try:
+        for event in stream:
+            if on_event is not None:
+                on_event(event, stream)
+        return stream.result()
+    except Exception as exc:
+        return exc
+    finally:
+        call.agent.close()
+
+
+_VOLATILE = re.compile(r"run_[0-9a-f]{16}|script-[0-9a-f]{16}|ses_[0-9a-f]{16}")
+
+
+def identity(err: BaseException) -> Any:
+    """The wire form (class, code, fields, reason, details, messages, causes) minus ids that
+    differ between any two runs."""
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, str):
+            return _VOLATILE.sub("<id>", value)
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items()}
+        return value
+
+    return scrub(errors.to_wire(err))
+
+
+def chain(err: BaseException | None) -> list[BaseException]:
+    found = []
+    while err is not None:
+        found.append(err)
+        err = err.__cause__
+    return found
+
+
+def assert_same_error(remote: BaseException, local: BaseException) -> None:
+    assert type(remote) is type(local), (remote, local)
+    assert identity(remote) == identity(local)
+    for rebuilt, original in zip(chain(remote), chain(local), strict=True):
+        if isinstance(original, errors.AdaptorError):
+            assert type(rebuilt) is type(original)
+            assert rebuilt.fields() == original.fields()
+    if isinstance(local, errors.RunError):
+        assert isinstance(remote, errors.RunError)
+        assert remote.result is not None and local.result is not None
+        assert remote.result.text == local.result.text
+        assert [i.to_json() for i in remote.result.transcript()] == [
+            i.to_json() for i in local.result.transcript()
+        ]
+        assert remote.result.raw().stdout == local.result.raw().stdout
+
+
+# --- success ------------------------------------------------------------------------------------
+
+
+def test_success_round_trip_rebuilds_the_whole_result(home: Home, tmp_path: Path) -> None:
+    request = script(
+        {"stdout": "raw out"},
+        {"stderr": "raw err"},
+        {"text": "hello"},
+        {"tool_call": {"name": "grep", "args": {"pattern": "x"}, "result": ["a.py"]}},
+        {"text": "done"},
+    )
+    result = home.client.run(request, timeout=TIMEOUT)
+    local = run_in_process(request, JSONLStore(tmp_path / "threads"))
+    assert isinstance(local, adaptor.Result)
+    assert result.text == local.text == "done"
+    assert (result.model, result.provider, result.usage) == (
+        local.model,
+        local.provider,
+        local.usage,
+    )
+    raw = result.raw()
+    assert (raw.stdout, raw.stderr) == ("raw out\n", "raw err\n")
+    assert raw.terminal is not None and raw.terminal == local.raw().terminal
+    assert [i.to_json() for i in result.transcript()] == [i.to_json() for i in local.transcript()]
+    assert [i.kind for i in result.transcript()] == [
+        "assistant",
+        "tool_call",
+        "tool_result",
+        "assistant",
+    ]
+
+
+def test_events_of_a_finished_request(home: Home, tmp_path: Path) -> None:
+    request = script({"text": "hello"}, {"tool_call": {"name": "ls"}})
+    request_id = home.client.submit(request)
+    result = home.client.wait(request_id, timeout=TIMEOUT)
+    seen = list(home.client.events(request_id))
+    assert {e.meta.run_id for e in seen} == {result.run_id}
+    assert isinstance(seen[0], events.RunStarted) and isinstance(seen[-1], events.RunFinished)
+    local: list[events.Event] = []
+    run_in_process(request, JSONLStore(tmp_path / "threads"), lambda event, _: local.append(event))
+    assert [events.event_kind(e) for e in seen] == [events.event_kind(e) for e in local]
+
+
+def test_events_keep_to_their_own_run_in_a_thread_log(home: Home) -> None:
+    first = home.client.submit(threaded("events/filter", {"text": "one"}))
+    second = home.client.submit(threaded("events/filter", {"text": "two"}))
+    one, two = home.client.wait(first, TIMEOUT), home.client.wait(second, TIMEOUT)
+    assert {e.meta.run_id for e in home.client.events(first)} == {one.run_id}
+    texts = [
+        e.text for e in home.client.events(second) if isinstance(e, events.TextDelta) and e.text
+    ]
+    assert texts == ["two"] and {e.meta.run_id for e in home.client.events(second)} == {two.run_id}
+
+
+def test_events_follow_a_live_run_until_its_verdict(home: Home) -> None:
+    request_id = home.client.submit(
+        script(PERMISSION, {"text": "after"}, policy={"approvals": {"timeout": 60}})
+    )
+    seen: list[events.Event] = []
+    asked = threading.Event()
+
+    def follow() -> None:
+        for event in home.client.events(request_id, follow=True):
+            seen.append(event)
+            if isinstance(event, events.Notice) and event.kind == "approval.requested":
+                asked.set()
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    # The run cannot end before the approval is answered, so this proves the follower is live.
+    assert asked.wait(TIMEOUT)
+    assert home.client.verdict(request_id) is None
+    home.client.approve(pending_approval(home, request_id)["id"])
+    follower.join(TIMEOUT)
+    assert not follower.is_alive()
+    assert isinstance(seen[-1], events.RunFinished) and not seen[-1].failed
+    assert [e.text for e in seen if isinstance(e, events.TextDelta) and e.text] == ["after"]
+
+
+# --- every error class, rebuilt exactly -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    expected: type[BaseException]
+    request: dict[str, Any]
+    setup: tuple[dict[str, Any], ...] = ()
+    check: Callable[[Any], bool] = lambda err: True  # extra facts about the class's fields
+
+
+CASES: dict[str, Case] = {
+    "agent_failed": Case(
+        errors.AgentFailedError,
+        script({"text": "partial"}, {"fail": {"code": "agent_error", "message": "boom"}}),
+    ),
+    "unknown_reason": Case(
+        errors.RunError,
+        script(
+            {"fail": {"code": "quota_exceeded", "message": "no quota", "details": {"retry_in": 60}}}
+        ),
+        check=lambda err: err.reason == "quota_exceeded",
+    ),
+    "approval_denied": Case(
+        errors.ApprovalDeniedError,
+        script(PERMISSION, policy={"approvals": {"permission": "auto_reject"}}),
+    ),
+    "approval_timeout": Case(
+        errors.ApprovalTimeoutError,
+        script(PERMISSION, policy={"approvals": {"permission": "ask", "timeout": 0.3}}),
+    ),
+    "policy_violation": Case(
+        errors.PolicyViolationError,
+        script({"output_json": {"b": 1}}, schema={"type": "object", "required": ["a"]}),
+    ),
+    "deadline": Case(
+        errors.RunDeadlineExceededError,
+        script({"sleep": 30}, timeout=0.5),
+        check=lambda err: isinstance(err.__cause__, errors.DeadlineExceededError),
+    ),
+    "active_budget": Case(
+        errors.ActiveExecutionTimeoutError,
+        script({"sleep": 30}, policy={"active_execution_timeout": 0.3}),
+        check=lambda err: err.limit == 0.3,
+    ),
+    "invalid_policy": Case(
+        adaptor.InvalidPolicyError,
+        script({"text": "x"}, policy={"sandbox": "bogus"}),
+        check=lambda err: (err.field, err.value) == ("Policy.Sandbox", "bogus"),
+    ),
+    "capability": Case(
+        adaptor.PolicyCapabilityUnsupportedError,
+        script(
+            {"text": "x"},
+            config={"descriptor": {"run_policy_caps": {"isolation": False}}},
+            policy={"sandbox": "read_only"},
+        ),
+    ),
+    "decision_mode": Case(
+        adaptor.HumanDecisionModeUnsupportedError,
+        script(
+            {"text": "x"},
+            config={"descriptor": {"run_policy_caps": {"permission": {"ask": False}}}},
+            policy={"approvals": {"permission": "ask"}},
+        ),
+    ),
+    "driver_config": Case(
+        adaptor.InvalidDriverConfigError,
+        script({"dance": True}),
+        check=lambda err: err.cause is not None,
+    ),
+    "output_schema": Case(
+        adaptor.InvalidOutputSchemaError, script({"text": "x"}, schema={"type": 12})
+    ),
+    "structured_unsupported": Case(
+        adaptor.StructuredOutputUnsupportedError,
+        script(
+            {"text": "x"},
+            config={
+                "descriptor": {"structured_output": {"native": False, "prompt_validate": False}}
+            },
+            schema={"type": "object"},
+        ),
+    ),
+    "invalid_request": Case(
+        InvalidRequestError,
+        {**script({"text": "x"}), "bogus": 1, "timeout": "soon"},
+        check=lambda err: [e["path"] for e in err.errors] == ["", "/timeout"],
+    ),
+    "thread_not_found": Case(errors.ThreadNotFoundError, threaded("nf/k", resume_only=True)),
+    "thread_exists": Case(
+        errors.ThreadAlreadyExistsError,
+        threaded("ae/b", fork_from="ae/a"),
+        setup=(threaded("ae/a"), threaded("ae/b")),
+    ),
+    "thread_incompatible": Case(
+        errors.ThreadIncompatibleError,
+        threaded("ti/k", config={"descriptor": {"sessions": {"supports_resume": False}}}),
+    ),
+    "resume_rejected": Case(
+        errors.ResumeRejectedError,
+        threaded("rr/k", {"reject_resume": "session not found"}, resume_only=True),
+        setup=(threaded("rr/k"),),
+        check=lambda err: err.reason == "session not found",
+    ),
+    "checkpoint_missing": Case(
+        errors.RunError,
+        threaded("cm/k", config={"session": None}),
+        check=lambda err: (
+            err.reason == "infrastructure_error"
+            and errors.matches(err, errors.ThreadCheckpointMissingError)
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_error_rebuilt_as_in_process(home: Home, tmp_path: Path, name: str) -> None:
+    case = CASES[name]
+    store = JSONLStore(tmp_path / "threads")
+    for step in case.setup:
+        assert isinstance(run_in_process(step, store), adaptor.Result)
+        home.client.run(step, timeout=TIMEOUT)
+
+    local = run_in_process(case.request, store)
+    request_id = home.client.submit(case.request)
+    with pytest.raises(BaseException) as info:
+        home.client.wait(request_id, timeout=TIMEOUT)
+    remote = info.value
+
+    assert type(local) is case.expected and case.check(local)
+    assert_same_error(remote, local)
+    assert case.check(remote)
+    verdict = home.client.verdict(request_id)
+    assert verdict is not None and verdict["exit_code"] == errors.exit_code_for(local)
+
+    waited = home.cli("wait", request_id, "--json")
+    assert waited.returncode == errors.exit_code_for(local), waited.stderr
+    out = orjson.loads(waited.stdout)
+    assert out["ok"] is False and out["exit_code"] == waited.returncode
+    assert out["error"] == verdict["error"]
+    assert type(local).__name__ in waited.stderr
+
+
+def test_cancel_mid_run_is_run_cancelled(home: Home, tmp_path: Path) -> None:
+    request = script({"text": "started"}, {"sleep": 30})
+
+    def cancel_when_started(event: events.Event, stream: adaptor.Stream) -> None:
+        if isinstance(event, events.TextDelta) and event.phase == "end":
+            stream.cancel()
+
+    local = run_in_process(request, JSONLStore(tmp_path / "threads"), cancel_when_started)
+    request_id = home.client.submit(request)
+    for event in home.client.events(request_id, follow=True):
+        if isinstance(event, events.TextDelta) and event.phase == "end":
+            cancelled = home.cli("cancel", request_id)
+            assert cancelled.returncode == 0, cancelled.stderr
+    with pytest.raises(errors.RunCancelledError) as info:
+        home.client.wait(request_id, timeout=TIMEOUT)
+    assert isinstance(local, errors.RunCancelledError)
+    assert_same_error(info.value, local)
+    assert isinstance(info.value.cause, errors.CancelledError)
+    assert home.cli("wait", request_id).returncode == 1
+
+
+def test_cancel_while_queued_is_cancelled_error(home: Home) -> None:
+    # Requests of one thread run in arrival order: the second waits while the first sleeps.
+    holder = home.client.submit(threaded("queued/cancel", {"text": "holding"}, {"sleep": 30}))
+    for event in home.client.events(holder, follow=True):
+        if isinstance(event, events.TextDelta) and event.phase == "end":
+            break
+    waiting = home.client.submit(threaded("queued/cancel", {"text": "never"}))
+    wait_until(lambda: waiting in home.client.status()["queued"], "the second request to queue")
+    assert home.client.cancel(waiting) is True
+    with pytest.raises(errors.CancelledError) as info:
+        home.client.wait(waiting, timeout=TIMEOUT)
+    assert not isinstance(info.value, errors.RunError)
+    assert list(home.client.events(waiting)) == []
+    assert home.cli("wait", waiting).returncode == 70
+    home.client.cancel(holder)
+    with pytest.raises(errors.RunCancelledError):
+        home.client.wait(holder, timeout=TIMEOUT)
+    assert home.client.cancel(holder) is False  # already has its verdict
+
+
+# --- waiting, unknown ids, missing spool ----------------------------------------------------------
+
+
+def test_wait_timeout_is_not_an_outcome(home: Home) -> None:
+    request_id = home.client.submit(script({"sleep": 30}))
+    with pytest.raises(WaitTimeoutError) as info:
+        home.client.wait(request_id, timeout=0.2)
+    assert isinstance(info.value, TimeoutError) and not isinstance(info.value, errors.AdaptorError)
+    assert info.value.request_id == request_id
+    home.client.cancel(request_id)
+    with pytest.raises(errors.RunCancelledError):
+        home.client.wait(request_id, timeout=TIMEOUT)
+
+
+def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
+    for call in (
+        lambda: home.client.wait("never-submitted", timeout=1),
+        lambda: list(home.client.events("never-submitted")),
+        lambda: home.client.cancel("never-submitted"),
+        lambda: home.client.wait("../escape", timeout=1),
+    ):
+        with pytest.raises(UnknownRequestError):
+            call()
+    nowhere = Client(tmp_path / "nowhere")
+    with pytest.raises(SpoolNotFoundError) as info:
+        nowhere.submit(script({"text": "x"}))
+    assert str(tmp_path / "nowhere") in str(info.value)
+    with pytest.raises(SpoolNotFoundError):
+        nowhere.wait("some-id")
+    assert nowhere.status()["running"] is False
+
+
+def test_status(home: Home) -> None:
+    request_id = home.client.submit(script({"text": "x"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    status = home.client.status()
+    assert status["running"] is True and status["pid"] == home.daemon.proc.pid  # type: ignore[union-attr]
+    mine = [v for v in status["recent"] if v["id"] == request_id]
+    assert mine == [
+        {
+            "id": request_id,
+            "ok": True,
+            "exit_code": 0,
+            "code": None,
+            "finished_at": mine[0]["finished_at"],
+        }
+    ]
+
+
+# --- approvals ------------------------------------------------------------------------------------
+
+
+def test_approvals_through_the_client(home: Home) -> None:
+    request_id = home.client.submit(
+        script(
+            QUESTION, {"text": "answered"}, policy={"approvals": {"question": "ask", "timeout": 60}}
+        )
+    )
+    pending = pending_approval(home, request_id)
+    assert pending["approval_kind"] == "question" and [c["key"] for c in pending["choices"]] == [
+        "red",
+        "blue",
+    ]
+    with pytest.raises(errors.ApprovalKindMismatchError):
+        home.client.approve(pending["id"])
+    home.client.answer(pending["id"], "red")
+    with pytest.raises(errors.ApprovalResolvedError):
+        home.client.deny(pending["id"])
+    assert home.client.wait(request_id, timeout=TIMEOUT).text == "answered"
+    with pytest.raises(errors.ApprovalUnavailableError):
+        home.client.approve("no-such-approval")
+
+
+def test_denied_through_the_client(home: Home) -> None:
+    request_id = home.client.submit(
+        script(PERMISSION, {"text": "never"}, policy={"approvals": {"timeout": 60}})
+    )
+    home.client.deny(pending_approval(home, request_id)["id"], reason="not on main")
+    with pytest.raises(errors.ApprovalDeniedError) as info:
+        home.client.wait(request_id, timeout=TIMEOUT)
+    assert info.value.result is not None
