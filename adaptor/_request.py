@@ -73,7 +73,9 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         elif not os.path.isdir(workspace):
             problems.append({"path": "/workspace", "message": "is not an existing directory"})
     if problems:
-        raise InvalidRequestError(problems)
+        # Schema messages quote the offending value, which may be a secret in the wrong shape.
+        redactor = Redactor(secrets_of(obj))
+        raise InvalidRequestError([{**p, "message": redactor.text(p["message"])} for p in problems])
     obj["id"] = request_id
     return obj
 
@@ -93,20 +95,34 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
 
 
 def secrets_of(request: Mapping[str, Any]) -> list[str]:
-    """Every secret value a request carries: driver env values, MCP env values and headers."""
+    """Every secret value a request carries: driver env values, MCP env values and headers.
+
+    Values of any JSON type count (a malformed request may put a list where a string belongs,
+    and a schema error message would otherwise quote it).
+    """
     found: list[str] = []
     config = request.get("config")
     if isinstance(config, Mapping):
-        env = config.get("env")
-        if isinstance(env, Mapping):
-            found += [v for v in env.values() if isinstance(v, str) and v]
-    for server in request.get("mcp") or ():
+        _leaves(config.get("env"), found)
+    servers = request.get("mcp")
+    for server in servers if isinstance(servers, list) else ():
         if isinstance(server, Mapping):
-            for name in ("env", "headers"):
-                values = server.get(name)
-                if isinstance(values, Mapping):
-                    found += [v for v in values.values() if isinstance(v, str) and v]
-    return sorted(set(found), key=len, reverse=True)
+            _leaves(server.get("env"), found)
+            _leaves(server.get("headers"), found)
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def _leaves(value: Any, into: list[str]) -> None:
+    if isinstance(value, Mapping):
+        for item in value.values():
+            _leaves(item, into)
+    elif isinstance(value, list):
+        for item in value:
+            _leaves(item, into)
+    elif isinstance(value, str):
+        into.append(value)
+    elif value is not None and not isinstance(value, bool):
+        into.append(str(value))
 
 
 class Redactor:

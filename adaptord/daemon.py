@@ -123,7 +123,8 @@ class Daemon:
         self.home.ensure()
         instance = filelock.FileLock(str(self.home.daemon_lock), thread_local=False)
         try:
-            instance.acquire(timeout=0)
+            # A short wait: `daemon_running` probes take this lock for an instant.
+            instance.acquire(timeout=2)
         except filelock.Timeout:
             self.log("another adaptord is already running for this home", home=self.home.root)
             return 69
@@ -149,6 +150,7 @@ class Daemon:
                  "version": adaptor.__version__},
             )
             self.audit("daemon.started", workers=self.workers, pid=os.getpid())
+            self._expire_stale_approvals()
             self._recover()
             self._start_observer()
             self._scan()
@@ -289,7 +291,9 @@ class Daemon:
         _durable.fsync_dir(self.home.claimed)
         self._accept(request_id, claimed, attempt=0, received_at=_now())
 
-    def _accept(self, request_id: str, claimed: Path, *, attempt: int, received_at: str) -> None:
+    def _accept(
+        self, request_id: str, claimed: Path, *, attempt: int, received_at: str, run_ids: list[str] | None = None
+    ) -> None:
         self.audit("request.received", request_id, attempt=attempt)
         try:
             body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
@@ -322,6 +326,7 @@ class Daemon:
             received_at=received_at,
             attempt=attempt,
             thread_key=str(thread["key"]) if isinstance(thread, Mapping) else None,
+            run_ids=list(run_ids or ()),
         )
         self._write_state(job, "queued")
         with self._lock:
@@ -466,7 +471,7 @@ class Daemon:
         while True:
             response = _home.take_response(self.home, req.id)
             if response is not None:
-                self._apply_response(req, response)
+                self._apply_response(job, req, response)
                 return
             remaining = None if req.deadline is None else (req.deadline - datetime.now(UTC)).total_seconds()
             if req.settled:  # the run ended or was cancelled
@@ -475,13 +480,13 @@ class Daemon:
             if remaining is not None and remaining <= 0:
                 response = _home.expire(self.home, req.id)
                 if response is not None:
-                    self._apply_response(req, response)
+                    self._apply_response(job, req, response)
                 self.audit("approval.expired", job.id, approval_id=req.id)
                 return  # unresolved after the deadline: the SDK times the attempt out
             with self._approval_changed:
                 self._approval_changed.wait(_APPROVAL_POLL if remaining is None else min(remaining, _APPROVAL_POLL))
 
-    def _apply_response(self, req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> None:
+    def _apply_response(self, job: Job, req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> None:
         action = response.get("action")
         text = str(response.get("text") or "")
         try:
@@ -493,7 +498,7 @@ class Daemon:
                 req.deny(text)
         except errors.ApprovalResolvedError:
             pass  # the run ended in the meantime; its verdict says so
-        self.audit("approval.resolved", None, approval_id=req.id, action=str(action))
+        self.audit("approval.resolved", job.id, approval_id=req.id, action=str(action))
 
     # -- cancellation ---------------------------------------------------------------------------
 
@@ -628,6 +633,17 @@ class Daemon:
 
     # -- crash recovery ------------------------------------------------------------------------
 
+    def _expire_stale_approvals(self) -> None:
+        """No run is live at start, so every pending approval left by a crash has expired."""
+        for entry in sorted(self.home.approvals_pending.glob("*.json")):
+            approval_id = entry.name[: -len(".json")]
+            try:
+                _home.expire(self.home, approval_id)
+            except Exception as exc:
+                self.log("cannot expire a stale approval", approval_id=approval_id, error=type(exc).__name__)
+                continue
+            self.audit("approval.expired", None, approval_id=approval_id, why="daemon restart")
+
     def _recover(self) -> None:
         for name in sorted(os.listdir(self.home.claimed)):
             request_id = name[: -len(".json")]
@@ -651,11 +667,16 @@ class Daemon:
             self._interrupted(request_id, claimed, state, attempt, received_at)
 
     def _interrupted(self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str) -> None:
-        entered = bool(state.get("entered"))
+        # The driver-entry fact is recorded by the event consumer, which can lag the driver: a
+        # run the SDK admitted (it has a run id) is treated as entered unless proven otherwise.
+        entered = bool(state.get("entered") or state.get("run_ids") or state.get("run_id"))
         policy = state.get("on_interrupt", "fail")
         self.audit("request.interrupted", request_id, attempt=attempt, entered=entered)
         if policy == "requeue" and attempt < MAX_ATTEMPTS:
-            self._accept(request_id, claimed, attempt=attempt, received_at=received_at)
+            self._accept(
+                request_id, claimed, attempt=attempt, received_at=received_at,
+                run_ids=list(state.get("run_ids") or ()),
+            )
             return
         run_id = state.get("run_id")
         if entered:

@@ -452,11 +452,6 @@ def test_secrets_are_never_printed(home: Home) -> None:
     assert "<redacted>" in outputs[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adaptord bug: crash recovery leaves the approvals/pending file of an interrupted "
-    "run, so a late `adaptor approve` succeeds instead of ApprovalExpiredError (exit 5)",
-)
 def test_approval_of_a_run_interrupted_by_a_crash_is_expired(tmp_path: Path) -> None:
     root = tmp_path / "home"
     daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()

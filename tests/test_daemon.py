@@ -145,6 +145,15 @@ def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:
     assert kept["config"]["env"] == {"API_TOKEN": "<redacted>"}
 
 
+def test_secrets_of_malformed_env_values_are_not_quoted_back(daemon: DaemonProcess) -> None:
+    rid = daemon.submit({"driver": "script", "prompt": "x", "config": {"env": {"TOKEN": [SECRET, 12345678]}}})
+    verdict = daemon.verdict(rid)
+    assert verdict["exit_code"] == 2
+    for path in daemon.home.root.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
 def test_second_daemon_on_the_same_home_exits_69(daemon: DaemonProcess) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "adaptord", "serve", "--home", str(daemon.home.root)],
@@ -211,6 +220,7 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
                 break
             __import__("time").sleep(0.02)
         assert proc_state.get("entered"), proc_state
+    first_run = proc_state["run_id"]
     proc.kill9()
     assert not proc.home.verdict(failing).exists()
 
@@ -228,6 +238,8 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     last = DaemonProcess(home).start()
     verdict = last.verdict(requeued)
     assert verdict["error"]["details"]["attempts"] == 3
+    state = orjson.loads(last.home.run_state(requeued).read_bytes())
+    assert state["run_ids"][0] == first_run  # earlier attempts' events stay findable
     assert last.stop() == 0
     assert sorted(p.name for p in last.home.verdicts.iterdir()) == sorted([f"{failing}.json", f"{requeued}.json"])
     assert list(last.home.claimed.iterdir()) == []
