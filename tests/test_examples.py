@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -22,3 +24,66 @@ def test_quickstart_runs_end_to_end() -> None:
     assert "approval: permission -> approved" in lines
     assert any(line.startswith("review: approve with 0 issues (run_") for line in lines)
     assert "failed: agent_error: tests broke" in lines
+
+
+def _daemon(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from tests.daemon_harness import DaemonProcess
+
+    return DaemonProcess(tmp_path / "home").start()
+
+
+def _run_example(name: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        ["bash", str(EXAMPLES / name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ADAPTORD_HOME": str(home), **env},
+    )
+
+
+@pytest.mark.slow
+def test_submit_and_wait_shell_example(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path)
+    proc = _run_example("submit-and-wait.sh", daemon.home.root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "hello from the spool"
+    assert daemon.stop() == 0
+
+
+@pytest.mark.slow
+def test_tail_audit_log_shell_example(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path)
+    proc = _run_example("tail-audit-log.sh", daemon.home.root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["tool: Bash", "text: all tests pass", "finished: failed=false"]
+    assert daemon.stop() == 0
+
+
+@pytest.mark.slow
+def test_approve_loop_shell_example(tmp_path: Path) -> None:
+    import time
+
+    import orjson
+
+    daemon = _daemon(tmp_path)
+    rid = daemon.submit(
+        {
+            "driver": "script",
+            "prompt": "x",
+            "config": {"steps": [{"approval": {"kind": "permission", "title": "edit"}}, {"text": "approved by the loop"}]},
+            "policy": {"approvals": {"timeout": 120}},
+        }
+    )
+    deadline = time.monotonic() + 60
+    while not list(daemon.home.approvals_pending.glob("*.json")):
+        assert time.monotonic() < deadline, "no pending approval appeared"
+        time.sleep(0.02)
+    proc = _run_example("approve-loop.sh", daemon.home.root, IDLE_ROUNDS="3")
+    assert proc.returncode == 0, proc.stderr
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"] and verdict["result"]["text"] == "approved by the loop"
+    assert orjson.loads(daemon.home.verdict(rid).read_bytes())["exit_code"] == 0
+    assert daemon.stop() == 0
