@@ -15,8 +15,9 @@ import inspect
 import os
 import secrets
 import threading
+import weakref
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeAlias
@@ -30,6 +31,7 @@ __all__ = [
     "RepairReport",
     "atomic_write",
     "atomic_write_json",
+    "crc_matches_text",
     "ensure_dir",
     "exclusive",
     "frame",
@@ -203,61 +205,95 @@ def _lock_options() -> dict[str, Any]:
 
 
 _LOCK_OPTIONS = _lock_options()
-_locks: dict[str, tuple[filelock.FileLock, threading.RLock]] = {}
+class _Exclusive:
+    """The lock on one lock file: a thread lock, then the process-wide ``filelock.FileLock``.
+
+    ``filelock`` with ``thread_local=False`` shares its hold count between threads, so it only
+    excludes other processes; the reentrant thread lock in front of it excludes this process's
+    other threads.  ``pin``/``unpin`` let a long-lived writer say it will come back soon; with
+    ``filelock`` there is nothing to keep open between holds, so they only count.
+    """
+
+    __slots__ = ("_pins", "file_lock", "thread_lock")
+
+    def __init__(self, path: str, file_lock: filelock.FileLock | None = None) -> None:
+        # poll_interval: waiters poll flock with LOCK_NB, and the default 50 ms would stall an
+        # appender far longer than the fsync it waits for.
+        self.file_lock = file_lock or filelock.FileLock(
+            path, mode=0o600, thread_local=False, poll_interval=0.01, **_LOCK_OPTIONS
+        )
+        self.thread_lock = threading.RLock()
+        self._pins = 0
+
+    def __enter__(self) -> None:
+        self.thread_lock.acquire()
+        try:
+            self.file_lock.acquire()
+        except BaseException:
+            self.thread_lock.release()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.file_lock.release()
+        finally:
+            self.thread_lock.release()
+
+    def pin(self) -> None:
+        self._pins += 1
+
+    def unpin(self) -> None:
+        self._pins -= 1
+
+
+_locks: dict[str, _Exclusive] = {}
 _locks_guard = threading.Lock()
 
 
 def _reset_thread_locks_in_child() -> None:
     # A thread that held one of these at fork time does not exist in the child; without fresh
-    # locks the child would deadlock on its first append.
+    # thread locks the child would deadlock on its first append.
     global _locks_guard
     _locks_guard = threading.Lock()
-    for key, (file_lock, _) in list(_locks.items()):
-        _locks[key] = (file_lock, threading.RLock())
+    for key, old in list(_locks.items()):
+        _locks[key] = _Exclusive(key, old.file_lock)
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_thread_locks_in_child)
 
 
-def _entry(path: _StrPath) -> tuple[filelock.FileLock, threading.RLock]:
-    key = os.path.abspath(path)
-    with _locks_guard:
-        entry = _locks.get(key)
-        if entry is None:
-            # This dict is the singleton registry: filelock's is_singleton keeps only weak
-            # references (a dropped lock could be rebuilt while another object still holds the
-            # flock) and rejects differing options.  poll_interval: waiters poll flock with
-            # LOCK_NB, and the default 50 ms stalls appenders far longer than an fsync takes.
-            file_lock = filelock.FileLock(
-                key, mode=0o600, thread_local=False, poll_interval=0.01, **_LOCK_OPTIONS
-            )
-            entry = _locks[key] = (file_lock, threading.RLock())
-        return entry
+def _entry(path: _StrPath) -> _Exclusive:
+    key = path if isinstance(path, str) and path in _locks else os.path.abspath(path)
+    found = _locks.get(key)
+    if found is None:
+        with _locks_guard:
+            found = _locks.get(key)
+            if found is None:
+                # This dict is the singleton registry: filelock's is_singleton keeps only weak
+                # references (a dropped lock could be rebuilt while another object still holds
+                # the flock) and rejects differing options.
+                found = _locks[key] = _Exclusive(key)
+    return found
 
 
 def lock_for(path: _StrPath) -> filelock.FileLock:
     """The process-wide lock object for the lock file ``path`` (created ``0o600``, never deleted).
 
     One object per absolute path per process: flock belongs to the open file description, so a
-    second object for the same path in this process would deadlock against the first.
-
-    It excludes other *processes* only.  With ``thread_local=False`` the hold count is shared by
-    all threads, so a second thread "acquires" it at once; use :func:`exclusive` to exclude
-    threads too.
+    second object for the same path in this process would deadlock against the first.  It
+    excludes other *processes* only; use :func:`exclusive` to exclude threads too.
     """
-    return _entry(path)[0]
+    return _entry(path).file_lock
 
 
-@contextlib.contextmanager
-def exclusive(path: _StrPath) -> Iterator[None]:
+def exclusive(path: _StrPath) -> contextlib.AbstractContextManager[None]:
     """Hold the lock file ``path`` against other processes and other threads of this process.
 
-    Reentrant in the holding thread.  Blocks without a timeout.
+    Reentrant in the holding thread.  Blocks without a timeout.  The file is created ``0o600``
+    if missing and never deleted.
     """
-    file_lock, thread_lock = _entry(path)
-    with thread_lock, file_lock:
-        yield
+    return _entry(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,8 +310,32 @@ def frame(obj: Mapping[str, Any]) -> bytes:
 
 def _seal(body: dict[str, Any]) -> bytes:
     """Add ``crc`` to ``body`` (which must not have one) in place and serialize it."""
-    body["crc"] = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+    data = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    crc = zlib.crc32(data)
+    # With sorted keys, "crc" comes first whenever every other key sorts after it (orjson
+    # orders keys by code point, as str comparison does), and then the line is the body's own
+    # serialization with the crc spliced in after the brace: one serialization instead of two.
+    # (Serializing first also means a body orjson rejects fails before min() could.)
+    spliceable = len(data) > 2 and min(body) > "crc"
+    body["crc"] = crc
+    if spliceable:
+        return b'{"crc":%d,%b\n' % (crc, data[1:])
     return orjson.dumps(body, option=_LINE_OPTS)
+
+
+_CRC_OF_BRACE = zlib.crc32(b"{")
+
+
+def crc_matches_text(line: bytes, crc: int) -> bool:
+    """Whether ``line`` starts ``{"crc":<crc>,`` and the rest, read as ``{...``, has that crc.
+
+    That is the canonical serialization of the body with the crc field cut out, so for a line
+    this module wrote the check needs no re-serialization.  A ``False`` is not a verdict: the
+    caller falls back to re-serializing the parsed record, which accepts exactly what it always
+    accepted (a line a different serializer wrote with the canonical crc, say).
+    """
+    head = b'{"crc":%d,' % crc
+    return line.startswith(head) and zlib.crc32(line[len(head) :], _CRC_OF_BRACE) == crc
 
 
 def unframe(line: bytes) -> dict[str, Any]:
@@ -295,7 +355,10 @@ def unframe(line: bytes) -> dict[str, Any]:
         raise ValueError("missing crc")
     crc = record.pop("crc")
     # bool is an int subclass; True must not pass for a crc of 1.
-    if type(crc) is not int or crc != zlib.crc32(orjson.dumps(record, option=orjson.OPT_SORT_KEYS)):
+    if type(crc) is not int or not (
+        crc_matches_text(line, crc)
+        or crc == zlib.crc32(orjson.dumps(record, option=orjson.OPT_SORT_KEYS))
+    ):
         raise ValueError("bad crc")
     record["crc"] = crc
     return record
@@ -550,6 +613,8 @@ class DurableLog:
         self._seen_size = -1
         self._last_seq = 0
         self._repaired: list[RepairReport] = []
+        self._found_size = -1
+        self._unpin: Callable[[], object] | None = None  # set once the lock is pinned
         self._suspect: OSError | None = None
         self._closed = False
 
@@ -567,6 +632,12 @@ class DurableLog:
         """Torn tails this instance truncated, oldest first."""
         return list(self._repaired)
 
+    @property
+    def found_size(self) -> int:
+        """The file's size when the last append took the lock, before any repair; -1 if that
+        append failed before it could look (so it had not touched the file)."""
+        return self._found_size
+
     def append(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Append one record; returns it as written (with ``v``, the sequence field and ``crc``)."""
         return self.append_many([obj])[0]
@@ -580,8 +651,10 @@ class DurableLog:
             self._dir_ready = True
         with exclusive(self._lock_path):
             self._check_usable()
-            fd = self._open()
-            self._check_file(fd)
+            self._found_size = -1
+            fd, size = self._open()
+            self._found_size = size
+            self._check_file(fd, size)
             records: list[dict[str, Any]] = []
             lines: list[bytes] = []
             for number, obj in enumerate(objs, self._last_seq + 1):
@@ -597,11 +670,14 @@ class DurableLog:
     def close(self) -> None:
         """Close the file descriptor; idempotent.  Later appends raise ``ValueError``."""
         # Only the thread half of the lock: closing must not wait on another process.
-        with _entry(self._lock_path)[1]:
+        with _entry(self._lock_path).thread_lock:
             self._closed = True
             if self._fd is not None:
                 fd, self._fd = self._fd, None
                 os.close(fd)
+            unpin, self._unpin = self._unpin, None
+            if unpin is not None:
+                unpin()
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -613,16 +689,16 @@ class DurableLog:
                 self._path,
             ) from self._suspect
 
-    def _open(self) -> int:
+    def _open(self) -> tuple[int, int]:
+        """The descriptor to append through and the file's current size."""
         if self._fd is not None:
-            # A compactor may rename a fresh file over the path; appending through the old
-            # descriptor would write into an orphaned inode.
-            try:
-                current = os.stat(self._path, follow_symlinks=False)
-            except FileNotFoundError:
-                current = None
-            if current is not None and os.path.samestat(current, os.fstat(self._fd)):
-                return self._fd
+            # A compactor may rename a fresh file over the path (or a person delete it);
+            # appending through the old descriptor would write into an orphaned inode.  The
+            # fstat that reads the size also says whether the inode still has a name, which
+            # saves looking the path up on every append.
+            mine = os.fstat(self._fd)
+            if mine.st_nlink > 0:
+                return self._fd, mine.st_size
             fd, self._fd = self._fd, None
             self._seen_size = -1
             os.close(fd)
@@ -640,10 +716,15 @@ class DurableLog:
                 os.close(fd)
                 raise
         self._fd = fd
-        return fd
+        if self._unpin is None:
+            # Held from here until close() (or until this object is collected, for callers
+            # that never close it): appends then skip opening the lock file each time.
+            lock = _entry(self._lock_path)
+            lock.pin()
+            self._unpin = weakref.finalize(self, lock.unpin)
+        return fd, os.fstat(fd).st_size
 
-    def _check_file(self, fd: int) -> None:
-        size = os.fstat(fd).st_size
+    def _check_file(self, fd: int, size: int) -> None:
         # Every writer holds the lock, acknowledged data is never removed and a torn tail only
         # sits past it, so an unchanged size means nobody else appended since our last append.
         if size == self._seen_size:

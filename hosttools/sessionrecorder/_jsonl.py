@@ -172,10 +172,9 @@ class _Session:
                 self.path, seq_key=SEQ_KEY, version=_format.FORMAT_VERSION, sync=self.sync
             )
         log = self._log
-        # Reentrant: DurableLog takes the same lock inside.  Holding it across the call makes
-        # the sizes measured here comparable with the ones DurableLog works with.
+        # Reentrant: DurableLog takes the same lock inside.  Holding it across the call keeps
+        # the repairs read here paired with the append that made them.
         with exclusive(self.lock_path):
-            before = _size(self.path)
             known_repairs = len(log.repaired)
             try:
                 written = log.append_many(bodies)
@@ -185,6 +184,9 @@ class _Session:
             except OSError as exc:
                 cut = log.repaired[known_repairs:]
                 self.repairs.extend(cut)
+                # The size DurableLog found under the lock before touching the file; when it
+                # failed before looking, it had not touched the file, so the size now is it.
+                before = log.found_size if log.found_size >= 0 else _size(self.path)
                 self._drop_log()
                 # Errors naming a path come from open/stat/mkdir, before DurableLog writes a
                 # byte; only descriptor-level failures (write, fsync, truncate) can leave
@@ -366,7 +368,10 @@ class JSONLEventBackend:
 
     def append(self, key: str, record: EventRecord) -> EventRecord:
         """Append ``record`` (its ``host_seq`` must be 0) and return it with its ``host_seq``."""
-        path = self._path(key)
+        # A key with a live session was validated when the session was made; looking the
+        # session up first saves re-validating and re-joining the path on every append.
+        known = self._sessions.get(key) if isinstance(key, str) else None
+        path = known.path if known is not None else self._path(key)
         if record.host_seq != 0:
             raise ValueError(f"the backend allocates host_seq; pass 0, not {record.host_seq}")
         # Serialization work stays outside every lock.
@@ -451,11 +456,13 @@ class JSONLEventBackend:
             if session is None:
                 session = _Session(key, path, self._sync, repairs=self._repairs)
                 self._sessions[key] = session
-            else:
-                self._sessions.move_to_end(key)
+            elif len(self._sessions) > 1:
+                self._sessions.move_to_end(key)  # recency only matters to eviction
             return session
 
     def _evict_idle(self, keep: _Session) -> None:
+        if len(self._sessions) <= self._max_open:
+            return  # the common case, checked without the lock: eviction is best effort
         retired: list[_Session] = []
         with self._lock:
             excess = len(self._sessions) - self._max_open

@@ -1,0 +1,236 @@
+"""The benchmarks run and report the agreed JSON shape (at smoke size; no timing is asserted),
+and the fast verify path they measure agrees with the full decoder line by line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adaptor._durable import frame
+from bench import BENCHMARKS
+from hosttools.sessionrecorder import _format
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 600
+
+_FIELDS = {"name", "figure", "unit", "baseline", "ratio", "goal", "met", "cases"}
+_CASE_FIELDS = {"case", "figure", "unit", "baseline", "ratio", "goal", "met"}
+
+
+def _check_shape(result: dict[str, Any], name: str) -> None:
+    assert _FIELDS <= result.keys(), sorted(_FIELDS - result.keys())
+    assert result["name"] == name
+    assert result["quick"] is True
+    assert isinstance(result["figure"], int | float)
+    assert isinstance(result["unit"], str) and result["unit"]
+    assert isinstance(result["goal"], str) and result["goal"]
+    assert isinstance(result["met"], bool)
+    assert result["cases"], "a benchmark reports at least one case"
+    for case in result["cases"]:
+        assert _CASE_FIELDS <= case.keys(), sorted(_CASE_FIELDS - case.keys())
+        assert isinstance(case["figure"], int | float) and case["figure"] >= 0
+        assert case["baseline"] is None or case["baseline"] >= 0
+        assert case["ratio"] is None or case["ratio"] >= 0
+        assert isinstance(case["met"], bool)
+    head = result["cases"][0]
+    assert (result["figure"], result["baseline"], result["ratio"]) == (
+        head["figure"],
+        head["baseline"],
+        head["ratio"],
+    )
+    assert result["met"] == all(case["met"] for case in result["cases"])
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_each_benchmark_prints_one_json_line(name: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--quick", "--dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    _check_shape(json.loads(lines[0]), name)
+    assert list(tmp_path.iterdir()) == []  # its scratch files are gone
+
+
+def test_runner_runs_the_named_benchmarks_and_writes_a_summary(tmp_path: Path) -> None:
+    summary = tmp_path / "latest.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "replay",
+            "--quick",
+            "--dir",
+            str(tmp_path / "work"),
+            "--results",
+            str(summary),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1
+    _check_shape(json.loads(lines[0]), "replay")
+    text = summary.read_text()
+    for label in ("CPU:", "RAM:", "Bench directory:", "Python:", "| replay | verify |"):
+        assert label in text
+
+
+def test_runner_rejects_an_unknown_name() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "no-such-bench"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 2
+    assert "unknown benchmark" in done.stderr
+
+
+# --- the fast verify path agrees with decode() ------------------------------------------------
+#
+# verify() accepts lines through _plainly_valid() and leaves the rest to decode(); it must never
+# accept a line decode() rejects.  These lines start from real records and are then mutated in
+# the ways hostile or buggy writers would, re-framed so the crc is right (a crc error is the
+# easy case) unless the mutation is to the bytes themselves.
+
+
+def _records() -> list[dict[str, Any]]:
+    from datetime import UTC, datetime
+
+    from bench._common import event_mix
+    from hosttools.sessionrecorder._model import EventRecord
+
+    t0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
+    return [_format.encode(EventRecord(0, t0, event)) for event in event_mix(200, seed=3)]
+
+
+_RECORDS = _records()
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=30),
+    st.sampled_from(
+        [
+            "2026-12-02T10:00:00.000000Z",
+            "2026-12-02T10:00:00",
+            "garbage",
+            "text.end",
+            "text.sideways",
+            "process.spawn",
+            "process.weird",
+            "notice.x",
+            "run.started",
+        ]
+    ),
+    st.lists(st.integers(-9, 9), max_size=2),
+    st.dictionaries(st.text(max_size=5), st.integers(-9, 9), max_size=2),
+)
+_TOP = ["v", "recorded_at", "kind", "meta", "event", "host_seq"]
+_EVENT = [
+    "kind",
+    "meta",
+    "phase",
+    "text",
+    "message_id",
+    "args",
+    "id",
+    "name",
+    "result",
+    "run_id",
+    "usage",
+    "choices",
+    "approval_kind",
+    "created_at",
+    "deadline",
+    "data",
+]
+_META = ["run_id", "thread_key", "sequence", "time", "turn_id"]
+
+
+@st.composite
+def _lines(draw: st.DrawFn) -> tuple[bytes, int]:
+    body = json.loads(json.dumps(draw(st.sampled_from(_RECORDS))))  # a deep copy
+    body.update(v=1, host_seq=7)
+    for _ in range(draw(st.integers(0, 3))):
+        where = draw(st.sampled_from(["top", "event", "meta", "both-meta"]))
+        event = body.get("event")
+        target = {
+            "top": body,
+            "event": event,
+            "meta": event.get("meta") if isinstance(event, dict) else None,
+            "both-meta": body.get("meta"),
+        }[where]
+        if not isinstance(target, dict):
+            continue  # an earlier mutation replaced or removed it
+        names = {"top": _TOP, "event": _EVENT}.get(where, _META)
+        name = draw(st.sampled_from(names))
+        if draw(st.booleans()):
+            target.pop(name, None)
+        else:
+            target[name] = draw(_VALUES)
+    line = frame(body)
+    if draw(st.booleans()):
+        # Byte-level damage: a flipped or dropped byte, or text after the object.
+        at = draw(st.integers(0, len(line) - 2))
+        how = draw(st.sampled_from(["flip", "drop", "append"]))
+        if how == "flip":
+            line = line[:at] + bytes([line[at] ^ 0x01]) + line[at + 1 :]
+        elif how == "drop":
+            line = line[:at] + line[at + 1 :]
+        else:
+            line = line[:-1] + b" \n"
+    return line, draw(st.sampled_from([7, 7, 6, 8]))
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_lines())
+def test_fast_verify_never_accepts_what_decode_rejects(case: tuple[bytes, int]) -> None:
+    line, expected = case
+    try:
+        _format.decode(line, expected)
+        accepted = True
+    except _format._LineError:
+        accepted = False
+    if _format._plainly_valid(line.rstrip(b"\n"), expected):
+        assert accepted, line
+
+
+def test_fast_verify_accepts_what_the_recorder_writes() -> None:
+    # Otherwise verify would quietly fall back to the slow path for every line.
+    for seq, body in enumerate(_RECORDS, 1):
+        line = frame({**body, "v": 1, "host_seq": seq})
+        assert _format._plainly_valid(line.rstrip(b"\n"), seq) == (
+            body["kind"] != "approval.requested"
+        )
+
+
+def test_fast_verify_counts_like_replay(tmp_path: Path) -> None:
+    path = tmp_path / "k.jsonl"
+    path.write_bytes(
+        b"".join(frame({**body, "v": 1, "host_seq": n}) for n, body in enumerate(_RECORDS, 1))
+    )
+    assert _format.verify(path) == len(_RECORDS)
+    with _format.open_log(path) as f:
+        assert sum(1 for _ in _format.replay(f, "k", None)) == len(_RECORDS)
+    assert orjson.loads(path.read_bytes().splitlines()[0])["host_seq"] == 1
