@@ -4,9 +4,9 @@
 # Each package goes into its own npm prefix under a cache directory OUTSIDE the repo:
 #   ${ADAPTOR_CLI_CACHE:-$HOME/.cache/adaptor-clis}/<name>-<version>/node_modules/.bin/<binary>
 # A prefix whose stamp file exists is reused as is, so running this twice costs nothing.
-# The tests look there (or at $ADAPTOR_CLAUDE_BIN / $ADAPTOR_CODEX_BIN) and skip with a visible
-# reason when a binary is missing. This script therefore never fails the build: without npm, or
-# when an install fails, it says why and exits 0.
+# The tests look there (or at $ADAPTOR_CLAUDE_BIN / $ADAPTOR_CODEX_BIN / $ADAPTOR_GEMINI_BIN) and
+# skip with a visible reason when a binary is missing. This script therefore never fails the
+# build: without npm, or when an install fails, it says why and exits 0.
 #
 # The versions are the ones docs/drivers.md ("Verified against") and the drivers' argv comments
 # name; change all three together.
@@ -16,6 +16,7 @@ CACHE="${ADAPTOR_CLI_CACHE:-$HOME/.cache/adaptor-clis}"
 PACKAGES=(
   "claude-code|@anthropic-ai/claude-code|2.1.332|claude"
   "codex|@openai/codex|0.171.0|codex"
+  "gemini-cli|@google/gemini-cli|0.61.0|gemini"
 )
 
 say() { printf 'install-clis: %s\n' "$*"; }
@@ -42,6 +43,7 @@ for entry in "${PACKAGES[@]}"; do
     mkdir -p "$prefix"
     # --no-save and a private prefix keep the repo untouched; the CLIs' telemetry is off during
     # install too. Install scripts must run: claude-code's postinstall links its native binary.
+    # gemini-cli is a JS bundle run by the system node, which must be >= 20.
     if DISABLE_TELEMETRY=1 npm install --prefix "$prefix" --no-audit --no-fund --no-save \
         --loglevel=error "$package@$version" >"$prefix/npm.log" 2>&1 && [[ -x "$bin" ]]; then
       date -u +%Y-%m-%dT%H:%M:%SZ >"$stamp"

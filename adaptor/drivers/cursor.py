@@ -1,0 +1,547 @@
+"""The ``cursor`` driver: Cursor Agent CLI (``cursor-agent``, also installed as ``agent``).
+
+::
+
+    from adaptor.drivers import cursor
+
+    agent = adaptor.Agent(cursor.Driver(cursor.Config(model="gpt-5")))
+
+**Format-verified, not binary-verified**: the CLI cannot be installed from the package
+registries this project builds with, so this driver follows the stream-json format documented
+in shared/reference/upstream-drivers.md §2.3 and is tested against fake executables that print
+it.  The exact argv is built in one place, :func:`_argv`.
+
+Each run is one ``cursor-agent -p --output-format stream-json --workspace DIR ...`` process with
+the prompt on stdin followed by EOF.  The parser is strict, because a format this driver has
+not seen a real binary print must fail loudly rather than half-work:
+
+- every JSON line must carry ``session_id``, and it must never change;
+- ``assistant`` frames are text *deltas*: ``Result.text`` is their plain concatenation, or the
+  terminal ``result`` string when there were none;
+- ``tool_call`` (``started``/``completed``) nests exactly one variant key (``readToolCall``,
+  ``shellToolCall``, ``mcpToolCall``, ...) holding ``args`` and, once completed, ``result`` with
+  ``success`` | ``failure`` | ``error``; the tool is reported under the variant's name without
+  the ``ToolCall`` suffix;
+- the only terminal is ``result``/``success`` with a boolean ``is_error``, a string ``result``
+  and a non-empty ``session_id``; ``is_error: true`` fails the run;
+- anything else (``thinking``, other ``result`` subtypes) becomes a ``system`` transcript item.
+
+Any violation marks the stream malformed: no checkpoint, and an ``agent_error``.
+
+- **Approvals.**  The CLI never asks in print mode.  Permission ``auto_approve`` adds ``--force``
+  (commands run unless explicitly denied); plan review has nothing to stop at in ``-p`` mode, so
+  ``auto_approve`` is all it offers.  ``ask``/``auto_reject`` and questions are refused by the SDK.
+- **Sessions.**  ``--resume ID``; the checkpoint holds the terminal's ``session_id``.  Forks are
+  refused (the CLI has no fork), as is resuming from another working directory.  A refusal of the
+  stored id ("session not found"-class messages) raises ``ResumeRejectedError``.
+- **Not supported** (refused, never dropped): ``append_system_prompt``, native structured output
+  (prompt-validate only), sandbox / web-search / browser policies, MCP servers and skills from
+  the SDK.
+
+Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``mode`` and the *names* of
+``env``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from adaptor.driver import (
+    Checkpoint,
+    Descriptor,
+    EventSink,
+    HumanDecisionSupport,
+    Request,
+    Response,
+    RunFailure,
+    RunPolicyCaps,
+    SessionCaps,
+    SessionCodec,
+    SessionState,
+    StandardSessionCodec,
+    StreamCaps,
+    StructuredOutputCaps,
+    canonical_fingerprint,
+)
+from adaptor.drivers import _process
+from adaptor.drivers._lines import (
+    FailureKind,
+    NullSink,
+    Protocol,
+    as_dict,
+    as_list,
+    as_str,
+    provider_failure,
+)
+from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.errors import ResumeRejectedError
+from adaptor.events import TextDelta, ToolCall, ToolResult
+from adaptor.result import RawStreams, TerminalPayload, TranscriptItem
+
+__all__ = ["MODES", "PROVIDER", "TYPE", "VERIFICATION", "Config", "Driver", "replay"]
+
+TYPE: Final = "cursor"
+PROVIDER: Final = "cursor"
+VERIFICATION: Final = "format-verified, not binary-verified (upstream-drivers.md §2.3)"
+MODES: Final = ("agent", "ask")
+
+_FINGERPRINT_DOMAIN: Final = "cursor/config/v1"
+_OWNED_FLAGS: Final = frozenset({
+    "-p", "--print", "--output-format", "--stream-partial-output", "--workspace", "--resume",
+    "-m", "--model", "--mode", "-f", "--force", "--yolo",
+})
+_RESUME_REJECTED = re.compile(
+    r"(session|chat|conversation)\b.{0,60}\bnot found|no (such )?(session|chat|conversation)|"
+    r"invalid (session|chat)|unknown (session|chat)",
+    re.IGNORECASE,
+)
+# The CLI's vocabulary for failures it reports on stderr or in an error result.
+_AUTH = re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|authentication required|"
+                   r"not (logged in|authenticated)|\blogin\b|invalid api key|CURSOR_API_KEY",
+                   re.IGNORECASE)
+_RATE_LIMIT = re.compile(r"\b429\b|too many requests|rate limit|usage limit", re.IGNORECASE)
+_UNAVAILABLE = re.compile(r"\b5\d\d\b|overloaded|unavailable|internal server error|"
+                          r"connection (refused|failed|reset)|network error|ECONNREFUSED|"
+                          r"ETIMEDOUT|fetch failed", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Cursor Agent's configuration: ``model`` (``--model``; a run's ``model=`` wins) and
+    ``mode`` (``--mode``, one of :data:`MODES`; empty: the CLI's default agent mode)."""
+
+    command: str = "cursor-agent"
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    cwd: str | None = None
+    grace_period: float = 2.0
+    model: str = ""
+    mode: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_args, list):
+            object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
+        """A config from a JSON object (daemon requests); unknown keys are refused."""
+        return _process.config_from_dict(cls, obj)
+
+
+class Driver:
+    """The Cursor Agent driver.  Construction snapshots the config and does no I/O."""
+
+    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
+        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
+
+    def __repr__(self) -> str:
+        return f"cursor.Driver(command={self._config.command!r}, model={self._config.model!r})"
+
+    def descriptor(self) -> Descriptor:
+        return Descriptor(
+            type=TYPE,
+            display_name="Cursor Agent",
+            sessions=SessionCaps(supports_resume=True),
+            instructions=True,
+            workspace=True,
+            run_policy_caps=RunPolicyCaps(
+                permission=HumanDecisionSupport(auto_approve=True),
+                plan_review=HumanDecisionSupport(auto_approve=True),
+            ),
+            structured_output=StructuredOutputCaps(prompt_validate=True),
+            stream=StreamCaps(native=True),
+        )
+
+    def validate_config(self, config: object | None = None) -> None:
+        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
+        _validate(self._config if config is None else _as_config(config))
+
+    def session_codec(self) -> SessionCodec:
+        return StandardSessionCodec(TYPE)
+
+    def session_config_fingerprint(self) -> str:
+        c = self._config
+        return canonical_fingerprint(
+            _FINGERPRINT_DOMAIN,
+            {"cwd": c.cwd, "extra_args": c.extra_args, "model": c.model, "mode": c.mode,
+             "env_names": sorted(c.env)},
+        )
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        config = self._config if request.config is None else _as_config(request.config)
+        _validate(config)
+        if request.append_system_prompt:
+            return Response(exit_code=None, failure=RunFailure(
+                code="unsupported_driver",
+                message="cursor-agent cannot append to its system prompt",
+                details={"kind": "append_system_prompt_unsupported"},
+            ))
+        plan = _plan(config, request)
+        env, names = _process.child_env(config.env, request.env)
+        spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.cwd,
+                    stdin=plan.prompt.encode(), grace_period=config.grace_period)
+        try:
+            child = Child.start(spec, sink)
+        except BinaryNotFound as exc:
+            return _process.binary_not_found(exc)
+        parser = _Parser(sink, plan)
+        with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
+            for line in child.lines(sink):
+                parser.feed(line)
+            exit_ = child.finish()
+        stdout, stderr = child.take_raw()
+        return parser.response(exit_, stdout, stderr)
+
+
+def replay(
+    stdout: str | bytes,
+    stderr: str | bytes = b"",
+    exit_code: int | None = 0,
+    *,
+    sink: EventSink | None = None,
+    request: Request | None = None,
+) -> Response:
+    """Parse captured ``cursor-agent -p --output-format stream-json`` output as if a run had
+    produced it; raises ``ResumeRejectedError`` like ``run`` for a refused resume."""
+    plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
+    parser = _Parser(sink or NullSink(), plan)
+    data = [stdout.encode() if isinstance(stdout, str) else stdout,
+            stderr.encode() if isinstance(stderr, str) else stderr]
+    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
+        for raw in blob.splitlines():
+            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
+    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
+    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def _as_config(config: object) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return Config.from_dict(config)
+    raise TypeError(f"the cursor driver expects a cursor.Config, not {type(config).__name__}")
+
+
+def _validate(config: Config) -> None:
+    _process.check_common(
+        config.command, config.env, config.extra_args, config.cwd, config.grace_period
+    )
+    if not isinstance(config.model, str):
+        raise TypeError("model: expected a string")
+    if config.mode and config.mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}")
+    for arg in config.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in _OWNED_FLAGS:
+            raise ValueError(f"extra_args: {flag} is set by the driver itself")
+
+
+# --- plan and argv ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    prompt: str
+    model: str
+    cwd: str
+    resume_id: str | None
+    force: bool
+
+
+def _plan(config: Config, request: Request) -> _Plan:
+    # --workspace and the spawn directory are the same absolute path: the CLI keys its chats
+    # by workspace, and a resumed chat must find the same one.
+    cwd = os.path.realpath(request.workspace_cwd or config.cwd or os.getcwd())
+    session = request.session
+    resume_id: str | None = None
+    if session is not None and session.state is not None and session.mode != "stateless":
+        if session.mode == "fork":
+            raise ResumeRejectedError("cursor-agent cannot fork a chat")
+        stored_cwd = session.state.data.get("cwd")
+        if stored_cwd and os.path.realpath(stored_cwd) != cwd:
+            raise ResumeRejectedError("session working directory changed")
+        resume_id = session.state.resume_id
+    approvals = None if request.policy is None else request.policy.approvals
+    prompt = request.prompt
+    if request.instructions:
+        prompt = f"{request.instructions}\n\n{prompt}"
+    return _Plan(
+        prompt=prompt,
+        model=request.model_override or config.model,
+        cwd=cwd,
+        resume_id=resume_id,
+        force=approvals is not None and approvals.permission == "auto_approve",
+    )
+
+
+def _argv(config: Config, plan: _Plan) -> list[str]:
+    """The command line, per the Cursor Agent CLI format in shared/reference/upstream-drivers.md
+    §2.3 (no binary was available to check it against): keep every flag decision here."""
+    argv = [config.command, "-p", "--output-format", "stream-json", "--workspace", plan.cwd]
+    if plan.resume_id is not None:
+        argv += ["--resume", plan.resume_id]
+    if plan.model:
+        argv += ["--model", plan.model]
+    if config.mode:
+        argv += ["--mode", config.mode]
+    if plan.force:
+        argv.append("--force")
+    return argv + list(config.extra_args)
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+_TOOL_RESULT_BRANCHES: Final = ("success", "failure", "error")
+
+
+class _Parser:
+    """Cursor stream-json → events, transcript items and, at the end, a Response."""
+
+    def __init__(self, sink: EventSink, plan: _Plan) -> None:
+        self.sink = sink
+        self.plan = plan
+        self.protocol = Protocol(sink)
+        self.session_id = ""
+        self.model = plan.model
+        self.text: list[str] = []  # every assistant delta, in order
+        self.segment: list[str] = []
+        self.text_id = ""
+        self.tools: dict[str, str] = {}  # call id -> tool name
+        self.open_tools: set[str] = set()
+        self.result: dict[str, Any] | None = None
+        self.other_result = ""
+        self.resume_problem = ""
+
+    def _item(self, **fields: Any) -> None:
+        self.protocol.item(TranscriptItem(**fields))
+
+    def feed(self, line: Line) -> None:
+        if line.stream == "stderr":
+            self.protocol.feed_stderr(line.data)
+            self._check_resume(line.text)
+            return
+        decoded = self.protocol.feed_stdout(line.data)
+        if decoded is None or decoded.event is None:
+            return
+        event = decoded.event
+        kind = as_str(event.get("type"))
+        if not self._same_session(event, kind):
+            return
+        handler = self._HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, event)
+        else:
+            self._other(event)
+        if self.result is event:
+            self.protocol.set_terminal(event, decoded.text)
+
+    def _same_session(self, event: Mapping[str, Any], kind: str) -> bool:
+        session_id = event.get("session_id")
+        if not isinstance(session_id, str) or not session_id:
+            self.protocol.mark_malformed(f"{kind or 'event'!r} line without a session_id")
+            return False
+        if self.session_id and session_id != self.session_id:
+            self.protocol.mark_malformed(f"session_id changed in a {kind or 'event'!r} line")
+            return False
+        self.session_id = session_id
+        return True
+
+    def _check_resume(self, text: str) -> None:
+        if self.plan.resume_id and not self.resume_problem and _RESUME_REJECTED.search(text):
+            self.resume_problem = text.strip()
+
+    # -- event handlers --
+
+    def _system(self, event: dict[str, Any]) -> None:
+        if event.get("subtype") != "init":
+            self._other(event)
+            return
+        self.model = as_str(event.get("model")) or self.model
+        self._item(kind="init", session_id=self.session_id, model=self.model,
+                   metadata={k: as_str(event.get(k)) for k in ("cwd", "apiKeySource",
+                                                                "permissionMode")})
+
+    def _user(self, event: dict[str, Any]) -> None:
+        text = _text_of(as_dict(event.get("message")).get("content"))
+        if text:
+            self._item(kind="user", text=text)
+
+    def _assistant(self, event: dict[str, Any]) -> None:
+        text = _text_of(as_dict(event.get("message")).get("content"))
+        if not text:
+            return
+        if not self.text_id:
+            self.text_id = self.protocol.fresh_id(f"{self.session_id}/text")
+            self.sink.emit(TextDelta(message_id=self.text_id, phase="start"))
+        self.sink.emit(TextDelta(message_id=self.text_id, text=text, phase="content"))
+        self.segment.append(text)
+        self.text.append(text)
+
+    def _close_text(self) -> None:
+        if not self.text_id:
+            return
+        self.sink.emit(TextDelta(message_id=self.text_id, phase="end"))
+        self._item(kind="assistant", text="".join(self.segment), model=self.model)
+        self.text_id, self.segment = "", []
+
+    def _tool_call(self, event: dict[str, Any]) -> None:
+        self._close_text()
+        subtype = as_str(event.get("subtype"))
+        ident = as_str(event.get("call_id"))
+        call = as_dict(event.get("tool_call"))
+        if subtype not in ("started", "completed") or not ident or len(call) != 1:
+            self.protocol.mark_malformed(
+                f"tool_call {subtype or '?'} needs a call_id and exactly one variant key")
+            return
+        [(variant, raw)] = call.items()
+        body = as_dict(raw)
+        name = self.tools.get(ident) or variant.removesuffix("ToolCall") or variant
+        if ident not in self.tools:
+            args = body.get("args")
+            args = copy.deepcopy(args) if isinstance(args, dict) else None
+            self.tools[ident] = name
+            self.open_tools.add(ident)
+            self.sink.emit(ToolCall(id=ident, name=name, args=args, phase="start"))
+            self._item(kind="tool_call", tool_use_id=ident, tool_name=name, input=args)
+        if subtype != "completed":
+            return
+        outcome = as_dict(body.get("result"))
+        branches = [b for b in _TOOL_RESULT_BRANCHES if b in outcome]
+        if len(branches) != 1:
+            self.protocol.mark_malformed(f"tool_call {ident!r} completed without one result")
+            return
+        branch = outcome[branches[0]]
+        content = as_dict(branch).get("content")
+        text = content if isinstance(content, str) else orjson.dumps(branch).decode()
+        is_error = branches[0] != "success" or as_dict(branch).get("isError") is True
+        if ident in self.open_tools:
+            self.open_tools.discard(ident)
+            self.sink.emit(ToolCall(id=ident, name=name, result=text, phase="end"))
+            self.sink.emit(ToolResult(id=ident, result=text, is_error=is_error))
+        self._item(kind="tool_result", tool_use_id=ident, tool_name=name, text=text,
+                   is_error=is_error)
+
+    def _result(self, event: dict[str, Any]) -> None:
+        if event.get("subtype") != "success":
+            self._other(event)  # not a terminal, but the likeliest explanation of what follows
+            self.other_result = as_str(event.get("result")) or self.other_result
+            return
+        self._close_text()
+        if not isinstance(event.get("is_error"), bool) or not isinstance(event.get("result"), str):
+            self.protocol.mark_malformed("terminal result needs a boolean is_error and a string"
+                                         " result")
+        self.result = event
+        if event.get("is_error") is True:
+            self._check_resume(as_str(event.get("result")))
+        self._item(kind="result", subtype="success", is_error=event.get("is_error") is True,
+                   session_id=self.session_id, text=as_str(event.get("result")),
+                   metadata={k: event[k] for k in ("duration_ms", "request_id") if k in event})
+
+    def _other(self, event: dict[str, Any]) -> None:
+        parts = (as_str(event.get("type")), as_str(event.get("subtype")))
+        subtype = "/".join(part for part in parts if part)
+        self._item(kind="system", subtype=subtype or "unknown")
+
+    _HANDLERS: Final[Mapping[str, Callable[[_Parser, dict[str, Any]], None]]] = {
+        "system": _system,
+        "user": _user,
+        "assistant": _assistant,
+        "tool_call": _tool_call,
+        "result": _result,
+    }
+
+    # -- the Response --
+
+    @property
+    def succeeded(self) -> bool:
+        return (self.result is not None and self.result.get("is_error") is False
+                and not self.protocol.malformed)
+
+    def response(self, exit_: Exit, stdout: str, stderr: str) -> Response:
+        self._close_text()
+        for ident in sorted(self.open_tools):  # started, never completed
+            self.sink.emit(ToolCall(id=ident, name=self.tools[ident], phase="end"))
+        self.open_tools = set()
+        if self.resume_problem and not self.succeeded:
+            raise ResumeRejectedError(self.resume_problem)
+        failure = self._failure(exit_)
+        checkpoint = None
+        if failure is None and exit_.clean and self.succeeded:
+            state = SessionState(resume_id=self.session_id, display_id=self.session_id,
+                                 data={"cwd": self.plan.cwd})
+            checkpoint = Checkpoint(state, valid=True)
+        output = "".join(self.text) or as_str((self.result or {}).get("result"))
+        metadata: dict[str, str] = {}
+        if self.session_id:
+            metadata["session_id"] = self.session_id
+        if self.protocol.malformed:
+            metadata["protocol"] = "malformed"
+        return Response(
+            output=output,
+            raw_streams=RawStreams(
+                stdout=stdout, stderr=stderr,
+                terminal=None if self.result is None
+                else TerminalPayload(event="result", json=self.protocol.terminal_line),
+            ),
+            transcript=tuple(self.protocol.transcript),
+            exit_code=exit_.exit_code,
+            signal=exit_.signal,
+            timed_out=exit_.timed_out,
+            checkpoint=checkpoint,
+            metadata=metadata,
+            provider=PROVIDER,
+            model=self.model,
+            failure=failure,
+        )
+
+    def _failure(self, exit_: Exit) -> RunFailure | None:
+        result = self.result
+        if result is not None and result.get("is_error") is True:
+            text = as_str(result.get("result"))
+            message = "cursor terminal result reported an error" + (f": {text}" if text else "")
+            return _classify(message, exit_code=exit_.exit_code)
+        if self.protocol.malformed:
+            return RunFailure(code="agent_error",
+                              message="cursor-agent printed a malformed stream: "
+                                      + self.protocol.problems[0],
+                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
+        if exit_.cancelled or exit_.timed_out:
+            return None  # the host's cancellation or deadline keeps its own identity
+        if result is None:
+            died = self.protocol.died("cursor-agent", exit_.describe(),
+                                      exit_code=exit_.exit_code, signal=exit_.signal)
+            message = f"{died.message} ({self.other_result})" if self.other_result else died.message
+            return _classify(message, **died.details)
+        if not exit_.clean:
+            return RunFailure(code="agent_error",
+                              message=f"cursor-agent exited unsuccessfully ({exit_.describe()})",
+                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+        return None
+
+
+def _classify(message: str, **details: Any) -> RunFailure:
+    kind: FailureKind = ""
+    if _AUTH.search(message):
+        kind = "auth"
+    elif _RATE_LIMIT.search(message):
+        kind = "rate_limit"
+    elif _UNAVAILABLE.search(message):
+        kind = "provider_unavailable"
+    return provider_failure(message, kind, **details)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(as_str(as_dict(block).get("text")) for block in as_list(content)
+                   if as_dict(block).get("type") == "text")

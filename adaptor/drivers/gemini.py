@@ -1,0 +1,553 @@
+"""The ``gemini`` driver: Gemini CLI (npm ``@google/gemini-cli``) in headless stream-json mode.
+
+::
+
+    from adaptor.drivers import gemini
+
+    agent = adaptor.Agent(gemini.Driver(gemini.Config(model="gemini-2.5-flash")))
+
+Each run is one ``gemini -p "" -o stream-json ...`` process with the prompt on stdin followed by
+EOF.  The exact argv is built in one place, :func:`_argv`, checked against Gemini CLI 0.61.0.
+The npm launcher re-spawns node with a larger heap and ignores SIGTERM itself, which is why the
+runner signals the whole process group.
+
+- **Output.**  ``init`` (session id, model), ``message`` (the user prompt echoed, then assistant
+  text as ``delta`` chunks), ``tool_use``/``tool_result``, ``error`` (warnings, or the reason of
+  an error ``result``) and the terminal ``result`` (``status``, ``stats`` with token counts).
+  ``Result.text`` is the assistant text after the last tool call.
+- **Approvals.**  Headless Gemini never asks: tools needing confirmation are simply not offered
+  to the model unless the approval mode allows them.  Permission ``auto_approve`` runs with
+  ``--approval-mode yolo`` and ``auto_reject`` with ``--approval-mode default``; ``ask``, plan
+  review and questions are refused by the SDK before anything starts.  Without an explicit
+  permission mode ``Config.approval_mode`` (or the CLI's settings) decides.
+- **Sessions.**  ``--resume ID`` (the CLI accepts the session UUID).  A checkpoint needs the
+  ``init`` session id, a ``result`` with ``status: "success"`` and a clean exit.  Gemini keeps
+  sessions per project directory, so resuming from another directory is refused before the CLI
+  starts, and so is a fork: the CLI cannot branch a session.  "Error resuming session" (exit 42)
+  raises ``ResumeRejectedError``.
+- **Not supported** (refused, never dropped): ``append_system_prompt`` (the CLI can only
+  *replace* its system prompt), native structured output (prompt-validate only), MCP servers and
+  skills from the SDK (the descriptor says so), sandbox / web-search / browser policies.
+
+Failures: an error ``result`` is an ``agent_error`` classified from the API error it quotes
+(``"code": 401`` / ``UNAUTHENTICATED`` → ``auth``; 429 / ``RESOURCE_EXHAUSTED`` →
+``rate_limit``; 5xx and "fetch failed" → ``provider_unavailable``).  For API errors the CLI
+exits with the HTTP status truncated to 8 bits (401 → 145), which also identifies the status
+when the message does not.  Gemini retries 5xx and network errors with backoff for minutes; its
+``general.maxAttempts`` / ``general.retryFetchErrors`` settings or the run's ``timeout`` bound
+that.
+
+Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``approval_mode``, ``home`` and
+the *names* of ``env``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from adaptor.driver import (
+    Checkpoint,
+    Descriptor,
+    EventSink,
+    HumanDecisionSupport,
+    Request,
+    Response,
+    RunFailure,
+    RunPolicyCaps,
+    SessionCaps,
+    SessionCodec,
+    SessionState,
+    StandardSessionCodec,
+    StreamCaps,
+    StructuredOutputCaps,
+    canonical_fingerprint,
+)
+from adaptor.drivers import _process
+from adaptor.drivers._lines import (
+    FailureKind,
+    NullSink,
+    Protocol,
+    as_dict,
+    as_int,
+    as_str,
+    provider_failure,
+)
+from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.errors import ResumeRejectedError
+from adaptor.events import TextDelta, ToolCall, ToolResult
+from adaptor.result import RawStreams, TerminalPayload, TranscriptItem, Usage
+
+__all__ = ["APPROVAL_MODES", "CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
+
+TYPE: Final = "gemini"
+PROVIDER: Final = "google"
+CLI_VERSION: Final = "0.61.0"
+APPROVAL_MODES: Final = ("default", "auto_edit", "yolo", "plan")
+
+_FINGERPRINT_DOMAIN: Final = "gemini/config/v1"
+# Flags the driver sets itself, and those that would make the CLI do something other than one
+# headless turn (interactive, ACP, session management).
+_OWNED_FLAGS: Final = frozenset({
+    "-p", "--prompt", "-i", "--prompt-interactive", "-o", "--output-format", "-m", "--model",
+    "-r", "--resume", "--session-id", "--session-file", "--list-sessions", "--delete-session",
+    "--approval-mode", "-y", "--yolo", "--acp", "--experimental-acp",
+})
+_RESUME_REJECTED = re.compile(
+    r"error resuming session|invalid session identifier|no previous sessions found",
+    re.IGNORECASE,
+)
+# Only numbers the API or the CLI present as a status: stderr also holds timestamps and pids.
+_STATUS_IN_MESSAGE = re.compile(
+    r'"code"\s*:\s*([45]\d\d)\b|\b(?:status|error)(?:\s+code)?\s*:?\s*([45]\d\d)\b',
+    re.IGNORECASE,
+)
+_AUTH = re.compile(r"UNAUTHENTICATED|PERMISSION_DENIED|api key not valid|invalid api key|"
+                   r"unauthori[sz]ed", re.IGNORECASE)
+_RATE_LIMIT = re.compile(r"RESOURCE_EXHAUSTED|quota|rate limit|too many requests", re.IGNORECASE)
+_UNAVAILABLE = re.compile(r"\bINTERNAL\b|\bUNAVAILABLE\b|overloaded|fetch failed|ECONNREFUSED|"
+                          r"ECONNRESET|ETIMEDOUT|ENOTFOUND|EAI_AGAIN", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Gemini CLI's configuration.
+
+    ``model`` is passed as ``-m`` (a run's ``model=`` wins; empty: the CLI's ``auto`` routing,
+    which costs an extra classifier request per turn); ``approval_mode`` as ``--approval-mode``
+    (one of :data:`APPROVAL_MODES`) unless the run's policy sets the permission mode; ``home``
+    becomes ``GEMINI_CLI_HOME``, the directory whose ``.gemini/`` holds settings, credentials and
+    sessions (``None``: the user's home).
+    """
+
+    command: str = "gemini"
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    cwd: str | None = None
+    grace_period: float = 2.0
+    model: str = ""
+    approval_mode: str = ""
+    home: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_args, list):
+            object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
+        """A config from a JSON object (daemon requests); unknown keys are refused."""
+        return _process.config_from_dict(cls, obj)
+
+
+class Driver:
+    """The Gemini CLI driver.  Construction snapshots the config and does no I/O."""
+
+    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
+        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
+
+    def __repr__(self) -> str:
+        return f"gemini.Driver(command={self._config.command!r}, model={self._config.model!r})"
+
+    def descriptor(self) -> Descriptor:
+        return Descriptor(
+            type=TYPE,
+            display_name="Gemini CLI",
+            sessions=SessionCaps(supports_resume=True),
+            instructions=True,
+            workspace=True,
+            run_policy_caps=RunPolicyCaps(
+                # Headless mode never asks; the approval mode decides what the model may call.
+                permission=HumanDecisionSupport(auto_approve=True, auto_reject=True),
+            ),
+            structured_output=StructuredOutputCaps(prompt_validate=True),
+            stream=StreamCaps(native=True, token_level=True),
+        )
+
+    def validate_config(self, config: object | None = None) -> None:
+        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
+        _validate(self._config if config is None else _as_config(config))
+
+    def session_codec(self) -> SessionCodec:
+        return StandardSessionCodec(TYPE)
+
+    def session_config_fingerprint(self) -> str:
+        c = self._config
+        return canonical_fingerprint(
+            _FINGERPRINT_DOMAIN,
+            {"cwd": c.cwd, "extra_args": c.extra_args, "model": c.model,
+             "approval_mode": c.approval_mode, "home": c.home, "env_names": sorted(c.env)},
+        )
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        config = self._config if request.config is None else _as_config(request.config)
+        _validate(config)
+        if request.append_system_prompt:
+            # GEMINI_SYSTEM_MD replaces the whole system prompt; nothing appends to it.
+            return Response(exit_code=None, failure=RunFailure(
+                code="unsupported_driver",
+                message="gemini cannot append to its system prompt",
+                details={"kind": "append_system_prompt_unsupported"},
+            ))
+        plan = _plan(config, request)
+        env, names = _process.child_env(*plan.env_layers)
+        spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.spawn_cwd,
+                    stdin=plan.prompt.encode(), grace_period=config.grace_period)
+        try:
+            child = Child.start(spec, sink)
+        except BinaryNotFound as exc:
+            return _process.binary_not_found(exc)
+        parser = _Parser(sink, plan)
+        with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
+            for line in child.lines(sink):
+                parser.feed(line)
+            exit_ = child.finish()
+        stdout, stderr = child.take_raw()
+        return parser.response(exit_, stdout, stderr)
+
+
+def replay(
+    stdout: str | bytes,
+    stderr: str | bytes = b"",
+    exit_code: int | None = 0,
+    *,
+    sink: EventSink | None = None,
+    request: Request | None = None,
+) -> Response:
+    """Parse captured ``gemini -o stream-json`` output as if a run had produced it (tests,
+    diagnostics); raises ``ResumeRejectedError`` like ``run`` for a refused resume."""
+    plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
+    parser = _Parser(sink or NullSink(), plan)
+    data = [stdout.encode() if isinstance(stdout, str) else stdout,
+            stderr.encode() if isinstance(stderr, str) else stderr]
+    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
+        for raw in blob.splitlines():
+            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
+    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
+    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def _as_config(config: object) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return Config.from_dict(config)
+    raise TypeError(f"the gemini driver expects a gemini.Config, not {type(config).__name__}")
+
+
+def _validate(config: Config) -> None:
+    _process.check_common(
+        config.command, config.env, config.extra_args, config.cwd, config.grace_period
+    )
+    if not isinstance(config.model, str):
+        raise TypeError("model: expected a string")
+    if config.approval_mode and config.approval_mode not in APPROVAL_MODES:
+        raise ValueError(f"approval_mode: expected one of {', '.join(APPROVAL_MODES)}")
+    if config.home is not None and (not isinstance(config.home, str) or not config.home):
+        raise TypeError("home: expected a non-empty string or null")
+    for arg in config.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in _OWNED_FLAGS:
+            raise ValueError(f"extra_args: {flag} is set by the driver or leaves headless mode")
+
+
+# --- plan and argv ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    prompt: str
+    model: str
+    spawn_cwd: str | None
+    session_cwd: str
+    resume_id: str | None
+    approval_mode: str
+    env_layers: tuple[Mapping[str, str], ...]
+
+
+def _plan(config: Config, request: Request) -> _Plan:
+    spawn_cwd = request.workspace_cwd or config.cwd
+    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
+    session = request.session
+    resume_id: str | None = None
+    if session is not None and session.state is not None and session.mode != "stateless":
+        if session.mode == "fork":
+            raise ResumeRejectedError("gemini cannot fork a session")
+        stored_cwd = session.state.data.get("cwd")
+        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
+            # Gemini keeps sessions per project directory; elsewhere the id is unknown.
+            raise ResumeRejectedError("session working directory changed")
+        resume_id = session.state.resume_id
+    approvals = None if request.policy is None else request.policy.approvals
+    permission = None if approvals is None else approvals.permission
+    approval_mode = {"auto_approve": "yolo", "auto_reject": "default"}.get(
+        permission or "", config.approval_mode)
+    prompt = request.prompt
+    if request.instructions:
+        prompt = f"{request.instructions}\n\n{prompt}"
+    owned = {"GEMINI_CLI_HOME": config.home} if config.home else {}
+    return _Plan(
+        prompt=prompt,
+        model=request.model_override or config.model,
+        spawn_cwd=spawn_cwd,
+        session_cwd=session_cwd,
+        resume_id=resume_id,
+        approval_mode=approval_mode,
+        env_layers=(dict(config.env), dict(request.env), owned),
+    )
+
+
+def _argv(config: Config, plan: _Plan) -> list[str]:
+    """The command line.  Checked against Gemini CLI 0.61.0 (``gemini --help``,
+    shared/reference/real-clis.md §5): keep every flag decision here.  ``-p ""`` forces headless
+    mode and leaves the prompt to stdin (``-p`` text is *appended* to stdin input), which keeps
+    it out of argv and the spawn event."""
+    argv = [config.command, "-p", "", "-o", "stream-json"]
+    if plan.model:
+        argv += ["-m", plan.model]
+    if plan.resume_id is not None:
+        argv += ["--resume", plan.resume_id]
+    if plan.approval_mode:
+        argv += ["--approval-mode", plan.approval_mode]
+    return argv + list(config.extra_args)
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+
+class _Parser:
+    """``gemini -o stream-json`` → events, transcript items and, at the end, a Response."""
+
+    def __init__(self, sink: EventSink, plan: _Plan) -> None:
+        self.sink = sink
+        self.plan = plan
+        self.protocol = Protocol(sink)
+        self.session_id = ""
+        self.model = plan.model
+        self.segment: list[str] = []  # the assistant text being streamed
+        self.text_id = ""
+        self.final = ""
+        self.open_tools: dict[str, str] = {}  # id -> name
+        self.tool_names: dict[str, str] = {}
+        self.result: dict[str, Any] | None = None
+        self.last_error = ""
+        self.resume_problem = ""
+
+    def _item(self, **fields: Any) -> None:
+        self.protocol.item(TranscriptItem(**fields))
+
+    def feed(self, line: Line) -> None:
+        if line.stream == "stderr":
+            self.protocol.feed_stderr(line.data)
+            if self.plan.resume_id and _RESUME_REJECTED.search(line.text):
+                self.resume_problem = self.resume_problem or line.text.strip()
+            return
+        decoded = self.protocol.feed_stdout(line.data)
+        if decoded is None or decoded.event is None:
+            return
+        event = decoded.event
+        kind = as_str(event.get("type"))
+        handler = self._HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, event)
+        else:
+            self._item(kind="system", subtype=kind or "unknown")
+        if kind == "result":
+            self.protocol.set_terminal(event, decoded.text)
+
+    # -- event handlers --
+
+    def _init(self, event: dict[str, Any]) -> None:
+        self.session_id = as_str(event.get("session_id"))
+        self.model = as_str(event.get("model")) or self.model
+        self._item(kind="init", session_id=self.session_id, model=self.model)
+
+    def _message(self, event: dict[str, Any]) -> None:
+        content = as_str(event.get("content"))
+        if event.get("role") != "assistant":
+            if content:
+                self._item(kind="user", text=content)
+            return
+        if not content:
+            return
+        if not self.text_id:
+            self.text_id = self.protocol.fresh_id(f"{self.session_id or 'gemini'}/text")
+            self.sink.emit(TextDelta(message_id=self.text_id, phase="start"))
+        self.sink.emit(TextDelta(message_id=self.text_id, text=content, phase="content"))
+        self.segment.append(content)
+
+    def _close_text(self) -> None:
+        if not self.text_id:
+            return
+        self.sink.emit(TextDelta(message_id=self.text_id, phase="end"))
+        self.final = "".join(self.segment)
+        self._item(kind="assistant", text=self.final, model=self.model)
+        self.text_id, self.segment = "", []
+
+    def _tool_use(self, event: dict[str, Any]) -> None:
+        self._close_text()
+        self.final = ""  # text before a tool call is not the final answer
+        ident = as_str(event.get("tool_id")) or self.protocol.fresh_id("tool")
+        name = as_str(event.get("tool_name")) or "tool"
+        params = event.get("parameters")
+        args = copy.deepcopy(params) if isinstance(params, dict) else None
+        if ident not in self.tool_names:
+            self.tool_names[ident] = name
+            self.open_tools[ident] = name
+            self.sink.emit(ToolCall(id=ident, name=name, args=args, phase="start"))
+        self._item(kind="tool_call", tool_use_id=ident, tool_name=name, input=args)
+
+    def _tool_result(self, event: dict[str, Any]) -> None:
+        self._close_text()
+        ident = as_str(event.get("tool_id"))
+        is_error = event.get("status") == "error"
+        text = as_str(event.get("output"))
+        if is_error and not text:
+            text = as_str(as_dict(event.get("error")).get("message"))
+        name = self.tool_names.get(ident, "")
+        if ident in self.open_tools:
+            del self.open_tools[ident]
+            self.sink.emit(ToolCall(id=ident, name=name, result=text, phase="end"))
+            self.sink.emit(ToolResult(id=ident, result=text, is_error=is_error))
+        self._item(kind="tool_result", tool_use_id=ident or "unknown", tool_name=name, text=text,
+                   is_error=is_error)
+
+    def _error(self, event: dict[str, Any]) -> None:
+        severity = as_str(event.get("severity")) or "error"
+        message = as_str(event.get("message")) or "error"
+        if severity == "error":
+            self.last_error = message  # an error `result` that follows carries no message
+        self._item(kind="system", subtype=severity, text=message)
+
+    def _result(self, event: dict[str, Any]) -> None:
+        self._close_text()
+        self.result = event
+        error = as_dict(event.get("error"))
+        self._item(kind="result", subtype=as_str(event.get("status")),
+                   is_error=event.get("status") != "success", session_id=self.session_id,
+                   usage=_usage(event), text=as_str(error.get("message")))
+
+    _HANDLERS: Final[Mapping[str, Callable[[_Parser, dict[str, Any]], None]]] = {
+        "init": _init,
+        "message": _message,
+        "tool_use": _tool_use,
+        "tool_result": _tool_result,
+        "error": _error,
+        "result": _result,
+    }
+
+    # -- the Response --
+
+    @property
+    def succeeded(self) -> bool:
+        return self.result is not None and self.result.get("status") == "success"
+
+    def response(self, exit_: Exit, stdout: str, stderr: str) -> Response:
+        self._close_text()
+        for ident, name in self.open_tools.items():  # started, never finished
+            self.sink.emit(ToolCall(id=ident, name=name, phase="end"))
+        self.open_tools = {}
+        if self.resume_problem and not self.succeeded:
+            raise ResumeRejectedError(self.resume_problem)
+        failure = self._failure(exit_)
+        checkpoint = None
+        if failure is None and exit_.clean and self.succeeded and self.session_id:
+            state = SessionState(resume_id=self.session_id, display_id=self.session_id,
+                                 data={"cwd": self.plan.session_cwd})
+            checkpoint = Checkpoint(state, valid=True)
+        metadata: dict[str, str] = {}
+        if self.session_id:
+            metadata["session_id"] = self.session_id
+        models = as_dict(as_dict((self.result or {}).get("stats")).get("models"))
+        if models:
+            metadata["models"] = ",".join(models)
+        if self.last_error:
+            metadata["last_error"] = self.last_error
+        if self.protocol.malformed:
+            metadata["protocol"] = "malformed"
+        return Response(
+            output=self.final,
+            raw_streams=RawStreams(
+                stdout=stdout, stderr=stderr,
+                terminal=None if self.result is None
+                else TerminalPayload(event="result", json=self.protocol.terminal_line),
+            ),
+            transcript=tuple(self.protocol.transcript),
+            exit_code=exit_.exit_code,
+            signal=exit_.signal,
+            timed_out=exit_.timed_out,
+            usage=None if self.result is None else _usage(self.result),
+            checkpoint=checkpoint,
+            metadata=metadata,
+            provider=PROVIDER,
+            model=self.model,
+            failure=failure,
+        )
+
+    def _failure(self, exit_: Exit) -> RunFailure | None:
+        result = self.result
+        if result is not None and not self.succeeded:
+            error = as_dict(result.get("error"))
+            message = as_str(error.get("message")) or self.last_error or "gemini reported an error"
+            kind, status = _kind_of(message, exit_.exit_code)
+            return provider_failure(message, kind, provider_status=status,
+                                    error_type=as_str(error.get("type")) or None,
+                                    exit_code=exit_.exit_code)
+        if self.protocol.malformed:
+            return RunFailure(code="agent_error",
+                              message="gemini printed a malformed stream: "
+                                      + self.protocol.problems[0],
+                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
+        if exit_.cancelled or exit_.timed_out:
+            return None  # the host's cancellation or deadline keeps its own identity
+        if result is None:
+            died = self.protocol.died("gemini", exit_.describe(), exit_code=exit_.exit_code,
+                                      signal=exit_.signal)
+            kind, status = _kind_of(died.message, None)
+            if not kind:
+                return died
+            return provider_failure(died.message, kind, provider_status=status, **died.details)
+        if not exit_.clean:
+            return RunFailure(code="agent_error",
+                              message=f"gemini exited unsuccessfully ({exit_.describe()})",
+                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+        return None
+
+
+def _kind_of(message: str, exit_code: int | None) -> tuple[FailureKind, int | None]:
+    """The failure class and HTTP status of an error the CLI reported.
+
+    The status comes from the quoted API error (``"code": 401``), else from the exit code: for
+    API errors the CLI calls ``process.exit(status)``, which the OS truncates to 8 bits, so
+    exit 144-255 after an ``[API Error`` stands for HTTP 400-511.
+    """
+    found = _STATUS_IN_MESSAGE.search(message)
+    status: int | None = int(found.group(1) or found.group(2)) if found else None
+    if status is None and exit_code is not None and 144 <= exit_code <= 255 \
+            and "[API Error" in message:
+        status = exit_code + 256
+    kind: FailureKind = ""
+    if status in (401, 403) or _AUTH.search(message):
+        kind = "auth"
+    elif status == 429 or _RATE_LIMIT.search(message):
+        kind = "rate_limit"
+    elif (status is not None and status >= 500) or _UNAVAILABLE.search(message):
+        kind = "provider_unavailable"
+    return kind, status
+
+
+def _usage(result: Mapping[str, Any]) -> Usage | None:
+    stats = as_dict(result.get("stats"))
+    if not stats:
+        return None
+    return Usage(
+        input_tokens=as_int(stats.get("input_tokens")),
+        output_tokens=as_int(stats.get("output_tokens")),
+        cached_input_tokens=as_int(stats.get("cached")),
+    )

@@ -1,0 +1,77 @@
+"""Configuration, session identity and a missing binary, the same for the gemini, cursor and
+codebuddy drivers (the command driver's are in test_command.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import adaptor
+from adaptor import errors
+from adaptor.driver import SessionState, StandardSessionCodec
+from adaptor.drivers import codebuddy, cursor, gemini
+
+MODULES = [gemini, cursor, codebuddy]
+# One value per driver-specific field that validate_config must refuse.
+BAD_FIELDS: dict[Any, list[dict[str, Any]]] = {
+    gemini: [{"approval_mode": "sometimes"}, {"home": ""}, {"extra_args": ["--yolo"]},
+             {"extra_args": ["--output-format=json"]}],
+    cursor: [{"mode": "debug"}, {"extra_args": ["--force"]}, {"extra_args": ["--resume=x"]}],
+    codebuddy: [{"effort": "huge"}, {"permission_mode": "yes"}, {"max_turns": 0},
+                {"extra_args": ["--print"]}, {"extra_args": ["--json-schema={}"]}],
+}
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_config_validation_and_json_form(module: Any) -> None:
+    config = module.Config.from_dict({"command": "x", "extra_args": ["--a", "b"],
+                                      "env": {"K": "v"}, "model": "m"})
+    assert config.extra_args == ("--a", "b")
+    module.Driver(config).validate_config()
+    with pytest.raises(ValueError, match="unknown config key"):
+        module.Config.from_dict({"comand": "x"})
+    common_bad: list[dict[str, Any]] = [{"grace_period": -1}, {"command": ""}, {"env": {"K": 1}},
+                                        {"cwd": ""}, {"model": 3}]
+    for bad in common_bad + BAD_FIELDS[module]:
+        with pytest.raises((TypeError, ValueError)):
+            module.Driver(module.Config.from_dict(bad)).validate_config()
+    with pytest.raises(adaptor.InvalidDriverConfigError):
+        adaptor.Agent(module.Driver(module.Config(grace_period=-1))).run("x")
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_session_fingerprint_and_codec(module: Any) -> None:
+    def fingerprint(**fields: Any) -> str:
+        return str(module.Driver(module.Config(**fields)).session_config_fingerprint())
+
+    base = fingerprint(env={"API_KEY": "one"})
+    assert base.startswith("sha256:") and base == fingerprint(env={"API_KEY": "one"})
+    assert base == fingerprint(env={"API_KEY": "two"})  # values never count (nor leak)
+    assert base == fingerprint(env={"API_KEY": "one"}, command="/other/cli", grace_period=9)
+    assert base != fingerprint(env={"API_KEY": "one", "MORE": "x"})
+    assert base != fingerprint(env={"API_KEY": "one"}, model="m")
+    assert base != fingerprint(env={"API_KEY": "one"}, cwd="/w")
+    codec = module.Driver().session_codec()
+    assert codec == StandardSessionCodec(module.TYPE)
+    state = SessionState("sid", data={"cwd": "/w"})
+    assert codec.decode(codec.encode(state)) == dataclasses.replace(state, display_id="sid")
+    assert module.Driver().descriptor().sessions.supports_resume is True
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_binary_not_found_exits_69(module: Any, tmp_path: Path) -> None:
+    driver = module.Driver(module.Config(command="adaptor-missing-cli"))
+    with pytest.raises(adaptor.RunError) as caught:
+        adaptor.Agent(driver, workspace=str(tmp_path)).run("x")
+    assert caught.value.reason == "infrastructure_error"
+    assert caught.value.details == {"kind": "binary_not_found", "binary": "adaptor-missing-cli"}
+    assert errors.exit_code_for(caught.value) == 69
+
+
+def test_format_only_drivers_say_so() -> None:
+    for module in (cursor, codebuddy):
+        assert module.VERIFICATION.startswith("format-verified, not binary-verified")
+    assert gemini.CLI_VERSION == "0.61.0"

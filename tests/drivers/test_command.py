@@ -1,0 +1,174 @@
+"""The ``command`` driver with real small shell scripts: stdin prompt, stdout as the answer,
+exit status, environment, timeout and the refusals of everything a plain executable cannot do."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import adaptor
+from adaptor import errors
+from adaptor.drivers import command
+from adaptor.events import ProcessInfo, TextDelta
+from adaptor.memory import Store
+from adaptor.testing import conformance
+from tests.drivers.conftest import group_members
+
+
+@dataclasses.dataclass
+class Item:
+    name: str
+    count: int
+
+
+def script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def agent_for(path: str, tmp_path: Path, **fields: object) -> adaptor.Agent:
+    return adaptor.Agent(command.Driver(command.Config(path, **fields)),  # type: ignore[arg-type]
+                         workspace=str(tmp_path))
+
+
+def test_stdin_prompt_stdout_answer_and_line_deltas(tmp_path: Path) -> None:
+    # Upper-cases the prompt and adds a second line naming the working directory.
+    path = script(tmp_path, "shout.sh", 'tr a-z A-Z\necho\necho "in $(basename "$PWD")" >&2\n'
+                                        'printf "cwd=%s" "$(basename "$PWD")"\n')
+    with agent_for(path, tmp_path) as agent:
+        stream = agent.stream("say hello", instructions="be loud")
+        events = list(stream)
+        result = stream.result()
+    name = tmp_path.name
+    assert result.text == f"BE LOUD\n\nSAY HELLO\ncwd={name}"
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert [d.phase for d in deltas] == ["start", "content", "content", "content", "content", "end"]
+    assert [d.text for d in deltas if d.phase == "content"] == [
+        "BE LOUD\n", "\n", "SAY HELLO\n", f"cwd={name}"]
+    assert len({d.message_id for d in deltas}) == 1
+    assert [(i.kind, i.text) for i in result.transcript()] == [
+        ("stderr", f"in {name}"), ("assistant", result.text)]
+    assert result.raw().stdout == f"BE LOUD\n\nSAY HELLO\ncwd={name}"
+    assert result.raw().terminal is None
+
+
+def test_non_zero_exit_is_an_agent_error_with_the_exit_code(tmp_path: Path) -> None:
+    path = script(tmp_path, "fail.sh", 'cat >/dev/null\necho partial\necho "error: disk full" >&2\n'
+                                       "exit 3\n")
+    with agent_for(path, tmp_path) as agent, pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("x")
+    assert caught.value.details == {"exit_code": 3, "signal": None}
+    assert "exit code 3" in str(caught.value) and "error: disk full" in str(caught.value)
+    assert caught.value.result is not None and caught.value.result.text == "partial"
+
+
+def test_environment_reaches_the_process_but_never_the_events(tmp_path: Path) -> None:
+    path = script(tmp_path, "env.sh", 'cat >/dev/null\necho "token length ${#API_TOKEN}"\n')
+    config = command.Config(path, env={"API_TOKEN": "s3cret-value"})
+    with adaptor.Agent(command.Driver(config), workspace=str(tmp_path)) as agent:
+        stream = agent.stream("x")
+        events = list(stream)
+        result = stream.result()
+    assert result.text == "token length 12"
+    spawn = next(e for e in events if isinstance(e, ProcessInfo) and e.kind == "spawn")
+    assert "API_TOKEN" in spawn.data["env"]
+    assert all("s3cret-value" not in repr(e) for e in events)
+
+
+def test_timeout_stops_the_whole_group_even_when_sigterm_is_ignored(tmp_path: Path) -> None:
+    # The script ignores SIGTERM and leaves a child running: only the group's SIGKILL after the
+    # grace period ends both.
+    path = script(tmp_path, "stuck.sh", "trap '' TERM\nsleep 30 &\necho started\nwait\n")
+    with agent_for(path, tmp_path, grace_period=0.2) as agent:
+        stream = agent.stream("x", timeout=1.0)
+        events = list(stream)
+        with pytest.raises(adaptor.RunDeadlineExceededError) as caught:
+            stream.result()
+    pid = next(int(e.data["pid"]) for e in events
+               if isinstance(e, ProcessInfo) and e.kind == "spawn")
+    assert group_members(pid) == []
+    assert caught.value.result is not None and caught.value.result.raw().stdout == "started\n"
+
+
+def test_prompt_validated_structured_output(tmp_path: Path) -> None:
+    # Echoes a fixed JSON answer; the SDK put the schema instruction in front of the prompt.
+    answer = """grep -q "JSON Schema" && echo '{"name": "x", "count": 2}'\n"""
+    path = script(tmp_path, "json.sh", answer)
+    with agent_for(path, tmp_path) as agent:
+        result = agent.run("give", schema=Item)
+    assert result.decode(Item) == Item("x", 2)
+    assert result.structured is not None and result.structured.source == "prompt_validate"
+
+
+def test_what_an_executable_cannot_do_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    path = script(tmp_path, "mark.sh", f"touch {marker}\necho ok\n")
+    with agent_for(path, tmp_path) as agent:
+        with pytest.raises(adaptor.PolicyCapabilityUnsupportedError):
+            agent.run("x", policy=adaptor.Policy(sandbox="read_only"))
+        with pytest.raises(adaptor.HumanDecisionModeUnsupportedError):
+            agent.run("x", policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(
+                permission="auto_approve")))
+        for refused in (lambda: agent.run("x", append_system_prompt="be nice"),
+                        lambda: agent.run("x", model="big")):
+            with pytest.raises(adaptor.RunError) as caught:
+                refused()
+            assert caught.value.reason == "unsupported_driver"
+    with adaptor.Agent(command.Driver(command.Config(path)), thread_store=Store()) as agent:
+        with pytest.raises(adaptor.ThreadIncompatibleError):
+            agent.thread("t").run("x")
+    assert not marker.exists()  # nothing was started for any of them
+    assert command.Driver(command.Config(path)).descriptor().sessions.supports_resume is False
+
+
+def test_binary_not_found_and_config(tmp_path: Path) -> None:
+    with pytest.raises(adaptor.RunError) as caught:
+        agent_for(str(tmp_path / "missing"), tmp_path).run("x")
+    assert caught.value.details["kind"] == "binary_not_found"
+    assert errors.exit_code_for(caught.value) == 69
+    config = command.Config.from_dict({"command": "./x.sh", "extra_args": ["-v"],
+                                       "env": {"A": "b"}})
+    assert config == command.Config("./x.sh", env={"A": "b"}, extra_args=("-v",))
+    bad_configs: list[dict[str, object]] = [
+        {}, {"command": ""}, {"command": "x", "grace_period": -1}, {"command": "x", "cwd": 1}]
+    for bad in bad_configs:
+        with pytest.raises((TypeError, ValueError)):
+            command.Driver(command.Config.from_dict(bad)).validate_config()
+    with pytest.raises(ValueError, match="unknown config key"):
+        command.Config.from_dict({"command": "x", "args": []})
+
+
+def test_replay_keeps_a_partial_last_line() -> None:
+    response = command.replay(b"one\ntwo", b"warn\n", 0)
+    assert response.output == "one\ntwo" and response.failure is None
+    assert response.checkpoint is None
+    failed = command.replay(b"", b"", None)
+    assert failed.failure is not None and failed.failure.details["signal"] == 15
+
+
+def test_the_documented_snippet_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "drivers.md").read_text()
+    section = docs[docs.index("Wrapping a shell script as an agent"):]
+    shell, python = re.findall(r"```(?:sh|python)\n(.*?)```", section, re.DOTALL)[:2]
+    subprocess.run(["sh", "-c", shell], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    exec(python, {})
+    expected = python.strip().splitlines()[-1].removeprefix("# ")
+    assert capsys.readouterr().out == expected + "\n"
+    with adaptor.Agent(command.Driver(command.Config("./review.sh"))) as agent:
+        with pytest.raises(adaptor.AgentFailedError, match="empty prompt"):
+            agent.run("")
+
+
+def test_conformance(tmp_path: Path) -> None:
+    path = script(tmp_path, "hello.sh", 'cat >/dev/null\necho "Hello from a script"\n')
+    conformance.run(lambda: command.Driver(command.Config(path))).raise_for_failures()

@@ -1,0 +1,191 @@
+"""The ``cursor`` driver end to end through ``adaptor.Agent`` against ``fake_cursor.py``, a fake
+``cursor-agent`` printing the documented stream-json format (format-verified only: the real CLI
+cannot be installed here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import adaptor
+from adaptor.drivers import cursor
+from adaptor.events import Notice, TextDelta, ToolCall, ToolResult
+from adaptor.memory import Store
+from adaptor.testing import conformance
+from tests.drivers._fakes import module_cli, records
+from tests.drivers.conftest import FakeCLI
+
+SESSION = "cursor-happy"
+MakeAgent = Callable[..., adaptor.Agent]
+
+
+
+@pytest.fixture
+def fake(fake_exe: Callable[[str, str], str], tmp_path: Path) -> FakeCLI:
+    return module_cli(fake_exe, "cursor-agent", "fake_cursor", tmp_path / "record.jsonl")
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> str:
+    path = tmp_path / "work"
+    path.mkdir()
+    return str(path)
+
+
+@pytest.fixture
+def make_agent(fake: FakeCLI, tmp_path: Path, workspace: str) -> MakeAgent:
+    def make(scenario: str = "text", *, known: str = "", model: str = "",
+             **options: Any) -> adaptor.Agent:
+        env = {"FAKE_SCENARIO": scenario, "FAKE_RECORD": str(tmp_path / "record.jsonl"),
+               "FAKE_SESSION_ID": SESSION, "FAKE_KNOWN_SESSIONS": known}
+        driver = cursor.Driver(cursor.Config(command=fake.path, env=env, model=model))
+        return adaptor.Agent(driver, workspace=workspace, **options)
+
+    return make
+
+
+def test_text_argv_stdin_and_resume(make_agent: MakeAgent, fake: FakeCLI, workspace: str) -> None:
+    store = Store()
+    with make_agent(model="gpt-5", thread_store=store, instructions="Be brief.") as agent:
+        stream = agent.thread("t").stream("Say hello")
+        events = list(stream)
+        result = stream.result()
+    assert result.text == "Cursor says hi."
+    assert (result.provider, result.model) == ("cursor", "GPT-5")
+    assert records(fake, "argv")[0] == ["-p", "--output-format", "stream-json", "--workspace",
+                                       os.path.realpath(workspace), "--model", "gpt-5"]
+    assert records(fake, "stdin") == ["Be brief.\n\nSay hello"]
+    assert records(fake, "cwd") == [os.path.realpath(workspace)]
+    deltas = [(e.phase, e.text) for e in events if isinstance(e, TextDelta)]
+    assert deltas == [("start", ""), ("content", "Cursor "), ("content", "says hi."), ("end", "")]
+    assert [i.kind for i in result.transcript()] == ["init", "user", "assistant", "result"]
+    terminal = result.raw().terminal
+    assert terminal is not None and terminal.event == "result"
+
+    with make_agent(model="gpt-5", thread_store=store, instructions="Be brief.",
+                    known=SESSION) as agent:
+        again = agent.thread("t").run("again")
+    argv = records(fake, "argv")[1]
+    assert argv[argv.index("--resume") + 1] == SESSION
+    assert again.metadata["session_id"] == SESSION
+
+
+def test_tool_calls(make_agent: MakeAgent) -> None:
+    with make_agent("tool") as agent:
+        stream = agent.stream("read the notes")
+        events = list(stream)
+        result = stream.result()
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [(c.phase, c.id, c.name) for c in calls] == [("start", "call_1", "read"),
+                                                        ("end", "call_1", "read")]
+    assert calls[0].args == {"path": "notes.txt"}
+    assert [(r.result, r.is_error) for r in events if isinstance(r, ToolResult)] == [
+        ("the notes", False)]
+    # Assistant frames are deltas of one answer, tool calls or not (cursor's `result` agrees).
+    assert result.text == "Let me look. Cursor says hi."
+    kinds = [i.kind for i in result.transcript()]
+    assert kinds == ["init", "user", "assistant", "tool_call", "tool_result", "assistant", "result"]
+
+    with make_agent("tool_failure") as agent:
+        failed = agent.run("run false")
+    item = next(i for i in failed.transcript() if i.kind == "tool_result")
+    assert item.is_error and item.tool_name == "shell"
+    assert item.text == '{"exitCode":1,"stderr":"boom"}'
+
+
+@pytest.mark.parametrize("scenario", ["malformed", "session_change", "missing_session",
+                                      "after_terminal"])
+def test_protocol_violations_fail_the_run(make_agent: MakeAgent, scenario: str) -> None:
+    with make_agent(scenario, thread_store=Store()) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.thread("t").run("hi")
+        with pytest.raises(adaptor.ThreadNotFoundError):
+            agent.thread("t").checkpoint()  # a malformed run never stores a session
+    assert caught.value.details["kind"] == "protocol"
+    assert caught.value.result is not None
+    assert caught.value.result.metadata["protocol"] == "malformed"
+
+
+def test_missing_terminal_error_terminal_and_login(make_agent: MakeAgent) -> None:
+    with make_agent("no_terminal") as agent, pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("hi")
+    assert caught.value.details["exit_code"] == 1
+    assert caught.value.details["kind"] == "provider_unavailable"
+    assert "ended without a result (exit code 1)" in str(caught.value)
+
+    with make_agent("error_terminal") as agent, pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("hi")
+    assert str(caught.value).startswith("cursor terminal result reported an error")
+    assert caught.value.details["kind"] == "rate_limit"
+    assert caught.value.details["retryable"] is True
+
+    with make_agent("not_logged_in") as agent, pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("hi")
+    assert caught.value.details["kind"] == "auth"
+
+
+def test_other_events_are_kept_as_system_items(make_agent: MakeAgent) -> None:
+    with make_agent("thinking") as agent:
+        result = agent.run("think")
+    assert [i.subtype for i in result.transcript() if i.kind == "system"] == ["thinking/delta"]
+
+
+def test_refused_resume_falls_back_or_raises(make_agent: MakeAgent) -> None:
+    store = Store()
+    with make_agent(thread_store=store) as agent:
+        agent.thread("t").run("hello")
+    with make_agent(thread_store=store) as agent:  # the CLI no longer knows the chat
+        with pytest.raises(adaptor.ResumeRejectedError) as caught:
+            agent.thread("t", resume_only=True).run("again")
+        assert f"chat {SESSION} not found" in caught.value.reason
+        stream = agent.thread("t").stream("again")
+        notices = [e for e in stream if isinstance(e, Notice)]
+        assert stream.result().text == "Cursor says hi."
+    assert any(n.data.get("phase") == "thread.resume_rejected" for n in notices)
+
+
+def test_honest_capabilities(make_agent: MakeAgent, fake: FakeCLI) -> None:
+    auto = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
+    with make_agent(thread_store=Store()) as agent:
+        assert agent.run("x", policy=auto).text == "Cursor says hi."
+        assert records(fake, "argv")[-1][-1] == "--force"
+        with pytest.raises(adaptor.HumanDecisionModeUnsupportedError):
+            agent.run("x", policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(
+                permission="ask")))
+        with pytest.raises(adaptor.PolicyCapabilityUnsupportedError):
+            agent.run("x", policy=adaptor.Policy(web_search="allow"))
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("x", append_system_prompt="Be terse.")
+        assert caught.value.reason == "unsupported_driver"
+        agent.thread("parent").run("x")
+        with pytest.raises(adaptor.ResumeRejectedError, match="cannot fork"):
+            agent.thread("parent").fork("child").run("x")
+        # No native schema: the SDK validates a prompt-instructed answer (this one is not JSON).
+        with pytest.raises(adaptor.PolicyViolationError):
+            agent.run("x", schema=dict)
+    assert "JSON Schema" in str(records(fake, "stdin")[-1])
+    assert len(records(fake, "argv")) == 3  # the refused runs started nothing
+
+
+def test_conformance(fake: FakeCLI, tmp_path: Path) -> None:
+    env = {"FAKE_RECORD": str(tmp_path / "record.jsonl")}
+    conformance.run(
+        lambda: cursor.Driver(cursor.Config(command=fake.path, env=env))
+    ).raise_for_failures()
+
+
+def test_other_result_subtypes_are_not_terminal() -> None:
+    lines = [b'{"type":"system","subtype":"init","session_id":"s"}',
+             b'{"type":"result","subtype":"error","is_error":true,"result":"Rate limit hit",'
+             b'"session_id":"s"}']
+    response = cursor.replay(b"\n".join(lines), b"", 1)
+    assert response.raw_streams.terminal is None and response.checkpoint is None
+    assert [i.subtype for i in response.transcript] == ["", "result/error"]
+    assert response.failure is not None
+    assert response.failure.message == ("cursor-agent ended without a result (exit code 1) "
+                                        "(Rate limit hit)")
+    assert response.failure.details["kind"] == "rate_limit"
