@@ -20,6 +20,9 @@ READY_TIMEOUT = 30.0
 
 
 class DaemonProcess:
+    # Every daemon a test starts, so a failing test cannot leave one running (see conftest).
+    started: list[DaemonProcess] = []
+
     def __init__(self, home: Path, *args: str, env: Mapping[str, str] | None = None) -> None:
         self.home = _home.Home.at(home)
         self.args = args
@@ -36,6 +39,7 @@ class DaemonProcess:
             stderr=subprocess.PIPE,
             env=self.env,
         )
+        DaemonProcess.started.append(self)
         reader = threading.Thread(target=self._read, daemon=True)
         reader.start()
         if wait_ready:
@@ -86,6 +90,11 @@ class DaemonProcess:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(timeout=30)
+
+    def kill_if_running(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
     def stop(self, timeout: float = 60.0) -> int:
         assert self.proc is not None
