@@ -9,8 +9,9 @@ import pytest
 from tests.daemon_harness import DaemonProcess
 
 
-@pytest.fixture(autouse=True)
-def _no_daemon_outlives_its_test() -> Iterator[None]:
+@pytest.fixture(autouse=True, scope="session")
+def _no_daemon_outlives_the_session() -> Iterator[None]:
+    """Daemons of failed tests (or of module-scoped fixtures) never outlive the test run."""
     yield
     while DaemonProcess.started:
         DaemonProcess.started.pop().kill_if_running()
