@@ -20,6 +20,9 @@ BENCHMARKS: tuple[str, ...] = (
     "recorder_append",
     "store_cas",
     "replay",
+    "pickup",
+    "overhead",
+    "parse",
 )
 """Registered benchmarks in the order ``python -m bench`` runs them; each is ``bench.<name>``."""
 

@@ -49,6 +49,24 @@ def _check_shape(result: dict[str, Any], name: str) -> None:
     assert result["met"] == all(case["met"] for case in result["cases"])
 
 
+# The cases each benchmark reports, with their units (quick sizes: 20 queued requests, not 1,000).
+_CASES: dict[str, dict[str, str]] = {
+    "pickup": {
+        "idle p50": "ms",
+        "idle p99": "ms",
+        "20 queued p50": "ms",
+        "20 queued p99": "ms",
+        "sequential p50": "ms",
+        "sequential p99": "ms",
+        "throughput": "requests/s",
+        "RSS idle": "MB",
+        "RSS +20 queued": "MB",
+    },
+    "overhead": {"through the daemon": "ms"},
+    "parse": {"claude replay": "events/s"},
+}
+
+
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_each_benchmark_prints_one_json_line(name: str, tmp_path: Path) -> None:
     done = subprocess.run(
@@ -61,8 +79,53 @@ def test_each_benchmark_prints_one_json_line(name: str, tmp_path: Path) -> None:
     )
     lines = done.stdout.splitlines()
     assert len(lines) == 1, done.stdout
-    _check_shape(json.loads(lines[0]), name)
+    result = json.loads(lines[0])
+    _check_shape(result, name)
+    if name in _CASES:
+        assert {case["case"]: case["unit"] for case in result["cases"]} == _CASES[name]
+    if name == "pickup":
+        _check_pickup(result, tmp_path)
     assert list(tmp_path.iterdir()) == []  # its scratch files are gone
+
+
+def _check_pickup(result: dict[str, Any], scratch: Path) -> None:
+    for case in result["cases"]:
+        if case["unit"] == "ms":  # every latency has its same-link watchdog baseline
+            assert case["baseline"] is not None and case["baseline"] > 0
+        if case["case"].endswith("p50"):
+            assert case["samples"] == result["params"]["probes"][case["case"].rsplit(" ", 1)[0]]
+    throughput = next(case for case in result["cases"] if case["case"] == "throughput")
+    assert throughput["requests"] == result["params"]["throughput_requests"]
+    assert throughput["baseline"] is not None  # the in-process rate of the same request
+    # The daemons it started are gone.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    assert str(scratch) not in ps.stdout
+
+
+def test_parse_transcript_is_a_clean_claude_run_of_distinct_messages() -> None:
+    from bench.parse import _replay, build_transcript, check
+
+    data, count = build_transcript(256 * 1024, seed=1)
+    lines = [orjson.loads(line) for line in data.splitlines()]
+    assert len(lines) == count and len(data) >= 256 * 1024
+    assert lines[0]["subtype"] == "init" and lines[-1]["type"] == "result"
+    kinds = {line["type"] for line in lines}
+    assert {"system", "stream_event", "assistant", "user", "result"} <= kinds
+    tool_ids = [
+        block["id"]
+        for line in lines
+        if line["type"] == "assistant"
+        for block in line["message"]["content"]
+        if block["type"] == "tool_use"
+    ]
+    assert len(tool_ids) == len(set(tool_ids)) > 10  # every turn's tool call is new
+    emitted, response = _replay(data)
+    check(response)  # no malformed line, a final answer
+    assert emitted > count // 2
+    assert len([item for item in response.transcript if item.kind == "tool_result"]) == len(
+        tool_ids
+    )
+    assert build_transcript(256 * 1024, seed=1) == (data, count)  # deterministic
 
 
 def test_runner_runs_the_named_benchmarks_and_writes_a_summary(tmp_path: Path) -> None:
