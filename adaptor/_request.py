@@ -22,12 +22,13 @@ import orjson
 from jsonschema import Draft202012Validator
 
 import adaptor
-from adaptor import _home
+from adaptor import _home, mcp, skill
 from adaptor.driver import Driver, InvalidDriverConfigError
 from adaptor.spool import InvalidRequestError
 
 REDACTED = "<redacted>"
 MAX_DEPTH = 64
+MIN_SECRET_LENGTH = 6
 DRIVERS = ("claude", "codex", "cursor", "codebuddy", "gemini", "command", "script")
 
 
@@ -129,7 +130,9 @@ class Redactor:
     """Replaces known secret values in text and JSON values with ``<redacted>``."""
 
     def __init__(self, secrets: list[str]) -> None:
-        self.secrets = [s for s in secrets if s]
+        # Values this short ("1", "true", a port) are configuration, not credentials, and
+        # replacing them everywhere would destroy timestamps and numbers in every record.
+        self.secrets = [s for s in secrets if len(s) >= MIN_SECRET_LENGTH]
 
     def __bool__(self) -> bool:
         return bool(self.secrets)
@@ -227,8 +230,8 @@ def build(
         instructions=request.get("instructions"),
         append_system_prompt=request.get("append_system_prompt"),
         metadata=request.get("metadata"),
-        skills=tuple(request.get("skills") or ()),
-        mcp=request.get("mcp"),
+        skills=_skills(request.get("skills")),
+        mcp=_mcp_servers(request.get("mcp")),
         on_approval=on_approval,
         spawn=bool(request.get("spawn", False)),
         thread_store=thread_store,
@@ -254,6 +257,27 @@ def build(
             handle = agent.thread(key, resume_only=bool(thread.get("resume_only", False)))
         return Call(agent, lambda: handle.stream(prompt, **options))
     return Call(agent, lambda: agent.stream(prompt, **options))
+
+
+def _skills(raw: list[Any] | None) -> tuple[skill.Skill | skill.Ref, ...]:
+    """The request's skills as SDK values.  A malformed entry is pinned to its place in the
+    request; the rest (empty key, conflicts, unknown catalogue keys) is left to the run, which
+    raises the SDK's own skill errors exactly as in-process."""
+    parsed = []
+    for position, entry in enumerate(raw or ()):
+        try:
+            parsed.append(skill.from_json(entry))
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError([{"path": f"/skills/{position}", "message": str(exc)}]) from None
+    return tuple(parsed)
+
+
+def _mcp_servers(raw: list[Any] | None) -> tuple[mcp.Server, ...] | None:
+    """The request's MCP servers as declarations (``None``: the Agent default).  A malformed
+    entry raises ``InvalidMCPConfigError`` naming it, like an in-process declaration."""
+    if raw is None:
+        return None
+    return tuple(mcp.from_json(entry, where=f"mcp[{position}]") for position, entry in enumerate(raw))
 
 
 def _policy(raw: Mapping[str, Any] | None) -> adaptor.Policy | None:

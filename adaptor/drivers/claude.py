@@ -26,11 +26,28 @@ place, :func:`_argv`, checked against Claude Code 2.1.332.
 - **Sessions.**  ``--resume ID`` (fork adds ``--fork-session``).  A checkpoint is valid only
   when the turn ended with ``result``/``success`` carrying ``session_id``, with no failure, no
   malformed line and a clean exit.  "No conversation found" raises ``ResumeRejectedError``.
+- **MCP servers and host tools.**  ``Request.mcp`` and the tool gateway
+  (``Request.tools_endpoint.server``) are written to one ``--mcp-config`` JSON file (0600, in
+  the process's private 0700 directory): stdio servers with their ``env``, http/sse servers
+  with their headers, and a bearer variable as ``Authorization: Bearer ${VAR}``, which the CLI
+  expands from its own environment, so the gateway's token is never written anywhere.  Host
+  tools are pre-approved with ``--allowedTools mcp__adaptor__<name>`` (the host defined them;
+  their handler refuses with ``tool.reject``); tools of declared servers go through the run's
+  permission policy like any other CLI tool.  A required server (and the gateway) that the
+  ``init`` event does not report ``connected`` fails the run: the CLI is stopped right there
+  (its first model request may already be on its way).
+- **Skills.**  Each ``Request.skills`` entry is linked as ``<dir>/.claude/skills/<runtime
+  name>`` in the private directory and ``<dir>`` is passed with ``--add-dir``, from which Claude
+  Code loads skills like project skills (they show in the ``init`` event's ``skills``).
 - **Process reuse.**  A thread turn keeps its process alive afterwards (stream-json input
   accepts further ``user`` frames); the next turn of the same session with the same settings
   reuses it instead of starting the CLI again.  Idle processes are stopped after
   ``Config.idle_timeout`` seconds; ``close_processes`` (called by ``agent.close()``) stops all
-  of them and no process is started for this driver's threads afterwards.
+  of them and no process is started for this driver's threads afterwards.  A run with skills,
+  MCP servers or host tools never keeps its process: the staged skills and the tool gateway
+  belong to that run (and its Agent), and a kept process would go on referring to them after
+  they are gone.  Any process kept for the session by an earlier turn is stopped first, since
+  its in-memory conversation would miss the turn made by the new one.
 
 Failures follow drivers.md: API errors come back as ``subtype: "success"`` with
 ``is_error: true`` and ``api_error_status``; 401/403 and "Not logged in" are
@@ -49,6 +66,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -67,15 +85,18 @@ from adaptor.driver import (
     EventSink,
     HumanDecisionSupport,
     MCPCaps,
+    MCPServerSpec,
     ProcessCaps,
     QuestionSupport,
     Request,
+    ResolvedSkill,
     Response,
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
     SessionCodec,
     SessionState,
+    SkillCaps,
     StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
@@ -121,6 +142,7 @@ _NO_CONVERSATION = re.compile(
     r"failed to resume session",
     re.IGNORECASE,
 )
+_NOT_IN_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 _INITIALIZE: Final = orjson.dumps(
     {"type": "control_request", "request_id": "adaptor_init",
      "request": {"subtype": "initialize", "hooks": None}}
@@ -176,7 +198,9 @@ class Driver:
             type=TYPE,
             display_name="Claude Code",
             sessions=SessionCaps(supports_resume=True),
-            mcp=MCPCaps(supported=False),
+            # Staged per run (--add-dir), nothing is left in the profile afterwards.
+            skills=SkillCaps(supported=True, mode="ephemeral"),
+            mcp=MCPCaps(supported=True, stdio=True, http=True, sse=True),
             instructions=True,
             workspace=True,
             process=ProcessCaps(persistent=True),
@@ -224,7 +248,13 @@ class Driver:
         config = self._config if request.config is None else _as_config(request.config)
         _validate(config)
         plan = _plan(config, request, persistent_allowed=not self._pool.closed)
-        live = self._pool.take(plan.resume_id, plan.signature) if plan.reusable else None
+        live = None
+        if plan.reusable:
+            live = self._pool.take(plan.resume_id, plan.signature)
+        elif not plan.fork:
+            # This turn continues the session in a new process: a process kept for it would
+            # miss the turn in its in-memory conversation if a later turn reused it.
+            self._pool.discard(plan.resume_id)
         if live is not None:
             sink.emit(Notice(kind="lifecycle", text="reusing the thread's claude process",
                              data={"phase": "driver.process_reused", "pid": live.child.pid}))
@@ -324,6 +354,10 @@ class _Plan:
     persistent: bool
     spawn: bool
     signature: str
+    mcp: tuple[MCPServerSpec, ...] = ()
+    required_mcp: frozenset[str] = frozenset()
+    allowed_tools: tuple[str, ...] = ()
+    skills: tuple[ResolvedSkill, ...] = ()
 
     @property
     def reusable(self) -> bool:
@@ -362,12 +396,23 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         if "IS_SANDBOX" not in env_now and "CLAUDE_CODE_BUBBLEWRAP" not in env_now:
             owned["IS_SANDBOX"] = "1"
     layers = (dict(config.env), dict(request.env), owned)
+    servers = list(request.mcp)
+    required = {s.key for s in request.mcp if s.required}
+    allowed: tuple[str, ...] = ()
+    endpoint = request.tools_endpoint
+    if endpoint is not None:
+        servers.append(endpoint.server)
+        required.add(endpoint.server.key)  # without it the host's tools are missing
+        allowed = tuple(_mcp_tool_name(endpoint.server.key, name) for name in endpoint.tools)
     persistent = (
         persistent_allowed
         and config.idle_timeout > 0
         and session is not None
         and session.mode in ("continue_or_start", "continue_only")
         and schema is None
+        # Per-run resources (staged skills, the Agent's gateway) must not outlive their run
+        # inside a kept process.
+        and not (request.skills or servers)
     )
     model = request.model_override or config.model
     signature = hashlib.sha256(
@@ -393,6 +438,10 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         persistent=persistent,
         spawn=request.spawn,
         signature=signature,
+        mcp=tuple(servers),
+        required_mcp=frozenset(required),
+        allowed_tools=allowed,
+        skills=tuple(request.skills),
     )
 
 
@@ -413,9 +462,13 @@ def _approval_transport(request: Request) -> tuple[bool, bool]:
     return interactive, not interactive and approvals.permission == "auto_approve"
 
 
-def _argv(config: Config, plan: _Plan, append_file: str | None) -> list[str]:
+def _argv(config: Config, plan: _Plan, files: _Files) -> list[str]:
     """The command line.  Checked against Claude Code 2.1.332 (``claude --help``,
-    shared/reference/real-clis.md §3): keep every flag decision here."""
+    shared/reference/real-clis.md §3): keep every flag decision here.
+
+    ``--add-dir``, ``--mcp-config`` and ``--allowedTools`` take several values; each is followed
+    by another flag, and the prompt travels on stdin, so none of them swallows an argument.
+    Repeated in ``extra_args`` they add to the driver's values."""
     argv = [config.command, "-p", "--input-format", "stream-json",
             "--output-format", "stream-json", "--verbose"]
     if plan.partial:
@@ -434,13 +487,82 @@ def _argv(config: Config, plan: _Plan, append_file: str | None) -> list[str]:
             argv.append("--fork-session")
     if plan.schema is not None:
         argv += ["--json-schema", plan.schema]
-    if append_file is not None:
-        argv += ["--append-system-prompt-file", append_file]
+    if files.append is not None:
+        argv += ["--append-system-prompt-file", files.append]
+    if files.mcp_config is not None:
+        argv += ["--mcp-config", files.mcp_config]
+    if plan.allowed_tools:
+        argv += ["--allowedTools", ",".join(plan.allowed_tools)]
+    if files.skills_dir is not None:
+        argv += ["--add-dir", files.skills_dir]
     argv += config.extra_args
     return argv
 
 
+def _mcp_tool_name(server: str, tool: str) -> str:
+    # Claude Code's own normalization of MCP names (checked with a tool named "my.tool").
+    return f"mcp__{_NOT_IN_TOOL_NAME.sub('_', server)}__{_NOT_IN_TOOL_NAME.sub('_', tool)}"
+
+
+def _mcp_config(servers: tuple[MCPServerSpec, ...]) -> dict[str, Any]:
+    """The ``--mcp-config`` document.  ``env`` and header values are secrets: the caller
+    writes this to a 0600 file only.  A bearer variable becomes ``${VAR}``, which the CLI
+    expands from its own environment, so the token itself is never written."""
+    rendered: dict[str, Any] = {}
+    for server in servers:
+        entry: dict[str, Any]
+        if server.transport == "stdio":
+            entry = {"type": "stdio", "command": server.command, "args": list(server.args)}
+            if server.env:
+                entry["env"] = dict(server.env)
+        else:
+            entry = {"type": server.transport, "url": server.url}
+            headers = dict(server.headers)
+            if server.bearer_token_env:
+                headers["Authorization"] = "Bearer ${" + server.bearer_token_env + "}"
+            if headers:
+                entry["headers"] = headers
+        rendered[server.key] = entry
+    return {"mcpServers": rendered}
+
+
 # --- the process and one turn -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Files:
+    """The per-process files the command line points at, all inside the process's private
+    (0700) directory, which is removed with the process."""
+
+    append: str | None = None
+    mcp_config: str | None = None
+    skills_dir: str | None = None
+
+    @classmethod
+    def write(cls, private: str, plan: _Plan) -> _Files:
+        append = mcp_config = skills_dir = None
+        if plan.append is not None:
+            # A file, not an argv element: no command-line limit, and the text stays out of
+            # the spawn event.
+            append = os.path.join(private, "append-system-prompt.txt")
+            with open(append, "w", encoding="utf-8") as handle:
+                handle.write(plan.append)
+        if plan.mcp:
+            # mkstemp creates the file 0600: it may hold env and header values.
+            fd, mcp_config = tempfile.mkstemp(prefix="mcp-", suffix=".json", dir=private)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(orjson.dumps(_mcp_config(plan.mcp)))
+        if plan.skills:
+            # Claude Code loads <dir>/.claude/skills/* from every --add-dir directory.  The
+            # directory holds only these links, so the access --add-dir grants covers nothing
+            # else of this run (the MCP config stays outside it).
+            skills_dir = os.path.join(private, "skills")
+            root = os.path.join(skills_dir, ".claude", "skills")
+            os.makedirs(root, mode=0o700)
+            for skill in plan.skills:
+                os.symlink(skill.path, os.path.join(root, skill.runtime_name),
+                           target_is_directory=True)
+        return cls(append, mcp_config, skills_dir)
 
 
 class _Live:
@@ -458,16 +580,10 @@ class _Live:
     def start(cls, config: Config, plan: _Plan, sink: EventSink) -> _Live:
         private = _process.make_private_dir("adaptor-claude-")
         try:
-            append_file = None
-            if plan.append is not None:
-                # A file, not an argv element: no command-line limit, and the text stays out
-                # of the spawn event.
-                append_file = os.path.join(private, "append-system-prompt.txt")
-                with open(append_file, "w", encoding="utf-8") as handle:
-                    handle.write(plan.append)
+            files = _Files.write(private, plan)
             env, names = _process.child_env(*plan.env_layers)
             spec = Spec(
-                argv=_argv(config, plan, append_file),
+                argv=_argv(config, plan, files),
                 env=env,
                 env_names=names,
                 cwd=plan.spawn_cwd,
@@ -512,6 +628,9 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
         child.send(orjson.dumps(frame) + b"\n")
         for line in child.lines(sink):
             control = parser.feed(line)
+            if parser.mcp_unavailable:
+                child.terminate()
+                break
             if control is not None:
                 _answer(child, control, parser, sink)
             if parser.terminal_seen:
@@ -638,6 +757,7 @@ class _Parser:
         self.message = ""
         self.assistant_lines = 0
         self.denials: list[Any] = []
+        self.mcp_unavailable: dict[str, str] = {}  # required server -> status the CLI reported
 
     @property
     def terminal_seen(self) -> bool:
@@ -688,10 +808,17 @@ class _Parser:
                 {"name": as_str(s.get("name")), "status": as_str(s.get("status"))}
                 for s in event.get("mcp_servers") or () if isinstance(s, dict)
             ]
+            skills = [name for name in as_list(event.get("skills")) if isinstance(name, str)]
             self._item(kind="init", model=self.model, session_id=as_str(event.get("session_id")),
                        metadata={"cwd": as_str(event.get("cwd")),
                                  "permission_mode": as_str(event.get("permissionMode")),
-                                 "claude_code_version": self.version, "mcp_servers": servers})
+                                 "claude_code_version": self.version, "mcp_servers": servers,
+                                 "skills": skills})
+            status = {s["name"]: s["status"] for s in servers}
+            self.mcp_unavailable = {
+                key: status.get(key) or "missing"
+                for key in sorted(self.plan.required_mcp) if status.get(key) != "connected"
+            }
         elif subtype == "api_retry":
             meta = {k: event.get(k) for k in ("attempt", "max_retries", "retry_delay_ms",
                                               "error_status", "error")}
@@ -946,6 +1073,12 @@ class _Parser:
         )
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
+        if self.mcp_unavailable:
+            # The root cause: the driver stopped the CLI for it, whatever followed.
+            names = ", ".join(f"{k} ({v})" for k, v in self.mcp_unavailable.items())
+            return RunFailure(code="agent_error",
+                              message=f"required MCP server(s) not connected: {names}",
+                              details={"mcp_servers": dict(self.mcp_unavailable)})
         result = self.result
         if result is not None and not (result.get("subtype") == "success"
                                        and result.get("is_error") is not True):
@@ -1022,6 +1155,15 @@ class _Pool:
             return live
         live.close()
         return None
+
+    def discard(self, session_id: str | None) -> None:
+        """Stop the process kept for ``session_id``, if any."""
+        if session_id is None:
+            return
+        with self._lock:
+            entry = self._live.pop(session_id, None)
+        if entry is not None:
+            entry[0].close()
 
     def put(self, live: _Live, idle_timeout: float) -> None:
         live.idle_since = time.monotonic()

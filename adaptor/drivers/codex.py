@@ -20,6 +20,22 @@ that spawns the real Rust binary, which is why the runner stops the whole proces
   private per-run temporary directory, never into ``CODEX_HOME``.
 - **Append system prompt.**  ``-c developer_instructions=<TOML string>``; the spawn event shows
   a placeholder instead of the text.
+- **MCP servers and host tools.**  ``Request.mcp`` and the tool gateway become
+  ``-c mcp_servers.<key>.*`` overrides, so the user's ``CODEX_HOME`` (sessions, credentials)
+  stays in use and is never written to.  Nothing secret goes on the command line: a bearer
+  variable is named by ``bearer_token_env_var``; header values travel in the process
+  environment under generated names (``env_http_headers``); a stdio server's ``env`` is
+  written to a 0600 file in the run's private directory, which ``/bin/sh`` sources before
+  exec'ing the server (codex can only forward variables under their own names).  Every server
+  gets ``default_tools_approval_mode="approve"``: ``exec`` cannot ask, and a tool needing
+  approval would otherwise always fail.  Required servers and the gateway are
+  ``required = true``: codex then refuses to start without them.  SSE servers are not
+  supported by this codex (stdio and streamable HTTP only).
+- **Skills.**  codex only loads skills from ``CODEX_HOME``, ``~/.agents`` and the workspace,
+  none of them private to a run, so the staged skills are announced in the developer
+  instructions instead: name, description (from ``SKILL.md``'s front matter) and the absolute
+  path of each ``SKILL.md``, which the model reads with its own tools, as it does for codex's
+  native skills.
 - **Sessions.**  ``exec resume ID -`` (fork: ``exec fork ID -``).  A checkpoint needs
   ``thread.started.thread_id`` and ``turn.completed`` with a clean exit.  codex prints nothing
   on stdout for an unknown id (only an error and a backtrace on stderr); that, or any of the
@@ -41,7 +57,9 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Callable, Mapping
+import shlex
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -53,15 +71,18 @@ from adaptor.driver import (
     EventSink,
     HumanDecisionSupport,
     MCPCaps,
+    MCPServerSpec,
     ProcessCaps,
     QuestionSupport,
     Request,
+    ResolvedSkill,
     Response,
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
     SessionCodec,
     SessionState,
+    SkillCaps,
     StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
@@ -161,7 +182,9 @@ class Driver:
             type=TYPE,
             display_name="Codex CLI",
             sessions=SessionCaps(supports_resume=True),
-            mcp=MCPCaps(supported=False),
+            # Announced per run in the developer instructions (see the module docstring).
+            skills=SkillCaps(supported=True, mode="ephemeral"),
+            mcp=MCPCaps(supported=True, stdio=True, http=True, sse=False),
             instructions=True,
             workspace=True,
             process=ProcessCaps(persistent=False),
@@ -208,8 +231,9 @@ class Driver:
                 schema_file = os.path.join(private, "output-schema.json")
                 with open(schema_file, "wb") as handle:
                     handle.write(plan.schema)
-            argv, shown = _argv(config, plan, schema_file)
-            env, names = _process.child_env(*plan.env_layers)
+            mcp_args, mcp_env = _mcp_overrides(plan.mcp, plan.required_mcp, private)
+            argv, shown = _argv(config, plan, schema_file, mcp_args)
+            env, names = _process.child_env(*plan.env_layers, mcp_env)
             spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names,
                         cwd=plan.spawn_cwd, stdin=plan.prompt.encode(),
                         grace_period=config.grace_period)
@@ -287,8 +311,10 @@ class _Plan:
     sandbox: str | None
     web_search: str | None
     schema: bytes | None
-    append: str | None
+    developer: str | None  # append_system_prompt, then the skills catalogue
     env_layers: tuple[Mapping[str, str], ...]
+    mcp: tuple[MCPServerSpec, ...] = ()
+    required_mcp: frozenset[str] = frozenset()
 
 
 def _plan(config: Config, request: Request) -> _Plan:
@@ -315,6 +341,14 @@ def _plan(config: Config, request: Request) -> _Plan:
     if request.instructions:
         prompt = f"{request.instructions}\n\n{prompt}"
     owned = {"CODEX_HOME": config.home} if config.home else {}
+    developer = "\n\n".join(
+        part for part in (request.append_system_prompt, _skills_catalogue(request.skills)) if part
+    )
+    servers = list(request.mcp)
+    required = {s.key for s in request.mcp if s.required}
+    if request.tools_endpoint is not None:
+        servers.append(request.tools_endpoint.server)
+        required.add(request.tools_endpoint.server.key)  # without it the host's tools are missing
     return _Plan(
         prompt=prompt,
         model=request.model_override or config.model,
@@ -325,16 +359,21 @@ def _plan(config: Config, request: Request) -> _Plan:
         sandbox=sandbox,
         web_search=web_search,
         schema=schema,
-        append=request.append_system_prompt or None,
+        developer=developer or None,
         env_layers=(dict(config.env), dict(request.env), owned),
+        mcp=tuple(servers),
+        required_mcp=frozenset(required),
     )
 
 
-def _argv(config: Config, plan: _Plan, schema_file: str | None) -> tuple[list[str], list[str]]:
+def _argv(
+    config: Config, plan: _Plan, schema_file: str | None, mcp_args: list[str]
+) -> tuple[list[str], list[str]]:
     """The command line and the form a spawn event may show.  Checked against codex-cli
     0.171.0 (``codex exec --help``, ``codex exec resume --help``, shared/reference/real-clis.md
     §4): keep every flag decision here.  Every option used is accepted by ``exec``,
-    ``exec resume`` and ``exec fork`` alike."""
+    ``exec resume`` and ``exec fork`` alike.  ``mcp_args`` (from :func:`_mcp_overrides`) holds
+    no secret and is shown as is."""
     argv = [config.command, "exec"]
     if plan.resume_id is not None:
         argv.append("fork" if plan.fork else "resume")
@@ -347,13 +386,125 @@ def _argv(config: Config, plan: _Plan, schema_file: str | None) -> tuple[list[st
         argv += ["-c", f'web_search="{plan.web_search}"']
     if schema_file is not None:
         argv += ["--output-schema", schema_file]
+    argv += mcp_args
     shown = list(argv)
-    if plan.append is not None:
-        # A JSON string is a valid TOML basic string.
-        argv += ["-c", "developer_instructions=" + orjson.dumps(plan.append).decode()]
-        shown += ["-c", f"developer_instructions=<{len(plan.append)} characters>"]
+    if plan.developer is not None:
+        argv += ["-c", "developer_instructions=" + _toml(plan.developer)]
+        shown += ["-c", f"developer_instructions=<{len(plan.developer)} characters>"]
     tail = [*config.extra_args, *(() if plan.resume_id is None else (plan.resume_id,)), "-"]
     return argv + tail, shown + tail
+
+
+# Sources the 0600 env file ($0) and becomes the server ("$@"): the values never reach argv.
+_SOURCE_AND_EXEC: Final = '. "$0" && exec "$@"'
+_HEADER_VAR: Final = "ADAPTOR_MCP_HEADER_"
+
+
+def _toml(value: str | bool | list[str] | Mapping[str, str]) -> str:
+    """A TOML value for ``-c``: JSON strings, booleans and string arrays are valid TOML."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    return orjson.dumps(value).decode()
+
+
+def _mcp_overrides(
+    servers: tuple[MCPServerSpec, ...], required: frozenset[str], private: str
+) -> tuple[list[str], dict[str, str]]:
+    """``-c mcp_servers.<key>...`` arguments and the environment they rely on (header values
+    under generated names).  A stdio server's env is written into ``private`` (see the module
+    docstring), which must outlive the process."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    for server in servers:
+        settings: dict[str, str | bool | list[str] | dict[str, str]] = {}
+        if server.transport == "stdio":
+            command, arguments = server.command, list(server.args)
+            if server.env:
+                fd, path = tempfile.mkstemp(prefix="mcp-env-", dir=private)  # created 0600
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.writelines(f"export {name}={shlex.quote(value)}\n"
+                                      for name, value in server.env.items())
+                command, arguments = "/bin/sh", ["-c", _SOURCE_AND_EXEC, path, command, *arguments]
+            settings.update(command=command, args=arguments)
+        else:
+            settings["url"] = server.url
+            if server.bearer_token_env:
+                settings["bearer_token_env_var"] = server.bearer_token_env
+            if server.headers:
+                carriers: dict[str, str] = {}
+                for header, value in server.headers.items():
+                    name = f"{_HEADER_VAR}{len(env) + 1}"
+                    env[name] = value
+                    carriers[header] = name
+                settings["env_http_headers"] = carriers
+        settings["default_tools_approval_mode"] = "approve"
+        if server.key in required:
+            settings["required"] = True
+        for field_name, setting in settings.items():
+            args += ["-c", f"mcp_servers.{server.key}.{field_name}={_toml(setting)}"]
+    return args, env
+
+
+_SKILLS_PREAMBLE: Final = (
+    "## Skills for this run\n"
+    "The host selected these skills. Each is a directory with a `SKILL.md` file holding its "
+    "instructions. When the task matches a skill's description, or a skill is marked "
+    "required, read its `SKILL.md` completely before acting, and resolve relative paths in it "
+    "against the skill's directory."
+)
+_DESCRIPTION_LIMIT: Final = 1024  # what Claude Code allows for a skill description
+_SKILL_HEAD: Final = 65536
+
+
+def _skills_catalogue(skills: Sequence[ResolvedSkill]) -> str:
+    if not skills:
+        return ""
+    lines = [_SKILLS_PREAMBLE]
+    for skill in skills:
+        skill_md = os.path.join(skill.path, "SKILL.md")
+        entry = f"- {skill.runtime_name}: {_skill_description(skill_md)} (file: {skill_md})"
+        if skill.required:
+            entry += " Required" + (f": {skill.reason}" if skill.reason else ".")
+        lines.append(entry)
+    return "\n".join(lines)
+
+
+def _skill_description(skill_md: str) -> str:
+    """The front matter's ``description`` (plain, quoted or a folded/literal block), else the
+    first line of text of the body; one line, at most :data:`_DESCRIPTION_LIMIT` characters."""
+    try:
+        with open(skill_md, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read(_SKILL_HEAD).splitlines()
+    except OSError:
+        return "(SKILL.md unreadable)"
+    body = lines
+    if lines and lines[0].strip() == "---":
+        end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
+        header = lines[1:end] if end is not None else []
+        body = lines[end + 1:] if end is not None else lines
+        for i, line in enumerate(header):
+            key, colon, value = line.partition(":")
+            if not colon or key.strip() != "description" or line[:1].isspace():
+                continue
+            value = value.strip()
+            if value[:1] in ("|", ">"):
+                block = []
+                for follower in header[i + 1:]:
+                    if follower.strip() and not follower[:1].isspace():
+                        break
+                    block.append(follower.strip())
+                value = " ".join(part for part in block if part)
+            elif len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            if value:
+                return _one_line(value)
+    first = next((line.strip().lstrip("#").strip() for line in body if line.strip()), "")
+    return _one_line(first) or "(no description)"
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _DESCRIPTION_LIMIT else text[: _DESCRIPTION_LIMIT - 3] + "..."
 
 
 # --- parsing ------------------------------------------------------------------------------------

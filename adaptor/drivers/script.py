@@ -14,6 +14,11 @@ Steps (each a dict with exactly one key), played in order:
 ``thinking``       reasoning: ``thinking.*`` events plus a ``thinking`` item
 ``tool_call``      ``{"name", "args"?, "result"?, "is_error"?}``: tool call start/end, a tool
                    result, and ``tool_call``/``tool_result`` items
+``call_tool``      ``{"name", "args"?}``: calls the host tool ``name`` through the run's tool
+                   gateway (``Request.tools_endpoint``) with the official MCP client, like a
+                   CLI would, and reports it as ``tool_call`` ``mcp__adaptor__<name>`` with
+                   the gateway's answer; without a gateway the result is an error.  Needs the
+                   ``mcp`` extra.
 ``approval``       ``{"kind": "permission"|"plan_review"|"question", "title"?, "choices"?}``:
                    asks through the sink; ``aborted`` stops the script (the SDK owns the
                    verdict), any other answer moves on to the next step
@@ -27,6 +32,10 @@ Steps (each a dict with exactly one key), played in order:
 
 ``output`` is the text of the last ``text``/``output_json`` step.  A cancelled or aborted run
 stops like a process killed with SIGTERM (``signal=15``, no exit status).
+
+The ``process.spawn`` event lists what a real CLI would have been given, when present: the
+skills' runtime names (``skills``), the MCP server keys (``mcp``, the tool gateway's
+``adaptor`` included) and the host tool names (``tools``).
 
 Sessions: with ``session="<id>"`` every clean run returns a valid checkpoint for that id; with
 ``session="auto"`` a fresh session (or a fork) gets a new random id and a continued one keeps the
@@ -53,6 +62,7 @@ from typing import Any, Final, Literal, cast, get_args
 import orjson
 
 from adaptor.driver import (
+    CancelSignal,
     Checkpoint,
     DecisionChoice,
     DecisionKind,
@@ -188,16 +198,21 @@ class Driver:
         # A driver that declares no resume support must not hand out checkpoints either.
         resumable = _build_descriptor(config.descriptor).sessions.supports_resume
         resume_id = _resume_id(config.session, session) if resumable else None
-        player = _Player(sink)
-        sink.emit(
-            ProcessInfo(
-                kind="spawn",
-                data={
-                    "argv": ["script", *config.extra_args],
-                    "env": sorted({*config.env, *request.env}),
-                },
-            )
-        )
+        player = _Player(sink, request)
+        spawn: dict[str, Any] = {
+            "argv": ["script", *config.extra_args],
+            "env": sorted({*config.env, *request.env}),
+        }
+        endpoint = request.tools_endpoint
+        servers = [s.key for s in request.mcp] + ([endpoint.server.key] if endpoint else [])
+        for name, values in (
+            ("skills", [s.runtime_name for s in request.skills]),
+            ("mcp", sorted(servers)),
+            ("tools", list(endpoint.tools) if endpoint else []),
+        ):
+            if values:
+                spawn[name] = values
+        sink.emit(ProcessInfo(kind="spawn", data=spawn))
         player.play(steps)
 
         clean = player.exit_code == 0 and player.signal is None and player.failure is None
@@ -345,6 +360,12 @@ class _ToolCall:
 
 
 @dataclass(frozen=True)
+class _CallTool:
+    name: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class _Approval:
     kind: DecisionKind
     title: str
@@ -377,7 +398,10 @@ class _RejectResume:
     reason: str
 
 
-_Step = _Text | _Thinking | _ToolCall | _Approval | _Sleep | _Chunk | _Fail | _Exit | _RejectResume
+_Step = (
+    _Text | _Thinking | _ToolCall | _CallTool | _Approval | _Sleep | _Chunk | _Fail | _Exit
+    | _RejectResume
+)
 
 
 def _validate(config: Config) -> list[_Step]:
@@ -434,6 +458,17 @@ def _parse_tool_call(value: Any, path: str) -> _ToolCall:
         args=copy.deepcopy(dict(args)),
         result=copy.deepcopy(value.get("result")),
         is_error=is_error,
+    )
+
+
+def _parse_call_tool(value: Any, path: str) -> _CallTool:
+    _only_keys(value, {"name", "args"}, path)
+    args = value.get("args", {})
+    if not isinstance(args, Mapping):
+        raise TypeError(f"{path}.args: expected an object")
+    return _CallTool(
+        name=_string(value.get("name"), f"{path}.name", empty=False),
+        args=copy.deepcopy(dict(args)),
     )
 
 
@@ -507,6 +542,7 @@ _PARSERS: Final[dict[str, Callable[[Any, str], _Step]]] = {
     "text": lambda value, path: _Text(_string(value, path, empty=False)),
     "thinking": lambda value, path: _Thinking(_string(value, path, empty=False)),
     "tool_call": _parse_tool_call,
+    "call_tool": _parse_call_tool,
     "approval": _parse_approval,
     "sleep": _parse_sleep,
     "stdout": lambda value, path: _Chunk("stdout", _string(value, path)),
@@ -557,8 +593,9 @@ def _resume_id(configured: str | None, session: SessionContext | None) -> str | 
 class _Player:
     """Plays parsed steps into one sink and remembers what a Response needs."""
 
-    def __init__(self, sink: EventSink) -> None:
+    def __init__(self, sink: EventSink, request: Request) -> None:
         self.sink = sink
+        self.request = request
         self.transcript: list[TranscriptItem] = []
         self.stdout: list[str] = []
         self.stderr: list[str] = []
@@ -582,6 +619,11 @@ class _Player:
                     self._thinking(text)
                 case _ToolCall():
                     self._tool_call(step)
+                case _CallTool():
+                    self._call_tool(step)
+                    if self.sink.cancelled.is_set():
+                        self._stopped()
+                        return
                 case _Approval():
                     if not self._approval(step):
                         self._stopped()
@@ -640,29 +682,48 @@ class _Player:
         self._item(TranscriptItem(kind="thinking", text=text))
 
     def _tool_call(self, step: _ToolCall) -> None:
+        call_id = self._tool_started(step.name, step.args)
+        self._tool_ended(call_id, step.name, copy.deepcopy(step.result), step.is_error)
+
+    def _call_tool(self, step: _CallTool) -> None:
+        endpoint = self.request.tools_endpoint
+        name = f"mcp__{endpoint.server.key if endpoint else 'adaptor'}__{step.name}"
+        call_id = self._tool_started(name, step.args)
+        if endpoint is None:
+            self._tool_ended(call_id, name, "no tool gateway in this run", True)
+            return
+        token = self.request.env.get(endpoint.server.bearer_token_env, "")
+        text, is_error = _call_gateway(
+            endpoint.server.url, token, step.name, step.args, self.sink.cancelled
+        )
+        self._tool_ended(call_id, name, text, is_error)
+
+    def _tool_started(self, name: str, args: Mapping[str, Any]) -> str:
         self._calls += 1
         call_id = f"call_{self._calls}"
         # Every consumer gets its own copy: events are shared with the host's handlers.
-        args = copy.deepcopy(step.args)
-        self.sink.emit(ToolCall(id=call_id, name=step.name, args=args, phase="start"))
+        self.sink.emit(ToolCall(id=call_id, name=name, args=copy.deepcopy(dict(args)),
+                                phase="start"))
         self._item(
             TranscriptItem(
                 kind="tool_call",
                 tool_use_id=call_id,
-                tool_name=step.name,
-                input=copy.deepcopy(args),
+                tool_name=name,
+                input=copy.deepcopy(dict(args)),
             )
         )
-        result = copy.deepcopy(step.result)
-        self.sink.emit(ToolCall(id=call_id, name=step.name, result=result, phase="end"))
-        self.sink.emit(ToolResult(id=call_id, result=copy.deepcopy(result), is_error=step.is_error))
+        return call_id
+
+    def _tool_ended(self, call_id: str, name: str, result: Any, is_error: bool) -> None:
+        self.sink.emit(ToolCall(id=call_id, name=name, result=result, phase="end"))
+        self.sink.emit(ToolResult(id=call_id, result=copy.deepcopy(result), is_error=is_error))
         self._item(
             TranscriptItem(
                 kind="tool_result",
                 tool_use_id=call_id,
-                tool_name=step.name,
+                tool_name=name,
                 text=_result_text(result),
-                is_error=step.is_error,
+                is_error=is_error,
             )
         )
 
@@ -683,6 +744,50 @@ class _Player:
             )
         )
         return response.result != "aborted"
+
+
+def _call_gateway(
+    url: str, token: str, name: str, args: Mapping[str, Any], cancelled: CancelSignal
+) -> tuple[str, bool]:
+    """One ``tools/call`` on the gateway: (the text the model would see, is_error).  A
+    cancellation abandons the call; a transport failure is reported as an error result, as a
+    CLI would report it to its model."""
+    import anyio
+    import httpx2  # the MCP SDK's HTTP client
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    outcome: list[tuple[str, bool]] = []
+
+    async def call() -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(headers=headers) as http:
+            async with streamable_http_client(url, http_client=http) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    result = await session.call_tool(name, dict(args))
+        text = "\n".join(getattr(part, "text", "") for part in result.content)
+        outcome.append((text, bool(result.is_error)))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while not cancelled.is_set():
+                    await anyio.sleep(0.05)
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                await call()
+            finally:
+                group.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    except Exception as exc:  # reported to the "model" like a CLI would; the run goes on
+        return f"tool call failed: {type(exc).__name__}", True
+    return outcome[0] if outcome else ("tool call cancelled", True)
 
 
 def _result_text(result: Any) -> str:

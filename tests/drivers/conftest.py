@@ -8,8 +8,13 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from adaptor.drivers import claude, codex
+from tests.drivers.mock_anthropic import AnthropicMock
+from tests.drivers.mock_openai import OpenAIMock
 
 HERE = Path(__file__).resolve().parent
 TRANSCRIPTS = HERE / "transcripts"
@@ -127,5 +132,66 @@ def fake_cli(tmp_path: Path, fake_exe: Callable[[str, str], str]) -> Callable[..
         body = (f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport fake_cli\n"
                 f"sys.exit(fake_cli.main({args!r}))\n")
         return FakeCLI(fake_exe(f"fake-{n}", body), record)
+
+    return make
+
+
+# --- the real claude and codex against the mock model servers (test_real_clis and friends) ------
+
+QUIET_CLAUDE = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_MAX_RETRIES": "0",  # API failures come back at once instead of after backoff
+}
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> str:
+    path = tmp_path / "work"
+    path.mkdir()
+    return str(path)
+
+
+@pytest.fixture
+def anthropic() -> Iterator[AnthropicMock]:
+    with AnthropicMock() as mock:
+        yield mock  # type: ignore[misc]
+
+
+@pytest.fixture
+def claude_config(
+    claude_bin: str, anthropic: AnthropicMock, isolated_home: dict[str, str], tmp_path: Path
+) -> Callable[..., claude.Config]:
+    def make(base_url: str | None = None, **fields: Any) -> claude.Config:
+        env = {**isolated_home, **QUIET_CLAUDE, "ANTHROPIC_API_KEY": "sk-ant-mock-key",
+               "ANTHROPIC_BASE_URL": base_url or anthropic.url}
+        return claude.Config(command=claude_bin, env=env,
+                             config_dir=str(tmp_path / "claude-profile"), **fields)
+
+    return make
+
+
+@pytest.fixture
+def openai() -> Iterator[OpenAIMock]:
+    with OpenAIMock() as mock:
+        yield mock  # type: ignore[misc]
+
+
+@pytest.fixture
+def codex_config(
+    codex_bin: str, openai: OpenAIMock, isolated_home: dict[str, str], tmp_path: Path
+) -> Callable[..., codex.Config]:
+    def make(base_url: str | None = None, **fields: Any) -> codex.Config:
+        provider = (
+            f'model_providers.mock={{name="mock",base_url="{base_url or openai.base_url}",'
+            'env_key="MOCK_API_KEY",wire_api="responses",request_max_retries=0,'
+            "stream_max_retries=0}"
+        )
+        extra = ("-c", "model_provider=mock", "-c", provider, "-c", "analytics.enabled=false",
+                 "-c", "check_for_update_on_startup=false", "--disable", "plugins")
+        return codex.Config(command=codex_bin, model="gpt-5.5", home=str(tmp_path / "codex-home"),
+                            env={**isolated_home, "MOCK_API_KEY": "mock-key"}, extra_args=extra,
+                            **fields)
 
     return make

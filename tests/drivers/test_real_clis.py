@@ -13,9 +13,8 @@ import dataclasses
 import glob
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,13 +28,6 @@ from tests.drivers.mock_anthropic import AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
 
 pytestmark = pytest.mark.slow
-
-QUIET_CLAUDE = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "CLAUDE_CODE_MAX_RETRIES": "0",  # API failures come back at once instead of after backoff
-}
 
 
 @dataclasses.dataclass
@@ -64,32 +56,6 @@ def wait_until_gone(pgid: int, seconds: float = 10.0) -> list[int]:
 
 
 # --- claude -------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def anthropic() -> Iterator[AnthropicMock]:
-    with AnthropicMock() as mock:
-        yield mock  # type: ignore[misc]
-
-
-@pytest.fixture
-def claude_config(
-    claude_bin: str, anthropic: AnthropicMock, isolated_home: dict[str, str], tmp_path: Path
-) -> Callable[..., claude.Config]:
-    def make(base_url: str | None = None, **fields: Any) -> claude.Config:
-        env = {**isolated_home, **QUIET_CLAUDE, "ANTHROPIC_API_KEY": "sk-ant-mock-key",
-               "ANTHROPIC_BASE_URL": base_url or anthropic.url}
-        return claude.Config(command=claude_bin, env=env,
-                             config_dir=str(tmp_path / "claude-profile"), **fields)
-
-    return make
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> str:
-    path = tmp_path / "work"
-    path.mkdir()
-    return str(path)
 
 
 def test_claude_text(claude_config: Callable[..., claude.Config], workspace: str) -> None:
@@ -322,31 +288,6 @@ def test_claude_conformance(claude_config: Callable[..., claude.Config]) -> None
 # --- codex --------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def openai() -> Iterator[OpenAIMock]:
-    with OpenAIMock() as mock:
-        yield mock  # type: ignore[misc]
-
-
-@pytest.fixture
-def codex_config(
-    codex_bin: str, openai: OpenAIMock, isolated_home: dict[str, str], tmp_path: Path
-) -> Callable[..., codex.Config]:
-    def make(base_url: str | None = None, **fields: Any) -> codex.Config:
-        provider = (
-            f'model_providers.mock={{name="mock",base_url="{base_url or openai.base_url}",'
-            'env_key="MOCK_API_KEY",wire_api="responses",request_max_retries=0,'
-            "stream_max_retries=0}"
-        )
-        extra = ("-c", "model_provider=mock", "-c", provider, "-c", "analytics.enabled=false",
-                 "-c", "check_for_update_on_startup=false", "--disable", "plugins")
-        return codex.Config(command=codex_bin, model="gpt-5.5", home=str(tmp_path / "codex-home"),
-                            env={**isolated_home, "MOCK_API_KEY": "mock-key"}, extra_args=extra,
-                            **fields)
-
-    return make
-
-
 def test_codex_text(codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str) -> None:
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
         result = agent.run("say hello")
@@ -490,3 +431,21 @@ def test_claude_idle_process_is_evicted(
         assert wait_until_gone(pid, 10) == []
         again = agent.thread("t").run("hello again")  # a new process resumes the session
         assert again.metadata["process"] == "spawned"
+
+
+def test_claude_turn_in_a_new_process_stops_the_kept_one(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace,
+                       thread_store=Store()) as agent:
+        first = agent.thread("t").run("one")
+        assert group_members(int(first.metadata["pid"]))  # kept for the next turn
+        # A native-schema turn runs in a process of its own and keeps none (like a turn with
+        # skills, MCP servers or tools): the kept one would miss this turn in memory.
+        anthropic.configure(structured={"name": "two", "count": 2})
+        agent.thread("t").run("two", schema=Item)
+        assert wait_until_gone(int(first.metadata["pid"])) == []
+        third = agent.thread("t").run("three")
+    assert third.metadata["process"] == "spawned"
+    sent = [m.get("content") for m in anthropic.messages()[-1]["messages"]]
+    assert any("two" in str(content) for content in sent)

@@ -1,0 +1,158 @@
+"""Host tools, declared MCP servers and skills delivered to the real ``codex`` binary.
+
+:class:`MCPOpenAIMock` scripts the model: a ``tool_search`` for the MCP tool, then the call in
+the namespace codex returned; or a ``cat`` of the announced ``SKILL.md``.  What reached the
+next model turn is read back from the requests the mock received.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import adaptor
+from adaptor import _gateway, mcp, skill, tool
+from adaptor.drivers import codex
+from adaptor.memory import Store
+from tests.drivers.mock_tools import (
+    MCPOpenAIMock,
+    echo_server,
+    openai_texts,
+    openai_tool_outputs,
+    run,
+    spawn,
+    tool_events,
+)
+from tests.host_tools import REJECTION, add
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("mcp", reason="host tools and the echo server need the mcp extra")
+
+
+@pytest.fixture
+def openai() -> Iterator[MCPOpenAIMock]:
+    """Overrides the conftest's ``openai`` (and so ``codex_config``'s): the mock that speaks MCP."""
+    with MCPOpenAIMock() as mock:
+        yield mock  # type: ignore[misc]
+
+
+def last_output(mock: MCPOpenAIMock) -> str:
+    return openai_tool_outputs(mock.responses()[-1])[-1]
+
+
+def test_the_model_calls_a_host_tool(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str
+) -> None:
+    openai.mcp_tool = ("add", {"a": 2, "b": 3})
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace, tools=[add]) as agent:
+        result, events = run(agent, "add 2 and 3")
+        token_env, token = next(iter(agent._gateway.env.items()))  # type: ignore[union-attr]
+    assert '{"total":5}' in last_output(openai)  # the handler's answer reached the model
+    assert result.text.startswith("Tool output was: ") and '{"total":5}' in result.text
+    assert tool_events(events) == [
+        ("call", "mcp__adaptor__add", "start", None),
+        ("call", "mcp__adaptor__add", "end", None),
+        ("result", "mcp__adaptor__add", '{"total":5}', False),
+    ]
+    argv = spawn(events).data["argv"]
+    assert f'mcp_servers.adaptor.bearer_token_env_var="{token_env}"' in argv
+    assert "mcp_servers.adaptor.required=true" in argv
+    assert token_env in spawn(events).data["env"]
+    assert all(token not in json.dumps(adaptor.events.to_json(e)) for e in events)
+
+
+def test_a_thread_resumes_with_its_tools(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str
+) -> None:
+    openai.mcp_tool = ("add", {"a": 1, "b": 1})
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace, tools=[add],
+                       thread_store=Store()) as agent:
+        first = agent.thread("t").run("one")
+        second = agent.thread("t").run("two")  # exec resume takes the same -c overrides
+    assert first.metadata["thread_id"] == second.metadata["thread_id"]
+    assert '{"total":2}' in last_output(openai)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [({"a": -1, "b": 0}, REJECTION), ({"a": "SECRET-ARG", "b": 0}, "wrong type")],
+    ids=["rejection", "invalid-arguments"],
+)
+def test_refusals_reach_the_model(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str,
+    arguments: dict[str, object], expected: str,
+) -> None:
+    openai.mcp_tool = ("add", arguments)
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace, tools=[add]) as agent:
+        _, events = run(agent, "add")
+    sent = last_output(openai)
+    assert expected in sent and "SECRET-ARG" not in sent
+    ((_, name, reported, flagged),) = [t for t in tool_events(events) if t[0] == "result"]
+    assert name == "mcp__adaptor__add" and expected in str(reported) and flagged is True
+
+
+def test_declared_stdio_and_http_servers_are_used(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str,
+    tmp_path: Path,
+) -> None:
+    # An http server that needs a header: another gateway, whose token the test knows.
+    remote = _gateway.Gateway(tool.check_catalogue([add]))
+    endpoint = remote.start()
+    header = "Bearer " + remote.env[endpoint.server.bearer_token_env]
+    # Required: codex waits for those before the first model request, and only for those.
+    servers = [
+        mcp.stdio("echo", sys.executable, [echo_server(tmp_path)], env={"ECHO_PREFIX": "it's $x:"},
+                  required=True),
+        mcp.http("remote", endpoint.server.url, headers={"Authorization": header}, required=True),
+    ]
+    try:
+        with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                           mcp=servers) as agent:
+            openai.mcp_tool = ("echo", {"text": "ping"})
+            echoed, events = run(agent, "echo ping")
+            assert "it's $x:ping" in last_output(openai)  # env reached the server verbatim
+            openai.mcp_tool = ("add", {"a": 40, "b": 2})
+            added, _ = run(agent, "add")
+            assert '{"total":42}' in last_output(openai)
+    finally:
+        remote.close()
+    assert ("result", "mcp__echo__echo", "it's $x:ping", False) in tool_events(events)
+    shown = json.dumps(spawn(events).data)
+    assert "it's $x" not in shown and header not in shown  # secrets stay off the command line
+    assert "ADAPTOR_MCP_HEADER_1" in spawn(events).data["env"]
+
+
+def test_a_skill_is_announced_and_read(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str
+) -> None:
+    style = skill.require(
+        skill.inline("house-style", "---\nname: house-style\ndescription: >\n  Use for prose\n"
+                     "  in this repository.\n---\nAlways write MAGENTA-ZEBRA at the end.\n"),
+        "the house rules",
+    )
+    openai.read_skill = True
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       skills=[style]) as agent:
+        result = agent.run("write something")
+    developer = "\n".join(openai_texts(openai.responses()[0], "developer"))
+    assert "- house-style: Use for prose in this repository. (file: /" in developer
+    assert "Required: the house rules" in developer
+    # The model read the staged SKILL.md with codex's own shell tool.
+    assert "MAGENTA-ZEBRA" in last_output(openai) and "MAGENTA-ZEBRA" in result.text
+
+
+def test_a_required_server_that_does_not_start_fails_the_run(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str
+) -> None:
+    broken = mcp.stdio("broken", "/bin/false", required=True)
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       mcp=[broken]) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("hello")
+    assert "required MCP servers failed to initialize" in str(caught.value)
+    assert openai.responses() == []

@@ -1,0 +1,40 @@
+"""Host-defined tools the tests serve through the tool gateway.
+
+Importable by a daemon's config file (``[tools] add = "tests.host_tools:add"``) as well as by
+in-process tests, so both paths run the very same handler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaptor import tool
+
+REJECTION = "only non-negative numbers, please"
+
+
+@dataclass
+class Add:
+    a: int
+    b: int
+
+
+@dataclass
+class Sum:
+    total: int
+
+
+def _add(args: Add) -> Sum:
+    if args.a < 0 or args.b < 0:
+        raise tool.reject("negative", REJECTION)
+    return Sum(args.a + args.b)
+
+
+add = tool.define(
+    "add", "Add two non-negative integers", _add, input=Add, output=Sum, revision="1",
+    read_only=True, idempotent=True,
+)
+
+# A definition that cannot form a tool (no description): a run selecting it is refused with
+# InvalidDefinitionError before the driver starts.
+undescribed = tool.define("undescribed", "", lambda value: "never runs")

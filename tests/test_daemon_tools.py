@@ -1,0 +1,169 @@
+"""Host tools, skills and MCP declarations through a real ``adaptord serve``.
+
+The daemon loads its tools from the config file (``[tools] add = "tests.host_tools:add"``) and a
+request selects them by name; the script driver's ``call_tool`` step calls the tool gateway with
+the official MCP client, and, when the pinned binary is installed, the real ``claude`` does the
+same against the mock Anthropic server.  Refusals keep the SDK's own error identities.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from adaptor import events
+from hosttools import sessionrecorder as sr
+from tests.daemon_harness import DaemonProcess
+from tests.host_tools import REJECTION
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("mcp", reason="host tools are served over MCP (the mcp extra)")
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "sk-mcp-header-Zq8Y3vW1secretvalue"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    from tests.drivers.conftest import QUIET_CLAUDE
+
+    config = tmp_path / "config.toml"
+    config.write_text('[tools]\nadd = "tests.host_tools:add"\n'
+                      'undescribed = "tests.host_tools:undescribed"\n')
+    # The config names a test module: the daemon must import it like the test process does.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    # claude's quiet settings come from the daemon's environment, as a deployment sets them.
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "5",
+                         env={"PYTHONPATH": path, **QUIET_CLAUDE}).start()
+    yield proc
+    assert proc.stop() == 0
+
+
+def audit(daemon: DaemonProcess, request_id: str) -> list[events.Event]:
+    backend = sr.JSONLEventBackend(daemon.home.events)
+    return [r.event for r in sr.EventRecorder(backend, key_validator=lambda k: None).since(request_id)]
+
+
+def test_a_request_selects_a_configured_tool_by_name(daemon: DaemonProcess) -> None:
+    rid = daemon.submit({
+        "driver": "script", "prompt": "add", "tools": ["add"],
+        "config": {"steps": [
+            {"call_tool": {"name": "add", "args": {"a": 2, "b": 3}}},
+            {"call_tool": {"name": "add", "args": {"a": -1, "b": 0}}},
+            {"call_tool": {"name": "add", "args": {"a": "SECRET-ARG", "b": 0}}},
+            {"text": "done"},
+        ]},
+    })
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"], verdict["error"]
+    assert verdict["result"]["text"] == "done"
+    recorded = audit(daemon, rid)
+    spawn = next(e for e in recorded if isinstance(e, events.ProcessInfo) and e.kind == "spawn")
+    assert spawn.data["tools"] == ["add"] and spawn.data["mcp"] == ["adaptor"]
+    assert any(name.startswith("ADAPTOR_TOOLS_TOKEN_") for name in spawn.data["env"])
+    results = [e for e in recorded if isinstance(e, events.ToolResult)]
+    assert [(r.result, r.is_error) for r in results[:2]] == [
+        ('{"total":5}', False), (REJECTION, True),
+    ]
+    assert results[2].is_error and "wrong type" in results[2].result
+    assert "SECRET-ARG" not in results[2].result  # the safe message echoes no values
+    calls = [e for e in recorded if isinstance(e, events.ToolCall) and e.phase == "start"]
+    assert [c.name for c in calls] == ["mcp__adaptor__add"] * 3
+
+
+def test_an_unknown_tool_name_is_an_invalid_request(daemon: DaemonProcess) -> None:
+    verdict = daemon.verdict(daemon.submit({"driver": "script", "prompt": "x", "tools": ["nope"]}))
+    assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest"
+    assert verdict["error"]["fields"]["errors"] == [
+        {"path": "/tools/0", "message": "no host tool 'nope' in the daemon config"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "exit_code"),
+    [
+        ({"skills": [{"dir": 5}]}, "ErrInvalidRequest", 2),
+        ({"skills": [{"key": "k", "inline": "x", "dir": "/x"}]}, "ErrInvalidRequest", 2),
+        ({"skills": [{"key": ""}]}, "ErrSkillKeyMissing", 3),
+        ({"skills": [{"key": "not-in-any-catalogue"}]}, "ErrSkillNotFound", 3),
+        ({"skills": [{"key": "k", "inline": "one"}, {"key": "k", "inline": "two"}]},
+         "ErrSkillKeyConflict", 3),
+        ({"skills": [{"dir": "/nonexistent/adaptor-skill"}]}, "ErrSkillMaterializationFailed", 3),
+        ({"mcp": ["not an object"]}, "ErrInvalidRequest", 2),  # the request schema's check
+        ({"mcp": [{"key": "x", "transport": "stdio", "command": "c", "colour": "red"}]},
+         "ErrInvalidMCPConfig", 3),
+        ({"mcp": [{"key": "adaptor", "transport": "stdio", "command": "c"}]},
+         "ErrInvalidMCPConfig", 3),
+        ({"mcp": [{"key": "x", "transport": "stdio", "command": "c"}],
+          "config": {"descriptor": {"mcp": {"supported": False}}}}, "ErrMCPUnsupported", 3),
+        ({"mcp": [{"key": "x", "transport": "sse", "url": "http://127.0.0.1:9/sse"}],
+          "config": {"descriptor": {"mcp": {"sse": False}}}}, "ErrMCPTransportUnsupported", 3),
+        ({"tools": ["add"], "config": {"descriptor": {"mcp": {"supported": False}}}},
+         "ErrMCPUnsupported", 3),
+        ({"tools": ["undescribed"]}, "tool.ErrInvalidDefinition", 3),
+    ],
+)
+def test_refusals_keep_the_sdk_identities(
+    daemon: DaemonProcess, fields: dict[str, Any], code: str, exit_code: int
+) -> None:
+    request = {"driver": "script", "prompt": "x", "config": {"steps": [{"text": "ran"}]}}
+    request.update(fields)
+    request["config"] = {"steps": [{"text": "ran"}], **fields.get("config", {})}
+    verdict = daemon.verdict(daemon.submit(request))
+    assert verdict["error"] is not None and verdict["error"]["code"] == code, verdict["error"]
+    assert verdict["exit_code"] == exit_code and verdict["result"] is None
+
+
+def test_mcp_secrets_are_redacted_everywhere(daemon: DaemonProcess) -> None:
+    rid = daemon.submit({
+        "driver": "script", "prompt": "x", "config": {"steps": [{"text": "ran"}]},
+        "mcp": [{"key": "remote", "transport": "http", "url": "http://127.0.0.1:9/mcp",
+                 "headers": {"X-Api-Key": SECRET}},
+                {"key": "local", "transport": "stdio", "command": "srv", "env": {"TOKEN": SECRET}}],
+    })
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"], verdict["error"]
+    spawn = next(e for e in audit(daemon, rid) if isinstance(e, events.ProcessInfo))
+    assert spawn.data["mcp"] == ["local", "remote"]
+    for path in daemon.home.root.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    kept = orjson.loads((daemon.home.run_dir(rid) / "request.json").read_bytes())
+    assert kept["mcp"][0]["headers"] == {"X-Api-Key": "<redacted>"}
+
+
+def test_claude_calls_a_configured_tool(daemon: DaemonProcess, tmp_path: Path) -> None:
+    from tests.drivers.conftest import CLAUDE_VERSION, _find_cli
+    from tests.drivers.mock_anthropic import AnthropicMock
+    from tests.drivers.mock_tools import anthropic_tool_results
+
+    binary = _find_cli("ADAPTOR_CLAUDE_BIN", f"claude-code-{CLAUDE_VERSION}", "claude")
+    if binary is None:
+        pytest.skip(f"claude {CLAUDE_VERSION} not installed: run .ci/install-clis.sh")
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    with AnthropicMock() as mock:
+        mock.configure(tool=("mcp__adaptor__add", {"a": 20, "b": 22}))
+        env = {"HOME": str(tmp_path), "ANTHROPIC_API_KEY": "sk-ant-mock-key",
+               "ANTHROPIC_BASE_URL": mock.url}
+        rid = daemon.submit({
+            "driver": "claude", "prompt": "add 20 and 22", "tools": ["add"],
+            "workspace": str(workspace),
+            "config": {"command": binary, "env": env, "config_dir": str(tmp_path / "profile")},
+        })
+        verdict = daemon.verdict(rid, timeout=120)
+        sent = mock.messages()
+    assert verdict["ok"], verdict["error"]
+    assert verdict["result"]["text"] == 'Tool result was: {"total":42}'
+    assert anthropic_tool_results(sent[-1]["messages"]) == [('{"total":42}', False)]
+    recorded = audit(daemon, rid)
+    call = next(e for e in recorded if isinstance(e, events.ToolCall) and e.phase == "start")
+    results = [e for e in recorded if isinstance(e, events.ToolResult)]
+    assert call.name == "mcp__adaptor__add"
+    assert [(r.id, r.result, r.is_error) for r in results] == [(call.id, '{"total":42}', False)]
