@@ -36,7 +36,8 @@ def cli() -> None:
 @click.option("--workers", type=click.IntRange(1, 256), help="Requests run at once (default 4, or the config file's).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds running work may finish after SIGTERM (default 30).")
-def serve(home: str | None, workers: int | None, config_path: str | None, grace: float | None) -> None:
+@click.option("--a2a", "a2a_listen", metavar="HOST:PORT", help="Also serve the config's [a2a.agents] over A2A (PORT alone: loopback; 0: any free port, logged as a2a.listening url=...).")
+def serve(home: str | None, workers: int | None, config_path: str | None, grace: float | None, a2a_listen: str | None) -> None:
     """Run the daemon in the foreground (logs to stderr, one line per fact)."""
     from adaptord.daemon import Daemon
 
@@ -45,7 +46,20 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
     except config_module.ConfigError as exc:
         click.echo(f"adaptord: {exc}", err=True)
         sys.exit(2)
-    daemon = Daemon(_home_option(home), config, workers=workers, grace=grace, config_path=config_path)
+    listen = None
+    if a2a_listen is not None:
+        try:
+            from adaptord import a2a_bridge
+        except ImportError as exc:
+            click.echo(f"adaptord: --a2a needs a2a-sdk[http-server] and uvicorn ({exc.name} is missing)", err=True)
+            sys.exit(2)
+        try:  # refused here, before anything starts: a bad address, no agents, no token off loopback
+            listen = a2a_bridge.Listen.parse(a2a_listen)
+            a2a_bridge.check(listen, config.a2a)
+        except ValueError as exc:
+            click.echo(f"adaptord: {exc}", err=True)
+            sys.exit(2)
+    daemon = Daemon(_home_option(home), config, workers=workers, grace=grace, config_path=config_path, a2a=listen)
     try:
         code = daemon.serve()
     except config_module.ConfigError as exc:

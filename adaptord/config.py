@@ -12,6 +12,17 @@ lookup_issue = "mytools.issues:lookup"   # host tools a request may select by na
 
 [skills]
 dirs = ["/home/me/skills"]                # skill catalogue directories
+
+[a2a]                                     # adaptord serve --a2a HOST:PORT (docs/a2a.md)
+bearer_token_env = "ADAPTORD_A2A_TOKEN"   # or bearer_token = "..."; required off loopback
+
+[a2a.agents.reviewer]                     # served at /agents/reviewer
+description = "Reviews a diff"
+[a2a.agents.reviewer.request]             # request template; the A2A message is the prompt
+driver = "claude"
+
+[a2a.remotes.helper]                      # targets of the delegate_to_agent host tool
+card_url = "https://box.example/agents/helper/.well-known/agent-card.json"
 ```
 """
 
@@ -19,14 +30,68 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from adaptor.tool import Definition
+    from hosttools.a2adelegation import DelegationRequest, DelegationResult, RemoteAgentSpec
+
+DELEGATE_TOOL = "delegate_to_agent"
+"""The host tool a request may select when ``[a2a.remotes.*]`` are configured."""
+
+_AGENT_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# The bridge sets these per A2A message; a template cannot.
+_TEMPLATE_FORBIDDEN = ("prompt", "id", "format")
 
 
 class ConfigError(ValueError):
     """The configuration file is unreadable or has a bad value; names the file and key."""
+
+
+@dataclass(frozen=True)
+class ExposedAgent:
+    """A local agent that ``adaptord serve --a2a`` serves: its card and its request template."""
+
+    key: str
+    request: Mapping[str, Any]
+    display_name: str = ""
+    description: str = ""
+    skills: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.display_name or self.key
+
+
+@dataclass(frozen=True)
+class A2AConfig:
+    """The ``[a2a]`` table: agents served over A2A, the bridge's credential, delegation targets."""
+
+    agents: tuple[ExposedAgent, ...] = ()
+    bearer_token: str | None = field(default=None, repr=False)
+    bearer_token_env: str | None = None
+    public_url: str | None = None
+    remotes: tuple[RemoteAgentSpec, ...] = ()
+
+    def token(self) -> str | None:
+        """The bearer token A2A callers must present, or None; the variable is read now."""
+        if self.bearer_token is not None:
+            return self.bearer_token
+        if self.bearer_token_env is None:
+            return None
+        value = os.environ.get(self.bearer_token_env, "")
+        if not value:
+            raise ConfigError(
+                f"a2a.bearer_token_env: environment variable {self.bearer_token_env!r} is unset or empty"
+            )
+        return value
 
 
 @dataclass(frozen=True)
@@ -37,6 +102,7 @@ class DaemonConfig:
     drivers: dict[str, dict[str, Any]] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)
     skill_dirs: tuple[str, ...] = ()
+    a2a: A2AConfig = field(default_factory=A2AConfig)
     source: str | None = None
 
     def driver_defaults(self, name: str) -> dict[str, Any]:
@@ -56,7 +122,27 @@ class DaemonConfig:
             except (ImportError, AttributeError) as exc:
                 raise ConfigError(f"tools.{name}: cannot load {target!r}: {exc}") from exc
             loaded[name] = obj
+        if self.a2a.remotes:
+            if DELEGATE_TOOL in loaded:
+                raise ConfigError(f"tools.{DELEGATE_TOOL}: the name is taken by the [a2a.remotes] host tool")
+            loaded[DELEGATE_TOOL] = delegation_tool(self.a2a.remotes)
         return loaded
+
+
+def delegation_tool(remotes: tuple[RemoteAgentSpec, ...]) -> Definition:
+    """``delegate_to_agent`` over ``remotes`` as an ``adaptor.tool`` definition.
+
+    Every call gets its own A2A clients, closed when it returns: a config reload replaces the
+    tool, and pooled clients (one event-loop thread each) would outlive the config that made them.
+    """
+    from hosttools.a2adelegation import Delegator, Registry, delegate_to_agent
+
+    class OneShot(Delegator):
+        def delegate(self, request: DelegationRequest) -> DelegationResult:
+            with Delegator(self.registry) as once:
+                return once.delegate(request)
+
+    return delegate_to_agent(OneShot(Registry(remotes)), name=DELEGATE_TOOL)
 
 
 def default_config_path() -> Path:
@@ -79,7 +165,7 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False) -> Daem
 
 
 def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
-    known = {"workers", "grace", "scan_interval", "drivers", "tools", "skills"}
+    known = {"workers", "grace", "scan_interval", "drivers", "tools", "skills", "a2a"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"{source}: unknown setting(s): {', '.join(unknown)}")
@@ -109,5 +195,113 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
         drivers={str(k): dict(v) for k, v in drivers.items()},
         tools=dict(tools),
         skill_dirs=tuple(dirs),
+        a2a=_parse_a2a(raw.get("a2a", {}), source, tools),
         source=source,
     )
+
+
+def _parse_a2a(raw: Any, source: str, tools: Mapping[str, str]) -> A2AConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: [a2a] must be a table")
+    unknown = sorted(set(raw) - {"bearer_token", "bearer_token_env", "public_url", "agents", "remotes"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown a2a setting(s): {', '.join(unknown)}")
+    token, token_env = raw.get("bearer_token"), raw.get("bearer_token_env")
+    if token is not None and token_env is not None:
+        raise ConfigError(f"{source}: a2a: set bearer_token or bearer_token_env, not both")
+    for name, value in (("bearer_token", token), ("bearer_token_env", token_env)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{source}: a2a.{name} must be a non-empty string")
+    public_url = raw.get("public_url")
+    if public_url is not None:
+        from adaptor.clients.a2a import origin_of
+
+        try:
+            origin_of(public_url if isinstance(public_url, str) else "")
+        except ValueError:
+            raise ConfigError(f"{source}: a2a.public_url must be an absolute http(s) URL") from None
+        public_url = public_url.rstrip("/")
+    remotes = _parse_remotes(raw.get("remotes", {}), source)
+    selectable = set(tools) | ({DELEGATE_TOOL} if remotes else set())
+    agents = raw.get("agents", {})
+    if not isinstance(agents, dict) or not all(isinstance(v, dict) for v in agents.values()):
+        raise ConfigError(f"{source}: [a2a.agents.<name>] tables expected")
+    return A2AConfig(
+        agents=tuple(_parse_agent(key, value, source, selectable) for key, value in agents.items()),
+        bearer_token=token,
+        bearer_token_env=token_env,
+        public_url=public_url,
+        remotes=remotes,
+    )
+
+
+def _parse_agent(key: str, raw: dict[str, Any], source: str, tools: set[str]) -> ExposedAgent:
+    where = f"{source}: a2a.agents.{key}"
+    if not _AGENT_KEY.fullmatch(key):
+        raise ConfigError(f"{where}: the name must match [A-Za-z0-9_.-]{{1,64}}")
+    unknown = sorted(set(raw) - {"display_name", "description", "skills", "request"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s): {', '.join(unknown)}")
+    for name in ("display_name", "description"):
+        if not isinstance(raw.get(name, ""), str):
+            raise ConfigError(f"{where}.{name} must be a string")
+    template = raw.get("request")
+    if not isinstance(template, dict):
+        raise ConfigError(f"{where}.request: a request template table is required")
+    taken = [name for name in _TEMPLATE_FORBIDDEN if name in template]
+    if taken:
+        raise ConfigError(f"{where}.request: {', '.join(taken)}: set by the bridge per message, not here")
+    from adaptor import _request
+    from adaptor.spool import InvalidRequestError
+
+    # The same validation a spool request gets, so a bad template fails at start, not per task.
+    try:
+        _request.parse(orjson.dumps({**template, "prompt": "probe"}), "a2a-template")
+    except InvalidRequestError as exc:
+        problems = "; ".join(f"{p['path'] or '/'}: {p['message']}" for p in exc.errors)
+        raise ConfigError(f"{where}.request: {problems}") from None
+    except orjson.JSONEncodeError as exc:
+        raise ConfigError(f"{where}.request: {exc}") from None
+    missing = [name for name in template.get("tools") or () if name not in tools]
+    if missing:
+        raise ConfigError(f"{where}.request.tools: no host tool(s) {', '.join(map(repr, missing))}")
+    return ExposedAgent(
+        key=key,
+        request=template,
+        display_name=raw.get("display_name", ""),
+        description=raw.get("description", ""),
+        skills=_parse_skills(raw.get("skills", []), f"{where}.skills"),
+    )
+
+
+def _parse_skills(raw: Any, where: str) -> tuple[Mapping[str, Any], ...]:
+    if not isinstance(raw, list) or not all(isinstance(s, dict) for s in raw):
+        raise ConfigError(f"{where} must be a list of tables")
+    for skill in raw:
+        unknown = sorted(set(skill) - {"id", "name", "description", "tags"})
+        if unknown:
+            raise ConfigError(f"{where}: unknown skill key(s): {', '.join(unknown)}")
+        if not isinstance(skill.get("id"), str) or not skill["id"]:
+            raise ConfigError(f"{where}: every skill needs a non-empty id")
+        if not all(isinstance(skill.get(k, ""), str) for k in ("name", "description")):
+            raise ConfigError(f"{where}: skill name and description must be strings")
+        tags = skill.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise ConfigError(f"{where}: skill tags must be a list of strings")
+    return tuple(dict(skill) for skill in raw)
+
+
+def _parse_remotes(raw: Any, source: str) -> tuple[RemoteAgentSpec, ...]:
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise ConfigError(f"{source}: [a2a.remotes.<key>] tables expected")
+    from hosttools.a2adelegation import RemoteAgentSpec
+
+    specs = []
+    for key, value in raw.items():
+        if "key" in value:
+            raise ConfigError(f"{source}: a2a.remotes.{key}: the key is the table name; remove 'key'")
+        try:
+            specs.append(RemoteAgentSpec.from_mapping({**value, "key": key}))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: a2a.remotes.{key}: {exc}") from None
+    return tuple(specs)

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 import orjson
@@ -38,6 +38,9 @@ from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import JSONLStore
 from adaptord.config import DaemonConfig
 from hosttools import sessionrecorder as sr
+
+if TYPE_CHECKING:
+    from adaptord.a2a_bridge import Bridge, Listen
 
 MAX_ATTEMPTS = 3
 _APPROVAL_POLL = 0.25
@@ -75,12 +78,15 @@ class Daemon:
         grace: float | None = None,
         config_path: str | None = None,
         log: Any = None,
+        a2a: Listen | None = None,
     ) -> None:
         self.home = home
         self.config = config
         self.workers = workers or config.workers
         self.grace = config.grace if grace is None else grace
         self.config_path = config_path
+        self.a2a = a2a
+        self._bridge: Bridge | None = None
         self._log_stream = log or sys.stderr
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -106,7 +112,6 @@ class Daemon:
 
     def audit(self, phase: str, request_id: str | None = None, **data: Any) -> None:
         """One lifecycle fact in events/adaptord.jsonl (and one log line)."""
-        self.log(phase, id=request_id, **{k: v for k, v in data.items() if isinstance(v, str | int | float)})
         notice = events.Notice(
             kind="lifecycle",
             text=phase,
@@ -116,6 +121,8 @@ class Daemon:
             self._daemon_log.record(_home.DAEMON_SESSION, notice)
         except Exception as exc:  # the audit log must never take the daemon down
             self.log("audit log write failed", error=type(exc).__name__)
+        # Logged after recording, so whoever sees the line finds the record.
+        self.log(phase, id=request_id, **{k: v for k, v in data.items() if isinstance(v, str | int | float)})
 
     # -- serve -------------------------------------------------------------------------------
 
@@ -144,12 +151,15 @@ class Daemon:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="adaptord-worker")
         try:
+            a2a_url = self._start_bridge()
             _durable.atomic_write_json(
                 self.home.daemon_state,
                 {"pid": os.getpid(), "started_at": _now(), "home": str(self.home.root), "workers": self.workers,
-                 "version": adaptor.__version__},
+                 "version": adaptor.__version__, **({"a2a_url": a2a_url} if a2a_url else {})},
             )
             self.audit("daemon.started", workers=self.workers, pid=os.getpid())
+            if a2a_url:
+                self.audit("a2a.listening", url=a2a_url, agents=",".join(a.key for a in self.config.a2a.agents))
             self._expire_stale_approvals()
             self._recover()
             self._start_observer()
@@ -171,6 +181,7 @@ class Daemon:
             self.audit("daemon.stopped")
             return 0
         finally:
+            self._stop_bridge()  # after the drain: open A2A tasks get their runs' verdicts first
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._stop_observer()
@@ -198,6 +209,25 @@ class Daemon:
         self.config = fresh
         self._tools = tools
         self.log("config reloaded", source=fresh.source)
+
+    # -- A2A (--a2a) ---------------------------------------------------------------------------
+
+    def _start_bridge(self) -> str | None:
+        """Serve the ``[a2a.agents]`` over A2A; their runs come back in through the spool.
+
+        The served agents are fixed at start: a SIGHUP reload does not change them.
+        """
+        if self.a2a is None:
+            return None
+        from adaptord.a2a_bridge import Bridge
+
+        self._bridge = Bridge(self.home, self.config.a2a, self.a2a, stopping=self._stop.is_set, log=self.log)
+        return self._bridge.start()
+
+    def _stop_bridge(self) -> None:
+        bridge, self._bridge = self._bridge, None
+        if bridge is not None:
+            bridge.stop()
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -284,11 +314,17 @@ class Daemon:
             self._quarantine(source, name, None, "a request with this id was already received")
             return
         claimed = self.home.claimed / name
+        # link + unlink rather than rename: watchdog holds an unpaired move-out event for half a
+        # second and every later event on the watch queues behind it, which would delay the
+        # pickup of the next request.  A crash between the two leaves both names; the spool
+        # copy is then quarantined as a duplicate of the claimed one.
         try:
-            os.rename(source, claimed)
+            os.link(source, claimed)
         except FileNotFoundError:
             return  # taken by an earlier pass
         _durable.fsync_dir(self.home.claimed)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(source)
         self._accept(request_id, claimed, attempt=0, received_at=_now())
 
     def _accept(
@@ -450,7 +486,10 @@ class Daemon:
 
     def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
         if redactor:
-            event = events.from_json(redactor.value(events.to_json(event)))
+            wire = events.to_json(event)
+            # Only the payload can carry a secret: kind and meta are the SDK's own values.
+            payload = redactor.value({k: v for k, v in wire.items() if k not in ("kind", "meta")})
+            event = events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
         try:
             self._events.record(session, event)
         except Exception as exc:
@@ -644,7 +683,18 @@ class Daemon:
                 continue
             self.audit("approval.expired", None, approval_id=approval_id, why="daemon restart")
 
+    def _sweep_temp_files(self) -> None:
+        """Remove half-written temp files a crash left next to verdicts and approvals."""
+        for directory in (self.home.verdicts, self.home.approvals_pending):
+            for path in directory.glob(".*.tmp-*"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            for path in directory.glob("*.tmp-*"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
     def _recover(self) -> None:
+        self._sweep_temp_files()
         for name in sorted(os.listdir(self.home.claimed)):
             request_id = name[: -len(".json")]
             claimed = self.home.claimed / name

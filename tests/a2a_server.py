@@ -12,8 +12,9 @@ The pieces, each usable alone:
 - ``ServerProcess``: the same server in a child process, for tests that ``kill -9`` it.
 - ``ScriptedExecutor``: an ``AgentExecutor`` whose behaviour is picked by the prompt's first word.
 
-A bridge that builds its own Starlette app (its own ``AgentExecutor`` over adaptor runs) reuses
-``serve`` / ``ServerProcess`` to run it and ``HeaderLog`` / ``RequireBearer`` to check credentials.
+The serving thread (``ServerThread``), the socket (``listening_socket``) and the credential
+guard (``RequireBearer``) are the production pieces of ``adaptord serve --a2a``
+(``adaptord.a2a_bridge``), so these tests exercise them too.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict, ParseDict
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from adaptord.a2a_bridge import Listen, RequireBearer, ServerThread, listening_socket
 
 ROOT = Path(__file__).resolve().parent.parent
 CARD_PATH = "/.well-known/agent-card.json"
@@ -211,27 +214,6 @@ class HeaderLog:
         return [auth for p, auth in list(self.seen) if path is None or p == path]
 
 
-class RequireBearer:
-    """Pure ASGI guard: 401 unless ``Authorization: Bearer <token>``; the card stays public."""
-
-    def __init__(self, app: ASGIApp, token: str, open_paths: Sequence[str] = (CARD_PATH,)) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-        self.open_paths = tuple(open_paths)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_paths:
-            if dict(scope["headers"]).get(b"authorization") != self.expected:
-                response = JSONResponse(
-                    {"error": "unauthorized"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 class _LogHeaders:
     def __init__(self, app: ASGIApp, log: HeaderLog) -> None:
         self.app = app
@@ -312,13 +294,7 @@ def raw_sse_route(path: str, frames: Sequence[str]) -> BaseRoute:
 
 
 def _listening_socket(port: int = 0) -> socket.socket:
-    # Bound and listening before uvicorn starts: early connections wait in the backlog, so a
-    # caller never has to poll for readiness.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, port))
-    sock.listen(128)
-    return sock
+    return listening_socket(Listen(HOST, port))
 
 
 @dataclass
@@ -338,38 +314,26 @@ class Running:
 
 @contextlib.contextmanager
 def serve(make_app: Callable[[str], ASGIApp]) -> Iterator[Running]:
-    """Run ``make_app(base_url)`` under uvicorn on 127.0.0.1 in a daemon thread."""
+    """Run ``make_app(base_url)`` under uvicorn on 127.0.0.1 in a daemon thread.
+
+    The SDK handler (if any) is drained before the server stops, so no executor outlives it.
+    """
     sock = _listening_socket()
     port = sock.getsockname()[1]
     base_url = f"http://{HOST}:{port}"
     app = make_app(base_url)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    loop_box: list[asyncio.AbstractEventLoop] = []
-    loop_ready = threading.Event()
-
-    async def main() -> None:
-        loop_box.append(asyncio.get_running_loop())
-        loop_ready.set()
-        await server.serve(sockets=[sock])
-
-    thread = threading.Thread(
-        target=asyncio.run, args=(main(),), name=f"a2a-server-{port}", daemon=True
+    handler = _handler_of(app)
+    server = ServerThread(
+        app,
+        sock,
+        name=f"a2a-server-{port}",
+        before_stop=handler.aclose if handler is not None else None,
     )
-    thread.start()
+    server.start()
     try:
         yield Running(base_url=base_url, port=port, app=app)
     finally:
-        if loop_ready.wait(10):
-            handler = _handler_of(app)
-            if handler is not None:
-                # Drain executors first: an open SSE stream would otherwise hold uvicorn's
-                # graceful shutdown until its timeout.
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(handler.aclose(), loop_box[0]).result(10)
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
+        server.stop()
 
 
 def _handler_of(app: Any) -> Any:

@@ -48,7 +48,7 @@ def test_success_verdict_side_files_and_audit_log(daemon: DaemonProcess) -> None
     kinds = [r.event.meta.sequence for r in records]
     assert kinds == sorted(kinds) and records[0].event.meta.run_id == verdict["run_id"]
     assert sr.verify(daemon.home.root / verdict["events"]) == len(records)
-    daemon.wait_for_line(f"verdict.written id={rid}")
+    daemon.wait_for_line(f"verdict.written id={rid}")  # recorded before it is logged
     assert not (daemon.home.claimed / f"{rid}.json").exists()
     lifecycle = [
         r.event.data["phase"]

@@ -1,0 +1,750 @@
+"""``adaptord serve --a2a HOST:PORT``: the daemon's configured agents as A2A agents.
+
+Each ``[a2a.agents.<key>]`` table of the config file becomes one A2A 1.0 agent, served with the
+``a2a-sdk`` server pieces (an ``AgentExecutor``, the SDK's ``DefaultRequestHandler`` over an
+in-memory task store, its Starlette card and JSON-RPC routes) by uvicorn in a thread of the
+daemon::
+
+    GET  /agents/<key>/.well-known/agent-card.json   the card (public)
+    POST /agents/<key>                               JSON-RPC: SendMessage, SendStreamingMessage,
+                                                     GetTask, CancelTask, SubscribeToTask
+    GET  /.well-known/agent-card.json                the card, when only one agent is configured
+
+A message becomes one run request: the agent's request template with the message text as the
+prompt, dropped into the daemon's own spool.  The bridge never runs an agent itself, so bridge
+runs get the same validation, verdicts, audit logs, approvals, ordering and crash rules as any
+other request; the task's ``metadata["adaptord.request_id"]`` names it.  While the run goes,
+the text it records in its audit log is streamed as WORKING status messages (``metadata
+["adaptord.progress"] = "text"``); then the verdict decides the end:
+
+- success: COMPLETED with one ``result`` artifact holding the result text;
+- failure: FAILED with a fixed text (``<code>: <fixed message> (<error identity>)``) and the
+  closed control object ``metadata["agentadaptor.failure"] = {"code", "limit_ms"?}`` on its part
+  (codes: ``agent_error``, ``approval_denied``, ``approval_timeout``, ``deadline_exceeded``,
+  ``active_execution_timeout``, ``policy_violation``, ``infrastructure_error``); nothing the run
+  printed reaches the caller;
+- a cancelled run: CANCELED (code ``cancelled``).
+
+``tasks/cancel`` is ``adaptor cancel``: a cancel marker for the request, then the verdict decides
+as above (a run that finished first keeps its own outcome).  Tasks live in memory: after a daemon
+restart ``tasks/get`` no longer knows them, while their verdicts stay in the home.
+
+Loopback by default; a non-loopback bind refuses to start unless a bearer token is configured,
+and with a token every route but the cards needs ``Authorization: Bearer <token>``.
+
+Needs ``a2a-sdk[http-server]`` and ``uvicorn`` (the test extra has both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hmac
+import ipaddress
+import logging
+import math
+import re
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    Part,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import adaptor
+from adaptor import _home, errors, events
+from adaptor.spool import Client as SpoolClient
+from adaptord.config import A2AConfig, ConfigError, ExposedAgent
+
+__all__ = [
+    "AGENTS_PREFIX",
+    "CARD_PATH",
+    "FAILURES",
+    "Bridge",
+    "Failure",
+    "Listen",
+    "RequireBearer",
+    "ServerThread",
+    "SpoolExecutor",
+    "agent_card",
+    "build_app",
+    "build_request",
+    "card_path",
+    "check",
+    "classify",
+    "is_loopback",
+    "listening_socket",
+]
+
+CARD_PATH = "/.well-known/agent-card.json"
+AGENTS_PREFIX = "/agents"
+DEFAULT_HOST = "127.0.0.1"
+REQUEST_ID_KEY = "adaptord.request_id"
+PROGRESS_KEY = "adaptord.progress"
+FAILURE_KEY = "agentadaptor.failure"
+CANCEL_WAIT = 20.0
+
+_log = logging.getLogger("adaptord.a2a")
+_IDENTITY = re.compile(r"[A-Za-z0-9_.]{1,80}")
+
+# The texts callers see for a failed run: fixed per code, whatever the run said.
+FAILURES = {
+    "agent_error": "the agent run failed",
+    "approval_denied": "approval denied",
+    "approval_timeout": "approval timed out",
+    "deadline_exceeded": "execution deadline exceeded",
+    "active_execution_timeout": "active execution budget exhausted",
+    "policy_violation": "the run was stopped by its policy",
+    "infrastructure_error": "the run could not be carried out",
+    "cancelled": "the run was cancelled",
+}
+
+Log = Callable[..., None]
+
+
+def _default_log(fact: str, **fields: Any) -> None:
+    _log.warning("%s %s", fact, " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+# --- where to listen ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listen:
+    """``--a2a`` parsed: ``HOST:PORT``, ``[IPv6]:PORT``, or ``PORT`` / ``:PORT`` on loopback."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Listen:
+        text = text.strip()
+        if text.startswith("["):
+            host, sep, port = text[1:].partition("]:")
+        else:
+            host, sep, port = text.rpartition(":")
+            if not sep:
+                port = text
+        if (text.startswith("[") and not sep) or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"--a2a: expected HOST:PORT (port 0-65535), got {text!r}")
+        return cls(host or DEFAULT_HOST, int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _resolve(listen: Listen) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+    try:
+        infos = socket.getaddrinfo(
+            listen.host, listen.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(f"--a2a {listen}: cannot resolve the host: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    return family, address
+
+
+def is_loopback(listen: Listen) -> bool:
+    """Whether ``listen`` binds a loopback address (judged on the address actually bound)."""
+    address = ipaddress.ip_address(str(_resolve(listen)[1][0]).split("%")[0])
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+def check(listen: Listen, config: A2AConfig) -> str | None:
+    """Refuse a bridge that must not start; return the bearer token callers need (or None)."""
+    if not config.agents:
+        raise ConfigError(
+            "--a2a: no agents to serve; add [a2a.agents.<name>] tables to the config file"
+        )
+    token = config.token()
+    if token is None and not is_loopback(listen):
+        raise ConfigError(
+            f"--a2a {listen}: refusing to serve A2A on a non-loopback address without a bearer "
+            "token; set [a2a] bearer_token_env (or bearer_token) in the config file"
+        )
+    return token
+
+
+def listening_socket(listen: Listen) -> socket.socket:
+    # Bound and listening before uvicorn starts: early connections wait in the backlog, so no
+    # caller has to poll for readiness, and a taken port fails here, in the caller's thread.
+    family, address = _resolve(listen)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _base_url(sock: socket.socket, public_url: str | None) -> str:
+    if public_url:
+        return public_url
+    host, port = sock.getsockname()[:2]
+    address = ipaddress.ip_address(host)
+    if address.is_unspecified:
+        # A wildcard address names no host a caller could reach; cards need one.
+        host = socket.getfqdn()
+    elif address.version == 6:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+# --- credentials -----------------------------------------------------------------------------------
+
+
+class RequireBearer:
+    """Pure ASGI guard: 401 unless ``Authorization: Bearer <token>``; ``open_paths`` (the cards)
+    stay public."""
+
+    def __init__(self, app: ASGIApp, token: str, open_paths: Sequence[str] = (CARD_PATH,)) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # nothing is served over websockets
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse(
+                    {"error": "unauthorized"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# --- serving in a thread ---------------------------------------------------------------------------
+
+
+class _StartupProbe:
+    """Reports the app's lifespan startup outcome (and passes everything through)."""
+
+    def __init__(self, app: ASGIApp, on_startup: Callable[[bool], None]) -> None:
+        self.app = app
+        self.on_startup = on_startup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def probe(message: Message) -> None:
+            if message["type"] in ("lifespan.startup.complete", "lifespan.startup.failed"):
+                self.on_startup(message["type"] == "lifespan.startup.complete")
+            await send(message)
+
+        await self.app(scope, receive, probe)
+
+
+class ServerThread:
+    """An ASGI app under uvicorn on an already-listening socket, in a daemon thread with its own
+    event loop.
+
+    ``start`` waits for the app's lifespan startup so a broken app fails loudly instead of
+    serving nothing.  ``stop`` first runs ``before_stop`` on the server's loop (e.g. draining
+    the A2A handlers, whose open SSE streams would otherwise hold uvicorn's graceful shutdown
+    until its timeout), then stops uvicorn and closes the socket.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        sock: socket.socket,
+        *,
+        name: str,
+        before_stop: Callable[[], Coroutine[Any, Any, object]] | None = None,
+        graceful_timeout: int = 5,
+    ) -> None:
+        self.sock = sock
+        self._before_stop = before_stop
+        self._started = threading.Event()
+        self._ok = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        config = uvicorn.Config(
+            _StartupProbe(app, self._on_startup),
+            lifespan="on",
+            log_level="warning",
+            log_config=None,  # the daemon owns logging; uvicorn must not reconfigure it
+            access_log=False,
+            timeout_graceful_shutdown=graceful_timeout,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _on_startup(self, ok: bool) -> None:
+        self._ok = ok
+        self._started.set()
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            await self._server.serve(sockets=[self.sock])
+
+        try:
+            asyncio.run(main())
+        except Exception:
+            _log.exception("the A2A server thread failed")
+        finally:
+            self._started.set()  # a server that died early must not leave start() waiting
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._thread.start()
+        if not self._started.wait(timeout) or not self._ok:
+            self.stop()
+            raise RuntimeError("the A2A server did not start")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        loop = self._loop
+        if self._before_stop is not None and loop is not None and self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._before_stop(), loop).result(timeout)
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.sock.close()
+
+
+# --- cards -----------------------------------------------------------------------------------------
+
+
+def agent_card(agent: ExposedAgent, base_url: str, *, bearer: bool) -> AgentCard:
+    """The card of one served agent; its JSON-RPC interface is ``<base_url>/agents/<key>``."""
+    description = agent.description or f"the adaptord agent {agent.key!r}"
+    skills = [
+        AgentSkill(
+            id=str(skill["id"]),
+            name=str(skill.get("name") or skill["id"]),
+            description=str(skill.get("description") or description),
+            tags=[str(tag) for tag in skill.get("tags", ())],
+        )
+        for skill in agent.skills
+    ] or [
+        AgentSkill(
+            id=agent.key,
+            name=agent.name,
+            description=description,
+            tags=[str(agent.request.get("driver", ""))],
+        )
+    ]
+    card = AgentCard(
+        name=agent.name,
+        description=description,
+        version=adaptor.__version__,
+        supported_interfaces=[
+            AgentInterface(
+                url=f"{base_url}{AGENTS_PREFIX}/{agent.key}",
+                protocol_binding="JSONRPC",
+                protocol_version="1.0",
+            )
+        ],
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=skills,
+    )
+    if bearer:
+        card.security_schemes["bearer"].CopyFrom(
+            SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer"))
+        )
+        card.security_requirements.append(SecurityRequirement(schemes={"bearer": StringList()}))
+    return card
+
+
+# --- failures --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a failed run is shown to A2A callers: a closed code, never the run's own words."""
+
+    code: str
+    identity: str
+    limit_ms: int | None = None
+
+    @property
+    def text(self) -> str:
+        return f"{self.code}: {FAILURES[self.code]} ({self.identity})"
+
+    @property
+    def control(self) -> dict[str, Any]:
+        control: dict[str, Any] = {"code": self.code}
+        if self.limit_ms is not None:
+            control["limit_ms"] = self.limit_ms
+        return control
+
+
+def classify(err: BaseException) -> Failure:
+    """The failure code and error identity of a verdict's error (as ``spool.Client.wait``
+    rebuilds it)."""
+    code = err.wire_code if isinstance(err, errors.AdaptorError) else "external"
+    identity = code if _IDENTITY.fullmatch(code) else "unknown"
+    run = errors.find(err, errors.RunError)
+    limit_ms: int | None = None
+    if run is not None:
+        kind = run.reason if run.reason in FAILURES else "agent_error"
+        limit = run.details.get("limit") if isinstance(run.details, Mapping) else None
+        if kind in ("active_execution_timeout", "deadline_exceeded") and isinstance(
+            limit, int | float
+        ):
+            limit_ms = math.ceil(limit * 1000)
+    elif errors.find(err, errors.CancelledError) is not None:
+        kind = "cancelled"
+    elif errors.find(err, errors.DeadlineExceededError) is not None:
+        kind = "deadline_exceeded"
+    else:
+        kind = "infrastructure_error"
+    return Failure(kind, identity, limit_ms)
+
+
+# --- the executor ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    result: adaptor.Result | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Run:
+    """One A2A task's spool request.  ``settled``: its terminal state is published (once)."""
+
+    request_id: str
+    updater: TaskUpdater
+    settled: bool = False
+    cancel_requested: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def build_request(
+    agent: ExposedAgent, prompt: str, task_id: str, context_id: str
+) -> dict[str, Any]:
+    """The run request for one message: the template, the prompt, and where it came from."""
+    request = copy.deepcopy(dict(agent.request))
+    request["prompt"] = prompt
+    request["metadata"] = {
+        **(request.get("metadata") or {}),
+        "a2a.agent": agent.key,
+        "a2a.task_id": task_id,
+        "a2a.context_id": context_id,
+    }
+    return request
+
+
+def _follow(spool: SpoolClient, request_id: str, post: Callable[[str | _Outcome], None]) -> None:
+    """In a daemon thread: the run's text as its audit log records it, then its outcome.
+
+    A thread of its own rather than the loop's executor: a run left unfinished by a stopping
+    daemon never gets a verdict, and an executor thread waiting for one would hold the loop's
+    shutdown (and the process's exit) forever.
+    """
+    try:
+        for event in spool.events(request_id, follow=True):
+            if isinstance(event, events.TextDelta) and event.phase == "content" and event.text:
+                post(event.text)
+    except Exception as exc:  # progress is best effort; the verdict below is what counts
+        _log.warning("a2a: cannot follow the events of %s: %r", request_id, exc)
+    try:
+        post(_Outcome(result=spool.wait(request_id)))
+    except Exception as exc:
+        post(_Outcome(error=exc))
+
+
+class SpoolExecutor(AgentExecutor):
+    """Runs each A2A message as a request through the daemon's spool (see the module doc)."""
+
+    def __init__(
+        self,
+        agent: ExposedAgent,
+        spool: SpoolClient,
+        *,
+        stopping: Callable[[], bool] = lambda: False,
+        cancel_wait: float = CANCEL_WAIT,
+        log: Log = _default_log,
+    ) -> None:
+        self.agent = agent
+        self.spool = spool
+        self._stopping = stopping
+        self._cancel_wait = cancel_wait
+        self._log = log
+        self._home = _home.Home.at(spool.home)
+        self._runs: dict[str, _Run] = {}
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "", context.context_id or ""
+        if context.current_task is not None:
+            # One message, one run: these tasks never wait for input, so a follow-up message
+            # finds its task finished (or queued behind the running message until it is).
+            return
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        prompt = context.get_user_input()
+        # Registered under its id before the submission, so a cancel that arrives meanwhile
+        # is not lost (see cancel()); the id is in the task's metadata from the start.
+        run = _Run(_home.new_request_id(), updater)
+        # The SDK wants the Task itself before any update about it.
+        await event_queue.enqueue_event(
+            Task(
+                id=task_id,
+                context_id=context_id,
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[context.message] if context.message else [],
+                metadata={REQUEST_ID_KEY: run.request_id} if prompt.strip() else None,
+            )
+        )
+        if not prompt.strip():
+            await updater.reject(updater.new_agent_message([Part(text="the message has no text")]))
+            return
+        if self._stopping():
+            await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
+            return
+        request = {**build_request(self.agent, prompt, task_id, context_id), "id": run.request_id}
+        self._runs[task_id] = run
+        try:
+            try:
+                await asyncio.to_thread(self.spool.submit, request)
+            except Exception as exc:
+                self._log("a2a: cannot submit a request", agent=self.agent.key, error=repr(exc))
+                await self._fail(run, Failure("infrastructure_error", "spool_unavailable"))
+                return
+            if run.cancel_requested:
+                await asyncio.to_thread(self._request_cancel, run.request_id)
+            await updater.start_work()
+            async for item in self._progress(run.request_id):
+                if run.settled:
+                    break
+                if isinstance(item, str):
+                    message = updater.new_agent_message(
+                        [Part(text=item)], metadata={PROGRESS_KEY: "text"}
+                    )
+                    await updater.update_status(TaskState.TASK_STATE_WORKING, message=message)
+                else:
+                    await self._settle(run, item)
+        except asyncio.CancelledError:
+            # The SDK cancels this coroutine after tasks/cancel and when the bridge stops: the
+            # run must not outlive its task (a request still in the spool is cancelled when the
+            # next daemon claims it).
+            if not run.settled:
+                self._request_cancel(run.request_id)
+            raise
+        finally:
+            self._runs.pop(task_id, None)
+            run.done.set()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = context.task_id or ""
+        run = self._runs.get(task_id)
+        if run is None:
+            # No run behind the task (its execute has not begun): close it out here.
+            await TaskUpdater(event_queue, task_id, context.context_id or "").cancel()
+            return
+        run.cancel_requested = True
+        await asyncio.to_thread(self._request_cancel, run.request_id)
+        # The verdict decides the end, published by execute(); waited for here because the SDK
+        # cancels execute() as soon as this returns.
+        try:
+            await asyncio.wait_for(run.done.wait(), self._cancel_wait)
+        except TimeoutError:
+            await self._fail(run, Failure("cancelled", "context.Canceled"))
+
+    def _request_cancel(self, request_id: str) -> None:
+        try:
+            if self.spool.verdict(request_id) is None:
+                _home.request_cancel(self._home, request_id)
+        except Exception as exc:
+            self._log("a2a: cannot cancel a request", id=request_id, error=repr(exc))
+
+    async def _progress(self, request_id: str) -> AsyncIterator[str | _Outcome]:
+        """The run's text (coalesced per wake-up), then its outcome."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[str | _Outcome] = asyncio.Queue()
+
+        def post(item: str | _Outcome) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the bridge stopped
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        threading.Thread(
+            target=_follow,
+            args=(self.spool, request_id, post),
+            name=f"adaptord-a2a-{request_id}",
+            daemon=True,
+        ).start()
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            text = "".join(item for item in batch if isinstance(item, str))
+            if text:
+                yield text
+            outcome = next((item for item in batch if isinstance(item, _Outcome)), None)
+            if outcome is not None:
+                yield outcome
+                return
+
+    async def _settle(self, run: _Run, outcome: _Outcome) -> None:
+        if outcome.error is not None:
+            await self._fail(run, classify(outcome.error))
+            return
+        if run.settled:
+            return
+        run.settled = True
+        text = outcome.result.text if outcome.result is not None else ""
+        if text:  # an empty text part is not a valid A2A part
+            await run.updater.add_artifact(
+                [Part(text=text)],
+                artifact_id=f"{run.updater.task_id}-result",
+                name="result",
+                last_chunk=True,
+            )
+        await run.updater.complete()
+
+    async def _fail(self, run: _Run, failure: Failure) -> None:
+        if run.settled:
+            return
+        run.settled = True
+        message = run.updater.new_agent_message(
+            [Part(text=failure.text, metadata={FAILURE_KEY: failure.control})]
+        )
+        if failure.code == "cancelled":
+            await run.updater.cancel(message)
+        else:
+            await run.updater.failed(message)
+
+
+# --- the app and the bridge ------------------------------------------------------------------------
+
+
+def card_path(key: str) -> str:
+    return f"{AGENTS_PREFIX}/{key}{CARD_PATH}"
+
+
+def build_app(
+    agents: Sequence[ExposedAgent],
+    base_url: str,
+    spool: SpoolClient,
+    *,
+    token: str | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+    cancel_wait: float = CANCEL_WAIT,
+    log: Log = _default_log,
+) -> tuple[ASGIApp, list[DefaultRequestHandler]]:
+    """One Starlette app serving every agent (see the module doc), and their handlers (drain
+    them with ``aclose()`` before stopping the server)."""
+    routes: list[Any] = []
+    handlers: list[DefaultRequestHandler] = []
+    open_paths: list[str] = []
+    for agent in agents:
+        card = agent_card(agent, base_url, bearer=token is not None)
+        executor = SpoolExecutor(agent, spool, stopping=stopping, cancel_wait=cancel_wait, log=log)
+        handler = DefaultRequestHandler(
+            agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card
+        )
+        handlers.append(handler)
+        routes += create_agent_card_routes(card, card_url=card_path(agent.key))
+        routes += create_jsonrpc_routes(handler, rpc_url=f"{AGENTS_PREFIX}/{agent.key}")
+        open_paths.append(card_path(agent.key))
+        if len(agents) == 1:
+            routes += create_agent_card_routes(card)
+            open_paths.append(CARD_PATH)
+    app: ASGIApp = Starlette(routes=routes)
+    if token is not None:
+        app = RequireBearer(app, token, open_paths)
+    return app, handlers
+
+
+class Bridge:
+    """The A2A side of ``adaptord serve --a2a``: ``start()`` binds and serves, ``stop()`` drains
+    the open tasks and stops.  ``stopping()`` true makes new messages fail at once (the daemon
+    no longer claims requests)."""
+
+    def __init__(
+        self,
+        home: _home.Home,
+        config: A2AConfig,
+        listen: Listen,
+        *,
+        stopping: Callable[[], bool] = lambda: False,
+        cancel_wait: float = CANCEL_WAIT,
+        log: Log = _default_log,
+    ) -> None:
+        self.home = home
+        self.config = config
+        self.listen = listen
+        self.url = ""
+        self._stopping = stopping
+        self._cancel_wait = cancel_wait
+        self._log = log
+        self._server: ServerThread | None = None
+
+    def card_url(self, key: str) -> str:
+        return self.url + card_path(key)
+
+    def start(self) -> str:
+        """Bind, serve, and return the base URL; ``ConfigError`` when it must not or cannot."""
+        token = check(self.listen, self.config)
+        try:
+            sock = listening_socket(self.listen)
+        except OSError as exc:
+            raise ConfigError(
+                f"--a2a {self.listen}: cannot listen: {exc.strerror or exc}"
+            ) from None
+        self.url = _base_url(sock, self.config.public_url)
+        app, handlers = build_app(
+            self.config.agents,
+            self.url,
+            SpoolClient(self.home.root),
+            token=token,
+            stopping=self._stopping,
+            cancel_wait=self._cancel_wait,
+            log=self._log,
+        )
+
+        async def drain() -> None:
+            for handler in handlers:
+                await handler.aclose()
+
+        self._server = ServerThread(app, sock, name="adaptord-a2a", before_stop=drain)
+        try:
+            self._server.start()
+        except RuntimeError as exc:
+            self._server = None
+            raise ConfigError(f"--a2a {self.listen}: {exc}") from None
+        return self.url
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()

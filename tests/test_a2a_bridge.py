@@ -1,0 +1,401 @@
+"""``adaptord serve --a2a``: real daemons serving script agents over A2A, used through the
+official client (``adaptor.clients.a2a``), and two daemons chained through ``delegate_to_agent``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("a2a.server", reason="needs the a2a extra: pip install -e '.[test,a2a]'")
+pytest.importorskip("uvicorn", reason="needs uvicorn: pip install -e '.[test]'")
+
+import httpx
+
+from adaptor import errors, spool
+from adaptor.clients import a2a
+from adaptord import a2a_bridge
+from adaptord import config as config_module
+from tests.daemon_harness import DaemonProcess
+
+slow = pytest.mark.slow
+
+TOKEN_ENV = "ADAPTOR_TEST_A2A_BRIDGE_TOKEN"
+TOKEN = "bridge-" + secrets.token_hex(12)
+SECRET = "hunter2-" + secrets.token_hex(6)
+WAIT = 30.0
+
+AGENTS = f"""
+[a2a]
+bearer_token_env = "{TOKEN_ENV}"
+
+[a2a.agents.echo]
+display_name = "Echo"
+description = "answers from daemon A"
+skills = [{{ id = "answer", name = "Answer", description = "answers any message", tags = ["test"] }}]
+
+[a2a.agents.echo.request]
+driver = "script"
+config = {{ steps = [{{ text = "thinking... " }}, {{ text = "A says hello" }}] }}
+
+[a2a.agents.slow.request]
+driver = "script"
+config = {{ steps = [{{ text = "started" }}, {{ sleep = 300 }}, {{ text = "too late" }}] }}
+
+[a2a.agents.broken.request]
+driver = "script"
+config = {{ steps = [{{ fail = {{ code = "agent_error", message = "leaked {SECRET}" }} }}] }}
+"""
+NO_TOKEN = AGENTS.replace(f'bearer_token_env = "{TOKEN_ENV}"', "")
+
+
+@dataclass
+class Served:
+    daemon: DaemonProcess
+    url: str
+
+    def card_url(self, agent: str) -> str:
+        return f"{self.url}/agents/{agent}/.well-known/agent-card.json"
+
+    def client(self, agent: str, *, auth: bool = True) -> a2a.Client:
+        return a2a.Client(
+            self.card_url(agent), auth=a2a.BearerTokenFromEnv(TOKEN_ENV) if auth else None
+        )
+
+
+@pytest.fixture(scope="module")
+def token_env() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TOKEN_ENV, TOKEN)
+        yield
+
+
+@pytest.fixture(scope="module")
+def daemon_a(tmp_path_factory: pytest.TempPathFactory, token_env: None) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("daemon-a")
+    (root / "config.toml").write_text(AGENTS)
+    proc = DaemonProcess(
+        root / "home", "--config", str(root / "config.toml"), "--a2a", "127.0.0.1:0"
+    ).start()
+    try:
+        # Port discovery: the bound URL is logged (and kept in adaptord.json).
+        line = proc.wait_for_line("a2a.listening url=")
+        match = re.search(r"url=(http://127\.0\.0\.1:\d+)", line)
+        assert match is not None, line
+        state = json.loads(proc.home.daemon_state.read_text())
+        assert state["a2a_url"] == match.group(1)
+        yield Served(proc, match.group(1))
+    finally:
+        assert proc.stop() == 0
+
+
+def events_until(
+    stream: a2a.EventStream, done: Callable[[a2a.StreamEvent], bool]
+) -> list[a2a.StreamEvent]:
+    """Read ``stream`` until ``done(event)``; fails after ``WAIT`` seconds."""
+    seen: list[a2a.StreamEvent] = []
+    deadline = time.monotonic() + WAIT
+    while not seen or not done(seen[-1]):
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"stream condition not met; got {seen}"
+        event = stream.next_event(remaining)
+        if event is not None:
+            seen.append(event)
+    return seen
+
+
+def progress(events: list[a2a.StreamEvent]) -> str:
+    return "".join(
+        e.message.text
+        for e in events
+        if isinstance(e, a2a.StatusEvent)
+        and e.message is not None
+        and e.message.metadata.get("adaptord.progress") == "text"
+    )
+
+
+def request_of(served: Served, request_id: str) -> dict[str, Any]:
+    return json.loads((served.daemon.home.run_dir(request_id) / "request.json").read_text())
+
+
+# --- cards and credentials ----------------------------------------------------------------------
+
+
+@slow
+def test_each_agent_has_a_public_card_on_the_bound_address(daemon_a: Served) -> None:
+    raw = httpx.get(daemon_a.card_url("echo"))  # no credentials: cards are public
+    assert raw.status_code == 200
+    body = raw.json()
+    assert body["name"] == "Echo" and body["description"] == "answers from daemon A"
+    assert body["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
+    with daemon_a.client("echo") as client:
+        card = client.agent_card()
+    assert card.streaming is True
+    assert [(i.url, i.binding) for i in card.interfaces] == [
+        (f"{daemon_a.url}/agents/echo", "JSONRPC")
+    ]
+    assert [(s.id, s.name, s.tags) for s in card.skills] == [("answer", "Answer", ("test",))]
+    with daemon_a.client("slow") as client:
+        slow_card = client.agent_card()
+    assert slow_card.name == "slow" and [s.tags for s in slow_card.skills] == [("script",)]
+    # With several agents there is no root card, and everything but the cards is guarded.
+    assert httpx.get(daemon_a.url + "/.well-known/agent-card.json").status_code == 401
+
+
+@slow
+def test_every_other_route_needs_the_bearer_token(daemon_a: Served) -> None:
+    with daemon_a.client("echo", auth=False) as anonymous:
+        with pytest.raises(a2a.UnauthorizedError):
+            anonymous.send("hello")
+    call = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        response = httpx.post(f"{daemon_a.url}/agents/echo", json=call, headers=headers)
+        assert response.status_code == 401 and response.headers["WWW-Authenticate"] == "Bearer"
+
+
+# --- runs through the spool ---------------------------------------------------------------------
+
+
+@slow
+def test_send_runs_the_template_through_the_spool(daemon_a: Served) -> None:
+    with daemon_a.client("echo") as client:
+        task = client.send("hello A")
+        assert task.state is a2a.TaskState.COMPLETED
+        assert task.text == "A says hello"
+        assert [(a.name, a.text) for a in task.artifacts] == [("result", "A says hello")]
+        request_id = task.metadata["adaptord.request_id"]
+        fetched = client.get_task(task.id)
+        assert fetched.state is a2a.TaskState.COMPLETED and fetched.text == "A says hello"
+        with pytest.raises(a2a.NotFoundError):
+            client.get_task("no-such-task")
+    # The run was an ordinary request of daemon A: its verdict, audit log and request copy.
+    verdict = daemon_a.daemon.verdict(request_id)
+    assert verdict["ok"] is True and verdict["result"]["text"] == "A says hello"
+    assert (daemon_a.daemon.home.root / verdict["events"]).exists()
+    request = request_of(daemon_a, request_id)
+    assert request["prompt"] == "hello A" and request["driver"] == "script"
+    assert request["metadata"] == {
+        "a2a.agent": "echo",
+        "a2a.task_id": task.id,
+        "a2a.context_id": task.context_id,
+    }
+
+
+@slow
+def test_a_stream_shows_the_runs_text_then_the_result(daemon_a: Served) -> None:
+    with daemon_a.client("echo") as client, client.send_stream("stream please") as stream:
+        events = events_until(stream, lambda e: isinstance(e, a2a.TerminalEvent))
+    assert isinstance(events[0], a2a.TaskEvent)
+    assert events[0].task.state is a2a.TaskState.SUBMITTED
+    assert progress(events) == "thinking... A says hello"
+    artifacts = [e for e in events if isinstance(e, a2a.ArtifactEvent)]
+    assert [(a.artifact.name, a.artifact.text, a.last_chunk) for a in artifacts] == [
+        ("result", "A says hello", True)
+    ]
+    terminal = events[-1]
+    assert isinstance(terminal, a2a.TerminalEvent)
+    assert terminal.state is a2a.TaskState.COMPLETED and not terminal.recovered
+
+
+@slow
+def test_cancel_cancels_the_run_and_ends_the_task_canceled(daemon_a: Served) -> None:
+    with daemon_a.client("slow") as client, client.send_stream("take your time") as stream:
+        # Running for real: its first text reached the stream through the audit log.
+        started = events_until(stream, lambda e: progress([e]) == "started")
+        task_id = stream.task_id
+        cancelled = client.cancel_task(task_id)
+        assert cancelled.state is a2a.TaskState.CANCELED
+        assert cancelled.status_message is not None
+        assert cancelled.status_message.text.startswith("cancelled: the run was cancelled")
+        end = events_until(stream, lambda e: isinstance(e, a2a.TerminalEvent))[-1]
+        assert isinstance(end, a2a.TerminalEvent) and end.state is a2a.TaskState.CANCELED
+        assert client.get_task(task_id).state is a2a.TaskState.CANCELED
+    first = started[0]
+    assert isinstance(first, a2a.TaskEvent)
+    request_id = first.task.metadata["adaptord.request_id"]
+    verdict = daemon_a.daemon.verdict(request_id)
+    assert verdict["ok"] is False
+    assert isinstance(errors.from_wire(verdict["error"]), errors.RunCancelledError)
+    assert "too late" not in json.dumps(verdict)
+
+
+@slow
+def test_a_failed_run_fails_the_task_with_a_fixed_text(daemon_a: Served) -> None:
+    with daemon_a.client("broken") as client:
+        task = client.send("fail please")
+        fetched = client.get_task(task.id)
+    assert task.state is a2a.TaskState.FAILED and fetched.state is a2a.TaskState.FAILED
+    assert task.status_message is not None
+    part = task.status_message.parts[0]
+    assert part.text == "agent_error: the agent run failed (ErrAgentFailed)"
+    assert dict(part.metadata) == {"agentadaptor.failure": {"code": "agent_error"}}
+    for snapshot in (task, fetched):
+        assert SECRET not in repr(snapshot)
+    # The operator still has the whole story in daemon A's own verdict.
+    verdict = daemon_a.daemon.verdict(task.metadata["adaptord.request_id"])
+    assert SECRET in verdict["error"]["message"]
+
+
+# --- refusing to start --------------------------------------------------------------------------
+
+
+@slow
+@pytest.mark.parametrize(
+    ("config", "listen", "why"),
+    [
+        (NO_TOKEN, "0.0.0.0:0", "refusing to serve A2A on a non-loopback address"),
+        ("", "127.0.0.1:0", "no agents to serve"),
+        (AGENTS, "127.0.0.1:nope", "expected HOST:PORT"),
+    ],
+    ids=["non-loopback-without-token", "no-agents", "bad-address"],
+)
+def test_serve_refuses_to_start(tmp_path: Path, config: str, listen: str, why: str) -> None:
+    (tmp_path / "config.toml").write_text(config)
+    proc = DaemonProcess(
+        tmp_path / "home", "--config", str(tmp_path / "config.toml"), "--a2a", listen
+    ).start(wait_ready=False)
+    assert proc.proc is not None and proc.proc.wait(WAIT) == 2
+    proc.wait_for_line(why)
+    assert not proc.home.daemon_state.exists()  # nothing was started
+
+
+# --- two daemons --------------------------------------------------------------------------------
+
+
+@slow
+def test_daemon_b_delegates_to_daemon_a(daemon_a: Served, tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text(
+        f"""
+[a2a.remotes.a]
+card_url = "{daemon_a.card_url("echo")}"
+display_name = "Daemon A"
+bearer_token_env = "{TOKEN_ENV}"
+policy = {{ max_timeout = 60 }}
+"""
+    )
+    b = DaemonProcess(tmp_path / "home", "--config", str(tmp_path / "config.toml")).start()
+    try:
+        # The agent of B calls the host tool through its run's tool gateway, like a CLI would.
+        call = {"name": "delegate_to_agent", "args": {"agent": "a", "prompt": "hello from B"}}
+        request_id = b.submit(
+            {
+                "driver": "script",
+                "prompt": "ask A",
+                "tools": ["delegate_to_agent"],
+                "config": {"steps": [{"call_tool": call}]},
+            }
+        )
+        verdict = b.verdict(request_id)
+        assert verdict["ok"] is True, verdict["error"]
+        result = spool.Client(b.home.root).wait(request_id)
+    finally:
+        assert b.stop() == 0
+    (outcome,) = [item for item in result.transcript() if item.kind == "tool_result"]
+    assert not outcome.is_error
+    delegated = json.loads(outcome.text)
+    assert delegated["agent"] == "a" and delegated["status"] == "completed"
+    assert delegated["text"] == "A says hello"
+    assert TOKEN not in json.dumps(verdict) and TOKEN not in outcome.text
+    # A ran it as one of its own requests, for the task B's delegation created.
+    runs = [
+        request_of(daemon_a, path.name)
+        for path in daemon_a.daemon.home.runs.iterdir()
+        if (path / "request.json").exists()
+    ]
+    (asked,) = [r for r in runs if r["prompt"] == "hello from B"]
+    assert asked["metadata"]["a2a.task_id"] == delegated["remote_task_id"]
+
+
+# --- parsing (no processes) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [
+        ("127.0.0.1:8080", "127.0.0.1", 8080),
+        ("8080", "127.0.0.1", 8080),
+        (":0", "127.0.0.1", 0),
+        ("[::1]:9", "::1", 9),
+        ("localhost:7", "localhost", 7),
+    ],
+)
+def test_listen_addresses(text: str, host: str, port: int) -> None:
+    assert a2a_bridge.Listen.parse(text) == a2a_bridge.Listen(host, port)
+
+
+@pytest.mark.parametrize("text", ["", "host:", "host:70000", "[::1]", "a:b:c"])
+def test_bad_listen_addresses(text: str) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        a2a_bridge.Listen.parse(text)
+
+
+def test_only_loopback_goes_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    agents = config_module._parse(
+        {"a2a": {"agents": {"x": {"request": {"driver": "script"}}}}}, "t"
+    ).a2a
+    assert a2a_bridge.check(a2a_bridge.Listen("127.0.0.1", 0), agents) is None
+    assert a2a_bridge.check(a2a_bridge.Listen("localhost", 0), agents) is None
+    with pytest.raises(config_module.ConfigError, match="non-loopback"):
+        a2a_bridge.check(a2a_bridge.Listen("0.0.0.0", 0), agents)
+    with_env = config_module._parse(
+        {
+            "a2a": {
+                "bearer_token_env": "NOPE_UNSET_VAR",
+                "agents": {"x": {"request": {"driver": "script"}}},
+            }
+        },
+        "t",
+    ).a2a
+    monkeypatch.delenv("NOPE_UNSET_VAR", raising=False)
+    with pytest.raises(config_module.ConfigError, match="unset or empty"):
+        a2a_bridge.check(a2a_bridge.Listen("0.0.0.0", 0), with_env)
+    monkeypatch.setenv("NOPE_UNSET_VAR", "value")
+    assert a2a_bridge.check(a2a_bridge.Listen("0.0.0.0", 0), with_env) == "value"
+
+
+@pytest.mark.parametrize(
+    ("a2a_table", "why"),
+    [
+        ({"agents": {"x": {"request": {"driver": "nope"}}}}, "/driver: unknown driver"),
+        ({"agents": {"x": {"request": {"driver": "script", "prompt": "p"}}}}, "set by the bridge"),
+        ({"agents": {"x": {}}}, "request template table is required"),
+        ({"agents": {"x y": {"request": {"driver": "script"}}}}, "the name must match"),
+        ({"agents": {"x": {"request": {"driver": "script", "tools": ["t"]}}}}, "no host tool"),
+        ({"agents": {"x": {"request": {"driver": "script"}, "skills": [{}]}}}, "non-empty id"),
+        ({"remotes": {"r": {"card_url": "ftp://x"}}}, "a2a.remotes.r"),
+        ({"remotes": {"r": {"card_url": "http://h/", "policy": {"max_polls": 0}}}}, "max_polls"),
+        ({"remotes": {"r": {"key": "s", "card_url": "http://h/"}}}, "table name"),
+        ({"bearer_token": "a", "bearer_token_env": "B"}, "not both"),
+        ({"public_url": "not a url"}, "public_url"),
+        ({"listen": "x"}, "unknown a2a setting"),
+    ],
+)
+def test_bad_a2a_tables_are_refused(a2a_table: dict[str, Any], why: str) -> None:
+    with pytest.raises(config_module.ConfigError, match=re.escape(why)):
+        config_module._parse({"a2a": a2a_table}, "t")
+
+
+def test_remotes_make_the_delegate_tool_selectable() -> None:
+    remote = {"remotes": {"r": {"card_url": "http://127.0.0.1:9/card.json"}}}
+    cfg = config_module._parse(
+        {
+            "a2a": {
+                **remote,
+                "agents": {"x": {"request": {"driver": "script", "tools": ["delegate_to_agent"]}}},
+            }
+        },
+        "t",
+    )
+    tool = cfg.load_tools()["delegate_to_agent"]
+    assert "- r (r)" in tool.description
+    taken = config_module._parse({"a2a": remote, "tools": {"delegate_to_agent": "os:getcwd"}}, "t")
+    with pytest.raises(config_module.ConfigError, match="taken"):
+        taken.load_tools()
