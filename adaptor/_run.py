@@ -92,6 +92,14 @@ class _Terminal:
     cause: BaseException | None = None
 
 
+_FOREVER = 10 * 365 * 24 * 3600.0
+
+
+def _interval(seconds: float) -> float:
+    """A timer interval the platform accepts: a budget of 1e40 s is simply "never"."""
+    return min(max(float(seconds), 0.0), threading.TIMEOUT_MAX)
+
+
 class _Budget:
     """The policy's active-execution budget: a timer that approvals can pause."""
 
@@ -111,7 +119,7 @@ class _Budget:
 
     def _arm(self) -> None:
         self._started_at = time.monotonic()
-        self._timer = threading.Timer(max(self._remaining, 0.0), self._on_exhausted)
+        self._timer = threading.Timer(_interval(self._remaining), self._on_exhausted)
         self._timer.daemon = True
         self._timer.start()
 
@@ -162,7 +170,10 @@ class RunPipeline:
         self._fresh_session = False
         self.run_id = new_run_id()
         self.started = time.monotonic()
-        self.deadline = None if options.timeout is None else self.started + options.timeout
+        # A deadline beyond any real run (e.g. 1e40 s from a config file) is no deadline at all;
+        # datetime and timer arithmetic would overflow on it.
+        self.timeout = options.timeout if options.timeout is None or options.timeout < _FOREVER else None
+        self.deadline = None if self.timeout is None else self.started + self.timeout
         self.cancelled = threading.Event()
         self._lock = threading.Lock()
         self._terminal: _Terminal | None = None
@@ -200,8 +211,8 @@ class RunPipeline:
             self.run_id, self.thread_key, self.host.event_buffer, self.host.blocking_events
         )
         self.stream._broker = self.broker
-        if self.options.timeout is not None:
-            self._timer = threading.Timer(max(self.options.timeout, 0.0), self._on_deadline)
+        if self.timeout is not None:
+            self._timer = threading.Timer(_interval(self.timeout), self._on_deadline)
             self._timer.daemon = True
             self._timer.start()
         self.broker.publish(RunStarted(run_id=self.run_id))
@@ -250,7 +261,7 @@ class RunPipeline:
                 explicit_ask_kinds=explicit_ask_kinds(self.options.policy),
                 streaming=True,
             )
-        if self.options.timeout is not None and self.options.timeout <= 0:
+        if self.timeout is not None and self.timeout <= 0:
             raise errors.DeadlineExceededError()
         self.host._register(self)
 
@@ -534,7 +545,7 @@ class RunPipeline:
             )
         if terminal.kind == "deadline":
             return errors.RunDeadlineExceededError(
-                f"run deadline of {self.options.timeout:g}s exceeded",
+                f"run deadline of {self.timeout or 0:g}s exceeded",
                 result=result,
                 cause=errors.DeadlineExceededError(),
             )

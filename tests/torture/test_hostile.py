@@ -23,7 +23,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 
 _json = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)),
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False), st.text(max_size=20)),
     lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=10), c, max_size=4)),
     max_leaves=20,
 )
@@ -95,3 +95,14 @@ def test_path_syntax_in_ids_and_thread_keys(daemon: DaemonProcess, tmp_path: Pat
         assert verdict["events"].startswith("events/thread=")
     outside = [p for p in daemon.home.root.parent.iterdir() if p.name != "home"]
     assert outside == []
+
+
+def test_numbers_beyond_64_bits(daemon: DaemonProcess) -> None:
+    # A timeout of 10**40 seconds is read as a float and means "no deadline" in practice.
+    (daemon.home.spool_new / "bigint.json").write_bytes(
+        b'{"driver": "script", "prompt": "x", "config": {"steps": [{"text": "ok"}]}, "timeout": 1'
+        + b"0" * 40
+        + b"}"
+    )
+    verdict = daemon.verdict("bigint")
+    assert verdict["ok"] and verdict["result"]["text"] == "ok"
