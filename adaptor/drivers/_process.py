@@ -146,6 +146,15 @@ def monotonic_deadline(deadline: datetime | None) -> float | None:
 C = TypeVar("C")
 
 
+def coerce_config(cls: type[C], config: object, driver: str) -> C:
+    """A driver's ``Config``: given as is, or built from a JSON object with ``from_dict``."""
+    if isinstance(config, cls):
+        return config
+    if isinstance(config, Mapping):
+        return cls.from_dict(config)  # type: ignore[attr-defined]
+    raise TypeError(f"the {driver} driver expects a {driver}.Config, not {type(config).__name__}")
+
+
 def config_from_dict(cls: type[C], obj: object) -> C:
     """Build a driver ``Config`` from a JSON object (daemon requests); unknown keys refused.
 

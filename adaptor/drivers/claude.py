@@ -308,11 +308,7 @@ def replay(
 
 
 def _as_config(config: object) -> Config:
-    if isinstance(config, Config):
-        return config
-    if isinstance(config, Mapping):
-        return Config.from_dict(config)
-    raise TypeError(f"the claude driver expects a claude.Config, not {type(config).__name__}")
+    return _process.coerce_config(Config, config, "claude")
 
 
 def _validate(config: Config) -> None:

@@ -276,11 +276,7 @@ def replay(
 
 
 def _as_config(config: object) -> Config:
-    if isinstance(config, Config):
-        return config
-    if isinstance(config, Mapping):
-        return Config.from_dict(config)
-    raise TypeError(f"the codex driver expects a codex.Config, not {type(config).__name__}")
+    return _process.coerce_config(Config, config, "codex")
 
 
 def _validate(config: Config) -> None:

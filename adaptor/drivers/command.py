@@ -144,11 +144,7 @@ def replay(
 
 
 def _as_config(config: object) -> Config:
-    if isinstance(config, Config):
-        return config
-    if isinstance(config, Mapping):
-        return Config.from_dict(config)
-    raise TypeError(f"the command driver expects a command.Config, not {type(config).__name__}")
+    return _process.coerce_config(Config, config, "command")
 
 
 def _unsupported(request: Request) -> Response | None:

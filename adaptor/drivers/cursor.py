@@ -225,11 +225,7 @@ def replay(
 
 
 def _as_config(config: object) -> Config:
-    if isinstance(config, Config):
-        return config
-    if isinstance(config, Mapping):
-        return Config.from_dict(config)
-    raise TypeError(f"the cursor driver expects a cursor.Config, not {type(config).__name__}")
+    return _process.coerce_config(Config, config, "cursor")
 
 
 def _validate(config: Config) -> None:

@@ -234,11 +234,7 @@ def replay(
 
 
 def _as_config(config: object) -> Config:
-    if isinstance(config, Config):
-        return config
-    if isinstance(config, Mapping):
-        return Config.from_dict(config)
-    raise TypeError(f"the gemini driver expects a gemini.Config, not {type(config).__name__}")
+    return _process.coerce_config(Config, config, "gemini")
 
 
 def _validate(config: Config) -> None:

@@ -88,6 +88,7 @@ from adaptor.driver import (
     SystemPromptCaps,
     canonical_fingerprint,
 )
+from adaptor.drivers import _process
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import ProcessInfo, TextDelta, Thinking, ToolCall, ToolResult
 from adaptor.result import RawStreams, TerminalPayload, TranscriptItem, Usage
@@ -256,11 +257,7 @@ class Driver:
 
 
 def _as_config(config: object) -> Config:
-    if isinstance(config, Config):
-        return config
-    if isinstance(config, Mapping):
-        return Config.from_dict(config)
-    raise TypeError(f"the script driver expects a script.Config, not {type(config).__name__}")
+    return _process.coerce_config(Config, config, "script")
 
 
 # --- descriptor ---------------------------------------------------------------------------------
