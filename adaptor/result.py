@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
@@ -71,23 +71,6 @@ class RawStreams:
     stdout: str = ""
     stderr: str = ""
     terminal: TerminalPayload | None = None
-
-
-TranscriptKind = Literal[
-    "assistant",
-    "thinking",
-    "user",
-    "tool_call",
-    "tool_result",
-    "init",
-    "result",
-    "stdout",
-    "stderr",
-    "system",
-    "summary",
-    "question",
-    "failure",
-]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +238,3 @@ class Result:
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
-
-def concat_transcripts(*parts: Sequence[TranscriptItem]) -> tuple[TranscriptItem, ...]:
-    return tuple(item for part in parts for item in part)
