@@ -9,6 +9,8 @@ on 127.0.0.1, and the variables that stop all outside traffic.
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import os
 import subprocess
 import sys
@@ -22,16 +24,27 @@ import pytest
 
 import adaptor
 from adaptor import _home, errors
+from adaptor.events import ProcessInfo, TextDelta, ToolCall, ToolResult
 from adaptor.spool import Client
 from tests.daemon_harness import DaemonProcess
-from tests.drivers.conftest import QUIET_CLAUDE
+from tests.drivers.conftest import QUIET_CLAUDE, group_members
 from tests.drivers.mock_anthropic import AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
+from tests.drivers.test_real_clis import closed_port
 
 pytestmark = pytest.mark.slow
 
 TIMEOUT = 120.0
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
+
+# The in-process tests' ``Item`` dataclass, as a request carries it: a JSON Schema.
+ITEM_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
+    "required": ["name", "count"],
+    "additionalProperties": False,
+}
 
 
 def wait_until(find: Callable[[], T | None], what: str, timeout: float = TIMEOUT) -> T:
@@ -67,16 +80,24 @@ def claude_request(
 ) -> Callable[..., dict[str, Any]]:
     """A daemon request for the real claude against the Anthropic mock."""
 
-    def make(prompt: str, **fields: Any) -> dict[str, Any]:
+    def make(
+        prompt: str, *, base_url: str | None = None, config: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
         # QUIET_CLAUDE's "0"/"1" values go in the daemon's own environment (the CLI inherits
         # it): the daemon redacts every config.env value as a secret, by substring, from
         # everything it records (see test_short_env_values_corrupt_the_run_log).
         env = {
             **isolated_home,
             "ANTHROPIC_API_KEY": "sk-ant-mock-key",
-            "ANTHROPIC_BASE_URL": anthropic.url,
+            "ANTHROPIC_BASE_URL": base_url or anthropic.url,
         }
-        config = {"command": claude_bin, "env": env, "config_dir": str(tmp_path / "claude-profile")}
+        config = {
+            "command": claude_bin,
+            "env": env,
+            "config_dir": str(tmp_path / "claude-profile"),
+            **(config or {}),
+        }
         return {
             "driver": "claude",
             "prompt": prompt,
@@ -98,9 +119,12 @@ def codex_request(
 ) -> Callable[..., dict[str, Any]]:
     """A daemon request for the real codex against the OpenAI mock."""
 
-    def make(prompt: str, **fields: Any) -> dict[str, Any]:
+    def make(
+        prompt: str, *, base_url: str | None = None, config: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
         provider = (
-            f'model_providers.mock={{name="mock",base_url="{openai.base_url}",'
+            f'model_providers.mock={{name="mock",base_url="{base_url or openai.base_url}",'
             'env_key="MOCK_API_KEY",wire_api="responses",request_max_retries=0,'
             "stream_max_retries=0}"
         )
@@ -122,6 +146,7 @@ def codex_request(
             "home": str(tmp_path / "codex-home"),
             "env": {**isolated_home, "MOCK_API_KEY": "mock-key"},
             "extra_args": extra,
+            **(config or {}),
         }
         return {
             "driver": "codex",
@@ -144,19 +169,109 @@ def run_ok(home: Path, request: dict[str, Any]) -> tuple[dict[str, Any], adaptor
     return verdict, result
 
 
-def run_failed(home: Path, request: dict[str, Any]) -> tuple[dict[str, Any], BaseException]:
+def failed_verdict(
+    verdict: dict[str, Any], expected: type[BaseException], code: str, exit_code: int
+) -> None:
+    """Check a failed verdict's error identity (docs/errors.md and the exit code)."""
+    assert verdict["ok"] is False, verdict
+    error = verdict["error"]
+    assert (error["code"], error["type"], verdict["exit_code"]) == (code, expected.__name__, exit_code)
+    # ``errors.from_wire`` rebuilds the very class the in-process run raises.
+    assert type(errors.from_wire(error)) is expected
+
+
+def run_failed(
+    home: Path, request: dict[str, Any], expected: type[E], code: str, exit_code: int = 1
+) -> tuple[dict[str, Any], E]:
+    """Submit and require that failure; the raw verdict and what ``Client.wait`` raised (a
+    RunError with its rebuilt ``result``)."""
     client = Client(home)
     request_id = client.submit(request)
-    with pytest.raises(adaptor.AdaptorError):
+    with pytest.raises(expected) as caught:
         client.wait(request_id, timeout=TIMEOUT)
     verdict = client.verdict(request_id)
-    assert verdict is not None and verdict["ok"] is False, verdict
-    return verdict, errors.from_wire(verdict["error"])
+    assert verdict is not None
+    failed_verdict(verdict, expected, code, exit_code)
+    return verdict, caught.value
 
 
 def thread_log(home: Path, key: str) -> list[dict[str, Any]]:
     path = _home.Home.at(home).events / f"{_home.session_for_thread(key)}.jsonl"
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def request_events(home: Path, request_id: str) -> list[adaptor.Event]:
+    """What the audit log recorded for one request, as ``adaptor.events`` objects."""
+    return list(Client(home).events(request_id))
+
+
+def tool_round_trip(
+    home: Path, request_id: str
+) -> tuple[ToolCall, dict[str, Any], ToolResult, str]:
+    """From the audit log: the first tool call, its arguments (whole at the start, or streamed
+    as ``args_delta`` pieces), its result (recorded after it) and the assistant text."""
+    events = request_events(home, request_id)
+    call = next(e for e in events if isinstance(e, ToolCall) and e.phase == "start")
+    pieces = [e.args_delta for e in events if isinstance(e, ToolCall) and e.id == call.id]
+    args = call.args if call.args is not None else orjson.loads("".join(pieces))
+    output = next(e for e in events if isinstance(e, ToolResult) and e.id == call.id)
+    assert events.index(call) < events.index(output)
+    text = "".join(e.text for e in events if isinstance(e, TextDelta) and e.phase == "content")
+    return call, args, output, text
+
+
+def spawned_group(home: Path, request_id: str) -> int:
+    """The process group of the request's CLI (its first process leads a group of its own)."""
+
+    def find() -> int | None:
+        for event in request_events(home, request_id):
+            if isinstance(event, ProcessInfo) and event.kind == "spawn":
+                return int(event.data["pid"])
+        return None
+
+    return wait_until(find, f"the CLI spawn of {request_id}")
+
+
+def processes_under(root: Path) -> list[int]:
+    """Live processes whose working directory or environment mentions ``root`` (the test's
+    tmp_path: the workspace and the isolated HOME live there, and nothing else uses it)."""
+    marker = str(root)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        proc = Path("/proc") / entry
+        try:
+            stat_line = (proc / "stat").read_bytes()
+            if stat_line[stat_line.rfind(b")") + 2 :].split()[0] == b"Z":
+                continue  # exited, only waiting to be reaped
+            cwd = os.readlink(proc / "cwd")
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if cwd.startswith(marker) or marker.encode() in environ:
+            found.append(int(entry))
+    return found
+
+
+def assert_nothing_left(root: Path, pgid: int) -> None:
+    """No member of the CLI's process group and no other process of this test survives."""
+
+    def left() -> list[int]:
+        return sorted(set(group_members(pgid)) | set(processes_under(root)))
+
+    try:
+        wait_until(lambda: True if not left() else None, "the CLI's processes to end", timeout=15)
+    except AssertionError:
+        described = {pid: _cmdline(pid) for pid in left()}
+        raise AssertionError(f"processes left behind: {described}") from None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"
 
 
 def spawn_argvs(records: list[dict[str, Any]]) -> list[list[str]]:
@@ -270,24 +385,40 @@ def test_claude_permission_answered_through_the_cli(
         assert os.path.exists(target)
         assert client.wait(request_id).text == "Tool result was: (Bash completed with no output)"
     else:
-        assert verdict["ok"] is False, verdict
-        assert verdict["error"]["code"] == "ErrApprovalDenied"
-        assert verdict["exit_code"] == 1
-        assert isinstance(errors.from_wire(verdict["error"]), adaptor.ApprovalDeniedError)
+        failed_verdict(verdict, adaptor.ApprovalDeniedError, "ErrApprovalDenied", 1)
         assert not os.path.exists(target)
 
 
-def test_claude_401_through_the_daemon(
+def test_claude_tool_call_through_the_daemon(
     daemon: DaemonProcess,
     home: Path,
     anthropic: AnthropicMock,
+    workspace: str,
     claude_request: Callable[..., dict[str, Any]],
 ) -> None:
-    anthropic.configure(status=401)
-    verdict, error = run_failed(home, claude_request("say hello"))
-    assert verdict["error"]["code"] == "ErrAgentFailed"
-    assert isinstance(error, adaptor.AgentFailedError)
-    assert error.details["kind"] == "auth" and error.details["retryable"] is False
+    target = os.path.join(workspace, "hello.txt")
+    anthropic.configure(tool=("Write", {"file_path": target, "content": "hi\n"}))
+    request = claude_request("write hello.txt", config={"permission_mode": "acceptEdits"})
+    verdict, result = run_ok(home, request)
+    assert Path(target).read_text() == "hi\n"
+    assert verdict["result"]["text"].startswith("Tool result was: File created successfully")
+    call, args, output, text = tool_round_trip(home, verdict["id"])
+    assert call.name == "Write" and args == {"file_path": target, "content": "hi\n"}
+    assert not output.is_error and text == result.text
+    kinds = [i.kind for i in result.transcript()]
+    assert kinds.index("tool_call") < kinds.index("tool_result") < kinds.index("assistant")
+
+
+def test_claude_unreachable_server_through_the_daemon(
+    daemon: DaemonProcess,
+    home: Path,
+    tmp_path: Path,
+    claude_request: Callable[..., dict[str, Any]],
+) -> None:
+    request = claude_request("say hello", base_url=f"http://127.0.0.1:{closed_port()}")
+    verdict, error = run_failed(home, request, adaptor.AgentFailedError, "ErrAgentFailed")
+    assert error.details["kind"] == "provider_unavailable" and error.details["retryable"] is True
+    assert_nothing_left(tmp_path, spawned_group(home, verdict["id"]))
 
 
 # --- codex --------------------------------------------------------------------------------------
@@ -327,17 +458,167 @@ def test_codex_thread_resumes_across_a_daemon_restart(
     assert second_input > first_input  # the history went along
 
 
-def test_codex_401_through_the_daemon(
+def test_codex_tool_call_through_the_daemon(
     daemon: DaemonProcess,
     home: Path,
     openai: OpenAIMock,
     codex_request: Callable[..., dict[str, Any]],
 ) -> None:
-    openai.configure(status=401)
-    verdict, error = run_failed(home, codex_request("say hello"))
-    assert verdict["error"]["code"] == "ErrAgentFailed"
-    assert isinstance(error, adaptor.AgentFailedError)
-    assert error.details["kind"] == "auth" and error.details["retryable"] is False
+    openai.configure(shell="echo hi")
+    request = codex_request(
+        "run echo hi", policy={"sandbox": "read_only", "web_search": "deny"}
+    )
+    verdict, result = run_ok(home, request)
+    # The mock echoes what codex sent back to the model: the command's output in a frame.
+    final = verdict["result"]["text"]
+    assert final.startswith("Tool output was: ") and final.endswith("Output:\nhi\n")
+    call, args, output, text = tool_round_trip(home, verdict["id"])
+    assert call.name == "shell" and "echo hi" in args["command"]
+    assert not output.is_error and text == final
+    transcript_output = next(i for i in result.transcript() if i.kind == "tool_result")
+    assert transcript_output.text == "hi\n"
+    sent = openai.logged("/v1/responses")[0]
+    assert '"sandbox_mode":"read-only"' in sent["headers"]["x-codex-turn-metadata"].replace(" ", "")
+    assert "web_search" not in {t.get("name") or t.get("type") for t in sent["body"]["tools"]}
+
+
+def test_codex_unreachable_server_ends_with_the_request_timeout(
+    daemon: DaemonProcess,
+    home: Path,
+    tmp_path: Path,
+    codex_request: Callable[..., dict[str, Any]],
+) -> None:
+    # codex retries an unreachable provider forever: only the run timeout ends it.
+    request = codex_request(
+        "say hello",
+        base_url=f"http://127.0.0.1:{closed_port()}/v1",
+        config={"grace_period": 1.0},
+        timeout=4,
+    )
+    verdict, error = run_failed(
+        home, request, adaptor.RunDeadlineExceededError, "ErrDeadlineExceeded"
+    )
+    assert error.result is not None
+    assert "network" in error.result.metadata.get("last_error", "")
+    assert_nothing_left(tmp_path, spawned_group(home, verdict["id"]))
+
+
+# --- both CLIs -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RealCLI:
+    """What the shared tests need to know about one CLI and its mock model server."""
+
+    name: str
+    request: Callable[..., dict[str, Any]]
+    mock: AnthropicMock | OpenAIMock
+    text: str  # the mock's default answer
+    sessions: str  # glob, under tmp_path, of the files where the CLI keeps its conversations
+    resume_refusal: str  # what the CLI says about a conversation it lost
+
+    def model_requests(self) -> list[dict[str, Any]]:
+        if isinstance(self.mock, AnthropicMock):
+            return self.mock.messages()
+        return self.mock.responses()
+
+
+@pytest.fixture(params=["claude", "codex"])
+def cli(request: pytest.FixtureRequest) -> RealCLI:
+    if request.param == "claude":
+        return RealCLI(
+            "claude",
+            request.getfixturevalue("claude_request"),
+            request.getfixturevalue("anthropic"),
+            "Hello from the mock Anthropic server.",
+            "claude-profile/projects/*/*.jsonl",
+            "No conversation found",
+        )
+    return RealCLI(
+        "codex",
+        request.getfixturevalue("codex_request"),
+        request.getfixturevalue("openai"),
+        "Hello from the mock OpenAI server.",
+        "codex-home/sessions/**/rollout-*.jsonl",
+        "no rollout found",
+    )
+
+
+def test_native_structured_output_through_the_daemon(
+    daemon: DaemonProcess, home: Path, cli: RealCLI
+) -> None:
+    cli.mock.configure(structured={"name": "mock", "count": 3})
+    verdict, result = run_ok(home, cli.request("give me structured data", schema=ITEM_SCHEMA))
+    structured = verdict["result"]["structured"]
+    assert (structured["source"], structured["valid"]) == ("native", True)
+    assert structured["value"] == {"name": "mock", "count": 3}
+    assert result.decode() == {"name": "mock", "count": 3}
+
+    cli.mock.configure(structured={"name": 5})
+    invalid = cli.request("give me structured data", schema=ITEM_SCHEMA)
+    verdict, _ = run_failed(home, invalid, adaptor.PolicyViolationError, "ErrPolicyViolation")
+    assert verdict["result"]["structured"]["valid"] is False
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "retryable"),
+    [(401, "auth", False), (429, "rate_limit", True), (500, "provider_unavailable", True)],
+)
+def test_http_error_through_the_daemon(
+    daemon: DaemonProcess, home: Path, cli: RealCLI, status: int, kind: str, retryable: bool
+) -> None:
+    cli.mock.configure(status=status)
+    verdict, error = run_failed(
+        home, cli.request("say hello"), adaptor.AgentFailedError, "ErrAgentFailed"
+    )
+    assert error.details["kind"] == kind and error.details["retryable"] is retryable
+    # codex words a 5xx as "currently experiencing high demand", without the status.
+    if not (cli.name == "codex" and status >= 500):
+        assert error.details.get("provider_status") == status
+        assert str(status) in verdict["error"]["message"]
+
+
+def test_bad_resume_id_through_the_daemon(
+    daemon: DaemonProcess, home: Path, tmp_path: Path, cli: RealCLI
+) -> None:
+    key = f"real/{cli.name}/lost"
+    run_ok(home, cli.request("first", thread={"key": key}))
+    stored = glob.glob(str(tmp_path / cli.sessions), recursive=True)
+    assert stored, f"{cli.name} keeps its conversations in {cli.sessions}"
+    for path in stored:
+        os.remove(path)  # the provider lost the conversation
+
+    lost = cli.request("again", thread={"key": key, "resume_only": True})
+    _, error = run_failed(home, lost, adaptor.ResumeRejectedError, "ErrResumeRejected", 4)
+    assert cli.resume_refusal in error.reason
+
+    # Continue-or-start (no resume_only) falls back to a fresh conversation and says so.
+    _, result = run_ok(home, cli.request("again", thread={"key": key}))
+    assert result.text == cli.text
+    notices = [r["event"] for r in thread_log(home, key) if r["event"]["kind"] == "notice.lifecycle"]
+    assert any(n["data"].get("phase") == "thread.resume_rejected" for n in notices), notices
+
+
+def test_cancel_mid_run_through_the_cli(
+    daemon: DaemonProcess, home: Path, tmp_path: Path, cli: RealCLI
+) -> None:
+    cli.mock.configure(delay=60.0)
+    client = Client(home)
+    request_id = client.submit(cli.request("say hello slowly"))
+    pgid = spawned_group(home, request_id)
+    wait_until(lambda: cli.model_requests() or None, "the model request in flight")
+    # The /proc scan sees the CLI (so an empty scan afterwards means something).
+    assert group_members(pgid) and set(group_members(pgid)) <= set(processes_under(tmp_path))
+    if cli.name == "codex":
+        assert len(group_members(pgid)) >= 2  # the node launcher and the real codex binary
+
+    cancelled = adaptor_cli(home, "cancel", request_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    verdict = daemon.verdict(request_id, timeout=TIMEOUT)
+    failed_verdict(verdict, adaptor.RunCancelledError, "ErrRunCancelled", 1)
+    with pytest.raises(adaptor.RunCancelledError):
+        client.wait(request_id)
+    assert_nothing_left(tmp_path, pgid)
 
 
 # --- short env values are configuration, not secrets --------------------------------------------
