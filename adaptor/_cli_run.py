@@ -401,7 +401,7 @@ def _execute(
             click.echo("\nadaptor: cancelled", err=True)
             sys.exit(EXIT_INTERRUPTED)
         finally:
-            call.agent.close()
+            call.close(10.0)
     finally:
         if store is not None:
             store.close()

@@ -8,9 +8,13 @@ identity in both paths.  The schema file ships in ``adaptord/schemas/``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -197,10 +201,71 @@ def make_driver(name: str, config: Mapping[str, Any]) -> Driver:
 
 @dataclass
 class Call:
-    """An SDK call ready to start: ``start()`` returns the Stream."""
+    """An SDK call ready to start: ``start()`` returns the Stream, ``close()`` ends the call."""
 
     agent: adaptor.Agent
     start: Callable[[], adaptor.Stream]
+    close: Callable[[float], None]
+
+
+class KeptAgents:
+    """Agents kept from one request to the next, for drivers whose CLI processes persist.
+
+    A claude thread keeps its CLI process between turns (``process.persistent``), but only
+    inside one Agent: building a fresh Agent per request would start a new process for every
+    turn.  Requests whose driver, effective driver config and host tools are identical share
+    one Agent here; everything else a request sets is passed per run.  At most ``limit``
+    Agents are kept; the least recently used one nobody is running on is closed (its kept
+    processes with it) to make room.
+    """
+
+    def __init__(self, limit: int = 16) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._agents: OrderedDict[bytes, tuple[adaptor.Agent, int]] = OrderedDict()
+        self._closed = False
+
+    def checkout(self, key: bytes, make: Callable[[], adaptor.Agent]) -> tuple[adaptor.Agent, Callable[[float], None]]:
+        """The Agent kept under ``key`` (made if absent) and the callable that returns it."""
+        evicted: list[adaptor.Agent] = []
+        with self._lock:
+            if self._closed:
+                agent = make()
+                return agent, agent.close
+            entry = self._agents.pop(key, None)
+            if entry is None or entry[0].closed:
+                entry = (make(), 0)
+            agent = entry[0]
+            self._agents[key] = (agent, entry[1] + 1)
+            while len(self._agents) > self._limit:
+                idle = next((k for k, (_, users) in self._agents.items() if users == 0), None)
+                if idle is None:
+                    break
+                evicted.append(self._agents.pop(idle)[0])
+        for old in evicted:
+            old.close()
+
+        def give_back(timeout: float) -> None:
+            del timeout  # the Agent stays open for the next request
+            with self._lock:
+                current = self._agents.get(key)
+                if current is not None and current[0] is agent:
+                    self._agents[key] = (agent, current[1] - 1)
+                    return
+            # Evicted or closed while in use: nobody else holds it.
+            agent.close()
+
+        return agent, give_back
+
+    def close(self, timeout: float = 10) -> None:
+        """Close every kept Agent (their processes stop); later checkouts keep nothing."""
+        with self._lock:
+            self._closed = True
+            agents = [agent for agent, _ in self._agents.values()]
+            self._agents.clear()
+        deadline = time.monotonic() + timeout
+        for agent in agents:
+            agent.close(max(deadline - time.monotonic(), 0.0))
 
 
 def build(
@@ -210,34 +275,47 @@ def build(
     thread_store: Any,
     on_approval: Callable[[adaptor.ApprovalRequest], None],
     tools: Mapping[str, Any],
+    kept: KeptAgents | None = None,
 ) -> Call:
-    """Map a validated request onto ``Agent(...)`` and ``run``/``thread(...).run`` options."""
+    """Map a validated request onto ``Agent(...)`` and ``run``/``thread(...).run`` options.
+
+    With ``kept``, a driver that keeps CLI processes between turns runs on a shared Agent.
+    """
     config = {**driver_defaults, **(request.get("config") or {})}
     if isinstance(driver_defaults.get("env"), Mapping) or isinstance(request.get("config", {}).get("env"), Mapping):
         config["env"] = {**(driver_defaults.get("env") or {}), **((request.get("config") or {}).get("env") or {})}
-    driver = make_driver(str(request["driver"]), config)
+    name = str(request["driver"])
+    driver = make_driver(name, config)
     selected_tools = []
-    for position, name in enumerate(request.get("tools") or ()):
-        if name not in tools:
-            raise InvalidRequestError([{"path": f"/tools/{position}", "message": f"no host tool {name!r} in the daemon config"}])
-        selected_tools.append(tools[name])
-    agent = adaptor.Agent(
-        driver,
-        workspace=request.get("workspace"),
-        model=request.get("model"),
-        timeout=request.get("timeout"),
-        policy=_policy(request.get("policy")),
-        instructions=request.get("instructions"),
-        append_system_prompt=request.get("append_system_prompt"),
-        metadata=request.get("metadata"),
-        skills=_skills(request.get("skills")),
-        mcp=_mcp_servers(request.get("mcp")),
-        on_approval=on_approval,
-        spawn=bool(request.get("spawn", False)),
-        thread_store=thread_store,
-        tools=selected_tools,
-    )
-    options: dict[str, Any] = {}
+    for position, tool_name in enumerate(request.get("tools") or ()):
+        if tool_name not in tools:
+            raise InvalidRequestError([{"path": f"/tools/{position}", "message": f"no host tool {tool_name!r} in the daemon config"}])
+        selected_tools.append(tools[tool_name])
+
+    def make_agent() -> adaptor.Agent:
+        return adaptor.Agent(driver, thread_store=thread_store, tools=selected_tools)
+
+    if kept is not None and driver.descriptor().process.persistent:
+        # The key holds secrets (config env) only as a digest.
+        identity = [name, config, [[t, id(tools[t])] for t in request.get("tools") or ()], id(thread_store)]
+        key = hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS, default=repr)).digest()
+        agent, close = kept.checkout(key, make_agent)
+    else:
+        agent = make_agent()
+        close = agent.close
+    options: dict[str, Any] = {
+        "workspace": request.get("workspace"),
+        "model": request.get("model"),
+        "timeout": request.get("timeout"),
+        "policy": _policy(request.get("policy")),
+        "instructions": request.get("instructions"),
+        "append_system_prompt": request.get("append_system_prompt"),
+        "metadata": request.get("metadata"),
+        "skills": _skills(request.get("skills")),
+        "mcp": _mcp_servers(request.get("mcp")),
+        "on_approval": on_approval,
+        "spawn": bool(request.get("spawn", False)),
+    }
     if request.get("schema") is not None:
         options["schema"] = request["schema"]
         schema_options = request.get("schema_options") or {}
@@ -249,14 +327,14 @@ def build(
     prompt = str(request["prompt"])
     thread = request.get("thread")
     if isinstance(thread, Mapping):
-        key = str(thread["key"])
+        key_name = str(thread["key"])
         parent = thread.get("fork_from")
         if parent:
-            handle = agent.thread(str(parent)).fork(key)
+            handle = agent.thread(str(parent)).fork(key_name)
         else:
-            handle = agent.thread(key, resume_only=bool(thread.get("resume_only", False)))
-        return Call(agent, lambda: handle.stream(prompt, **options))
-    return Call(agent, lambda: agent.stream(prompt, **options))
+            handle = agent.thread(key_name, resume_only=bool(thread.get("resume_only", False)))
+        return Call(agent, lambda: handle.stream(prompt, **options), close)
+    return Call(agent, lambda: agent.stream(prompt, **options), close)
 
 
 def _skills(raw: list[Any] | None) -> tuple[skill.Skill | skill.Ref, ...]:

@@ -99,6 +99,7 @@ class Daemon:
         self._idle = threading.Condition(self._lock)
         self._observer: Any = None
         self._tools: dict[str, Any] = {}
+        self._kept = requests.KeptAgents()
 
     # -- logging and audit -------------------------------------------------------------------
 
@@ -453,6 +454,7 @@ class Daemon:
                 thread_store=self._store,
                 on_approval=lambda req: self._route_approval(job, req),
                 tools=self._tools,
+                kept=self._kept,
             )
         except BaseException as exc:
             error = exc
@@ -470,7 +472,7 @@ class Daemon:
             except BaseException as exc:
                 error = exc
             finally:
-                call.agent.close(timeout=self.grace)
+                call.close(self.grace)
         if isinstance(error, errors.RunError):
             result = error.result
         run_id = job.run_ids[-1] if job.run_ids else None
@@ -771,6 +773,8 @@ class Daemon:
                 job.stream.cancel()
         with self._idle:
             self._idle.wait_for(lambda: not self._running, timeout=30)
+        # CLI processes kept for the next turn of a thread stop with the daemon.
+        self._kept.close(self.grace)
 
 
 def _write_once(path: Path, data: bytes) -> bool:

@@ -350,6 +350,31 @@ def test_claude_thread_resumes_across_a_daemon_restart(
     assert len(sent[-1]["messages"]) > len(sent[0]["messages"])
 
 
+@pytest.mark.parametrize("stop", ["sigterm", "kill9"])
+def test_claude_process_reused_across_thread_turns_through_the_daemon(
+    stop: str,
+    daemon: DaemonProcess,
+    home: Path,
+    tmp_path: Path,
+    anthropic: AnthropicMock,
+    claude_request: Callable[..., dict[str, Any]],
+) -> None:
+    key = "real/claude/reuse"
+    _, first = run_ok(home, claude_request("first question", thread={"key": key}))
+    _, second = run_ok(home, claude_request("second question", thread={"key": key}))
+    # Two requests, one CLI process: the second turn went to the process the first one kept.
+    assert (first.metadata["process"], second.metadata["process"]) == ("spawned", "reused")
+    assert first.metadata["pid"] == second.metadata["pid"]
+    assert len(anthropic.messages()[-1]["messages"]) > len(anthropic.messages()[0]["messages"])
+    pid = int(second.metadata["pid"])
+    assert pid in processes_under(tmp_path)  # kept between the turns
+    if stop == "sigterm":
+        assert daemon.stop() == 0  # the drain stops kept processes
+    else:
+        daemon.kill9()  # the kept CLI reads EOF on its stdin and exits by itself
+    assert_nothing_left(tmp_path, pid)
+
+
 @pytest.mark.parametrize("answer", ["approve", "deny"])
 def test_claude_permission_answered_through_the_cli(
     daemon: DaemonProcess,
