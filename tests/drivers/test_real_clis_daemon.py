@@ -612,14 +612,19 @@ def test_bad_resume_id_through_the_daemon(
     assert stored, f"{cli.name} keeps its conversations in {cli.sessions}"
     for path in stored:
         os.remove(path)  # the provider lost the conversation
+    # A restart, so that no claude process kept from the first turn still holds it in memory.
+    assert daemon.stop() == 0
+    restarted = DaemonProcess(home, env=QUIET_CLAUDE).start()
+    try:
+        lost = cli.request("again", thread={"key": key, "resume_only": True})
+        _, error = run_failed(home, lost, adaptor.ResumeRejectedError, "ErrResumeRejected", 4)
+        assert cli.resume_refusal in error.reason
 
-    lost = cli.request("again", thread={"key": key, "resume_only": True})
-    _, error = run_failed(home, lost, adaptor.ResumeRejectedError, "ErrResumeRejected", 4)
-    assert cli.resume_refusal in error.reason
-
-    # Continue-or-start (no resume_only) falls back to a fresh conversation and says so.
-    _, result = run_ok(home, cli.request("again", thread={"key": key}))
-    assert result.text == cli.text
+        # Continue-or-start (no resume_only) falls back to a fresh conversation and says so.
+        _, result = run_ok(home, cli.request("again", thread={"key": key}))
+        assert result.text == cli.text
+    finally:
+        restarted.kill_if_running()
     notices = [r["event"] for r in thread_log(home, key) if r["event"]["kind"] == "notice.lifecycle"]
     assert any(n["data"].get("phase") == "thread.resume_rejected" for n in notices), notices
 
