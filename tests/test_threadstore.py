@@ -885,7 +885,7 @@ def test_files_are_private_and_readable_with_jq_style_tools(tmp_path: Path) -> N
     assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     names = sorted(os.listdir(directory))
-    assert names == ["log-000002.jsonl", "log-000002.jsonl.lock", "snapshot.json", "store.lock"]
+    assert names == ["log-000002.jsonl", "snapshot.json", "store.lock"]
     for name in names:
         assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name
     assert not (tmp_path / "escape").exists()

@@ -122,12 +122,17 @@ class _Session:
             if self._state == "closed":
                 raise JSONLEventBackendClosedError()
             self.check_poison()
-            self._queue.append(pending)
-            while self._writing and not pending.done:
-                self._cond.wait()
-            if pending.done:
-                return pending.result()
-            batch, self._queue = self._queue, []
+            if self._writing:
+                # A leader is writing (and syncing): queue up and let the next leader take
+                # this record together with everyone else's that arrives meanwhile.
+                self._queue.append(pending)
+                while self._writing and not pending.done:
+                    self._cond.wait()
+                if pending.done:
+                    return pending.result()
+                batch, self._queue = self._queue, []
+            else:
+                batch = [pending]
             self._writing = True
         try:
             self._write_batch(batch)
@@ -173,9 +178,10 @@ class _Session:
             )
         log = self._log
         # Reentrant: DurableLog takes the same lock inside.  Holding it across the call keeps
-        # the repairs read here paired with the append that made them.
-        with exclusive(self.lock_path):
-            known_repairs = len(log.repaired)
+        # the repairs read here paired with the append that made them, and a failed append's
+        # rollback check (below) free of other writers.
+        with exclusive(self.lock_path, linger=True):
+            known_repairs = log.repair_count
             try:
                 written = log.append_many(bodies)
             except CorruptLogError as exc:
@@ -194,7 +200,8 @@ class _Session:
                 if exc.filename is None:
                     self._settle_rollback(exc, cut[-1].offset if cut else before)
                 raise
-            self.repairs.extend(log.repaired[known_repairs:])
+            if log.repair_count != known_repairs:
+                self.repairs.extend(log.repaired[known_repairs:])
         if not self.sync:
             self._dirty = True
             if self._sync_fd is None:
