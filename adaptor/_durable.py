@@ -37,11 +37,13 @@ __all__ = [
     "frame",
     "fsync_dir",
     "inspect_tail",
+    "lock_epoch",
     "lock_for",
     "read_json",
     "release_lingering",
     "repair",
     "scan",
+    "touch_epoch",
     "unframe",
 ]
 
@@ -446,6 +448,24 @@ def exclusive(path: _StrPath, *, linger: bool = False) -> contextlib.AbstractCon
     return entry.lingering if linger else entry
 
 
+def lock_epoch(path: _StrPath) -> int:
+    """A number that changes whenever another holder may have had the lock file ``path``.
+
+    It moves on every physical acquisition of the flock by this process (another process
+    may have held it in between) and on :func:`touch_epoch`, which in-process writers call
+    after changing what the lock guards.  Equal readings taken while holding the lock mean
+    nobody else changed the guarded files in between.
+    """
+    return _entry(path).acquisitions
+
+
+def touch_epoch(path: _StrPath) -> int:
+    """Advance :func:`lock_epoch` (call it holding the lock, after a change); returns it."""
+    entry = _entry(path)
+    entry.acquisitions += 1
+    return entry.acquisitions
+
+
 def release_lingering(path: _StrPath) -> None:
     """Let go of ``path``'s flock now if it is only lingering (nobody here is inside)."""
     key = path if isinstance(path, str) and path in _locks else os.path.abspath(path)
@@ -793,6 +813,11 @@ class DurableLog:
     def repaired(self) -> list[RepairReport]:
         """Torn tails this instance truncated, oldest first."""
         return list(self._repaired)
+
+    @property
+    def size(self) -> int:
+        """The file's size right after this instance's last append (-1 before the first)."""
+        return self._seen_size
 
     @property
     def repair_count(self) -> int:

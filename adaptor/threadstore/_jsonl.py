@@ -67,7 +67,9 @@ from adaptor._durable import (
     atomic_write_json,
     ensure_dir,
     exclusive,
+    lock_epoch,
     release_lingering,
+    touch_epoch,
     unframe,
 )
 from adaptor.threadstore._state import Event, State, check_event
@@ -214,6 +216,7 @@ class JSONLStore:
         self._artifact_at: int | None = None
         self._broken: OSError | None = None
         self._closed = False
+        self._epoch = -1  # lock_epoch() when the files were last known as read
         self.lines_read = 0  # log lines parsed by this instance, for cost checks
 
     def __repr__(self) -> str:
@@ -295,7 +298,11 @@ class JSONLStore:
         with exclusive(self._lock_path, linger=True):
             if self._closed:
                 raise ValueError(f"{self!r} is closed")
-            self._refresh()
+            # Unchanged epoch: this process held the flock throughout since our last look
+            # and no other instance here wrote, so the files are as we left them.
+            if lock_epoch(self._lock_path) != self._epoch:
+                self._refresh()
+                self._epoch = lock_epoch(self._lock_path)
             yield
 
     def _refresh(self) -> None:
@@ -429,14 +436,23 @@ class JSONLStore:
         except OSError as exc:
             # The write may or may not be on disk; only re-reading the files can tell.
             self._broken = exc
+            touch_epoch(self._lock_path)  # other instances here must re-read too
             raise
-        # Apply what is now in the file rather than the event in hand: one code path for our
-        # writes and everyone else's, and the line just written is checked on the way.
-        self._read_log()
-        if self._seq != written["seq"]:
-            raise CorruptLogError(
-                self._log_path(), written["seq"], "appended line did not read back"
-            )
+        if written["seq"] == self._seq + 1:
+            # We hold store.lock and had read the log to its end (a torn tail or power-cut
+            # artifact ends where our offset is, and the append cut it there), so the line
+            # just written is the only one past our offset: apply the event in hand instead
+            # of reading back and re-validating what we serialized ourselves.
+            self._state.apply(written)
+            self._offset = self._log.size
+            self._seq += 1
+        else:
+            self._read_log()
+            if self._seq != written["seq"]:
+                raise CorruptLogError(
+                    self._log_path(), written["seq"], "appended line did not read back"
+                )
+        self._epoch = touch_epoch(self._lock_path)
         if self._seq >= max(self._compact_after, len(self._state)):
             try:
                 self._compact()
@@ -458,9 +474,15 @@ class JSONLStore:
             **self._state.snapshot(now, current_boot_id()),
         }
         atomic_write_json(self._snapshot_path, snapshot)
-        # The snapshot is now the truth; load it back so this process holds the same state
-        # (dead leases dropped) and the same open file that other processes compare against.
-        self._load_snapshot()
+        # The snapshot is now the truth.  Keep the file open (other processes compare it with
+        # theirs to notice a compaction) and hold the same state it has, dead leases dropped;
+        # parsing back what we just serialized would cost more than the compaction itself as
+        # the store grows.  Nobody can replace the file before us: we hold store.lock.
+        fd = os.open(self._snapshot_path, _READ_FLAGS)
+        state = self._state
+        state.leases = dict(snapshot["leases"])
+        self._switch(generation, state, fd)
+        self._epoch = touch_epoch(self._lock_path)
         self._remove_stale(generation)
 
     def _remove_stale(self, generation: int) -> None:
