@@ -122,17 +122,16 @@ class _Session:
             if self._state == "closed":
                 raise JSONLEventBackendClosedError()
             self.check_poison()
-            if self._writing:
-                # A leader is writing (and syncing): queue up and let the next leader take
-                # this record together with everyone else's that arrives meanwhile.
-                self._queue.append(pending)
-                while self._writing and not pending.done:
-                    self._cond.wait()
-                if pending.done:
-                    return pending.result()
-                batch, self._queue = self._queue, []
-            else:
-                batch = [pending]
+            # While a leader writes (and syncs), records queue up; whoever next finds the key
+            # idle takes the whole queue, its own record included.  (Taking only its own
+            # record would let a leader that returns and calls again at once overtake the
+            # followers it just woke, one record per sync.)
+            self._queue.append(pending)
+            while self._writing and not pending.done:
+                self._cond.wait()
+            if pending.done:
+                return pending.result()
+            batch, self._queue = self._queue, []
             self._writing = True
         try:
             self._write_batch(batch)
