@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import inspect
+import itertools
 import os
 import secrets
 import threading
@@ -218,6 +219,10 @@ _LINGER_IDLE = 0.005
 _LINGER_MAX = 0.1
 _POLL_INTERVAL = 0.002
 _LINGER_YIELD = 0.003
+# Epoch values (see lock_epoch) come from one counter for the whole process, and a forked
+# child keeps counting from where its parent was, so an epoch remembered from before a fork
+# (or from another lock's entry) can never match a fresh one by accident.
+_epochs = itertools.count(1)
 
 
 class _Exclusive:
@@ -228,8 +233,8 @@ class _Exclusive:
     other threads.  The flock itself is taken once per *hold*: a hold that asked to linger
     stays physically locked after its last exit until :data:`_LINGER_IDLE` passes unused (the
     reaper thread releases it) or :data:`_LINGER_MAX` passes (the next entry releases it).
-    ``acquisitions`` counts physical acquisitions, so a caller can tell whether another process
-    may have had the lock since it last looked.
+    ``epoch`` takes a new value on every physical acquisition, so a caller can tell whether
+    another process may have had the lock since it last looked.
     """
 
     __slots__ = (
@@ -238,7 +243,7 @@ class _Exclusive:
         "_held_since",
         "_idle_since",
         "_linger",
-        "acquisitions",
+        "epoch",
         "file_lock",
         "lingering",
         "scheduled",
@@ -259,7 +264,7 @@ class _Exclusive:
         self._idle_since = 0.0
         self._linger = False  # the current outermost hold asked to linger
         self.scheduled = False  # in the reaper's set
-        self.acquisitions = 0
+        self.epoch = 0
         self.lingering = _Lingering(self)
 
     def enter(self, linger: bool) -> None:
@@ -273,7 +278,7 @@ class _Exclusive:
                     self.file_lock.acquire()
                     self._held = True
                     self._held_since = time.monotonic()
-                    self.acquisitions += 1
+                    self.epoch = next(_epochs)
                 self._linger = linger
             elif linger:
                 self._linger = True
@@ -456,14 +461,14 @@ def lock_epoch(path: _StrPath) -> int:
     after changing what the lock guards.  Equal readings taken while holding the lock mean
     nobody else changed the guarded files in between.
     """
-    return _entry(path).acquisitions
+    return _entry(path).epoch
 
 
 def touch_epoch(path: _StrPath) -> int:
     """Advance :func:`lock_epoch` (call it holding the lock, after a change); returns it."""
     entry = _entry(path)
-    entry.acquisitions += 1
-    return entry.acquisitions
+    entry.epoch = next(_epochs)
+    return entry.epoch
 
 
 def release_lingering(path: _StrPath) -> None:
