@@ -344,7 +344,7 @@ class JSONLStore:
                 generation = obj.get("generation")
                 if type(generation) is not int or generation < 2:
                     raise ValueError("bad generation")
-                state = State.from_snapshot(obj)
+                state = State.from_snapshot(obj, known=self._state.records)
             except (ValueError, KeyError, TypeError) as exc:
                 raise CorruptLogError(self._snapshot_path, 1, str(exc)) from None
         except BaseException:
