@@ -1467,3 +1467,39 @@ def test_sigkill_mid_burst_of_group_commits_loses_nothing_acknowledged(events_di
     with _recorder(events_dir) as recorder:
         assert _seqs(recorder.since("burst")) == list(range(1, count + 1))
         assert recorder.record("burst", _text(0)).host_seq == count + 1
+
+
+def test_writers_that_keep_recording_keep_sharing_syncs(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A leader that returns and records again at once must not overtake the followers it just
+    # woke: that degenerates into one sync per record while eight threads wait in line.
+    syncs = _count_datasyncs(monkeypatch)
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    per_thread = 40
+
+    def work(worker: int) -> None:
+        for i in range(per_thread):
+            recorder.record("hot", _text(worker * 1000 + i))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CHILD_TIMEOUT)
+    total = 8 * per_thread
+    assert _seqs(recorder.since("hot")) == list(range(1, total + 1))
+    assert len(syncs) <= total * 3 // 4, f"{len(syncs)} syncs for {total} records"
+    recorder.close()
+
+
+def _count_datasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = _durable._datasync
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(_durable, "_datasync", counted)
+    return calls
