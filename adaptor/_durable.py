@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import inspect
+import itertools
 import os
 import secrets
 import threading
-import weakref
+import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeAlias
@@ -37,10 +38,13 @@ __all__ = [
     "frame",
     "fsync_dir",
     "inspect_tail",
+    "lock_epoch",
     "lock_for",
     "read_json",
+    "release_lingering",
     "repair",
     "scan",
+    "touch_epoch",
     "unframe",
 ]
 
@@ -205,62 +209,212 @@ def _lock_options() -> dict[str, Any]:
 
 
 _LOCK_OPTIONS = _lock_options()
+
+# Lingering (see docs/storage.md).  A writer that appends again within _LINGER_IDLE keeps the
+# flock instead of paying filelock's ~100 us acquire+release each time; a reaper thread lets
+# go once the lock has been idle that long.  A continuously busy writer lets go after
+# _LINGER_MAX and then stays off the lock for _LINGER_YIELD, which is longer than a waiter's
+# poll interval, so another process that wants the lock gets it within about _LINGER_MAX.
+_LINGER_IDLE = 0.005
+_LINGER_MAX = 0.1
+_POLL_INTERVAL = 0.002
+_LINGER_YIELD = 0.003
+# Epoch values (see lock_epoch) come from one counter for the whole process, and a forked
+# child keeps counting from where its parent was, so an epoch remembered from before a fork
+# (or from another lock's entry) can never match a fresh one by accident.
+_epochs = itertools.count(1)
+
+
 class _Exclusive:
     """The lock on one lock file: a thread lock, then the process-wide ``filelock.FileLock``.
 
     ``filelock`` with ``thread_local=False`` shares its hold count between threads, so it only
     excludes other processes; the reentrant thread lock in front of it excludes this process's
-    other threads.  ``pin``/``unpin`` let a long-lived writer say it will come back soon; with
-    ``filelock`` there is nothing to keep open between holds, so they only count.
+    other threads.  The flock itself is taken once per *hold*: a hold that asked to linger
+    stays physically locked after its last exit until :data:`_LINGER_IDLE` passes unused (the
+    reaper thread releases it) or :data:`_LINGER_MAX` passes (the next entry releases it).
+    ``epoch`` takes a new value on every physical acquisition, so a caller can tell whether
+    another process may have had the lock since it last looked.
     """
 
-    __slots__ = ("_pins", "file_lock", "thread_lock")
+    __slots__ = (
+        "_depth",
+        "_held",
+        "_held_since",
+        "_idle_since",
+        "_linger",
+        "epoch",
+        "file_lock",
+        "lingering",
+        "scheduled",
+        "thread_lock",
+    )
 
-    def __init__(self, path: str, file_lock: filelock.FileLock | None = None) -> None:
-        # poll_interval: waiters poll flock with LOCK_NB, and the default 50 ms would stall an
-        # appender far longer than the fsync it waits for.
-        self.file_lock = file_lock or filelock.FileLock(
-            path, mode=0o600, thread_local=False, poll_interval=0.01, **_LOCK_OPTIONS
+    def __init__(self, path: str) -> None:
+        # poll_interval: waiters poll flock with LOCK_NB; the default 50 ms would stall an
+        # appender far longer than the fsync it waits for, and it must stay below
+        # _LINGER_YIELD so a waiter's poll lands in a busy holder's yield gap.
+        self.file_lock = filelock.FileLock(
+            path, mode=0o600, thread_local=False, poll_interval=_POLL_INTERVAL, **_LOCK_OPTIONS
         )
         self.thread_lock = threading.RLock()
-        self._pins = 0
+        self._depth = 0
+        self._held = False  # this process holds the flock
+        self._held_since = 0.0
+        self._idle_since = 0.0
+        self._linger = False  # the current outermost hold asked to linger
+        self.scheduled = False  # in the reaper's set
+        self.epoch = 0
+        self.lingering = _Lingering(self)
 
-    def __enter__(self) -> None:
+    def enter(self, linger: bool) -> None:
         self.thread_lock.acquire()
         try:
-            self.file_lock.acquire()
+            if self._depth == 0:
+                if self._held and time.monotonic() - self._held_since >= _LINGER_MAX:
+                    self._release_file()
+                    time.sleep(_LINGER_YIELD)  # let a process polling for the lock in
+                if not self._held:
+                    self.file_lock.acquire()
+                    self._held = True
+                    self._held_since = time.monotonic()
+                    self.epoch = next(_epochs)
+                self._linger = linger
+            elif linger:
+                self._linger = True
+            self._depth += 1
         except BaseException:
             self.thread_lock.release()
             raise
 
-    def __exit__(self, *exc_info: object) -> None:
+    def exit(self) -> None:
         try:
-            self.file_lock.release()
+            self._depth -= 1
+            if self._depth == 0 and self._held:
+                if self._linger:
+                    self._idle_since = time.monotonic()
+                    if not self.scheduled:
+                        self.scheduled = True
+                        _reaper.add(self)
+                else:
+                    self._release_file()
         finally:
             self.thread_lock.release()
 
-    def pin(self) -> None:
-        self._pins += 1
+    def __enter__(self) -> None:
+        self.enter(False)
 
-    def unpin(self) -> None:
-        self._pins -= 1
+    def __exit__(self, *exc_info: object) -> None:
+        self.exit()
+
+    def release_idle(self) -> None:
+        """Release a lingering flock now unless a thread of this process is inside (never waits)."""
+        self.reap(idle_for=0.0)
+
+    def reap(self, *, idle_for: float) -> float | None:
+        """Release the flock if it has lingered unused for ``idle_for`` seconds.
+
+        Returns ``None`` when nothing is held any more, else when to look again.  Never waits
+        for the thread lock: a thread inside (or about to enter) keeps the lock, and its exit
+        sets a new idle deadline anyway.
+        """
+        now = time.monotonic()
+        if not self.thread_lock.acquire(blocking=False):
+            return now + _LINGER_IDLE
+        try:
+            if self._depth:
+                return now + _LINGER_IDLE
+            if self._held:
+                deadline = self._idle_since + idle_for
+                if now < deadline:
+                    return deadline
+                self._release_file()
+            self.scheduled = False
+            return None
+        finally:
+            self.thread_lock.release()
+
+    def _release_file(self) -> None:
+        self._held = False
+        self.file_lock.release()
 
 
+class _Lingering:
+    """``with entry.lingering:``: like ``with entry:`` but keeps the flock after the exit."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: _Exclusive) -> None:
+        self._entry = entry
+
+    def __enter__(self) -> None:
+        self._entry.enter(True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._entry.exit()
+
+
+class _Reaper:
+    """One daemon thread that releases lingering flocks once they have been idle long enough.
+
+    Started on first use (and again in a forked child, where threads do not survive).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: set[_Exclusive] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, entry: _Exclusive) -> None:
+        with self._cond:
+            self._pending.add(entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="adaptor-lock-reaper", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                pending = list(self._pending)
+            wake = time.monotonic() + _LINGER_IDLE
+            for entry in pending:
+                again = entry.reap(idle_for=_LINGER_IDLE)
+                if again is None:
+                    with self._cond:
+                        # An exit after reap() may have scheduled it again; keep that one.
+                        if not entry.scheduled:
+                            self._pending.discard(entry)
+                else:
+                    wake = min(wake, again)
+            delay = wake - time.monotonic()
+            if delay > 0:
+                with self._cond:
+                    self._cond.wait(delay)
+
+
+_reaper = _Reaper()
 _locks: dict[str, _Exclusive] = {}
 _locks_guard = threading.Lock()
 
 
-def _reset_thread_locks_in_child() -> None:
-    # A thread that held one of these at fork time does not exist in the child; without fresh
-    # thread locks the child would deadlock on its first append.
-    global _locks_guard
+def _reset_locks_in_child() -> None:
+    # A forked child has neither the threads that held these nor the reaper, and filelock
+    # refuses to use a lock object inherited across fork (it closes the inherited descriptor,
+    # so the child does not hold the parent's flock): start over with fresh, unheld locks.
+    global _locks_guard, _reaper
     _locks_guard = threading.Lock()
-    for key, old in list(_locks.items()):
-        _locks[key] = _Exclusive(key, old.file_lock)
+    _reaper = _Reaper()
+    for key in list(_locks):
+        _locks[key] = _Exclusive(key)
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_thread_locks_in_child)
+    os.register_at_fork(after_in_child=_reset_locks_in_child)
 
 
 def _entry(path: _StrPath) -> _Exclusive:
@@ -287,13 +441,42 @@ def lock_for(path: _StrPath) -> filelock.FileLock:
     return _entry(path).file_lock
 
 
-def exclusive(path: _StrPath) -> contextlib.AbstractContextManager[None]:
+def exclusive(path: _StrPath, *, linger: bool = False) -> contextlib.AbstractContextManager[None]:
     """Hold the lock file ``path`` against other processes and other threads of this process.
 
     Reentrant in the holding thread.  Blocks without a timeout.  The file is created ``0o600``
-    if missing and never deleted.
+    if missing and never deleted.  With ``linger=True`` the flock outlives the block for a few
+    milliseconds (see :data:`_LINGER_IDLE`), so a caller that comes straight back skips
+    re-acquiring it; other processes wait at most about :data:`_LINGER_MAX` for it.
     """
-    return _entry(path)
+    entry = _entry(path)
+    return entry.lingering if linger else entry
+
+
+def lock_epoch(path: _StrPath) -> int:
+    """A number that changes whenever another holder may have had the lock file ``path``.
+
+    It moves on every physical acquisition of the flock by this process (another process
+    may have held it in between) and on :func:`touch_epoch`, which in-process writers call
+    after changing what the lock guards.  Equal readings taken while holding the lock mean
+    nobody else changed the guarded files in between.
+    """
+    return _entry(path).epoch
+
+
+def touch_epoch(path: _StrPath) -> int:
+    """Advance :func:`lock_epoch` (call it holding the lock, after a change); returns it."""
+    entry = _entry(path)
+    entry.epoch = next(_epochs)
+    return entry.epoch
+
+
+def release_lingering(path: _StrPath) -> None:
+    """Let go of ``path``'s flock now if it is only lingering (nobody here is inside)."""
+    key = path if isinstance(path, str) and path in _locks else os.path.abspath(path)
+    found = _locks.get(key)
+    if found is not None:
+        found.release_idle()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,9 +784,14 @@ class DurableLog:
         seq_key: str = "seq",
         version: int | None = 1,
         sync: bool = True,
+        lock_path: _StrPath | None = None,
     ) -> None:
         self._path = os.fspath(path)
-        self._lock_path = self._path + ".lock"
+        # A caller that already serializes every writer of this file under a lock of its own
+        # names it here, so an append re-enters that lock instead of taking a second one.
+        self._lock_path = os.path.abspath(
+            self._path + ".lock" if lock_path is None else os.fspath(lock_path)
+        )
         self._seq_key = seq_key
         self._version = version
         self._sync = sync
@@ -614,7 +802,6 @@ class DurableLog:
         self._last_seq = 0
         self._repaired: list[RepairReport] = []
         self._found_size = -1
-        self._unpin: Callable[[], object] | None = None  # set once the lock is pinned
         self._suspect: OSError | None = None
         self._closed = False
 
@@ -633,23 +820,42 @@ class DurableLog:
         return list(self._repaired)
 
     @property
+    def size(self) -> int:
+        """The file's size right after this instance's last append (-1 before the first)."""
+        return self._seen_size
+
+    @property
+    def repair_count(self) -> int:
+        """``len(self.repaired)`` without copying the list."""
+        return len(self._repaired)
+
+    @property
     def found_size(self) -> int:
         """The file's size when the last append took the lock, before any repair; -1 if that
         append failed before it could look (so it had not touched the file)."""
         return self._found_size
 
-    def append(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Append one record; returns it as written (with ``v``, the sequence field and ``crc``)."""
-        return self.append_many([obj])[0]
+    def append(self, obj: Mapping[str, Any], *, sync: bool | None = None) -> dict[str, Any]:
+        """Append one record; returns it as written (with ``v``, the sequence field and ``crc``).
 
-    def append_many(self, objs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Append a batch with one write and one fsync (group commit); all or nothing."""
+        ``sync`` overrides the instance's setting for this append (``False``: written, not
+        fdatasynced; a later synced append to this file makes it durable too).
+        """
+        return self.append_many([obj], sync=sync)[0]
+
+    def append_many(
+        self, objs: Sequence[Mapping[str, Any]], *, sync: bool | None = None
+    ) -> list[dict[str, Any]]:
+        """Append a batch with one write and one fsync (group commit); all or nothing.
+
+        The lock lingers (see :func:`exclusive`): back-to-back appends take the flock once.
+        """
         if not objs:
             return []
         if not self._dir_ready:
             ensure_dir(os.path.dirname(os.path.abspath(self._path)))
             self._dir_ready = True
-        with exclusive(self._lock_path):
+        with exclusive(self._lock_path, linger=True):
             self._check_usable()
             self._found_size = -1
             fd, size = self._open()
@@ -664,20 +870,26 @@ class DurableLog:
                 record[self._seq_key] = number
                 lines.append(_seal(record))
                 records.append(record)
-            self._commit(fd, b"".join(lines), len(records))
+            self._commit(
+                fd,
+                lines[0] if len(lines) == 1 else b"".join(lines),
+                len(records),
+                self._sync if sync is None else sync,
+            )
             return records
 
     def close(self) -> None:
         """Close the file descriptor; idempotent.  Later appends raise ``ValueError``."""
         # Only the thread half of the lock: closing must not wait on another process.
-        with _entry(self._lock_path).thread_lock:
+        lock = _entry(self._lock_path)
+        with lock.thread_lock:
             self._closed = True
             if self._fd is not None:
                 fd, self._fd = self._fd, None
                 os.close(fd)
-            unpin, self._unpin = self._unpin, None
-            if unpin is not None:
-                unpin()
+        # Whoever else in this process still appends takes it again; another process should
+        # not have to wait out the linger for a writer that is done.
+        lock.release_idle()
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -716,12 +928,6 @@ class DurableLog:
                 os.close(fd)
                 raise
         self._fd = fd
-        if self._unpin is None:
-            # Held from here until close() (or until this object is collected, for callers
-            # that never close it): appends then skip opening the lock file each time.
-            lock = _entry(self._lock_path)
-            lock.pin()
-            self._unpin = weakref.finalize(self, lock.unpin)
         return fd, os.fstat(fd).st_size
 
     def _check_file(self, fd: int, size: int) -> None:
@@ -742,7 +948,7 @@ class DurableLog:
         self._last_seq = last_seq
         self._seen_size = size
 
-    def _commit(self, fd: int, data: bytes, count: int) -> None:
+    def _commit(self, fd: int, data: bytes, count: int, sync: bool) -> None:
         before = self._seen_size
         try:
             _write_all(fd, data)
@@ -753,7 +959,7 @@ class DurableLog:
             except OSError:
                 self._suspect = exc
             raise
-        if self._sync:
+        if sync:
             try:
                 _datasync(fd)
             except OSError as exc:

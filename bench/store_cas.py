@@ -142,7 +142,7 @@ def finalize_line_bytes(directory: Path) -> int:
 
 
 def _child(
-    mode: str, directory: Path, line_bytes: int, index: int, start_at: float, seconds: float
+    mode: str, directory: Path, line_bytes: int, index: int, seconds: float
 ) -> dict[str, int]:
     busy = [0]
     if mode == "store":
@@ -151,6 +151,12 @@ def _child(
         step, close = raw_step(directory, b"x" * (line_bytes - 1) + b"\n")
     ops = 0
     try:
+        # Say we are set up, then wait for the common start instant: on a loaded machine
+        # interpreter start-up can take longer than any fixed lead, and a child that starts
+        # late would be charged for its imports.
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        start_at = float(sys.stdin.readline())
         time.sleep(max(0.0, start_at - time.time()))
         deadline = start_at + seconds
         while time.time() < deadline:
@@ -166,9 +172,8 @@ def processes_meter(
     """A meter running ``PROCESSES`` child processes in ``mode`` for each slice."""
 
     def measure(seconds: float) -> tuple[int, float]:
-        # Children start together at a wall-clock instant far enough ahead to cover their
-        # interpreter start-up, which is thus not timed.
-        start_at = time.time() + 1.0
+        # Children start together at a wall-clock instant set once all of them are ready,
+        # so their interpreter start-up is not timed.
         children = [
             subprocess.Popen(
                 [
@@ -180,17 +185,29 @@ def processes_meter(
                     str(directory),
                     str(line_bytes),
                     str(i),
-                    repr(start_at),
                     repr(seconds),
                 ],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 cwd=_ROOT,
             )
             for i in range(PROCESSES)
         ]
+        for child in children:
+            assert child.stdout is not None
+            if child.stdout.readline() != b"ready\n":
+                child.wait()
+                raise RuntimeError(f"{mode} child failed with exit status {child.returncode}")
+        start_at = repr(time.time() + 0.1).encode() + b"\n"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(start_at)
+            child.stdin.close()
         ops = 0
         for child in children:
-            out, _ = child.communicate()
+            assert child.stdout is not None
+            out = child.stdout.read()
+            child.wait()
             if child.returncode != 0:
                 raise RuntimeError(f"{mode} child failed with exit status {child.returncode}")
             got = json.loads(out)
@@ -252,10 +269,8 @@ def run(options: Options) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--child"]:
-        mode, directory, line_bytes, index, start_at, seconds = args[1:7]
-        got = _child(
-            mode, Path(directory), int(line_bytes), int(index), float(start_at), float(seconds)
-        )
+        mode, directory, line_bytes, index, seconds = args[1:6]
+        got = _child(mode, Path(directory), int(line_bytes), int(index), float(seconds))
         sys.stdout.write(json.dumps(got) + "\n")
         return 0
     options = parse_args(args, __doc__ or SUMMARY)

@@ -1302,3 +1302,204 @@ def test_an_abandoned_iteration_releases_the_file(events_dir: Path) -> None:
         assert isinstance(it, collections.abc.Generator)
         it.close()
         assert _seqs(sr.range_(recorder, "s", 0, 2)) == [1, 2]
+
+
+# --- group commit and lingering locks ----------------------------------------------------------
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_records_are_acknowledged_only_once_a_sync_covers_them(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = sr.JSONLEventBackend(events_dir)
+    recorder = sr.EventRecorder(backend)
+    real = _durable._datasync
+    durable = {"a": 0, "b": 0}  # bytes of each file that a completed sync covers
+    syncs = {"a": 0, "b": 0}
+    in_sync = threading.Event()
+    release_a = threading.Event()
+
+    def tracked(fd: int) -> None:
+        key = os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).removesuffix(".jsonl")
+        if key == "a" and syncs["a"] == 0:
+            in_sync.set()
+            # Key a's first sync stays in flight until key b has committed: one key's sync
+            # must never wait for another's (no process-wide lock around fsync).
+            assert release_a.wait(CHILD_TIMEOUT)
+        size = os.fstat(fd).st_size
+        real(fd)
+        syncs[key] += 1
+        durable[key] = size
+
+    monkeypatch.setattr(_durable, "_datasync", tracked)
+    acked: list[tuple[str, int, int]] = []
+    errors: list[BaseException] = []
+
+    def write(key: str, i: int) -> None:
+        try:
+            rec = recorder.record(key, _text(i))
+            acked.append((key, rec.host_seq, durable[key]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=write, args=("a", 0))
+    leader.start()
+    assert in_sync.wait(CHILD_TIMEOUT)
+    followers = [threading.Thread(target=write, args=("a", i)) for i in range(1, 8)]
+    for t in followers:
+        t.start()
+    session = backend._sessions["a"]
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while len(session._queue) < len(followers):  # every follower is waiting on the leader
+        assert time.monotonic() < deadline, "writers never queued"
+        time.sleep(0.001)
+    assert not [a for a in acked if a[0] == "a"]  # nobody on key a is acknowledged before a sync
+    write("b", 100)  # key b commits while key a's sync is still in flight
+    assert [a[0] for a in acked] == ["b"]
+    release_a.set()
+    for t in [leader, *followers]:
+        t.join(CHILD_TIMEOUT)
+    assert errors == []
+    assert syncs == {"a": 2, "b": 1}  # the seven followers shared one sync
+    for key, seq, covered in acked:
+        lines = (events_dir / f"{key}.jsonl").read_bytes().splitlines(keepends=True)
+        assert sum(map(len, lines[:seq])) <= covered, (key, seq)
+    assert sorted(seq for key, seq, _ in acked if key == "a") == list(range(1, 9))
+    assert _seqs(recorder.since("a")) == list(range(1, 9))
+    recorder.close()
+
+
+_APPEND_ONE = """
+import sys
+from adaptor.events import TextDelta
+from hosttools import sessionrecorder as sr
+with sr.EventRecorder(sr.JSONLEventBackend(sys.argv[1])) as recorder:
+    print(recorder.record(sys.argv[2], TextDelta(text="from the other process")).host_seq)
+"""
+
+
+def test_another_process_can_append_while_this_writer_is_idle(events_dir: Path) -> None:
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    recorder.record("shared", _text(1))  # the key's lock now lingers in this process
+    # This process neither calls again nor closes: the lock must be let go on its own.
+    other = subprocess.run(
+        [sys.executable, "-c", _APPEND_ONE, str(events_dir), "shared"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=CHILD_TIMEOUT,
+        check=True,
+    )
+    assert other.stdout == b"2\n"
+    assert recorder.record("shared", _text(3)).host_seq == 3  # notices the other's append
+    assert _seqs(recorder.since("shared")) == [1, 2, 3]
+    recorder.close()
+
+
+def test_a_busy_writer_does_not_starve_another_process(events_dir: Path) -> None:
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir, sync_on_append=False))
+    stop = threading.Event()
+    count = [0]
+
+    def hammer() -> None:  # never idle: only the maximum hold lets the other process in
+        while not stop.is_set():
+            recorder.record("busy", _text(count[0]))
+            count[0] += 1
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        other = subprocess.run(
+            [sys.executable, "-c", _APPEND_ONE, str(events_dir), "busy"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=CHILD_TIMEOUT,
+            check=True,
+        )
+    finally:
+        stop.set()
+        thread.join(CHILD_TIMEOUT)
+    assert 1 <= int(other.stdout) <= count[0] + 1
+    assert _seqs(recorder.since("busy")) == list(range(1, count[0] + 2))
+    recorder.close()
+
+
+_BURST = """
+import sys, threading
+from adaptor.events import TextDelta
+from hosttools import sessionrecorder as sr
+recorder = sr.EventRecorder(sr.JSONLEventBackend(sys.argv[1]))
+out = threading.Lock()
+def loop(worker):
+    i = 0
+    while True:
+        rec = recorder.record("burst", TextDelta(text=str(worker) * (i * 131 % 3000)))
+        with out:
+            print(rec.host_seq, flush=True)
+        i += 1
+for worker in range(8):
+    threading.Thread(target=loop, args=(worker,)).start()
+"""
+
+
+def test_sigkill_mid_burst_of_group_commits_loses_nothing_acknowledged(events_dir: Path) -> None:
+    proc = _python(_BURST, str(events_dir), stdout=subprocess.PIPE)
+    acked: list[int] = []
+    try:
+        assert proc.stdout is not None
+        while len(acked) < 300:
+            readable, _, _ = select.select([proc.stdout], [], [], CHILD_TIMEOUT)
+            assert readable, "appenders never got going"
+            line = proc.stdout.readline()
+            assert line, "appenders died"
+            acked.append(int(line))
+        proc.send_signal(signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=CHILD_TIMEOUT)
+        acked += [int(line) for line in rest.split()]
+    finally:
+        proc.kill()
+        proc.wait(timeout=CHILD_TIMEOUT)
+    assert proc.returncode == -signal.SIGKILL
+    assert len(set(acked)) == len(acked)
+    path = events_dir / "burst.jsonl"
+    sr.repair(path)  # at most a torn tail: the batch being written when the kill landed
+    count = sr.verify(path)
+    assert max(acked) <= count  # every acknowledged record survived
+    with _recorder(events_dir) as recorder:
+        assert _seqs(recorder.since("burst")) == list(range(1, count + 1))
+        assert recorder.record("burst", _text(0)).host_seq == count + 1
+
+
+def test_writers_that_keep_recording_keep_sharing_syncs(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A leader that returns and records again at once must not overtake the followers it just
+    # woke: that degenerates into one sync per record while eight threads wait in line.
+    syncs = _count_datasyncs(monkeypatch)
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    per_thread = 40
+
+    def work(worker: int) -> None:
+        for i in range(per_thread):
+            recorder.record("hot", _text(worker * 1000 + i))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CHILD_TIMEOUT)
+    total = 8 * per_thread
+    assert _seqs(recorder.since("hot")) == list(range(1, total + 1))
+    assert len(syncs) <= total * 3 // 4, f"{len(syncs)} syncs for {total} records"
+    recorder.close()
+
+
+def _count_datasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = _durable._datasync
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(_durable, "_datasync", counted)
+    return calls

@@ -39,6 +39,7 @@ from adaptor.threadstore import (
     Store,
     _jsonl,
 )
+from adaptor.threadstore._state import RESERVE_BLOCK
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "threadstore_child.py"
@@ -885,7 +886,7 @@ def test_files_are_private_and_readable_with_jq_style_tools(tmp_path: Path) -> N
     assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     names = sorted(os.listdir(directory))
-    assert names == ["log-000002.jsonl", "log-000002.jsonl.lock", "snapshot.json", "store.lock"]
+    assert names == ["log-000002.jsonl", "snapshot.json", "store.lock"]
     for name in names:
         assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name
     assert not (tmp_path / "escape").exists()
@@ -1163,3 +1164,106 @@ def test_sigkill_mid_finalize_loses_nothing_acknowledged(tmp_path: Path) -> None
     for path in directory.glob("log-*.jsonl"):
         for _ in scan(path, strict=False):
             pass
+
+
+# --- JSONL store: which appends are synced, and power cuts -----------------------------------
+
+def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = _durable._datasync
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(_durable, "_datasync", counted)
+    return calls
+
+
+def test_only_finalizes_and_reservations_are_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs = _count_syncs(monkeypatch)
+    with JSONLStore(tmp_path / "threads") as store:
+        first = store.acquire_lease("key:a", "o", 60)  # reserves a block of generations
+        assert len(syncs) == 1
+        store.finalize(
+            FinalizeRequest(
+                record=make_record("r1", "a"), key="a", held_leases=(first,), rebind_active=True
+            )
+        )
+        assert len(syncs) == 2
+        store.renew_lease(first, 60)
+        store.release_lease(first)
+        second = store.acquire_lease("key:b", "o", 60)  # within the reservation
+        store.release_lease(second)
+        assert len(syncs) == 2
+        assert second.generation == first.generation + 1
+    events = [record for _, record in scan(tmp_path / "threads" / "log-000001.jsonl")]
+    assert [("reserve" in e, "boot" in e) for e in events] == [
+        (True, False),  # grant with a reservation: synced, needs no boot stamp
+        (False, False),  # finalize: synced
+        (False, True),  # renew, release, grant, release: unsynced, stamped with their boot
+        (False, True),
+        (False, True),
+        (False, True),
+    ]
+    assert events[0]["reserve"] == first.generation + RESERVE_BLOCK - 1
+
+
+def _power_cut_log(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Lease:
+    """A store written under boot "old": a synced finalize, then unsynced lease events."""
+    monkeypatch.setattr(_jsonl, "current_boot_id", lambda: "old")
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k")  # grant (synced: reservation), finalize (synced), release
+        lease = store.acquire_lease("key:other", "o", 600)
+        store.renew_lease(lease, 600)
+        store.release_lease(lease)
+    return lease
+
+
+def _damage_line(path: Path, index: int) -> None:
+    lines = path.read_bytes().splitlines(keepends=True)
+    # What a power cut can leave in a page that never reached the disk: zeros.
+    lines[index] = b"\0" * (len(lines[index]) - 1) + b"\n"
+    path.write_bytes(b"".join(lines))
+
+
+def test_power_cut_damage_in_unsynced_lease_events_is_cut_after_a_reboot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "threads"
+    lost = _power_cut_log(directory, monkeypatch)
+    log = directory / "log-000001.jsonl"
+    synced = sum(map(len, log.read_bytes().splitlines(keepends=True)[:2]))
+    _damage_line(log, 3)  # the grant of key:other; its renew and release follow intact
+    monkeypatch.setattr(_jsonl, "current_boot_id", lambda: "new")
+    with JSONLStore(directory) as store:
+        assert store.resolve(Query(key="k")) == make_record("r1", "k")
+        fresh = store.acquire_lease("key:other", "p", 60)
+        # Past every generation the old boot could have handed out without a sync.
+        assert fresh.generation > lost.generation
+        assert fresh.generation == RESERVE_BLOCK + 1
+    events = [record for _, record in scan(log)]  # valid again, damage and all after it gone
+    assert [e["kind"] for e in events] == ["lease", "finalize", "lease", "lease"]
+    assert len(log.read_bytes()) > synced
+
+
+def test_damage_that_no_power_cut_explains_stays_corruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "threads"
+    _power_cut_log(directory, monkeypatch)
+    log = directory / "log-000001.jsonl"
+    _damage_line(log, 3)
+    before = log.read_bytes()
+    # Same boot: the page cache never lost anything, so this is not a crash artifact.
+    with JSONLStore(directory) as store, pytest.raises(CorruptLogError):
+        store.resolve(Query(key="k"))
+    # Another boot, but a synced line (the finalize) follows the damage: it flushed the line.
+    monkeypatch.setattr(_jsonl, "current_boot_id", lambda: "new")
+    _damage_line(log, 0)
+    damaged = log.read_bytes()
+    with JSONLStore(directory) as store, pytest.raises(CorruptLogError):
+        store.acquire_lease("key:x", "o", 60)
+    assert log.read_bytes() == damaged != before

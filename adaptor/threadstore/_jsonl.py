@@ -5,7 +5,7 @@ Layout of ``directory`` (``0700``; every file ``0600``)::
     store.lock            flock held for every operation, by every process and thread
     snapshot.json         the whole state as of the start of the current log (indented JSON)
     log-000007.jsonl      every change since that snapshot, one event per line
-    log-000007.jsonl.lock DurableLog's own append lock (always taken inside store.lock)
+    log-000007.jsonl.lock left by versions that took a second lock for appends (unused)
 
 ``snapshot.json`` names the log it continues (``"generation": 7, "log": "log-000007.jsonl"``);
 a store that has never compacted has no snapshot and generation 1.  Keys, record ids and lease
@@ -22,11 +22,21 @@ that saves the new record, archives the previous one and rebinds the key is one 
 the next writer truncates.  Lease checks and the append happen in the same critical section,
 which is what makes finalize a compare-and-swap.
 
-Durability.  Every event, lease changes included, is acknowledged only after ``fdatasync``.
-Leases alone would not need it (whatever loses the page cache is a reboot, which expires them
-through the boot id), but an unsynced line followed by a synced one could come back from a power
-cut as a hole *before* the tail, which is corruption rather than a torn tail; syncing each append
-keeps a crash's damage to the last, unacknowledged line.
+Durability.  A finalize (and a grant that reserves generations, see :mod:`._state`) is
+acknowledged only after ``fdatasync``.  Other lease events (grants within the reservation,
+renewals, releases) are written but not synced: a ``kill -9`` loses nothing that reached the
+page cache, and whatever loses the page cache is a reboot, which expires every lease through
+the boot id anyway.  Such lines carry ``"boot"``, the boot id they were written under.  An
+``fdatasync`` flushes every earlier line of the file too, so a power cut can only damage the
+suffix after the last synced line, and that suffix is nothing but unsynced lease events of the
+previous boot.  That is how the reader tells the damage from corruption: a bad line counts as
+a crash artifact when every line after it is bad or an unsynced lease event stamped with
+another boot; the next writer truncates from the bad line on (those leases were dead anyway).
+Anything else before the last line is corruption, as before.  See ``docs/storage.md``.
+
+Locking.  ``store.lock`` lingers (:func:`adaptor._durable.exclusive`): a process that works
+on the store again within a few milliseconds does not take the flock again, and the log's
+appends re-enter that same lock.
 
 Compaction.  Once the log holds more lines than the state has entries (and at least
 ``1024``), the state is written to ``snapshot.json`` with :func:`atomic_write_json` naming the
@@ -57,6 +67,9 @@ from adaptor._durable import (
     atomic_write_json,
     ensure_dir,
     exclusive,
+    lock_epoch,
+    release_lingering,
+    touch_epoch,
     unframe,
 )
 from adaptor.threadstore._state import Event, State, check_event
@@ -146,6 +159,32 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
     return event
 
 
+def _power_cut_suffix(lines: list[bytes]) -> bool:
+    """Whether every line is bad or an unsynced lease event written under another boot."""
+    boot = current_boot_id()
+    for raw in lines:
+        try:
+            event = unframe(raw)
+        except ValueError:
+            continue
+        if event.get("kind") != "lease" or "reserve" in event:
+            return False  # synced: everything before it was flushed with it
+        written_under = event.get("boot")
+        if not isinstance(written_under, str) or written_under == boot or not boot:
+            return False  # written since the last boot (or unknowable): no power cut explains it
+    return True
+
+
+def _cut(path: str, offset: int) -> None:
+    """Truncate a power-cut artifact away, durably, before appending after it."""
+    fd = os.open(path, os.O_RDWR | _O_NOFOLLOW | _O_CLOEXEC)
+    try:
+        os.ftruncate(fd, offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class JSONLStore:
     """The thread store in plain files under ``directory``, safe across processes and threads.
 
@@ -173,8 +212,11 @@ class JSONLStore:
         self._offset = 0  # bytes of the current log applied to _state
         self._seq = 0  # seq of the last applied line
         self._log: DurableLog | None = None
+        # Offset of a power-cut artifact found by _read_log, cut before the next append.
+        self._artifact_at: int | None = None
         self._broken: OSError | None = None
         self._closed = False
+        self._epoch = -1  # lock_epoch() when the files were last known as read
         self.lines_read = 0  # log lines parsed by this instance, for cost checks
 
     def __repr__(self) -> str:
@@ -195,6 +237,7 @@ class JSONLStore:
         with exclusive(self._lock_path):
             self._closed = True
             self._forget_files()
+        release_lingering(self._lock_path)
 
     # --- the contract ---------------------------------------------------------------------------
 
@@ -252,10 +295,14 @@ class JSONLStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with exclusive(self._lock_path):
+        with exclusive(self._lock_path, linger=True):
             if self._closed:
                 raise ValueError(f"{self!r} is closed")
-            self._refresh()
+            # Unchanged epoch: this process held the flock throughout since our last look
+            # and no other instance here wrote, so the files are as we left them.
+            if lock_epoch(self._lock_path) != self._epoch:
+                self._refresh()
+                self._epoch = lock_epoch(self._lock_path)
             yield
 
     def _refresh(self) -> None:
@@ -297,7 +344,7 @@ class JSONLStore:
                 generation = obj.get("generation")
                 if type(generation) is not int or generation < 2:
                     raise ValueError("bad generation")
-                state = State.from_snapshot(obj)
+                state = State.from_snapshot(obj, known=self._state.records)
             except (ValueError, KeyError, TypeError) as exc:
                 raise CorruptLogError(self._snapshot_path, 1, str(exc)) from None
         except BaseException:
@@ -312,6 +359,7 @@ class JSONLStore:
         self._snapshot_fd = snapshot_fd
         self._offset = 0
         self._seq = 0
+        self._artifact_at = None
 
     def _forget_files(self) -> None:
         if self._log is not None:
@@ -351,9 +399,14 @@ class JSONLStore:
                 event = _parse_event(raw, self._seq + 1)
             except ValueError as exc:
                 # We hold the lock, so no append is in progress: a bad last line is what a
-                # crash mid-append leaves (never acknowledged; the next append truncates it).
-                # Anything before it is corruption and must not be skipped.
+                # crash mid-append leaves (never acknowledged; the next append truncates it),
+                # and a bad line followed only by unsynced lease events of an earlier boot is
+                # what a power cut leaves (see the module docstring).  Anything else is
+                # corruption and must not be skipped.
                 if index == len(lines) - 1:
+                    return
+                if _power_cut_suffix(lines[index + 1 :]):
+                    self._artifact_at = self._offset
                     return
                 raise CorruptLogError(path, self._seq + 1, str(exc)) from None
             self._state.apply(event)
@@ -371,20 +424,35 @@ class JSONLStore:
                 self._dir,
             ) from self._broken
         if self._log is None:
-            self._log = DurableLog(self._log_path())
+            self._log = DurableLog(self._log_path(), lock_path=self._lock_path)
+        sync = event["kind"] != "lease" or "reserve" in event
+        if not sync:
+            event = {**event, "boot": current_boot_id()}
         try:
-            written = self._log.append(event)
+            if self._artifact_at is not None:
+                _cut(self._log_path(), self._artifact_at)
+                self._artifact_at = None
+            written = self._log.append(event, sync=sync)
         except OSError as exc:
             # The write may or may not be on disk; only re-reading the files can tell.
             self._broken = exc
+            touch_epoch(self._lock_path)  # other instances here must re-read too
             raise
-        # Apply what is now in the file rather than the event in hand: one code path for our
-        # writes and everyone else's, and the line just written is checked on the way.
-        self._read_log()
-        if self._seq != written["seq"]:
-            raise CorruptLogError(
-                self._log_path(), written["seq"], "appended line did not read back"
-            )
+        if written["seq"] == self._seq + 1:
+            # We hold store.lock and had read the log to its end (a torn tail or power-cut
+            # artifact ends where our offset is, and the append cut it there), so the line
+            # just written is the only one past our offset: apply the event in hand instead
+            # of reading back and re-validating what we serialized ourselves.
+            self._state.apply(written)
+            self._offset = self._log.size
+            self._seq += 1
+        else:
+            self._read_log()
+            if self._seq != written["seq"]:
+                raise CorruptLogError(
+                    self._log_path(), written["seq"], "appended line did not read back"
+                )
+        self._epoch = touch_epoch(self._lock_path)
         if self._seq >= max(self._compact_after, len(self._state)):
             try:
                 self._compact()
@@ -406,9 +474,15 @@ class JSONLStore:
             **self._state.snapshot(now, current_boot_id()),
         }
         atomic_write_json(self._snapshot_path, snapshot)
-        # The snapshot is now the truth; load it back so this process holds the same state
-        # (dead leases dropped) and the same open file that other processes compare against.
-        self._load_snapshot()
+        # The snapshot is now the truth.  Keep the file open (other processes compare it with
+        # theirs to notice a compaction) and hold the same state it has, dead leases dropped;
+        # parsing back what we just serialized would cost more than the compaction itself as
+        # the store grows.  Nobody can replace the file before us: we hold store.lock.
+        fd = os.open(self._snapshot_path, _READ_FLAGS)
+        state = self._state
+        state.leases = dict(snapshot["leases"])
+        self._switch(generation, state, fd)
+        self._epoch = touch_epoch(self._lock_path)
         self._remove_stale(generation)
 
     def _remove_stale(self, generation: int) -> None:

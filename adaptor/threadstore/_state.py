@@ -16,6 +16,13 @@ is wall-clock seconds (``expires_at`` the same instant for humans) and ``boot_id
 was granted in, so a lease never outlives a reboot even if the clock says it should.
 Generations come from one counter per store, not per target, so expired leases can be dropped
 from snapshots without ever handing out a generation again.
+
+Reservations.  A store may write lease events without syncing them (see the JSONL store); a
+power cut can then lose grants that were handed out.  So that the counter never goes back, a
+grant whose generation is beyond ``reserved`` carries ``"reserve": R`` (a block of
+:data:`RESERVE_BLOCK` generations up to ``R``) and must be made durable before it is
+acknowledged; and the first grant under a boot id other than the last grant's starts past
+every reserved generation, which covers any unsynced grant that a reboot may have lost.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from adaptor.threadstore._types import (
 )
 
 Event = dict[str, Any]
+
+# Generations reserved by one synced grant: unsynced grants need a sync once per this many.
+RESERVE_BLOCK = 1024
 
 
 def _is_live(lease: Mapping[str, Any], now: float, boot_id: str) -> bool:
@@ -62,13 +72,15 @@ def _lease_json(owner: str, token: str, generation: int, expires: float, boot_id
 class State:
     """Records by id, the key index and leases by target, all in their JSON form."""
 
-    __slots__ = ("keys", "leases", "next_generation", "records")
+    __slots__ = ("grant_boot", "keys", "leases", "next_generation", "records", "reserved")
 
     def __init__(self) -> None:
         self.records: dict[str, dict[str, Any]] = {}
         self.keys: dict[str, str] = {}
         self.leases: dict[str, dict[str, Any]] = {}
         self.next_generation = 1
+        self.reserved = 0  # generations up to this one have been durably reserved
+        self.grant_boot: str | None = None  # boot id of the last grant applied
 
     def __len__(self) -> int:
         return len(self.records) + len(self.keys) + len(self.leases)
@@ -106,9 +118,15 @@ class State:
             token, generation = current["token"], current["generation"]
         else:
             generation = self.next_generation
+            if boot_id != self.grant_boot:
+                # Unsynced grants made under another boot may have been lost with it.
+                generation = max(generation, self.reserved + 1)
             token = f"{generation}-{secrets.token_hex(8)}"
         lease = _lease_json(owner, token, generation, now + ttl, boot_id)
-        return Lease(target, owner, token), {"kind": "lease", "target": target, "lease": lease}
+        event: Event = {"kind": "lease", "target": target, "lease": lease}
+        if generation > self.reserved:
+            event["reserve"] = generation + RESERVE_BLOCK - 1
+        return Lease(target, owner, token), event
 
     def plan_renew(self, lease: Lease, ttl: float, now: float, boot_id: str) -> Event:
         current = self.leases.get(lease.target)
@@ -150,6 +168,10 @@ class State:
             else:
                 self.leases[event["target"]] = dict(lease)
                 self.next_generation = max(self.next_generation, lease["generation"] + 1)
+                self.grant_boot = lease["boot_id"]
+            reserve = event.get("reserve")
+            if reserve is not None:
+                self.reserved = max(self.reserved, reserve)
         else:
             for record in event["records"]:
                 self.records[record["id"]] = dict(record)
@@ -163,24 +185,42 @@ class State:
         """The state as one JSON object; dead leases are dropped (the counter remembers)."""
         return {
             "next_generation": self.next_generation,
+            "reserved_generation": self.reserved,
+            "grant_boot": self.grant_boot,
             "records": self.records,
             "keys": self.keys,
             "leases": {t: le for t, le in self.leases.items() if _is_live(le, now, boot_id)},
         }
 
     @classmethod
-    def from_snapshot(cls, obj: Mapping[str, Any]) -> State:
-        """Rebuild from :meth:`snapshot` output; ``ValueError`` if it is not well formed."""
+    def from_snapshot(
+        cls, obj: Mapping[str, Any], known: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> State:
+        """Rebuild from :meth:`snapshot` output; ``ValueError`` if it is not well formed.
+
+        ``known``: records already validated (the state this one replaces); a record equal to
+        its entry there is not validated again, which keeps reloading a large store cheap.
+        """
+        known = known or {}
         state = cls()
         generation = obj.get("next_generation")
         if type(generation) is not int or generation < 1:
             raise ValueError("bad next_generation")
         state.next_generation = generation
+        # Both absent from snapshots written before reservations existed.
+        reserved, grant_boot = obj.get("reserved_generation", 0), obj.get("grant_boot")
+        if type(reserved) is not int or reserved < 0:
+            raise ValueError("bad reserved_generation")
+        if grant_boot is not None and not isinstance(grant_boot, str):
+            raise ValueError("bad grant_boot")
+        state.reserved, state.grant_boot = reserved, grant_boot
         records, keys, leases = obj.get("records"), obj.get("keys"), obj.get("leases")
         if not (isinstance(records, dict) and isinstance(keys, dict) and isinstance(leases, dict)):
             raise ValueError("records, keys and leases must be objects")
         for record_id, record in records.items():
-            if record_from_json(record).id != record_id:
+            if known.get(record_id) == record and isinstance(record, dict):
+                pass  # validated before, filed under the same id
+            elif record_from_json(record).id != record_id:
                 raise ValueError(f"record filed under the wrong id {record_id!r}")
             state.records[record_id] = record
         for key, record_id in keys.items():
@@ -220,6 +260,11 @@ def check_event(event: Mapping[str, Any]) -> None:
             raise ValueError("lease event without a target")
         if event.get("lease") is not None:
             _check_lease_json(event["lease"])
+        reserve = event.get("reserve")
+        if reserve is not None and (type(reserve) is not int or reserve < 1):
+            raise ValueError("bad reserve in lease event")
+        if not isinstance(event.get("boot", ""), str):
+            raise ValueError("bad boot in lease event")
     elif kind == "finalize":
         records, bind = event.get("records"), event.get("bind")
         if not isinstance(records, list) or not records:

@@ -122,6 +122,10 @@ class _Session:
             if self._state == "closed":
                 raise JSONLEventBackendClosedError()
             self.check_poison()
+            # While a leader writes (and syncs), records queue up; whoever next finds the key
+            # idle takes the whole queue, its own record included.  (Taking only its own
+            # record would let a leader that returns and calls again at once overtake the
+            # followers it just woke, one record per sync.)
             self._queue.append(pending)
             while self._writing and not pending.done:
                 self._cond.wait()
@@ -173,9 +177,10 @@ class _Session:
             )
         log = self._log
         # Reentrant: DurableLog takes the same lock inside.  Holding it across the call keeps
-        # the repairs read here paired with the append that made them.
-        with exclusive(self.lock_path):
-            known_repairs = len(log.repaired)
+        # the repairs read here paired with the append that made them, and a failed append's
+        # rollback check (below) free of other writers.
+        with exclusive(self.lock_path, linger=True):
+            known_repairs = log.repair_count
             try:
                 written = log.append_many(bodies)
             except CorruptLogError as exc:
@@ -194,7 +199,8 @@ class _Session:
                 if exc.filename is None:
                     self._settle_rollback(exc, cut[-1].offset if cut else before)
                 raise
-            self.repairs.extend(log.repaired[known_repairs:])
+            if log.repair_count != known_repairs:
+                self.repairs.extend(log.repaired[known_repairs:])
         if not self.sync:
             self._dirty = True
             if self._sync_fd is None:
