@@ -15,6 +15,7 @@ Both CLIs print one JSON object per stdout line.  The rules shared by every pars
 from __future__ import annotations
 
 import dataclasses
+import io
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,15 +77,17 @@ def decode(line: str | bytes) -> Decoded:
 
 
 def split_lines(blob: bytes) -> list[bytes]:
-    """``blob.splitlines()`` (lines end at ``\\n``, ``\\r`` or ``\\r\\n``), several times faster
-    for the usual output without a ``\\r``: ``split`` finds a byte with ``memchr``,
-    ``splitlines`` tests every byte."""
+    """The lines ``blob.splitlines()`` finds (each ends at ``\\n``, ``\\r`` or ``\\r\\n``), each
+    perhaps still ending in its ``\\n``: for a caller that takes the whitespace around a line
+    for nothing, as :func:`decode` does.
+
+    Without a ``\\r`` in ``blob`` (the usual output) this is ``BytesIO.readlines``, which finds
+    each newline with ``memchr``: several times faster than ``splitlines``, which tests every
+    byte.
+    """
     if b"\r" in blob:
         return blob.splitlines()
-    lines = blob.split(b"\n")
-    if not lines[-1]:
-        lines.pop()  # the last newline ends a line; it does not start one
-    return lines
+    return io.BytesIO(blob).readlines()
 
 
 def line_text(data: bytes) -> str:
