@@ -1,6 +1,8 @@
 """The claude parser's output, pinned: every captured transcript and hundreds of seeded mangled
 variants of them must give exactly the events, transcript and Response recorded in
-``golden/claude-parse.json``.
+``golden/claude-parse.json``; and its fast paths give what the plain routes give (``replay``
+what a live run's line-by-line parse gives, ``split_lines`` what ``splitlines`` gives, ``lean``
+constructors what the dataclasses build).
 
 The golden file was written by the parser before its per-line fast path existed (the plain
 ``decode``/``Decoded`` route with a dataclass constructor per event), so a fast path that
@@ -22,10 +24,16 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adaptor.driver import OutputSchema, Request, SessionContext, SessionState
 from adaptor.drivers import claude
+from adaptor.drivers._lines import Protocol, lean, split_lines
+from adaptor.drivers._process import Exit, Line
 from adaptor.errors import ResumeRejectedError
+from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
+from adaptor.result import TranscriptItem
 from adaptor.testing import RecordingSink
 from bench.parse import build_transcript
 from tests.drivers.conftest import TRANSCRIPTS, transcript
@@ -187,3 +195,99 @@ def test_mangled_transcripts_parse_as_pinned(golden: dict[str, Any], name: str) 
 def test_the_benchmark_transcript_parses_as_pinned(golden: dict[str, Any]) -> None:
     data = build_transcript(256 * 1024)[0]
     assert _digest(observe(data, b"", 0, _REQUESTS["plain"])) == golden["bench"]
+
+
+# --- the fast paths against the plain ones they stand for ---------------------------------------
+
+_LINE_PIECES = st.sampled_from([
+    b"", b" ", b"\t", b"\x0b", b"\x0c", b"\r", b"\n", b"\r\n", b"{", b"}", b"[1]", b"12", b'"x"',
+    b"npm notice", b"\xff", b'{"type":"result","subtype":"success","session_id":"s"}',
+    b'{"type":"control_request","request_id":"r","request":{"subtype":"can_use_tool"}}',
+    b'{"type":"stream_event","event":{"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"hi"}}}',
+    b'{"type":"stream_event","event":{"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}}',
+])
+
+
+def _live(stdout: bytes, stderr: bytes, exit_code: int | None) -> Any:
+    """What a live run's parser makes of the same output: one ``Line`` per line, newline
+    stripped, as the process reader hands them over."""
+    sink = RecordingSink()
+    parser = claude._Parser(sink, claude._plan(claude.Config(), _REQUESTS["plain"],
+                                               persistent_allowed=False))
+    for stream, blob in (("stdout", stdout), ("stderr", stderr)):
+        for raw in blob.splitlines():
+            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
+    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
+    response = parser.response(exit_, stdout.decode("utf-8", "replace"),
+                               stderr.decode("utf-8", "replace"))
+    return {"emitted": canon(sink.payloads), "response": canon(response)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(NAMES),
+    inserts=st.lists(st.tuples(st.integers(0, 200), st.lists(_LINE_PIECES, max_size=4)),
+                     max_size=6),
+    carriage=st.booleans(),
+)
+def test_replay_parses_as_a_live_run_line_by_line(
+    name: str, inserts: list[tuple[int, list[bytes]]], carriage: bool
+) -> None:
+    stdout, stderr, exit_code = transcript(name)
+    lines = stdout.split(b"\n")
+    for where, pieces in inserts:
+        lines.insert(where % (len(lines) + 1), b"".join(pieces))
+    joined = (b"\r\n" if carriage else b"\n").join(lines)
+    assert observe(joined, stderr, exit_code, _REQUESTS["plain"]) == _live(joined, stderr,
+                                                                            exit_code)
+
+
+@given(st.lists(st.sampled_from([b"a", b"{}", b" ", b"\n", b"\r", b"\r\n", b"\x0c", b"\x85"]),
+                max_size=30))
+def test_split_lines_finds_the_lines_splitlines_finds(pieces: list[bytes]) -> None:
+    blob = b"".join(pieces)
+    # The same lines; a line may keep its "\n", which every reader strips as whitespace.
+    assert [line.removesuffix(b"\n") for line in split_lines(blob)] == blob.splitlines()
+
+
+@pytest.mark.parametrize("cls", [TextDelta, Thinking, ToolCall, ToolResult, TranscriptItem])
+def test_lean_constructors_build_what_the_classes_build(cls: type[Any]) -> None:
+    make = lean(cls)
+    assert make is not cls, f"{cls.__name__} lost its fast constructor"
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "meta"]
+    for values in ({"kind": "x"} if cls is TranscriptItem else {},
+                   {name: f"v-{name}" for name in names}):
+        made, built = make(**values), cls(**values)
+        assert made == built and vars(made) == vars(built)
+        assert list(vars(made)) == list(vars(built))
+    if cls is TranscriptItem:
+        assert make(kind="a").metadata is not make(kind="b").metadata  # fresh per item
+        with pytest.raises(TypeError):
+            make(text="no kind")
+    with pytest.raises(TypeError):
+        make(no_such_field=1)
+
+
+@given(st.lists(_LINE_PIECES, max_size=5), st.booleans())
+def test_a_line_decoded_first_is_what_the_protocol_rules_make_of_it(
+    pieces: list[bytes], after_terminal: bool
+) -> None:
+    line = b"".join(pieces).replace(b"\n", b" ").replace(b"\r", b" ")
+    plan = claude._plan(claude.Config(), _REQUESTS["plain"], persistent_allowed=False)
+    parser = claude._Parser(RecordingSink(), plan)
+    reference = Protocol(RecordingSink())
+    if after_terminal:
+        terminal = b'{"type":"result","subtype":"success"}'
+        parser.feed_stdout(terminal)
+        reference.set_terminal({}, "")
+    before = len(parser.protocol.transcript)
+    returned = parser.feed_stdout(line)
+    decoded = reference.feed_stdout(line)
+    event = None if decoded is None else decoded.event
+    assert returned == (event if (event or {}).get("type") == "control_request" else None)
+    # The protocol's own items (text lines); a parsed event may add the parser's items.
+    added = [i for i in parser.protocol.transcript[before:] if i.kind == "stdout"]
+    assert added == reference.transcript
+    assert parser.protocol.problems == reference.problems
