@@ -43,10 +43,12 @@ NAMES = sorted(p.stem for p in TRANSCRIPTS.glob("claude-*.jsonl"))
 VARIANTS = 30  # seeded mangled variants per transcript
 
 _SCHEMA = OutputSchema(schema={"type": "object", "properties": {"name": {"type": "string"}}})
+# A fixed working directory: the checkpoint records it (the caller's cwd by default).
+_CWD = "/golden/work"
 _REQUESTS: dict[str, Request] = {
-    "plain": Request(run_id="golden", prompt=""),
-    "schema": Request(run_id="golden", prompt="", output_schema=_SCHEMA),
-    "resume": Request(run_id="golden", prompt="", session=SessionContext(
+    "plain": Request(run_id="golden", prompt="", workspace_cwd=_CWD),
+    "schema": Request(run_id="golden", prompt="", output_schema=_SCHEMA, workspace_cwd=_CWD),
+    "resume": Request(run_id="golden", prompt="", workspace_cwd=_CWD, session=SessionContext(
         "continue_or_start", SessionState("00000000-0000-4000-8000-000000000000"))),
 }
 # What a mangled field may become: every JSON type, empty and not.
