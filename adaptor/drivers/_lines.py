@@ -213,7 +213,8 @@ def lean(cls: type[_T]) -> Callable[..., _T]:
     """
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     if (hasattr(cls, "__post_init__") or any("__slots__" in vars(k) for k in cls.__mro__[:-1])
-            or not all(f.init and f.name.isidentifier() for f in fields)):
+            or not all(f.init and f.name.isidentifier() and not f.name.startswith("_")
+                       and f.name != "obj" for f in fields)):  # the generated code's own names
         return cls
     namespace: dict[str, Any] = {"_cls": cls, "_new": _new, "_set": object.__setattr__,
                                  "_FRESH": _FRESH}

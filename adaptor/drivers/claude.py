@@ -759,7 +759,6 @@ class _Parser:
         self.emit = sink.emit
         self.plan = plan
         self.protocol = Protocol(sink)
-        self._event = self.protocol.event
         self.model = ""
         self.version = ""
         self.final: list[str] = []
