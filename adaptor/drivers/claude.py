@@ -61,6 +61,7 @@ Session compatibility (:meth:`Driver.session_config_fingerprint`) covers ``cwd``
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import hashlib
@@ -112,7 +113,10 @@ from adaptor.drivers._lines import (
     as_int,
     as_list,
     as_str,
+    lean,
+    line_text,
     provider_failure,
+    split_lines,
 )
 from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
@@ -296,9 +300,10 @@ def replay(
     parser = _Parser(sink, plan)
     data = [stdout.encode() if isinstance(stdout, str) else stdout,
             stderr.encode() if isinstance(stderr, str) else stderr]
-    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
-        for raw in blob.splitlines():
-            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
+    # What feed(Line(...)) does per line, minus a Line per line and the loop's bytecode.
+    collections.deque(map(parser.feed_stdout, split_lines(data[0])), maxlen=0)
+    for raw in split_lines(data[1]):
+        parser.feed_stderr(raw)
     exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
     text_out, text_err = (b.decode("utf-8", "replace") for b in data)
     return parser.response(exit_, text_out, text_err)
@@ -733,11 +738,25 @@ def _control_response(request_id: Any, *, response: Any = None, error: str = "")
 # --- parsing ------------------------------------------------------------------------------------
 
 
+# Events and transcript items built without the dataclass __init__ (see lean): the parser makes
+# one per streamed token.
+_TextDelta: Final = lean(TextDelta)
+_Thinking: Final = lean(Thinking)
+_ToolCall: Final = lean(ToolCall)
+_ToolResult: Final = lean(ToolResult)
+_Item: Final = lean(TranscriptItem)
+_DELTAS: Final[Mapping[str, Callable[..., TextDelta | Thinking]]] = {
+    "text": _TextDelta, "thinking": _Thinking,
+}
+_loads: Final = orjson.loads
+
+
 class _Parser:
     """Claude stream-json → events, transcript items and, at the end, a Response."""
 
     def __init__(self, sink: EventSink, plan: _Plan) -> None:
         self.sink = sink
+        self.emit = sink.emit
         self.plan = plan
         self.protocol = Protocol(sink)
         self.model = ""
@@ -770,33 +789,57 @@ class _Parser:
         )
 
     def _item(self, **fields: Any) -> None:
-        self.protocol.item(TranscriptItem(**fields))
+        self.protocol.item(_Item(**fields))
 
     def feed(self, line: Line) -> dict[str, Any] | None:
         """One line; returns a control request the caller must answer."""
         if line.stream == "stderr":
-            self.protocol.feed_stderr(line.data)
-            if self.plan.resume_id and _NO_CONVERSATION.search(line.text):
-                self.rejected_resume = line.text.strip()
+            self.feed_stderr(line.data)
             return None
-        decoded = self.protocol.feed_stdout(line.data)
-        if decoded is None or decoded.event is None:
-            return None
-        event = decoded.event
+        return self.feed_stdout(line.data)
+
+    def feed_stderr(self, data: bytes) -> None:
+        self.protocol.feed_stderr(data)
+        if self.plan.resume_id:
+            text = data.decode("utf-8", "replace")
+            if _NO_CONVERSATION.search(text):
+                self.rejected_resume = text.strip()
+
+    def feed_stdout(self, data: bytes) -> dict[str, Any] | None:
+        """One stdout line; returns a control request the caller must answer.
+
+        The line is decoded here first: a long run is all JSON objects.  Any line that is not
+        one, and any line after the terminal event, goes to ``Protocol.event``, whose rules
+        decide it (text, blank, malformed, after the terminal).  For an object before the
+        terminal both routes give the same event (see ``Protocol.event``)."""
+        try:
+            event = _loads(data)
+        except orjson.JSONDecodeError:
+            event = None
+        if type(event) is not dict or self.protocol.terminal is not None:
+            event = self.protocol.event(data)
+            if event is None:
+                return None
         kind = event.get("type")
-        handler = self._HANDLERS.get(kind if isinstance(kind, str) else "")
+        if kind == "stream_event":  # most lines of a streamed run
+            self._stream_event(event)
+            return None
+        handler = self._HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
             handler(self, event)
         if kind == "result":
-            self.protocol.set_terminal(event, decoded.text)
-        if kind == "control_request":
+            self.protocol.set_terminal(event, line_text(data))
+        elif kind == "control_request":
             return event
         return None
 
     # -- event handlers --
 
     def _system(self, event: dict[str, Any]) -> None:
-        subtype = as_str(event.get("subtype"))
+        subtype = event.get("subtype")
+        if subtype == "status":  # a progress ping, one per turn
+            return
+        subtype = as_str(subtype)
         if subtype == "init":
             self.model = as_str(event.get("model")) or self.model
             self.version = as_str(event.get("claude_code_version"))
@@ -826,98 +869,114 @@ class _Parser:
                        text=as_str(event.get("message")) or "permission denied",
                        tool_name=as_str(event.get("tool_name")),
                        tool_use_id=as_str(event.get("tool_use_id")))
-        elif subtype and subtype != "status":  # "status" is a progress ping
+        elif subtype:
             self._item(kind="system", subtype=subtype)
 
     def _stream_event(self, event: dict[str, Any]) -> None:
-        inner = as_dict(event.get("event"))
+        # Most lines of a streamed run come here, most of them token deltas: every check below
+        # is inline (no as_* helpers), in the order that decides a delta soonest.
+        inner = event.get("event")
+        if not isinstance(inner, dict):
+            return
         kind = inner.get("type")
-        if kind == "message_start":
-            self.message = as_str(as_dict(inner.get("message")).get("id")) or f"m{self.assistant_lines}"
+        index = inner.get("index")
+        if kind == "content_block_delta":
+            delta = inner.get("delta")
+            if not (isinstance(index, int) and index in self.open_blocks
+                    and isinstance(delta, dict)):
+                return
+            btype, ident = self.open_blocks[index]
+            if btype == "text":
+                text = delta.get("text")
+                if text and isinstance(text, str):  # empty deltas carry nothing
+                    self.emit(_TextDelta(message_id=ident, text=text, phase="content"))
+            elif btype == "thinking":
+                text = delta.get("thinking")
+                if text and isinstance(text, str):
+                    self.emit(_Thinking(message_id=ident, text=text, phase="content"))
+            elif ident in self.open_tools:
+                partial = delta.get("partial_json")
+                if partial and isinstance(partial, str):
+                    self.emit(_ToolCall(id=ident, args_delta=partial, phase="content"))
+        elif kind == "message_start":
+            message = inner.get("message")
+            message_id = message.get("id") if isinstance(message, dict) else None
+            self.message = (message_id if message_id and isinstance(message_id, str)
+                            else f"m{self.assistant_lines}")
             self.streamed.add(self.message)
             self.open_blocks = {}
+        elif not isinstance(index, int):
             return
-        index = inner.get("index")
-        if not isinstance(index, int):
-            return
-        if kind == "content_block_start":
-            block = as_dict(inner.get("content_block"))
-            btype = block.get("type")
+        elif kind == "content_block_start":
             if index in self.open_blocks:  # restarted without a stop: close the old one
                 old_type, old_ident = self.open_blocks.pop(index)
                 if old_type != "tool":
-                    self._delta(old_type, old_ident, "end")
-            if btype in ("text", "thinking"):
+                    self.emit(_DELTAS[old_type](message_id=old_ident, phase="end"))
+            block = inner.get("content_block")
+            start_type = block.get("type") if isinstance(block, dict) else None
+            if start_type == "text" or start_type == "thinking":
                 ident = self.protocol.fresh_id(f"{self.message}/{index}")
-                self.open_blocks[index] = (str(btype), ident)
-                self._delta(str(btype), ident, "start")
-            elif btype == "tool_use":
-                ident = as_str(block.get("id"))
-                name = as_str(block.get("name")) or "tool"
+                self.open_blocks[index] = (start_type, ident)
+                self.emit(_DELTAS[start_type](message_id=ident, phase="start"))
+            elif start_type == "tool_use":
+                ident = as_str(block.get("id"))  # type: ignore[union-attr]
+                name = as_str(block.get("name")) or "tool"  # type: ignore[union-attr]
                 if ident and ident not in self.tool_names:
                     self.tool_names[ident] = name
                     self.open_tools.add(ident)
                     self.open_blocks[index] = ("tool", ident)
-                    self.sink.emit(ToolCall(id=ident, name=name, phase="start"))
-        elif kind == "content_block_delta" and index in self.open_blocks:
-            btype, ident = self.open_blocks[index]
-            delta = as_dict(inner.get("delta"))
-            if btype == "text":
-                self._delta("text", ident, "content", as_str(delta.get("text")))
-            elif btype == "thinking":
-                self._delta("thinking", ident, "content", as_str(delta.get("thinking")))
-            elif ident in self.open_tools and as_str(delta.get("partial_json")):
-                self.sink.emit(ToolCall(id=ident, args_delta=as_str(delta.get("partial_json")),
-                                        phase="content"))
+                    self.emit(_ToolCall(id=ident, name=name, phase="start"))
         elif kind == "content_block_stop" and index in self.open_blocks:
             btype, ident = self.open_blocks.pop(index)
             if btype != "tool":
-                self._delta(btype, ident, "end")
+                self.emit(_DELTAS[btype](message_id=ident, phase="end"))
 
     def _delta(self, kind: str, ident: str, phase: str, text: str = "") -> None:
         if phase == "content" and not text:
             return  # empty deltas carry nothing (and consumers may not see them)
-        cls = TextDelta if kind == "text" else Thinking
-        self.sink.emit(cls(message_id=ident, text=text, phase=phase))  # type: ignore[arg-type]
+        self.emit(_DELTAS[kind](message_id=ident, text=text, phase=phase))
 
     def _assistant(self, event: dict[str, Any]) -> None:
         self.assistant_lines += 1
-        message = as_dict(event.get("message"))
-        content = as_list(message.get("content"))
-        texts = [as_str(b.get("text")) for b in content if isinstance(b, dict)
-                 and b.get("type") == "text" and as_str(b.get("text"))]
+        message = event.get("message")
+        if not isinstance(message, dict):
+            message = {}
+        content = message.get("content")
+        if not isinstance(content, list):
+            content = []
         if event.get("error") or event.get("is_api_error_message"):
             # A synthetic message standing for an API failure: not the model's words.
+            texts = [as_str(b.get("text")) for b in content if isinstance(b, dict)
+                     and b.get("type") == "text" and as_str(b.get("text"))]
             self.api_error = {"error": event.get("error"),
                               "api_error_status": event.get("api_error_status"),
                               "api_error_type": event.get("api_error_type")}
             self._item(kind="failure", text="\n\n".join(texts) or "API error",
                        metadata={"code": "agent_error", **self.api_error})
             return
-        model = as_str(message.get("model"))
-        if model and model != "<synthetic>":
+        model = message.get("model")
+        if model and isinstance(model, str) and model != "<synthetic>":
             self.model = model
         message_id = as_str(message.get("id"))
         live = message_id not in self.streamed
+        item = self.protocol.item
         for position, block in enumerate(content):
             if not isinstance(block, dict):
                 continue
             btype = block.get("type")
-            if btype == "text" and as_str(block.get("text")):
-                text = as_str(block["text"])
-                if live:
-                    ident = self.protocol.fresh_id(f"{message_id or 'msg'}/{position}")
-                    for phase, piece in (("start", ""), ("content", text), ("end", "")):
-                        self._delta("text", ident, phase, piece)
-                self._item(kind="assistant", text=text, model=self.model)
-                self.final.append(text)
-            elif btype == "thinking" and as_str(block.get("thinking")):
-                text = as_str(block["thinking"])
-                if live:
-                    ident = self.protocol.fresh_id(f"{message_id or 'msg'}/{position}")
-                    for phase, piece in (("start", ""), ("content", text), ("end", "")):
-                        self._delta("thinking", ident, phase, piece)
-                self._item(kind="thinking", text=text)
+            if btype == "text":
+                text = block.get("text")
+                if text and isinstance(text, str):
+                    if live:
+                        self._whole_block("text", f"{message_id or 'msg'}/{position}", text)
+                    item(_Item(kind="assistant", text=text, model=self.model))
+                    self.final.append(text)
+            elif btype == "thinking":
+                text = block.get("thinking")
+                if text and isinstance(text, str):
+                    if live:
+                        self._whole_block("thinking", f"{message_id or 'msg'}/{position}", text)
+                    item(_Item(kind="thinking", text=text))
             elif btype == "tool_use":
                 ident = as_str(block.get("id"))
                 name = as_str(block.get("name")) or "tool"
@@ -925,37 +984,53 @@ class _Parser:
                 if ident and ident not in self.tool_names:
                     self.tool_names[ident] = name
                     self.open_tools.add(ident)
-                    args = copy.deepcopy(tool_input) if isinstance(tool_input, dict) else None
-                    self.sink.emit(ToolCall(id=ident, name=name, args=args, phase="start"))
-                self._item(kind="tool_call", tool_use_id=ident, tool_name=name,
-                           input=copy.deepcopy(tool_input))
+                    # The event and the transcript item each get their own copy; the decoded
+                    # line is ours alone (orjson built it), so the item may keep it.
+                    args = _json_copy(tool_input) if isinstance(tool_input, dict) else None
+                    self.emit(_ToolCall(id=ident, name=name, args=args, phase="start"))
+                item(_Item(kind="tool_call", tool_use_id=ident, tool_name=name, input=tool_input))
                 self.final = []  # text before a tool call is not the final answer
 
+    def _whole_block(self, kind: str, base: str, text: str) -> None:
+        """A block that was not streamed: its whole lifecycle at once."""
+        ident = self.protocol.fresh_id(base)
+        for phase, piece in (("start", ""), ("content", text), ("end", "")):
+            self._delta(kind, ident, phase, piece)
+
     def _user(self, event: dict[str, Any]) -> None:
-        message = as_dict(event.get("message"))
-        content = message.get("content")
+        message = event.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
             if content:
                 self._item(kind="user", text=content)
             return
-        for block in content if isinstance(content, list) else ():
+        if not isinstance(content, list):
+            return
+        item = self.protocol.item
+        for block in content:
             if not isinstance(block, dict):
                 continue
-            if block.get("type") == "tool_result":
-                ident = as_str(block.get("tool_use_id"))
-                text = _content_text(block.get("content"))
+            btype = block.get("type")
+            if btype == "tool_result":
+                ident = block.get("tool_use_id")
+                if not isinstance(ident, str):
+                    ident = ""
+                body = block.get("content")
+                text = body if isinstance(body, str) else _content_text(body)
                 is_error = block.get("is_error") is True
                 name = self.tool_names.get(ident, "")
                 if ident in self.open_tools:
                     self.open_tools.discard(ident)
-                    self.sink.emit(ToolCall(id=ident, name=name, result=text, phase="end"))
+                    self.emit(_ToolCall(id=ident, name=name, result=text, phase="end"))
                 if ident in self.tool_names:
-                    self.sink.emit(ToolResult(id=ident, result=text, is_error=is_error))
-                self._item(kind="tool_result", tool_use_id=ident or "unknown", tool_name=name,
-                           text=text, is_error=is_error)
+                    self.emit(_ToolResult(id=ident, result=text, is_error=is_error))
+                item(_Item(kind="tool_result", tool_use_id=ident or "unknown", tool_name=name,
+                           text=text, is_error=is_error))
                 self.final = []
-            elif block.get("type") == "text" and as_str(block.get("text")):
-                self._item(kind="user", text=as_str(block["text"]))
+            elif btype == "text":
+                said = block.get("text")
+                if said and isinstance(said, str):
+                    item(_Item(kind="user", text=said))
 
     def _result(self, event: dict[str, Any]) -> None:
         self.result = event
@@ -1006,7 +1081,7 @@ class _Parser:
                 self._delta(btype, ident, "end")
         self.open_blocks = {}
         for ident in sorted(self.open_tools):
-            self.sink.emit(ToolCall(id=ident, name=self.tool_names.get(ident, ""), phase="end"))
+            self.emit(_ToolCall(id=ident, name=self.tool_names.get(ident, ""), phase="end"))
         self.open_tools = set()
 
     def response(self, exit_: Exit, stdout: str, stderr: str) -> Response:
@@ -1214,6 +1289,23 @@ def _usage(result: Mapping[str, Any]) -> Usage | None:
         cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool)
         else None,
     )
+
+
+def _json_copy(value: Any) -> Any:
+    """A deep copy of a decoded JSON value (dicts, lists and immutable scalars only)."""
+    try:
+        # Exact for what orjson decoded (its floats round-trip); done in C.
+        return _loads(orjson.dumps(value))
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes
+        return _json_copy_deep(value)
+
+
+def _json_copy_deep(value: Any) -> Any:
+    if type(value) is dict:
+        return {key: _json_copy_deep(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_json_copy_deep(item) for item in value]
+    return value
 
 
 def _content_text(content: Any) -> str:
