@@ -3,31 +3,39 @@
 ``adaptor._durable`` makes every write durable before it returns (fsync of the file and of its
 directory), which is right for anything acknowledged on its own.  The daemon's run files are
 acknowledged together, by the verdict, so they are written plainly and synced in one batch
-just before it (:func:`write_unsynced`, :func:`sync`), and its own lifecycle log is written by
-one thread that commits whatever queued up meanwhile with one fsync (:class:`LifecycleLog`).
+just before it (:func:`write_unsynced`, :func:`write_synced`, :func:`sync`), and its own
+lifecycle log is written by one thread that commits whatever queued up meanwhile with one
+write and one fsync (:class:`LifecycleLog`).
 
-These are private to adaptord for now; they belong in ``adaptor._durable`` beside the other
-primitives (another change owns that module at the moment).
+These are private to adaptord for now: the file primitives belong in ``adaptor._durable``
+beside the others, and the batch append in ``hosttools.sessionrecorder`` (an
+``EventRecorder.record_many``); other changes own those modules at the moment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import secrets
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
 
 from adaptor import events
+from adaptor._durable import DurableLog
 from hosttools import sessionrecorder as sr
+from hosttools.sessionrecorder import _format
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# Temporary names only need to be unique among this process's writers (O_EXCL refuses any
+# clash, and the pid separates processes): a counter, not a random-number syscall per file.
+_tmp_numbers = itertools.count()
 
 
 def write_unsynced(path: Path, data: bytes) -> Path:
@@ -37,7 +45,7 @@ def write_unsynced(path: Path, data: bytes) -> Path:
     page cache outlives the process); only a power loss can lose the file, until :func:`sync`.
     Returns ``path`` so the caller can remember it for that sync.
     """
-    tmp = path.with_name(f"{path.name}.tmp-{secrets.token_hex(8)}")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{next(_tmp_numbers)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
     try:
         try:
@@ -122,12 +130,18 @@ def sync(files: Iterable[Path], directories: Iterable[Path]) -> None:
 class LifecycleLog:
     """``events/<session>.jsonl`` for the daemon's own facts, written by one background thread.
 
-    :meth:`record` queues a fact and returns at once.  The writer appends each queued fact as
-    it comes (one ``write`` each, so ``tail -f`` shows it), then makes the whole batch durable
-    with one fsync (group commit), then prints each fact's log line: whoever sees a line finds
-    the record in the file.  Nothing is recovered from this log, so nobody waits for it; a
-    power loss can lose the last facts not yet synced (the torn tail is repaired by the next
-    append), never a request or a verdict.
+    :meth:`record` queues a fact and returns at once.  The writer lingers ``linger`` seconds
+    after the first fact of a batch, so it stays off the path of the request that caused the
+    fact (it would compete for the GIL) and more facts share the batch; then it appends the
+    whole batch with one lock, one ``write`` and one fsync (group commit), and prints each
+    fact's log line: whoever sees a line finds the record in the file.  Nothing is recovered
+    from this log, so nobody waits for it; a power loss can lose the last facts not yet
+    synced (the torn tail is repaired by the next append), never a request or a verdict.
+
+    The file is the session recorder's (same records, same ``host_seq``, same lock file), so
+    ``EventRecorder.since(session)``, ``adaptor events`` and ``verify-log`` read it as before;
+    only the batching is ours.  ``EventRecorder`` has no batch append yet: this writes the
+    recorder's own encoding through ``adaptor._durable.DurableLog.append_many``.
     """
 
     def __init__(
@@ -135,15 +149,16 @@ class LifecycleLog:
         directory: Path,
         session: str,
         *,
-        key_validator: Callable[[str], None],
         emit: Callable[[str], None],
         on_error: Callable[[str, BaseException], None],
+        linger: float = 0.005,
     ) -> None:
-        self._backend = sr.JSONLEventBackend(directory, sync_on_append=False)
-        self._recorder = sr.EventRecorder(self._backend, key_validator=key_validator)
-        self._session = session
+        sr.check_contained(session)
+        self._path = directory / f"{session}{_format.SUFFIX}"
+        self._log: DurableLog | None = None
         self._emit = emit
         self._on_error = on_error
+        self._linger = linger
         self._pending: deque[tuple[events.Notice, str]] = deque()
         self._cond = threading.Condition()
         self._queued = 0
@@ -157,12 +172,14 @@ class LifecycleLog:
         with self._cond:
             self._pending.append((notice, line))
             self._queued += 1
-            self._cond.notify_all()
+            if len(self._pending) == 1:  # later facts join the lingering batch quietly
+                self._cond.notify_all()
 
     def barrier(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far is written, synced and its line printed."""
         with self._cond:
             target = self._queued
+            self._cond.notify_all()  # cut the writer's linger short
             return self._cond.wait_for(lambda: self._done >= target or not self._thread.is_alive(), timeout)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -171,27 +188,39 @@ class LifecycleLog:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout)
-        self._recorder.close()
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending or self._closing)
+                if not self._closing and self._linger > 0:
+                    self._cond.wait(self._linger)  # woken early only by close or a barrier
                 batch = list(self._pending)
                 self._pending.clear()
                 if not batch and self._closing:
                     return
-            for notice, _ in batch:
-                try:
-                    self._recorder.record(self._session, notice)
-                except Exception as exc:  # the audit log must never take the daemon down
-                    self._on_error("audit log write failed", exc)
-            try:
-                self._backend.flush()
-            except Exception as exc:
-                self._on_error("audit log sync failed", exc)
+            self._append([notice for notice, _ in batch])
             for _, line in batch:
                 self._emit(line)
             with self._cond:
                 self._done += len(batch)
                 self._cond.notify_all()
+
+    def _append(self, notices: list[events.Notice]) -> None:
+        now = datetime.now(UTC)
+        try:
+            bodies = [_format.encode(sr.EventRecord(0, now, notice)) for notice in notices]
+            if self._log is None:
+                self._log = DurableLog(self._path, seq_key=_format.SEQ_KEY, version=_format.FORMAT_VERSION)
+            self._log.append_many(bodies)
+        except Exception as exc:  # the audit log must never take the daemon down
+            # A DurableLog that failed may refuse every later append (a failed fsync makes it
+            # suspect); the next batch starts afresh, re-checking the file's tail first.
+            log, self._log = self._log, None
+            if log is not None:
+                with contextlib.suppress(Exception):
+                    log.close()
+            self._on_error("audit log write failed", exc)

@@ -1,6 +1,6 @@
 """adaptord serve: the spool watcher, the scheduler, the workers and crash recovery.
 
-Life of a request: ``spool/new/<id>.json`` → claimed by an atomic rename into ``claimed/`` →
+Life of a request: ``spool/new/<id>.json`` → claimed by an atomic link into ``claimed/`` →
 validated (a rejection verdict if not) → queued (same thread key: arrival order) → run through
 the SDK with its events recorded live → side files under ``runs/<id>/`` → ``verdicts/<id>.json``
 written once, atomically → the claimed copy (which may hold secrets) removed.
@@ -9,12 +9,12 @@ The watcher is only a wake-up hint: the spool is also scanned at start, periodic
 any watcher failure.  Crash recovery at start gives every claimed request without a verdict
 exactly one outcome (``on_interrupt``: fail, or requeue up to three attempts in all).
 
-What is fsynced when (docs/daemon.md, "What is on disk when"): the claim (the ``claimed/`` entry)
-before anything else happens to the request; a started attempt's ``state.json`` right after the
-driver starts, off the pickup path; the run's side files, its audit log and the verdict before
-the verdict appears.  Everything else (state updates, the request copy, the daemon's lifecycle
-log) is written without waiting for the disk: a ``kill -9`` loses none of it (the page cache
-outlives the process), and nothing that recovery relies on is left to a later sync.
+What is fsynced when (docs/daemon.md, "What is on disk when"): the claim (the ``claimed/`` link)
+before anything else happens to the request; the started attempt's ``state.json`` and the
+request copy right after the driver starts, off the pickup path; the run's audit log, its side
+files and the verdict before the verdict appears.  Everything else (later state updates, the
+daemon's lifecycle log) is written without waiting for the disk: a ``kill -9`` loses none of it
+(the page cache outlives the process), and recovery relies on none of it.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class Daemon:
 
     def _serve_locked(self) -> int:
         self._daemon_log = _writes.LifecycleLog(
-            self.home.events, _home.DAEMON_SESSION, key_validator=_session_key_ok, emit=self._emit,
+            self.home.events, _home.DAEMON_SESSION, emit=self._emit,
             on_error=lambda what, exc: self.log(what, error=type(exc).__name__),
         )
         # Run events are written as they happen (tail -f shows them live) and fsynced once,
