@@ -66,7 +66,7 @@ def _session_key_ok(key: str) -> None:
         raise ValueError("not a request id or thread session name")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the schedule finds and removes jobs by ``is``, not by value
 class Job:
     id: str
     request: dict[str, Any]
@@ -509,10 +509,10 @@ class Daemon:
             return None
         key = job.thread_key
         waiting = self._waiting.get(key) if key is not None else None
-        if waiting is not None and job in waiting:
+        if key is not None and waiting is not None and job in waiting:
             waiting.remove(job)
             if not waiting:
-                del self._waiting[key]  # type: ignore[arg-type]
+                del self._waiting[key]
         else:
             self._ready.remove(job)
             if key is not None:

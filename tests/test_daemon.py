@@ -449,3 +449,20 @@ def test_lifecycle_log_group_commits_and_prints_each_line_after_its_record(tmp_p
     assert all(in_file >= i + 1 for i, (_, in_file) in enumerate(printed))  # record first, then line
     assert sr.verify(tmp_path / "adaptord.jsonl") == 50
     assert [r.event.data["i"] for r in reader.since("adaptord")] == list(range(50))
+
+
+def test_cancelling_a_waiting_request_keeps_the_rest_of_its_thread_queue(daemon: DaemonProcess) -> None:
+    def turn(*steps: dict[str, Any]) -> dict[str, Any]:
+        return {"driver": "script", "prompt": "x", "thread": {"key": "line"}, "config": {"steps": list(steps), "session": "auto"}}
+
+    holder = daemon.submit(turn({"text": "holding"}, {"sleep": 60}))
+    daemon.wait_for_line(f"request.started id={holder}")
+    second = daemon.submit(turn({"text": "never"}))
+    third = daemon.submit(turn({"text": "third"}))
+    daemon.wait_for_line(f"request.queued id={third}")
+    _home.request_cancel(daemon.home, second)
+    assert daemon.verdict(second)["error"]["code"] == errors.CancelledError("x").wire_code
+    _home.request_cancel(daemon.home, holder)
+    assert daemon.verdict(holder)["error"]["code"] == "ErrRunCancelled"
+    verdict = daemon.verdict(third)
+    assert verdict["ok"] and verdict["result"]["text"] == "third"
