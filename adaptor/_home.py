@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,12 @@ def session_for_thread(key: str) -> str:
 
 @dataclass(frozen=True)
 class Home:
-    """Paths under one adaptord home."""
+    """Paths under one adaptord home.
+
+    The folders are computed once per ``Home`` (``cached_property`` stores them in the
+    instance's ``__dict__``, which a frozen dataclass allows): the daemon asks for them
+    several times per request, and building a ``Path`` is not free.
+    """
 
     root: Path
 
@@ -78,64 +84,64 @@ class Home:
         return cls(Path(root).expanduser().absolute() if root is not None else default_home())
 
     # public
-    @property
+    @cached_property
     def spool_tmp(self) -> Path:
         return self.root / "spool" / "tmp"
 
-    @property
+    @cached_property
     def spool_new(self) -> Path:
         return self.root / "spool" / "new"
 
-    @property
+    @cached_property
     def verdicts(self) -> Path:
         return self.root / "verdicts"
 
-    @property
+    @cached_property
     def events(self) -> Path:
         return self.root / "events"
 
-    @property
+    @cached_property
     def runs(self) -> Path:
         return self.root / "runs"
 
-    @property
+    @cached_property
     def threads(self) -> Path:
         return self.root / "threads"
 
-    @property
+    @cached_property
     def approvals_pending(self) -> Path:
         return self.root / "approvals" / "pending"
 
     # internal
-    @property
+    @cached_property
     def claimed(self) -> Path:
         return self.root / "claimed"
 
-    @property
+    @cached_property
     def quarantine(self) -> Path:
         return self.root / "quarantine"
 
-    @property
+    @cached_property
     def cancels(self) -> Path:
         return self.root / "control" / "cancel"
 
-    @property
+    @cached_property
     def approvals_responses(self) -> Path:
         return self.root / "approvals" / "responses"
 
-    @property
+    @cached_property
     def approvals_resolved(self) -> Path:
         return self.root / "approvals" / "resolved"
 
-    @property
+    @cached_property
     def approvals_lock(self) -> Path:
         return self.root / "approvals" / "approvals.lock"
 
-    @property
+    @cached_property
     def daemon_lock(self) -> Path:
         return self.root / "adaptord.lock"
 
-    @property
+    @cached_property
     def daemon_state(self) -> Path:
         return self.root / "adaptord.json"
 

@@ -1,6 +1,6 @@
 """adaptord serve: the spool watcher, the scheduler, the workers and crash recovery.
 
-Life of a request: ``spool/new/<id>.json`` → claimed by an atomic rename into ``claimed/`` →
+Life of a request: ``spool/new/<id>.json`` → claimed by an atomic link into ``claimed/`` →
 validated (a rejection verdict if not) → queued (same thread key: arrival order) → run through
 the SDK with its events recorded live → side files under ``runs/<id>/`` → ``verdicts/<id>.json``
 written once, atomically → the claimed copy (which may hold secrets) removed.
@@ -8,6 +8,13 @@ written once, atomically → the claimed copy (which may hold secrets) removed.
 The watcher is only a wake-up hint: the spool is also scanned at start, periodically, and after
 any watcher failure.  Crash recovery at start gives every claimed request without a verdict
 exactly one outcome (``on_interrupt``: fail, or requeue up to three attempts in all).
+
+What is fsynced when (docs/daemon.md, "What is on disk when"): the claim (the ``claimed/`` link)
+before anything else happens to the request; the started attempt's ``state.json`` and the
+request copy right after the driver starts, off the pickup path; the run's audit log, its side
+files and the verdict before the verdict appears.  Everything else (later state updates, the
+daemon's lifecycle log) is written without waiting for the disk: a ``kill -9`` loses none of it
+(the page cache outlives the process), and recovery relies on none of it.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +43,7 @@ from adaptor import _durable, _home, errors, events
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import JSONLStore
+from adaptord import _writes
 from adaptord.config import DaemonConfig
 from hosttools import sessionrecorder as sr
 
@@ -43,6 +51,8 @@ if TYPE_CHECKING:
     from adaptord.a2a_bridge import Bridge, Listen
 
 MAX_ATTEMPTS = 3
+_CLAIM_BATCH = 256
+"""Spool entries claimed per fsync of ``claimed/`` when many arrive at once."""
 _APPROVAL_POLL = 0.25
 
 
@@ -56,7 +66,7 @@ def _session_key_ok(key: str) -> None:
         raise ValueError("not a request id or thread session name")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the schedule finds and removes jobs by ``is``, not by value
 class Job:
     id: str
     request: dict[str, Any]
@@ -66,6 +76,12 @@ class Job:
     stream: adaptor.Stream | None = None
     cancel_requested: bool = False
     run_ids: list[str] = field(default_factory=list)
+    # runs/<id>/state.json as last written: kept here so no write has to read it back first.
+    state: dict[str, Any] = field(default_factory=dict)
+    # Files of runs/<id>/ written without fsync; synced together just before the verdict.
+    unsynced: list[Path] = field(default_factory=list)
+    run_dir_ready: bool = False
+    run_dir_synced: bool = False
 
 
 class Daemon:
@@ -92,9 +108,15 @@ class Daemon:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._lock = threading.Lock()
-        self._queue: deque[Job] = deque()
+        # The schedule (under _lock): jobs that may start now in arrival order, jobs waiting
+        # behind an earlier one with their thread key, the keys so held (by a ready or running
+        # job), and every not-started job by id (for cancel and drain).  Dispatch never walks
+        # the jobs that wait, so a thousand of them on one key cost nothing per pickup.
+        self._ready: deque[Job] = deque()
+        self._waiting: dict[str, deque[Job]] = {}
+        self._held_keys: set[str] = set()
+        self._queued: dict[str, Job] = {}
         self._running: dict[str, Job] = {}
-        self._busy_keys: set[str] = set()
         self._approval_changed = threading.Condition()
         self._idle = threading.Condition(self._lock)
         self._observer: Any = None
@@ -103,27 +125,35 @@ class Daemon:
 
     # -- logging and audit -------------------------------------------------------------------
 
-    def log(self, fact: str, **fields: Any) -> None:
+    @staticmethod
+    def _line(fact: str, fields: Mapping[str, Any]) -> str:
         extra = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-        line = f"adaptord: {fact}" + (f" {extra}" if extra else "")
+        return f"adaptord: {fact}" + (f" {extra}" if extra else "")
+
+    def log(self, fact: str, **fields: Any) -> None:
+        self._emit(self._line(fact, fields))
+
+    def _emit(self, line: str) -> None:
         try:
-            print(line, file=self._log_stream, flush=True)
+            # One write per line: lines printed by different threads never interleave.
+            self._log_stream.write(line + "\n")
+            self._log_stream.flush()
         except (OSError, ValueError):  # journald gone or stderr closed: keep serving
             pass
 
     def audit(self, phase: str, request_id: str | None = None, **data: Any) -> None:
-        """One lifecycle fact in events/adaptord.jsonl (and one log line)."""
+        """One lifecycle fact in events/adaptord.jsonl (and one log line), never waited for.
+
+        The lifecycle writer prints the line after recording the fact, so whoever sees the
+        line finds the record.
+        """
         notice = events.Notice(
             kind="lifecycle",
             text=phase,
             data={"phase": phase, "request_id": request_id, **data},
         )
-        try:
-            self._daemon_log.record(_home.DAEMON_SESSION, notice)
-        except Exception as exc:  # the audit log must never take the daemon down
-            self.log("audit log write failed", error=type(exc).__name__)
-        # Logged after recording, so whoever sees the line finds the record.
-        self.log(phase, id=request_id, **{k: v for k, v in data.items() if isinstance(v, str | int | float)})
+        line = self._line(phase, {"id": request_id, **{k: v for k, v in data.items() if isinstance(v, str | int | float)}})
+        self._daemon_log.record(notice, line)
 
     # -- serve -------------------------------------------------------------------------------
 
@@ -142,7 +172,10 @@ class Daemon:
             instance.release()
 
     def _serve_locked(self) -> int:
-        self._daemon_log = sr.EventRecorder(sr.JSONLEventBackend(self.home.events), key_validator=_session_key_ok)
+        self._daemon_log = _writes.LifecycleLog(
+            self.home.events, _home.DAEMON_SESSION, emit=self._emit,
+            on_error=lambda what, exc: self.log(what, error=type(exc).__name__),
+        )
         # Run events are written as they happen (tail -f shows them live) and fsynced once,
         # before the verdict: per-event fsync would cap a streaming run at the disk's sync rate.
         self._events_backend = sr.JSONLEventBackend(self.home.events, sync_on_append=False)
@@ -165,6 +198,7 @@ class Daemon:
             self._recover()
             self._start_observer()
             self._scan()
+            self._daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
             _notify("READY=1\nSTATUS=serving")
             self.log("ready", home=self.home.root, workers=self.workers)
             while not self._stop.is_set():
@@ -187,9 +221,10 @@ class Daemon:
                 signal.signal(sig, handler)
             self._stop_observer()
             self._executor.shutdown(wait=False, cancel_futures=True)
-            for recorder in (self._events, self._daemon_log):
-                with contextlib.suppress(Exception):
-                    recorder.close()
+            with contextlib.suppress(Exception):
+                self._events.close()
+            with contextlib.suppress(Exception):
+                self._daemon_log.close()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == signal.SIGHUP:
@@ -234,16 +269,27 @@ class Daemon:
 
     def _start_observer(self) -> None:
         try:
-            from watchdog.events import FileSystemEventHandler
+            from watchdog.events import (
+                DirCreatedEvent,
+                DirMovedEvent,
+                FileClosedEvent,
+                FileCreatedEvent,
+                FileMovedEvent,
+                FileSystemEventHandler,
+            )
             from watchdog.observers import Observer
         except ImportError:  # pragma: no cover - watchdog is a dependency; polling still works
             return
         daemon = self
+        responses = os.fsencode(self.home.approvals_responses)
 
         class Hint(FileSystemEventHandler):
+            # Only a wake-up: no I/O and no lock held for long here, the observer thread must
+            # stay free to deliver the next event.
             def on_any_event(self, event: Any) -> None:
                 try:
-                    if "approvals" in str(getattr(event, "dest_path", "") or event.src_path):
+                    path = os.fsencode(getattr(event, "dest_path", "") or event.src_path)
+                    if path.startswith(responses):
                         with daemon._approval_changed:
                             daemon._approval_changed.notify_all()
                     else:
@@ -253,8 +299,12 @@ class Daemon:
 
         observer = Observer()
         handler = Hint()
+        # Arrivals only (created, moved in, closed after writing): the daemon's own unlinks
+        # and renames out of these folders would otherwise wake it, and keep its watcher
+        # threads busy, once per request.
+        arrivals = [FileCreatedEvent, FileMovedEvent, FileClosedEvent, DirCreatedEvent, DirMovedEvent]
         for directory in (self.home.spool_new, self.home.cancels, self.home.approvals_responses):
-            observer.schedule(handler, str(directory), recursive=False)
+            observer.schedule(handler, str(directory), recursive=False, event_filter=arrivals)
         observer.daemon = True
         try:
             observer.start()
@@ -284,53 +334,84 @@ class Daemon:
         except OSError as exc:
             self.log("cannot list the spool", error=str(exc))
             return
-        for name in names:
+        # Claim in batches: every entry of a batch is linked into claimed/, then one fsync of
+        # claimed/ makes all those claims durable at once (a burst of N requests costs one
+        # sync, not N), then each is accepted and dispatched at once.
+        for start in range(0, len(names), _CLAIM_BATCH):
             if self._stop.is_set():
                 return
+            claimed: list[tuple[str, str, Path]] = []
+            for name in names[start : start + _CLAIM_BATCH]:
+                try:
+                    taken = self._take(name)
+                except Exception as exc:  # the daemon never dies of a request
+                    self.log("could not take a spool entry", name=repr(name), error=f"{type(exc).__name__}: {exc}")
+                    continue
+                if taken is not None:
+                    claimed.append((name, *taken))
+            if not claimed:
+                continue
+            received_at = _now()
             try:
-                self._take(name)
-            except Exception as exc:  # the daemon never dies of a request
-                self.log("could not take a spool entry", name=repr(name), error=f"{type(exc).__name__}: {exc}")
+                _durable.fsync_dir(self.home.claimed)
+            except OSError as exc:
+                # The claims are not known to be durable: undo them and leave the spool entries
+                # where they are for the next scan to try again.
+                self.log("cannot sync the claimed folder", error=str(exc))
+                for _, _, path in claimed:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                return
+            for name, _, _ in claimed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.home.spool_new / name)
+            for _, request_id, path in claimed:
+                try:
+                    self._accept(request_id, path, attempt=0, received_at=received_at)
+                except Exception as exc:
+                    self.log("could not accept a request", id=request_id, error=f"{type(exc).__name__}: {exc}")
+                self._dispatch()
         self._apply_cancels()
         self._dispatch()
 
-    def _take(self, name: str) -> None:
+    def _take(self, name: str) -> tuple[str, Path] | None:
+        """Link a valid spool entry into claimed/ (not yet synced); quarantine anything else."""
         source = self.home.spool_new / name
         request_id = name[: -len(".json")] if name.endswith(".json") else None
         if request_id is None or not _home.REQUEST_ID.match(request_id) or request_id == _home.DAEMON_SESSION:
             self._quarantine(source, name, None, "the name is not <id>.json with a valid id")
-            return
+            return None
         try:
             info = os.lstat(source)
         except FileNotFoundError:
-            return
+            return None
         if not stat.S_ISREG(info.st_mode):
             kind = "symlink" if stat.S_ISLNK(info.st_mode) else "directory" if stat.S_ISDIR(info.st_mode) else "special file"
             self._quarantine(source, name, request_id, f"not a regular file ({kind})")
-            return
+            return None
         if info.st_size > _home.MAX_REQUEST_BYTES:
             self._quarantine(source, name, request_id, f"larger than {_home.MAX_REQUEST_BYTES} bytes")
-            return
-        if self.home.verdict(request_id).exists() or (self.home.claimed / name).exists():
-            self._quarantine(source, name, None, "a request with this id was already received")
-            return
+            return None
         claimed = self.home.claimed / name
+        if self.home.verdict(request_id).exists() or claimed.exists():
+            self._quarantine(source, name, None, "a request with this id was already received")
+            return None
         # link + unlink rather than rename: watchdog holds an unpaired move-out event for half a
         # second and every later event on the watch queues behind it, which would delay the
-        # pickup of the next request.  A crash between the two leaves both names; the spool
+        # pickup of the next request.  The spool name is unlinked only once the claimed one is
+        # durable (the caller's fsync); a crash in between leaves both names, and the spool
         # copy is then quarantined as a duplicate of the claimed one.
         try:
             os.link(source, claimed)
         except FileNotFoundError:
-            return  # taken by an earlier pass
-        _durable.fsync_dir(self.home.claimed)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(source)
-        self._accept(request_id, claimed, attempt=0, received_at=_now())
+            return None  # taken by an earlier pass
+        return request_id, claimed
 
     def _accept(
-        self, request_id: str, claimed: Path, *, attempt: int, received_at: str, run_ids: list[str] | None = None
+        self, request_id: str, claimed: Path, *, attempt: int, received_at: str,
+        prior: Mapping[str, Any] | None = None,
     ) -> None:
+        """Read and validate a claimed request, then queue it (or write its rejection)."""
         self.audit("request.received", request_id, attempt=attempt)
         try:
             body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
@@ -353,9 +434,6 @@ class Daemon:
                 received_at,
             )
             return
-        run_dir = self.home.run_dir(request_id)
-        _durable.ensure_dir(run_dir)
-        _durable.atomic_write_json(run_dir / "request.json", requests.redacted_request(request))
         thread = request.get("thread")
         job = Job(
             id=request_id,
@@ -363,11 +441,16 @@ class Daemon:
             received_at=received_at,
             attempt=attempt,
             thread_key=str(thread["key"]) if isinstance(thread, Mapping) else None,
-            run_ids=list(run_ids or ()),
+            run_ids=list((prior or {}).get("run_ids") or ()),
+            state=dict(prior or {}),
         )
-        self._write_state(job, "queued")
-        with self._lock:
-            self._queue.append(job)
+        # Nothing is written here: the durable claim is all a queued request needs (recovery
+        # queues a claimed request without a state file again, received at the claim's time).
+        # Its run folder is made once it starts, off the pickup path.  Only a request
+        # recovered with an earlier attempt's state says it is queued again.
+        if prior:
+            self._save_state(job, "queued")
+        self._enqueue(job)
         self.audit("request.queued", request_id)
 
     def _quarantine(self, source: Path, name: str, request_id: str | None, why: str) -> None:
@@ -398,19 +481,53 @@ class Daemon:
 
     # -- scheduling --------------------------------------------------------------------------
 
+    def _enqueue(self, job: Job) -> None:
+        with self._lock:
+            self._queued[job.id] = job
+            key = job.thread_key
+            if key is None:
+                self._ready.append(job)
+            elif key in self._held_keys:
+                self._waiting.setdefault(key, deque()).append(job)
+            else:
+                self._held_keys.add(key)
+                self._ready.append(job)
+
+    def _release_key(self, key: str) -> None:
+        """(Under _lock.)  The next job waiting for ``key`` becomes ready, else the key is free."""
+        waiting = self._waiting.get(key)
+        if waiting:
+            self._ready.append(waiting.popleft())
+            if not waiting:
+                del self._waiting[key]
+        else:
+            self._held_keys.discard(key)
+
+    def _unqueue(self, request_id: str) -> Job | None:
+        """(Under _lock.)  Take a not-started job out of the schedule."""
+        job = self._queued.pop(request_id, None)
+        if job is None:
+            return None
+        key = job.thread_key
+        waiting = self._waiting.get(key) if key is not None else None
+        if key is not None and waiting is not None and job in waiting:
+            waiting.remove(job)
+            if not waiting:
+                del self._waiting[key]
+        else:
+            self._ready.remove(job)
+            if key is not None:
+                self._release_key(key)
+        return job
+
     def _dispatch(self) -> None:
+        started: list[Job] = []
         with self._lock:
             if self._stop.is_set():
                 return
-            started: list[Job] = []
-            for job in list(self._queue):
-                if len(self._running) + len(started) >= self.workers:
-                    break
-                if job.thread_key is not None and job.thread_key in self._busy_keys:
-                    continue
-                if job.thread_key is not None:
-                    self._busy_keys.add(job.thread_key)
-                self._queue.remove(job)
+            while self._ready and len(self._running) < self.workers:
+                job = self._ready.popleft()
+                del self._queued[job.id]
                 self._running[job.id] = job
                 started.append(job)
         for job in started:
@@ -432,9 +549,10 @@ class Daemon:
             with self._lock:
                 self._running.pop(job.id, None)
                 if job.thread_key is not None:
-                    self._busy_keys.discard(job.thread_key)
+                    self._release_key(job.thread_key)
                 self._idle.notify_all()
-            self._wake.set()
+            # This worker is free: start what is ready now rather than waking the main loop.
+            self._dispatch()
 
     def _execute(self, job: Job) -> None:
         request = job.request
@@ -443,8 +561,6 @@ class Daemon:
         session = requests.session_of(request)
         started_at = _now()
         job.attempt += 1
-        self._write_state(job, "running", started_at=started_at, session=session)
-        self.audit("request.started", job.id, attempt=job.attempt)
         result: adaptor.Result | None = None
         error: BaseException | None = None
         try:
@@ -463,7 +579,14 @@ class Daemon:
                 stream = call.start()
                 job.stream = stream
                 job.run_ids.append(stream.run_id)
-                self._write_state(job, "running", started_at=started_at, session=session)
+                # The run folder and its state (with the run id, before any of the run's events:
+                # readers of the audit log rely on it) are written while the driver starts, not
+                # before: the pickup waits for none of it.  The attempt is then made durable, so
+                # a crash from here on is an interrupted run, never a silent second one.
+                self._prepare_run_dir(job)
+                self._save_state(job, "running", started_at=started_at, session=session)
+                self.audit("request.started", job.id, attempt=job.attempt)  # its line: state.json exists
+                self._sync_state(job)
                 if job.cancel_requested:
                     stream.cancel()
                 for event in stream:
@@ -473,6 +596,10 @@ class Daemon:
                 error = exc
             finally:
                 call.close(self.grace)
+        if not job.run_dir_ready:  # the run never started; the folder still gets its request copy
+            self._prepare_run_dir(job)
+            self._save_state(job, "running", started_at=started_at, session=session)
+            self.audit("request.started", job.id, attempt=job.attempt)
         if isinstance(error, errors.RunError):
             result = error.result
         run_id = job.run_ids[-1] if job.run_ids else None
@@ -482,7 +609,7 @@ class Daemon:
             self.log("audit log sync failed", id=job.id, error=f"{type(exc).__name__}: {exc}")
         self._write_verdict(
             job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
-            started_at=started_at, session=session, secrets=secrets,
+            started_at=started_at, session=session, secrets=secrets, job=job,
         )
         self._cleanup_claim(job.id)
 
@@ -497,7 +624,7 @@ class Daemon:
         except Exception as exc:
             self.log("event not recorded", id=job.id, error=f"{type(exc).__name__}: {exc}")
         if isinstance(event, events.Notice) and event.data.get("phase") == "driver.started":
-            self._write_state(job, "running", entered=True, session=session)
+            self._save_state(job, "running", entered=True, session=session)
 
     # -- approvals as files --------------------------------------------------------------------
 
@@ -555,9 +682,7 @@ class Daemon:
                 continue
             with self._lock:
                 running = self._running.get(request_id)
-                queued = next((job for job in self._queue if job.id == request_id), None)
-                if queued is not None:
-                    self._queue.remove(queued)
+                queued = self._unqueue(request_id)
             if running is not None:
                 running.cancel_requested = True
                 if running.stream is not None:
@@ -565,12 +690,14 @@ class Daemon:
                 self.audit("request.cancel_requested", request_id)
             elif queued is not None:
                 self.audit("request.cancel_requested", request_id)
+                self._prepare_run_dir(queued)
                 self._write_verdict(
                     request_id, run_id=None, result=None, error=errors.CancelledError("cancelled before it started"),
                     received_at=queued.received_at, started_at=None, session=None,
-                    secrets=requests.secrets_of(queued.request),
+                    secrets=requests.secrets_of(queued.request), job=queued,
                 )
                 self._cleanup_claim(request_id)
+                self._dispatch()  # a job waiting behind it on its thread key may be ready now
             elif (self.home.spool_new / f"{request_id}.json").exists():
                 continue  # not claimed yet: the next scan claims it, then this marker applies
             with contextlib.suppress(OSError):
@@ -589,15 +716,28 @@ class Daemon:
         started_at: str | None,
         session: str | None,
         secrets: list[str],
+        job: Job | None = None,
     ) -> None:
+        """Write the request's verdict, exactly once, after everything it points to is durable.
+
+        The side files are written in place and fsynced, then the run folder (one sync for all
+        their entries), then the verdict is written atomically and synced.  ``job`` is the
+        request's in-memory job when there is one (its state is then not read back from disk).
+        """
         redactor = requests.Redactor(secrets)
         run_dir = self.home.run_dir(request_id)
+        # Files written earlier without fsync (the request copy, when the start's sync did not
+        # happen), synced in the same batch as the folder.
+        unsynced = list(job.unsynced) if job is not None else []
+        new_files = bool(unsynced)
         result_json: dict[str, Any] | None = None
         if result is not None:
-            _durable.ensure_dir(run_dir)
+            # Written in place and fsynced one by one: only this verdict will point at them,
+            # and it is written after they are durable (see _writes.write_synced).
+            _writes.make_dir(run_dir)
             raw = result.raw()
-            _durable.atomic_write(run_dir / "stdout", redactor.text(raw.stdout).encode())
-            _durable.atomic_write(run_dir / "stderr", redactor.text(raw.stderr).encode())
+            _writes.write_synced(run_dir / "stdout", redactor.text(raw.stdout).encode())
+            _writes.write_synced(run_dir / "stderr", redactor.text(raw.stderr).encode())
             full = redactor.value(result.to_json())
             full["raw"] = {
                 "stdout": f"runs/{request_id}/stdout",
@@ -605,13 +745,18 @@ class Daemon:
                 "terminal": None if raw.terminal is None else f"runs/{request_id}/terminal.json",
             }
             if raw.terminal is not None:
-                _durable.atomic_write_json(
-                    run_dir / "terminal.json",
-                    redactor.value({"event": raw.terminal.event, "json": raw.terminal.json}),
-                )
-            _durable.atomic_write_json(run_dir / "transcript.json", full.pop("transcript"))
-            _durable.atomic_write_json(run_dir / "result.json", {**full, "transcript": f"runs/{request_id}/transcript.json"})
+                terminal = redactor.value({"event": raw.terminal.event, "json": raw.terminal.json})
+                _writes.write_synced(run_dir / "terminal.json", _writes.json_bytes(terminal))
+            _writes.write_synced(run_dir / "transcript.json", _writes.json_bytes(full.pop("transcript")))
+            summary = {**full, "transcript": f"runs/{request_id}/transcript.json"}
+            _writes.write_synced(run_dir / "result.json", _writes.json_bytes(summary))
             result_json = {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
+            new_files = True
+        if new_files:
+            # Then the folder's entries (and the folder's own entry in runs/ unless the
+            # start's sync made it durable already).
+            folders = (run_dir,) if job is not None and job.run_dir_synced else (run_dir, self.home.runs)
+            _writes.sync(unsynced, folders)
         wire = None if error is None else errors.to_wire(error, secrets=secrets)
         verdict = {
             "format": _home.VERDICT_FORMAT,
@@ -626,22 +771,34 @@ class Daemon:
             "started_at": started_at,
             "finished_at": _now(),
         }
-        written = _write_once(self.home.verdict(request_id), orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+        data = orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+        written = _write_once(self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id))
         self._cleanup_claim(request_id)  # the claimed copy may hold secrets: gone with the verdict
         if written:
             self.audit(
                 "verdict.written", request_id, ok=error is None,
                 code=None if wire is None else wire["code"], exit_code=verdict["exit_code"],
             )
-        self._write_state_raw(request_id, {"id": request_id, "status": "done", "run_id": run_id, "session": session})
+        # Once the verdict exists the state no longer matters to recovery: no sync.
+        done = {"id": request_id, "status": "done", "run_id": run_id, "session": session}
+        if job is not None:
+            job.state.update(done)
+            self._write_state_raw(request_id, job.state)
+        else:
+            self._write_state_raw(request_id, done, merge=True)
 
-    def _write_state(self, job: Job, status: str, **extra: Any) -> None:
-        path = self.home.run_state(job.id)
-        try:
-            current = _durable.read_json(path) if path.exists() else {}
-        except (OSError, ValueError):
-            current = {}
-        current.update(
+    def _prepare_run_dir(self, job: Job) -> None:
+        """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
+        run_dir = self.home.run_dir(job.id)
+        _writes.make_dir(run_dir)
+        copy = requests.redacted_request(job.request)
+        job.unsynced.append(_writes.write_json_unsynced(run_dir / "request.json", copy))
+        job.run_dir_ready = True
+
+    def _save_state(self, job: Job, status: str, **extra: Any) -> None:
+        """Write the job's ``state.json`` (no fsync; see :meth:`_sync_state`)."""
+        state = job.state
+        state.update(
             {
                 "id": job.id,
                 "status": status,
@@ -652,19 +809,29 @@ class Daemon:
                 "received_at": job.received_at,
             }
         )
-        current.update({k: v for k, v in extra.items() if v is not None})
-        if "session" in current and current["session"]:
-            current["events"] = f"events/{current['session']}.jsonl"
-        self._write_state_raw(job.id, current)
+        state.update({k: v for k, v in extra.items() if v is not None})
+        if state.get("session"):
+            state["events"] = f"events/{state['session']}.jsonl"
+        self._write_state_raw(job.id, state)
 
-    def _write_state_raw(self, request_id: str, state: Mapping[str, Any]) -> None:
+    def _sync_state(self, job: Job) -> None:
+        """Make the job's state durable (with the request copy, the folder and its entry)."""
+        try:
+            files = [*job.unsynced, self.home.run_state(job.id)]
+            _writes.sync(files, (self.home.run_dir(job.id), self.home.runs))
+            job.unsynced.clear()
+            job.run_dir_synced = True
+        except OSError as exc:
+            # The run goes on; only a power loss before the verdict would now run it again.
+            self.log("cannot sync the run state", id=job.id, error=str(exc))
+
+    def _write_state_raw(self, request_id: str, state: Mapping[str, Any], *, merge: bool = False) -> None:
         path = self.home.run_state(request_id)
-        _durable.ensure_dir(path.parent)
-        if path.exists():
+        _writes.make_dir(path.parent)
+        if merge:
             with contextlib.suppress(OSError, ValueError):
-                merged = {**_durable.read_json(path), **state}
-                state = merged
-        _durable.atomic_write_json(path, dict(state))
+                state = {**_durable.read_json(path), **state}
+        _writes.write_json_unsynced(path, dict(state))
 
     def _cleanup_claim(self, request_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -710,11 +877,11 @@ class Daemon:
                 state = _durable.read_json(self.home.run_state(request_id))
             except (OSError, ValueError):
                 state = {}
-            received_at = state.get("received_at") or _now()
+            received_at = state.get("received_at") or _claimed_at(claimed)
             attempt = int(state.get("attempt") or 0)
             if state.get("status") in (None, "queued") or attempt == 0:
                 self.log("recovered a queued request", id=request_id)
-                self._accept(request_id, claimed, attempt=attempt, received_at=received_at)
+                self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
                 continue
             self._interrupted(request_id, claimed, state, attempt, received_at)
 
@@ -725,10 +892,7 @@ class Daemon:
         policy = state.get("on_interrupt", "fail")
         self.audit("request.interrupted", request_id, attempt=attempt, entered=entered)
         if policy == "requeue" and attempt < MAX_ATTEMPTS:
-            self._accept(
-                request_id, claimed, attempt=attempt, received_at=received_at,
-                run_ids=list(state.get("run_ids") or ()),
-            )
+            self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
         run_id = state.get("run_id")
         if entered:
@@ -757,12 +921,16 @@ class Daemon:
     def _drain(self) -> None:
         """Stop claiming; let running work finish within the grace period, then cancel it."""
         with self._lock:
-            queued = list(self._queue)
-            self._queue.clear()
+            queued = list(self._queued.values())  # arrival order
+            self._queued.clear()
+            self._ready.clear()
+            self._waiting.clear()
         for job in queued:  # not started: back to the spool for the next daemon
             with contextlib.suppress(OSError):
                 os.rename(self.home.claimed / f"{job.id}.json", self.home.spool_new / f"{job.id}.json")
-                self._write_state_raw(job.id, {"status": "requeued"})
+                if job.state:  # a recovered attempt's state; a fresh request has none
+                    job.state["status"] = "requeued"
+                    self._write_state_raw(job.id, job.state)
         self.log("draining", running=len(self._running), grace=self.grace)
         with self._idle:
             self._idle.wait_for(lambda: not self._running, timeout=self.grace)
@@ -777,25 +945,42 @@ class Daemon:
         self._kept.close(self.grace)
 
 
-def _write_once(path: Path, data: bytes) -> bool:
-    """Write ``path`` atomically unless it exists: a verdict is written exactly once."""
+def _claimed_at(claimed: Path) -> str:
+    """When a request without a state file was claimed: its claimed link's ctime."""
+    try:
+        return events.format_time(datetime.fromtimestamp(os.lstat(claimed).st_ctime, UTC))
+    except OSError:
+        return _now()
+
+
+def _write_once(path: Path, data: bytes, *, linked: Callable[[], None]) -> bool:
+    """Write ``path`` atomically unless it exists: a verdict is written exactly once.
+
+    ``linked`` runs the moment the verdict is visible, before its folder is synced: the
+    request's claimed copy (which may hold secrets) goes with it, so nobody who sees the
+    verdict finds the copy.  The one sync after both makes them durable together; journaling
+    filesystems (ext4, xfs, btrfs) never persist the later unlink without the earlier link.
+    """
     directory = path.parent
     tmp = directory / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{time.time_ns()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
     try:
         os.link(tmp, path)
     except FileExistsError:
+        os.unlink(tmp)
         return False
+    try:
+        linked()
     finally:
         os.unlink(tmp)
-    _durable.fsync_dir(directory)
+        _durable.fsync_dir(directory)
     return True
 
 

@@ -7,14 +7,16 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from adaptor import _home, errors
+from adaptor import _home, errors, events
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 
@@ -316,3 +318,151 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     third = proc.submit({"driver": "script", "prompt": "x"})
     assert proc.verdict(third)["result"]["text"] == "from config v2"
     assert proc.stop() == 0
+
+
+# -- what each crash point leaves behind ------------------------------------------------------
+#
+# The daemon fsyncs the claim before anything else happens to a request, the attempt's state
+# once its driver started, and the run files before the verdict; everything else is written
+# without waiting for the disk.  These tests build the files a kill -9 at each step leaves and
+# check the restarted daemon gives exactly one verdict, running the request at most once more.
+
+
+def _lifecycle(home: _home.Home, rid: str) -> list[str]:
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
+    return [
+        r.event.data["phase"] for r in recorder.since("adaptord") if r.event.data.get("request_id") == rid
+    ]
+
+
+def _claimed_only(home: _home.Home, rid: str, request: dict[str, Any]) -> None:
+    home.ensure()
+    (home.claimed / f"{rid}.json").write_bytes(orjson.dumps({**request, "id": rid}))
+
+
+def test_crash_after_the_claim_runs_the_request_once(tmp_path: Path) -> None:
+    """Killed right after the claim was synced: no state, no run folder; it simply runs."""
+    home = _home.Home.at(tmp_path / "home")
+    _claimed_only(home, "claimed-only", script({"text": "ran"}))
+    claimed_at = datetime.fromtimestamp(os.lstat(home.claimed / "claimed-only.json").st_ctime, UTC)
+    proc = DaemonProcess(home.root).start()
+    verdict = proc.verdict("claimed-only")
+    assert verdict["ok"] and verdict["result"]["text"] == "ran"
+    assert verdict["received_at"] == events.format_time(claimed_at)  # the claim's time, not the restart's
+    proc.wait_for_line("verdict.written id=claimed-only")
+    assert _lifecycle(home, "claimed-only").count("request.started") == 1
+    assert proc.stop() == 0
+    assert list(home.claimed.iterdir()) == []
+
+
+def test_crash_between_claim_and_spool_unlink_runs_once(tmp_path: Path) -> None:
+    """Both names left (claimed, not yet removed from the spool): one run, the twin set aside."""
+    home = _home.Home.at(tmp_path / "home")
+    _claimed_only(home, "twin", script({"text": "once"}))
+    os.link(home.claimed / "twin.json", home.spool_new / "twin.json")
+    proc = DaemonProcess(home.root).start()
+    assert proc.verdict("twin")["ok"]
+    proc.wait_for_line("verdict.written id=twin")
+    assert _lifecycle(home, "twin").count("request.started") == 1
+    assert proc.stop() == 0
+    assert [p.name for p in home.verdicts.iterdir()] == ["twin.json"]
+    assert list(home.spool_new.iterdir()) == []
+    assert any(p.name.endswith("-twin.json") for p in home.quarantine.iterdir())
+
+
+def test_crash_after_the_start_sync_is_an_interrupted_run(tmp_path: Path) -> None:
+    """The started attempt's state is what recovery reads: a run id means the driver ran."""
+    home = _home.Home.at(tmp_path / "home")
+    _claimed_only(home, "started", script({"text": "x"}))
+    run_dir = home.run_dir("started")
+    run_dir.mkdir(parents=True)
+    (run_dir / "state.json").write_bytes(orjson.dumps({
+        "id": "started", "status": "running", "attempt": 1, "run_ids": ["run_0123456789abcdef"],
+        "run_id": "run_0123456789abcdef", "on_interrupt": "fail", "received_at": "2026-12-02T10:00:00.000000Z",
+    }))
+    proc = DaemonProcess(home.root).start()
+    verdict = proc.verdict("started")
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.RunError and err.reason == "infrastructure_error" and err.details["interrupted"]
+    assert verdict["run_id"] == "run_0123456789abcdef"
+    assert verdict["received_at"] == "2026-12-02T10:00:00.000000Z"
+    assert _lifecycle(home, "started").count("request.started") == 0  # not run again
+    assert proc.stop() == 0
+
+
+def test_crash_after_the_verdict_leaves_it_alone(tmp_path: Path) -> None:
+    """Verdict linked, claimed copy not yet removed: cleaned up, never a second verdict."""
+    home = _home.Home.at(tmp_path / "home")
+    _claimed_only(home, "finished", script({"text": "x"}))
+    verdict = b'{"format": "adaptord.verdict/1", "id": "finished", "ok": true}\n'
+    home.verdict("finished").write_bytes(verdict)
+    proc = DaemonProcess(home.root).start()
+    assert proc.stop() == 0
+    assert home.verdict("finished").read_bytes() == verdict
+    assert list(home.claimed.iterdir()) == []
+    assert "request.started" not in _lifecycle(home, "finished")
+
+
+def test_kill9_right_after_claiming_gives_exactly_one_verdict(tmp_path: Path) -> None:
+    """A burst is claimed in one batch (one sync of claimed/); kill -9 the moment claims
+    appear, while runs are starting: every request still gets exactly one verdict."""
+    home = tmp_path / "home"
+    proc = DaemonProcess(home, "--workers", "2").start()
+    paths = proc.home
+    ids = [f"burst-{i:02d}" for i in range(30)]
+    for rid in ids:  # written first, then linked at once: the daemon sees a burst
+        (paths.spool_tmp / f"{rid}.json").write_bytes(
+            orjson.dumps(script({"text": rid}, {"sleep": 0.05}, id=rid, on_interrupt="requeue"))
+        )
+    for rid in ids:
+        os.link(paths.spool_tmp / f"{rid}.json", paths.spool_new / f"{rid}.json")
+        os.unlink(paths.spool_tmp / f"{rid}.json")
+    deadline = time.monotonic() + 30
+    while not any(paths.claimed.iterdir()):  # no sleep: the point is to kill at the claim
+        assert time.monotonic() < deadline, "nothing was claimed"
+    proc.kill9()
+    restarted = DaemonProcess(home, "--workers", "4").start()
+    verdicts = {rid: restarted.verdict(rid) for rid in ids}
+    assert restarted.stop() == 0
+    assert sorted(p.name for p in paths.verdicts.iterdir()) == sorted(f"{rid}.json" for rid in ids)
+    assert all(v["ok"] for v in verdicts.values()), {r: v["error"] for r, v in verdicts.items() if not v["ok"]}
+    assert list(paths.claimed.iterdir()) == [] and list(paths.spool_new.iterdir()) == []
+
+
+def test_lifecycle_log_group_commits_and_prints_each_line_after_its_record(tmp_path: Path) -> None:
+    from adaptord._writes import LifecycleLog
+
+    reader = sr.EventRecorder(sr.JSONLEventBackend(tmp_path), key_validator=lambda k: None)
+    printed: list[tuple[str, int]] = []
+    failures: list[BaseException] = []
+    log = LifecycleLog(
+        tmp_path, "adaptord",
+        emit=lambda line: printed.append((line, len(reader.since("adaptord")))),
+        on_error=lambda what, exc: failures.append(exc),
+    )
+    for i in range(50):
+        log.record(events.Notice(kind="lifecycle", text="fact", data={"phase": "fact", "i": i}), f"line {i}")
+    assert log.barrier(timeout=30)
+    log.close()
+    assert failures == []
+    assert [line for line, _ in printed] == [f"line {i}" for i in range(50)]
+    assert all(in_file >= i + 1 for i, (_, in_file) in enumerate(printed))  # record first, then line
+    assert sr.verify(tmp_path / "adaptord.jsonl") == 50
+    assert [r.event.data["i"] for r in reader.since("adaptord")] == list(range(50))
+
+
+def test_cancelling_a_waiting_request_keeps_the_rest_of_its_thread_queue(daemon: DaemonProcess) -> None:
+    def turn(*steps: dict[str, Any]) -> dict[str, Any]:
+        return {"driver": "script", "prompt": "x", "thread": {"key": "line"}, "config": {"steps": list(steps), "session": "auto"}}
+
+    holder = daemon.submit(turn({"text": "holding"}, {"sleep": 60}))
+    daemon.wait_for_line(f"request.started id={holder}")
+    second = daemon.submit(turn({"text": "never"}))
+    third = daemon.submit(turn({"text": "third"}))
+    daemon.wait_for_line(f"request.queued id={third}")
+    _home.request_cancel(daemon.home, second)
+    assert daemon.verdict(second)["error"]["code"] == errors.CancelledError("x").wire_code
+    _home.request_cancel(daemon.home, holder)
+    assert daemon.verdict(holder)["error"]["code"] == "ErrRunCancelled"
+    verdict = daemon.verdict(third)
+    assert verdict["ok"] and verdict["result"]["text"] == "third"
