@@ -299,7 +299,7 @@ _get_record = itemgetter("crc", "event", SEQ_KEY, "kind", "meta", "recorded_at",
 _get_kind_meta = itemgetter("kind", "meta")
 _META_ORDER = ("run_id", "sequence", "thread_key", "time", "turn_id")
 _META_TYPES = [str, int, str, str, str]  # what _events._quick_meta() accepts, in that order
-_fourth = itemgetter(3)  # "time"
+_get_time = itemgetter("time")
 _get_tzinfo = attrgetter("tzinfo")
 _zulu = methodcaller("replace", "Z", "+00:00")  # parse_time's first step
 _crc_head = b'{"crc":%d,'.__mod__
@@ -398,12 +398,12 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         per_line = list(map(how.__getitem__, kinds))
         if list(map(tuple, payloads)) != [found.keys for found in per_line]:
             return None
-        if set(map(type, metas)) != _DICT or set(map(tuple, metas)) != {_META_ORDER}:
+        # (tuple() of a non-dict meta differs from _META_ORDER, or raises.)
+        if list(map(tuple, metas)) != [_META_ORDER] * n:
             return None
-        meta_values = list(map(tuple, map(_values, metas)))
-        if list(map(type, chain.from_iterable(meta_values))) != _META_TYPES * n:
+        if list(map(type, chain.from_iterable(map(_values, metas)))) != _META_TYPES * n:
             return None
-        times = list(map(_fourth, meta_values))
+        times = list(map(_get_time, metas))
         if "" in times:
             return None
         meta_times = list(map(_fromiso, map(_zulu, times)))
