@@ -300,6 +300,8 @@ _get_kind_meta = itemgetter("kind", "meta")
 _META_ORDER = ("run_id", "sequence", "thread_key", "time", "turn_id")
 _META_TYPES = [str, int, str, str, str]  # what _events._quick_meta() accepts, in that order
 _get_time = itemgetter("time")
+_get_sequence_or_0 = methodcaller("get", "sequence", 0)
+_get_time_or_empty = methodcaller("get", "time", "")
 _get_tzinfo = attrgetter("tzinfo")
 _zulu = methodcaller("replace", "Z", "+00:00")  # parse_time's first step
 _crc_head = b'{"crc":%d,'.__mod__
@@ -324,6 +326,7 @@ class _BatchKind:
     cls: type
     fixed: dict[str, Any]  # the folded field, set on the event's dict
     drop_kind: bool
+    requires: bool  # from_json needs some key to be present
 
 
 _BATCH_KINDS: dict[str, _BatchKind | None] = {}
@@ -342,7 +345,8 @@ def _batch_kind(kind: object) -> _BatchKind | None:
     recipe = _events._recipe(kind) if checks == () else None  # no checks beyond the keys
     found = None
     if recipe is not None:
-        found = _BatchKind(tuple(sorted(recipe.allowed)), recipe.cls, recipe.fixed, recipe.drop_kind)
+        keys = tuple(sorted(recipe.allowed))
+        found = _BatchKind(keys, recipe.cls, recipe.fixed, recipe.drop_kind, bool(recipe.required))
     if len(_BATCH_KINDS) < _MAX_SHAPES:
         _BATCH_KINDS[kind] = found
     return found
@@ -384,8 +388,7 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         event_kinds, metas = zip(*map(_get_kind_meta, payloads), strict=True)
         if event_kinds != kinds or top_metas != metas:
             return None
-        # The event: a kind with a recipe, exactly the keys to_json writes, and the meta
-        # _events._quick_meta() accepts (five keys; str, int, str, non-empty str, str).
+        # The event: a kind with a recipe (so nothing to check beyond keys and meta).
         distinct = set(kinds)
         if len(distinct) > _MAX_BATCH_KINDS:
             return None
@@ -395,15 +398,30 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
             if found is None:
                 return None
             how[kind] = found
-        per_line = list(map(how.__getitem__, kinds))
-        if list(map(tuple, payloads)) != [found.keys for found in per_line]:
-            return None
-        # (tuple() of a non-dict meta differs from _META_ORDER, or raises.)
-        if list(map(tuple, metas)) != [_META_ORDER] * n:
-            return None
-        if list(map(type, chain.from_iterable(map(_values, metas)))) != _META_TYPES * n:
-            return None
-        times = list(map(_get_time, metas))
+        if build or any(found.requires for found in how.values()):
+            # Built events adopt the parsed dicts, so they must be exactly what to_json
+            # writes: every key and no other, and the meta _events._quick_meta() accepts
+            # (five keys; str, int, str, non-empty str, str).
+            per_line = list(map(how.__getitem__, kinds))
+            if list(map(tuple, payloads)) != [found.keys for found in per_line]:
+                return None
+            # (tuple() of a non-dict meta differs from _META_ORDER, or raises.)
+            if list(map(tuple, metas)) != [_META_ORDER] * n:
+                return None
+            if list(map(type, chain.from_iterable(map(_values, metas)))) != _META_TYPES * n:
+                return None
+            times = list(map(_get_time, metas))
+        else:
+            # Only a verdict: these kinds' from_json ignores extra keys, defaults missing
+            # ones and passes values through, so only the meta can make it fail: a sequence
+            # int() refuses or a time parse_time() refuses.  (str() takes anything.)
+            if set(map(type, metas)) != _DICT:
+                return None
+            if set(map(type, map(_get_sequence_or_0, metas))) != _INT:
+                return None
+            times = list(map(_get_time_or_empty, metas))
+            if set(map(type, times)) != _STR:
+                return None
         if "" in times:
             return None
         meta_times = list(map(_fromiso, map(_zulu, times)))
