@@ -376,19 +376,26 @@ def from_json(obj: Mapping[str, Any]) -> Event:
     An ``ApprovalRequest`` read back has no live responder: answering it raises
     ``ApprovalUnavailableError``.
     """
+    if type(obj) is dict:
+        kind = obj.get("kind")
+        if type(kind) is str:
+            event = _quick_from_json(kind, obj)
+            if event is not None:
+                return event
+    return _from_json(obj)
+
+
+def _from_json(obj: Mapping[str, Any]) -> Event:
+    """The general decoder: any input, every error; :func:`_quick_from_json` is its shortcut."""
     if not isinstance(obj, Mapping):
         raise ValueError("an event must be a JSON object")
     kind = obj.get("kind")
     if not isinstance(kind, str):
         raise ValueError("event has no kind")
-    cls = _BY_PREFIX.get(kind)
-    folded_value = None
-    if cls is None or cls in _FOLDED_FIELD:
-        prefix, _, rest = kind.partition(".")
-        cls = _BY_PREFIX.get(prefix)
-        if cls is None or not rest or cls not in _FOLDED_FIELD:
-            raise ValueError(f"unknown event kind {kind!r}")
-        folded_value = rest
+    found = _kind_class(kind)
+    if found is None:
+        raise ValueError(f"unknown event kind {kind!r}")
+    cls, folded_name, folded_value = found
     try:
         kwargs: dict[str, Any] = {}
         renamed = _JSON_NAMES.get(cls, {})
@@ -398,10 +405,217 @@ def from_json(obj: Mapping[str, Any]) -> Event:
             if json_name in obj:
                 decoder = _DECODERS.get(name)
                 kwargs[name] = decoder(obj[json_name]) if decoder else obj[json_name]
-        if folded_value is not None:
-            kwargs[_FOLDED_FIELD[cls]] = folded_value
+        if folded_name is not None:
+            kwargs[folded_name] = folded_value
         meta = _meta_from_json(obj.get("meta") or {})
         return cls(meta=meta, **kwargs)  # type: ignore[return-value]
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ValueError(f"malformed {kind!r} event: {exc}") from exc
 
+
+def _kind_class(kind: str) -> tuple[type[_Event], str | None, str | None] | None:
+    """``(class, folded field, its value)`` for a JSON ``kind``, or None for an unknown kind.
+
+    ``text.content`` is ``(TextDelta, "phase", "content")``; ``run.started`` is
+    ``(RunStarted, None, None)``.  Log readers use it to resolve a kind as from_json does.
+    """
+    cls = _BY_PREFIX.get(kind)
+    if cls is not None and cls not in _FOLDED_FIELD:
+        return cls, None, None
+    prefix, _, rest = kind.partition(".")
+    cls = _BY_PREFIX.get(prefix)
+    if cls is None or not rest or cls not in _FOLDED_FIELD:
+        return None
+    return cls, _FOLDED_FIELD[cls], rest
+
+
+# --- Reading events fast ----------------------------------------------------------------------
+#
+# Replaying an audit log rebuilds millions of events, and a frozen dataclass's __init__ (one
+# object.__setattr__ call per field) plus the general decoder's per-field loop cost several
+# times what parsing the JSON does.  For the common case -- a plain dict in exactly the shape
+# to_json writes, with no field that needs decoding -- the event is built from a per-kind
+# recipe: a template dict of the defaults in field order, updated from the JSON object and
+# installed as the instance's __dict__.  That is the state __init__ would leave (same values,
+# same order); anything outside the recipe's shape (extra or missing keys, a field with a
+# decoder, a non-canonical meta) returns None and takes the general path, which decides.
+# Only classes whose generated __init__ does nothing but set fields get a recipe (no
+# __post_init__, no __slots__, every field in __init__); tests/test_events.py checks that a
+# recipe-built event matches the general decoder's for every event class.
+
+_new = object.__new__
+_set = object.__setattr__
+_fromiso = datetime.fromisoformat
+_FACTORY = object()  # a template value: call the field's default_factory
+_REQUIRED = object()  # a template value: the JSON must supply this field
+
+
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    cls: type[_Event]
+    template: dict[str, Any]  # every field, in field order, with its default or a marker
+    allowed: frozenset[str]  # JSON keys the fast path understands
+    required: tuple[str, ...]  # JSON keys that must be present
+    fixed: dict[str, Any]  # the folded field's value, set last
+    drop_kind: bool  # the JSON "kind" is not a field of the class
+    factories: tuple[tuple[str, Callable[[], Any]], ...]
+
+
+_META_TEMPLATE: dict[str, Any] = {
+    "run_id": "",
+    "thread_key": "",
+    "sequence": 0,
+    "time": _EPOCH,
+    "turn_id": "",
+}
+_META_KEYS = _META_TEMPLATE.keys()
+_UNSEEN: Any = object()  # not in _RECIPES yet
+_RECIPES: dict[str, _Recipe | None] = {}
+_MAX_RECIPES = 4096  # notice.* kinds are free-form; a hostile log must not grow this forever
+
+
+def _quick_meta(obj: object) -> EventMeta | None:
+    """:func:`_meta_from_json` for the canonical five-key form to_json writes; else None."""
+    if type(obj) is not dict or obj.keys() != _META_KEYS:
+        return None
+    text = obj["time"]
+    # str() and int() in _meta_from_json return these unchanged only for exact str and int.
+    if (
+        not (str is type(obj["run_id"]) is type(obj["thread_key"]) is type(obj["turn_id"]))
+        or type(text) is not str
+        or not text
+        or type(obj["sequence"]) is not int
+    ):
+        return None
+    try:
+        moment = _fromiso(text.replace("Z", "+00:00"))  # parse_time, inlined
+    except ValueError:
+        return None
+    fields = _META_TEMPLATE.copy()
+    fields.update(obj)
+    fields["time"] = moment
+    meta = _new(EventMeta)
+    _set(meta, "__dict__", fields)
+    return meta
+
+
+def _quick_from_json(kind: str, obj: dict[str, Any]) -> Event | None:
+    """The event :func:`_from_json` would return for ``obj``, or None to ask it."""
+    recipe = _RECIPES.get(kind, _UNSEEN)
+    if recipe is _UNSEEN:
+        recipe = _learn_recipe(kind)
+    if recipe is None or not obj.keys() <= recipe.allowed:
+        return None
+    for name in recipe.required:
+        if name not in obj:
+            return None
+    meta = _quick_meta(obj.get("meta"))
+    if meta is None:
+        return None
+    fields = recipe.template.copy()
+    fields.update(obj)  # existing keys keep their (field) order
+    fields.update(recipe.fixed)
+    fields["meta"] = meta
+    if recipe.drop_kind:
+        del fields["kind"]
+    for name, factory in recipe.factories:
+        if fields[name] is _FACTORY:
+            fields[name] = factory()
+    event = _new(recipe.cls)
+    _set(event, "__dict__", fields)
+    return event
+
+
+def _recipe(kind: str) -> _Recipe | None:
+    """The recipe for ``kind`` (None: no fast path); batch readers build events from it."""
+    recipe = _RECIPES.get(kind, _UNSEEN)
+    return _learn_recipe(kind) if recipe is _UNSEEN else recipe
+
+
+def _adopt_from_json(kind: str, obj: dict[str, Any]) -> Event | None:
+    """:func:`_quick_from_json` for an ``obj`` the caller hands over (a freshly parsed line).
+
+    The event takes ``obj`` (and its ``meta`` dict) as its own state instead of copying it, so
+    the caller must not use either again once an event is returned.  Only a complete object,
+    with exactly the keys to_json writes, qualifies; nothing is changed before that is known.
+    Returns None (``obj`` untouched) to ask :func:`from_json`.
+    """
+    recipe = _RECIPES.get(kind, _UNSEEN)
+    if recipe is _UNSEEN:
+        recipe = _learn_recipe(kind)
+    if recipe is None or obj.keys() != recipe.allowed:
+        return None
+    meta = obj["meta"]
+    # _quick_meta's checks; len() and the five lookups together mean exactly its five keys.
+    if type(meta) is not dict or len(meta) != 5:
+        return None
+    try:
+        text = meta["time"]
+        if (
+            not (str is type(meta["run_id"]) is type(meta["thread_key"]) is type(meta["turn_id"]))
+            or type(text) is not str
+            or not text
+            or type(meta["sequence"]) is not int
+        ):
+            return None
+        moment = _fromiso(text.replace("Z", "+00:00"))  # parse_time, inlined
+    except (KeyError, ValueError):
+        return None
+    meta["time"] = moment
+    event_meta = _new(EventMeta)
+    _set(event_meta, "__dict__", meta)
+    obj["meta"] = event_meta
+    if recipe.fixed:
+        obj.update(recipe.fixed)
+    if recipe.drop_kind:
+        del obj["kind"]
+    event = _new(recipe.cls)
+    _set(event, "__dict__", obj)
+    return event
+
+
+def _learn_recipe(kind: str) -> _Recipe | None:
+    try:
+        recipe = _make_recipe(kind)
+    except Exception:
+        recipe = None  # anything unexpected: the general path decides
+    if len(_RECIPES) < _MAX_RECIPES:
+        _RECIPES[kind] = recipe
+    return recipe
+
+
+def _make_recipe(kind: str) -> _Recipe | None:
+    found = _kind_class(kind)
+    if found is None:
+        return None
+    cls, folded_name, folded_value = found
+    if _JSON_NAMES.get(cls) or hasattr(cls, "__post_init__") or "__slots__" in cls.__dict__:
+        return None
+    template: dict[str, Any] = {}
+    required: list[str] = []
+    factories: list[tuple[str, Callable[[], Any]]] = []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in _DECODERS:
+            return None
+        if f.name == "_responder":
+            return None  # from_json never reads it from JSON; not modelled
+        if f.name == "meta":
+            template["meta"] = None  # always set from the JSON's meta
+        elif f.default is not dataclasses.MISSING:
+            template[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            template[f.name] = _FACTORY
+            factories.append((f.name, f.default_factory))
+        else:
+            template[f.name] = _REQUIRED
+            required.append(f.name)
+    allowed = set(template) - {folded_name} | {"kind", "meta"}
+    return _Recipe(
+        cls=cls,
+        template=template,
+        allowed=frozenset(allowed),
+        required=tuple(name for name in required if name != folded_name),
+        fixed={folded_name: folded_value} if folded_name is not None else {},
+        drop_kind="kind" not in template,
+        factories=tuple(factories),
+    )

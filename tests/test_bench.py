@@ -271,11 +271,22 @@ def _lines(draw: st.DrawFn) -> tuple[bytes, int]:
 def test_fast_verify_never_accepts_what_decode_rejects(case: tuple[bytes, int]) -> None:
     line, expected = case
     try:
-        _format.decode(line, expected)
+        decoded = _format.decode(line, expected)
         accepted = True
     except _format._LineError:
         accepted = False
-    if _format._plainly_valid(line.rstrip(b"\n"), expected):
+    if _format._plainly_valid(line, expected):
+        assert accepted, line
+    # replay()'s shortcuts, line by line and batch-wise, likewise.
+    quick = _format._quick_decode(line, expected)
+    if quick is not None:
+        assert accepted, line
+        assert (quick, repr(quick)) == (decoded, repr(decoded))
+    batch = _format._quick_batch([line], expected, True)
+    if batch is not None:
+        assert accepted, line
+        assert [(r, repr(r)) for r in batch] == [(decoded, repr(decoded))]
+    if _format._quick_batch([line], expected, False) is not None:
         assert accepted, line
 
 
@@ -283,7 +294,7 @@ def test_fast_verify_accepts_what_the_recorder_writes() -> None:
     # Otherwise verify would quietly fall back to the slow path for every line.
     for seq, body in enumerate(_RECORDS, 1):
         line = frame({**body, "v": 1, "host_seq": seq})
-        assert _format._plainly_valid(line.rstrip(b"\n"), seq) == (
+        assert _format._plainly_valid(line, seq) == (
             body["kind"] != "approval.requested"
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -263,3 +264,87 @@ def test_decode_never_falls_back_to_text_when_a_schema_was_requested() -> None:
         Result(run_id="r", text="").decode()
     with pytest.raises(ValueError):
         Result(run_id="r", text="not json").decode()
+
+
+# --- the fast decoding paths agree with the general decoder ----------------------------------
+
+
+def _outcome(decode: Any, obj: Any) -> tuple[str, Any]:
+    """What a decoder makes of ``obj``: its error message, or the event in full (meta, state)."""
+    try:
+        event = decode(obj)
+    except ValueError as exc:
+        return "error", str(exc)
+    # repr shows meta (compare=False leaves it out of ==) and the times' zones; vars() shows
+    # that no attribute was added or left out.
+    return "event", (type(event), event, repr(event), vars(event), vars(event.meta))
+
+
+_mutations = st.one_of(
+    st.tuples(st.just("drop"), _text),
+    st.tuples(st.just("set"), _text, _json),
+    st.tuples(st.just("drop meta"), _text),
+    st.tuples(st.just("set meta"), _text, _json),
+)
+# Names the decoders know, so that drops and overwrites hit real fields as well as strays.
+_FIELD_NAMES = st.sampled_from(
+    ["kind", "meta", "text", "phase", "data", "id", "args", "usage", "approval_kind", "_responder"]
+)
+_META_NAMES = st.sampled_from(["run_id", "thread_key", "sequence", "time", "turn_id"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENTS, st.lists(_mutations, max_size=3), st.data())
+def test_the_fast_paths_decide_exactly_as_the_general_decoder(
+    event: Any, mutations: list[tuple[Any, ...]], data: st.DataObject
+) -> None:
+    """from_json's shortcut (and the log reader's adopting one) never changes a verdict."""
+    obj = orjson.loads(orjson.dumps(events.to_json(event), option=orjson.OPT_SORT_KEYS))
+    for mutation in mutations:
+        name = data.draw(st.one_of(_FIELD_NAMES, _META_NAMES, st.just(mutation[1])))
+        meta = obj.get("meta")
+        if mutation[0] == "drop":
+            obj.pop(name, None)
+        elif mutation[0] == "set":
+            obj[name] = mutation[2]
+        elif isinstance(meta, dict) and mutation[0] == "drop meta":
+            meta.pop(name, None)
+        elif isinstance(meta, dict):
+            meta[name] = mutation[2]
+    before = orjson.dumps(obj)
+    expected = _outcome(events._from_json, orjson.loads(before))
+    assert _outcome(events.from_json, orjson.loads(before)) == expected
+    assert orjson.dumps(obj) == before  # from_json leaves its input alone
+    kind = obj.get("kind")
+    if isinstance(kind, str):
+        adopted = orjson.loads(before)
+        event_back = events._adopt_from_json(kind, adopted)
+        if event_back is None:
+            assert orjson.dumps(adopted) == before  # declined: untouched
+        else:
+            assert _outcome(lambda _: event_back, None) == expected
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        events.TextDelta(text="x", phase="end"),
+        events.Thinking(text="x"),
+        events.ToolCall(id="c", args={"a": 1}),
+        events.ToolResult(id="c", result=[1]),
+        events.ProcessInfo(kind="stderr", text="e"),
+        events.Notice(kind="transcript.item", data={"a": 1}),
+        events.SubagentUpdate(agent="a", delta="d"),
+        events.Dropped(count=1, by_kind={"text.content": 1}),
+        events.RunStarted(run_id="r"),
+    ],
+    ids=events.event_kind,
+)
+def test_common_kinds_take_the_fast_path(event: Any) -> None:
+    """Otherwise the property above would pass vacuously, and replay would be slow."""
+    obj = orjson.loads(orjson.dumps(events.to_json(event)))
+    quick = events._quick_from_json(obj["kind"], obj)
+    assert quick is not None
+    assert vars(quick) == vars(events._from_json(obj))
+    assert list(vars(quick)) == [f.name for f in dataclasses.fields(quick)]  # __init__'s order
+    assert events._adopt_from_json(obj["kind"], obj) is not None

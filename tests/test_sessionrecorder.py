@@ -51,6 +51,7 @@ from adaptor.events import (
 )
 from adaptor.result import Usage
 from hosttools import sessionrecorder as sr
+from tests.test_events import EVENTS as EVENT_STRATEGY
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT = 120
@@ -883,6 +884,236 @@ def test_damage_before_the_last_line_is_reported_and_never_repaired(data: st.Dat
         with pytest.raises(sr.JSONLEventLogCorruptError):
             sr.repair(path)
         assert path.read_bytes() == bytes(damaged)
+
+
+# --- the fast readers agree with line-by-line decoding ---------------------------------------
+#
+# replay() and verify() decode whole batches column by column, or lines on a shortcut, and fall
+# back to decode() only when those are unsure.  The reference below is decode() alone, line by
+# line, with from_json's general decoder: every log, valid or damaged, must read the same.
+
+
+def _log_of(events_: list[Event], first: int = 1) -> bytes:
+    from hosttools.sessionrecorder import _format
+
+    return b"".join(
+        frame(
+            {
+                **_format.encode(sr.EventRecord(0, T0 + timedelta(microseconds=7 * i), event)),
+                "v": 1,
+                "host_seq": first + i,
+            }
+        )
+        for i, event in enumerate(events_)
+    )
+
+
+def _reference(data: bytes) -> tuple[list[sr.EventRecord], tuple[int, str] | None]:
+    """The records decode() accepts line by line, and (line, why) of the first it refuses."""
+    from unittest import mock
+
+    from adaptor import events as events_module
+    from hosttools.sessionrecorder import _format
+
+    raws = re.findall(b"[^\n]*\n|[^\n]+$", data)
+    records: list[sr.EventRecord] = []
+    with mock.patch.object(_format, "from_json", events_module._from_json):
+        for line, raw in enumerate(raws, 1):
+            try:
+                records.append(_format.decode(raw, line))
+            except _format._LineError as exc:
+                torn = exc.framing and line == len(raws)
+                return records, (line, f"torn tail: {exc.why}" if torn else exc.why)
+    return records, None
+
+
+def _full(record: sr.EventRecord) -> tuple[Any, ...]:
+    """A record down to the event's state (vars) and meta, which == leaves out."""
+    event = record.event
+    return (
+        record.host_seq,
+        repr(record.recorded_at),
+        type(event),
+        event,
+        repr(event),
+        vars(event),
+        vars(event.meta),
+    )
+
+
+def _read_all(path: Path) -> tuple[list[sr.EventRecord], tuple[int, str] | None]:
+    from hosttools.sessionrecorder import _format
+
+    records: list[sr.EventRecord] = []
+    try:
+        for record in _format.load(str(path), "t"):
+            records.append(record)
+    except sr.JSONLEventLogCorruptError as exc:
+        assert exc.key == "t"
+        return records, (exc.line, exc.why)
+    return records, None
+
+
+def _check_against_reference(path: Path) -> None:
+    expected, error = _reference(path.read_bytes())
+    got, got_error = _read_all(path)
+    assert got_error == error
+    assert [_full(r) for r in got] == [_full(r) for r in expected]
+    if error is None:
+        assert sr.verify(path) == len(expected)
+    else:
+        with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+            sr.verify(path)
+        assert (info.value.line, info.value.why) == error
+
+
+_CHUNKS = st.sampled_from([1, 7, 300, 4096, 64 * 1024])
+
+
+@HYPOTHESIS
+@given(st.lists(EVENT_STRATEGY, min_size=1, max_size=12), _CHUNKS)
+def test_valid_logs_read_exactly_as_decode_reads_them(events_: list[Event], chunk: int) -> None:
+    from unittest import mock
+
+    from hosttools.sessionrecorder import _format
+
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(_format, "_CHUNK", chunk):
+        path = Path(tmp) / "t.jsonl"
+        path.write_bytes(_log_of(events_))
+        _check_against_reference(path)
+        assert len(_read_all(path)[0]) == len(events_)
+
+
+_DAMAGES = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10**6), st.integers(1, 255)),
+    st.tuples(st.just("cut"), st.integers(0, 10**6)),
+    st.tuples(st.just("insert"), st.integers(0, 10**6), st.sampled_from(b'\n {}",:0aZ\\')),
+    st.tuples(st.just("delete"), st.integers(0, 10**6)),
+    st.tuples(st.just("swap lines"), st.integers(0, 10**6)),
+)
+
+
+@HYPOTHESIS
+@given(st.lists(EVENT_STRATEGY, min_size=1, max_size=8), st.lists(_DAMAGES, max_size=2), _CHUNKS)
+def test_damaged_logs_fail_exactly_where_decode_fails(
+    events_: list[Event], damages: list[tuple[Any, ...]], chunk: int
+) -> None:
+    from unittest import mock
+
+    from hosttools.sessionrecorder import _format
+
+    data = bytearray(_log_of(events_))
+    for damage in damages:
+        at = damage[1] % (len(data) + 1)
+        if damage[0] == "flip" and at < len(data):
+            data[at] ^= damage[2]
+        elif damage[0] == "cut":
+            del data[at:]
+        elif damage[0] == "insert":
+            data[at:at] = bytes([damage[2]])
+        elif damage[0] == "delete":
+            del data[at : at + 1]
+        elif damage[0] == "swap lines":
+            lines = bytes(data).splitlines(keepends=True)
+            if len(lines) > 1:
+                i = damage[1] % (len(lines) - 1)
+                lines[i], lines[i + 1] = lines[i + 1], lines[i]
+                data = bytearray(b"".join(lines))
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(_format, "_CHUNK", chunk):
+        path = Path(tmp) / "t.jsonl"
+        path.write_bytes(bytes(data))
+        if not data:
+            assert sr.verify(path) == 0
+            return
+        _check_against_reference(path)
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.sampled_from(["", "x", "text.content", "2026-12-02T10:00:00Z", "2026-12-02Z10:00:00Z"]),
+    st.just({}),
+    st.just([]),
+)
+_PLACES = st.sampled_from(["record", "event", "meta", "event meta"])
+_NAMES = st.sampled_from(
+    ["v", "host_seq", "recorded_at", "kind", "meta", "event", "text", "phase", "data", "id"]
+    + ["message_id", "run_id", "thread_key", "sequence", "time", "turn_id", "_responder", "x"]
+)
+
+
+@HYPOTHESIS
+@given(
+    st.lists(EVENT_STRATEGY, min_size=1, max_size=6),
+    st.integers(0, 5),
+    st.lists(st.tuples(_PLACES, _NAMES, st.one_of(st.just(_DROP), _VALUES)), min_size=1, max_size=3),
+)
+def test_well_framed_but_wrong_records_fail_exactly_where_decode_fails(
+    events_: list[Event], which: int, changes: list[tuple[str, str, Any]]
+) -> None:
+    """Edits under a valid crc: only the record-level checks can catch these."""
+    lines = _log_of(events_).splitlines(keepends=True)
+    which %= len(lines)
+    body = unframe(lines[which])
+    for place, name, value in changes:
+        target: Any = {
+            "record": body,
+            "event": body.get("event"),
+            "meta": body.get("meta"),
+            "event meta": (body.get("event") or {}).get("meta")
+            if isinstance(body.get("event"), dict)
+            else None,
+        }[place]
+        if not isinstance(target, dict):
+            continue
+        if value is _DROP:
+            target.pop(name, None)
+        else:
+            target[name] = value
+    lines[which] = frame(body)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        path.write_bytes(b"".join(lines))
+        _check_against_reference(path)
+
+
+def test_every_single_byte_flip_fails_at_its_line() -> None:
+    """Exhaustively, on a small log of common kinds: each byte, each of a few flips."""
+    from hosttools.sessionrecorder import _format
+
+    log = _log_of([EVENTS[i] for i in (3, 9, 12, 14, 17)])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        for at in range(len(log)):
+            for flip in (0x01, 0x80):
+                damaged = bytearray(log)
+                damaged[at] ^= flip
+                path.write_bytes(bytes(damaged))
+                expected, error = _reference(bytes(damaged))
+                assert error is not None
+                got, got_error = _read_all(path)
+                assert got_error == error, (at, flip)
+                assert [_full(r) for r in got] == [_full(r) for r in expected]
+                with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+                    _format.verify(path)
+                assert (info.value.line, info.value.why) == error
+
+
+def test_the_batch_and_line_shortcuts_are_taken_for_common_kinds() -> None:
+    """Otherwise the properties above would pass vacuously, and replay would be slow."""
+    from hosttools.sessionrecorder import _format
+
+    common = [EVENTS[i] for i in (0, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)]
+    lines = _log_of(common).splitlines(keepends=True)
+    records = _format._quick_batch(lines, 1, True)
+    assert records is not None
+    assert [_full(r) for r in records] == [_full(r) for r in _reference(b"".join(lines))[0]]
+    assert _format._quick_batch(lines, 1, False) == []
+    assert _format._quick_batch(lines, 2, False) is None  # the sequence is checked
+    for seq, line in enumerate(lines, 1):
+        assert _format._quick_decode(line, seq) is not None
+        assert _format._plainly_valid(line, seq)
 
 
 # --- failures while appending: rollback and poison -------------------------------------------

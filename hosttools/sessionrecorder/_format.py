@@ -11,11 +11,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import io
 import os
 import typing
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from datetime import UTC, datetime
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter, methodcaller
 from typing import IO, Any, Literal, TypeAlias
 
 from orjson import loads as _loads
@@ -170,6 +173,280 @@ def decode(raw: bytes, expected: int) -> EventRecord:
 
 
 # ---------------------------------------------------------------------------------------------
+# Decoding fast
+#
+# replay() runs every line through _quick_decode() first: it makes decode()'s checks on the
+# same parsed object, in the same terms, but only along the path a line this format's writer
+# produced takes (the crc read off the raw text, the canonical meta, an event kind with a
+# recipe in adaptor.events), and builds the record without the general decoder's overhead.
+# Whenever a line strays from that path the answer is None and decode() gives the verdict, so
+# errors and their wording are decode()'s alone; a None is never a verdict.
+# tests/test_sessionrecorder.py checks both agree on random logs and their corruptions.
+
+def _crc_ok(rest: bytes, crc: int) -> bool:
+    """Whether ``b"{" + rest`` minus its final newline has CRC-32 ``crc``.
+
+    CRC-32 runs over the bytes in order, so the crc of the text with its newline is the crc of
+    the text carried on over one more byte, b"\\n"; and carrying on over a fixed byte maps
+    distinct values to distinct values, so comparing the two is comparing the crcs of the text
+    alone -- without copying the line to cut its newline off.
+    """
+    return _crc32(rest, _CRC_OF_BRACE) == _crc32(b"\n", crc)
+
+
+_new = object.__new__
+# The slots' own setters: what the frozen __init__ reaches through object.__setattr__.
+_slots: Mapping[str, Any] = vars(EventRecord)
+_set_host_seq = _slots["host_seq"].__set__
+_set_recorded_at = _slots["recorded_at"].__set__
+_set_event = _slots["event"].__set__
+_fromiso = datetime.fromisoformat
+_adopt_event = _events._adopt_from_json
+# Per kind, the (attribute, allowed values) checks _meaning() makes on top of from_json, or
+# None when they fail for every event of the kind ("text.sideways") or cannot be modelled.
+_CHECKS: dict[str, tuple[tuple[str, tuple[object, ...]], ...] | None] = {}
+_NOT_YET: Any = object()  # a sentinel: _CHECKS has no entry yet
+
+
+def _kind_checks(kind: object) -> tuple[tuple[str, tuple[object, ...]], ...] | None:
+    if type(kind) is not str:
+        return None
+    try:
+        found = _events._kind_class(kind)
+        checks: tuple[tuple[str, tuple[object, ...]], ...] | None = None
+        if found is not None:
+            cls, folded_name, folded_value = found
+            literals = _literal_fields(cls)
+            if folded_name not in literals or folded_value in literals[folded_name]:
+                checks = tuple(
+                    (name, allowed) for name, allowed in literals.items() if name != folded_name
+                )
+    except Exception:
+        checks = None
+    if len(_CHECKS) < _MAX_SHAPES:
+        _CHECKS[kind] = checks
+    return checks
+
+
+def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
+    """``decode(line, expected)`` when this can tell it returns; else None ("ask it").
+
+    ``line`` ends with its newline, which orjson reads as trailing whitespace.
+    """
+    try:
+        obj = _loads(line)
+        crc = obj["crc"]  # a TypeError unless obj is a dict (orjson makes no subclasses)
+        if type(crc) is not int:
+            return None
+        # unframe()'s crc_matches_text(), inlined (see _crc_ok()).
+        head = b'{"crc":%d,' % crc
+        if not line.startswith(head) or not _crc_ok(line[len(head) :], crc):
+            return None
+        seq = obj[SEQ_KEY]
+        if seq != expected or type(seq) is not int:
+            return None
+        version = obj.get("v", FORMAT_VERSION)
+        if version != FORMAT_VERSION or type(version) is not int:
+            return None
+        text = obj["recorded_at"]
+        if type(text) is not str:
+            return None
+        recorded_at = _fromiso(text.replace("Z", "+00:00"))  # parse_time, inlined
+        if recorded_at.tzinfo is None:
+            return None
+        kind = obj["kind"]
+        payload = obj["event"]
+        if type(payload) is not dict or payload["kind"] != kind:
+            return None
+        # "meta" in obj and obj["meta"] != payload.get("meta"), for a payload with a meta.
+        meta = payload["meta"]
+        if obj.get("meta", meta) != meta:
+            return None
+        checks = _CHECKS.get(kind, _NOT_YET)
+        if checks is _NOT_YET:
+            checks = _kind_checks(kind)
+        if checks is None:
+            return None
+        event = _adopt_event(kind, payload)  # payload is ours: the event may keep it
+        if event is None:
+            return None
+        for name, allowed in checks:
+            if getattr(event, name) not in allowed:
+                return None
+    except Exception:
+        return None
+    # EventRecord(seq, recorded_at, event) without its frozen __init__'s per-field overhead.
+    record = _new(EventRecord)
+    _set_host_seq(record, seq)
+    _set_recorded_at(record, recorded_at)
+    _set_event(record, event)
+    return record
+
+
+# A whole batch at once
+#
+# Even _quick_decode() spends most of its time in the interpreter, one bytecode at a time.
+# _quick_batch() makes the same checks column by column over a batch of lines, with map() and
+# C-level comparisons doing the per-line work, and builds the records the same way.  It is
+# all or nothing: any line that is not plainly a good record (a check fails, an exception, a
+# kind without a recipe or with extra checks) makes it return None before anything is built,
+# and the caller goes line by line, where decode() has the last word.
+
+_crc_of = zlib.crc32
+_NL = repeat(b"\n")
+# The record's keys, in the order a canonical (sorted-key) line has them.
+_get_record = itemgetter("crc", "event", SEQ_KEY, "kind", "meta", "recorded_at", "v")
+_get_kind_meta = itemgetter("kind", "meta")
+_META_ORDER = ("run_id", "sequence", "thread_key", "time", "turn_id")
+_META_TYPES = [str, int, str, str, str]  # what _events._quick_meta() accepts, in that order
+_get_time = itemgetter("time")
+_get_sequence_or_0 = methodcaller("get", "sequence", 0)
+_get_time_or_empty = methodcaller("get", "time", "")
+_get_tzinfo = attrgetter("tzinfo")
+_zulu = methodcaller("replace", "Z", "+00:00")  # parse_time's first step
+_crc_head = b'{"crc":%d,'.__mod__
+_strip = bytes.removeprefix
+_starts = bytes.startswith
+_values = dict.values
+_dict_set = dict.__setitem__
+_dict_del = dict.__delitem__
+_dict_update = dict.update
+_set = object.__setattr__
+_INT = {int}
+_STR = {str}
+_DICT = {dict}
+_MAX_BATCH_KINDS = 64  # per batch; past that, line by line
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _BatchKind:
+    """What _quick_batch() needs of one event kind."""
+
+    keys: tuple[str, ...]  # the event's keys as a canonical line has them (sorted)
+    cls: type
+    fixed: dict[str, Any]  # the folded field, set on the event's dict
+    drop_kind: bool
+    requires: bool  # from_json needs some key to be present
+
+
+_BATCH_KINDS: dict[str, _BatchKind | None] = {}
+
+
+def _batch_kind(kind: object) -> _BatchKind | None:
+    """How to build ``kind`` in a batch; None when only the line-by-line path may decide."""
+    if type(kind) is not str:
+        return None
+    found = _BATCH_KINDS.get(kind, _NOT_YET)
+    if found is not _NOT_YET:
+        return found
+    checks = _CHECKS.get(kind, _NOT_YET)
+    if checks is _NOT_YET:
+        checks = _kind_checks(kind)
+    recipe = _events._recipe(kind) if checks == () else None  # no checks beyond the keys
+    found = None
+    if recipe is not None:
+        keys = tuple(sorted(recipe.allowed))
+        found = _BatchKind(keys, recipe.cls, recipe.fixed, recipe.drop_kind, bool(recipe.required))
+    if len(_BATCH_KINDS) < _MAX_SHAPES:
+        _BATCH_KINDS[kind] = found
+    return found
+
+
+def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRecord] | None:
+    """``[decode(line, expected + i) ...]`` when plainly valid, else None.
+
+    With ``build=False`` only the checks are made (``verify``) and the list is empty.
+    """
+    n = len(lines)
+    if not n:
+        return []
+    if not lines[-1].endswith(b"\n"):
+        return None  # an unterminated last line (only the last can be): decode() says which
+    try:
+        objs = list(map(_loads, lines))
+        # Every key the checks read, one tuple per line (a TypeError unless each is a dict,
+        # a KeyError if one lacks any; an absent "v" or "meta" is fine but left to decode()).
+        crcs, payloads, seqs, kinds, top_metas, stamps, versions = zip(*map(_get_record, objs), strict=True)
+        if set(map(type, chain(crcs, seqs, versions))) != _INT:
+            return None
+        # Framing: unframe()'s crc_matches_text() and the host_seq sequence.
+        heads = list(map(_crc_head, crcs))
+        if not all(map(_starts, lines, heads)):
+            return None
+        # _crc_ok(), a column at a time.
+        texts = map(_strip, lines, heads)
+        if list(map(_crc_of, texts, repeat(_CRC_OF_BRACE))) != list(map(_crc_of, _NL, crcs)):
+            return None
+        if seqs != tuple(range(expected, expected + n)):
+            return None
+        # The record, as _meaning() checks it.
+        if versions.count(FORMAT_VERSION) != n or set(map(type, stamps)) != _STR:
+            return None
+        moments = list(map(_fromiso, map(_zulu, stamps)))
+        if None in map(_get_tzinfo, moments) or set(map(type, payloads)) != _DICT:
+            return None
+        event_kinds, metas = zip(*map(_get_kind_meta, payloads), strict=True)
+        if event_kinds != kinds or top_metas != metas:
+            return None
+        # The event: a kind with a recipe (so nothing to check beyond keys and meta).
+        distinct = set(kinds)
+        if len(distinct) > _MAX_BATCH_KINDS:
+            return None
+        how = {}
+        for kind in distinct:
+            found = _batch_kind(kind)
+            if found is None:
+                return None
+            how[kind] = found
+        if build or any(found.requires for found in how.values()):
+            # Built events adopt the parsed dicts, so they must be exactly what to_json
+            # writes: every key and no other, and the meta _events._quick_meta() accepts
+            # (five keys; str, int, str, non-empty str, str).
+            per_line = list(map(how.__getitem__, kinds))
+            if list(map(tuple, payloads)) != [found.keys for found in per_line]:
+                return None
+            # (tuple() of a non-dict meta differs from _META_ORDER, or raises.)
+            if list(map(tuple, metas)) != [_META_ORDER] * n:
+                return None
+            if list(map(type, chain.from_iterable(map(_values, metas)))) != _META_TYPES * n:
+                return None
+            times = list(map(_get_time, metas))
+        else:
+            # Only a verdict: these kinds' from_json ignores extra keys, defaults missing
+            # ones and passes values through, so only the meta can make it fail: a sequence
+            # int() refuses or a time parse_time() refuses.  (str() takes anything.)
+            if set(map(type, metas)) != _DICT:
+                return None
+            if set(map(type, map(_get_sequence_or_0, metas))) != _INT:
+                return None
+            times = list(map(_get_time_or_empty, metas))
+            if set(map(type, times)) != _STR:
+                return None
+        if "" in times:
+            return None
+        meta_times = list(map(_fromiso, map(_zulu, times)))
+    except Exception:
+        return None
+    if not build:
+        return []
+    # Everything checked; build as _events._adopt_from_json() does, taking the parsed dicts.
+    any(map(_dict_set, metas, repeat("time"), meta_times))
+    event_metas = list(map(_new, repeat(_events.EventMeta, n)))
+    any(map(_set, event_metas, repeat("__dict__"), metas))
+    any(map(_dict_set, payloads, repeat("meta"), event_metas))
+    any(map(_dict_update, payloads, [found.fixed for found in per_line]))
+    dropped = [found.drop_kind for found in per_line]
+    any(map(_dict_del, compress(payloads, dropped), repeat("kind")))
+    events: list[Any] = list(map(_new, [found.cls for found in per_line]))
+    any(map(_set, events, repeat("__dict__"), payloads))
+    records = list(map(_new, repeat(EventRecord, n)))
+    any(map(_set_host_seq, records, seqs))
+    any(map(_set_recorded_at, records, moments))
+    any(map(_set_event, records, events))
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
 # Validation without building events
 #
 # verify() and repair() need a verdict per line, not event objects, and building them (from_json
@@ -265,9 +542,9 @@ def _model_shape(kind: str) -> _Shape | None:
 
 
 def _plainly_valid(line: bytes, expected: int) -> bool:
-    """True only if ``decode(line + b"\\n", expected)`` would return; False means "ask it".
+    """True only if ``decode(line, expected)`` would return; False means "ask it".
 
-    ``line`` has no newline.  Any exception along the way (a wrong type, a missing key, bad
+    ``line`` ends with its newline.  Any exception along the way (a wrong type, a missing key, bad
     JSON, a bad time) is a False, never a verdict; and this is the inner loop of verify(),
     so it trades some elegance for fewer calls per line.
     """
@@ -280,7 +557,7 @@ def _plainly_valid(line: bytes, expected: int) -> bool:
         if type(crc) is not int:
             return False
         head = b'{"crc":%d,' % crc
-        if not line.startswith(head) or _crc32(line[len(head) :], _CRC_OF_BRACE) != crc:
+        if not line.startswith(head) or not _crc_ok(line[len(head) :], crc):
             return False
         seq = obj[SEQ_KEY]
         if type(seq) is not int or seq != expected:
@@ -355,14 +632,14 @@ def settled_size(f: IO[bytes], path: StrPath) -> int | None:
 _CHUNK = 64 * 1024  # big enough to amortize the loop, small enough to keep replay light
 
 
-def _batches(f: IO[bytes], limit: int | None) -> Iterator[tuple[list[bytes], bool, bool]]:
-    """The file's lines, a chunk at a time: ``(lines, more_follows, terminated)``.
+def _batches(f: IO[bytes], limit: int | None) -> Iterator[tuple[list[bytes], bool]]:
+    """The file's lines, a chunk at a time: ``(lines, more_follows)``.
 
-    ``lines`` are in file order without their newline; ``more_follows`` says whether any byte
-    follows the batch's last line (what tells a torn tail from corruption), which is why each
-    batch is held back until the next chunk has been read; ``terminated`` is false only for a
-    final batch holding the unterminated last line.  At most ``limit`` bytes are read.  Memory
-    is bounded by about two chunks plus the longest line, not by the file.
+    ``lines`` are in file order, each with its newline except possibly the file's very last
+    line; ``more_follows`` says whether any byte follows the batch's last line (what tells a
+    torn tail from corruption), which is why each batch is held back until the next chunk has
+    been read.  At most ``limit`` bytes are read.  Memory is bounded by about two chunks plus
+    the longest line, not by the file.
     """
     pending: list[bytes] | None = None
     partial: list[bytes] = []  # a line longer than a chunk, kept as pieces to join once
@@ -378,12 +655,12 @@ def _batches(f: IO[bytes], limit: int | None) -> Iterator[tuple[list[bytes], boo
         if not chunk:  # end of file, or of the snapshot (shorter if a torn tail was cut)
             rest = b"".join(partial)
             if pending is not None:
-                yield pending, bool(rest), True
+                yield pending, bool(rest)
             if rest:
-                yield [rest], False, False
+                yield [rest], False
             return
         if pending is not None:
-            yield pending, True, True
+            yield pending, True
             pending = None
         if b"\n" not in chunk:
             partial.append(chunk)
@@ -392,10 +669,10 @@ def _batches(f: IO[bytes], limit: int | None) -> Iterator[tuple[list[bytes], boo
             partial.append(chunk)
             chunk = b"".join(partial)
             partial.clear()
-        lines = chunk.split(b"\n")
-        tail = lines.pop()
-        if tail:
-            partial.append(tail)
+        # readlines() finds newlines with memchr; bytes.split() tests byte by byte.
+        lines = io.BytesIO(chunk).readlines()
+        if not lines[-1].endswith(b"\n"):
+            partial.append(lines.pop())
         pending = lines
 
 
@@ -407,32 +684,55 @@ def replay(f: IO[bytes], key: str, limit: int | None) -> Generator[EventRecord, 
     says "torn tail".  Memory is bounded by a couple of chunks and the longest line.
     """
     expected = 1
-    for lines, more, terminated in _batches(f, limit):
-        last = len(lines) - 1
-        for index, line in enumerate(lines):
+    for lines, more in _batches(f, limit):
+        records = _quick_batch(lines, expected, True)
+        if records is None:
+            records, failure = _line_by_line(lines, expected, key, more)
+            # The good records before a bad line are still delivered first.
+            yield from records
+            if failure is not None:
+                raise failure
+        else:
+            yield from records
+        expected += len(records)
+
+
+def _line_by_line(
+    lines: list[bytes], expected: int, key: str, more: bool
+) -> tuple[list[EventRecord], JSONLEventLogCorruptError | None]:
+    """A batch _quick_batch() would not take: its records up to the first bad line, if any."""
+    records: list[EventRecord] = []
+    last = len(lines) - 1
+    for index, line in enumerate(lines):
+        record = _quick_decode(line, expected + index) if line.endswith(b"\n") else None
+        if record is None:
             try:
-                record = decode(line + b"\n" if terminated else line, expected)
+                record = decode(line, expected + index)
             except _LineError as exc:
-                raise _corrupt(key, expected, exc, is_last=index == last and not more) from None
-            yield record
-            expected += 1
+                is_last = index == last and not more
+                return records, _corrupt(key, expected + index, exc, is_last=is_last)
+        records.append(record)
+    return records, None
 
 
 def count_valid(f: IO[bytes], key: str, limit: int | None) -> int:
     """What ``sum(1 for _ in replay(...))`` returns, with the same errors, but faster.
 
-    Lines are checked by :func:`_plainly_valid` without building event objects; any line it
-    is not sure of goes through :func:`decode`, which either accepts it after all or raises
-    the exact error :func:`replay` would.
+    Batches are checked by :func:`_quick_batch` and lines by :func:`_plainly_valid`, neither
+    building event objects; any line they are not sure of goes through :func:`decode`, which
+    either accepts it after all or raises the exact error :func:`replay` would.
     """
     expected = 1
     plainly_valid = _plainly_valid
-    for lines, more, terminated in _batches(f, limit):
+    for lines, more in _batches(f, limit):
+        if _quick_batch(lines, expected, False) is not None:
+            expected += len(lines)
+            continue
         first = expected
         for line in lines:
-            if not (terminated and plainly_valid(line, expected)):
+            if not (line.endswith(b"\n") and plainly_valid(line, expected)):
                 try:
-                    decode(line + b"\n" if terminated else line, expected)
+                    decode(line, expected)
                 except _LineError as exc:
                     is_last = expected - first == len(lines) - 1 and not more
                     raise _corrupt(key, expected, exc, is_last=is_last) from None
