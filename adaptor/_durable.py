@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeAlias
@@ -103,10 +103,11 @@ def fsync_dir(path: _StrPath) -> None:
         os.close(fd)
 
 
-def ensure_dir(path: _StrPath) -> Path:
+def ensure_dir(path: _StrPath, *, durable: bool = True) -> Path:
     """Create ``path`` and any missing parents with mode ``0o700``.
 
-    Each directory this call creates has its parent fsynced, so the new entry survives a crash.
+    Each directory this call creates has its parent fsynced, so the new entry survives a crash;
+    with ``durable=False`` the caller syncs the parent later (:func:`sync_paths`).
     """
     target = Path(path)
     missing: list[Path] = []
@@ -122,7 +123,8 @@ def ensure_dir(path: _StrPath) -> Path:
             if not directory.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(directory)) from None
             continue
-        fsync_dir(directory.parent)
+        if durable:
+            fsync_dir(directory.parent)
     return target
 
 
@@ -140,12 +142,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def atomic_write(path: _StrPath, data: bytes, *, mode: int = 0o600) -> None:
+def atomic_write(path: _StrPath, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so readers see the old or the new content, never a mix.
 
     The content is written to a fresh sibling temporary file, fsynced, renamed over ``path``
     and the directory is fsynced.  A symlink at ``path`` is replaced, not followed.  The file
     gets exactly ``mode`` (the umask is not applied).
+
+    ``durable=False`` skips both fsyncs, for files that a later :func:`sync_paths` makes
+    durable together with others: a ``kill -9`` still loses nothing (the page cache outlives
+    the process), only a power loss before that sync can.
     """
     target = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(target))
@@ -158,7 +164,8 @@ def atomic_write(path: _StrPath, data: bytes, *, mode: int = 0o600) -> None:
             # The umask may have narrowed ``mode``; the caller asked for exactly this mode.
             os.fchmod(fd, mode)
             _write_all(fd, data)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, target)
@@ -166,15 +173,87 @@ def atomic_write(path: _StrPath, data: bytes, *, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
-def atomic_write_json(path: _StrPath, obj: object) -> None:
-    """:func:`atomic_write` of ``obj`` as sorted, indented JSON (stable diffs, human readable)."""
-    data = orjson.dumps(
+def json_bytes(obj: object) -> bytes:
+    """``obj`` as the JSON of state files: sorted, indented (stable diffs), final newline."""
+    return orjson.dumps(
         obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE | orjson.OPT_INDENT_2
     )
-    atomic_write(path, data)
+
+
+def atomic_write_json(path: _StrPath, obj: object, *, durable: bool = True) -> None:
+    """:func:`atomic_write` of :func:`json_bytes` of ``obj``."""
+    atomic_write(path, json_bytes(obj), durable=durable)
+
+
+def write_in_place(path: _StrPath, data: bytes) -> None:
+    """Write ``path`` in place (created ``0o600`` or truncated) and fsync it; no rename.
+
+    For files nobody reads before something written after them points at them (a daemon run's
+    side files, which only its verdict names): a crash mid-write leaves a partial file nothing
+    refers to, and the next writer truncates it.  One open, one write, one fsync.  The
+    directory entry still needs :func:`sync_paths` of its folder.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_paths(files: Iterable[_StrPath], directories: Iterable[_StrPath] = ()) -> None:
+    """Make files written with ``durable=False`` and directory entries durable.
+
+    Files first, then directories (a name must not become durable before its content).  A
+    missing file is skipped (nothing to make durable); any other error is raised, and an
+    fsync error is never retried (the kernel may have dropped the pages it failed to write).
+    """
+    for path in dict.fromkeys(files):
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for directory in dict.fromkeys(directories):
+        fsync_dir(directory)
+
+
+def write_once(path: _StrPath, data: bytes, *, linked: Callable[[], None] | None = None) -> bool:
+    """Create ``path`` with ``data`` unless it exists; ``False`` (nothing written) if it does.
+
+    The content is fsynced under a temporary name and hard-linked into place, so ``path``
+    appears complete or not at all and two writers never both succeed.  ``linked`` runs right
+    after the link, before the one directory fsync that makes both durable (the daemon removes
+    a request's claimed copy there); journaling filesystems (ext4, xfs, btrfs) never persist a
+    later unlink without the earlier link.
+    """
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp-{_random_suffix()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        os.unlink(tmp)
+        return False
+    try:
+        if linked is not None:
+            linked()
+    finally:
+        os.unlink(tmp)
+        fsync_dir(target.parent)
+    return True
 
 
 def read_json(path: _StrPath) -> Any:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,7 +43,7 @@ from adaptor import _durable, _home, errors, events
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import JSONLStore
-from adaptord import _writes
+from adaptord._lifecycle import LifecycleLog
 from adaptord.config import DaemonConfig
 from hosttools import sessionrecorder as sr
 
@@ -172,7 +172,7 @@ class Daemon:
             instance.release()
 
     def _serve_locked(self) -> int:
-        self._daemon_log = _writes.LifecycleLog(
+        self._daemon_log = LifecycleLog(
             self.home.events, _home.DAEMON_SESSION, emit=self._emit,
             on_error=lambda what, exc: self.log(what, error=type(exc).__name__),
         )
@@ -733,11 +733,11 @@ class Daemon:
         result_json: dict[str, Any] | None = None
         if result is not None:
             # Written in place and fsynced one by one: only this verdict will point at them,
-            # and it is written after they are durable (see _writes.write_synced).
-            _writes.make_dir(run_dir)
+            # and it is written after they are durable (see _durable.write_in_place).
+            _durable.ensure_dir(run_dir, durable=False)
             raw = result.raw()
-            _writes.write_synced(run_dir / "stdout", redactor.text(raw.stdout).encode())
-            _writes.write_synced(run_dir / "stderr", redactor.text(raw.stderr).encode())
+            _durable.write_in_place(run_dir / "stdout", redactor.text(raw.stdout).encode())
+            _durable.write_in_place(run_dir / "stderr", redactor.text(raw.stderr).encode())
             full = redactor.value(result.to_json())
             full["raw"] = {
                 "stdout": f"runs/{request_id}/stdout",
@@ -746,17 +746,17 @@ class Daemon:
             }
             if raw.terminal is not None:
                 terminal = redactor.value({"event": raw.terminal.event, "json": raw.terminal.json})
-                _writes.write_synced(run_dir / "terminal.json", _writes.json_bytes(terminal))
-            _writes.write_synced(run_dir / "transcript.json", _writes.json_bytes(full.pop("transcript")))
+                _durable.write_in_place(run_dir / "terminal.json", _durable.json_bytes(terminal))
+            _durable.write_in_place(run_dir / "transcript.json", _durable.json_bytes(full.pop("transcript")))
             summary = {**full, "transcript": f"runs/{request_id}/transcript.json"}
-            _writes.write_synced(run_dir / "result.json", _writes.json_bytes(summary))
+            _durable.write_in_place(run_dir / "result.json", _durable.json_bytes(summary))
             result_json = {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
             new_files = True
         if new_files:
             # Then the folder's entries (and the folder's own entry in runs/ unless the
             # start's sync made it durable already).
             folders = (run_dir,) if job is not None and job.run_dir_synced else (run_dir, self.home.runs)
-            _writes.sync(unsynced, folders)
+            _durable.sync_paths(unsynced, folders)
         wire = None if error is None else errors.to_wire(error, secrets=secrets)
         verdict = {
             "format": _home.VERDICT_FORMAT,
@@ -772,7 +772,7 @@ class Daemon:
             "finished_at": _now(),
         }
         data = orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
-        written = _write_once(self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id))
+        written = _durable.write_once(self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id))
         self._cleanup_claim(request_id)  # the claimed copy may hold secrets: gone with the verdict
         if written:
             self.audit(
@@ -790,9 +790,10 @@ class Daemon:
     def _prepare_run_dir(self, job: Job) -> None:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
         run_dir = self.home.run_dir(job.id)
-        _writes.make_dir(run_dir)
+        _durable.ensure_dir(run_dir, durable=False)
         copy = requests.redacted_request(job.request)
-        job.unsynced.append(_writes.write_json_unsynced(run_dir / "request.json", copy))
+        _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
+        job.unsynced.append(run_dir / "request.json")
         job.run_dir_ready = True
 
     def _save_state(self, job: Job, status: str, **extra: Any) -> None:
@@ -818,7 +819,7 @@ class Daemon:
         """Make the job's state durable (with the request copy, the folder and its entry)."""
         try:
             files = [*job.unsynced, self.home.run_state(job.id)]
-            _writes.sync(files, (self.home.run_dir(job.id), self.home.runs))
+            _durable.sync_paths(files, (self.home.run_dir(job.id), self.home.runs))
             job.unsynced.clear()
             job.run_dir_synced = True
         except OSError as exc:
@@ -827,11 +828,11 @@ class Daemon:
 
     def _write_state_raw(self, request_id: str, state: Mapping[str, Any], *, merge: bool = False) -> None:
         path = self.home.run_state(request_id)
-        _writes.make_dir(path.parent)
+        _durable.ensure_dir(path.parent, durable=False)
         if merge:
             with contextlib.suppress(OSError, ValueError):
                 state = {**_durable.read_json(path), **state}
-        _writes.write_json_unsynced(path, dict(state))
+        _durable.atomic_write_json(path, dict(state), durable=False)
 
     def _cleanup_claim(self, request_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -951,37 +952,6 @@ def _claimed_at(claimed: Path) -> str:
         return events.format_time(datetime.fromtimestamp(os.lstat(claimed).st_ctime, UTC))
     except OSError:
         return _now()
-
-
-def _write_once(path: Path, data: bytes, *, linked: Callable[[], None]) -> bool:
-    """Write ``path`` atomically unless it exists: a verdict is written exactly once.
-
-    ``linked`` runs the moment the verdict is visible, before its folder is synced: the
-    request's claimed copy (which may hold secrets) goes with it, so nobody who sees the
-    verdict finds the copy.  The one sync after both makes them durable together; journaling
-    filesystems (ext4, xfs, btrfs) never persist the later unlink without the earlier link.
-    """
-    directory = path.parent
-    tmp = directory / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{time.time_ns()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        os.unlink(tmp)
-        return False
-    try:
-        linked()
-    finally:
-        os.unlink(tmp)
-        _durable.fsync_dir(directory)
-    return True
 
 
 def _notify(message: str) -> None:

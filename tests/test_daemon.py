@@ -430,7 +430,7 @@ def test_kill9_right_after_claiming_gives_exactly_one_verdict(tmp_path: Path) ->
 
 
 def test_lifecycle_log_group_commits_and_prints_each_line_after_its_record(tmp_path: Path) -> None:
-    from adaptord._writes import LifecycleLog
+    from adaptord._lifecycle import LifecycleLog
 
     reader = sr.EventRecorder(sr.JSONLEventBackend(tmp_path), key_validator=lambda k: None)
     printed: list[tuple[str, int]] = []

@@ -726,3 +726,27 @@ def test_a_forked_child_appends_with_fresh_locks(log_path: Path) -> None:
     log.append({"who": "parent"})
     assert [r["who"] for r in _assert_seqs(log_path, 3)] == ["parent", "child", "parent"]
     log.close()
+
+
+def test_write_once_never_replaces_and_runs_linked_before_returning(tmp_path: Path) -> None:
+    target = tmp_path / "verdict.json"
+    seen: list[bytes] = []
+    assert _durable.write_once(target, b"first\n", linked=lambda: seen.append(target.read_bytes()))
+    assert seen == [b"first\n"]  # visible and complete when ``linked`` runs
+    assert not _durable.write_once(target, b"second\n", linked=lambda: seen.append(b"called"))
+    assert target.read_bytes() == b"first\n" and seen == [b"first\n"]
+    assert [p.name for p in tmp_path.iterdir()] == ["verdict.json"]  # no temporary left
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_deferred_writes_are_complete_files_and_sync_paths_skips_missing(tmp_path: Path) -> None:
+    folder = _durable.ensure_dir(tmp_path / "runs" / "r1", durable=False)
+    _durable.atomic_write_json(folder / "state.json", {"b": 1, "a": [1]}, durable=False)
+    _durable.write_in_place(folder / "stdout", b"out")
+    _durable.write_in_place(folder / "stdout", b"o")  # truncated, not appended
+    _durable.sync_paths([folder / "state.json", folder / "gone"], [folder, folder.parent])
+    assert (folder / "state.json").read_bytes() == _durable.json_bytes({"a": [1], "b": 1})
+    assert (folder / "stdout").read_bytes() == b"o"
+    assert sorted(p.name for p in folder.iterdir()) == ["state.json", "stdout"]
+    with pytest.raises(FileNotFoundError):
+        _durable.sync_paths([], [folder / "missing-dir"])
