@@ -105,12 +105,15 @@ from adaptor.driver import (
     canonical_fingerprint,
 )
 from adaptor.drivers import _process
+from adaptor.drivers._cli import content_text as _content_text
+from adaptor.drivers._cli import control_response as _control_response
+from adaptor.drivers._cli import envelope_usage as _usage
+from adaptor.drivers._cli import snake as _snake
 from adaptor.drivers._lines import (
     FailureKind,
     NullSink,
     Protocol,
     as_dict,
-    as_int,
     as_list,
     as_str,
     lean,
@@ -121,7 +124,7 @@ from adaptor.drivers._lines import (
 from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import Notice, TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem, Usage
+from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem
 
 __all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -726,15 +729,6 @@ def _decision_text(
     return description or f"Allow {tool}?", (), ""
 
 
-def _control_response(request_id: Any, *, response: Any = None, error: str = "") -> bytes:
-    inner: dict[str, Any] = {"request_id": request_id}
-    if error:
-        inner.update(subtype="error", error=error)
-    else:
-        inner.update(subtype="success", response=response)
-    return orjson.dumps({"type": "control_response", "response": inner}) + b"\n"
-
-
 # --- parsing ------------------------------------------------------------------------------------
 
 
@@ -1277,20 +1271,6 @@ class _Pool:
 # --- small helpers ------------------------------------------------------------------------------
 
 
-def _usage(result: Mapping[str, Any]) -> Usage | None:
-    usage = as_dict(result.get("usage"))
-    cost = result.get("total_cost_usd")
-    if not usage and cost is None:
-        return None
-    return Usage(
-        input_tokens=as_int(usage.get("input_tokens")),
-        output_tokens=as_int(usage.get("output_tokens")),
-        cached_input_tokens=as_int(usage.get("cache_read_input_tokens")),
-        cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool)
-        else None,
-    )
-
-
 def _json_copy(value: Any) -> Any:
     """A deep copy of a decoded JSON value (dicts, lists and immutable scalars only)."""
     try:
@@ -1306,16 +1286,3 @@ def _json_copy_deep(value: Any) -> Any:
     if type(value) is list:
         return [_json_copy_deep(item) for item in value]
     return value
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(as_str(p.get("text")) for p in content
-                         if isinstance(p, dict) and p.get("type") == "text")
-    return "" if content is None else orjson.dumps(content).decode()
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

@@ -77,6 +77,12 @@ from adaptor.driver import (
     canonical_fingerprint,
 )
 from adaptor.drivers import _process
+
+# CodeBuddy speaks Claude Code's stream-json envelope.
+from adaptor.drivers._cli import content_text as _content_text
+from adaptor.drivers._cli import control_response as _control_response
+from adaptor.drivers._cli import envelope_usage as _usage
+from adaptor.drivers._cli import snake as _snake
 from adaptor.drivers._lines import (
     FailureKind,
     NullSink,
@@ -87,9 +93,6 @@ from adaptor.drivers._lines import (
     provider_failure,
 )
 from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
-
-# CodeBuddy speaks Claude Code's envelope: these helpers are about that format, not about Claude.
-from adaptor.drivers.claude import _content_text, _control_response, _snake, _usage
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
 from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem
