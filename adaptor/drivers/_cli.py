@@ -243,16 +243,15 @@ class FailureShapes:
 
 
 def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
-                reported: Callable[[], RunFailure | None],
+                reported: RunFailure | None,
                 terminal: bool,
                 died: Callable[[RunFailure], RunFailure] | None = None) -> RunFailure | None:
     """A run's failure, in the order every CLI driver decides it: what the CLI ``reported``
     (its error terminal), a malformed stream, nothing for the host's own cancel or deadline,
     a process that ended without its ``terminal`` (``died`` may refine the plain verdict) and
     an unclean exit."""
-    failure = reported()
-    if failure is not None:
-        return failure
+    if reported is not None:
+        return reported
     if protocol.malformed:
         return RunFailure(code="agent_error",
                           message=f"{cli} printed a malformed stream: {protocol.problems[0]}",
