@@ -242,6 +242,15 @@ class FailureShapes:
         return ""
 
 
+def status_kind(status: int) -> FailureKind:
+    """The failure class of an HTTP status the provider answered with."""
+    if status in (401, 403):
+        return "auth"
+    if status == 429:
+        return "rate_limit"
+    return "provider_unavailable" if status >= 500 else ""
+
+
 def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
                 reported: RunFailure | None,
                 terminal: bool,
