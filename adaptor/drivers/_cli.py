@@ -262,9 +262,7 @@ def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
     if reported is not None:
         return reported
     if protocol.malformed:
-        return RunFailure(code="agent_error",
-                          message=f"{cli} printed a malformed stream: {protocol.problems[0]}",
-                          details={"kind": "protocol", "problems": protocol.problems[:5]})
+        return malformed(cli, protocol)
     if exit_.cancelled or exit_.timed_out:
         return None  # the host's cancellation or deadline keeps its own identity
     if not terminal:
@@ -272,10 +270,20 @@ def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
                                 signal=exit_.signal)
         return verdict if died is None else died(verdict)
     if not exit_.clean:
-        return RunFailure(code="agent_error",
-                          message=f"{cli} exited unsuccessfully ({exit_.describe()})",
-                          details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+        return exited_unsuccessfully(cli, exit_)
     return None
+
+
+def malformed(cli: str, protocol: LineProtocol) -> RunFailure:
+    return RunFailure(code="agent_error",
+                      message=f"{cli} printed a malformed stream: {protocol.problems[0]}",
+                      details={"kind": "protocol", "problems": protocol.problems[:5]})
+
+
+def exited_unsuccessfully(cli: str, exit_: Exit) -> RunFailure:
+    return RunFailure(code="agent_error",
+                      message=f"{cli} exited unsuccessfully ({exit_.describe()})",
+                      details={"exit_code": exit_.exit_code, "signal": exit_.signal})
 
 
 # --- Claude Code's stream-json envelope (claude, codebuddy) ---------------------------------------

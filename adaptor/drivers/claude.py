@@ -71,7 +71,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -95,16 +95,13 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionCodec,
     SessionState,
     SkillCaps,
-    StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
     SystemPromptCaps,
-    canonical_fingerprint,
 )
-from adaptor.drivers import _process
+from adaptor.drivers import _cli, _process
 from adaptor.drivers._cli import content_text as _content_text
 from adaptor.drivers._cli import control_response as _control_response
 from adaptor.drivers._cli import envelope_usage as _usage
@@ -132,7 +129,6 @@ TYPE: Final = "claude"
 PROVIDER: Final = "anthropic"
 CLI_VERSION: Final = "2.1.332"
 
-_FINGERPRINT_DOMAIN: Final = "claude/config/v1"
 PERMISSION_MODES: Final = (
     "default", "acceptEdits", "auto", "bypassPermissions", "manual", "dontAsk", "plan"
 )
@@ -157,7 +153,7 @@ _INITIALIZE: Final = orjson.dumps(
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_cli.CliConfig):
     """Claude Code's configuration.
 
     ``model`` is passed as ``--model`` (a run's ``model=`` wins); ``permission_mode`` as
@@ -168,34 +164,22 @@ class Config:
     """
 
     command: str = "claude"
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cwd: str | None = None
-    grace_period: float = 2.0
-    model: str = ""
     permission_mode: str = ""
     config_dir: str | None = None
     idle_timeout: float = 300.0
 
-    def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
-            object.__setattr__(self, "extra_args", tuple(self.extra_args))
 
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
-        """A config from a JSON object (daemon requests); unknown keys are refused."""
-        return _process.config_from_dict(cls, obj)
-
-
-class Driver:
+class Driver(_cli.CliDriver[Config]):
     """The Claude Code driver.  Construction snapshots the config and does no I/O."""
 
-    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
-        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
-        self._pool = _Pool()
+    _type = TYPE
+    _config_type = Config
+    _fingerprint_domain = "claude/config/v1"
+    _fingerprint_fields = ("cwd", "extra_args", "model", "permission_mode", "config_dir")
 
-    def __repr__(self) -> str:
-        return f"claude.Driver(command={self._config.command!r}, model={self._config.model!r})"
+    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._pool = _Pool()
 
     # --- SPI: description and validation --------------------------------------------------------
 
@@ -224,26 +208,15 @@ class Driver:
             stream=StreamCaps(native=True, token_level=True, reasoning=True, tool_call_args=True),
         )
 
-    def validate_config(self, config: object | None = None) -> None:
-        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
-        _validate(self._config if config is None else _as_config(config))
-
-    def session_codec(self) -> SessionCodec:
-        return StandardSessionCodec(TYPE)
-
-    def session_config_fingerprint(self) -> str:
-        c = self._config
-        return canonical_fingerprint(
-            _FINGERPRINT_DOMAIN,
-            {
-                "cwd": c.cwd,
-                "extra_args": c.extra_args,
-                "model": c.model,
-                "permission_mode": c.permission_mode,
-                "config_dir": c.config_dir,
-                "env_names": sorted(c.env),
-            },
-        )
+    def _check(self, config: Config) -> None:
+        _cli.check_config(config)
+        _cli.check_choice("permission_mode", config.permission_mode, PERMISSION_MODES)
+        _cli.check_optional_path("config_dir", config.config_dir)
+        idle = config.idle_timeout
+        if (not isinstance(idle, int | float) or isinstance(idle, bool)
+                or not 0 <= idle < float("inf")):
+            raise ValueError("idle_timeout: expected a finite number of seconds >= 0")
+        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS)
 
     def close_processes(self, timeout: float | None = None) -> None:
         """Stop every kept process (idempotent); later thread turns start none to keep."""
@@ -252,8 +225,7 @@ class Driver:
     # --- SPI: running ---------------------------------------------------------------------------
 
     def run(self, request: Request, sink: EventSink) -> Response:
-        config = self._config if request.config is None else _as_config(request.config)
-        _validate(config)
+        config = self._config_for(request)
         plan = _plan(config, request, persistent_allowed=not self._pool.closed)
         live = None
         if plan.reusable:
@@ -312,32 +284,6 @@ def replay(
     return parser.response(exit_, text_out, text_err)
 
 
-# --- configuration ------------------------------------------------------------------------------
-
-
-def _as_config(config: object) -> Config:
-    return _process.coerce_config(Config, config, "claude")
-
-
-def _validate(config: Config) -> None:
-    _process.check_common(
-        config.command, config.env, config.extra_args, config.cwd, config.grace_period
-    )
-    if not isinstance(config.model, str):
-        raise TypeError("model: expected a string")
-    if config.permission_mode and config.permission_mode not in PERMISSION_MODES:
-        raise ValueError(f"permission_mode: expected one of {', '.join(PERMISSION_MODES)}")
-    if config.config_dir is not None and (not isinstance(config.config_dir, str)
-                                          or not config.config_dir):
-        raise TypeError("config_dir: expected a non-empty string or null")
-    idle = config.idle_timeout
-    if not isinstance(idle, int | float) or isinstance(idle, bool) or not 0 <= idle < float("inf"):
-        raise ValueError("idle_timeout: expected a finite number of seconds >= 0")
-    for arg in config.extra_args:
-        if arg.split("=", 1)[0] in _OWNED_FLAGS:
-            raise ValueError(f"extra_args: {arg.split('=', 1)[0]} is set by the driver itself")
-
-
 # --- one run's plan and argv --------------------------------------------------------------------
 
 
@@ -369,18 +315,9 @@ class _Plan:
 
 
 def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Plan:
-    spawn_cwd = request.workspace_cwd or config.cwd
-    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
+    spawn_cwd, session_cwd = _cli.cwds(config, request)
+    resume_id, fork = _cli.resume_target(request, session_cwd)
     session = request.session
-    resume_id: str | None = None
-    fork = False
-    if session is not None and session.state is not None and session.mode != "stateless":
-        stored_cwd = session.state.data.get("cwd")
-        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
-            # Claude keeps sessions per working directory; resuming elsewhere finds nothing.
-            raise ResumeRejectedError("session working directory changed")
-        resume_id = session.state.resume_id
-        fork = session.mode == "fork"
 
     interactive, skip_permissions = _approval_transport(request)
     schema = None
@@ -388,9 +325,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         # Claude Code validates with a draft-07 engine that rejects the 2020-12 meta-schema id.
         document = {k: v for k, v in request.output_schema.schema.items() if k != "$schema"}
         schema = orjson.dumps(document).decode()
-    prompt = request.prompt
-    if request.instructions:
-        prompt = f"{request.instructions}\n\n{prompt}"
+    prompt = _cli.prompt_of(request)
     owned: dict[str, str] = {}
     if config.config_dir:
         owned["CLAUDE_CONFIG_DIR"] = config.config_dir
@@ -1149,19 +1084,15 @@ class _Parser:
                                        and result.get("is_error") is not True):
             return self._provider_failure(result)
         if self.protocol.malformed:
-            return RunFailure(code="agent_error",
-                              message="claude printed a malformed stream: "
-                                      + self.protocol.problems[0],
-                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
+            return _cli.malformed("claude", self.protocol)
         if exit_.cancelled or exit_.timed_out:
             return None  # the host's cancellation or deadline keeps its own identity
         if result is None:
             return self.protocol.died("claude", exit_.describe(), exit_code=exit_.exit_code,
                                       signal=exit_.signal)
         if exit_.exit_code not in (0, None) or exit_.signal is not None:
-            return RunFailure(code="agent_error",
-                              message=f"claude exited unsuccessfully ({exit_.describe()})",
-                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+            # Not `exit_.clean`: a process kept for the next turn has not exited at all.
+            return _cli.exited_unsuccessfully("claude", exit_)
         return None
 
     def _provider_failure(self, result: Mapping[str, Any]) -> RunFailure:
