@@ -20,11 +20,13 @@ from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 import orjson
 
 from adaptor.driver import (
+    Checkpoint,
     EventSink,
     Request,
     Response,
     RunFailure,
     SessionCodec,
+    SessionState,
     StandardSessionCodec,
     canonical_fingerprint,
 )
@@ -33,7 +35,7 @@ from adaptor.drivers._lines import FailureKind, as_dict, as_int, as_str
 from adaptor.drivers._lines import Protocol as LineProtocol
 from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
-from adaptor.result import Usage
+from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, Usage
 
 # --- Config and Driver --------------------------------------------------------------------------
 
@@ -219,6 +221,43 @@ def no_append(cli: str) -> Response:
         message=f"{cli} cannot append to its system prompt",
         details={"kind": "append_system_prompt_unsupported"},
     ))
+
+
+def checkpoint(session_id: str, session_cwd: str) -> Checkpoint:
+    """A valid checkpoint of ``session_id``, kept under the directory the CLI keeps it in
+    (checked by :func:`resume_target`)."""
+    state = SessionState(resume_id=session_id, display_id=session_id, data={"cwd": session_cwd})
+    return Checkpoint(state, valid=True)
+
+
+def response(exit_: Exit, protocol: LineProtocol, stdout: str, stderr: str, *,
+             terminal_event: str | None, output: str, provider: str, model: str,
+             failure: RunFailure | None, checkpoint: Checkpoint | None,
+             metadata: dict[str, str], usage: Usage | None = None,
+             structured_output: StructuredOutput | None = None, summary: str = "") -> Response:
+    """A run's Response: the raw streams (with the terminal line when ``terminal_event`` names
+    the event that ended the run), the transcript and how the process ended, as every CLI
+    driver reports them, plus what its parser made of the run."""
+    return Response(
+        output=output,
+        raw_streams=RawStreams(
+            stdout=stdout, stderr=stderr,
+            terminal=None if terminal_event is None
+            else TerminalPayload(event=terminal_event, json=protocol.terminal_line),
+        ),
+        transcript=tuple(protocol.transcript),
+        exit_code=exit_.exit_code,
+        signal=exit_.signal,
+        timed_out=exit_.timed_out,
+        usage=usage,
+        checkpoint=checkpoint,
+        metadata=metadata,
+        provider=provider,
+        model=model,
+        summary=summary,
+        structured_output=structured_output,
+        failure=failure,
+    )
 
 
 # --- failures -------------------------------------------------------------------------------------

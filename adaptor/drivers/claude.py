@@ -77,7 +77,6 @@ from typing import Any, Final
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     DecisionChoice,
     DecisionKind,
     DecisionRequest,
@@ -95,7 +94,6 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionState,
     SkillCaps,
     StreamCaps,
     StructuredOutputCaps,
@@ -121,7 +119,7 @@ from adaptor.drivers._lines import (
 from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import Notice, TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem
+from adaptor.result import StructuredOutput, TranscriptItem
 
 __all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -1025,9 +1023,7 @@ class _Parser:
             clean = False  # a fork that kept the parent's id would write into the parent
         checkpoint = None
         if clean and session_id:
-            state = SessionState(resume_id=session_id, display_id=session_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd)
         output = "\n\n".join(self.final)
         structured = None
         if self.plan.schema is not None:
@@ -1051,26 +1047,12 @@ class _Parser:
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
         summary = as_str((result or {}).get("result")) if self.succeeded else ""
-        return Response(
-            output=output,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if result is None else _usage(result),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            summary=summary,
-            structured_output=structured,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if result is None else "result",
+                             output=output, usage=None if result is None else _usage(result),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.model, summary=summary, structured_output=structured,
+                             failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         if self.mcp_unavailable:

@@ -53,7 +53,6 @@ from typing import Any, Final
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     DecisionChoice,
     DecisionKind,
     DecisionRequest,
@@ -66,7 +65,6 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionState,
     StreamCaps,
     StructuredOutputCaps,
     StructuredOutputHITL,
@@ -91,7 +89,7 @@ from adaptor.drivers._lines import (
 from adaptor.drivers._process import Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem
+from adaptor.result import StructuredOutput, TranscriptItem
 
 __all__ = ["EFFORTS", "PERMISSION_MODES", "PROVIDER", "TYPE", "VERIFICATION", "Config", "Driver",
            "replay"]
@@ -708,9 +706,7 @@ class _Parser:
         session_id = as_str(result.get("session_id"))
         checkpoint = None
         if failure is None and exit_.clean and self.succeeded and session_id:
-            state = SessionState(resume_id=session_id, display_id=session_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd)
         output = "\n\n".join(self.final)
         structured = None
         if self.plan.schema is not None:
@@ -729,25 +725,12 @@ class _Parser:
             metadata["protocol"] = "malformed"
         if self.plan.control:
             metadata["transport"] = "control"
-        return Response(
-            output=output,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if self.result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if self.result is None else _usage(self.result),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            structured_output=structured,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if self.result is None else "result",
+                             output=output,
+                             usage=None if self.result is None else _usage(self.result),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.model, structured_output=structured, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         result = self.result

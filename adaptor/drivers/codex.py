@@ -66,7 +66,6 @@ from typing import Any, Final
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     Descriptor,
     EventSink,
     HumanDecisionSupport,
@@ -80,7 +79,6 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionState,
     SkillCaps,
     StreamCaps,
     StructuredOutputCaps,
@@ -99,7 +97,7 @@ from adaptor.drivers._lines import (
 from adaptor.drivers._process import Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem, Usage
+from adaptor.result import StructuredOutput, TranscriptItem, Usage
 
 __all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -558,9 +556,7 @@ class _Parser:
         clean = failure is None and exit_.clean and self.completed is not None
         checkpoint = None
         if clean and self.thread_id:
-            state = SessionState(resume_id=self.thread_id, display_id=self.thread_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(self.thread_id, self.plan.session_cwd)
         structured = None
         if self.plan.schema is not None:
             try:
@@ -577,25 +573,13 @@ class _Parser:
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
         terminal = self.completed or self.failed
-        return Response(
-            output=self.final,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if terminal is None else TerminalPayload(
-                    event=as_str(terminal.get("type")), json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if self.completed is None else _usage(self.completed),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.plan.model,
-            structured_output=structured,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if terminal is None
+                             else as_str(terminal.get("type")),
+                             output=self.final,
+                             usage=None if self.completed is None else _usage(self.completed),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.plan.model, structured_output=structured, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         reported = None

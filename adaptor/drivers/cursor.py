@@ -53,7 +53,6 @@ from typing import Any, Final
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     Descriptor,
     EventSink,
     HumanDecisionSupport,
@@ -62,7 +61,6 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionState,
     StreamCaps,
     StructuredOutputCaps,
 )
@@ -78,7 +76,7 @@ from adaptor.drivers._lines import (
 from adaptor.drivers._process import Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, ToolCall, ToolResult
-from adaptor.result import RawStreams, TerminalPayload, TranscriptItem
+from adaptor.result import TranscriptItem
 
 __all__ = ["MODES", "PROVIDER", "TYPE", "VERIFICATION", "Config", "Driver", "replay"]
 
@@ -390,32 +388,17 @@ class _Parser:
         failure = self._failure(exit_)
         checkpoint = None
         if failure is None and exit_.clean and self.succeeded:
-            state = SessionState(resume_id=self.session_id, display_id=self.session_id,
-                                 data={"cwd": self.plan.cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(self.session_id, self.plan.cwd)
         output = "".join(self.text) or as_str((self.result or {}).get("result"))
         metadata: dict[str, str] = {}
         if self.session_id:
             metadata["session_id"] = self.session_id
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
-        return Response(
-            output=output,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if self.result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if self.result is None else "result",
+                             output=output, checkpoint=checkpoint, metadata=metadata,
+                             provider=PROVIDER, model=self.model, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         result = self.result

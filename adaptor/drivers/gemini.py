@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from adaptor.driver import (
-    Checkpoint,
     Descriptor,
     EventSink,
     HumanDecisionSupport,
@@ -59,7 +58,6 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionState,
     StreamCaps,
     StructuredOutputCaps,
 )
@@ -76,7 +74,7 @@ from adaptor.drivers._lines import (
 from adaptor.drivers._process import Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, ToolCall, ToolResult
-from adaptor.result import RawStreams, TerminalPayload, TranscriptItem, Usage
+from adaptor.result import TranscriptItem, Usage
 
 __all__ = ["APPROVAL_MODES", "CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -369,9 +367,7 @@ class _Parser:
         failure = self._failure(exit_)
         checkpoint = None
         if failure is None and exit_.clean and self.succeeded and self.session_id:
-            state = SessionState(resume_id=self.session_id, display_id=self.session_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(self.session_id, self.plan.session_cwd)
         metadata: dict[str, str] = {}
         if self.session_id:
             metadata["session_id"] = self.session_id
@@ -382,24 +378,12 @@ class _Parser:
             metadata["last_error"] = self.last_error
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
-        return Response(
-            output=self.final,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if self.result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if self.result is None else _usage(self.result),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if self.result is None else "result",
+                             output=self.final,
+                             usage=None if self.result is None else _usage(self.result),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.model, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         reported = None
