@@ -41,16 +41,15 @@ from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, Usage
 
 
 @dataclass(frozen=True)
-class CliConfig:
-    """The fields every CLI driver's ``Config`` starts with, in this order (positional
-    construction depends on it); a driver redeclares ``command`` with its binary's name."""
+class ProcessConfig:
+    """The fields every driver that runs an executable has in its ``Config``, in this order
+    (positional construction depends on it)."""
 
-    command: str = ""
+    command: str
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     cwd: str | None = None
     grace_period: float = 2.0
-    model: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.extra_args, list):
@@ -60,6 +59,15 @@ class CliConfig:
     def from_dict(cls, obj: Mapping[str, Any]) -> Self:
         """A config from a JSON object (daemon requests); unknown keys are refused."""
         return _process.config_from_dict(cls, obj)
+
+
+@dataclass(frozen=True)
+class CliConfig(ProcessConfig):
+    """A coding-agent CLI's ``Config`` fields; a driver redeclares ``command`` with its
+    binary's name (a redeclared field keeps its place)."""
+
+    command: str = ""
+    model: str = ""
 
 
 C = TypeVar("C", bound=CliConfig)
