@@ -71,13 +71,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     DecisionChoice,
     DecisionKind,
     DecisionRequest,
@@ -95,22 +94,21 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionCodec,
-    SessionState,
     SkillCaps,
-    StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
     SystemPromptCaps,
-    canonical_fingerprint,
 )
-from adaptor.drivers import _process
+from adaptor.drivers import _cli, _process
+from adaptor.drivers._cli import content_text as _content_text
+from adaptor.drivers._cli import control_response as _control_response
+from adaptor.drivers._cli import envelope_usage as _usage
+from adaptor.drivers._cli import snake as _snake
 from adaptor.drivers._lines import (
     FailureKind,
     NullSink,
     Protocol,
     as_dict,
-    as_int,
     as_list,
     as_str,
     lean,
@@ -121,7 +119,7 @@ from adaptor.drivers._lines import (
 from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import Notice, TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem, Usage
+from adaptor.result import StructuredOutput, TranscriptItem
 
 __all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -129,7 +127,6 @@ TYPE: Final = "claude"
 PROVIDER: Final = "anthropic"
 CLI_VERSION: Final = "2.1.332"
 
-_FINGERPRINT_DOMAIN: Final = "claude/config/v1"
 PERMISSION_MODES: Final = (
     "default", "acceptEdits", "auto", "bypassPermissions", "manual", "dontAsk", "plan"
 )
@@ -154,7 +151,7 @@ _INITIALIZE: Final = orjson.dumps(
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_cli.CliConfig):
     """Claude Code's configuration.
 
     ``model`` is passed as ``--model`` (a run's ``model=`` wins); ``permission_mode`` as
@@ -165,34 +162,22 @@ class Config:
     """
 
     command: str = "claude"
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cwd: str | None = None
-    grace_period: float = 2.0
-    model: str = ""
     permission_mode: str = ""
     config_dir: str | None = None
     idle_timeout: float = 300.0
 
-    def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
-            object.__setattr__(self, "extra_args", tuple(self.extra_args))
 
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
-        """A config from a JSON object (daemon requests); unknown keys are refused."""
-        return _process.config_from_dict(cls, obj)
-
-
-class Driver:
+class Driver(_cli.CliDriver[Config]):
     """The Claude Code driver.  Construction snapshots the config and does no I/O."""
 
-    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
-        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
-        self._pool = _Pool()
+    _type = TYPE
+    _config_type = Config
+    _fingerprint_domain = "claude/config/v1"
+    _fingerprint_fields = ("cwd", "extra_args", "model", "permission_mode", "config_dir")
 
-    def __repr__(self) -> str:
-        return f"claude.Driver(command={self._config.command!r}, model={self._config.model!r})"
+    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._pool = _Pool()
 
     # --- SPI: description and validation --------------------------------------------------------
 
@@ -221,26 +206,15 @@ class Driver:
             stream=StreamCaps(native=True, token_level=True, reasoning=True, tool_call_args=True),
         )
 
-    def validate_config(self, config: object | None = None) -> None:
-        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
-        _validate(self._config if config is None else _as_config(config))
-
-    def session_codec(self) -> SessionCodec:
-        return StandardSessionCodec(TYPE)
-
-    def session_config_fingerprint(self) -> str:
-        c = self._config
-        return canonical_fingerprint(
-            _FINGERPRINT_DOMAIN,
-            {
-                "cwd": c.cwd,
-                "extra_args": c.extra_args,
-                "model": c.model,
-                "permission_mode": c.permission_mode,
-                "config_dir": c.config_dir,
-                "env_names": sorted(c.env),
-            },
-        )
+    def _check(self, config: Config) -> None:
+        _cli.check_config(config)
+        _cli.check_choice("permission_mode", config.permission_mode, PERMISSION_MODES)
+        _cli.check_optional_path("config_dir", config.config_dir)
+        idle = config.idle_timeout
+        if (not isinstance(idle, int | float) or isinstance(idle, bool)
+                or not 0 <= idle < float("inf")):
+            raise ValueError("idle_timeout: expected a finite number of seconds >= 0")
+        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS)
 
     def close_processes(self, timeout: float | None = None) -> None:
         """Stop every kept process (idempotent); later thread turns start none to keep."""
@@ -249,8 +223,7 @@ class Driver:
     # --- SPI: running ---------------------------------------------------------------------------
 
     def run(self, request: Request, sink: EventSink) -> Response:
-        config = self._config if request.config is None else _as_config(request.config)
-        _validate(config)
+        config = self._config_for(request)
         plan = _plan(config, request, persistent_allowed=not self._pool.closed)
         live = None
         if plan.reusable:
@@ -309,32 +282,6 @@ def replay(
     return parser.response(exit_, text_out, text_err)
 
 
-# --- configuration ------------------------------------------------------------------------------
-
-
-def _as_config(config: object) -> Config:
-    return _process.coerce_config(Config, config, "claude")
-
-
-def _validate(config: Config) -> None:
-    _process.check_common(
-        config.command, config.env, config.extra_args, config.cwd, config.grace_period
-    )
-    if not isinstance(config.model, str):
-        raise TypeError("model: expected a string")
-    if config.permission_mode and config.permission_mode not in PERMISSION_MODES:
-        raise ValueError(f"permission_mode: expected one of {', '.join(PERMISSION_MODES)}")
-    if config.config_dir is not None and (not isinstance(config.config_dir, str)
-                                          or not config.config_dir):
-        raise TypeError("config_dir: expected a non-empty string or null")
-    idle = config.idle_timeout
-    if not isinstance(idle, int | float) or isinstance(idle, bool) or not 0 <= idle < float("inf"):
-        raise ValueError("idle_timeout: expected a finite number of seconds >= 0")
-    for arg in config.extra_args:
-        if arg.split("=", 1)[0] in _OWNED_FLAGS:
-            raise ValueError(f"extra_args: {arg.split('=', 1)[0]} is set by the driver itself")
-
-
 # --- one run's plan and argv --------------------------------------------------------------------
 
 
@@ -366,18 +313,9 @@ class _Plan:
 
 
 def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Plan:
-    spawn_cwd = request.workspace_cwd or config.cwd
-    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
+    spawn_cwd, session_cwd = _cli.cwds(config, request)
+    resume_id, fork = _cli.resume_target(request, session_cwd)
     session = request.session
-    resume_id: str | None = None
-    fork = False
-    if session is not None and session.state is not None and session.mode != "stateless":
-        stored_cwd = session.state.data.get("cwd")
-        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
-            # Claude keeps sessions per working directory; resuming elsewhere finds nothing.
-            raise ResumeRejectedError("session working directory changed")
-        resume_id = session.state.resume_id
-        fork = session.mode == "fork"
 
     interactive, skip_permissions = _approval_transport(request)
     schema = None
@@ -385,9 +323,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         # Claude Code validates with a draft-07 engine that rejects the 2020-12 meta-schema id.
         document = {k: v for k, v in request.output_schema.schema.items() if k != "$schema"}
         schema = orjson.dumps(document).decode()
-    prompt = request.prompt
-    if request.instructions:
-        prompt = f"{request.instructions}\n\n{prompt}"
+    prompt = _cli.prompt_of(request)
     owned: dict[str, str] = {}
     if config.config_dir:
         owned["CLAUDE_CONFIG_DIR"] = config.config_dir
@@ -724,15 +660,6 @@ def _decision_text(
         return "Review Claude's plan", (), ""
     description = as_str(body.get("description"))
     return description or f"Allow {tool}?", (), ""
-
-
-def _control_response(request_id: Any, *, response: Any = None, error: str = "") -> bytes:
-    inner: dict[str, Any] = {"request_id": request_id}
-    if error:
-        inner.update(subtype="error", error=error)
-    else:
-        inner.update(subtype="success", response=response)
-    return orjson.dumps({"type": "control_response", "response": inner}) + b"\n"
 
 
 # --- parsing ------------------------------------------------------------------------------------
@@ -1096,9 +1023,7 @@ class _Parser:
             clean = False  # a fork that kept the parent's id would write into the parent
         checkpoint = None
         if clean and session_id:
-            state = SessionState(resume_id=session_id, display_id=session_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd)
         output = "\n\n".join(self.final)
         structured = None
         if self.plan.schema is not None:
@@ -1122,26 +1047,12 @@ class _Parser:
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
         summary = as_str((result or {}).get("result")) if self.succeeded else ""
-        return Response(
-            output=output,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if result is None else _usage(result),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            summary=summary,
-            structured_output=structured,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if result is None else "result",
+                             output=output, usage=None if result is None else _usage(result),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.model, summary=summary, structured_output=structured,
+                             failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         if self.mcp_unavailable:
@@ -1155,19 +1066,15 @@ class _Parser:
                                        and result.get("is_error") is not True):
             return self._provider_failure(result)
         if self.protocol.malformed:
-            return RunFailure(code="agent_error",
-                              message="claude printed a malformed stream: "
-                                      + self.protocol.problems[0],
-                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
+            return _cli.malformed("claude", self.protocol)
         if exit_.cancelled or exit_.timed_out:
             return None  # the host's cancellation or deadline keeps its own identity
         if result is None:
             return self.protocol.died("claude", exit_.describe(), exit_code=exit_.exit_code,
                                       signal=exit_.signal)
         if exit_.exit_code not in (0, None) or exit_.signal is not None:
-            return RunFailure(code="agent_error",
-                              message=f"claude exited unsuccessfully ({exit_.describe()})",
-                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+            # Not `exit_.clean`: a process kept for the next turn has not exited at all.
+            return _cli.exited_unsuccessfully("claude", exit_)
         return None
 
     def _provider_failure(self, result: Mapping[str, Any]) -> RunFailure:
@@ -1277,20 +1184,6 @@ class _Pool:
 # --- small helpers ------------------------------------------------------------------------------
 
 
-def _usage(result: Mapping[str, Any]) -> Usage | None:
-    usage = as_dict(result.get("usage"))
-    cost = result.get("total_cost_usd")
-    if not usage and cost is None:
-        return None
-    return Usage(
-        input_tokens=as_int(usage.get("input_tokens")),
-        output_tokens=as_int(usage.get("output_tokens")),
-        cached_input_tokens=as_int(usage.get("cache_read_input_tokens")),
-        cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool)
-        else None,
-    )
-
-
 def _json_copy(value: Any) -> Any:
     """A deep copy of a decoded JSON value (dicts, lists and immutable scalars only)."""
     try:
@@ -1306,16 +1199,3 @@ def _json_copy_deep(value: Any) -> Any:
     if type(value) is list:
         return [_json_copy_deep(item) for item in value]
     return value
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(as_str(p.get("text")) for p in content
-                         if isinstance(p, dict) and p.get("type") == "text")
-    return "" if content is None else orjson.dumps(content).decode()
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

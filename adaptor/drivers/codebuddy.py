@@ -45,16 +45,14 @@ Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``effort``,
 from __future__ import annotations
 
 import copy
-import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     DecisionChoice,
     DecisionKind,
     DecisionRequest,
@@ -67,16 +65,18 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionCodec,
-    SessionState,
-    StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
     StructuredOutputHITL,
     SystemPromptCaps,
-    canonical_fingerprint,
 )
-from adaptor.drivers import _process
+from adaptor.drivers import _cli, _process
+
+# CodeBuddy speaks Claude Code's stream-json envelope.
+from adaptor.drivers._cli import content_text as _content_text
+from adaptor.drivers._cli import control_response as _control_response
+from adaptor.drivers._cli import envelope_usage as _usage
+from adaptor.drivers._cli import snake as _snake
 from adaptor.drivers._lines import (
     FailureKind,
     NullSink,
@@ -86,13 +86,10 @@ from adaptor.drivers._lines import (
     as_str,
     provider_failure,
 )
-from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
-
-# CodeBuddy speaks Claude Code's envelope: these helpers are about that format, not about Claude.
-from adaptor.drivers.claude import _content_text, _control_response, _snake, _usage
+from adaptor.drivers._process import Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem
+from adaptor.result import StructuredOutput, TranscriptItem
 
 __all__ = ["EFFORTS", "PERMISSION_MODES", "PROVIDER", "TYPE", "VERIFICATION", "Config", "Driver",
            "replay"]
@@ -105,7 +102,6 @@ PERMISSION_MODES: Final = (
     "default", "acceptEdits", "plan", "auto", "dontAsk", "bypassPermissions"
 )
 
-_FINGERPRINT_DOMAIN: Final = "codebuddy/config/v1"
 _INITIALIZE_ID: Final = "agent-adaptor-initialize"
 _INITIALIZE: Final = orjson.dumps({
     "type": "control_request", "request_id": _INITIALIZE_ID,
@@ -130,16 +126,19 @@ _RESUME_REJECTED = re.compile(
     r"invalid session",
     re.IGNORECASE,
 )
-_AUTH = re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|not logged in|authentication|"
-                   r"invalid api key", re.IGNORECASE)
-_RATE_LIMIT = re.compile(r"\b429\b|too many requests|rate limit|quota", re.IGNORECASE)
-_UNAVAILABLE = re.compile(r"\b5\d\d\b|overloaded|unavailable|internal server error|"
-                          r"connection (refused|failed|error)|ECONNREFUSED|fetch failed",
-                          re.IGNORECASE)
+# How messages without an API status word the failure.
+_FAILURES: Final = _cli.FailureShapes(
+    auth=re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|not logged in|authentication|"
+                    r"invalid api key", re.IGNORECASE),
+    rate_limit=re.compile(r"\b429\b|too many requests|rate limit|quota", re.IGNORECASE),
+    unavailable=re.compile(r"\b5\d\d\b|overloaded|unavailable|internal server error|"
+                           r"connection (refused|failed|error)|ECONNREFUSED|fetch failed",
+                           re.IGNORECASE),
+)
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_cli.CliConfig):
     """CodeBuddy Code's configuration.
 
     ``model`` (``--model``; a run's ``model=`` wins), ``effort`` (``--effort``, one of
@@ -149,33 +148,18 @@ class Config:
     """
 
     command: str = "codebuddy"
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cwd: str | None = None
-    grace_period: float = 2.0
-    model: str = ""
     effort: str = ""
     permission_mode: str = ""
     max_turns: int | None = None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
-            object.__setattr__(self, "extra_args", tuple(self.extra_args))
 
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
-        """A config from a JSON object (daemon requests); unknown keys are refused."""
-        return _process.config_from_dict(cls, obj)
-
-
-class Driver:
+class Driver(_cli.CliDriver[Config]):
     """The CodeBuddy Code driver.  Construction snapshots the config and does no I/O."""
 
-    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
-        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
-
-    def __repr__(self) -> str:
-        return f"codebuddy.Driver(command={self._config.command!r}, model={self._config.model!r})"
+    _type = TYPE
+    _config_type = Config
+    _fingerprint_domain = "codebuddy/config/v1"
+    _fingerprint_fields = ("cwd", "extra_args", "model", "effort", "permission_mode", "max_turns")
 
     def descriptor(self) -> Descriptor:
         every_mode = HumanDecisionSupport(ask=True, auto_approve=True, auto_reject=True)
@@ -200,25 +184,18 @@ class Driver:
             stream=StreamCaps(native=True, token_level=True, reasoning=True, tool_call_args=True),
         )
 
-    def validate_config(self, config: object | None = None) -> None:
-        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
-        _validate(self._config if config is None else _as_config(config))
-
-    def session_codec(self) -> SessionCodec:
-        return StandardSessionCodec(TYPE)
-
-    def session_config_fingerprint(self) -> str:
-        c = self._config
-        return canonical_fingerprint(
-            _FINGERPRINT_DOMAIN,
-            {"cwd": c.cwd, "extra_args": c.extra_args, "model": c.model, "effort": c.effort,
-             "permission_mode": c.permission_mode, "max_turns": c.max_turns,
-             "env_names": sorted(c.env)},
-        )
+    def _check(self, config: Config) -> None:
+        _cli.check_config(config)
+        _cli.check_choice("effort", config.effort, EFFORTS)
+        _cli.check_choice("permission_mode", config.permission_mode, PERMISSION_MODES)
+        turns = config.max_turns
+        if turns is not None and (not isinstance(turns, int) or isinstance(turns, bool)
+                                  or turns < 1):
+            raise ValueError("max_turns: expected a positive integer or null")
+        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS)
 
     def run(self, request: Request, sink: EventSink) -> Response:
-        config = self._config if request.config is None else _as_config(request.config)
-        _validate(config)
+        config = self._config_for(request)
         plan = _plan(config, request)
         refused = _refusal(plan)
         if refused is not None:
@@ -228,19 +205,12 @@ class Driver:
         spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names, cwd=plan.spawn_cwd,
                     stdin="driven" if plan.control else "closed",
                     grace_period=config.grace_period)
-        try:
-            child = Child.start(spec, sink)
-        except BinaryNotFound as exc:
-            return _process.binary_not_found(exc)
-        parser = _Parser(sink, plan)
-        with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
-            if plan.control:
-                _converse(child, parser, plan, sink)
-            for line in child.lines(sink):
-                parser.feed(line)
-            exit_ = child.finish()
-        stdout, stderr = child.take_raw()
-        return parser.response(exit_, stdout, stderr)
+
+        def converse(child: Child, parser: _Parser) -> None:
+            _converse(child, parser, plan, sink)
+
+        return _cli.run_child(spec, sink, request, _Parser(sink, plan),
+                              converse if plan.control else None)
 
 
 def replay(
@@ -255,40 +225,7 @@ def replay(
     structured output when ``request`` asks for it) as if a run had produced it; control
     requests are recorded, not answered.  Raises ``ResumeRejectedError`` like ``run``."""
     plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
-    parser = _Parser(sink or NullSink(), plan)
-    data = [stdout.encode() if isinstance(stdout, str) else stdout,
-            stderr.encode() if isinstance(stderr, str) else stderr]
-    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
-        for raw in blob.splitlines():
-            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
-    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
-    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
-
-
-# --- configuration ------------------------------------------------------------------------------
-
-
-def _as_config(config: object) -> Config:
-    return _process.coerce_config(Config, config, "codebuddy")
-
-
-def _validate(config: Config) -> None:
-    _process.check_common(
-        config.command, config.env, config.extra_args, config.cwd, config.grace_period
-    )
-    if not isinstance(config.model, str):
-        raise TypeError("model: expected a string")
-    if config.effort and config.effort not in EFFORTS:
-        raise ValueError(f"effort: expected one of {', '.join(EFFORTS)}")
-    if config.permission_mode and config.permission_mode not in PERMISSION_MODES:
-        raise ValueError(f"permission_mode: expected one of {', '.join(PERMISSION_MODES)}")
-    turns = config.max_turns
-    if turns is not None and (not isinstance(turns, int) or isinstance(turns, bool) or turns < 1):
-        raise ValueError("max_turns: expected a positive integer or null")
-    for arg in config.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in _OWNED_FLAGS:
-            raise ValueError(f"extra_args: {flag} is set by the driver itself")
+    return _cli.replay(_Parser(sink or NullSink(), plan), stdout, stderr, exit_code)
 
 
 # --- plan and argv ------------------------------------------------------------------------------
@@ -310,17 +247,9 @@ class _Plan:
 
 
 def _plan(config: Config, request: Request) -> _Plan:
-    spawn_cwd = request.workspace_cwd or config.cwd
-    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
-    session = request.session
-    resume_id: str | None = None
-    if session is not None and session.state is not None and session.mode != "stateless":
-        if session.mode == "fork":
-            raise ResumeRejectedError("codebuddy cannot fork a session")
-        stored_cwd = session.state.data.get("cwd")
-        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
-            raise ResumeRejectedError("session working directory changed")
-        resume_id = session.state.resume_id
+    spawn_cwd, session_cwd = _cli.cwds(config, request)
+    resume_id, _ = _cli.resume_target(request, session_cwd,
+                                      no_fork="codebuddy cannot fork a session")
     approvals = None if request.policy is None else request.policy.approvals
     # Only modes that need an answer from the host take the control transport; inherited
     # modes keep the CLI's own permission handling (no prompt nobody would answer).
@@ -334,9 +263,7 @@ def _plan(config: Config, request: Request) -> _Plan:
         document = {k: v for k, v in request.output_schema.schema.items() if k != "$schema"}
         schema = orjson.dumps(document).decode()
     auto_approve = approvals is not None and approvals.permission == "auto_approve"
-    prompt = request.prompt
-    if request.instructions:
-        prompt = f"{request.instructions}\n\n{prompt}"
+    prompt = _cli.prompt_of(request)
     owned = {"CODEBUDDY_CODE_ENTRYPOINT": "sdk-py"} if control else {}
     return _Plan(
         prompt=prompt,
@@ -779,9 +706,7 @@ class _Parser:
         session_id = as_str(result.get("session_id"))
         checkpoint = None
         if failure is None and exit_.clean and self.succeeded and session_id:
-            state = SessionState(resume_id=session_id, display_id=session_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd)
         output = "\n\n".join(self.final)
         structured = None
         if self.plan.schema is not None:
@@ -800,28 +725,16 @@ class _Parser:
             metadata["protocol"] = "malformed"
         if self.plan.control:
             metadata["transport"] = "control"
-        return Response(
-            output=output,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if self.result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if self.result is None else _usage(self.result),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            structured_output=structured,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if self.result is None else "result",
+                             output=output,
+                             usage=None if self.result is None else _usage(self.result),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.model, structured_output=structured, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         result = self.result
+        reported = None
         if result is not None and not (result.get("subtype") == "success"
                                        and result.get("is_error") is not True):
             errors = as_list(result.get("errors"))
@@ -829,36 +742,19 @@ class _Parser:
                        or as_str(self.provider_error.get("message"))
                        or "codebuddy reported an error")
             status = result.get("api_error_status") or self.provider_error.get("status")
-            return _classify(message, status, subtype=as_str(result.get("subtype")) or None)
-        if self.protocol.malformed:
-            return RunFailure(code="agent_error",
-                              message="codebuddy printed a malformed stream: "
-                                      + self.protocol.problems[0],
-                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
-        if exit_.cancelled or exit_.timed_out:
-            return None  # the host's cancellation or deadline keeps its own identity
-        if result is None:
-            if self.provider_error:
-                return _classify(as_str(self.provider_error.get("message")),
-                                 self.provider_error.get("status"), exit_code=exit_.exit_code,
-                                 signal=exit_.signal)
-            died = self.protocol.died("codebuddy", exit_.describe(), exit_code=exit_.exit_code,
-                                      signal=exit_.signal)
-            return _classify(died.message, None, **died.details)
-        if not exit_.clean:
-            return RunFailure(code="agent_error",
-                              message=f"codebuddy exited unsuccessfully ({exit_.describe()})",
-                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
-        return None
+            reported = _classify(message, status, subtype=as_str(result.get("subtype")) or None)
+        return _cli.run_failure("codebuddy", exit_, self.protocol, reported=reported,
+                                terminal=result is not None, died=self._died)
+
+    def _died(self, died: RunFailure) -> RunFailure:
+        # An `error` frame before the end says more than the exit.
+        if self.provider_error:
+            return _classify(as_str(self.provider_error.get("message")),
+                             self.provider_error.get("status"), **died.details)
+        return _classify(died.message, None, **died.details)
 
 
 def _classify(message: str, status: Any, **details: Any) -> RunFailure:
     code = status if isinstance(status, int) and not isinstance(status, bool) else None
-    kind: FailureKind = ""
-    if code in (401, 403) or (code is None and _AUTH.search(message)):
-        kind = "auth"
-    elif code == 429 or (code is None and _RATE_LIMIT.search(message)):
-        kind = "rate_limit"
-    elif (code is not None and code >= 500) or (code is None and _UNAVAILABLE.search(message)):
-        kind = "provider_unavailable"
+    kind: FailureKind = _FAILURES.kind(message) if code is None else _cli.status_kind(code)
     return provider_failure(message, kind, provider_status=code, **details)

@@ -60,13 +60,12 @@ import re
 import shlex
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     Descriptor,
     EventSink,
     HumanDecisionSupport,
@@ -80,18 +79,13 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionCodec,
-    SessionState,
     SkillCaps,
-    StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
     SystemPromptCaps,
-    canonical_fingerprint,
 )
-from adaptor.drivers import _process
+from adaptor.drivers import _cli, _process
 from adaptor.drivers._lines import (
-    FailureKind,
     NullSink,
     Protocol,
     as_dict,
@@ -100,10 +94,10 @@ from adaptor.drivers._lines import (
     as_str,
     provider_failure,
 )
-from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.drivers._process import Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, TranscriptItem, Usage
+from adaptor.result import StructuredOutput, TranscriptItem, Usage
 
 __all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -111,7 +105,6 @@ TYPE: Final = "codex"
 PROVIDER: Final = "openai"
 CLI_VERSION: Final = "0.171.0"
 
-_FINGERPRINT_DOMAIN: Final = "codex/config/v1"
 _SANDBOX_MODES: Final = {
     "read_only": "read-only",
     "workspace_write": "workspace-write",
@@ -130,19 +123,21 @@ _RESUME_REJECTED = re.compile(
     r"(session|thread|conversation) .{0,80}not found",
     re.IGNORECASE,
 )
-_AUTH = re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|missing environment variable|"
-                   r"invalid api key|incorrect api key|not logged in", re.IGNORECASE)
-_RATE_LIMIT = re.compile(r"\b429\b|too many requests|rate limit", re.IGNORECASE)
-_UNAVAILABLE = re.compile(
-    r"\b5\d\d\b|high demand|overloaded|internal server error|service unavailable|bad gateway|"
-    r"stream disconnected|connection failed|waiting for network|error sending request|"
-    r"connection refused",
-    re.IGNORECASE,
+_FAILURES: Final = _cli.FailureShapes(
+    auth=re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|missing environment variable|"
+                    r"invalid api key|incorrect api key|not logged in", re.IGNORECASE),
+    rate_limit=re.compile(r"\b429\b|too many requests|rate limit", re.IGNORECASE),
+    unavailable=re.compile(
+        r"\b5\d\d\b|high demand|overloaded|internal server error|service unavailable|"
+        r"bad gateway|stream disconnected|connection failed|waiting for network|"
+        r"error sending request|connection refused",
+        re.IGNORECASE,
+    ),
 )
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_cli.CliConfig):
     """The Codex CLI's configuration.
 
     ``model`` is passed as ``-m`` (a run's ``model=`` wins); ``home`` becomes ``CODEX_HOME``
@@ -151,31 +146,16 @@ class Config:
     """
 
     command: str = "codex"
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cwd: str | None = None
-    grace_period: float = 2.0
-    model: str = ""
     home: str | None = None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
-            object.__setattr__(self, "extra_args", tuple(self.extra_args))
 
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
-        """A config from a JSON object (daemon requests); unknown keys are refused."""
-        return _process.config_from_dict(cls, obj)
-
-
-class Driver:
+class Driver(_cli.CliDriver[Config]):
     """The Codex driver.  Construction snapshots the config and does no I/O."""
 
-    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
-        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
-
-    def __repr__(self) -> str:
-        return f"codex.Driver(command={self._config.command!r}, model={self._config.model!r})"
+    _type = TYPE
+    _config_type = Config
+    _fingerprint_domain = "codex/config/v1"
+    _fingerprint_fields = ("cwd", "extra_args", "model", "home")
 
     def descriptor(self) -> Descriptor:
         return Descriptor(
@@ -203,24 +183,14 @@ class Driver:
             stream=StreamCaps(native=True, reasoning=True),
         )
 
-    def validate_config(self, config: object | None = None) -> None:
-        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
-        _validate(self._config if config is None else _as_config(config))
-
-    def session_codec(self) -> SessionCodec:
-        return StandardSessionCodec(TYPE)
-
-    def session_config_fingerprint(self) -> str:
-        c = self._config
-        return canonical_fingerprint(
-            _FINGERPRINT_DOMAIN,
-            {"cwd": c.cwd, "extra_args": c.extra_args, "model": c.model, "home": c.home,
-             "env_names": sorted(c.env)},
-        )
+    def _check(self, config: Config) -> None:
+        _cli.check_config(config)
+        _cli.check_optional_path("home", config.home)
+        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS,
+                               "is set by the driver or breaks `exec resume`")
 
     def run(self, request: Request, sink: EventSink) -> Response:
-        config = self._config if request.config is None else _as_config(request.config)
-        _validate(config)
+        config = self._config_for(request)
         plan = _plan(config, request)
         if config.home:
             # codex refuses a CODEX_HOME that does not exist; a configured profile is ours to make.
@@ -237,17 +207,7 @@ class Driver:
             spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names,
                         cwd=plan.spawn_cwd, stdin=plan.prompt.encode(),
                         grace_period=config.grace_period)
-            try:
-                child = Child.start(spec, sink)
-            except BinaryNotFound as exc:
-                return _process.binary_not_found(exc)
-            parser = _Parser(sink, plan)
-            with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
-                for line in child.lines(sink):
-                    parser.feed(line)
-                exit_ = child.finish()
-        stdout, stderr = child.take_raw()
-        return parser.response(exit_, stdout, stderr)
+            return _cli.run_child(spec, sink, request, _Parser(sink, plan))
 
 
 def replay(
@@ -260,37 +220,8 @@ def replay(
 ) -> Response:
     """Parse captured ``codex exec --json`` output as if a run had produced it (tests,
     diagnostics); raises ``ResumeRejectedError`` like ``run`` for a refused resume."""
-    sink = sink or NullSink()
     plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
-    parser = _Parser(sink, plan)
-    data = [stdout.encode() if isinstance(stdout, str) else stdout,
-            stderr.encode() if isinstance(stderr, str) else stderr]
-    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
-        for raw in blob.splitlines():
-            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
-    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
-    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
-
-
-# --- configuration ------------------------------------------------------------------------------
-
-
-def _as_config(config: object) -> Config:
-    return _process.coerce_config(Config, config, "codex")
-
-
-def _validate(config: Config) -> None:
-    _process.check_common(
-        config.command, config.env, config.extra_args, config.cwd, config.grace_period
-    )
-    if not isinstance(config.model, str):
-        raise TypeError("model: expected a string")
-    if config.home is not None and (not isinstance(config.home, str) or not config.home):
-        raise TypeError("home: expected a non-empty string or null")
-    for arg in config.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in _OWNED_FLAGS:
-            raise ValueError(f"extra_args: {flag} is set by the driver or breaks `exec resume`")
+    return _cli.replay(_Parser(sink or NullSink(), plan), stdout, stderr, exit_code)
 
 
 # --- plan and argv ------------------------------------------------------------------------------
@@ -314,17 +245,8 @@ class _Plan:
 
 
 def _plan(config: Config, request: Request) -> _Plan:
-    spawn_cwd = request.workspace_cwd or config.cwd
-    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
-    session = request.session
-    resume_id: str | None = None
-    fork = False
-    if session is not None and session.state is not None and session.mode != "stateless":
-        stored_cwd = session.state.data.get("cwd")
-        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
-            raise ResumeRejectedError("session working directory changed")
-        resume_id = session.state.resume_id
-        fork = session.mode == "fork"
+    spawn_cwd, session_cwd = _cli.cwds(config, request)
+    resume_id, fork = _cli.resume_target(request, session_cwd)
     policy = request.policy
     sandbox = None if policy is None else _SANDBOX_MODES.get(policy.sandbox)
     web_search = None
@@ -333,9 +255,6 @@ def _plan(config: Config, request: Request) -> _Plan:
     schema = None
     if request.output_schema is not None and request.structured_output_source == "native":
         schema = orjson.dumps(dict(request.output_schema.schema))
-    prompt = request.prompt
-    if request.instructions:
-        prompt = f"{request.instructions}\n\n{prompt}"
     owned = {"CODEX_HOME": config.home} if config.home else {}
     developer = "\n\n".join(
         part for part in (request.append_system_prompt, _skills_catalogue(request.skills)) if part
@@ -346,7 +265,7 @@ def _plan(config: Config, request: Request) -> _Plan:
         servers.append(request.tools_endpoint.server)
         required.add(request.tools_endpoint.server.key)  # without it the host's tools are missing
     return _Plan(
-        prompt=prompt,
+        prompt=_cli.prompt_of(request),
         model=request.model_override or config.model,
         spawn_cwd=spawn_cwd,
         session_cwd=session_cwd,
@@ -637,9 +556,7 @@ class _Parser:
         clean = failure is None and exit_.clean and self.completed is not None
         checkpoint = None
         if clean and self.thread_id:
-            state = SessionState(resume_id=self.thread_id, display_id=self.thread_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(self.thread_id, self.plan.session_cwd)
         structured = None
         if self.plan.schema is not None:
             try:
@@ -656,59 +573,32 @@ class _Parser:
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
         terminal = self.completed or self.failed
-        return Response(
-            output=self.final,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if terminal is None else TerminalPayload(
-                    event=as_str(terminal.get("type")), json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if self.completed is None else _usage(self.completed),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.plan.model,
-            structured_output=structured,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if terminal is None
+                             else as_str(terminal.get("type")),
+                             output=self.final,
+                             usage=None if self.completed is None else _usage(self.completed),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.plan.model, structured_output=structured, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
+        reported = None
         if self.failed is not None:
             message = as_str(as_dict(self.failed.get("error")).get("message")) or self.last_error
-            return _classify(message or "codex reported a failed turn")
-        if self.protocol.malformed:
-            return RunFailure(code="agent_error",
-                              message="codex printed a malformed stream: "
-                                      + self.protocol.problems[0],
-                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
-        if exit_.cancelled or exit_.timed_out:
-            return None  # the host's cancellation or deadline keeps its own identity
-        if self.completed is None:
-            if self.last_error:
-                return _classify(self.last_error, exit_code=exit_.exit_code, signal=exit_.signal)
-            return self.protocol.died("codex", exit_.describe(), exit_code=exit_.exit_code,
-                                      signal=exit_.signal)
-        if not exit_.clean:
-            return RunFailure(code="agent_error",
-                              message=f"codex exited unsuccessfully ({exit_.describe()})",
-                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
-        return None
+            reported = _classify(message or "codex reported a failed turn")
+        return _cli.run_failure("codex", exit_, self.protocol, reported=reported,
+                                terminal=self.completed is not None, died=self._died)
+
+    def _died(self, died: RunFailure) -> RunFailure:
+        # The bare `error` codex printed before dying says more than its exit.
+        if self.last_error:
+            return _classify(self.last_error, **died.details)
+        return died
 
 
 def _classify(message: str, **details: Any) -> RunFailure:
-    kind: FailureKind = ""
-    if _AUTH.search(message):
-        kind = "auth"
-    elif _RATE_LIMIT.search(message):
-        kind = "rate_limit"
-    elif _UNAVAILABLE.search(message):
-        kind = "provider_unavailable"
     status = re.search(r"\b([45]\d\d)\b", message)
-    return provider_failure(message, kind,
+    return provider_failure(message, _FAILURES.kind(message),
                             provider_status=int(status.group(1)) if status else None, **details)
 
 

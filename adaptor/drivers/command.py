@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from adaptor.driver import (
@@ -40,9 +40,9 @@ from adaptor.driver import (
     RunFailure,
     StructuredOutputCaps,
 )
-from adaptor.drivers import _process
+from adaptor.drivers import _cli, _process
 from adaptor.drivers._lines import NullSink, Protocol
-from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.drivers._process import Exit, Line, Spec
 from adaptor.events import TextDelta
 from adaptor.result import RawStreams, TranscriptItem
 
@@ -52,23 +52,8 @@ TYPE: Final = "command"
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_cli.ProcessConfig):
     """An executable (``command``: a name looked up on ``PATH`` or a path) and its arguments."""
-
-    command: str
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cwd: str | None = None
-    grace_period: float = 2.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
-            object.__setattr__(self, "extra_args", tuple(self.extra_args))
-
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
-        """A config from a JSON object (daemon requests); unknown keys are refused."""
-        return _process.config_from_dict(cls, obj)
 
 
 class Driver:
@@ -102,24 +87,12 @@ class Driver:
         refused = _unsupported(request)
         if refused is not None:
             return refused
-        prompt = request.prompt
-        if request.instructions:
-            prompt = f"{request.instructions}\n\n{prompt}"
+        prompt = _cli.prompt_of(request)
         env, names = _process.child_env(config.env, request.env)
         spec = Spec(argv=[config.command, *config.extra_args], env=env, env_names=names,
                     cwd=request.workspace_cwd or config.cwd, stdin=prompt.encode(),
                     grace_period=config.grace_period)
-        try:
-            child = Child.start(spec, sink)
-        except BinaryNotFound as exc:
-            return _process.binary_not_found(exc)
-        parser = _Parser(sink, request.run_id)
-        with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
-            for line in child.lines(sink):
-                parser.feed(line)
-            exit_ = child.finish()
-        stdout, stderr = child.take_raw()
-        return parser.response(exit_, stdout, stderr)
+        return _cli.run_child(spec, sink, request, _Parser(sink, request.run_id))
 
 
 def replay(

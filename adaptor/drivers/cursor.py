@@ -45,16 +45,14 @@ Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``mode`` and th
 from __future__ import annotations
 
 import copy
-import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 from adaptor.driver import (
-    Checkpoint,
     Descriptor,
     EventSink,
     HumanDecisionSupport,
@@ -63,16 +61,11 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionCodec,
-    SessionState,
-    StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
-    canonical_fingerprint,
 )
-from adaptor.drivers import _process
+from adaptor.drivers import _cli, _process
 from adaptor.drivers._lines import (
-    FailureKind,
     NullSink,
     Protocol,
     as_dict,
@@ -80,10 +73,10 @@ from adaptor.drivers._lines import (
     as_str,
     provider_failure,
 )
-from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.drivers._process import Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, ToolCall, ToolResult
-from adaptor.result import RawStreams, TerminalPayload, TranscriptItem
+from adaptor.result import TranscriptItem
 
 __all__ = ["MODES", "PROVIDER", "TYPE", "VERIFICATION", "Config", "Driver", "replay"]
 
@@ -92,7 +85,6 @@ PROVIDER: Final = "cursor"
 VERIFICATION: Final = "format-verified, not binary-verified (upstream-drivers.md §2.3)"
 MODES: Final = ("agent", "ask")
 
-_FINGERPRINT_DOMAIN: Final = "cursor/config/v1"
 _OWNED_FLAGS: Final = frozenset({
     "-p", "--print", "--output-format", "--stream-partial-output", "--workspace", "--resume",
     "-m", "--model", "--mode", "-f", "--force", "--yolo",
@@ -103,46 +95,33 @@ _RESUME_REJECTED = re.compile(
     re.IGNORECASE,
 )
 # The CLI's vocabulary for failures it reports on stderr or in an error result.
-_AUTH = re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|authentication required|"
-                   r"not (logged in|authenticated)|\blogin\b|invalid api key|CURSOR_API_KEY",
-                   re.IGNORECASE)
-_RATE_LIMIT = re.compile(r"\b429\b|too many requests|rate limit|usage limit", re.IGNORECASE)
-_UNAVAILABLE = re.compile(r"\b5\d\d\b|overloaded|unavailable|internal server error|"
-                          r"connection (refused|failed|reset)|network error|ECONNREFUSED|"
-                          r"ETIMEDOUT|fetch failed", re.IGNORECASE)
+_FAILURES: Final = _cli.FailureShapes(
+    auth=re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|authentication required|"
+                    r"not (logged in|authenticated)|\blogin\b|invalid api key|CURSOR_API_KEY",
+                    re.IGNORECASE),
+    rate_limit=re.compile(r"\b429\b|too many requests|rate limit|usage limit", re.IGNORECASE),
+    unavailable=re.compile(r"\b5\d\d\b|overloaded|unavailable|internal server error|"
+                           r"connection (refused|failed|reset)|network error|ECONNREFUSED|"
+                           r"ETIMEDOUT|fetch failed", re.IGNORECASE),
+)
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_cli.CliConfig):
     """Cursor Agent's configuration: ``model`` (``--model``; a run's ``model=`` wins) and
     ``mode`` (``--mode``, one of :data:`MODES`; empty: the CLI's default agent mode)."""
 
     command: str = "cursor-agent"
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cwd: str | None = None
-    grace_period: float = 2.0
-    model: str = ""
     mode: str = ""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
-            object.__setattr__(self, "extra_args", tuple(self.extra_args))
 
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
-        """A config from a JSON object (daemon requests); unknown keys are refused."""
-        return _process.config_from_dict(cls, obj)
-
-
-class Driver:
+class Driver(_cli.CliDriver[Config]):
     """The Cursor Agent driver.  Construction snapshots the config and does no I/O."""
 
-    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
-        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
-
-    def __repr__(self) -> str:
-        return f"cursor.Driver(command={self._config.command!r}, model={self._config.model!r})"
+    _type = TYPE
+    _config_type = Config
+    _fingerprint_domain = "cursor/config/v1"
+    _fingerprint_fields = ("cwd", "extra_args", "model", "mode")
 
     def descriptor(self) -> Descriptor:
         return Descriptor(
@@ -159,45 +138,20 @@ class Driver:
             stream=StreamCaps(native=True),
         )
 
-    def validate_config(self, config: object | None = None) -> None:
-        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
-        _validate(self._config if config is None else _as_config(config))
-
-    def session_codec(self) -> SessionCodec:
-        return StandardSessionCodec(TYPE)
-
-    def session_config_fingerprint(self) -> str:
-        c = self._config
-        return canonical_fingerprint(
-            _FINGERPRINT_DOMAIN,
-            {"cwd": c.cwd, "extra_args": c.extra_args, "model": c.model, "mode": c.mode,
-             "env_names": sorted(c.env)},
-        )
+    def _check(self, config: Config) -> None:
+        _cli.check_config(config)
+        _cli.check_choice("mode", config.mode, MODES)
+        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS)
 
     def run(self, request: Request, sink: EventSink) -> Response:
-        config = self._config if request.config is None else _as_config(request.config)
-        _validate(config)
+        config = self._config_for(request)
         if request.append_system_prompt:
-            return Response(exit_code=None, failure=RunFailure(
-                code="unsupported_driver",
-                message="cursor-agent cannot append to its system prompt",
-                details={"kind": "append_system_prompt_unsupported"},
-            ))
+            return _cli.no_append("cursor-agent")
         plan = _plan(config, request)
         env, names = _process.child_env(config.env, request.env)
         spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.cwd,
                     stdin=plan.prompt.encode(), grace_period=config.grace_period)
-        try:
-            child = Child.start(spec, sink)
-        except BinaryNotFound as exc:
-            return _process.binary_not_found(exc)
-        parser = _Parser(sink, plan)
-        with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
-            for line in child.lines(sink):
-                parser.feed(line)
-            exit_ = child.finish()
-        stdout, stderr = child.take_raw()
-        return parser.response(exit_, stdout, stderr)
+        return _cli.run_child(spec, sink, request, _Parser(sink, plan))
 
 
 def replay(
@@ -211,35 +165,7 @@ def replay(
     """Parse captured ``cursor-agent -p --output-format stream-json`` output as if a run had
     produced it; raises ``ResumeRejectedError`` like ``run`` for a refused resume."""
     plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
-    parser = _Parser(sink or NullSink(), plan)
-    data = [stdout.encode() if isinstance(stdout, str) else stdout,
-            stderr.encode() if isinstance(stderr, str) else stderr]
-    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
-        for raw in blob.splitlines():
-            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
-    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
-    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
-
-
-# --- configuration ------------------------------------------------------------------------------
-
-
-def _as_config(config: object) -> Config:
-    return _process.coerce_config(Config, config, "cursor")
-
-
-def _validate(config: Config) -> None:
-    _process.check_common(
-        config.command, config.env, config.extra_args, config.cwd, config.grace_period
-    )
-    if not isinstance(config.model, str):
-        raise TypeError("model: expected a string")
-    if config.mode and config.mode not in MODES:
-        raise ValueError(f"mode: expected one of {', '.join(MODES)}")
-    for arg in config.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in _OWNED_FLAGS:
-            raise ValueError(f"extra_args: {flag} is set by the driver itself")
+    return _cli.replay(_Parser(sink or NullSink(), plan), stdout, stderr, exit_code)
 
 
 # --- plan and argv ------------------------------------------------------------------------------
@@ -257,22 +183,11 @@ class _Plan:
 def _plan(config: Config, request: Request) -> _Plan:
     # --workspace and the spawn directory are the same absolute path: the CLI keys its chats
     # by workspace, and a resumed chat must find the same one.
-    cwd = os.path.realpath(request.workspace_cwd or config.cwd or os.getcwd())
-    session = request.session
-    resume_id: str | None = None
-    if session is not None and session.state is not None and session.mode != "stateless":
-        if session.mode == "fork":
-            raise ResumeRejectedError("cursor-agent cannot fork a chat")
-        stored_cwd = session.state.data.get("cwd")
-        if stored_cwd and os.path.realpath(stored_cwd) != cwd:
-            raise ResumeRejectedError("session working directory changed")
-        resume_id = session.state.resume_id
+    _, cwd = _cli.cwds(config, request)
+    resume_id, _ = _cli.resume_target(request, cwd, no_fork="cursor-agent cannot fork a chat")
     approvals = None if request.policy is None else request.policy.approvals
-    prompt = request.prompt
-    if request.instructions:
-        prompt = f"{request.instructions}\n\n{prompt}"
     return _Plan(
-        prompt=prompt,
+        prompt=_cli.prompt_of(request),
         model=request.model_override or config.model,
         cwd=cwd,
         resume_id=resume_id,
@@ -473,67 +388,35 @@ class _Parser:
         failure = self._failure(exit_)
         checkpoint = None
         if failure is None and exit_.clean and self.succeeded:
-            state = SessionState(resume_id=self.session_id, display_id=self.session_id,
-                                 data={"cwd": self.plan.cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(self.session_id, self.plan.cwd)
         output = "".join(self.text) or as_str((self.result or {}).get("result"))
         metadata: dict[str, str] = {}
         if self.session_id:
             metadata["session_id"] = self.session_id
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
-        return Response(
-            output=output,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if self.result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if self.result is None else "result",
+                             output=output, checkpoint=checkpoint, metadata=metadata,
+                             provider=PROVIDER, model=self.model, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         result = self.result
+        reported = None
         if result is not None and result.get("is_error") is True:
             text = as_str(result.get("result"))
             message = "cursor terminal result reported an error" + (f": {text}" if text else "")
-            return _classify(message, exit_code=exit_.exit_code)
-        if self.protocol.malformed:
-            return RunFailure(code="agent_error",
-                              message="cursor-agent printed a malformed stream: "
-                                      + self.protocol.problems[0],
-                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
-        if exit_.cancelled or exit_.timed_out:
-            return None  # the host's cancellation or deadline keeps its own identity
-        if result is None:
-            died = self.protocol.died("cursor-agent", exit_.describe(),
-                                      exit_code=exit_.exit_code, signal=exit_.signal)
-            message = f"{died.message} ({self.other_result})" if self.other_result else died.message
-            return _classify(message, **died.details)
-        if not exit_.clean:
-            return RunFailure(code="agent_error",
-                              message=f"cursor-agent exited unsuccessfully ({exit_.describe()})",
-                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
-        return None
+            reported = _classify(message, exit_code=exit_.exit_code)
+        return _cli.run_failure("cursor-agent", exit_, self.protocol, reported=reported,
+                                terminal=result is not None, died=self._died)
+
+    def _died(self, died: RunFailure) -> RunFailure:
+        message = f"{died.message} ({self.other_result})" if self.other_result else died.message
+        return _classify(message, **died.details)
 
 
 def _classify(message: str, **details: Any) -> RunFailure:
-    kind: FailureKind = ""
-    if _AUTH.search(message):
-        kind = "auth"
-    elif _RATE_LIMIT.search(message):
-        kind = "rate_limit"
-    elif _UNAVAILABLE.search(message):
-        kind = "provider_unavailable"
-    return provider_failure(message, kind, **details)
+    return provider_failure(message, _FAILURES.kind(message), **details)
 
 
 def _text_of(content: Any) -> str:

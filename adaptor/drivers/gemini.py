@@ -44,14 +44,12 @@ the *names* of ``env``.
 from __future__ import annotations
 
 import copy
-import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from adaptor.driver import (
-    Checkpoint,
     Descriptor,
     EventSink,
     HumanDecisionSupport,
@@ -60,14 +58,10 @@ from adaptor.driver import (
     RunFailure,
     RunPolicyCaps,
     SessionCaps,
-    SessionCodec,
-    SessionState,
-    StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
-    canonical_fingerprint,
 )
-from adaptor.drivers import _process
+from adaptor.drivers import _cli, _process
 from adaptor.drivers._lines import (
     FailureKind,
     NullSink,
@@ -77,10 +71,10 @@ from adaptor.drivers._lines import (
     as_str,
     provider_failure,
 )
-from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.drivers._process import Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, ToolCall, ToolResult
-from adaptor.result import RawStreams, TerminalPayload, TranscriptItem, Usage
+from adaptor.result import TranscriptItem, Usage
 
 __all__ = ["APPROVAL_MODES", "CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -89,7 +83,6 @@ PROVIDER: Final = "google"
 CLI_VERSION: Final = "0.61.0"
 APPROVAL_MODES: Final = ("default", "auto_edit", "yolo", "plan")
 
-_FINGERPRINT_DOMAIN: Final = "gemini/config/v1"
 # Flags the driver sets itself, and those that would make the CLI do something other than one
 # headless turn (interactive, ACP, session management).
 _OWNED_FLAGS: Final = frozenset({
@@ -114,7 +107,7 @@ _UNAVAILABLE = re.compile(r"\bINTERNAL\b|\bUNAVAILABLE\b|overloaded|fetch failed
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_cli.CliConfig):
     """Gemini CLI's configuration.
 
     ``model`` is passed as ``-m`` (a run's ``model=`` wins; empty: the CLI's ``auto`` routing,
@@ -125,32 +118,17 @@ class Config:
     """
 
     command: str = "gemini"
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    cwd: str | None = None
-    grace_period: float = 2.0
-    model: str = ""
     approval_mode: str = ""
     home: str | None = None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
-            object.__setattr__(self, "extra_args", tuple(self.extra_args))
 
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Config:
-        """A config from a JSON object (daemon requests); unknown keys are refused."""
-        return _process.config_from_dict(cls, obj)
-
-
-class Driver:
+class Driver(_cli.CliDriver[Config]):
     """The Gemini CLI driver.  Construction snapshots the config and does no I/O."""
 
-    def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
-        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
-
-    def __repr__(self) -> str:
-        return f"gemini.Driver(command={self._config.command!r}, model={self._config.model!r})"
+    _type = TYPE
+    _config_type = Config
+    _fingerprint_domain = "gemini/config/v1"
+    _fingerprint_fields = ("cwd", "extra_args", "model", "approval_mode", "home")
 
     def descriptor(self) -> Descriptor:
         return Descriptor(
@@ -167,46 +145,23 @@ class Driver:
             stream=StreamCaps(native=True, token_level=True),
         )
 
-    def validate_config(self, config: object | None = None) -> None:
-        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
-        _validate(self._config if config is None else _as_config(config))
-
-    def session_codec(self) -> SessionCodec:
-        return StandardSessionCodec(TYPE)
-
-    def session_config_fingerprint(self) -> str:
-        c = self._config
-        return canonical_fingerprint(
-            _FINGERPRINT_DOMAIN,
-            {"cwd": c.cwd, "extra_args": c.extra_args, "model": c.model,
-             "approval_mode": c.approval_mode, "home": c.home, "env_names": sorted(c.env)},
-        )
+    def _check(self, config: Config) -> None:
+        _cli.check_config(config)
+        _cli.check_choice("approval_mode", config.approval_mode, APPROVAL_MODES)
+        _cli.check_optional_path("home", config.home)
+        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS,
+                               "is set by the driver or leaves headless mode")
 
     def run(self, request: Request, sink: EventSink) -> Response:
-        config = self._config if request.config is None else _as_config(request.config)
-        _validate(config)
+        config = self._config_for(request)
         if request.append_system_prompt:
             # GEMINI_SYSTEM_MD replaces the whole system prompt; nothing appends to it.
-            return Response(exit_code=None, failure=RunFailure(
-                code="unsupported_driver",
-                message="gemini cannot append to its system prompt",
-                details={"kind": "append_system_prompt_unsupported"},
-            ))
+            return _cli.no_append("gemini")
         plan = _plan(config, request)
         env, names = _process.child_env(*plan.env_layers)
         spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.spawn_cwd,
                     stdin=plan.prompt.encode(), grace_period=config.grace_period)
-        try:
-            child = Child.start(spec, sink)
-        except BinaryNotFound as exc:
-            return _process.binary_not_found(exc)
-        parser = _Parser(sink, plan)
-        with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
-            for line in child.lines(sink):
-                parser.feed(line)
-            exit_ = child.finish()
-        stdout, stderr = child.take_raw()
-        return parser.response(exit_, stdout, stderr)
+        return _cli.run_child(spec, sink, request, _Parser(sink, plan))
 
 
 def replay(
@@ -220,37 +175,7 @@ def replay(
     """Parse captured ``gemini -o stream-json`` output as if a run had produced it (tests,
     diagnostics); raises ``ResumeRejectedError`` like ``run`` for a refused resume."""
     plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
-    parser = _Parser(sink or NullSink(), plan)
-    data = [stdout.encode() if isinstance(stdout, str) else stdout,
-            stderr.encode() if isinstance(stderr, str) else stderr]
-    for stream, blob in zip(("stdout", "stderr"), data, strict=True):
-        for raw in blob.splitlines():
-            parser.feed(Line(stream, raw))  # type: ignore[arg-type]
-    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
-    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
-
-
-# --- configuration ------------------------------------------------------------------------------
-
-
-def _as_config(config: object) -> Config:
-    return _process.coerce_config(Config, config, "gemini")
-
-
-def _validate(config: Config) -> None:
-    _process.check_common(
-        config.command, config.env, config.extra_args, config.cwd, config.grace_period
-    )
-    if not isinstance(config.model, str):
-        raise TypeError("model: expected a string")
-    if config.approval_mode and config.approval_mode not in APPROVAL_MODES:
-        raise ValueError(f"approval_mode: expected one of {', '.join(APPROVAL_MODES)}")
-    if config.home is not None and (not isinstance(config.home, str) or not config.home):
-        raise TypeError("home: expected a non-empty string or null")
-    for arg in config.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in _OWNED_FLAGS:
-            raise ValueError(f"extra_args: {flag} is set by the driver or leaves headless mode")
+    return _cli.replay(_Parser(sink or NullSink(), plan), stdout, stderr, exit_code)
 
 
 # --- plan and argv ------------------------------------------------------------------------------
@@ -268,28 +193,16 @@ class _Plan:
 
 
 def _plan(config: Config, request: Request) -> _Plan:
-    spawn_cwd = request.workspace_cwd or config.cwd
-    session_cwd = os.path.realpath(spawn_cwd or os.getcwd())
-    session = request.session
-    resume_id: str | None = None
-    if session is not None and session.state is not None and session.mode != "stateless":
-        if session.mode == "fork":
-            raise ResumeRejectedError("gemini cannot fork a session")
-        stored_cwd = session.state.data.get("cwd")
-        if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
-            # Gemini keeps sessions per project directory; elsewhere the id is unknown.
-            raise ResumeRejectedError("session working directory changed")
-        resume_id = session.state.resume_id
+    spawn_cwd, session_cwd = _cli.cwds(config, request)
+    resume_id, _ = _cli.resume_target(request, session_cwd,
+                                      no_fork="gemini cannot fork a session")
     approvals = None if request.policy is None else request.policy.approvals
     permission = None if approvals is None else approvals.permission
     approval_mode = {"auto_approve": "yolo", "auto_reject": "default"}.get(
         permission or "", config.approval_mode)
-    prompt = request.prompt
-    if request.instructions:
-        prompt = f"{request.instructions}\n\n{prompt}"
     owned = {"GEMINI_CLI_HOME": config.home} if config.home else {}
     return _Plan(
-        prompt=prompt,
+        prompt=_cli.prompt_of(request),
         model=request.model_override or config.model,
         spawn_cwd=spawn_cwd,
         session_cwd=session_cwd,
@@ -454,9 +367,7 @@ class _Parser:
         failure = self._failure(exit_)
         checkpoint = None
         if failure is None and exit_.clean and self.succeeded and self.session_id:
-            state = SessionState(resume_id=self.session_id, display_id=self.session_id,
-                                 data={"cwd": self.plan.session_cwd})
-            checkpoint = Checkpoint(state, valid=True)
+            checkpoint = _cli.checkpoint(self.session_id, self.plan.session_cwd)
         metadata: dict[str, str] = {}
         if self.session_id:
             metadata["session_id"] = self.session_id
@@ -467,53 +378,32 @@ class _Parser:
             metadata["last_error"] = self.last_error
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
-        return Response(
-            output=self.final,
-            raw_streams=RawStreams(
-                stdout=stdout, stderr=stderr,
-                terminal=None if self.result is None
-                else TerminalPayload(event="result", json=self.protocol.terminal_line),
-            ),
-            transcript=tuple(self.protocol.transcript),
-            exit_code=exit_.exit_code,
-            signal=exit_.signal,
-            timed_out=exit_.timed_out,
-            usage=None if self.result is None else _usage(self.result),
-            checkpoint=checkpoint,
-            metadata=metadata,
-            provider=PROVIDER,
-            model=self.model,
-            failure=failure,
-        )
+        return _cli.response(exit_, self.protocol, stdout, stderr,
+                             terminal_event=None if self.result is None else "result",
+                             output=self.final,
+                             usage=None if self.result is None else _usage(self.result),
+                             checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
+                             model=self.model, failure=failure)
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
-        result = self.result
-        if result is not None and not self.succeeded:
-            error = as_dict(result.get("error"))
+        reported = None
+        if self.result is not None and not self.succeeded:
+            error = as_dict(self.result.get("error"))
             message = as_str(error.get("message")) or self.last_error or "gemini reported an error"
             kind, status = _kind_of(message, exit_.exit_code)
-            return provider_failure(message, kind, provider_status=status,
-                                    error_type=as_str(error.get("type")) or None,
-                                    exit_code=exit_.exit_code)
-        if self.protocol.malformed:
-            return RunFailure(code="agent_error",
-                              message="gemini printed a malformed stream: "
-                                      + self.protocol.problems[0],
-                              details={"kind": "protocol", "problems": self.protocol.problems[:5]})
-        if exit_.cancelled or exit_.timed_out:
-            return None  # the host's cancellation or deadline keeps its own identity
-        if result is None:
-            died = self.protocol.died("gemini", exit_.describe(), exit_code=exit_.exit_code,
-                                      signal=exit_.signal)
-            kind, status = _kind_of(died.message, None)
-            if not kind:
-                return died
-            return provider_failure(died.message, kind, provider_status=status, **died.details)
-        if not exit_.clean:
-            return RunFailure(code="agent_error",
-                              message=f"gemini exited unsuccessfully ({exit_.describe()})",
-                              details={"exit_code": exit_.exit_code, "signal": exit_.signal})
-        return None
+            reported = provider_failure(message, kind, provider_status=status,
+                                        error_type=as_str(error.get("type")) or None,
+                                        exit_code=exit_.exit_code)
+        return _cli.run_failure("gemini", exit_, self.protocol, reported=reported,
+                                terminal=self.result is not None, died=_died)
+
+
+def _died(died: RunFailure) -> RunFailure:
+    """A death whose last words quote a provider error is that error."""
+    kind, status = _kind_of(died.message, None)
+    if not kind:
+        return died
+    return provider_failure(died.message, kind, provider_status=status, **died.details)
 
 
 def _kind_of(message: str, exit_code: int | None) -> tuple[FailureKind, int | None]:

@@ -1,0 +1,375 @@
+"""What the CLI drivers (claude, codex, gemini, cursor, codebuddy) share above the process
+runner (:mod:`._process`) and line decoding (:mod:`._lines`): the ``Config`` fields every CLI
+has, the ``Driver`` methods that only differ by name, one run's spawn-parse-respond loop,
+``replay``, the session and failure rules they have in common, and the helpers for Claude
+Code's stream-json envelope (which CodeBuddy speaks too).
+
+A driver module keeps what is specific to its CLI: argv and env, its event parser and the
+shapes of its failures.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
+
+import orjson
+
+from adaptor.driver import (
+    Checkpoint,
+    EventSink,
+    Request,
+    Response,
+    RunFailure,
+    SessionCodec,
+    SessionState,
+    StandardSessionCodec,
+    canonical_fingerprint,
+)
+from adaptor.drivers import _process
+from adaptor.drivers._lines import FailureKind, as_dict, as_int, as_str
+from adaptor.drivers._lines import Protocol as LineProtocol
+from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.errors import ResumeRejectedError
+from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, Usage
+
+# --- Config and Driver --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """The fields every driver that runs an executable has in its ``Config``, in this order
+    (positional construction depends on it)."""
+
+    command: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    cwd: str | None = None
+    grace_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_args, list):
+            object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Self:
+        """A config from a JSON object (daemon requests); unknown keys are refused."""
+        return _process.config_from_dict(cls, obj)
+
+
+@dataclass(frozen=True)
+class CliConfig(ProcessConfig):
+    """A coding-agent CLI's ``Config`` fields; a driver redeclares ``command`` with its
+    binary's name (a redeclared field keeps its place)."""
+
+    command: str = ""
+    model: str = ""
+
+
+C = TypeVar("C", bound=CliConfig)
+
+
+class CliDriver(Generic[C]):
+    """The SPI methods a CLI driver has regardless of its CLI.  A subclass names its type,
+    config class and fingerprint, and implements ``_check`` (the config's own rules)."""
+
+    _type: ClassVar[str]
+    _fingerprint_domain: ClassVar[str]
+    # Config fields a resumed conversation depends on; the names of ``env`` always count.
+    _fingerprint_fields: ClassVar[tuple[str, ...]]
+    _config_type: type[C]
+
+    def __init__(self, config: C | Mapping[str, Any] | None = None) -> None:
+        self._config: C = copy.deepcopy(self._config_type() if config is None
+                                        else self._coerce(config))
+
+    def __repr__(self) -> str:
+        c = self._config
+        return f"{self._type}.Driver(command={c.command!r}, model={c.model!r})"
+
+    def validate_config(self, config: object | None = None) -> None:
+        """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
+        self._check(self._config if config is None else self._coerce(config))
+
+    def session_codec(self) -> SessionCodec:
+        return StandardSessionCodec(self._type)
+
+    def session_config_fingerprint(self) -> str:
+        c = self._config
+        values: dict[str, Any] = {name: getattr(c, name) for name in self._fingerprint_fields}
+        values["env_names"] = sorted(c.env)
+        return canonical_fingerprint(self._fingerprint_domain, values)
+
+    def _check(self, config: C) -> None:
+        raise NotImplementedError
+
+    def _coerce(self, config: object) -> C:
+        return _process.coerce_config(self._config_type, config, self._type)
+
+    def _config_for(self, request: Request) -> C:
+        """The run's config (the request's, else the captured one), validated."""
+        config = self._config if request.config is None else self._coerce(request.config)
+        self._check(config)
+        return config
+
+
+def check_config(config: CliConfig) -> None:
+    """Validate the :class:`CliConfig` fields; ``TypeError``/``ValueError``."""
+    _process.check_common(
+        config.command, config.env, config.extra_args, config.cwd, config.grace_period
+    )
+    if not isinstance(config.model, str):
+        raise TypeError("model: expected a string")
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value and value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)}")
+
+
+def check_optional_path(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise TypeError(f"{name}: expected a non-empty string or null")
+
+
+def check_owned_flags(extra_args: tuple[str, ...], owned: frozenset[str],
+                      why: str = "is set by the driver itself") -> None:
+    for arg in extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in owned:
+            raise ValueError(f"extra_args: {flag} {why}")
+
+
+# --- one run --------------------------------------------------------------------------------------
+
+
+class Parser(Protocol):
+    """What :func:`run_child` and :func:`replay` need of a driver's parser."""
+
+    def feed(self, line: Line) -> object: ...
+
+    def response(self, exit_: Exit, stdout: str, stderr: str) -> Response: ...
+
+
+P = TypeVar("P", bound=Parser)
+
+
+def run_child(spec: Spec, sink: EventSink, request: Request, parser: P,
+              converse: Callable[[Child, P], None] | None = None) -> Response:
+    """Start the CLI, feed every line to ``parser`` (after ``converse``, which drives a
+    conversation on stdin) until it exits, and return the parser's Response."""
+    try:
+        child = Child.start(spec, sink)
+    except BinaryNotFound as exc:
+        return _process.binary_not_found(exc)
+    with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
+        if converse is not None:
+            converse(child, parser)
+        for line in child.lines(sink):
+            parser.feed(line)
+        exit_ = child.finish()
+    stdout, stderr = child.take_raw()
+    return parser.response(exit_, stdout, stderr)
+
+
+def replay(parser: Parser, stdout: str | bytes, stderr: str | bytes,
+           exit_code: int | None) -> Response:
+    """Feed captured output to ``parser`` as if a run had printed it; ``None`` exit code: the
+    process was killed (SIGTERM)."""
+    data = [stdout.encode() if isinstance(stdout, str) else stdout,
+            stderr.encode() if isinstance(stderr, str) else stderr]
+    for raw in data[0].splitlines():
+        parser.feed(Line("stdout", raw))
+    for raw in data[1].splitlines():
+        parser.feed(Line("stderr", raw))
+    exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
+    return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
+
+
+def cwds(config: CliConfig, request: Request) -> tuple[str | None, str]:
+    """Where the CLI is spawned (``None``: here) and the absolute directory its sessions are
+    kept under."""
+    spawn_cwd = request.workspace_cwd or config.cwd
+    return spawn_cwd, os.path.realpath(spawn_cwd or os.getcwd())
+
+
+def resume_target(request: Request, session_cwd: str, *,
+                  no_fork: str = "") -> tuple[str | None, bool]:
+    """The session id to resume (``None``: a fresh one) and whether to fork it.
+
+    ``no_fork``: the CLI cannot fork, and this is why.  A session stored from another
+    directory is refused: the CLIs keep sessions per working directory.
+    """
+    session = request.session
+    if session is None or session.state is None or session.mode == "stateless":
+        return None, False
+    if no_fork and session.mode == "fork":
+        raise ResumeRejectedError(no_fork)
+    stored_cwd = session.state.data.get("cwd")
+    if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
+        raise ResumeRejectedError("session working directory changed")
+    return session.state.resume_id, session.mode == "fork"
+
+
+def prompt_of(request: Request) -> str:
+    """The prompt with the run's instructions in front (none of the CLIs has a flag for them)."""
+    if request.instructions:
+        return f"{request.instructions}\n\n{request.prompt}"
+    return request.prompt
+
+
+def no_append(cli: str) -> Response:
+    """The refusal of ``append_system_prompt`` by a CLI that can only replace its prompt."""
+    return Response(exit_code=None, failure=RunFailure(
+        code="unsupported_driver",
+        message=f"{cli} cannot append to its system prompt",
+        details={"kind": "append_system_prompt_unsupported"},
+    ))
+
+
+def checkpoint(session_id: str, session_cwd: str) -> Checkpoint:
+    """A valid checkpoint of ``session_id``, kept under the directory the CLI keeps it in
+    (checked by :func:`resume_target`)."""
+    state = SessionState(resume_id=session_id, display_id=session_id, data={"cwd": session_cwd})
+    return Checkpoint(state, valid=True)
+
+
+def response(exit_: Exit, protocol: LineProtocol, stdout: str, stderr: str, *,
+             terminal_event: str | None, output: str, provider: str, model: str,
+             failure: RunFailure | None, checkpoint: Checkpoint | None,
+             metadata: dict[str, str], usage: Usage | None = None,
+             structured_output: StructuredOutput | None = None, summary: str = "") -> Response:
+    """A run's Response: the raw streams (with the terminal line when ``terminal_event`` names
+    the event that ended the run), the transcript and how the process ended, as every CLI
+    driver reports them, plus what its parser made of the run."""
+    return Response(
+        output=output,
+        raw_streams=RawStreams(
+            stdout=stdout, stderr=stderr,
+            terminal=None if terminal_event is None
+            else TerminalPayload(event=terminal_event, json=protocol.terminal_line),
+        ),
+        transcript=tuple(protocol.transcript),
+        exit_code=exit_.exit_code,
+        signal=exit_.signal,
+        timed_out=exit_.timed_out,
+        usage=usage,
+        checkpoint=checkpoint,
+        metadata=metadata,
+        provider=provider,
+        model=model,
+        summary=summary,
+        structured_output=structured_output,
+        failure=failure,
+    )
+
+
+# --- failures -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailureShapes:
+    """How a CLI words the provider failures it reports, checked in this order."""
+
+    auth: re.Pattern[str]
+    rate_limit: re.Pattern[str]
+    unavailable: re.Pattern[str]
+
+    def kind(self, message: str) -> FailureKind:
+        if self.auth.search(message):
+            return "auth"
+        if self.rate_limit.search(message):
+            return "rate_limit"
+        if self.unavailable.search(message):
+            return "provider_unavailable"
+        return ""
+
+
+def status_kind(status: int) -> FailureKind:
+    """The failure class of an HTTP status the provider answered with."""
+    if status in (401, 403):
+        return "auth"
+    if status == 429:
+        return "rate_limit"
+    return "provider_unavailable" if status >= 500 else ""
+
+
+def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
+                reported: RunFailure | None,
+                terminal: bool,
+                died: Callable[[RunFailure], RunFailure] | None = None) -> RunFailure | None:
+    """A run's failure, in the order every CLI driver decides it: what the CLI ``reported``
+    (its error terminal), a malformed stream, nothing for the host's own cancel or deadline,
+    a process that ended without its ``terminal`` (``died`` may refine the plain verdict) and
+    an unclean exit."""
+    if reported is not None:
+        return reported
+    if protocol.malformed:
+        return malformed(cli, protocol)
+    if exit_.cancelled or exit_.timed_out:
+        return None  # the host's cancellation or deadline keeps its own identity
+    if not terminal:
+        verdict = protocol.died(cli, exit_.describe(), exit_code=exit_.exit_code,
+                                signal=exit_.signal)
+        return verdict if died is None else died(verdict)
+    if not exit_.clean:
+        return exited_unsuccessfully(cli, exit_)
+    return None
+
+
+def malformed(cli: str, protocol: LineProtocol) -> RunFailure:
+    return RunFailure(code="agent_error",
+                      message=f"{cli} printed a malformed stream: {protocol.problems[0]}",
+                      details={"kind": "protocol", "problems": protocol.problems[:5]})
+
+
+def exited_unsuccessfully(cli: str, exit_: Exit) -> RunFailure:
+    return RunFailure(code="agent_error",
+                      message=f"{cli} exited unsuccessfully ({exit_.describe()})",
+                      details={"exit_code": exit_.exit_code, "signal": exit_.signal})
+
+
+# --- Claude Code's stream-json envelope (claude, codebuddy) ---------------------------------------
+
+
+def control_response(request_id: Any, *, response: Any = None, error: str = "") -> bytes:
+    inner: dict[str, Any] = {"request_id": request_id}
+    if error:
+        inner.update(subtype="error", error=error)
+    else:
+        inner.update(subtype="success", response=response)
+    return orjson.dumps({"type": "control_response", "response": inner}) + b"\n"
+
+
+def envelope_usage(result: Mapping[str, Any]) -> Usage | None:
+    """The ``usage`` and ``total_cost_usd`` of a ``result`` event."""
+    usage = as_dict(result.get("usage"))
+    cost = result.get("total_cost_usd")
+    if not usage and cost is None:
+        return None
+    return Usage(
+        input_tokens=as_int(usage.get("input_tokens")),
+        output_tokens=as_int(usage.get("output_tokens")),
+        cached_input_tokens=as_int(usage.get("cache_read_input_tokens")),
+        cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool)
+        else None,
+    )
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's ``content`` (a string or a list of blocks)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(as_str(p.get("text")) for p in content
+                         if isinstance(p, dict) and p.get("type") == "text")
+    return "" if content is None else orjson.dumps(content).decode()
+
+
+def snake(name: str) -> str:
+    """``AskUserQuestion`` → ``ask_user_question`` (decision sources)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
