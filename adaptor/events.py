@@ -63,9 +63,14 @@ class EventMeta:
     turn_id: str = ""
 
 
+# One shared default: EventMeta is frozen and holds only immutable values, and a fresh instance
+# per event would cost every event constructor a call.
+_NO_META = EventMeta()
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Event:
-    meta: EventMeta = field(default_factory=EventMeta, compare=False)
+    meta: EventMeta = field(default=_NO_META, compare=False)
 
     _kind_prefix: ClassVar[str]
 
