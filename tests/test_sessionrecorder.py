@@ -47,6 +47,8 @@ from adaptor.events import (
     ToolCall,
     ToolResult,
     event_kind,
+    format_time,
+    parse_time,
     to_json,
 )
 from adaptor.result import Usage
@@ -1047,7 +1049,9 @@ _NAMES = st.sampled_from(
 @given(
     st.lists(EVENT_STRATEGY, min_size=1, max_size=6),
     st.integers(0, 5),
-    st.lists(st.tuples(_PLACES, _NAMES, st.one_of(st.just(_DROP), _VALUES)), min_size=1, max_size=3),
+    st.lists(
+        st.tuples(_PLACES, _NAMES, st.one_of(st.just(_DROP), _VALUES)), min_size=1, max_size=3
+    ),
 )
 def test_well_framed_but_wrong_records_fail_exactly_where_decode_fails(
     events_: list[Event], which: int, changes: list[tuple[str, str, Any]]
@@ -1114,6 +1118,43 @@ def test_the_batch_and_line_shortcuts_are_taken_for_common_kinds() -> None:
     for seq, line in enumerate(lines, 1):
         assert _format._quick_decode(line, seq) is not None
         assert _format._plainly_valid(line, seq)
+
+
+_STAMP_TEXT = st.one_of(
+    st.datetimes(
+        min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(UTC)
+    ).map(format_time),
+    st.text(alphabet="0123456789-:T.Z+ W,\0", max_size=32),
+    st.sampled_from(
+        ["2026-12-02Z", "2026-12-02T10Z", "2026-12-02T10:00:00ZZ", "2026-12-02Z10:00:00Z", ""]
+        + ["2026-12-02T10:00:00.000000+00:00", "2026-12-02T10:00:00.000000Z\0Z", "Z"]
+    ),
+)
+
+
+@HYPOTHESIS
+@given(st.lists(_STAMP_TEXT, min_size=1, max_size=6))
+def test_the_batch_stamp_shortcut_parses_exactly_as_parse_time(stamps: list[str]) -> None:
+    """_parse_stamps() skips parse_time's Z-replacing copy; it must never differ from it."""
+    from hosttools.sessionrecorder import _format
+
+    try:
+        got = _format._parse_stamps(stamps)
+    except ValueError:
+        return  # the batch's caller takes any exception as "ask the line-by-line path"
+    if got is None:
+        return  # likewise: never a verdict
+    assert [(repr(m), m.tzinfo) for m in got] == [
+        (repr(parse_time(s)), parse_time(s).tzinfo) for s in stamps
+    ]
+
+
+def test_the_batch_stamp_shortcut_takes_what_format_time_writes() -> None:
+    from hosttools.sessionrecorder import _format
+
+    stamps = [format_time(T0 + timedelta(microseconds=i * 37_001)) for i in range(50)]
+    assert _format._parse_stamps(stamps) == [parse_time(s) for s in stamps]
+    assert _format._parse_stamps([stamps[0], stamps[1][:-1] + "+00:00"]) is None
 
 
 # --- failures while appending: rollback and poison -------------------------------------------

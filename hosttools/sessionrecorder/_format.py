@@ -15,10 +15,10 @@ import io
 import os
 import typing
 import zlib
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import chain, compress, repeat
-from operator import attrgetter, itemgetter, methodcaller
+from operator import delitem, itemgetter, methodcaller, setitem
 from typing import IO, Any, Literal, TypeAlias
 
 from orjson import loads as _loads
@@ -183,6 +183,7 @@ def decode(raw: bytes, expected: int) -> EventRecord:
 # errors and their wording are decode()'s alone; a None is never a verdict.
 # tests/test_sessionrecorder.py checks both agree on random logs and their corruptions.
 
+
 def _crc_ok(rest: bytes, crc: int) -> bool:
     """Whether ``b"{" + rest`` minus its final newline has CRC-32 ``crc``.
 
@@ -297,23 +298,43 @@ _NL = repeat(b"\n")
 # The record's keys, in the order a canonical (sorted-key) line has them.
 _get_record = itemgetter("crc", "event", SEQ_KEY, "kind", "meta", "recorded_at", "v")
 _get_kind_meta = itemgetter("kind", "meta")
-_META_ORDER = ("run_id", "sequence", "thread_key", "time", "turn_id")
-_META_TYPES = [str, int, str, str, str]  # what _events._quick_meta() accepts, in that order
-_get_time = itemgetter("time")
+_get_meta_fields = itemgetter("run_id", "thread_key", "sequence", "time", "turn_id")
+_FIVE = {5}
 _get_sequence_or_0 = methodcaller("get", "sequence", 0)
 _get_time_or_empty = methodcaller("get", "time", "")
-_get_tzinfo = attrgetter("tzinfo")
-_zulu = methodcaller("replace", "Z", "+00:00")  # parse_time's first step
+
+
+def _parse_stamps(stamps: Sequence[str]) -> list[datetime] | None:
+    """``list(map(parse_time, stamps))`` when every stamp ends in its only "Z", else None.
+
+    That is the layout format_time() writes, and for it ``datetime.fromisoformat`` (which reads
+    a trailing "Z" as UTC since Python 3.11) returns what parse_time() does, without
+    parse_time's copy of each string.  Checked over one joined string, so per stamp the cost is
+    a few bytes scanned: with no NUL inside any stamp, n "Z"s in all and n - 1 "Z\0" pairs
+    plus a final "Z" mean each stamp's only "Z" is its last character.  A stamp of any other
+    shape is not a verdict either way: the batch is left to the line-by-line path.
+    """
+    n = len(stamps)
+    joined = "\0".join(stamps)  # a TypeError unless every stamp is a str
+    if (
+        joined.count("Z") != n
+        or joined.count("\0") != n - 1
+        or joined.count("Z\0") != n - 1
+        or not joined.endswith("Z")
+    ):
+        return None
+    return list(map(_fromiso, stamps))
+
+
 _crc_head = b'{"crc":%d,'.__mod__
 _strip = bytes.removeprefix
 _starts = bytes.startswith
-_values = dict.values
-_dict_set = dict.__setitem__
-_dict_del = dict.__delitem__
-_dict_update = dict.update
+# operator's setitem/delitem take the fast call path; dict.__setitem__ and dict.update would
+# each build an argument tuple per line.
+_setitem = setitem
+_delitem = delitem
 _set = object.__setattr__
 _INT = {int}
-_STR = {str}
 _DICT = {dict}
 _MAX_BATCH_KINDS = 64  # per batch; past that, line by line
 
@@ -324,7 +345,8 @@ class _BatchKind:
 
     keys: tuple[str, ...]  # the event's keys as a canonical line has them (sorted)
     cls: type
-    fixed: dict[str, Any]  # the folded field, set on the event's dict
+    folded_name: str | None  # the folded field, set on the event's dict (None: no such field)
+    folded_value: Any
     drop_kind: bool
     requires: bool  # from_json needs some key to be present
 
@@ -346,7 +368,10 @@ def _batch_kind(kind: object) -> _BatchKind | None:
     found = None
     if recipe is not None:
         keys = tuple(sorted(recipe.allowed))
-        found = _BatchKind(keys, recipe.cls, recipe.fixed, recipe.drop_kind, bool(recipe.required))
+        [(folded_name, folded_value)] = recipe.fixed.items() or [(None, None)]
+        found = _BatchKind(
+            keys, recipe.cls, folded_name, folded_value, recipe.drop_kind, bool(recipe.required)
+        )
     if len(_BATCH_KINDS) < _MAX_SHAPES:
         _BATCH_KINDS[kind] = found
     return found
@@ -366,7 +391,9 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         objs = list(map(_loads, lines))
         # Every key the checks read, one tuple per line (a TypeError unless each is a dict,
         # a KeyError if one lacks any; an absent "v" or "meta" is fine but left to decode()).
-        crcs, payloads, seqs, kinds, top_metas, stamps, versions = zip(*map(_get_record, objs), strict=True)
+        crcs, payloads, seqs, kinds, top_metas, stamps, versions = zip(
+            *map(_get_record, objs), strict=True
+        )
         if set(map(type, chain(crcs, seqs, versions))) != _INT:
             return None
         # Framing: unframe()'s crc_matches_text() and the host_seq sequence.
@@ -380,10 +407,11 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         if seqs != tuple(range(expected, expected + n)):
             return None
         # The record, as _meaning() checks it.
-        if versions.count(FORMAT_VERSION) != n or set(map(type, stamps)) != _STR:
+        if versions.count(FORMAT_VERSION) != n:
             return None
-        moments = list(map(_fromiso, map(_zulu, stamps)))
-        if None in map(_get_tzinfo, moments) or set(map(type, payloads)) != _DICT:
+        # (A stamp ending in "Z" parses aware or not at all: no tz check needed.)
+        moments = _parse_stamps(stamps)
+        if moments is None or set(map(type, payloads)) != _DICT:
             return None
         event_kinds, metas = zip(*map(_get_kind_meta, payloads), strict=True)
         if event_kinds != kinds or top_metas != metas:
@@ -405,12 +433,16 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
             per_line = list(map(how.__getitem__, kinds))
             if list(map(tuple, payloads)) != [found.keys for found in per_line]:
                 return None
-            # (tuple() of a non-dict meta differs from _META_ORDER, or raises.)
-            if list(map(tuple, metas)) != [_META_ORDER] * n:
+            # Five keys, and these five (a TypeError or KeyError for anything but such a dict;
+            # their order does not matter, as _events._adopt_from_json() takes any).
+            if set(map(len, metas)) != _FIVE:
                 return None
-            if list(map(type, chain.from_iterable(map(_values, metas)))) != _META_TYPES * n:
-                return None
-            times = list(map(_get_time, metas))
+            run_ids, thread_keys, sequences, times, turn_ids = zip(
+                *map(_get_meta_fields, metas), strict=True
+            )
+            "".join(chain(run_ids, thread_keys, turn_ids))  # a TypeError unless all are str
+            if set(map(type, sequences)) != _INT:
+                return None  # (bool is an int subclass, and int() would turn True into 1)
         else:
             # Only a verdict: these kinds' from_json ignores extra keys, defaults missing
             # ones and passes values through, so only the meta can make it fail: a sequence
@@ -419,24 +451,26 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
                 return None
             if set(map(type, map(_get_sequence_or_0, metas))) != _INT:
                 return None
-            times = list(map(_get_time_or_empty, metas))
-            if set(map(type, times)) != _STR:
-                return None
-        if "" in times:
-            return None
-        meta_times = list(map(_fromiso, map(_zulu, times)))
+            times = tuple(map(_get_time_or_empty, metas))
+        # (An empty or non-str time is not a stamp _parse_stamps() takes.)
+        meta_times = _parse_stamps(times)
     except Exception:
+        return None
+    if meta_times is None:
         return None
     if not build:
         return []
     # Everything checked; build as _events._adopt_from_json() does, taking the parsed dicts.
-    any(map(_dict_set, metas, repeat("time"), meta_times))
+    any(map(_setitem, metas, repeat("time"), meta_times))
     event_metas = list(map(_new, repeat(_events.EventMeta, n)))
     any(map(_set, event_metas, repeat("__dict__"), metas))
-    any(map(_dict_set, payloads, repeat("meta"), event_metas))
-    any(map(_dict_update, payloads, [found.fixed for found in per_line]))
+    any(map(_setitem, payloads, repeat("meta"), event_metas))
+    # The folded field (a name, or None for kinds without one; names are never empty).
+    names = [found.folded_name for found in per_line]
+    values = [found.folded_value for found in per_line]
+    any(map(_setitem, compress(payloads, names), compress(names, names), compress(values, names)))
     dropped = [found.drop_kind for found in per_line]
-    any(map(_dict_del, compress(payloads, dropped), repeat("kind")))
+    any(map(_delitem, compress(payloads, dropped), repeat("kind")))
     events: list[Any] = list(map(_new, [found.cls for found in per_line]))
     any(map(_set, events, repeat("__dict__"), payloads))
     records = list(map(_new, repeat(EventRecord, n)))
