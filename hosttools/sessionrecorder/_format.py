@@ -339,9 +339,8 @@ _DICT = {dict}
 _MAX_BATCH_KINDS = 64  # per batch; past that, line by line
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _BatchKind:
-    """What _quick_batch() needs of one event kind."""
+class _BatchKind(typing.NamedTuple):
+    """What _quick_batch() needs of one event kind (a tuple, so a batch's transpose is cheap)."""
 
     keys: tuple[str, ...]  # the event's keys as a canonical line has them (sorted)
     cls: type
@@ -430,8 +429,11 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
             # Built events adopt the parsed dicts, so they must be exactly what to_json
             # writes: every key and no other, and the meta _events._quick_meta() accepts
             # (five keys; str, int, str, non-empty str, str).
-            per_line = list(map(how.__getitem__, kinds))
-            if list(map(tuple, payloads)) != [found.keys for found in per_line]:
+            # One column per _BatchKind field, each with a value per line.
+            keys, classes, names, values, dropped, _ = zip(
+                *map(how.__getitem__, kinds), strict=True
+            )
+            if list(map(tuple, payloads)) != list(keys):
                 return None
             # Five keys, and these five (a TypeError or KeyError for anything but such a dict;
             # their order does not matter, as _events._adopt_from_json() takes any).
@@ -466,12 +468,9 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
     any(map(_set, event_metas, repeat("__dict__"), metas))
     any(map(_setitem, payloads, repeat("meta"), event_metas))
     # The folded field (a name, or None for kinds without one; names are never empty).
-    names = [found.folded_name for found in per_line]
-    values = [found.folded_value for found in per_line]
     any(map(_setitem, compress(payloads, names), compress(names, names), compress(values, names)))
-    dropped = [found.drop_kind for found in per_line]
     any(map(_delitem, compress(payloads, dropped), repeat("kind")))
-    events: list[Any] = list(map(_new, [found.cls for found in per_line]))
+    events: list[Any] = list(map(_new, classes))
     any(map(_set, events, repeat("__dict__"), payloads))
     records = list(map(_new, repeat(EventRecord, n)))
     any(map(_set_host_seq, records, seqs))
