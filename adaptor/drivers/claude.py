@@ -766,8 +766,12 @@ class _Parser:
                 inner = event.get("event")
                 if type(inner) is not dict:
                     continue
-                if inner.get("type") != "content_block_delta":
-                    self._stream_event(inner)
+                what = inner.get("type")
+                if what != "content_block_delta":
+                    # message_delta and message_stop change nothing the parser keeps.
+                    if (what == "message_start" or what == "content_block_start"
+                            or what == "content_block_stop"):
+                        self._stream_event(inner)
                     continue
                 index = inner.get("index")
                 delta = inner.get("delta")
@@ -1199,8 +1203,17 @@ class _Pool:
 # --- small helpers ------------------------------------------------------------------------------
 
 
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def _json_copy(value: Any) -> Any:
     """A deep copy of a decoded JSON value (dicts, lists and immutable scalars only)."""
+    if type(value) is dict:
+        for item in value.values():
+            if type(item) not in _SCALARS:
+                break
+        else:
+            return value.copy()  # flat (most tool inputs): nothing below it to copy
     try:
         # Exact for what orjson decoded (its floats round-trip); done in C.
         return _loads(orjson.dumps(value))
