@@ -64,13 +64,62 @@ class TerminalPayload:
     json: str
 
 
+class _Undecoded:
+    """Bytes a :class:`RawStreams` text field holds until it is first read."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _Text:
+    """A text field of :class:`RawStreams` that may be decoded on first read: a parser hands
+    over the bytes it read, and a caller that never looks at them (most do not) never pays
+    for decoding (and holding) a second copy of a long run's output."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> str:
+        if obj is None:
+            return ""  # the field's default (dataclasses reads it from the class)
+        attrs = obj.__dict__
+        value = attrs[self._name]
+        if type(value) is _Undecoded:
+            value = attrs[self._name] = value.data.decode("utf-8", "replace")
+        return value
+
+    def __set__(self, obj: object, value: str) -> None:
+        obj.__dict__[self._name] = value
+
+
 @dataclass(frozen=True)
 class RawStreams:
     """Every byte the agent process printed (decoded as UTF-8 with replacement)."""
 
-    stdout: str = ""
-    stderr: str = ""
+    # What a class without __slots__ has; declared so that orjson, which serializes a dataclass
+    # straight from its __dict__ unless the class declares __slots__, reads the fields instead
+    # (an undecoded field's __dict__ entry is not its value).
+    __slots__ = ("__dict__", "__weakref__")
+
+    stdout: str = _Text()  # type: ignore[assignment]
+    stderr: str = _Text()  # type: ignore[assignment]
     terminal: TerminalPayload | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy or a pickle holds the text
+        return {"stdout": self.stdout, "stderr": self.stderr, "terminal": self.terminal}
+
+
+def raw_streams_of(stdout: str | bytes, stderr: str | bytes,
+                   terminal: TerminalPayload | None = None) -> RawStreams:
+    """``RawStreams`` of what a process printed, given as text or as the bytes it printed;
+    bytes are decoded (UTF-8 with replacement) when first read."""
+    raw = RawStreams(terminal=terminal)
+    attrs = raw.__dict__
+    attrs["stdout"] = _Undecoded(stdout) if isinstance(stdout, bytes) else stdout
+    attrs["stderr"] = _Undecoded(stderr) if isinstance(stderr, bytes) else stderr
+    return raw
 
 
 @dataclass(frozen=True, kw_only=True)

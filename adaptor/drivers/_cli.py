@@ -35,7 +35,7 @@ from adaptor.drivers._lines import FailureKind, as_dict, as_int, as_str
 from adaptor.drivers._lines import Protocol as LineProtocol
 from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
-from adaptor.result import RawStreams, StructuredOutput, TerminalPayload, Usage
+from adaptor.result import StructuredOutput, TerminalPayload, Usage, raw_streams_of
 
 # --- Config and Driver --------------------------------------------------------------------------
 
@@ -238,19 +238,20 @@ def checkpoint(session_id: str, session_cwd: str) -> Checkpoint:
     return Checkpoint(state, valid=True)
 
 
-def response(exit_: Exit, protocol: LineProtocol, stdout: str, stderr: str, *,
+def response(exit_: Exit, protocol: LineProtocol, stdout: str | bytes, stderr: str | bytes, *,
              terminal_event: str | None, output: str, provider: str, model: str,
              failure: RunFailure | None, checkpoint: Checkpoint | None,
              metadata: dict[str, str], usage: Usage | None = None,
              structured_output: StructuredOutput | None = None, summary: str = "") -> Response:
     """A run's Response: the raw streams (with the terminal line when ``terminal_event`` names
     the event that ended the run), the transcript and how the process ended, as every CLI
-    driver reports them, plus what its parser made of the run."""
+    driver reports them, plus what its parser made of the run.  The streams may be the bytes
+    the process printed: they are decoded when first read."""
     return Response(
         output=output,
-        raw_streams=RawStreams(
-            stdout=stdout, stderr=stderr,
-            terminal=None if terminal_event is None
+        raw_streams=raw_streams_of(
+            stdout, stderr,
+            None if terminal_event is None
             else TerminalPayload(event=terminal_event, json=protocol.terminal_line),
         ),
         transcript=tuple(protocol.transcript),

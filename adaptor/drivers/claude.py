@@ -61,7 +61,6 @@ Session compatibility (:meth:`Driver.session_config_fingerprint`) covers ``cwd``
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import hashlib
@@ -70,7 +69,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -271,15 +270,15 @@ def replay(
     request = request or Request(run_id="replay", prompt="")
     plan = _plan(Config(), request, persistent_allowed=False)
     parser = _Parser(sink, plan)
-    data = [stdout.encode() if isinstance(stdout, str) else stdout,
-            stderr.encode() if isinstance(stderr, str) else stderr]
-    # What feed(Line(...)) does per line, minus a Line per line and the loop's bytecode.
-    collections.deque(map(parser.feed_stdout, split_lines(data[0])), maxlen=0)
-    for raw in split_lines(data[1]):
+    lines = split_lines(stdout.encode() if isinstance(stdout, str) else stdout)
+    while parser.feed_lines(lines) is not None:
+        pass  # a control request: recorded, not answered
+    for raw in split_lines(stderr.encode() if isinstance(stderr, str) else stderr):
         parser.feed_stderr(raw)
     exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
-    text_out, text_err = (b.decode("utf-8", "replace") for b in data)
-    return parser.response(exit_, text_out, text_err)
+    # The raw streams as given: text as it is (what decoding its encoding gives back), bytes
+    # decoded only if the Response's raw_streams are read.
+    return parser.response(exit_, stdout, stderr)
 
 
 # --- one run's plan and argv --------------------------------------------------------------------
@@ -733,31 +732,73 @@ class _Parser:
                 self.rejected_resume = text.strip()
 
     def feed_stdout(self, data: bytes) -> dict[str, Any] | None:
-        """One stdout line; returns a control request the caller must answer.
+        """One stdout line; returns a control request the caller must answer."""
+        return self.feed_lines((data,))
 
-        The line is decoded here first: a long run is all JSON objects.  Any line that is not
+    def feed_lines(self, lines: Iterable[bytes]) -> dict[str, Any] | None:
+        """Stdout lines, until one is a control request, which is returned (an iterator keeps
+        the lines after it); None when ``lines`` ran out.
+
+        Each line is decoded here first: a long run is all JSON objects.  Any line that is not
         one, and any line after the terminal event, goes to ``Protocol.event``, whose rules
         decide it (text, blank, malformed, after the terminal).  For an object before the
-        terminal both routes give the same event (see ``Protocol.event``)."""
-        try:
-            event = _loads(data)
-        except orjson.JSONDecodeError:
-            event = None
-        if type(event) is not dict or self.protocol.terminal is not None:
-            event = self.protocol.event(data)
-            if event is None:
-                return None
-        kind = event.get("type")
-        if kind == "stream_event":  # most lines of a streamed run
-            self._stream_event(event)
-            return None
-        handler = self._HANDLERS.get(kind) if isinstance(kind, str) else None
-        if handler is not None:
-            handler(self, event)
-        if kind == "result":
-            self.protocol.set_terminal(event, line_text(data))
-        elif kind == "control_request":
-            return event
+        terminal both routes give the same event (see ``Protocol.event``).
+
+        Most lines of a streamed run are token deltas: they are handled right in this loop,
+        with what they need in local variables and every check inline (no ``as_*`` helpers),
+        in the order that decides a delta soonest."""
+        protocol = self.protocol
+        emit = self.emit
+        open_blocks = self.open_blocks
+        handlers = self._HANDLERS
+        loads = _loads
+        for data in lines:
+            try:
+                event = loads(data)
+            except orjson.JSONDecodeError:
+                event = None
+            if type(event) is not dict or protocol.terminal is not None:
+                event = protocol.event(data)
+                if event is None:
+                    continue
+            kind = event.get("type")
+            if kind == "stream_event":
+                inner = event.get("event")
+                if type(inner) is not dict:
+                    continue
+                what = inner.get("type")
+                if what != "content_block_delta":
+                    # message_delta and message_stop change nothing the parser keeps.
+                    if (what == "message_start" or what == "content_block_start"
+                            or what == "content_block_stop"):
+                        self._stream_event(inner)
+                    continue
+                index = inner.get("index")
+                delta = inner.get("delta")
+                if not (isinstance(index, int) and index in open_blocks
+                        and type(delta) is dict):
+                    continue
+                btype, ident = open_blocks[index]
+                if btype == "text":
+                    text = delta.get("text")
+                    if text and type(text) is str:  # empty deltas carry nothing
+                        emit(_TextDelta(message_id=ident, text=text, phase="content"))
+                elif btype == "thinking":
+                    text = delta.get("thinking")
+                    if text and type(text) is str:
+                        emit(_Thinking(message_id=ident, text=text, phase="content"))
+                elif ident in self.open_tools:
+                    partial = delta.get("partial_json")
+                    if partial and type(partial) is str:
+                        emit(_ToolCall(id=ident, args_delta=partial, phase="content"))
+                continue
+            handler = handlers.get(kind) if isinstance(kind, str) else None
+            if handler is not None:
+                handler(self, event)
+            if kind == "result":
+                protocol.set_terminal(event, line_text(data))
+            elif kind == "control_request":
+                return event
         return None
 
     # -- event handlers --
@@ -799,39 +840,17 @@ class _Parser:
         elif subtype:
             self._item(kind="system", subtype=subtype)
 
-    def _stream_event(self, event: dict[str, Any]) -> None:
-        # Most lines of a streamed run come here, most of them token deltas: every check below
-        # is inline (no as_* helpers), in the order that decides a delta soonest.
-        inner = event.get("event")
-        if not isinstance(inner, dict):
-            return
+    def _stream_event(self, inner: dict[str, Any]) -> None:
+        """A ``stream_event`` other than a token delta (``feed_lines`` handles those)."""
         kind = inner.get("type")
         index = inner.get("index")
-        if kind == "content_block_delta":
-            delta = inner.get("delta")
-            if not (isinstance(index, int) and index in self.open_blocks
-                    and isinstance(delta, dict)):
-                return
-            btype, ident = self.open_blocks[index]
-            if btype == "text":
-                text = delta.get("text")
-                if text and isinstance(text, str):  # empty deltas carry nothing
-                    self.emit(_TextDelta(message_id=ident, text=text, phase="content"))
-            elif btype == "thinking":
-                text = delta.get("thinking")
-                if text and isinstance(text, str):
-                    self.emit(_Thinking(message_id=ident, text=text, phase="content"))
-            elif ident in self.open_tools:
-                partial = delta.get("partial_json")
-                if partial and isinstance(partial, str):
-                    self.emit(_ToolCall(id=ident, args_delta=partial, phase="content"))
-        elif kind == "message_start":
+        if kind == "message_start":
             message = inner.get("message")
             message_id = message.get("id") if isinstance(message, dict) else None
             self.message = (message_id if message_id and isinstance(message_id, str)
                             else f"m{self.assistant_lines}")
             self.streamed.add(self.message)
-            self.open_blocks = {}
+            self.open_blocks.clear()
         elif not isinstance(index, int):
             return
         elif kind == "content_block_start":
@@ -1006,12 +1025,12 @@ class _Parser:
         for btype, ident in self.open_blocks.values():
             if btype != "tool":
                 self._delta(btype, ident, "end")
-        self.open_blocks = {}
+        self.open_blocks.clear()
         for ident in sorted(self.open_tools):
             self.emit(_ToolCall(id=ident, name=self.tool_names.get(ident, ""), phase="end"))
         self.open_tools = set()
 
-    def response(self, exit_: Exit, stdout: str, stderr: str) -> Response:
+    def response(self, exit_: Exit, stdout: str | bytes, stderr: str | bytes) -> Response:
         self._close_lifecycles()
         if self.rejected_resume and not self.succeeded:
             raise ResumeRejectedError(self.rejected_resume)
@@ -1184,8 +1203,17 @@ class _Pool:
 # --- small helpers ------------------------------------------------------------------------------
 
 
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def _json_copy(value: Any) -> Any:
     """A deep copy of a decoded JSON value (dicts, lists and immutable scalars only)."""
+    if type(value) is dict:
+        for item in value.values():
+            if type(item) not in _SCALARS:
+                break
+        else:
+            return value.copy()  # flat (most tool inputs): nothing below it to copy
     try:
         # Exact for what orjson decoded (its floats round-trip); done in C.
         return _loads(orjson.dumps(value))

@@ -293,3 +293,20 @@ def test_a_line_decoded_first_is_what_the_protocol_rules_make_of_it(
     added = [i for i in parser.protocol.transcript[before:] if i.kind == "stdout"]
     assert added == reference.transcript
     assert parser.protocol.problems == reference.problems
+
+
+def _fresh_id_plain(used: set[str], base: str) -> str:
+    ident, n = base, 1
+    while ident in used:
+        n += 1
+        ident = f"{base}~{n}"
+    used.add(ident)
+    return ident
+
+
+@given(st.lists(st.sampled_from(["a", "a~2", "a~3", "a~2~2", "b", "b~2", "a~4"]), max_size=40))
+def test_fresh_id_gives_the_least_unused_suffix(bases: list[str]) -> None:
+    protocol, used = Protocol(RecordingSink()), set[str]()
+    for base in bases:
+        assert protocol.fresh_id(base) == _fresh_id_plain(used, base)
+
