@@ -10,9 +10,9 @@ any watcher failure.  Crash recovery at start gives every claimed request withou
 exactly one outcome (``on_interrupt``: fail, or requeue up to three attempts in all).
 
 What is fsynced when (docs/daemon.md, "What is on disk when"): the claim (the ``claimed/`` link)
-before anything else happens to the request; the started attempt's ``state.json`` and the
-request copy right after the driver starts, off the pickup path; the run's audit log, its side
-files and the verdict before the verdict appears.  Everything else (later state updates, the
+before anything else happens to the request; the started attempt's ``state.json`` right after
+the driver starts, off the pickup path; the run's audit log, the request copy, its side files
+and the verdict before the verdict appears.  Everything else (later state updates, the
 daemon's lifecycle log) is written without waiting for the disk: a ``kill -9`` loses none of it
 (the page cache outlives the process), and recovery relies on none of it.
 """
@@ -610,8 +610,7 @@ class Daemon:
         self._write_verdict(
             job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
             started_at=started_at, session=session, secrets=secrets, job=job,
-        )
-        self._cleanup_claim(job.id)
+        )  # the claimed copy is removed with the verdict
 
     def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
         if redactor:
@@ -734,10 +733,11 @@ class Daemon:
         if result is not None:
             # Written in place and fsynced one by one: only this verdict will point at them,
             # and it is written after they are durable (see _durable.write_in_place).
-            _durable.ensure_dir(run_dir, durable=False)
+            if job is None or not job.run_dir_ready:
+                _durable.ensure_dir(run_dir, durable=False)
             raw = result.raw()
-            _durable.write_in_place(run_dir / "stdout", redactor.text(raw.stdout).encode())
-            _durable.write_in_place(run_dir / "stderr", redactor.text(raw.stderr).encode())
+            _write_side_file(run_dir / "stdout", redactor.text(raw.stdout).encode())
+            _write_side_file(run_dir / "stderr", redactor.text(raw.stderr).encode())
             full = redactor.value(result.to_json())
             full["raw"] = {
                 "stdout": f"runs/{request_id}/stdout",
@@ -773,8 +773,9 @@ class Daemon:
         }
         data = orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
         written = _durable.write_once(self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id))
-        self._cleanup_claim(request_id)  # the claimed copy may hold secrets: gone with the verdict
-        if written:
+        if not written:  # (when written, the claimed copy went with the verdict's link)
+            self._cleanup_claim(request_id)  # the claimed copy may hold secrets: gone with the verdict
+        else:
             self.audit(
                 "verdict.written", request_id, ok=error is None,
                 code=None if wire is None else wire["code"], exit_code=verdict["exit_code"],
@@ -783,7 +784,7 @@ class Daemon:
         done = {"id": request_id, "status": "done", "run_id": run_id, "session": session}
         if job is not None:
             job.state.update(done)
-            self._write_state_raw(request_id, job.state)
+            self._write_state_raw(request_id, job.state, folder_exists=job.run_dir_ready)
         else:
             self._write_state_raw(request_id, done, merge=True)
 
@@ -813,22 +814,27 @@ class Daemon:
         state.update({k: v for k, v in extra.items() if v is not None})
         if state.get("session"):
             state["events"] = f"events/{state['session']}.jsonl"
-        self._write_state_raw(job.id, state)
+        self._write_state_raw(job.id, state, folder_exists=job.run_dir_ready)
 
     def _sync_state(self, job: Job) -> None:
-        """Make the job's state durable (with the request copy, the folder and its entry)."""
+        """Make the job's state durable (with the folder's entries and its entry in ``runs/``).
+
+        The request copy's content stays unsynced (``job.unsynced``) until the verdict: nothing
+        recovers from it, and recovery writes it again for the interrupted verdict.
+        """
         try:
-            files = [*job.unsynced, self.home.run_state(job.id)]
-            _durable.sync_paths(files, (self.home.run_dir(job.id), self.home.runs))
-            job.unsynced.clear()
+            _durable.sync_paths([self.home.run_state(job.id)], (self.home.run_dir(job.id), self.home.runs))
             job.run_dir_synced = True
         except OSError as exc:
             # The run goes on; only a power loss before the verdict would now run it again.
             self.log("cannot sync the run state", id=job.id, error=str(exc))
 
-    def _write_state_raw(self, request_id: str, state: Mapping[str, Any], *, merge: bool = False) -> None:
+    def _write_state_raw(
+        self, request_id: str, state: Mapping[str, Any], *, merge: bool = False, folder_exists: bool = False
+    ) -> None:
         path = self.home.run_state(request_id)
-        _durable.ensure_dir(path.parent, durable=False)
+        if not folder_exists:
+            _durable.ensure_dir(path.parent, durable=False)
         if merge:
             with contextlib.suppress(OSError, ValueError):
                 state = {**_durable.read_json(path), **state}
@@ -906,14 +912,25 @@ class Daemon:
             )
         else:
             error = errors.AdaptorError("the daemon stopped before the agent started")
+        job: Job | None = None
         try:
-            secrets = requests.secrets_of(orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)))
+            request = orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
+            secrets = requests.secrets_of(request)
         except Exception:
-            secrets = []
+            request, secrets = None, []
+        if isinstance(request, dict):
+            # The request copy is written again: the start did not sync it (a power loss may
+            # have lost it); the verdict syncs it with the run folder.
+            job = Job(id=request_id, request=request, received_at=received_at, attempt=attempt, state=dict(state))
+            try:
+                self._prepare_run_dir(job)
+            except OSError as exc:
+                self.log("cannot write the request copy", id=request_id, error=str(exc))
+                job = None
         result = error.result if isinstance(error, errors.RunError) else None
         self._write_verdict(
             request_id, run_id=run_id, result=result, error=error, received_at=received_at,
-            started_at=state.get("started_at"), session=state.get("session"), secrets=secrets,
+            started_at=state.get("started_at"), session=state.get("session"), secrets=secrets, job=job,
         )
         self._cleanup_claim(request_id)
 
@@ -944,6 +961,23 @@ class Daemon:
             self._idle.wait_for(lambda: not self._running, timeout=30)
         # CLI processes kept for the next turn of a thread stop with the daemon.
         self._kept.close(self.grace)
+
+
+def _write_side_file(path: Path, data: bytes) -> None:
+    """A run's side file, written in place and fsynced, unless it is a new empty file.
+
+    A new empty file has no data to sync: its creation is metadata, made durable by the run
+    folder's fsync that follows (journaling filesystems commit a new inode with its entry).
+    An existing file (an earlier attempt's) is truncated and synced like any other.
+    """
+    if data:
+        _durable.write_in_place(path, data)
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except FileExistsError:
+        _durable.write_in_place(path, data)
 
 
 def _claimed_at(claimed: Path) -> str:

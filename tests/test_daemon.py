@@ -243,8 +243,31 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     state = orjson.loads(last.home.run_state(requeued).read_bytes())
     assert state["run_ids"][0] == first_run  # earlier attempts' events stay findable
     assert last.stop() == 0
+
     assert sorted(p.name for p in last.home.verdicts.iterdir()) == sorted([f"{failing}.json", f"{requeued}.json"])
     assert list(last.home.claimed.iterdir()) == []
+
+
+def test_interrupted_verdict_rewrites_a_lost_request_copy(tmp_path: Path) -> None:
+    # The start syncs only the run state; the request copy is synced with the verdict.  A
+    # power loss mid-run may lose the copy: the interrupted verdict's folder still has it.
+    home = tmp_path / "home"
+    proc = DaemonProcess(home).start()
+    secret = "s3cret-value-123"
+    request = script({"text": "working"}, {"sleep": 60})
+    request["config"]["env"] = {"TOKEN": secret}
+    rid = proc.submit(request)
+    proc.wait_for_line(f"request.started id={rid}")
+    proc.kill9()
+    copy = proc.home.run_dir(rid) / "request.json"
+    copy.unlink()  # what a power loss may leave of an unsynced copy
+    restarted = DaemonProcess(home).start()
+    verdict = restarted.verdict(rid)
+    assert verdict["error"]["details"]["interrupted"] is True
+    kept = orjson.loads(copy.read_bytes())
+    assert kept["id"] == rid and kept["config"]["env"] == {"TOKEN": "<redacted>"}
+    assert secret not in copy.read_text()
+    assert restarted.stop() == 0
 
 
 def test_cancel_marker_cancels_a_running_request(daemon: DaemonProcess) -> None:
