@@ -133,7 +133,12 @@ def _random_suffix() -> str:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    written = os.write(fd, data)
+    if written == len(data):
+        return  # the usual case: no view, no loop
+    if written <= 0:
+        raise OSError(errno.EIO, "write accepted no bytes")
+    view = memoryview(data)[written:]
     while view:
         written = os.write(fd, view)
         if written <= 0:
@@ -536,9 +541,11 @@ def lock_epoch(path: _StrPath) -> int:
     """A number that changes whenever another holder may have had the lock file ``path``.
 
     It moves on every physical acquisition of the flock by this process (another process
-    may have held it in between) and on :func:`touch_epoch`, which in-process writers call
-    after changing what the lock guards.  Equal readings taken while holding the lock mean
-    nobody else changed the guarded files in between.
+    may have held it in between), on every :class:`DurableLog` append, and on
+    :func:`touch_epoch`, which any other in-process writer must call after changing what the
+    lock guards (a :class:`DurableLog` trusts an unchanged epoch to mean an unchanged file).
+    Equal readings taken while holding the lock mean nobody else changed the guarded files in
+    between.
     """
     return _entry(path).epoch
 
@@ -761,6 +768,7 @@ def repair(path: _StrPath, *, seq_key: str = "seq", start_seq: int = 1) -> Repai
             if report is not None:
                 os.ftruncate(f.fileno(), report.offset)
                 os.fsync(f.fileno())
+                touch_epoch(name + ".lock")  # writers here must look at the file again
         return report
 
 
@@ -850,6 +858,9 @@ class DurableLog:
     append, the last two lines are checked: a torn last line is truncated away (see
     :attr:`repaired`), a bad line before it raises :class:`CorruptLogError` and nothing is
     written.  Corruption deeper in the file is not looked for here; :func:`scan` finds it.
+    While :func:`lock_epoch` has not moved since this instance's last append (the flock was
+    held throughout and nobody here wrote), the file is not looked at at all.  Every append
+    advances the epoch, so other instances in this process look again.
 
     A failed write is rolled back to the previous size; a failed fsync (or a failed rollback)
     makes this instance refuse every later append, because the kernel may have dropped the data
@@ -878,6 +889,11 @@ class DurableLog:
         self._dir_ready = False
         # Size of the file after this instance's last check or append; -1 forces a tail check.
         self._seen_size = -1
+        # lock_epoch() right after this instance's last append (0: none).  Every append
+        # advances the epoch, and so does every physical acquisition of the flock, so finding
+        # it unchanged under the lock means nobody (no other process, no other instance here)
+        # has touched the file since: the next append needs not even an fstat.
+        self._epoch = 0
         self._last_seq = 0
         self._repaired: list[RepairReport] = []
         self._found_size = -1
@@ -934,19 +950,31 @@ class DurableLog:
         if not self._dir_ready:
             ensure_dir(os.path.dirname(os.path.abspath(self._path)))
             self._dir_ready = True
-        with exclusive(self._lock_path, linger=True):
+        entry = _entry(self._lock_path)
+        with entry.lingering:
             self._check_usable()
             self._found_size = -1
-            fd, size = self._open()
-            self._found_size = size
-            self._check_file(fd, size)
+            if self._fd is not None and entry.epoch == self._epoch:
+                # Nobody has had the lock since our last append (see _epoch): the file is
+                # exactly as that append left it, so skip the fstat and the tail check.
+                fd, size = self._fd, self._seen_size
+                self._found_size = size
+            else:
+                fd, size = self._open()
+                self._found_size = size
+                self._check_file(fd, size)
+            self._epoch = 0  # until this append has succeeded
             records: list[dict[str, Any]] = []
             lines: list[bytes] = []
-            for number, obj in enumerate(objs, self._last_seq + 1):
+            number = self._last_seq
+            version = self._version
+            seq_key = self._seq_key
+            for obj in objs:
+                number += 1
                 record = {key: value for key, value in obj.items() if key != "crc"}
-                if self._version is not None:
-                    record["v"] = self._version
-                record[self._seq_key] = number
+                if version is not None:
+                    record["v"] = version
+                record[seq_key] = number
                 lines.append(_seal(record))
                 records.append(record)
             self._commit(
@@ -955,6 +983,8 @@ class DurableLog:
                 len(records),
                 self._sync if sync is None else sync,
             )
+            # Other instances in this process appending under the same lock must notice.
+            entry.epoch = self._epoch = next(_epochs)
             return records
 
     def close(self) -> None:
@@ -986,7 +1016,8 @@ class DurableLog:
             # A compactor may rename a fresh file over the path (or a person delete it);
             # appending through the old descriptor would write into an orphaned inode.  The
             # fstat that reads the size also says whether the inode still has a name, which
-            # saves looking the path up on every append.
+            # saves looking the path up.  (Only after the lock epoch moved: a compactor holds
+            # the lock; a person deleting the file is noticed once the flock is taken anew.)
             mine = os.fstat(self._fd)
             if mine.st_nlink > 0:
                 return self._fd, mine.st_size

@@ -254,11 +254,20 @@ def test_threads_sharing_and_not_sharing_an_instance(log_path: Path) -> None:
         assert [r["i"] for r in records if r["t"] == n] == list(range(100))
 
 
+_COMPACT_UNDER_LOCK = """
+import sys
+from adaptor._durable import atomic_write, exclusive, frame
+with exclusive(sys.argv[1] + ".lock"):
+    atomic_write(sys.argv[1], frame({"snapshot": True, "seq": 1, "v": 1}))
+"""
+
+
 def test_writer_follows_a_file_replaced_by_compaction(log_path: Path) -> None:
     log = DurableLog(log_path)
     log.append_many([{"i": i} for i in range(3)])
-    # A compactor writes a fresh log atomically under the same name.
-    atomic_write(log_path, frame({"snapshot": True, "seq": 1, "v": 1}))
+    # A compactor (another process, under the lock) writes a fresh log atomically under the
+    # same name.
+    subprocess.run([sys.executable, "-c", _COMPACT_UNDER_LOCK, str(log_path)], check=True)
     assert log.append({"i": 3})["seq"] == 2
     log.close()
     assert [r.get("snapshot", r.get("i")) for r in _assert_seqs(log_path, 2)] == [True, 3]
@@ -554,11 +563,20 @@ def test_writer_treats_a_bad_terminated_last_line_as_torn(log_path: Path) -> Non
     _assert_seqs(log_path, 3)
 
 
+_TEAR_UNDER_LOCK = """
+import sys
+from adaptor._durable import exclusive, frame
+with exclusive(sys.argv[1] + ".lock"):
+    with open(sys.argv[1], "ab") as f:
+        f.write(frame({"seq": 2})[:-5])
+"""
+
+
 def test_writer_notices_another_writers_torn_tail(log_path: Path) -> None:
     log = DurableLog(log_path)
     log.append({"i": 0})
-    with log_path.open("ab") as f:  # another process crashed mid-append
-        f.write(frame({"seq": 2})[:-5])
+    # Another process takes the lock (waiting out our linger) and crashes mid-append.
+    subprocess.run([sys.executable, "-c", _TEAR_UNDER_LOCK, str(log_path)], check=True)
     assert log.append({"i": 1})["seq"] == 2
     assert len(log.repaired) == 1
     log.close()
@@ -665,15 +683,26 @@ def test_scan_streams_in_constant_memory(log_path: Path) -> None:
 # --- lingering locks -------------------------------------------------------------------------
 
 
-def test_back_to_back_appends_take_the_flock_once_and_close_lets_it_go(log_path: Path) -> None:
+def test_back_to_back_appends_take_the_flock_once_and_close_lets_it_go(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lock_path = str(log_path) + ".lock"
+    file_lock = _durable.lock_for(lock_path)
+    acquired: list[object] = []
+    real_acquire = file_lock.acquire
+
+    def counting_acquire(*args: Any, **kwargs: Any) -> Any:
+        acquired.append(None)
+        return real_acquire(*args, **kwargs)
+
+    monkeypatch.setattr(file_lock, "acquire", counting_acquire)
     with DurableLog(log_path, sync=False) as log:
         log.append({})
-        before = _durable.lock_epoch(lock_path)
+        acquired.clear()
         for _ in range(100):
             log.append({})
         # The reaper may let go if this thread is descheduled for a while, but not every time.
-        assert _durable.lock_epoch(lock_path) - before < 50
+        assert len(acquired) < 50
     # close() releases at once: another process gets the lock without waiting.
     probe = subprocess.run(
         [sys.executable, "-c", _TRY_LOCK, lock_path],

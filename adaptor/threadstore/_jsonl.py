@@ -432,6 +432,8 @@ class JSONLStore:
             if self._artifact_at is not None:
                 _cut(self._log_path(), self._artifact_at)
                 self._artifact_at = None
+                # The log must look at the file again rather than trust what it last wrote.
+                touch_epoch(self._lock_path)
             written = self._log.append(event, sync=sync)
         except OSError as exc:
             # The write may or may not be on disk; only re-reading the files can tell.
@@ -452,7 +454,10 @@ class JSONLStore:
                 raise CorruptLogError(
                     self._log_path(), written["seq"], "appended line did not read back"
                 )
-        self._epoch = touch_epoch(self._lock_path)
+        # The append advanced the epoch (every DurableLog append does), which tells other
+        # instances in this process to re-read; reading it here rather than advancing it again
+        # keeps the log's own "nobody touched the file" shortcut valid for our next append.
+        self._epoch = lock_epoch(self._lock_path)
         if self._seq >= max(self._compact_after, len(self._state)):
             try:
                 self._compact()
