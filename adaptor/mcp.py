@@ -171,15 +171,7 @@ def http(
     required_reason: str = "",
 ) -> Server:
     """A streamable-HTTP server.  ``bearer_token_env`` names the variable holding its token."""
-    return Server(
-        key=key,
-        transport="http",
-        url=url,
-        headers=dict(headers or {}),
-        bearer_token_env=bearer_token_env or "",
-        required=required,
-        required_reason=required_reason,
-    )
+    return _remote("http", key, url, headers, bearer_token_env, required, required_reason)
 
 
 def sse(
@@ -192,9 +184,21 @@ def sse(
     required_reason: str = "",
 ) -> Server:
     """A legacy HTTP+SSE server; like :func:`http` otherwise."""
+    return _remote("sse", key, url, headers, bearer_token_env, required, required_reason)
+
+
+def _remote(
+    transport: str,
+    key: str,
+    url: str,
+    headers: Mapping[str, str] | None,
+    bearer_token_env: str | None,
+    required: bool,
+    required_reason: str,
+) -> Server:
     return Server(
         key=key,
-        transport="sse",
+        transport=transport,
         url=url,
         headers=dict(headers or {}),
         bearer_token_env=bearer_token_env or "",

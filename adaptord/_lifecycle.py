@@ -17,14 +17,12 @@ class LifecycleLog:
 
     :meth:`record` queues a fact and returns at once.  The writer lingers ``linger`` seconds
     after the first fact of a batch, so it stays off the path of the request that caused the
-    fact (it would compete for the GIL) and more facts share the batch; then it appends the
-    whole batch with one lock, one ``write`` and one fsync (group commit), and prints each
-    fact's log line: whoever sees a line finds the record in the file.  Nothing is recovered
-    from this log, so nobody waits for it; a power loss can lose the last facts not yet
-    synced (the torn tail is repaired by the next append), never a request or a verdict.
-
-    The log is an ordinary session-recorder log: the batch is recorded through an
-    ``EventRecorder`` whose backend does not sync per append, then flushed once.
+    fact (it would compete for the GIL) and more facts share the batch; then it records the
+    batch through a session recorder that does not sync per append, syncs once (group
+    commit), and prints each fact's log line: whoever sees a line finds the record in the
+    file.  Nothing is recovered from this log, so nobody waits for it; a power loss can lose
+    the last facts not yet synced (the torn tail is repaired by the next append), never a
+    request or a verdict.
     """
 
     def __init__(
