@@ -1519,12 +1519,14 @@ while True:
 """
 
 
-def test_sigkill_while_appending_leaves_a_repairable_log(events_dir: Path) -> None:
-    proc = _python(_LOOP, str(events_dir), stdout=subprocess.PIPE)
+def _acks_until_sigkill(script: str, events_dir: Path, at_least: int) -> list[int]:
+    """Run an appender script, SIGKILL it after ``at_least`` acknowledged records; every
+    host_seq it printed (each printed only after ``record`` returned)."""
+    proc = _python(script, str(events_dir), stdout=subprocess.PIPE)
     acked: list[int] = []
     try:
         assert proc.stdout is not None
-        while len(acked) < 200:
+        while len(acked) < at_least:
             readable, _, _ = select.select([proc.stdout], [], [], CHILD_TIMEOUT)
             assert readable, "appender never got going"
             line = proc.stdout.readline()
@@ -1537,6 +1539,11 @@ def test_sigkill_while_appending_leaves_a_repairable_log(events_dir: Path) -> No
         proc.kill()
         proc.wait(timeout=CHILD_TIMEOUT)
     assert proc.returncode == -signal.SIGKILL
+    return acked
+
+
+def test_sigkill_while_appending_leaves_a_repairable_log(events_dir: Path) -> None:
+    acked = _acks_until_sigkill(_LOOP, events_dir, 200)
     assert acked == list(range(1, len(acked) + 1))
     path = events_dir / "victim.jsonl"
     sr.repair(path)  # a torn tail if the kill landed mid-write, else nothing
@@ -1716,23 +1723,7 @@ for worker in range(8):
 
 
 def test_sigkill_mid_burst_of_group_commits_loses_nothing_acknowledged(events_dir: Path) -> None:
-    proc = _python(_BURST, str(events_dir), stdout=subprocess.PIPE)
-    acked: list[int] = []
-    try:
-        assert proc.stdout is not None
-        while len(acked) < 300:
-            readable, _, _ = select.select([proc.stdout], [], [], CHILD_TIMEOUT)
-            assert readable, "appenders never got going"
-            line = proc.stdout.readline()
-            assert line, "appenders died"
-            acked.append(int(line))
-        proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=CHILD_TIMEOUT)
-        acked += [int(line) for line in rest.split()]
-    finally:
-        proc.kill()
-        proc.wait(timeout=CHILD_TIMEOUT)
-    assert proc.returncode == -signal.SIGKILL
+    acked = _acks_until_sigkill(_BURST, events_dir, 300)
     assert len(set(acked)) == len(acked)
     path = events_dir / "burst.jsonl"
     sr.repair(path)  # at most a torn tail: the batch being written when the kill landed
