@@ -83,6 +83,7 @@ from adaptor.driver import (
     SessionContext,
     SessionState,
     SkillCaps,
+    StandardSessionCodec,
     StreamCaps,
     StructuredOutputCaps,
     SystemPromptCaps,
@@ -166,7 +167,7 @@ class Driver:
         """The session codec, or ``None`` when the descriptor overrides turn resume off."""
         if not self.descriptor().sessions.supports_resume:
             return None
-        return _ScriptSessionCodec()
+        return StandardSessionCodec(TYPE)
 
     def session_config_fingerprint(self) -> str:
         """What a stored session must match to be resumed (see the module docstring)."""
@@ -793,33 +794,3 @@ def _result_text(result: Any) -> str:
     if isinstance(result, str):
         return result
     return orjson.dumps(result, option=orjson.OPT_SORT_KEYS).decode()
-
-
-class _ScriptSessionCodec:
-    """Session state <-> stored parameters; ``None`` and ``{}`` map to each other."""
-
-    def name(self) -> str:
-        return TYPE
-
-    def encode(self, state: SessionState | None) -> dict[str, Any]:
-        if state is None:
-            return {}
-        return {
-            "resume_id": state.resume_id,
-            "display_id": state.display_id or state.resume_id,
-            "data": dict(state.data),
-        }
-
-    def decode(self, params: Mapping[str, Any]) -> SessionState | None:
-        if not params:
-            return None
-        resume_id = params.get("resume_id")
-        if not isinstance(resume_id, str) or not resume_id:
-            raise ValueError("script session parameters need a non-empty resume_id")
-        display_id = params.get("display_id") or resume_id
-        data = params.get("data") or {}
-        if not isinstance(display_id, str) or not isinstance(data, Mapping):
-            raise ValueError("script session parameters are malformed")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-            raise ValueError("script session data must map strings to strings")
-        return SessionState(resume_id=resume_id, display_id=display_id, data=dict(data))
