@@ -37,6 +37,7 @@ from adaptor._durable import (
     scan,
     unframe,
 )
+from tests.durable_hooks import hook_datasyncs
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT = 120
@@ -286,6 +287,69 @@ def test_writer_refuses_a_symlinked_log(tmp_path: Path) -> None:
         list(scan(link))
 
 
+def _spy_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record which form each synced append took: "two calls" or "one call" (RWF_DSYNC)."""
+    calls: list[str] = []
+    datasync, write_datasync = _durable._datasync, _durable._write_datasync
+
+    def two_calls(fd: int) -> None:
+        calls.append("two calls")
+        datasync(fd)
+
+    def one_call(fd: int, data: bytes) -> int:
+        calls.append("one call")
+        return write_datasync(fd, data)
+
+    monkeypatch.setattr(_durable, "_datasync", two_calls)
+    monkeypatch.setattr(_durable, "_write_datasync", one_call)
+    return calls
+
+
+@pytest.mark.skipif(_durable._RWF_DSYNC is None, reason="needs pwritev2 with RWF_DSYNC")
+def test_an_append_syncs_in_one_call_only_when_everything_before_it_is_durable(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RWF_DSYNC syncs the range written, not the file: after an unsynced append, or a write
+    # by someone else, only a real fdatasync makes the earlier bytes durable too.
+    calls = _spy_syncs(monkeypatch)
+    log = DurableLog(log_path)
+    log.append({"i": 1})  # a new file: its size was never synced by this instance
+    log.append({"i": 2})
+    assert calls == ["two calls", "one call"]
+    log.append({"i": 3}, sync=False)
+    log.append({"i": 4})
+    log.append({"i": 5})
+    assert calls[2:] == ["two calls", "one call"]
+    with DurableLog(log_path) as other:
+        other.append({"i": 6}, sync=False)
+    log.append({"i": 7})
+    log.append({"i": 8})
+    assert calls[4:] == ["two calls", "one call"]
+    log.close()
+    assert [r["i"] for _, r in scan(log_path)] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.skipif(_durable._RWF_DSYNC is None, reason="needs pwritev2 with RWF_DSYNC")
+def test_a_short_one_call_write_is_finished_and_synced(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = _durable._write_datasync
+    calls = _spy_syncs(monkeypatch)
+    log = DurableLog(log_path)
+    log.append({"i": 1})
+    log.append({"i": 2})
+
+    def short(fd: int, data: bytes) -> int:
+        calls.append("short")
+        return real(fd, data[:7])
+
+    monkeypatch.setattr(_durable, "_write_datasync", short)
+    log.append({"i": 3})
+    assert calls[-2:] == ["short", "two calls"]  # the rest written, then the whole file synced
+    log.close()
+    assert [r["i"] for _, r in scan(log_path)] == [1, 2, 3]
+
+
 def test_failed_fsync_makes_the_log_suspect(
     log_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -296,7 +360,7 @@ def test_failed_fsync_makes_the_log_suspect(
     def failing_sync(fd: int) -> None:
         raise OSError(errno.EIO, "injected fsync failure")
 
-    monkeypatch.setattr(_durable, "_datasync", failing_sync)
+    hook_datasyncs(monkeypatch, failing_sync)
     with pytest.raises(OSError, match="injected") as first:
         log.append({"i": 1})
     monkeypatch.undo()

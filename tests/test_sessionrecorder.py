@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -53,6 +53,8 @@ from adaptor.events import (
 )
 from adaptor.result import Usage
 from hosttools import sessionrecorder as sr
+from hosttools.sessionrecorder import _jsonl
+from tests.durable_hooks import count_datasyncs, hook_datasyncs
 from tests.test_events import EVENTS as EVENT_STRATEGY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1181,12 +1183,13 @@ def _fail_fsync_on(monkeypatch: pytest.MonkeyPatch, times: int = 1) -> list[int]
             raise OSError(errno.EIO, "injected fsync failure")
         real(fd)
 
-    monkeypatch.setattr(_durable, "_datasync", failing)
+    hook_datasyncs(monkeypatch, failing)
     return calls
 
 
 def _short_write_on(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     real = os.write
+    real_pwritev = os.pwritev
     target = path.stat()
 
     def short(fd: int, data: Any) -> int:
@@ -1195,7 +1198,14 @@ def _short_write_on(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
             raise OSError(errno.ENOSPC, "injected short write")
         return real(fd, data)
 
+    def short_pwritev(fd: int, buffers: Sequence[Any], offset: int, flags: int = 0) -> int:
+        # The one-call write-and-sync form (see tests.durable_hooks).
+        if os.path.samestat(os.fstat(fd), target):
+            return short(fd, b"".join(buffers))
+        return real_pwritev(fd, buffers, offset, flags)
+
     monkeypatch.setattr(os, "write", short)
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
 
 
 def _fail_truncate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1356,7 +1366,7 @@ def test_concurrent_threads_are_group_committed(
                 time.sleep(0.001)
         real(fd)
 
-    monkeypatch.setattr(_durable, "_datasync", gated)
+    hook_datasyncs(monkeypatch, gated)
     results: dict[int, sr.EventRecord | BaseException] = {}
 
     def write(i: int) -> None:
@@ -1612,7 +1622,7 @@ def test_records_are_acknowledged_only_once_a_sync_covers_them(
         syncs[key] += 1
         durable[key] = size
 
-    monkeypatch.setattr(_durable, "_datasync", tracked)
+    hook_datasyncs(monkeypatch, tracked)
     acked: list[tuple[str, int, int]] = []
     errors: list[BaseException] = []
 
@@ -1739,7 +1749,7 @@ def test_writers_that_keep_recording_keep_sharing_syncs(
 ) -> None:
     # A leader that returns and records again at once must not overtake the followers it just
     # woke: that degenerates into one sync per record while eight threads wait in line.
-    syncs = _count_datasyncs(monkeypatch)
+    syncs = count_datasyncs(monkeypatch)
     recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
     per_thread = 40
 
@@ -1758,13 +1768,39 @@ def test_writers_that_keep_recording_keep_sharing_syncs(
     recorder.close()
 
 
-def _count_datasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = _durable._datasync
+def test_a_leader_serves_a_bounded_number_of_batches_before_handing_over(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The thread that finds a key idle keeps committing what queues behind it, but only for
+    # so long: its own caller is waiting too.
+    batches_per_lead: list[int] = []
+    local = threading.local()
+    real_lead, real_write = _jsonl._Session._lead, _jsonl._Session._write_batch
 
-    def counted(fd: int) -> None:
-        calls.append(fd)
-        real(fd)
+    def lead(self: Any, batch: Any, own: Any) -> None:
+        local.batches = 0
+        real_lead(self, batch, own)
+        batches_per_lead.append(local.batches)
 
-    monkeypatch.setattr(_durable, "_datasync", counted)
-    return calls
+    def write(self: Any, batch: Any) -> None:
+        local.batches += 1
+        real_write(self, batch)
+
+    monkeypatch.setattr(_jsonl._Session, "_lead", lead)
+    monkeypatch.setattr(_jsonl._Session, "_write_batch", write)
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    per_thread = 60
+
+    def work(worker: int) -> None:
+        for i in range(per_thread):
+            recorder.record("hot", _text(worker * 1000 + i))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CHILD_TIMEOUT)
+    assert _seqs(recorder.since("hot")) == list(range(1, 8 * per_thread + 1))
+    assert max(batches_per_lead) <= _jsonl._BATCHES_PER_LEADER
+    assert sum(batches_per_lead) < 8 * per_thread  # and batches were shared
+    recorder.close()

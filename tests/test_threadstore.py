@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptor import _durable, memory
+from adaptor import memory
 from adaptor._durable import CorruptLogError, scan
 from adaptor.driver import SessionState
 from adaptor.errors import from_wire, to_wire
@@ -40,6 +40,7 @@ from adaptor.threadstore import (
     _jsonl,
 )
 from adaptor.threadstore._state import RESERVE_BLOCK
+from tests.durable_hooks import count_datasyncs, hook_datasyncs
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "threadstore_child.py"
@@ -822,7 +823,7 @@ def test_compaction_keeps_resolve_cost_flat(
 ) -> None:
     # Line counts are the subject here, not durability (tested above and below): skipping the
     # fsyncs keeps 10,000 turns cheap on slow disks.
-    monkeypatch.setattr(_durable, "_datasync", lambda fd: None)
+    hook_datasyncs(monkeypatch, lambda fd: None)
     directory = tmp_path / "threads"
     writer = JSONLStore(directory)
     lease = writer.acquire_lease("key:k", "alice", 600)
@@ -951,7 +952,7 @@ def test_a_failed_fsync_fails_loudly_and_the_instance_stops_writing(
     def broken_sync(fd: int) -> None:
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(_durable, "_datasync", broken_sync)
+    hook_datasyncs(monkeypatch, broken_sync)
     with pytest.raises(OSError):
         store.finalize(FinalizeRequest(record=make_record("r2", "k2"), key="k2"))
     monkeypatch.undo()
@@ -1168,22 +1169,11 @@ def test_sigkill_mid_finalize_loses_nothing_acknowledged(tmp_path: Path) -> None
 
 # --- JSONL store: which appends are synced, and power cuts -----------------------------------
 
-def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = _durable._datasync
-
-    def counted(fd: int) -> None:
-        calls.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(_durable, "_datasync", counted)
-    return calls
-
 
 def test_only_finalizes_and_reservations_are_synced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    syncs = _count_syncs(monkeypatch)
+    syncs = count_datasyncs(monkeypatch)
     with JSONLStore(tmp_path / "threads") as store:
         first = store.acquire_lease("key:a", "o", 60)  # reserves a block of generations
         assert len(syncs) == 1

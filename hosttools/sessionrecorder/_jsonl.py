@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +51,16 @@ class _Failure:
         raise self.error.with_traceback(self.traceback)
 
 
-@dataclass(eq=False)
 class _Pending:
-    body: dict[str, Any]
-    written: dict[str, Any] | None = None
-    failure: _Failure | None = None
+    """One record waiting to be written; ``wake`` is held by its caller while it waits."""
+
+    __slots__ = ("body", "failure", "wake", "written")
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.written: dict[str, Any] | None = None
+        self.failure: _Failure | None = None
+        self.wake: threading.Lock | None = None
 
     @property
     def done(self) -> bool:
@@ -79,19 +84,30 @@ def _open_for_sync(path: str) -> int:
     return os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
 
 
+# How many batches a writer may commit for others after its own before it steps down (so its
+# own caller is not kept waiting indefinitely while others keep appending).
+_BATCHES_PER_LEADER = 8
+
+
 @dataclass(eq=False)
 class _Session:
     """Per-key writer state: group commit, the open log, and poison.
 
-    Appends that arrive while one is being written queue up; whoever finds the log idle writes
-    the whole queue with one write and one fsync (group commit), so concurrent writers to a key
-    share fsyncs instead of waiting for one each.
+    An append that finds the key idle becomes the *leader*: it writes its record, then
+    whatever queued meanwhile, one write and one sync per batch (group commit), so concurrent
+    writers to a key share syncs.  Waiting writers sleep on a lock of their own, released once
+    their record is durable (or failed), so a commit wakes exactly the writers it finished and
+    nobody fights over a shared condition.  After :data:`_BATCHES_PER_LEADER` batches the
+    leader steps down and wakes the queued writers, and one of them takes over.
     """
 
     key: str
     path: str
     sync: bool
-    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _mutex: threading.Lock = field(default_factory=threading.Lock)
+    # Signalled when the leader steps down; flush and shutdown wait on it.
+    _idle: threading.Condition = field(init=False)
+    _idle_waiters: int = 0
     _queue: list[_Pending] = field(default_factory=list)
     _writing: bool = False
     _state: Literal["open", "retired", "closed"] = "open"
@@ -103,10 +119,12 @@ class _Session:
     poison: _Failure | None = None
     # The backend's list, shared by all its sessions so evicting one loses nothing.
     repairs: list[RepairReport] = field(default_factory=list)
+    last_used: int = 0
+    lock_path: str = field(init=False)
 
-    @property
-    def lock_path(self) -> str:
-        return self.path + ".lock"
+    def __post_init__(self) -> None:
+        self._idle = threading.Condition(self._mutex)
+        self.lock_path = self.path + ".lock"
 
     def check_poison(self) -> None:
         if self.poison is not None:
@@ -116,30 +134,88 @@ class _Session:
 
     def append(self, body: dict[str, Any]) -> dict[str, Any]:
         pending = _Pending(body)
-        with self._cond:
-            if self._state == "retired":
-                raise _Retired
-            if self._state == "closed":
-                raise JSONLEventBackendClosedError()
-            self.check_poison()
-            # While a leader writes (and syncs), records queue up; whoever next finds the key
-            # idle takes the whole queue, its own record included.  (Taking only its own
-            # record would let a leader that returns and calls again at once overtake the
-            # followers it just woke, one record per sync.)
-            self._queue.append(pending)
-            while self._writing and not pending.done:
-                self._cond.wait()
-            if pending.done:
+        with self._mutex:
+            if self._state != "open" or self.poison is not None:
+                self._refuse()
+            if self._writing:
+                wake = pending.wake = threading.Lock()
+                wake.acquire()
+                self._queue.append(pending)
+            else:
+                self._writing = True
+                wake = None
+                # Normally empty; after a step-down its writers may not have woken yet.
+                batch = [pending, *self._queue] if self._queue else [pending]
+                self._queue = []
+        if wake is not None:
+            batch = self._await_turn(pending, wake)
+            if not batch:
                 return pending.result()
-            batch, self._queue = self._queue, []
-            self._writing = True
-        try:
-            self._write_batch(batch)
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
+        self._lead(batch, pending)
         return pending.result()
+
+    def _refuse(self) -> NoReturn:
+        if self._state == "retired":
+            raise _Retired
+        if self._state == "closed":
+            raise JSONLEventBackendClosedError()
+        self.check_poison()
+        raise AssertionError("_refuse() called on an appendable session")
+
+    def _await_turn(self, pending: _Pending, wake: threading.Lock) -> list[_Pending]:
+        """Sleep until ``pending`` is finished (``[]``) or this caller must lead (the batch)."""
+        while True:
+            wake.acquire()
+            # Whoever released the lock finished the record first: no mutex needed to see it.
+            if pending.done:
+                return []
+            with self._mutex:
+                if pending.done:
+                    return []
+                if not self._writing:
+                    # The leader stepped down; our record is still queued.
+                    self._writing = True
+                    self._queue.remove(pending)
+                    batch, self._queue = [pending, *self._queue], []
+                    return batch
+            # Another woken writer took over first; keep waiting for it.
+
+    def _lead(self, batch: list[_Pending], own: _Pending) -> None:
+        rounds = 0
+        leading = True
+        try:
+            while True:
+                self._write_batch(batch)
+                rounds += 1
+                with self._mutex:
+                    following, self._queue = self._queue, []
+                    if following and rounds < _BATCHES_PER_LEADER:
+                        # Under the mutex, so a lock is only ever released by its holder.
+                        for pending in batch:
+                            _signal(pending)
+                        batch = following
+                        continue
+                    self._queue = following
+                    leading = False
+                    self._step_down(batch)
+                    return
+        finally:
+            if leading:  # interrupted (KeyboardInterrupt and the like): let others go on
+                with self._mutex:
+                    unwritten = [p for p in batch if not p.done and p is not own]
+                    self._queue = unwritten + self._queue
+                    self._step_down(batch)
+
+    def _step_down(self, finished: list[_Pending]) -> None:
+        # Called holding the mutex: wake the writers just served, and those still queued so
+        # that one of them takes over.
+        self._writing = False
+        for pending in finished:
+            _signal(pending)
+        for pending in self._queue:
+            _signal(pending)
+        if self._idle_waiters:
+            self._idle.notify_all()
 
     def _write_batch(self, batch: list[_Pending]) -> None:
         try:
@@ -241,9 +317,8 @@ class _Session:
 
     def flush(self) -> None:
         """Make buffered appends durable; a failure poisons the key (the data may be gone)."""
-        with self._cond:
-            while self._writing:
-                self._cond.wait()
+        with self._mutex:
+            self._wait_idle()
             self._flush_locked()
 
     def _flush_locked(self) -> None:
@@ -259,9 +334,18 @@ class _Session:
             raise
         self._dirty = False
 
+    def _wait_idle(self) -> None:
+        # Called holding the mutex.
+        self._idle_waiters += 1
+        try:
+            while self._writing:
+                self._idle.wait()
+        finally:
+            self._idle_waiters -= 1
+
     def try_retire(self) -> bool:
         """Stop this object taking appends if it is idle; the caller must then :meth:`release`."""
-        with self._cond:
+        with self._mutex:
             if self._writing or self._queue or self.poison is not None or self._state != "open":
                 return False
             self._state = "retired"
@@ -269,7 +353,7 @@ class _Session:
 
     def release(self) -> None:
         """Sync and close the file descriptors of a retired or closed session."""
-        with self._cond:
+        with self._mutex:
             try:
                 self._flush_locked()
             finally:
@@ -279,16 +363,23 @@ class _Session:
                     os.close(fd)
 
     def shutdown(self) -> None:
-        with self._cond:
-            while self._writing:
-                self._cond.wait()
+        with self._mutex:
+            self._wait_idle()
             self._state = "closed"
             closed = _Failure.of(JSONLEventBackendClosedError())
             for pending in self._queue:
                 pending.failure = closed
+                _signal(pending)
             self._queue.clear()
-            self._cond.notify_all()
         self.release()
+
+
+def _signal(pending: _Pending) -> None:
+    # Callers hold the session's mutex, so no two release one lock.  An unlocked wake lock
+    # has a signal its waiter has not picked up yet; a second would be lost anyway.
+    wake = pending.wake
+    if wake is not None and wake.locked():
+        wake.release()
 
 
 class JSONLEventBackend:
@@ -328,7 +419,9 @@ class JSONLEventBackend:
         self._sync = sync_on_append
         self._max_open = max_open_files
         self._lock = threading.Lock()
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions: dict[str, _Session] = {}
+        # Recency for eviction, stamped without the lock (an approximate order is enough).
+        self._use_counter = itertools.count()
         self._repairs: list[RepairReport] = []
         self._dir_ready = False
         self._closed = False
@@ -376,19 +469,26 @@ class JSONLEventBackend:
         """Append ``record`` (its ``host_seq`` must be 0) and return it with its ``host_seq``."""
         # A key with a live session was validated when the session was made; looking the
         # session up first saves re-validating and re-joining the path on every append.
-        known = self._sessions.get(key) if isinstance(key, str) else None
-        path = known.path if known is not None else self._path(key)
+        session = self._sessions.get(key) if type(key) is str and not self._closed else None
+        path = session.path if session is not None else self._path(key)
         if record.host_seq != 0:
             raise ValueError(f"the backend allocates host_seq; pass 0, not {record.host_seq}")
         # Serialization work stays outside every lock.
         body = _format.encode(record)
         while True:
-            session = self._session(key, path)
+            if session is None:
+                session = self._session(key, path)
+            else:
+                # Without the backend's lock: a session closed or evicted meanwhile refuses
+                # the append itself (closed, or _Retired: look it up again).
+                session.last_used = next(self._use_counter)
             try:
                 written = session.append(body)
             except _Retired:
+                session = None
                 continue
-            self._evict_idle(keep=session)
+            if len(self._sessions) > self._max_open:
+                self._evict_idle(keep=session)
             return EventRecord(written[SEQ_KEY], record.recorded_at, record.event)
 
     def sessions(self) -> list[SessionInfo]:
@@ -462,8 +562,7 @@ class JSONLEventBackend:
             if session is None:
                 session = _Session(key, path, self._sync, repairs=self._repairs)
                 self._sessions[key] = session
-            elif len(self._sessions) > 1:
-                self._sessions.move_to_end(key)  # recency only matters to eviction
+            session.last_used = next(self._use_counter)
             return session
 
     def _evict_idle(self, keep: _Session) -> None:
@@ -472,11 +571,11 @@ class JSONLEventBackend:
         retired: list[_Session] = []
         with self._lock:
             excess = len(self._sessions) - self._max_open
-            for key, session in list(self._sessions.items()):
+            for session in sorted(self._sessions.values(), key=_last_used):
                 if excess <= 0:
                     break
                 if session is not keep and session.try_retire():
-                    del self._sessions[key]
+                    del self._sessions[session.key]
                     retired.append(session)
                     excess -= 1
         for session in retired:
@@ -490,6 +589,10 @@ class JSONLEventBackend:
                         _Session(session.key, session.path, self._sync, repairs=self._repairs),
                     )
                     current.poison = _Failure.of(exc)
+
+
+def _last_used(session: _Session) -> int:
+    return session.last_used
 
 
 def _attempt(step: Any) -> BaseException | None:
