@@ -374,6 +374,30 @@ def test_the_validator_is_replaceable(env: Env) -> None:
             recorder.record(3, _text(0))  # type: ignore[arg-type]
 
 
+def test_a_custom_validator_is_asked_about_every_record(env: Env) -> None:
+    # The default validator's verdicts are remembered; a host's may change over time.
+    allowed = {"a"}
+    asked: list[str] = []
+
+    def current(key: str) -> None:
+        asked.append(key)
+        if key not in allowed:
+            raise ValueError("not allowed now")
+
+    with env.recorder(key_validator=current) as recorder:
+        recorder.record("a", _text(0))
+        allowed.clear()
+        with pytest.raises(sr.InvalidSessionKeyError, match="not allowed now"):
+            recorder.record("a", _text(1))
+    assert asked == ["a", "a"]
+    with env.recorder() as recorder:
+        for _ in range(2):
+            with pytest.raises(sr.InvalidSessionKeyError):
+                recorder.record("not/a key", _text(0))
+        with pytest.raises(sr.InvalidSessionKeyError):
+            recorder.record(["s"], _text(0))  # type: ignore[arg-type]
+
+
 def test_closed_recorder_refuses_everything(env: Env) -> None:
     recorder = env.recorder()
     recorder.record("s", _text(0))

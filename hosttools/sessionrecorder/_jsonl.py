@@ -252,17 +252,19 @@ class _Session:
                 self.path, seq_key=SEQ_KEY, version=_format.FORMAT_VERSION, sync=self.sync
             )
         log = self._log
-        # Reentrant: DurableLog takes the same lock inside.  Holding it across the call keeps
-        # the repairs read here paired with the append that made them, and a failed append's
-        # rollback check (below) free of other writers.
-        with exclusive(self.lock_path, linger=True):
-            known_repairs = log.repair_count
-            try:
-                written = log.append_many(bodies)
-            except CorruptLogError as exc:
-                self._drop_log()
-                raise JSONLEventLogCorruptError(self.key, exc.line, why=exc.why) from exc
-            except OSError as exc:
+        # Only this session appends through ``log``, one batch at a time, so the repairs
+        # counted here are the ones this append made.
+        known_repairs = log.repair_count
+        try:
+            written = log.append_many(bodies)
+        except CorruptLogError as exc:
+            self._drop_log()
+            raise JSONLEventLogCorruptError(self.key, exc.line, why=exc.why) from exc
+        except OSError as exc:
+            # The flock still lingers from the failed append, so checking the rollback under
+            # it normally sees the file as that append left it; if another writer got in
+            # between, the size check fails and the key is poisoned: never wrongly cleared.
+            with exclusive(self.lock_path, linger=True):
                 cut = log.repaired[known_repairs:]
                 self.repairs.extend(cut)
                 # The size DurableLog found under the lock before touching the file; when it
@@ -274,9 +276,9 @@ class _Session:
                 # something behind to roll back.
                 if exc.filename is None:
                     self._settle_rollback(exc, cut[-1].offset if cut else before)
-                raise
-            if log.repair_count != known_repairs:
-                self.repairs.extend(log.repaired[known_repairs:])
+            raise
+        if log.repair_count != known_repairs:
+            self.repairs.extend(log.repaired[known_repairs:])
         if not self.sync:
             self._dirty = True
             if self._sync_fd is None:

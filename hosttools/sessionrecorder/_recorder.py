@@ -21,6 +21,7 @@ from ._model import (
 )
 
 KeyValidator = Callable[[str], None]
+_KEYS_REMEMBERED = 4096
 
 
 def _utc_now() -> datetime:
@@ -55,6 +56,8 @@ class EventRecorder:
     ) -> None:
         self._backend = backend
         self._validate = key_validator or default_key_validator
+        # Keys the default validator accepted already: checking one again is a set lookup.
+        self._accepted_keys: set[str] = set()
         self._clock = clock
         self._lock = threading.Lock()
         self._closed = False
@@ -73,13 +76,24 @@ class EventRecorder:
         On any failure nothing is recorded and nothing advances: a retry gets the same
         ``host_seq`` the failed attempt would have had.
         """
-        self._check_key(key)
+        if type(key) is not str or key not in self._accepted_keys:
+            self._check_key(key)
+            self._remember_key(key)
         self._check_open()
         moment = self._clock()
-        if moment.tzinfo is None:
-            raise ValueError("the recorder's clock returned a naive datetime; it must be aware")
-        draft = EventRecord(0, moment.astimezone(UTC), _descriptive(event))
+        if moment.tzinfo is not UTC:
+            if moment.tzinfo is None:
+                raise ValueError("the recorder's clock returned a naive datetime; it must be aware")
+            moment = moment.astimezone(UTC)
+        draft = EventRecord(0, moment, _descriptive(event))
         return self._backend.append(key, draft)
+
+    def _remember_key(self, key: str) -> None:
+        # Only the default validator is known to give the same answer every time.
+        if self._validate is default_key_validator:
+            if len(self._accepted_keys) >= _KEYS_REMEMBERED:
+                self._accepted_keys.clear()
+            self._accepted_keys.add(key)
 
     def iter_since(self, key: str, after_host_seq: int = 0) -> Generator[EventRecord, None, None]:
         """Stream ``key``'s records with ``host_seq > after_host_seq``, ascending.
