@@ -1104,11 +1104,17 @@ class DurableLog:
         try:
             written = _write_datasync(fd, data)
         except OSError as exc:
-            # Nothing says how much of the batch reached the file, or whether it is synced:
-            # handled like a failed fsync.
-            self._suspect = exc
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, before)
+            # The error may come from the write (nothing written: the file is as durable as
+            # before, e.g. a full disk) or from the sync (written, durability unknown: as
+            # after a failed fsync, this instance must not append again).
+            try:
+                untouched = os.fstat(fd).st_size == before
+            except OSError:
+                untouched = False
+            if not untouched:
+                self._suspect = exc
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, before)
             raise
         if written != len(data):
             self._durable_size = -1

@@ -350,6 +350,37 @@ def test_a_short_one_call_write_is_finished_and_synced(
     assert [r["i"] for _, r in scan(log_path)] == [1, 2, 3]
 
 
+@pytest.mark.skipif(_durable._RWF_DSYNC is None, reason="needs pwritev2 with RWF_DSYNC")
+@pytest.mark.parametrize("wrote", [False, True])
+def test_a_failed_one_call_write(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch, wrote: bool
+) -> None:
+    # Nothing written (a full disk): the log stays usable.  Written but the sync failed: the
+    # record is rolled back and this instance refuses to append, as after a failed fsync.
+    log = DurableLog(log_path)
+    log.append({"i": 1})
+    log.append({"i": 2})
+    size = log_path.stat().st_size
+
+    def failing(fd: int, data: bytes) -> int:
+        if wrote:
+            os.write(fd, data)
+            raise OSError(errno.EIO, "injected sync failure")
+        raise OSError(errno.ENOSPC, "injected full disk")
+
+    monkeypatch.setattr(_durable, "_write_datasync", failing)
+    with pytest.raises(OSError, match="injected"):
+        log.append({"i": 3})
+    monkeypatch.undo()
+    assert log_path.stat().st_size == size
+    if wrote:
+        with pytest.raises(OSError, match="suspect"):
+            log.append({"i": 3})
+    else:
+        assert log.append({"i": 3})["seq"] == 3
+    log.close()
+
+
 def test_failed_fsync_makes_the_log_suspect(
     log_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
