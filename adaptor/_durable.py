@@ -1082,15 +1082,7 @@ class DurableLog:
         if sync and before == self._durable_size and _RWF_DSYNC is not None:
             self._commit_in_one_call(fd, data, before)
         else:
-            try:
-                _write_all(fd, data)
-            except OSError as exc:
-                # A partial batch must not stay visible: the caller was told the append failed.
-                try:
-                    os.ftruncate(fd, before)
-                except OSError:
-                    self._suspect = exc
-                raise
+            self._write_or_roll_back(fd, data, before)
             if sync:
                 self._sync_or_roll_back(fd, before)
         self._seen_size = before + len(data)
@@ -1118,15 +1110,19 @@ class DurableLog:
             raise
         if written != len(data):
             self._durable_size = -1
-            try:
-                _write_all(fd, data[written:])
-            except OSError as exc:
-                try:
-                    os.ftruncate(fd, before)
-                except OSError:
-                    self._suspect = exc
-                raise
+            self._write_or_roll_back(fd, data[written:], before)
             self._sync_or_roll_back(fd, before)
+
+    def _write_or_roll_back(self, fd: int, data: bytes, before: int) -> None:
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            # A partial batch must not stay visible: the caller was told the append failed.
+            try:
+                os.ftruncate(fd, before)
+            except OSError:
+                self._suspect = exc
+            raise
 
     def _sync_or_roll_back(self, fd: int, before: int) -> None:
         try:

@@ -1775,7 +1775,13 @@ def test_writers_that_keep_recording_keep_sharing_syncs(
     # woke: that degenerates into one sync per record while eight threads wait in line.
     syncs = count_datasyncs(monkeypatch)
     recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
-    per_thread = 40
+    total = _eight_threads_record_on_one_key(recorder, per_thread=40)
+    assert len(syncs) <= total * 3 // 4, f"{len(syncs)} syncs for {total} records"
+    recorder.close()
+
+
+def _eight_threads_record_on_one_key(recorder: sr.EventRecorder, per_thread: int) -> int:
+    """Eight threads record ``per_thread`` events each on key "hot"; all of them are there."""
 
     def work(worker: int) -> None:
         for i in range(per_thread):
@@ -1788,8 +1794,7 @@ def test_writers_that_keep_recording_keep_sharing_syncs(
         t.join(CHILD_TIMEOUT)
     total = 8 * per_thread
     assert _seqs(recorder.since("hot")) == list(range(1, total + 1))
-    assert len(syncs) <= total * 3 // 4, f"{len(syncs)} syncs for {total} records"
-    recorder.close()
+    return total
 
 
 def test_a_leader_serves_a_bounded_number_of_batches_before_handing_over(
@@ -1813,18 +1818,7 @@ def test_a_leader_serves_a_bounded_number_of_batches_before_handing_over(
     monkeypatch.setattr(_jsonl._Session, "_lead", lead)
     monkeypatch.setattr(_jsonl._Session, "_write_batch", write)
     recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
-    per_thread = 60
-
-    def work(worker: int) -> None:
-        for i in range(per_thread):
-            recorder.record("hot", _text(worker * 1000 + i))
-
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(CHILD_TIMEOUT)
-    assert _seqs(recorder.since("hot")) == list(range(1, 8 * per_thread + 1))
+    total = _eight_threads_record_on_one_key(recorder, per_thread=60)
     assert max(batches_per_lead) <= _jsonl._BATCHES_PER_LEADER
-    assert sum(batches_per_lead) < 8 * per_thread  # and batches were shared
+    assert sum(batches_per_lead) < total  # and batches were shared
     recorder.close()
