@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -98,6 +99,7 @@ __all__ = [
     "classify",
     "is_loopback",
     "listening_socket",
+    "thread_key",
 ]
 
 CARD_PATH = "/.well-known/agent-card.json"
@@ -462,7 +464,22 @@ def build_request(
         "a2a.task_id": task_id,
         "a2a.context_id": context_id,
     }
+    if agent.threads == "per_context" and context_id:
+        request["thread"] = {"key": thread_key(agent.key, context_id)}
     return request
+
+
+# Context ids are the caller's choice: used as they are when they look like ids, otherwise
+# (odd characters, great length) replaced by a digest, so a key stays a readable, short name.
+_PLAIN_CONTEXT = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def thread_key(agent: str, context_id: str) -> str:
+    """The thread that the messages of one A2A context continue: ``a2a/<agent>/<context>``."""
+    if _PLAIN_CONTEXT.fullmatch(context_id) is None:
+        digest = hashlib.sha256(context_id.encode("utf-8", "surrogatepass")).hexdigest()
+        context_id = "sha256-" + digest[:32]
+    return f"a2a/{agent}/{context_id}"
 
 
 def _follow(spool: SpoolClient, request_id: str, post: Callable[[str | _Outcome], None]) -> None:

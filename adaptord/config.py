@@ -18,6 +18,7 @@ bearer_token_env = "ADAPTORD_A2A_TOKEN"   # or bearer_token = "..."; required of
 
 [a2a.agents.reviewer]                     # served at /agents/reviewer
 description = "Reviews a diff"
+threads = "per_context"                   # one thread per A2A context (default "none")
 [a2a.agents.reviewer.request]             # request template; the A2A message is the prompt
 driver = "claude"
 
@@ -49,6 +50,7 @@ DELEGATE_TOOL = "delegate_to_agent"
 _AGENT_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # The bridge sets these per A2A message; a template cannot.
 _TEMPLATE_FORBIDDEN = ("prompt", "id", "format")
+_THREAD_MODES = ("none", "per_context")
 
 
 class ConfigError(ValueError):
@@ -64,6 +66,8 @@ class ExposedAgent:
     display_name: str = ""
     description: str = ""
     skills: tuple[Mapping[str, Any], ...] = ()
+    # "per_context": every message of one A2A context is a turn of one thread.
+    threads: str = "none"
 
     @property
     def name(self) -> str:
@@ -239,16 +243,20 @@ def _parse_agent(key: str, raw: dict[str, Any], source: str, tools: set[str]) ->
     where = f"{source}: a2a.agents.{key}"
     if not _AGENT_KEY.fullmatch(key):
         raise ConfigError(f"{where}: the name must match [A-Za-z0-9_.-]{{1,64}}")
-    unknown = sorted(set(raw) - {"display_name", "description", "skills", "request"})
+    unknown = sorted(set(raw) - {"display_name", "description", "skills", "request", "threads"})
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s): {', '.join(unknown)}")
     for name in ("display_name", "description"):
         if not isinstance(raw.get(name, ""), str):
             raise ConfigError(f"{where}.{name} must be a string")
+    threads = raw.get("threads", "none")
+    if threads not in _THREAD_MODES:
+        raise ConfigError(f"{where}.threads must be one of: {', '.join(_THREAD_MODES)}")
     template = raw.get("request")
     if not isinstance(template, dict):
         raise ConfigError(f"{where}.request: a request template table is required")
-    taken = [name for name in _TEMPLATE_FORBIDDEN if name in template]
+    forbidden = _TEMPLATE_FORBIDDEN + (("thread",) if threads == "per_context" else ())
+    taken = [name for name in forbidden if name in template]
     if taken:
         raise ConfigError(f"{where}.request: {', '.join(taken)}: set by the bridge per message, not here")
     from adaptor import _request
@@ -271,6 +279,7 @@ def _parse_agent(key: str, raw: dict[str, Any], source: str, tools: set[str]) ->
         display_name=raw.get("display_name", ""),
         description=raw.get("description", ""),
         skills=_parse_skills(raw.get("skills", []), f"{where}.skills"),
+        threads=threads,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,13 @@ skills = [{{ id = "answer", name = "Answer", description = "answers any message"
 [a2a.agents.echo.request]
 driver = "script"
 config = {{ steps = [{{ text = "thinking... " }}, {{ text = "A says hello" }}] }}
+
+[a2a.agents.chat]
+threads = "per_context"
+
+[a2a.agents.chat.request]
+driver = "script"
+config = {{ session = "auto", steps = [{{ text = "noted" }}] }}
 
 [a2a.agents.slow.request]
 driver = "script"
@@ -187,6 +195,52 @@ def test_send_runs_the_template_through_the_spool(daemon_a: Served) -> None:
         "a2a.task_id": task.id,
         "a2a.context_id": task.context_id,
     }
+
+
+@slow
+def test_messages_of_one_context_are_turns_of_one_thread(daemon_a: Served) -> None:
+    home = daemon_a.daemon.home
+
+    def cli(*args: str) -> Any:
+        proc = subprocess.run(
+            ["adaptor", *args, "--json", "--home", str(home.root)],
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(line) for line in proc.stdout.splitlines()]
+
+    with daemon_a.client("chat") as client:
+        first = client.send("my name is Ada")
+        key = a2a_bridge.thread_key("chat", first.context_id)
+        [session] = cli("threads", "show", key)
+        second = client.send("what is my name?", context_id=first.context_id)
+        elsewhere = client.send("hello")
+    assert second.context_id == first.context_id != elsewhere.context_id
+    runs = [daemon_a.daemon.verdict(t.metadata["adaptord.request_id"]) for t in (first, second)]
+    assert all(v["ok"] for v in runs)
+    # Both messages ran as turns of the context's thread: one session, one audit log.
+    [resumed] = cli("threads", "show", key)
+    assert resumed["id"] == session["id"] and resumed["updated_at"] > session["updated_at"]
+    logged = {line["event"]["meta"]["run_id"] for line in cli("events", "--thread", key)}
+    assert logged == {v["run_id"] for v in runs}
+    assert request_of(daemon_a, first.metadata["adaptord.request_id"])["thread"] == {"key": key}
+    other = request_of(daemon_a, elsewhere.metadata["adaptord.request_id"])["thread"]
+    assert other == {"key": a2a_bridge.thread_key("chat", elsewhere.context_id)} != {"key": key}
+    # An agent without the setting keeps every message on its own.
+    with daemon_a.client("echo") as client:
+        task = client.send("hello", context_id=first.context_id)
+    assert "thread" not in request_of(daemon_a, task.metadata["adaptord.request_id"])
+
+
+def test_a_context_id_becomes_a_short_plain_thread_key() -> None:
+    uuid = "6f1c1b5e-7f1a-4a43-9c1e-2b9f0e4d8a11"
+    assert a2a_bridge.thread_key("chat", uuid) == f"a2a/chat/{uuid}"
+    for odd in ("../../etc", "x" * 500, "tab\there", "ünï"):
+        key = a2a_bridge.thread_key("chat", odd)
+        assert re.fullmatch(r"a2a/chat/sha256-[0-9a-f]{32}", key), key
+    assert a2a_bridge.thread_key("chat", "a/b") != a2a_bridge.thread_key("chat", "a/c")
 
 
 @slow
@@ -376,6 +430,18 @@ def test_only_loopback_goes_without_a_token(monkeypatch: pytest.MonkeyPatch) -> 
         ({"bearer_token": "a", "bearer_token_env": "B"}, "not both"),
         ({"public_url": "not a url"}, "public_url"),
         ({"listen": "x"}, "unknown a2a setting"),
+        ({"agents": {"x": {"request": {"driver": "script"}, "threads": "all"}}}, "threads must"),
+        (
+            {
+                "agents": {
+                    "x": {
+                        "request": {"driver": "script", "thread": {"key": "k"}},
+                        "threads": "per_context",
+                    }
+                }
+            },
+            "thread: set by the bridge",
+        ),
     ],
 )
 def test_bad_a2a_tables_are_refused(a2a_table: dict[str, Any], why: str) -> None:
