@@ -597,8 +597,11 @@ def _seal(body: dict[str, Any]) -> bytes:
     # With sorted keys, "crc" comes first whenever every other key sorts after it (orjson
     # orders keys by code point, as str comparison does), and then the line is the body's own
     # serialization with the crc spliced in after the brace: one serialization instead of two.
-    # (Serializing first also means a body orjson rejects fails before min() could.)
-    spliceable = len(data) > 2 and min(body) > "crc"
+    # The smallest key is the first one serialized, so its text, compared as bytes, decides
+    # (UTF-8 keeps code point order).  Whatever could mislead the comparison says "no":
+    # escapes start with a backslash and a short key ends with a quote, both below "c"; a
+    # longer key "crc<space>..." or "crc!..." is merely taken the slow way.
+    spliceable = data[2:6] > b'crc"'
     body["crc"] = crc
     if spliceable:
         return b'{"crc":%d,%b\n' % (crc, data[1:])

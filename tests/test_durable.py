@@ -13,9 +13,11 @@ import sys
 import tempfile
 import threading
 import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -151,6 +153,29 @@ def test_atomic_write_failure_removes_tmp_and_keeps_old_content(
 
 
 # --- framing ---------------------------------------------------------------------------------
+
+
+_AWKWARD_KEYS = ["", "c", "cr", "crb", "crd", "crc ", "crc!", "crc#", "crca", "crc\u0001", "a", "z"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.one_of(st.text(max_size=6), st.sampled_from([*_AWKWARD_KEYS, "\\", '"', "é"])).filter(
+            lambda key: key != "crc"
+        ),
+        st.integers(-5, 5),
+        max_size=5,
+    )
+)
+def test_frame_is_the_sorted_serialization_with_the_crc_in_its_place(body: dict[str, int]) -> None:
+    # frame() splices the crc into the body's own serialization when "crc" sorts first; the
+    # result must be exactly what serializing the body with its crc gives.
+    plain = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    expected = orjson.dumps(
+        {**body, "crc": zlib.crc32(plain)}, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+    )
+    assert frame(body) == expected
 
 
 def test_frame_sorts_keys_and_recomputes_crc() -> None:
