@@ -151,36 +151,27 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
-def _unframe(raw: bytes) -> Event:
-    """:func:`unframe` of a newline-terminated line, checking the crc on the text.
+def _parse_event(raw: bytes, expected_seq: int) -> Event:
+    """Check one line as read from the log, given without its newline.
 
-    The log writes an event as its sorted-key JSON with the ``"crc"`` member added in key
-    order, so cutting that member out of the text gives back exactly the bytes the crc covers.
-    ``unframe`` takes that shortcut only when ``"crc"`` is the first key, and in this log
-    ``"bind"`` and ``"boot"`` sort before it: without the cut, most lines would be serialized
-    again just to check them.  A line the cut does not match (another serializer, a nested
-    ``"crc"`` key with the same value, damage) goes to ``unframe``, which decides as always.
+    The crc is checked on the text: the log writes an event as its sorted-key JSON with the
+    ``"crc"`` member added in key order, so cutting that member out of the text gives back
+    exactly the bytes the crc covers.  (:func:`unframe` takes that shortcut only when
+    ``"crc"`` is the first key, and in this log ``"bind"`` and ``"boot"`` sort before it:
+    most lines would be serialized again just to check them.)  A line the cut does not match
+    (another serializer, a nested ``"crc"`` key with the same value, damage) goes to
+    ``unframe``, which decides as always.
     """
     try:
         event = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise ValueError("invalid json") from None
-    if type(event) is dict:
-        crc = event.get("crc")
-        if type(crc) is int:
-            member = b'"crc":%d,' % crc
-            at = raw.find(member)
-            if at > 0 and zlib.crc32(raw[at + len(member) : -1], zlib.crc32(raw[:at])) == crc:
-                return event
-    return unframe(raw)
-
-
-def _parse_event(raw: bytes, expected_seq: int) -> Event:
-    if not raw.endswith(b"\n"):
-        raise ValueError("unterminated last line")
-    event = _unframe(raw)
-    if event.get("seq") != expected_seq or type(event.get("seq")) is not int:
-        raise ValueError(f"expected seq {expected_seq}, got {event.get('seq')!r}")
+    crc = event.get("crc") if type(event) is dict else None
+    if type(crc) is not int or not _crc_cut_matches(raw, crc):
+        event = unframe(raw)
+    seq = event.get("seq")
+    if seq != expected_seq or type(seq) is not int:
+        raise ValueError(f"expected seq {expected_seq}, got {seq!r}")
     if event.get("v") != _VERSION:
         raise ValueError(f"unsupported format version {event.get('v')!r}")
     try:
@@ -188,6 +179,12 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed event: {exc}") from None
     return event
+
+
+def _crc_cut_matches(raw: bytes, crc: int) -> bool:
+    member = b'"crc":%d,' % crc
+    at = raw.find(member)
+    return at > 0 and zlib.crc32(raw[at + len(member) :], zlib.crc32(raw[:at])) == crc
 
 
 def _power_cut_suffix(lines: list[bytes]) -> bool:
@@ -375,9 +372,15 @@ class JSONLStore:
         if self._closed or self._broken is not None:
             return
         try:
+            if self._log_fd is not None and os.fstat(self._log_fd).st_size > self._offset:
+                # Still growing, so not compacted before these lines: one system call less.
+                self._read_log(ahead=True)
+                return
             on_disk = os.stat(self._snapshot_path, follow_symlinks=False)
         except FileNotFoundError:
             on_disk = None
+        except OSError:
+            return
         try:
             if on_disk is None:
                 if self._snapshot_fd is not None:
@@ -545,14 +548,16 @@ class JSONLStore:
         start = self._offset
         data = _pread_exact(self._log_fd, size - start, start)
         # Split on b"\n" only: bytes.splitlines would also split on a stray b"\r" in damage.
-        parts = data.split(b"\n")
-        tail = parts.pop()  # after the last newline: empty unless an append was torn
-        lines = [part + b"\n" for part in parts]
-        if tail:
-            lines.append(tail)
+        # The last part is what follows the last newline: empty unless an append was torn.
+        lines = data.split(b"\n")
+        if not lines[-1]:
+            lines.pop()
+        state = self._state
         try:
             for index, raw in enumerate(lines):
                 try:
+                    if index == len(lines) - 1 and self._offset + len(raw) == size:
+                        raise ValueError("unterminated last line")
                     event = _parse_event(raw, self._seq + 1)
                 except ValueError as exc:
                     # We hold the lock, so no append is in progress: a bad last line is what
@@ -566,8 +571,8 @@ class JSONLStore:
                         self._artifact_at = self._offset
                         return
                     raise CorruptLogError(path, self._seq + 1, str(exc)) from None
-                self._state.apply(event)
-                self._offset += len(raw)
+                state.apply(event, owned=True)
+                self._offset += len(raw) + 1
                 self._seq += 1
                 self.lines_read += 1
         finally:

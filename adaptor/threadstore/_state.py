@@ -159,14 +159,18 @@ class State:
 
     # --- apply ----------------------------------------------------------------------------------
 
-    def apply(self, event: Mapping[str, Any]) -> None:
-        """Apply an event made by a plan (or read back and checked by :func:`check_event`)."""
+    def apply(self, event: Mapping[str, Any], *, owned: bool = False) -> None:
+        """Apply an event made by a plan (or read back and checked by :func:`check_event`).
+
+        ``owned``: nobody else holds the event's objects (it was just parsed), so the state
+        keeps them instead of copies.
+        """
         if event["kind"] == "lease":
             lease = event["lease"]
             if lease is None:
                 self.leases.pop(event["target"], None)
             else:
-                self.leases[event["target"]] = dict(lease)
+                self.leases[event["target"]] = lease if owned else dict(lease)
                 self.next_generation = max(self.next_generation, lease["generation"] + 1)
                 self.grant_boot = lease["boot_id"]
             reserve = event.get("reserve")
@@ -174,7 +178,7 @@ class State:
                 self.reserved = max(self.reserved, reserve)
         else:
             for record in event["records"]:
-                self.records[record["id"]] = dict(record)
+                self.records[record["id"]] = record if owned else dict(record)
             bind = event["bind"]
             if bind is not None:
                 self.keys[bind["key"]] = bind["id"]

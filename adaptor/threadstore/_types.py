@@ -146,6 +146,8 @@ class Store(Protocol):
 
 
 def check_text(name: str, value: object, *, allow_empty: bool = False) -> str:
+    if type(value) is str and value.isascii() and (value or allow_empty):
+        return value  # the usual case, decided without encoding (isascii reads a flag)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if not value and not allow_empty:
