@@ -399,7 +399,7 @@ class _Exclusive:
         A shared flock on a descriptor of our own, dropped at once, costs two system calls;
         a failed filelock attempt costs ~50 us of Python and an open and close of the file.
         Waiting processes poll every few milliseconds all the time another one works, so on
-        a busy store their polls took a quarter of a core away from the holder.
+        a busy store their polls took a fifth of a core away from the holder.
         """
         if fcntl is None:
             return True

@@ -36,7 +36,12 @@ Anything else before the last line is corruption, as before.  See ``docs/storage
 
 Locking.  ``store.lock`` lingers (:func:`adaptor._durable.exclusive`): a process that works
 on the store again within a few milliseconds does not take the flock again, and the log's
-appends re-enter that same lock.
+appends re-enter that same lock.  While another process holds it, a waiting instance reads
+ahead between its polls: it applies the lines appended so far, so that taking the lock back
+costs it only the last few lines instead of everything the holder wrote in its turn.  Lines
+read without the lock are compared byte for byte with the file once the lock is taken (a
+writer whose write or sync failed truncates its line again), and a mismatch reloads the
+store from its files.
 
 Compaction.  Once the log holds more lines than the state has entries (and at least
 ``1024``), the state is written to ``snapshot.json`` with :func:`atomic_write_json` naming the
@@ -45,7 +50,10 @@ commit point: a crash before it leaves the old snapshot and its complete log; af
 snapshot is complete and the old log is garbage that the next compaction removes.  Resolve
 therefore never reads more than one compaction interval of lines.  Other processes notice a
 replaced snapshot because each keeps the snapshot it loaded open and compares it with the file
-at the path (the inode cannot be reused while it is open).
+at the path (the inode cannot be reused while it is open).  One that has applied the whole log
+the new snapshot compacts (its generation is the next one, read from the file's first line,
+and the old log, still open, has nothing past what it applied) already holds that state and
+keeps it, less the leases that have expired, as the compactor does; any other loads the file.
 """
 
 from __future__ import annotations
