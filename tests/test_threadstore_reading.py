@@ -143,6 +143,45 @@ def test_a_line_read_ahead_then_rolled_back_by_its_writer_is_not_trusted(
     reader.close()
 
 
+_FLOCKER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if sys.argv[2] == "try" else 0))
+except BlockingIOError:
+    print("busy", flush=True)
+    sys.exit(0)
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _flocker(path: Path, how: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _FLOCKER, str(path), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_cheap_poll_tells_a_held_lock_from_a_free_one_and_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.lock"
+    path.touch()
+    entry = _durable._entry(str(path))
+    holder = _flocker(path, "wait")
+    assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    assert not entry._free_now()
+    holder.communicate("done\n", timeout=TIMEOUT)
+    assert entry._free_now()
+    # The probe let go at once: another process takes the lock without waiting.
+    other = _flocker(path, "try")
+    out, _ = other.communicate("done\n", timeout=TIMEOUT)
+    assert out == "locked\n"
+
+
 # --- following compactions ---------------------------------------------------------------------
 
 
