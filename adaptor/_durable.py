@@ -26,6 +26,11 @@ from typing import IO, Any, TypeAlias
 import filelock
 import orjson
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: waiting polls with filelock's own attempts only
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "CorruptLogError",
     "DurableLog",
@@ -340,6 +345,7 @@ class _Exclusive:
         "_held_since",
         "_idle_since",
         "_linger",
+        "_probe",
         "epoch",
         "file_lock",
         "lingering",
@@ -361,10 +367,11 @@ class _Exclusive:
         self._idle_since = 0.0
         self._linger = False  # the current outermost hold asked to linger
         self.scheduled = False  # in the reaper's set
+        self._probe: int | None = None  # descriptor for _free_now, opened on first use
         self.epoch = 0
         self.lingering = _Lingering(self)
 
-    def enter(self, linger: bool) -> None:
+    def enter(self, linger: bool, while_waiting: Callable[[], object] | None = None) -> None:
         self.thread_lock.acquire()
         try:
             if self._depth == 0:
@@ -372,7 +379,10 @@ class _Exclusive:
                     self._release_file()
                     time.sleep(_LINGER_YIELD)  # let a process polling for the lock in
                 if not self._held:
-                    self.file_lock.acquire()
+                    if while_waiting is None:
+                        self.file_lock.acquire()
+                    else:
+                        self._acquire_working(while_waiting)
                     self._held = True
                     self._held_since = time.monotonic()
                     self.epoch = next(_epochs)
@@ -383,6 +393,41 @@ class _Exclusive:
         except BaseException:
             self.thread_lock.release()
             raise
+
+    def _acquire_working(self, while_waiting: Callable[[], object]) -> None:
+        """Take the flock, calling ``while_waiting`` before each poll while others hold it."""
+        while True:
+            if self._free_now():
+                try:
+                    self.file_lock.acquire(blocking=False)
+                    return
+                except filelock.Timeout:
+                    pass  # someone else was quicker
+            while_waiting()
+            time.sleep(_POLL_INTERVAL)
+
+    def _free_now(self) -> bool:
+        """Whether nobody holds the flock right now (``True`` when that cannot be told).
+
+        A shared flock on a descriptor of our own, dropped at once, costs two system calls;
+        a failed filelock attempt costs ~50 us of Python and an open and close of the file.
+        Waiting processes poll every few milliseconds all the time another one works, so on
+        a busy store their polls took a fifth of a core away from the holder.
+        """
+        if fcntl is None:
+            return True
+        if self._probe is None:
+            self._probe = os.open(
+                self.file_lock.lock_file, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, 0o600
+            )
+        try:
+            fcntl.flock(self._probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # no flock here: filelock's attempt raises what it must
+        fcntl.flock(self._probe, fcntl.LOCK_UN)
+        return True
 
     def exit(self) -> None:
         try:
@@ -451,6 +496,25 @@ class _Lingering:
         self._entry.exit()
 
 
+class _Working:
+    """``with _Working(entry, linger, fn):``: :meth:`_Exclusive.enter` with a waiting hook."""
+
+    __slots__ = ("_entry", "_linger", "_while_waiting")
+
+    def __init__(
+        self, entry: _Exclusive, linger: bool, while_waiting: Callable[[], object]
+    ) -> None:
+        self._entry = entry
+        self._linger = linger
+        self._while_waiting = while_waiting
+
+    def __enter__(self) -> None:
+        self._entry.enter(self._linger, self._while_waiting)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._entry.exit()
+
+
 class _Reaper:
     """One daemon thread that releases lingering flocks once they have been idle long enough.
 
@@ -506,7 +570,11 @@ def _reset_locks_in_child() -> None:
     global _locks_guard, _reaper
     _locks_guard = threading.Lock()
     _reaper = _Reaper()
-    for key in list(_locks):
+    for key, old in list(_locks.items()):
+        if old._probe is not None:
+            # A fork in the middle of a probe would otherwise keep its shared flock alive.
+            with contextlib.suppress(OSError):
+                os.close(old._probe)
         _locks[key] = _Exclusive(key)
 
 
@@ -538,15 +606,27 @@ def lock_for(path: _StrPath) -> filelock.FileLock:
     return _entry(path).file_lock
 
 
-def exclusive(path: _StrPath, *, linger: bool = False) -> contextlib.AbstractContextManager[None]:
+def exclusive(
+    path: _StrPath,
+    *,
+    linger: bool = False,
+    while_waiting: Callable[[], object] | None = None,
+) -> contextlib.AbstractContextManager[None]:
     """Hold the lock file ``path`` against other processes and other threads of this process.
 
     Reentrant in the holding thread.  Blocks without a timeout.  The file is created ``0o600``
     if missing and never deleted.  With ``linger=True`` the flock outlives the block for a few
     milliseconds (see :data:`_LINGER_IDLE`), so a caller that comes straight back skips
     re-acquiring it; other processes wait at most about :data:`_LINGER_MAX` for it.
+
+    ``while_waiting`` is called (holding this process's thread lock, not the flock) each
+    time the flock turns out to be held by another process, before waiting a poll interval:
+    work that needs no lock, such as reading ahead what the holder appends, is then done
+    while waiting rather than after.  An exception from it propagates, lock not taken.
     """
     entry = _entry(path)
+    if while_waiting is not None:
+        return _Working(entry, linger, while_waiting)
     return entry.lingering if linger else entry
 
 

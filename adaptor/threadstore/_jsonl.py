@@ -36,7 +36,12 @@ Anything else before the last line is corruption, as before.  See ``docs/storage
 
 Locking.  ``store.lock`` lingers (:func:`adaptor._durable.exclusive`): a process that works
 on the store again within a few milliseconds does not take the flock again, and the log's
-appends re-enter that same lock.
+appends re-enter that same lock.  While another process holds it, a waiting instance reads
+ahead between its polls: it applies the lines appended so far, so that taking the lock back
+costs it only the last few lines instead of everything the holder wrote in its turn.  Lines
+read without the lock are compared byte for byte with the file once the lock is taken (a
+writer whose write or sync failed truncates its line again), and a mismatch reloads the
+store from its files.
 
 Compaction.  Once the log holds more lines than the state has entries (and at least
 ``1024``), the state is written to ``snapshot.json`` with :func:`atomic_write_json` naming the
@@ -45,7 +50,10 @@ commit point: a crash before it leaves the old snapshot and its complete log; af
 snapshot is complete and the old log is garbage that the next compaction removes.  Resolve
 therefore never reads more than one compaction interval of lines.  Other processes notice a
 replaced snapshot because each keeps the snapshot it loaded open and compares it with the file
-at the path (the inode cannot be reused while it is open).
+at the path (the inode cannot be reused while it is open).  One that has applied the whole log
+the new snapshot compacts (its generation is the next one, read from the file's first line,
+and the old log, still open, has nothing past what it applied) already holds that state and
+keeps it, less the leases that have expired, as the compactor does; any other loads the file.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import os
 import re
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -95,6 +104,12 @@ _SNAPSHOT = "snapshot.json"
 _LOCK = "store.lock"
 _LOG_NAME = re.compile(r"log-(\d+)\.jsonl(?:\.lock)?")
 _COMPACT_MIN_LINES = 1024
+# How json_bytes starts and ends a snapshot (sorted keys, two-space indent): enough to tell
+# its generation and version without parsing the rest.  Anything else is parsed in full.
+_SNAPSHOT_HEAD = re.compile(
+    rb'\{\n  "format": "adaptor\.threadstore",\n  "generation": ([1-9][0-9]{0,17}),\n'
+)
+_SNAPSHOT_TAIL = re.compile(rb'\n  "v": 1,\n  "written_at": "[^"\n]*"\n\}\n\Z')
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -145,11 +160,26 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes:
 
 
 def _parse_event(raw: bytes, expected_seq: int) -> Event:
-    if not raw.endswith(b"\n"):
-        raise ValueError("unterminated last line")
-    event = unframe(raw)
-    if event.get("seq") != expected_seq or type(event.get("seq")) is not int:
-        raise ValueError(f"expected seq {expected_seq}, got {event.get('seq')!r}")
+    """Check one line as read from the log, given without its newline.
+
+    The crc is checked on the text: the log writes an event as its sorted-key JSON with the
+    ``"crc"`` member added in key order, so cutting that member out of the text gives back
+    exactly the bytes the crc covers.  (:func:`unframe` takes that shortcut only when
+    ``"crc"`` is the first key, and in this log ``"bind"`` and ``"boot"`` sort before it:
+    most lines would be serialized again just to check them.)  A line the cut does not match
+    (another serializer, a nested ``"crc"`` key with the same value, damage) goes to
+    ``unframe``, which decides as always.
+    """
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ValueError("invalid json") from None
+    crc = event.get("crc") if type(event) is dict else None
+    if type(crc) is not int or not _crc_cut_matches(raw, crc):
+        event = unframe(raw)
+    seq = event.get("seq")
+    if seq != expected_seq or type(seq) is not int:
+        raise ValueError(f"expected seq {expected_seq}, got {seq!r}")
     if event.get("v") != _VERSION:
         raise ValueError(f"unsupported format version {event.get('v')!r}")
     try:
@@ -157,6 +187,12 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed event: {exc}") from None
     return event
+
+
+def _crc_cut_matches(raw: bytes, crc: int) -> bool:
+    member = b'"crc":%d,' % crc
+    at = raw.find(member)
+    return at > 0 and zlib.crc32(raw[at + len(member) :], zlib.crc32(raw[:at])) == crc
 
 
 def _power_cut_suffix(lines: list[bytes]) -> bool:
@@ -211,6 +247,9 @@ class JSONLStore:
         self._log_fd: int | None = None
         self._offset = 0  # bytes of the current log applied to _state
         self._seq = 0  # seq of the last applied line
+        # What _read_ahead applied without the lock: exactly the log's bytes up to _offset, to
+        # compare with the file once the lock is ours (see _confirm_ahead).
+        self._ahead: list[bytes] = []
         self._log: DurableLog | None = None
         # Offset of a power-cut artifact found by _read_log, cut before the next append.
         self._artifact_at: int | None = None
@@ -295,7 +334,7 @@ class JSONLStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with exclusive(self._lock_path, linger=True):
+        with exclusive(self._lock_path, linger=True, while_waiting=self._read_ahead):
             if self._closed:
                 raise ValueError(f"{self!r} is closed")
             # Unchanged epoch: this process held the flock throughout since our last look
@@ -318,8 +357,80 @@ class JSONLStore:
         elif self._snapshot_fd is None or not os.path.samestat(
             on_disk, os.fstat(self._snapshot_fd)
         ):
-            self._load_snapshot()
+            self._follow_snapshot()
+        if self._ahead and not self._confirm_ahead():
+            self._restart()
         self._read_log()
+
+    # --- reading ahead without the lock ---------------------------------------------------------
+
+    def _read_ahead(self) -> None:
+        """While another process holds ``store.lock``, apply what it has appended so far.
+
+        Called between polls for the lock (with this process's thread lock held, so nothing
+        else here touches the state).  Catching up on the lines the other processes wrote
+        during their turn is most of the work of taking the lock back; done here, it overlaps
+        their turn instead of delaying ours.  It is safe without the lock because the files
+        only grow, a snapshot is replaced whole, and a complete line is a committed one,
+        except in one case: a writer whose write or sync failed cuts its unacknowledged line
+        off again.  So nothing read here is trusted until :meth:`_confirm_ahead` has compared
+        it with the file under the lock, and anything unexpected (a bad or unterminated line,
+        a missing file) just ends the read-ahead: the locked read decides, as without it.
+        """
+        if self._closed or self._broken is not None:
+            return
+        try:
+            if self._log_fd is not None and os.fstat(self._log_fd).st_size > self._offset:
+                # Still growing, so not compacted before these lines: one system call less.
+                self._read_log(ahead=True)
+                return
+            on_disk = os.stat(self._snapshot_path, follow_symlinks=False)
+        except FileNotFoundError:
+            on_disk = None
+        except OSError:
+            return
+        try:
+            if on_disk is None:
+                if self._snapshot_fd is not None:
+                    return  # "snapshot disappeared": the locked read reports it
+                if self._generation == 0:
+                    # Its "missing snapshot" check can be fooled by a compaction between the
+                    # stat and the listing; then it raises, changing nothing.
+                    self._start_without_snapshot()
+            elif self._snapshot_fd is None or not os.path.samestat(
+                on_disk, os.fstat(self._snapshot_fd)
+            ):
+                self._follow_snapshot()  # complete (replaced atomically) and kept open
+            self._read_log(ahead=True)
+        except (OSError, ValueError, CorruptLogError):
+            # Torn reads of a file being replaced and the like; each step above leaves a
+            # consistent state (a snapshot switch or a line is applied whole or not at all).
+            return
+
+    def _confirm_ahead(self) -> bool:
+        """Under the lock: whether the bytes :meth:`_read_ahead` applied are still the log's."""
+        ahead = b"".join(self._ahead)
+        self._ahead = []
+        if self._log_fd is None:
+            return False
+        start = self._offset - len(ahead)
+        return _pread_exact(self._log_fd, len(ahead), start) == ahead
+
+    def _restart(self) -> None:
+        """Drop everything read and load the files afresh (records already checked stay so)."""
+        self._forget_files()
+        self._generation = 0
+        self._offset = 0
+        self._seq = 0
+        self._artifact_at = None
+        try:
+            on_disk = os.stat(self._snapshot_path, follow_symlinks=False)
+        except FileNotFoundError:
+            on_disk = None
+        if on_disk is None:
+            self._start_without_snapshot()
+        else:
+            self._load_snapshot()
 
     def _start_without_snapshot(self) -> None:
         # Only a store that has never compacted lacks a snapshot; a later log without one means
@@ -332,8 +443,52 @@ class JSONLStore:
                 )
         self._switch(1, State(), None)
 
-    def _load_snapshot(self) -> None:
+    def _follow_snapshot(self) -> None:
+        """Switch to the snapshot at the path, which is not the one we hold (if any).
+
+        When it is the compaction of exactly the log we have read to its end, it holds the
+        state we hold (the compactor replayed the same lines, then saved its state), so we
+        keep ours, as the compactor does, instead of parsing back a file as large as the
+        whole store; with a store that grows, every process doing that after every
+        compaction cost more than all the other reading put together.  Otherwise (a fresh
+        instance, two compactions since we last looked, a log we did not get to the end of)
+        it is loaded.
+        """
         fd = os.open(self._snapshot_path, _READ_FLAGS)
+        try:
+            continues = self._continues_our_log(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not continues:
+            self._load_snapshot(fd)
+            return
+        state = self._state
+        # What the compactor dropped from its own state, by our clock rather than its.
+        state.leases = state.live_leases(self._clock(), current_boot_id())
+        self._switch(self._generation + 1, state, fd)
+
+    def _continues_our_log(self, fd: int) -> bool:
+        """Whether snapshot ``fd`` is the compaction of our log, all of which we have applied."""
+        match = _SNAPSHOT_HEAD.match(os.pread(fd, 128, 0))
+        if match is None or int(match.group(1)) != self._generation + 1:
+            return False
+        size = os.fstat(fd).st_size
+        if _SNAPSHOT_TAIL.search(os.pread(fd, 128, max(0, size - 128))) is None:
+            return False
+        if self._log_fd is None:
+            return False  # it may have been written and removed before we ever opened it
+        # Nobody appends to a log once a snapshot names the next one (the compactor wrote it
+        # to the end first, under the lock), so the file we hold open is complete.
+        self._read_log(ahead=True)
+        if self._offset != os.fstat(self._log_fd).st_size:
+            return False  # a bad line we stopped at: only the snapshot knows what it meant
+        return not self._ahead or self._confirm_ahead()
+
+    def _load_snapshot(self, fd: int | None = None) -> None:
+        """Parse the snapshot (``fd``: opened on it already, closed on failure) and switch."""
+        if fd is None:
+            fd = os.open(self._snapshot_path, _READ_FLAGS)
         try:
             try:
                 obj = orjson.loads(_read_all(fd))
@@ -360,6 +515,7 @@ class JSONLStore:
         self._offset = 0
         self._seq = 0
         self._artifact_at = None
+        self._ahead = []
 
     def _forget_files(self) -> None:
         if self._log is not None:
@@ -374,8 +530,16 @@ class JSONLStore:
     def _log_path(self) -> str:
         return os.path.join(self._dir, _log_name(self._generation))
 
-    def _read_log(self) -> None:
-        """Apply the log lines appended since the last call (by anyone)."""
+    def _read_log(self, *, ahead: bool = False) -> None:
+        """Apply the log lines appended since the last call (by anyone).
+
+        ``ahead``: called without the lock (:meth:`_read_ahead`); stop quietly at anything
+        but a complete good line and keep the bytes applied for :meth:`_confirm_ahead`.
+        """
+        if not ahead:
+            # Found again below if it is still there.  Another process may have cut it and
+            # appended over it since: cutting there again would destroy committed lines.
+            self._artifact_at = None
         path = self._log_path()
         if self._log_fd is None:
             try:
@@ -386,33 +550,42 @@ class JSONLStore:
         if size == self._offset:
             return
         if size < self._offset:
+            if ahead:
+                return
             raise CorruptLogError(path, self._seq, "log shrank below acknowledged data")
-        data = _pread_exact(self._log_fd, size - self._offset, self._offset)
+        start = self._offset
+        data = _pread_exact(self._log_fd, size - start, start)
         # Split on b"\n" only: bytes.splitlines would also split on a stray b"\r" in damage.
-        parts = data.split(b"\n")
-        tail = parts.pop()  # after the last newline: empty unless an append was torn
-        lines = [part + b"\n" for part in parts]
-        if tail:
-            lines.append(tail)
-        for index, raw in enumerate(lines):
-            try:
-                event = _parse_event(raw, self._seq + 1)
-            except ValueError as exc:
-                # We hold the lock, so no append is in progress: a bad last line is what a
-                # crash mid-append leaves (never acknowledged; the next append truncates it),
-                # and a bad line followed only by unsynced lease events of an earlier boot is
-                # what a power cut leaves (see the module docstring).  Anything else is
-                # corruption and must not be skipped.
-                if index == len(lines) - 1:
-                    return
-                if _power_cut_suffix(lines[index + 1 :]):
-                    self._artifact_at = self._offset
-                    return
-                raise CorruptLogError(path, self._seq + 1, str(exc)) from None
-            self._state.apply(event)
-            self._offset += len(raw)
-            self._seq += 1
-            self.lines_read += 1
+        # The last part is what follows the last newline: empty unless an append was torn.
+        lines = data.split(b"\n")
+        if not lines[-1]:
+            lines.pop()
+        state = self._state
+        try:
+            for index, raw in enumerate(lines):
+                try:
+                    if index == len(lines) - 1 and self._offset + len(raw) == size:
+                        raise ValueError("unterminated last line")
+                    event = _parse_event(raw, self._seq + 1)
+                except ValueError as exc:
+                    # We hold the lock, so no append is in progress: a bad last line is what
+                    # a crash mid-append leaves (never acknowledged; the next append
+                    # truncates it), and a bad line followed only by unsynced lease events of
+                    # an earlier boot is what a power cut leaves (see the module docstring).
+                    # Anything else is corruption and must not be skipped.
+                    if ahead or index == len(lines) - 1:
+                        return
+                    if _power_cut_suffix(lines[index + 1 :]):
+                        self._artifact_at = self._offset
+                        return
+                    raise CorruptLogError(path, self._seq + 1, str(exc)) from None
+                state.apply(event, owned=True)
+                self._offset += len(raw) + 1
+                self._seq += 1
+                self.lines_read += 1
+        finally:
+            if ahead and self._offset > start:
+                self._ahead.append(data[: self._offset - start])
 
     # --- writing --------------------------------------------------------------------------------
 

@@ -36,8 +36,8 @@ from adaptor.threadstore._types import (
     FinalizeRequest,
     Lease,
     Query,
+    check_record_json,
     format_time,
-    record_from_json,
     record_to_json,
     time_of,
 )
@@ -159,14 +159,18 @@ class State:
 
     # --- apply ----------------------------------------------------------------------------------
 
-    def apply(self, event: Mapping[str, Any]) -> None:
-        """Apply an event made by a plan (or read back and checked by :func:`check_event`)."""
+    def apply(self, event: Mapping[str, Any], *, owned: bool = False) -> None:
+        """Apply an event made by a plan (or read back and checked by :func:`check_event`).
+
+        ``owned``: nobody else holds the event's objects (it was just parsed), so the state
+        keeps them instead of copies.
+        """
         if event["kind"] == "lease":
             lease = event["lease"]
             if lease is None:
                 self.leases.pop(event["target"], None)
             else:
-                self.leases[event["target"]] = dict(lease)
+                self.leases[event["target"]] = lease if owned else dict(lease)
                 self.next_generation = max(self.next_generation, lease["generation"] + 1)
                 self.grant_boot = lease["boot_id"]
             reserve = event.get("reserve")
@@ -174,7 +178,7 @@ class State:
                 self.reserved = max(self.reserved, reserve)
         else:
             for record in event["records"]:
-                self.records[record["id"]] = dict(record)
+                self.records[record["id"]] = record if owned else dict(record)
             bind = event["bind"]
             if bind is not None:
                 self.keys[bind["key"]] = bind["id"]
@@ -189,8 +193,12 @@ class State:
             "grant_boot": self.grant_boot,
             "records": self.records,
             "keys": self.keys,
-            "leases": {t: le for t, le in self.leases.items() if _is_live(le, now, boot_id)},
+            "leases": self.live_leases(now, boot_id),
         }
+
+    def live_leases(self, now: float, boot_id: str) -> dict[str, dict[str, Any]]:
+        """The leases still in force; the others act as absent in every plan."""
+        return {t: le for t, le in self.leases.items() if _is_live(le, now, boot_id)}
 
     @classmethod
     def from_snapshot(
@@ -220,8 +228,10 @@ class State:
         for record_id, record in records.items():
             if known.get(record_id) == record and isinstance(record, dict):
                 pass  # validated before, filed under the same id
-            elif record_from_json(record).id != record_id:
-                raise ValueError(f"record filed under the wrong id {record_id!r}")
+            else:
+                check_record_json(record)
+                if record["id"] != record_id:
+                    raise ValueError(f"record filed under the wrong id {record_id!r}")
             state.records[record_id] = record
         for key, record_id in keys.items():
             if not isinstance(record_id, str):
@@ -270,7 +280,7 @@ def check_event(event: Mapping[str, Any]) -> None:
         if not isinstance(records, list) or not records:
             raise ValueError("finalize event without records")
         for record in records:
-            record_from_json(record)
+            check_record_json(record)
         if bind is not None and not (
             isinstance(bind, dict)
             and isinstance(bind.get("key"), str)

@@ -146,6 +146,8 @@ class Store(Protocol):
 
 
 def check_text(name: str, value: object, *, allow_empty: bool = False) -> str:
+    if type(value) is str and value.isascii() and (value or allow_empty):
+        return value  # the usual case, decided without encoding (isascii reads a flag)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if not value and not allow_empty:
@@ -264,6 +266,46 @@ def _text_field(obj: Mapping[str, Any], name: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"record field {name!r} is not a string")
     return value
+
+
+_RECORD_TEXT_FIELDS = (
+    "id",
+    "key",
+    "driver_type",
+    "agent",
+    "fingerprint",
+    "compatibility_fingerprint",
+    "session_codec",
+)
+
+
+def check_record_json(obj: object) -> None:
+    """Raise ``ValueError`` exactly when :func:`record_from_json` would, building nothing.
+
+    Every process replays the records other processes committed; a ``Record`` (frozen
+    dataclass, ``SessionState``, two datetimes) per replayed record would cost more than
+    parsing its line, and the replay only needs to know that a later resolve cannot fail.
+    """
+    if not isinstance(obj, Mapping):
+        raise ValueError("record is not an object")
+    try:
+        state = obj["state"]
+        # Anything else SessionState.from_json accepts: it applies str() to every value.
+        if state is not None and not (
+            isinstance(state, Mapping) and isinstance(state.get("data", {}), Mapping)
+        ):
+            raise ValueError("record state is not an object")
+        status = obj["status"]
+        if status not in _STATUSES:
+            raise ValueError(f"bad record status {status!r}")
+        for name in _RECORD_TEXT_FIELDS:
+            _text_field(obj, name)
+        for name in ("created_at", "updated_at"):
+            # Record.__post_init__ refuses a naive time; a "Z" suffix normally rules it out.
+            if parse_time(obj[name]).utcoffset() is None:
+                raise ValueError(f"{name} must be timezone-aware")
+    except KeyError as exc:
+        raise ValueError(f"record is missing {exc.args[0]!r}") from None
 
 
 def record_from_json(obj: object) -> Record:
