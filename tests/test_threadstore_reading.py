@@ -27,6 +27,7 @@ from adaptor.threadstore import (
 )
 from adaptor.threadstore._state import State
 from adaptor.threadstore._types import check_record_json, record_from_json, record_to_json
+from tests.durable_hooks import hook_datasyncs
 from tests.test_threadstore import (
     ROOT,
     FakeClock,
@@ -112,14 +113,13 @@ def test_a_line_read_ahead_then_rolled_back_by_its_writer_is_not_trusted(
     writer, reader = JSONLStore(directory), JSONLStore(directory)
     start(writer, "r1", "k")
     assert reader.resolve(Query(key="k")) == make_record("r1", "k")
-    real_sync = _durable._datasync
 
     def sync_fails_after_a_read_ahead(fd: int) -> None:
         # The finalize line is complete in the file: a process waiting for the lock reads it.
         reader._read_ahead()
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(_durable, "_datasync", sync_fails_after_a_read_ahead)
+    hook_datasyncs(monkeypatch, sync_fails_after_a_read_ahead)
     lease = writer.acquire_lease("key:k2", "w", 60)
     seen_before = reader.lines_read
     with pytest.raises(OSError):
@@ -129,7 +129,7 @@ def test_a_line_read_ahead_then_rolled_back_by_its_writer_is_not_trusted(
             )
         )
     assert reader.lines_read > seen_before  # it did read the line, before the rollback
-    monkeypatch.setattr(_durable, "_datasync", real_sync)
+    monkeypatch.undo()
     writer.close()
     # Another writer puts a line of the same length where the rolled-back one was.
     with JSONLStore(directory) as other:
