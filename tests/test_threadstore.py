@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptor import memory
+from adaptor import _durable, memory
 from adaptor._durable import CorruptLogError, scan
 from adaptor.driver import SessionState
 from adaptor.errors import from_wire, to_wire
@@ -990,6 +990,38 @@ def test_a_failed_compaction_does_not_fail_the_commit(
         assert fresh.resolve(Query(key="k")) == record
         with pytest.raises(BusyError):
             fresh.acquire_lease("t", "other", 10)
+
+
+@pytest.mark.parametrize("first_compaction", [True, False])
+def test_a_compaction_that_failed_after_replacing_the_snapshot_stops_the_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first_compaction: bool
+) -> None:
+    # The rename happened, the directory sync did not: the new snapshot is what everybody
+    # follows now.  Appending to the old log would write lines nobody reads.
+    directory = tmp_path / "threads"
+    store = JSONLStore(directory)
+    kept = start(store, "r1", "k")
+    if not first_compaction:
+        store.compact()
+    real_fsync_dir = _durable.fsync_dir
+
+    def fails_for_the_store(path: Any) -> None:
+        if os.path.samefile(path, directory):
+            raise OSError(errno.EIO, "injected directory fsync failure")
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(_durable, "fsync_dir", fails_for_the_store)
+    with pytest.raises(OSError, match="injected"):
+        store.compact()
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="earlier write"):
+        store.finalize(FinalizeRequest(record=make_record("r2", "k2"), key="k2"))
+    store.close()
+    with JSONLStore(directory) as fresh:
+        assert fresh.resolve(Query(key="k")) == kept
+        later = start(fresh, "r2", "k2")
+    with JSONLStore(directory) as reader:
+        assert reader.resolve(Query(key="k2")) == later
 
 
 def test_closed_store_refuses_calls(tmp_path: Path) -> None:

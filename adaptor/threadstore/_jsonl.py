@@ -637,7 +637,8 @@ class JSONLStore:
             except OSError as exc:
                 # The commit above is durable and must not be reported as failed.  A failed
                 # compaction changed nothing (the snapshot is replaced atomically) and is
-                # retried after the next append.
+                # retried after the next append, unless it failed after the replacement (see
+                # _compact): then the next write says so.
                 warnings.warn(f"thread store compaction failed: {exc}", RuntimeWarning, 2)
 
     def _compact(self) -> None:
@@ -651,7 +652,17 @@ class JSONLStore:
             "written_at": format_time(time_of(now)),
             **self._state.snapshot(now, current_boot_id()),
         }
-        atomic_write_json(self._snapshot_path, snapshot)
+        try:
+            atomic_write_json(self._snapshot_path, snapshot)
+        except OSError as exc:
+            if self._snapshot_replaced():
+                # Only the directory sync failed: the new snapshot is what other processes
+                # follow now, but it may not survive a power cut.  Appending to the old log
+                # would hide lines from them, appending to the new one could lose lines to a
+                # power cut, so this instance stops writing; a new one reads what is there.
+                self._broken = exc
+                touch_epoch(self._lock_path)
+            raise
         # The snapshot is now the truth.  Keep the file open (other processes compare it with
         # theirs to notice a compaction) and hold the same state it has, dead leases dropped;
         # parsing back what we just serialized would cost more than the compaction itself as
@@ -662,6 +673,18 @@ class JSONLStore:
         self._switch(generation, state, fd)
         self._epoch = touch_epoch(self._lock_path)
         self._remove_stale(generation)
+
+    def _snapshot_replaced(self) -> bool:
+        """Whether ``snapshot.json`` is no longer the file this instance follows."""
+        try:
+            on_disk = os.stat(self._snapshot_path, follow_symlinks=False)
+        except FileNotFoundError:
+            return self._snapshot_fd is not None
+        except OSError:
+            return True  # cannot tell: assume the worst
+        return self._snapshot_fd is None or not os.path.samestat(
+            on_disk, os.fstat(self._snapshot_fd)
+        )
 
     def _remove_stale(self, generation: int) -> None:
         for name in os.listdir(self._dir):
