@@ -246,13 +246,19 @@ def test_a_store_that_missed_part_of_the_log_parses_the_snapshot(
         assert parsed == [1]
 
 
-def test_a_compaction_that_left_damage_behind_is_parsed_not_adopted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _rebooted_after_a_power_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A store directory whose log ends in power-cut damage, seen from the next boot."""
     directory = tmp_path / "threads"
     _power_cut_log(directory, monkeypatch)
     _damage_line(directory / "log-000001.jsonl", 3)
     monkeypatch.setattr(_jsonl, "current_boot_id", lambda: "new")
+    return directory
+
+
+def test_a_compaction_that_left_damage_behind_is_parsed_not_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = _rebooted_after_a_power_cut(tmp_path, monkeypatch)
     with JSONLStore(directory) as a, JSONLStore(directory) as b:
         assert b.resolve(Query(key="k")) is not None  # stopped at the damage
         a.compact()  # the snapshot says what the damaged suffix meant (nothing)
@@ -269,10 +275,7 @@ def test_a_compaction_that_left_damage_behind_is_parsed_not_adopted(
 def test_a_power_cut_artifact_another_process_cut_is_not_cut_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    directory = tmp_path / "threads"
-    _power_cut_log(directory, monkeypatch)
-    _damage_line(directory / "log-000001.jsonl", 3)
-    monkeypatch.setattr(_jsonl, "current_boot_id", lambda: "new")
+    directory = _rebooted_after_a_power_cut(tmp_path, monkeypatch)
     with JSONLStore(directory) as a, JSONLStore(directory) as b:
         assert a.resolve(Query(key="k")) == make_record("r1", "k")  # a finds the artifact
         held = b.acquire_lease("key:other", "b", 600)  # b cuts it and appends its grant there
