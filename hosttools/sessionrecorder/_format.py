@@ -17,10 +17,11 @@ import typing
 import zlib
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import datetime
-from itertools import chain, repeat
+from itertools import repeat
 from operator import itemgetter, methodcaller, setitem
 from typing import IO, Any, Literal, TypeAlias
 
+from orjson import dumps as _dumps
 from orjson import loads as _loads
 
 from adaptor import _durable
@@ -291,11 +292,24 @@ def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
 
 _crc_of = zlib.crc32
 _NL = repeat(b"\n")
-# The record's keys, in the order a canonical (sorted-key) line has them.
-_get_record = itemgetter("crc", "event", SEQ_KEY, "kind", "meta", "recorded_at", "v")
-_get_kind_meta = itemgetter("kind", "meta")
-_get_meta_fields = itemgetter("run_id", "thread_key", "sequence", "time", "turn_id")
+
+
+def _orjson_keys(keys: Sequence[str]) -> tuple[str, ...]:
+    """``tuple(keys)``, as the very objects orjson's key cache mostly hands back when parsing
+    them, so that comparing and looking them up is mostly comparing pointers."""
+    found: tuple[str, ...] = tuple(_loads(_dumps(dict.fromkeys(keys, 0))))
+    return found
+
+
+# The record's keys and the meta's, in the order a canonical (sorted-key) line has them.
+_RECORD_KEYS = _orjson_keys(["crc", "event", SEQ_KEY, "kind", "meta", "recorded_at", "v"])
+_META_KEYS = _orjson_keys(["run_id", "sequence", "thread_key", "time", "turn_id"])
+_get_record = itemgetter(*_RECORD_KEYS)
+_get_meta_fields = itemgetter(*_META_KEYS)
 _FIVE = {5}
+# What orjson writes for a list of ints and nothing else (bool is "true", a float has "." or
+# "e", and an int past 64 bits is an error): the ints check for a whole column in one pass.
+_INT_TEXT = b"-0123456789,[]"
 _get_sequence_or_0 = methodcaller("get", "sequence", 0)
 _get_time_or_empty = methodcaller("get", "time", "")
 
@@ -359,7 +373,7 @@ def _batch_kind(kind: object) -> _BatchKind | None:
         # The batch pops the JSON "kind" off every event; a class with a field of that name
         # gets it back as its folded field (the only way such a class has a recipe).
         if recipe.drop_kind or folded_name == "kind":
-            keys = tuple(sorted(recipe.allowed - {"kind"}))
+            keys = _orjson_keys(sorted(recipe.allowed - {"kind"}))
             found = _BatchKind(keys, recipe.cls, folded_name, folded_value, bool(recipe.required))
     if len(_BATCH_KINDS) < _MAX_SHAPES:
         _BATCH_KINDS[kind] = found
@@ -399,8 +413,8 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         crcs, payloads, seqs, kinds, top_metas, stamps, versions = zip(
             *map(_get_record, objs), strict=True
         )
-        if set(map(type, chain(crcs, seqs, versions))) != _INT:
-            return None
+        if _dumps(crcs + seqs + versions).translate(None, _INT_TEXT):
+            return None  # not all ints
         # Framing: unframe()'s crc_matches_text() and the host_seq sequence.  Split at the
         # first comma, a line is b'{"crc":<crc>' and the text the crc covers (bar its "{");
         # the heads, joined, are compared with all the crcs formatted at once (no head holds
@@ -448,11 +462,11 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
             # their order does not matter, as _events._adopt_from_json() takes any).
             if set(map(len, metas)) != _FIVE:
                 return None
-            run_ids, thread_keys, sequences, times, turn_ids = zip(
+            run_ids, sequences, thread_keys, times, turn_ids = zip(
                 *map(_get_meta_fields, metas), strict=True
             )
-            "".join(chain(run_ids, thread_keys, turn_ids))  # a TypeError unless all are str
-            if set(map(type, sequences)) != _INT:
+            "".join(run_ids + thread_keys + turn_ids)  # a TypeError unless all are str
+            if _dumps(sequences).translate(None, _INT_TEXT):
                 return None  # (bool is an int subclass, and int() would turn True into 1)
         else:
             # Only a verdict: these kinds' from_json ignores extra keys, defaults missing
