@@ -386,8 +386,9 @@ _set_meta_dict = vars(_events.EventMeta)["__dict__"].__set__
 _set_event_dict = vars(_events._Event)["__dict__"].__set__
 _partition = bytes.partition
 _COMMA = repeat(b",")
-# Every line's head as the writer made it, a NUL after each: NUL is not in valid JSON text.
-_HEAD = b'{"crc":%d\0'
+# Lines' heads as the writer makes them, joined with NULs (which no valid JSON text holds).
+_HEAD = b'{"crc":'
+_NEXT_HEAD = b'\0{"crc":'
 _pop = dict.pop  # a TypeError unless given a dict
 _getitem = dict.__getitem__
 _KIND = repeat("kind")
@@ -413,14 +414,15 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         crcs, payloads, seqs, kinds, top_metas, stamps, versions = zip(
             *map(_get_record, objs), strict=True
         )
-        if _dumps(crcs + seqs + versions).translate(None, _INT_TEXT):
+        crc_text = _dumps(crcs)  # "[<crc>,<crc>,...]", each as b"%d" writes it if an int
+        if (crc_text + _dumps(seqs + versions)).translate(None, _INT_TEXT):
             return None  # not all ints
         # Framing: unframe()'s crc_matches_text() and the host_seq sequence.  Split at the
         # first comma, a line is b'{"crc":<crc>' and the text the crc covers (bar its "{");
-        # the heads, joined, are compared with all the crcs formatted at once (no head holds
-        # a NUL, as valid JSON holds none, so the joined texts are equal only head by head).
+        # the heads, joined, are compared with all the crcs' text at once (no head holds a
+        # NUL, as valid JSON holds none, so the joined texts are equal only head by head).
         heads, _, texts = zip(*map(_partition, lines, _COMMA), strict=True)
-        if b"\0".join(heads) != (_HEAD * n % crcs)[:-1]:
+        if b"\0".join(heads) != _HEAD + crc_text[1:-1].replace(b",", _NEXT_HEAD):
             return None
         # _crc_ok(), a column at a time.
         if list(map(_crc_of, texts, repeat(_CRC_OF_BRACE))) != list(map(_crc_of, _NL, crcs)):
