@@ -17,10 +17,11 @@ import typing
 import zlib
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import datetime
-from itertools import chain, compress, repeat
-from operator import delitem, itemgetter, methodcaller, setitem
+from itertools import repeat
+from operator import itemgetter, methodcaller, setitem
 from typing import IO, Any, Literal, TypeAlias
 
+from orjson import dumps as _dumps
 from orjson import loads as _loads
 
 from adaptor import _durable
@@ -291,11 +292,24 @@ def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
 
 _crc_of = zlib.crc32
 _NL = repeat(b"\n")
-# The record's keys, in the order a canonical (sorted-key) line has them.
-_get_record = itemgetter("crc", "event", SEQ_KEY, "kind", "meta", "recorded_at", "v")
-_get_kind_meta = itemgetter("kind", "meta")
-_get_meta_fields = itemgetter("run_id", "thread_key", "sequence", "time", "turn_id")
+
+
+def _orjson_keys(keys: Sequence[str]) -> tuple[str, ...]:
+    """``tuple(keys)``, as the very objects orjson's key cache mostly hands back when parsing
+    them, so that comparing and looking them up is mostly comparing pointers."""
+    found: tuple[str, ...] = tuple(_loads(_dumps(dict.fromkeys(keys, 0))))
+    return found
+
+
+# The record's keys and the meta's, in the order a canonical (sorted-key) line has them.
+_RECORD_KEYS = _orjson_keys(["crc", "event", SEQ_KEY, "kind", "meta", "recorded_at", "v"])
+_META_KEYS = _orjson_keys(["run_id", "sequence", "thread_key", "time", "turn_id"])
+_get_record = itemgetter(*_RECORD_KEYS)
+_get_meta_fields = itemgetter(*_META_KEYS)
 _FIVE = {5}
+# What orjson writes for a list of ints and nothing else (bool is "true", a float has "." or
+# "e", and an int past 64 bits is an error): the ints check for a whole column in one pass.
+_INT_TEXT = b"-0123456789,[]"
 _get_sequence_or_0 = methodcaller("get", "sequence", 0)
 _get_time_or_empty = methodcaller("get", "time", "")
 
@@ -306,30 +320,22 @@ def _parse_stamps(stamps: Sequence[str]) -> list[datetime] | None:
     That is the layout format_time() writes, and for it ``datetime.fromisoformat`` (which reads
     a trailing "Z" as UTC since Python 3.11) returns what parse_time() does, without
     parse_time's copy of each string.  Checked over one joined string, so per stamp the cost is
-    a few bytes scanned: with no NUL inside any stamp, n "Z"s in all and n - 1 "Z\0" pairs
-    plus a final "Z" mean each stamp's only "Z" is its last character.  A stamp of any other
-    shape is not a verdict either way: the batch is left to the line-by-line path.
+    a few bytes scanned: n "Z"s in all and n - 1 "Z\0" pairs plus a final "Z" mean each
+    stamp's only "Z" is its last character -- given that every stamp parses, as none with a
+    "Z\0" inside does (fromisoformat takes a "Z" as the time zone, last, or as the separator,
+    followed by the time).  A stamp of any other shape is not a verdict either way: the batch
+    is left to the line-by-line path (an exception, like None, means just that).
     """
     n = len(stamps)
     joined = "\0".join(stamps)  # a TypeError unless every stamp is a str
-    if (
-        joined.count("Z") != n
-        or joined.count("\0") != n - 1
-        or joined.count("Z\0") != n - 1
-        or not joined.endswith("Z")
-    ):
+    if joined.count("Z") != n or joined.count("Z\0") != n - 1 or not joined.endswith("Z"):
         return None
     return list(map(_fromiso, stamps))
 
 
-_crc_head = b'{"crc":%d,'.__mod__
-_strip = bytes.removeprefix
-_starts = bytes.startswith
-# operator's setitem/delitem take the fast call path; dict.__setitem__ and dict.update would
+# operator.setitem takes the fast call path; dict.__setitem__ and dict.update would
 # each build an argument tuple per line.
 _setitem = setitem
-_delitem = delitem
-_set = object.__setattr__
 _INT = {int}
 _DICT = {dict}
 _MAX_BATCH_KINDS = 64  # per batch; past that, line by line
@@ -338,11 +344,10 @@ _MAX_BATCH_KINDS = 64  # per batch; past that, line by line
 class _BatchKind(typing.NamedTuple):
     """What _quick_batch() needs of one event kind (a tuple, so a batch's transpose is cheap)."""
 
-    keys: tuple[str, ...]  # the event's keys as a canonical line has them (sorted)
+    keys: tuple[str, ...]  # the event's keys once "kind" is popped, as a canonical line has them
     cls: type
-    folded_name: str | None  # the folded field, set on the event's dict (None: no such field)
+    folded_name: str  # the folded field, set on the event's dict (or "meta", see below)
     folded_value: Any
-    drop_kind: bool
     requires: bool  # from_json needs some key to be present
 
 
@@ -362,20 +367,40 @@ def _batch_kind(kind: object) -> _BatchKind | None:
     recipe = _events._recipe(kind) if checks == () else None  # no checks beyond the keys
     found = None
     if recipe is not None:
-        keys = tuple(sorted(recipe.allowed))
-        [(folded_name, folded_value)] = recipe.fixed.items() or [(None, None)]
-        found = _BatchKind(
-            keys, recipe.cls, folded_name, folded_value, recipe.drop_kind, bool(recipe.required)
-        )
+        # A kind without a folded field "folds" a placeholder meta, which the real one
+        # replaces: one setitem per line, with no per-line test of which lines fold.
+        [(folded_name, folded_value)] = recipe.fixed.items() or [("meta", None)]
+        # The batch pops the JSON "kind" off every event; a class with a field of that name
+        # gets it back as its folded field (the only way such a class has a recipe).
+        if recipe.drop_kind or folded_name == "kind":
+            keys = _orjson_keys(sorted(recipe.allowed - {"kind"}))
+            found = _BatchKind(keys, recipe.cls, folded_name, folded_value, bool(recipe.required))
     if len(_BATCH_KINDS) < _MAX_SHAPES:
         _BATCH_KINDS[kind] = found
     return found
 
 
+# The instance-dict setters of the classes the batch builds (their own __dict__ descriptors,
+# which object.__setattr__ would find through the class on every call).
+_set_meta_dict = vars(_events.EventMeta)["__dict__"].__set__
+_set_event_dict = vars(_events._Event)["__dict__"].__set__
+_partition = bytes.partition
+_COMMA = repeat(b",")
+# Lines' heads as the writer makes them, joined with NULs (which no valid JSON text holds).
+_HEAD = b'{"crc":'
+_NEXT_HEAD = b'\0{"crc":'
+_pop = dict.pop  # a TypeError unless given a dict
+_getitem = dict.__getitem__
+_KIND = repeat("kind")
+_META = repeat("meta")
+
+
 def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRecord] | None:
     """``[decode(line, expected + i) ...]`` when plainly valid, else None.
 
-    With ``build=False`` only the checks are made (``verify``) and the list is empty.
+    With ``build=False`` only the checks are made (``verify``) and the list is empty.  The
+    parsed objects are changed along the way (the events' kinds are popped), which is harmless
+    when the answer is None: the line-by-line path parses the lines again.
     """
     n = len(lines)
     if not n:
@@ -389,14 +414,17 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         crcs, payloads, seqs, kinds, top_metas, stamps, versions = zip(
             *map(_get_record, objs), strict=True
         )
-        if set(map(type, chain(crcs, seqs, versions))) != _INT:
-            return None
-        # Framing: unframe()'s crc_matches_text() and the host_seq sequence.
-        heads = list(map(_crc_head, crcs))
-        if not all(map(_starts, lines, heads)):
+        crc_text = _dumps(crcs)  # "[<crc>,<crc>,...]", each as b"%d" writes it if an int
+        if (crc_text + _dumps(seqs + versions)).translate(None, _INT_TEXT):
+            return None  # not all ints
+        # Framing: unframe()'s crc_matches_text() and the host_seq sequence.  Split at the
+        # first comma, a line is b'{"crc":<crc>' and the text the crc covers (bar its "{");
+        # the heads, joined, are compared with all the crcs' text at once (no head holds a
+        # NUL, as valid JSON holds none, so the joined texts are equal only head by head).
+        heads, _, texts = zip(*map(_partition, lines, _COMMA), strict=True)
+        if b"\0".join(heads) != _HEAD + crc_text[1:-1].replace(b",", _NEXT_HEAD):
             return None
         # _crc_ok(), a column at a time.
-        texts = map(_strip, lines, heads)
         if list(map(_crc_of, texts, repeat(_CRC_OF_BRACE))) != list(map(_crc_of, _NL, crcs)):
             return None
         if seqs != tuple(range(expected, expected + n)):
@@ -406,9 +434,12 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
             return None
         # (A stamp ending in "Z" parses aware or not at all: no tz check needed.)
         moments = _parse_stamps(stamps)
-        if moments is None or set(map(type, payloads)) != _DICT:
+        if moments is None:
             return None
-        event_kinds, metas = zip(*map(_get_kind_meta, payloads), strict=True)
+        # The event's kind and meta (a TypeError unless the event is a dict, a KeyError if it
+        # lacks either); the kind is popped, as no event class keeps the JSON kind as it is.
+        event_kinds = tuple(map(_pop, payloads, _KIND))
+        metas = tuple(map(_getitem, payloads, _META))
         if event_kinds != kinds or top_metas != metas:
             return None
         # The event: a kind with a recipe (so nothing to check beyond keys and meta).
@@ -426,20 +457,18 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
             # writes: every key and no other, and the meta _events._quick_meta() accepts
             # (five keys; str, int, str, non-empty str, str).
             # One column per _BatchKind field, each with a value per line.
-            keys, classes, names, values, dropped, _ = zip(
-                *map(how.__getitem__, kinds), strict=True
-            )
-            if list(map(tuple, payloads)) != list(keys):
+            keys, classes, names, values, _ = zip(*map(how.__getitem__, kinds), strict=True)
+            if tuple(map(tuple, payloads)) != keys:
                 return None
             # Five keys, and these five (a TypeError or KeyError for anything but such a dict;
             # their order does not matter, as _events._adopt_from_json() takes any).
             if set(map(len, metas)) != _FIVE:
                 return None
-            run_ids, thread_keys, sequences, times, turn_ids = zip(
+            run_ids, sequences, thread_keys, times, turn_ids = zip(
                 *map(_get_meta_fields, metas), strict=True
             )
-            "".join(chain(run_ids, thread_keys, turn_ids))  # a TypeError unless all are str
-            if set(map(type, sequences)) != _INT:
+            "".join(run_ids + thread_keys + turn_ids)  # a TypeError unless all are str
+            if _dumps(sequences).translate(None, _INT_TEXT):
                 return None  # (bool is an int subclass, and int() would turn True into 1)
         else:
             # Only a verdict: these kinds' from_json ignores extra keys, defaults missing
@@ -459,15 +488,13 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
     if not build:
         return []
     # Everything checked; build as _events._adopt_from_json() does, taking the parsed dicts.
+    any(map(_setitem, payloads, names, values))  # the folded field, before the meta
     any(map(_setitem, metas, repeat("time"), meta_times))
     event_metas = list(map(_new, repeat(_events.EventMeta, n)))
-    any(map(_set, event_metas, repeat("__dict__"), metas))
+    any(map(_set_meta_dict, event_metas, metas))
     any(map(_setitem, payloads, repeat("meta"), event_metas))
-    # The folded field (a name, or None for kinds without one; names are never empty).
-    any(map(_setitem, compress(payloads, names), compress(names, names), compress(values, names)))
-    any(map(_delitem, compress(payloads, dropped), repeat("kind")))
     events: list[Any] = list(map(_new, classes))
-    any(map(_set, events, repeat("__dict__"), payloads))
+    any(map(_set_event_dict, events, payloads))
     records = list(map(_new, repeat(EventRecord, n)))
     any(map(_set_host_seq, records, seqs))
     any(map(_set_recorded_at, records, moments))
