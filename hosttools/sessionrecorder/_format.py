@@ -172,13 +172,19 @@ def decode(raw: bytes, expected: int) -> EventRecord:
 # ---------------------------------------------------------------------------------------------
 # Decoding fast
 #
-# replay() runs every line through _quick_decode() first: it makes decode()'s checks on the
+# _quick_decode() is the line-by-line shortcut (for the lines of a batch _quick_batch() below
+# does not take, in replay() and verify()): it makes decode()'s checks on the
 # same parsed object, in the same terms, but only along the path a line this format's writer
 # produced takes (the crc read off the raw text, the canonical meta, an event kind with a
 # recipe in adaptor.events), and builds the record without the general decoder's overhead.
 # Whenever a line strays from that path the answer is None and decode() gives the verdict, so
 # errors and their wording are decode()'s alone; a None is never a verdict.
 # tests/test_sessionrecorder.py checks both agree on random logs and their corruptions.
+
+
+_crc32 = zlib.crc32
+_CRC_OF_BRACE = zlib.crc32(b"{")
+_MAX_SHAPES = 4096  # kinds are a small set; a hostile log full of made-up ones must not grow this
 
 
 def _crc_ok(rest: bytes, crc: int) -> bool:
@@ -503,165 +509,6 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation without building events
-#
-# verify() and repair() need a verdict per line, not event objects, and building them (from_json
-# and two frozen dataclasses per line) costs several times what parsing the line does.  So
-# verify first asks _plainly_valid(), which accepts a line only if every check decode() makes
-# would pass, and otherwise hands the line to decode() to accept it after all or raise the
-# exact error.  Being wrong in that direction is impossible by construction for the framing
-# (the same checks, on the same parsed object); for the event it relies on a model of
-# adaptor.events.from_json built from the event classes themselves, and any class or field the
-# model does not cover (a __post_init__, a decoded field such as ``usage``, a non-int
-# ``meta.sequence``) is simply left to decode().
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Shape:
-    """What from_json needs to accept one event kind, as plain data."""
-
-    required: tuple[str, ...]  # JSON names that must be present
-    decoded: tuple[str, ...]  # JSON names whose presence means "ask decode()"
-    literals: tuple[tuple[str, tuple[object, ...], object], ...]  # (JSON name, allowed, default)
-
-
-_NOTHING_TO_CHECK = _Shape((), (), ())
-_UNSEEN = _Shape((), (), ())  # a sentinel: _SHAPES has no entry yet
-_SHAPES: dict[str, _Shape | None] = {}
-_crc32 = zlib.crc32
-_CRC_OF_BRACE = zlib.crc32(b"{")
-_MAX_SHAPES = 4096  # kinds are a small set; a hostile log full of made-up ones must not grow this
-
-
-def _shape(kind: str) -> _Shape | None:
-    found = _SHAPES.get(kind, _UNSEEN)
-    if found is not _UNSEEN:
-        return found
-    try:
-        shape = _model_shape(kind)
-    except Exception:
-        shape = None  # anything unexpected in the event module: always ask decode()
-    if len(_SHAPES) < _MAX_SHAPES:
-        _SHAPES[kind] = shape
-    return shape
-
-
-def _model_shape(kind: str) -> _Shape | None:
-    """The shape of ``kind`` following from_json's own lookup, or None to always ask decode()."""
-    by_prefix: dict[str, type] | None = getattr(_events, "_BY_PREFIX", None)
-    folded_fields: dict[type, str] | None = getattr(_events, "_FOLDED_FIELD", None)
-    json_names: dict[type, dict[str, str]] | None = getattr(_events, "_JSON_NAMES", None)
-    decoders: dict[str, object] | None = getattr(_events, "_DECODERS", None)
-    if by_prefix is None or folded_fields is None or json_names is None or decoders is None:
-        return None
-    cls = by_prefix.get(kind)
-    folded_value: object = None
-    if cls is None or cls in folded_fields:
-        prefix, _, rest = kind.partition(".")
-        cls = by_prefix.get(prefix)
-        if cls is None or not rest or cls not in folded_fields:
-            return None  # decode() reports the unknown kind
-        folded_value = rest
-    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
-        return None
-    folded_name = folded_fields.get(cls) if folded_value is not None else None
-    renamed = json_names.get(cls, {})
-    required: list[str] = []
-    decoded: list[str] = []
-    by_name: dict[str, tuple[str, object]] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in ("meta", "_responder"):
-            continue
-        if not f.init:
-            return None  # from_json would pass it to __init__ and fail; not modelled
-        json_name = renamed.get(f.name, f.name)
-        if f.name == folded_name:
-            continue
-        if f.name in decoders:
-            decoded.append(json_name)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            required.append(json_name)
-        by_name[f.name] = (json_name, f.default)
-    literals: list[tuple[str, tuple[object, ...], object]] = []
-    for name, allowed in _literal_fields(cls).items():
-        if name == folded_name:
-            if folded_value not in allowed:
-                return None  # e.g. "text.sideways": decode() names the bad value
-            continue
-        json_name, default = by_name[name]
-        if default is dataclasses.MISSING and json_name not in required:
-            return None  # a default_factory Literal: not modelled
-        literals.append((json_name, allowed, default))
-    if not (required or decoded or literals):
-        return _NOTHING_TO_CHECK
-    return _Shape(tuple(required), tuple(decoded), tuple(literals))
-
-
-def _plainly_valid(line: bytes, expected: int) -> bool:
-    """True only if ``decode(line, expected)`` would return; False means "ask it".
-
-    ``line`` ends with its newline.  Any exception along the way (a wrong type, a missing key, bad
-    JSON, a bad time) is a False, never a verdict; and this is the inner loop of verify(),
-    so it trades some elegance for fewer calls per line.
-    """
-    try:
-        obj = _loads(line)
-        # Framing, as unframe() and _framed() check it, with crc_matches_text() inlined (a line
-        # unframe() accepts only by re-serializing, i.e. one this module did not write, is
-        # left to decode()).
-        crc = obj["crc"]  # a TypeError unless obj is a dict (orjson makes no subclasses)
-        if type(crc) is not int:
-            return False
-        head = b'{"crc":%d,' % crc
-        if not line.startswith(head) or not _crc_ok(line[len(head) :], crc):
-            return False
-        seq = obj[SEQ_KEY]
-        if type(seq) is not int or seq != expected:
-            return False
-        # The record, as _meaning() checks it.
-        version = obj.get("v", FORMAT_VERSION)
-        if type(version) is not int or version != FORMAT_VERSION:
-            return False
-        text = obj["recorded_at"]
-        if type(text) is not str or parse_time(text).tzinfo is None:
-            return False
-        kind = obj["kind"]
-        payload = obj["event"]
-        if type(kind) is not str or type(payload) is not dict or payload.get("kind") != kind:
-            return False
-        meta = payload.get("meta")
-        if "meta" in obj and obj["meta"] != meta:
-            return False
-        shape = _SHAPES.get(kind, _UNSEEN)
-        if shape is _UNSEEN:
-            shape = _shape(kind)
-        if shape is None:
-            return False
-        # The event, as from_json() and the Literal check in _meaning() see it.
-        if meta:
-            if type(meta) is not dict:
-                return False
-            if "sequence" in meta and type(meta["sequence"]) is not int:
-                return False
-            moment = meta.get("time")
-            if moment and (type(moment) is not str or parse_time(moment) is None):
-                return False
-        if shape is not _NOTHING_TO_CHECK:
-            for name in shape.required:
-                if name not in payload:
-                    return False
-            for name in shape.decoded:
-                if name in payload:
-                    return False
-            for name, allowed, default in shape.literals:
-                if payload.get(name, default) not in allowed:
-                    return False
-    except Exception:
-        return False
-    return True
-
-
-# ---------------------------------------------------------------------------------------------
 # Reading
 
 
@@ -774,19 +621,19 @@ def _line_by_line(
 def count_valid(f: IO[bytes], key: str, limit: int | None) -> int:
     """What ``sum(1 for _ in replay(...))`` returns, with the same errors, but faster.
 
-    Batches are checked by :func:`_quick_batch` and lines by :func:`_plainly_valid`, neither
-    building event objects; any line they are not sure of goes through :func:`decode`, which
-    either accepts it after all or raises the exact error :func:`replay` would.
+    Batches are checked by :func:`_quick_batch` without building event objects, and the lines of
+    a batch it does not take by :func:`_quick_decode`; any line they are not sure of goes
+    through :func:`decode`, which either accepts it after all or raises the exact error
+    :func:`replay` would.
     """
     expected = 1
-    plainly_valid = _plainly_valid
     for lines, more in _batches(f, limit):
         if _quick_batch(lines, expected, False) is not None:
             expected += len(lines)
             continue
         first = expected
         for line in lines:
-            if not (line.endswith(b"\n") and plainly_valid(line, expected)):
+            if not (line.endswith(b"\n") and _quick_decode(line, expected) is not None):
                 try:
                     decode(line, expected)
                 except _LineError as exc:
