@@ -526,8 +526,8 @@ _RECIPES: dict[str, _Recipe | None] = {}
 _MAX_RECIPES = 4096  # notice.* kinds are free-form; a hostile log must not grow this forever
 
 
-def _quick_meta(obj: object) -> EventMeta | None:
-    """:func:`_meta_from_json` for the canonical five-key form to_json writes; else None."""
+def _canonical_meta_time(obj: object) -> datetime | None:
+    """The time of a meta in the canonical five-key form to_json writes, parsed; else None."""
     if type(obj) is not dict or obj.keys() != _META_KEYS:
         return None
     text = obj["time"]
@@ -540,11 +540,18 @@ def _quick_meta(obj: object) -> EventMeta | None:
     ):
         return None
     try:
-        moment = _fromiso(text.replace("Z", "+00:00"))  # parse_time, inlined
+        return _fromiso(text.replace("Z", "+00:00"))  # parse_time, inlined
     except ValueError:
         return None
+
+
+def _quick_meta(obj: object) -> EventMeta | None:
+    """:func:`_meta_from_json` for the canonical five-key form to_json writes; else None."""
+    moment = _canonical_meta_time(obj)
+    if moment is None:
+        return None
     fields = _META_TEMPLATE.copy()
-    fields.update(obj)
+    fields.update(obj)  # type: ignore[call-overload]  # a dict: _canonical_meta_time checked
     fields["time"] = moment
     meta = _new(EventMeta)
     _set(meta, "__dict__", fields)
@@ -598,20 +605,8 @@ def _adopt_from_json(kind: str, obj: dict[str, Any]) -> Event | None:
     if recipe is None or obj.keys() != recipe.allowed:
         return None
     meta = obj["meta"]
-    # _quick_meta's checks; len() and the five lookups together mean exactly its five keys.
-    if type(meta) is not dict or len(meta) != 5:
-        return None
-    try:
-        text = meta["time"]
-        if (
-            not (str is type(meta["run_id"]) is type(meta["thread_key"]) is type(meta["turn_id"]))
-            or type(text) is not str
-            or not text
-            or type(meta["sequence"]) is not int
-        ):
-            return None
-        moment = _fromiso(text.replace("Z", "+00:00"))  # parse_time, inlined
-    except (KeyError, ValueError):
+    moment = _canonical_meta_time(meta)
+    if moment is None:
         return None
     meta["time"] = moment
     event_meta = _new(EventMeta)
