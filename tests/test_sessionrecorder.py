@@ -1692,18 +1692,23 @@ with sr.EventRecorder(sr.JSONLEventBackend(sys.argv[1])) as recorder:
 """
 
 
-def test_another_process_can_append_while_this_writer_is_idle(events_dir: Path) -> None:
-    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
-    recorder.record("shared", _text(1))  # the key's lock now lingers in this process
-    # This process neither calls again nor closes: the lock must be let go on its own.
+def _append_from_another_process(events_dir: Path, key: str) -> int:
+    """Record one event on ``key`` from a fresh process; the host_seq it got."""
     other = subprocess.run(
-        [sys.executable, "-c", _APPEND_ONE, str(events_dir), "shared"],
+        [sys.executable, "-c", _APPEND_ONE, str(events_dir), key],
         cwd=ROOT,
         capture_output=True,
         timeout=CHILD_TIMEOUT,
         check=True,
     )
-    assert other.stdout == b"2\n"
+    return int(other.stdout)
+
+
+def test_another_process_can_append_while_this_writer_is_idle(events_dir: Path) -> None:
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    recorder.record("shared", _text(1))  # the key's lock now lingers in this process
+    # This process neither calls again nor closes: the lock must be let go on its own.
+    assert _append_from_another_process(events_dir, "shared") == 2
     assert recorder.record("shared", _text(3)).host_seq == 3  # notices the other's append
     assert _seqs(recorder.since("shared")) == [1, 2, 3]
     recorder.close()
@@ -1722,17 +1727,11 @@ def test_a_busy_writer_does_not_starve_another_process(events_dir: Path) -> None
     thread = threading.Thread(target=hammer)
     thread.start()
     try:
-        other = subprocess.run(
-            [sys.executable, "-c", _APPEND_ONE, str(events_dir), "busy"],
-            cwd=ROOT,
-            capture_output=True,
-            timeout=CHILD_TIMEOUT,
-            check=True,
-        )
+        theirs = _append_from_another_process(events_dir, "busy")
     finally:
         stop.set()
         thread.join(CHILD_TIMEOUT)
-    assert 1 <= int(other.stdout) <= count[0] + 1
+    assert 1 <= theirs <= count[0] + 1
     assert _seqs(recorder.since("busy")) == list(range(1, count[0] + 2))
     recorder.close()
 
