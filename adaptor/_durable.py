@@ -220,7 +220,12 @@ def write_in_place(path: _StrPath, data: bytes) -> None:
     refers to, and the next writer truncates it.  One open, one write, one fsync.  The
     directory entry still needs :func:`sync_paths` of its folder.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    _write_synced(path, os.O_TRUNC, data)
+
+
+def _write_synced(path: _StrPath, flags: int, data: bytes) -> None:
+    """Open ``path`` for writing (``0o600`` if created) with ``flags`` added, write, fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
     try:
         _write_all(fd, data)
         os.fsync(fd)
@@ -259,12 +264,7 @@ def write_once(path: _StrPath, data: bytes, *, linked: Callable[[], None] | None
     """
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp-{_random_suffix()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(tmp, os.O_EXCL, data)
     try:
         os.link(tmp, target)
     except FileExistsError:
