@@ -177,7 +177,6 @@ class RunPipeline:
         self.cancelled = threading.Event()
         self._lock = threading.Lock()
         self._terminal: _Terminal | None = None
-        self._entered = False
         self._responders: list[Responder] = []
         self._decisions = 0
         self._retry_warned: set[str] = set()
@@ -299,7 +298,6 @@ class RunPipeline:
         request = self._request()
         with self._lock:
             self._raise_if_ended_before_entry()
-            self._entered = True
         self.publish(Notice(kind="lifecycle", text="driver started", data={"phase": "driver.started"}))
         response, driver_error = self._call_driver(request)
         if isinstance(driver_error, errors.ResumeRejectedError) and self._may_start_fresh():

@@ -189,7 +189,6 @@ class Stream:
         self._done = threading.Event()
         self._result: Result | None = None
         self._error: BaseException | None = None
-        self._iter_lock = threading.Lock()
 
     @property
     def run_id(self) -> str:

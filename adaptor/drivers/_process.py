@@ -251,7 +251,6 @@ class Child:
         self._stop_lock = threading.Lock()
         self._stopping: threading.Thread | None = None
         self._reason: Literal["", "cancelled", "timed_out"] = ""
-        self._open_streams = 2
         self._pump = threading.Thread(target=self._pump_loop, name=f"adaptor-pump-{proc.pid}",
                                       daemon=True)
         self._pump.start()
