@@ -692,15 +692,22 @@ _CRC_OF_BRACE = zlib.crc32(b"{")
 
 
 def crc_matches_text(line: bytes, crc: int) -> bool:
-    """Whether ``line`` starts ``{"crc":<crc>,`` and the rest, read as ``{...``, has that crc.
+    """Whether ``line`` with its ``"crc":<crc>,`` member cut out has that crc.
 
-    That is the canonical serialization of the body with the crc field cut out, so for a line
-    this module wrote the check needs no re-serialization.  A ``False`` is not a verdict: the
-    caller falls back to re-serializing the parsed record, which accepts exactly what it always
-    accepted (a line a different serializer wrote with the canonical crc, say).
+    :func:`frame` writes the body's sorted-key serialization with the crc member added in key
+    order, so cutting the member out gives back exactly the bytes the crc covers, and a line
+    this module wrote needs no re-serialization to check: the member is usually first (then
+    the check is a prefix test), or after keys that sort before ``"crc"`` (such as ``"bind"``).
+    A ``False`` is not a verdict: the caller falls back to re-serializing the parsed record,
+    which accepts exactly what it always accepted (a line a different serializer wrote with
+    the canonical crc, say, or one whose first ``"crc":<crc>,`` text is nested deeper).
     """
     head = b'{"crc":%d,' % crc
-    return line.startswith(head) and zlib.crc32(line[len(head) :], _CRC_OF_BRACE) == crc
+    if line.startswith(head):
+        return zlib.crc32(line[len(head) :], _CRC_OF_BRACE) == crc
+    member = head[1:]
+    at = line.find(member)
+    return at > 0 and zlib.crc32(line[at + len(member) :], zlib.crc32(line[:at])) == crc
 
 
 def unframe(line: bytes) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from adaptor._durable import (
     RepairReport,
     atomic_write,
     atomic_write_json,
+    crc_matches_text,
     ensure_dir,
     exclusive,
     frame,
@@ -176,6 +177,17 @@ def test_frame_is_the_sorted_serialization_with_the_crc_in_its_place(body: dict[
         {**body, "crc": zlib.crc32(plain)}, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
     )
     assert frame(body) == expected
+
+
+def test_the_crc_is_checked_on_the_text_wherever_frame_put_it() -> None:
+    # Keys sorting before "crc" put its member in the middle; the check must not need the
+    # record serialized again, and must still reject a line whose text does not match.
+    for body in ({"a": 1, "bind": "k", "z": [1]}, {"v": 1}, {"boot": "b", "crc2": 3}):
+        line = frame(body)
+        crc = unframe(line)["crc"]
+        assert crc_matches_text(line.rstrip(b"\n"), crc), line
+        assert not crc_matches_text(line.rstrip(b"\n"), crc ^ 1)
+        assert not crc_matches_text(line.rstrip(b"\n").replace(b"1", b"2", 1), crc)
 
 
 def test_frame_sorts_keys_and_recomputes_crc() -> None:

@@ -63,7 +63,6 @@ import os
 import re
 import time
 import warnings
-import zlib
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -160,23 +159,8 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes:
 
 
 def _parse_event(raw: bytes, expected_seq: int) -> Event:
-    """Check one line as read from the log, given without its newline.
-
-    The crc is checked on the text: the log writes an event as its sorted-key JSON with the
-    ``"crc"`` member added in key order, so cutting that member out of the text gives back
-    exactly the bytes the crc covers.  (:func:`unframe` takes that shortcut only when
-    ``"crc"`` is the first key, and in this log ``"bind"`` and ``"boot"`` sort before it:
-    most lines would be serialized again just to check them.)  A line the cut does not match
-    (another serializer, a nested ``"crc"`` key with the same value, damage) goes to
-    ``unframe``, which decides as always.
-    """
-    try:
-        event = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ValueError("invalid json") from None
-    crc = event.get("crc") if type(event) is dict else None
-    if type(crc) is not int or not _crc_cut_matches(raw, crc):
-        event = unframe(raw)
+    """Check one line as read from the log, given without its newline."""
+    event = unframe(raw)
     seq = event.get("seq")
     if seq != expected_seq or type(seq) is not int:
         raise ValueError(f"expected seq {expected_seq}, got {seq!r}")
@@ -187,12 +171,6 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed event: {exc}") from None
     return event
-
-
-def _crc_cut_matches(raw: bytes, crc: int) -> bool:
-    member = b'"crc":%d,' % crc
-    at = raw.find(member)
-    return at > 0 and zlib.crc32(raw[at + len(member) :], zlib.crc32(raw[:at])) == crc
 
 
 def _power_cut_suffix(lines: list[bytes]) -> bool:
