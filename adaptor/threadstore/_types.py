@@ -310,31 +310,19 @@ def check_record_json(obj: object) -> None:
 
 def record_from_json(obj: object) -> Record:
     """Rebuild a record; ``ValueError`` for anything :func:`record_to_json` cannot have made."""
-    if not isinstance(obj, Mapping):
-        raise ValueError("record is not an object")
-    try:
-        state_obj = obj["state"]
-        if state_obj is None:
-            state = None
-        elif isinstance(state_obj, Mapping) and isinstance(state_obj.get("data", {}), Mapping):
-            state = SessionState.from_json(state_obj)
-        else:
-            raise ValueError("record state is not an object")
-        status = obj["status"]
-        if status not in _STATUSES:
-            raise ValueError(f"bad record status {status!r}")
-        return Record(
-            id=_text_field(obj, "id"),
-            key=_text_field(obj, "key"),
-            status=status,
-            driver_type=_text_field(obj, "driver_type"),
-            agent=_text_field(obj, "agent"),
-            fingerprint=_text_field(obj, "fingerprint"),
-            compatibility_fingerprint=_text_field(obj, "compatibility_fingerprint"),
-            session_codec=_text_field(obj, "session_codec"),
-            state=state,
-            created_at=parse_time(obj["created_at"]),
-            updated_at=parse_time(obj["updated_at"]),
-        )
-    except KeyError as exc:
-        raise ValueError(f"record is missing {exc.args[0]!r}") from None
+    check_record_json(obj)
+    assert isinstance(obj, Mapping)
+    state = obj["state"]
+    return Record(
+        id=obj["id"],
+        key=obj["key"],
+        status=obj["status"],
+        driver_type=obj["driver_type"],
+        agent=obj["agent"],
+        fingerprint=obj["fingerprint"],
+        compatibility_fingerprint=obj["compatibility_fingerprint"],
+        session_codec=obj["session_codec"],
+        state=None if state is None else SessionState.from_json(state),
+        created_at=parse_time(obj["created_at"]),
+        updated_at=parse_time(obj["updated_at"]),
+    )
