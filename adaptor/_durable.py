@@ -17,6 +17,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -348,9 +349,9 @@ class _Exclusive:
         "_probe",
         "epoch",
         "file_lock",
-        "lingering",
         "scheduled",
         "thread_lock",
+        "__weakref__",
     )
 
     def __init__(self, path: str) -> None:
@@ -369,7 +370,6 @@ class _Exclusive:
         self.scheduled = False  # in the reaper's set
         self._probe: int | None = None  # descriptor for _free_now, opened on first use
         self.epoch = 0
-        self.lingering = _Lingering(self)
 
     def enter(self, linger: bool, while_waiting: Callable[[], object] | None = None) -> None:
         self.thread_lock.acquire()
@@ -443,6 +443,12 @@ class _Exclusive:
         finally:
             self.thread_lock.release()
 
+    @property
+    def lingering(self) -> _Lingering:
+        # Made on demand rather than kept: a kept one would be a reference cycle, and an
+        # entry nobody uses should go with its last reference, not at the next full GC.
+        return _Lingering(self)
+
     def __enter__(self) -> None:
         self.enter(False)
 
@@ -451,7 +457,8 @@ class _Exclusive:
 
     def release_idle(self) -> None:
         """Release a lingering flock now unless a thread of this process is inside (never waits)."""
-        self.reap(idle_for=0.0)
+        if self.reap(idle_for=0.0) is None:
+            _reaper.forget(self)
 
     def reap(self, *, idle_for: float) -> float | None:
         """Release the flock if it has lingered unused for ``idle_for`` seconds.
@@ -479,6 +486,16 @@ class _Exclusive:
     def _release_file(self) -> None:
         self._held = False
         self.file_lock.release()
+
+    def close_probe(self) -> None:
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                os.close(probe)
+
+    def __del__(self) -> None:
+        # Nobody uses this entry any more (see _locks), so nobody holds or awaits its flock.
+        self.close_probe()
 
 
 class _Lingering:
@@ -536,22 +553,36 @@ class _Reaper:
                 self._thread.start()
             self._cond.notify()
 
+    def forget(self, entry: _Exclusive) -> None:
+        """Stop watching ``entry``, which lingers no more."""
+        with self._cond:
+            # An exit after reap() may have scheduled it again; keep that one.
+            if not entry.scheduled:
+                self._pending.discard(entry)
+
+    def _reap_pending(self) -> float:
+        """Release what lingered long enough; returns when to look again.
+
+        A method of its own so that no local variable keeps an entry alive while the thread
+        sleeps: the registry drops entries nobody holds (see ``_locks``).
+        """
+        with self._cond:
+            pending = list(self._pending)
+        wake = time.monotonic() + _LINGER_IDLE
+        for entry in pending:
+            again = entry.reap(idle_for=_LINGER_IDLE)
+            if again is None:
+                self.forget(entry)
+            else:
+                wake = min(wake, again)
+        return wake
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._pending:
                     self._cond.wait()
-                pending = list(self._pending)
-            wake = time.monotonic() + _LINGER_IDLE
-            for entry in pending:
-                again = entry.reap(idle_for=_LINGER_IDLE)
-                if again is None:
-                    with self._cond:
-                        # An exit after reap() may have scheduled it again; keep that one.
-                        if not entry.scheduled:
-                            self._pending.discard(entry)
-                else:
-                    wake = min(wake, again)
+            wake = self._reap_pending()
             delay = wake - time.monotonic()
             if delay > 0:
                 with self._cond:
@@ -559,8 +590,15 @@ class _Reaper:
 
 
 _reaper = _Reaper()
-_locks: dict[str, _Exclusive] = {}
+# The registry holds its entries weakly.  Whoever uses an entry holds it (a ``with`` block, the
+# reaper while the flock lingers), and so does this registry for as long as it is in use, so
+# a path still has exactly one entry at a time; one nobody uses any more goes away instead of
+# staying for the life of the process (a daemon writes a new event log for every request).
+_locks: weakref.WeakValueDictionary[str, _Exclusive] = weakref.WeakValueDictionary()
 _locks_guard = threading.Lock()
+# Entries whose FileLock was handed out by lock_for(): the caller may keep that object, so its
+# entry must outlive every other reference.
+_pinned: set[_Exclusive] = set()
 
 
 def _reset_locks_in_child() -> None:
@@ -570,12 +608,11 @@ def _reset_locks_in_child() -> None:
     global _locks_guard, _reaper
     _locks_guard = threading.Lock()
     _reaper = _Reaper()
-    for key, old in list(_locks.items()):
-        if old._probe is not None:
-            # A fork in the middle of a probe would otherwise keep its shared flock alive.
-            with contextlib.suppress(OSError):
-                os.close(old._probe)
-        _locks[key] = _Exclusive(key)
+    for old in list(_locks.values()):
+        # A fork in the middle of a probe would otherwise keep its shared flock alive.
+        old.close_probe()
+    _locks.clear()
+    _pinned.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -583,16 +620,19 @@ if hasattr(os, "register_at_fork"):
 
 
 def _entry(path: _StrPath) -> _Exclusive:
-    key = path if isinstance(path, str) and path in _locks else os.path.abspath(path)
-    found = _locks.get(key)
+    # Registered keys are absolute paths: a string found as it is needs no abspath().
+    found = _locks.get(path) if isinstance(path, str) else None
     if found is None:
-        with _locks_guard:
-            found = _locks.get(key)
-            if found is None:
-                # This dict is the singleton registry: filelock's is_singleton keeps only weak
-                # references (a dropped lock could be rebuilt while another object still holds
-                # the flock) and rejects differing options.
-                found = _locks[key] = _Exclusive(key)
+        key = os.path.abspath(path)
+        found = _locks.get(key)
+        if found is None:
+            with _locks_guard:
+                found = _locks.get(key)
+                if found is None:
+                    # This registry is the singleton: filelock's is_singleton would rebuild a
+                    # lock whose object was dropped while its flock is still held (it only
+                    # remembers the object), and it rejects differing options.
+                    found = _locks[key] = _Exclusive(key)
     return found
 
 
@@ -601,9 +641,13 @@ def lock_for(path: _StrPath) -> filelock.FileLock:
 
     One object per absolute path per process: flock belongs to the open file description, so a
     second object for the same path in this process would deadlock against the first.  It
-    excludes other *processes* only; use :func:`exclusive` to exclude threads too.
+    excludes other *processes* only; use :func:`exclusive` to exclude threads too.  The caller
+    may keep the object, so this path's entry is kept for the life of the process.
     """
-    return _entry(path).file_lock
+    entry = _entry(path)
+    with _locks_guard:
+        _pinned.add(entry)
+    return entry.file_lock
 
 
 def exclusive(
@@ -652,8 +696,9 @@ def touch_epoch(path: _StrPath) -> int:
 
 def release_lingering(path: _StrPath) -> None:
     """Let go of ``path``'s flock now if it is only lingering (nobody here is inside)."""
-    key = path if isinstance(path, str) and path in _locks else os.path.abspath(path)
-    found = _locks.get(key)
+    found = _locks.get(path) if isinstance(path, str) else None
+    if found is None:
+        found = _locks.get(os.path.abspath(path))
     if found is not None:
         found.release_idle()
 

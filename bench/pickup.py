@@ -18,6 +18,8 @@ Cases (quality.md, ``pickup`` and the Memory line):
   (``adaptor._request.parse``/``build``), one after another.
 * ``RSS idle``: the daemon's ``VmRSS`` after its warm-up and the idle probes; goal < 80 MB.
 * ``RSS +1000 queued``: its growth once the 1,000 requests are queued; goal < 50 MB.
+* ``RSS +1000 served``: the throughput daemon's growth over its 1,000 requests (reported): what
+  a long-lived daemon keeps per request it has finished, plus the allocator's high-water mark.
 
 "Link" is ``time.time()`` just before ``os.link`` (the request file was written and fsynced
 under ``spool/tmp`` beforehand, as ``submit`` does).  "Driver start" is the wall-clock time of
@@ -383,8 +385,10 @@ def run(options: Options) -> dict[str, object]:
                     raise RuntimeError("a queued request ran: the queue was not held")
         with _serving(scratch, "home-throughput") as (daemon, client):
             _warm(client)
+            rss_before = daemon.rss_bytes()
             with _Watch(daemon.home.verdicts) as watch:
                 tput = _throughput(client, watch, total)
+            rss_served = daemon.rss_bytes() - rss_before
         baseline_rate = _in_process_rate(inproc)
         log(
             f"pickup: {tput['rate']:.1f} requests/s through the daemon "
@@ -420,6 +424,18 @@ def run(options: Options) -> dict[str, object]:
                 _GOAL_QUEUED_MB,
                 baseline=rss_idle / MB,
                 rss_queued_mb=round(rss_queued / MB, 1),
+            )
+        )
+        cases.append(
+            Case(
+                f"RSS +{total} served",
+                rss_served / MB,
+                "MB",
+                rss_before / MB,
+                None,
+                "reported (no goal)",
+                True,
+                {"per_request_kb": round(rss_served / 1024 / total, 2)},
             )
         )
         params = {

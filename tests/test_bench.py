@@ -61,6 +61,7 @@ _CASES: dict[str, dict[str, str]] = {
         "throughput": "requests/s",
         "RSS idle": "MB",
         "RSS +20 queued": "MB",
+        "RSS +40 served": "MB",
     },
     "overhead": {"through the daemon": "ms"},
     "parse": {"claude replay": "events/s"},

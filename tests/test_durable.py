@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import pickle
 import select
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -868,6 +870,53 @@ def test_an_idle_writer_lets_another_process_append_without_closing(log_path: Pa
     log.append({"who": "third"})
     assert [r["who"] for r in _assert_seqs(log_path, 3)] == ["first", "second", "third"]
     log.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _settles(check: Any, timeout: float = 10.0) -> bool:
+    """Whether ``check()`` comes true once the reaper thread has gone round (or at once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        if check() or time.monotonic() > deadline:
+            return bool(check())
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_process_writing_many_logs_keeps_no_lock_state_for_logs_it_is_done_with(
+    tmp_path: Path,
+) -> None:
+    # A daemon writes a new event log for every request: what it keeps per log it ever
+    # wrote (a lock object, a probe descriptor) would grow for the life of the process.
+    gc.collect()
+    fds, locks = _open_fds(), len(_durable._locks)
+    for i in range(40):
+        log = DurableLog(tmp_path / f"run-{i}.jsonl")
+        log.append({"i": i})
+        log.close()  # lets the lingering flock go
+        with exclusive(tmp_path / f"store-{i}.lock", while_waiting=lambda: None):
+            pass  # the waiting path opens a probe descriptor
+    assert _settles(lambda: len(_durable._locks) <= locks and _open_fds() <= fds)
+
+
+def test_a_lock_in_use_keeps_its_one_object(tmp_path: Path) -> None:
+    lock_path = tmp_path / "x.lock"
+    with exclusive(lock_path, linger=True):
+        held = _durable._entry(lock_path)
+    gc.collect()
+    # Lingering: still held by this process, so the same object answers for the path.
+    assert _durable._entry(str(lock_path)) is held
+    _durable.release_lingering(lock_path)
+    del held
+    assert _settles(lambda: str(lock_path) not in _durable._locks)
+    # A FileLock handed out by lock_for() may be kept by its caller: its entry stays.
+    kept = lock_for(lock_path)
+    gc.collect()
+    assert lock_for(str(lock_path)) is kept
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
