@@ -288,6 +288,21 @@ def test_fast_verify_never_accepts_what_decode_rejects(case: tuple[bytes, int]) 
         assert accepted, line
 
 
+@pytest.mark.parametrize("sequence", [[], [3]])
+def test_fast_paths_refuse_a_meta_sequence_that_is_a_list(sequence: object) -> None:
+    # Found by the property test above: a list of ints reads, as JSON text, much like an int.
+    body = next(body for body in _RECORDS if body["kind"] == "text.content")
+    meta = {**body["meta"], "sequence": sequence}
+    line = frame(
+        {**body, "meta": meta, "event": {**body["event"], "meta": meta}, "v": 1, "host_seq": 7}
+    )
+    with pytest.raises(_format._LineError):
+        _format.decode(line, 7)
+    assert _format._quick_decode(line, 7) is None
+    assert _format._quick_batch([line], 7, True) is None
+    assert _format._quick_batch([line], 7, False) is None
+
+
 def test_fast_verify_accepts_what_the_recorder_writes() -> None:
     # Otherwise verify would quietly fall back to the slow path for every line.
     for seq, body in enumerate(_RECORDS, 1):

@@ -313,9 +313,17 @@ _META_KEYS = _orjson_keys(["run_id", "sequence", "thread_key", "time", "turn_id"
 _get_record = itemgetter(*_RECORD_KEYS)
 _get_meta_fields = itemgetter(*_META_KEYS)
 _FIVE = {5}
-# What orjson writes for a list of ints and nothing else (bool is "true", a float has "." or
-# "e", and an int past 64 bits is an error): the ints check for a whole column in one pass.
+# What orjson writes for a list of ints (bool is "true", a float has "." or "e", an int past 64
+# bits is an error) is made of these bytes only, with one "[" per list: a nested list of ints
+# passes the first test alone, so _all_ints() makes both.
 _INT_TEXT = b"-0123456789,[]"
+
+
+def _all_ints(text: bytes, lists: int) -> bool:
+    """Whether ``text``, orjson's text of ``lists`` lists, holds nothing but ints in them."""
+    return not text.translate(None, _INT_TEXT) and text.count(b"[") == lists
+
+
 _get_sequence_or_0 = methodcaller("get", "sequence", 0)
 _get_time_or_empty = methodcaller("get", "time", "")
 
@@ -421,8 +429,8 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
             *map(_get_record, objs), strict=True
         )
         crc_text = _dumps(crcs)  # "[<crc>,<crc>,...]", each as b"%d" writes it if an int
-        if (crc_text + _dumps(seqs + versions)).translate(None, _INT_TEXT):
-            return None  # not all ints
+        if not _all_ints(crc_text + _dumps(seqs + versions), 2):
+            return None
         # Framing: unframe()'s crc_matches_text() and the host_seq sequence.  Split at the
         # first comma, a line is b'{"crc":<crc>' and the text the crc covers (bar its "{");
         # the heads, joined, are compared with all the crcs' text at once (no head holds a
@@ -474,7 +482,7 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
                 *map(_get_meta_fields, metas), strict=True
             )
             "".join(run_ids + thread_keys + turn_ids)  # a TypeError unless all are str
-            if _dumps(sequences).translate(None, _INT_TEXT):
+            if not _all_ints(_dumps(sequences), 1):
                 return None  # (bool is an int subclass, and int() would turn True into 1)
         else:
             # Only a verdict: these kinds' from_json ignores extra keys, defaults missing
