@@ -334,15 +334,21 @@ def _parse_stamps(stamps: Sequence[str]) -> list[datetime] | None:
     That is the layout format_time() writes, and for it ``datetime.fromisoformat`` (which reads
     a trailing "Z" as UTC since Python 3.11) returns what parse_time() does, without
     parse_time's copy of each string.  Checked over one joined string, so per stamp the cost is
-    a few bytes scanned: n "Z"s in all and n - 1 "Z\0" pairs plus a final "Z" mean each
-    stamp's only "Z" is its last character -- given that every stamp parses, as none with a
-    "Z\0" inside does (fromisoformat takes a "Z" as the time zone, last, or as the separator,
-    followed by the time).  A stamp of any other shape is not a verdict either way: the batch
-    is left to the line-by-line path (an exception, like None, means just that).
+    a few bytes scanned: n - 1 NULs in all mean no stamp holds one, so the NULs are exactly
+    the joins; then n "Z"s in all and n - 1 "Z\0" pairs plus a final "Z" mean each stamp's
+    only "Z" is its last character.  (A stamp holding a NUL must be ruled out by the count:
+    fromisoformat() takes "...Z\0Z", which parse_time() refuses.)  A stamp of any other shape
+    is not a verdict either way: the batch is left to the line-by-line path (an exception,
+    like None, means just that).
     """
     n = len(stamps)
     joined = "\0".join(stamps)  # a TypeError unless every stamp is a str
-    if joined.count("Z") != n or joined.count("Z\0") != n - 1 or not joined.endswith("Z"):
+    if (
+        joined.count("\0") != n - 1
+        or joined.count("Z") != n
+        or joined.count("Z\0") != n - 1
+        or not joined.endswith("Z")
+    ):
         return None
     return list(map(_fromiso, stamps))
 
