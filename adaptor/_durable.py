@@ -619,20 +619,24 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_locks_in_child)
 
 
-def _entry(path: _StrPath) -> _Exclusive:
+def _registered(path: _StrPath) -> _Exclusive | None:
+    """``path``'s entry if one is in use, else None."""
     # Registered keys are absolute paths: a string found as it is needs no abspath().
     found = _locks.get(path) if isinstance(path, str) else None
+    return found if found is not None else _locks.get(os.path.abspath(path))
+
+
+def _entry(path: _StrPath) -> _Exclusive:
+    found = _registered(path)
     if found is None:
         key = os.path.abspath(path)
-        found = _locks.get(key)
-        if found is None:
-            with _locks_guard:
-                found = _locks.get(key)
-                if found is None:
-                    # This registry is the singleton: filelock's is_singleton would rebuild a
-                    # lock whose object was dropped while its flock is still held (it only
-                    # remembers the object), and it rejects differing options.
-                    found = _locks[key] = _Exclusive(key)
+        with _locks_guard:
+            found = _locks.get(key)
+            if found is None:
+                # This registry is the singleton: filelock's is_singleton would rebuild a
+                # lock whose object was dropped while its flock is still held (it only
+                # remembers the object), and it rejects differing options.
+                found = _locks[key] = _Exclusive(key)
     return found
 
 
@@ -645,8 +649,7 @@ def lock_for(path: _StrPath) -> filelock.FileLock:
     may keep the object, so this path's entry is kept for the life of the process.
     """
     entry = _entry(path)
-    with _locks_guard:
-        _pinned.add(entry)
+    _pinned.add(entry)
     return entry.file_lock
 
 
@@ -696,9 +699,7 @@ def touch_epoch(path: _StrPath) -> int:
 
 def release_lingering(path: _StrPath) -> None:
     """Let go of ``path``'s flock now if it is only lingering (nobody here is inside)."""
-    found = _locks.get(path) if isinstance(path, str) else None
-    if found is None:
-        found = _locks.get(os.path.abspath(path))
+    found = _registered(path)
     if found is not None:
         found.release_idle()
 

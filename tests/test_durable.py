@@ -16,6 +16,7 @@ import threading
 import time
 import tracemalloc
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -876,7 +877,7 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _settles(check: Any, timeout: float = 10.0) -> bool:
+def _settles(check: Callable[[], bool], timeout: float = 10.0) -> bool:
     """Whether ``check()`` comes true once the reaper thread has gone round (or at once)."""
     deadline = time.monotonic() + timeout
     while True:
