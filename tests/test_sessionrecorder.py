@@ -1781,6 +1781,76 @@ def test_writers_that_keep_recording_keep_sharing_syncs(
     recorder.close()
 
 
+def test_woken_writers_rejoin_one_batch_rather_than_alternating_in_two(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Writers woken by a sync come back while the next sync runs; committing whoever has
+    # come back at once splits them into two cohorts that alternate, a sync each.  A leader
+    # waits (briefly) for the writers of the last batch instead, so they share one sync.
+    real = _durable._datasync
+    syncs: list[int] = []
+
+    def slow(fd: int) -> None:  # a slow disk: the writers are all back well within a sync
+        time.sleep(0.02)
+        real(fd)
+        syncs.append(fd)
+
+    hook_datasyncs(monkeypatch, slow)
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    writers, per_writer = 4, 8
+    start = threading.Barrier(writers)
+
+    def work(worker: int) -> None:
+        start.wait(CHILD_TIMEOUT)
+        for i in range(per_writer):
+            recorder.record("hot", _text(worker * 1000 + i))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CHILD_TIMEOUT)
+    total = writers * per_writer
+    assert _seqs(recorder.since("hot")) == list(range(1, total + 1))
+    # All four together: 8 syncs plus the first few while they meet; two cohorts: about 16.
+    assert len(syncs) <= total * 3 // 8, f"{len(syncs)} syncs for {total} records"
+    recorder.close()
+
+
+def test_records_made_one_at_a_time_never_wait_for_other_writers(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Many threads, but never two at once (a pool serving one key in turn): nobody is coming
+    # back to share a sync, so a leader waiting for them would only add latency.
+    gathered: list[int] = []
+    real_gather = _jsonl._Session._gather
+
+    def gather(self: Any, batch: Any, own: Any) -> Any:
+        gathered.append(len(batch))
+        return real_gather(self, batch, own)
+
+    monkeypatch.setattr(_jsonl._Session, "_gather", gather)
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    turns = [threading.Event() for _ in range(3)]
+
+    def take_turns(me: int) -> None:  # three live threads (distinct idents), in strict turn
+        for i in range(4):
+            assert turns[me].wait(CHILD_TIMEOUT)
+            turns[me].clear()
+            recorder.record("turns", _text(i * 3 + me))
+            turns[(me + 1) % 3].set()
+
+    threads = [threading.Thread(target=take_turns, args=(me,)) for me in range(3)]
+    for t in threads:
+        t.start()
+    turns[0].set()
+    for t in threads:
+        t.join(CHILD_TIMEOUT)
+    assert _seqs(recorder.since("turns")) == list(range(1, 13))
+    assert gathered == []
+    recorder.close()
+
+
 def _eight_threads_record_on_one_key(recorder: sr.EventRecorder, per_thread: int) -> int:
     """Eight threads record ``per_thread`` events each on key "hot"; all of them are there."""
 

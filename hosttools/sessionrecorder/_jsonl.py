@@ -6,6 +6,7 @@ import errno
 import itertools
 import os
 import threading
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,10 +55,11 @@ class _Failure:
 class _Pending:
     """One record waiting to be written; ``wake`` is held by its caller while it waits."""
 
-    __slots__ = ("body", "failure", "wake", "written")
+    __slots__ = ("body", "failure", "wake", "writer", "written")
 
     def __init__(self, body: dict[str, Any]) -> None:
         self.body = body
+        self.writer = threading.get_ident()
         self.written: dict[str, Any] | None = None
         self.failure: _Failure | None = None
         self.wake: threading.Lock | None = None
@@ -88,6 +90,9 @@ def _open_for_sync(path: str) -> int:
 # own caller is not kept waiting indefinitely while others keep appending).
 _BATCHES_PER_LEADER = 8
 
+# The longest a leader waits for the writers of the previous batch to queue again (below).
+_GATHER_MAX = 0.005
+
 
 @dataclass(eq=False)
 class _Session:
@@ -99,6 +104,12 @@ class _Session:
     their record is durable (or failed), so a commit wakes exactly the writers it finished and
     nobody fights over a shared condition.  After :data:`_BATCHES_PER_LEADER` batches the
     leader steps down and wakes the queued writers, and one of them takes over.
+
+    With syncing on, and once a synced batch held records of several threads, a leader first
+    waits for the threads of the last two batches to queue again (at most one sync's duration,
+    never over :data:`_GATHER_MAX`).  Without that wait, writers just woken come back while the
+    next sync runs, so they split into two cohorts that alternate, each paying a sync of its
+    own.  Records made one at a time never wait, whichever threads make them.
     """
 
     key: str
@@ -110,6 +121,14 @@ class _Session:
     _idle_waiters: int = 0
     _queue: list[_Pending] = field(default_factory=list)
     _writing: bool = False
+    # Group commit's gathering: the threads whose records the last two synced batches held,
+    # how long the last write and sync took, and how many queued records the waiting leader
+    # wants (0: none).
+    _arrived: threading.Condition = field(init=False)
+    _last_writers: frozenset[int] = frozenset()
+    _writers_before: frozenset[int] = frozenset()
+    _last_sync: float = 0.0
+    _gather_for: int = 0
     _state: Literal["open", "retired", "closed"] = "open"
     _log: DurableLog | None = None
     # Buffered mode only: opened right after the first append so a later write-back error is
@@ -124,6 +143,7 @@ class _Session:
 
     def __post_init__(self) -> None:
         self._idle = threading.Condition(self._mutex)
+        self._arrived = threading.Condition(self._mutex)
         self.lock_path = self.path + ".lock"
 
     def check_poison(self) -> None:
@@ -141,6 +161,8 @@ class _Session:
                 wake = pending.wake = threading.Lock()
                 wake.acquire()
                 self._queue.append(pending)
+                if self._gather_for and len(self._queue) >= self._gather_for:
+                    self._arrived.notify()
             else:
                 self._writing = True
                 wake = None
@@ -185,7 +207,16 @@ class _Session:
         leading = True
         try:
             while True:
-                self._write_batch(batch)
+                if self.sync:
+                    if len(self._last_writers) > 1:
+                        batch = self._gather(batch, own)
+                    started = time.monotonic()
+                    self._write_batch(batch)
+                    self._last_sync = time.monotonic() - started
+                    self._writers_before = self._last_writers
+                    self._last_writers = frozenset(p.writer for p in batch)
+                else:
+                    self._write_batch(batch)
                 rounds += 1
                 with self._mutex:
                     following, self._queue = self._queue, []
@@ -205,6 +236,27 @@ class _Session:
                     unwritten = [p for p in batch if not p.done and p is not own]
                     self._queue = unwritten + self._queue
                     self._step_down(batch)
+
+    def _gather(self, batch: list[_Pending], own: _Pending) -> list[_Pending]:
+        """``batch`` and what queues while it waits (bounded) for the recent writers' return."""
+        recent = self._last_writers | self._writers_before
+        # The leader's own thread comes back only once it stops leading.
+        expected = len(recent) - (own.writer in recent) + (own in batch)
+        if len(batch) >= expected:
+            return batch
+        deadline = time.monotonic() + min(self._last_sync, _GATHER_MAX)
+        with self._mutex:
+            self._gather_for = expected - len(batch)
+            try:
+                while len(self._queue) < self._gather_for:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._arrived.wait(remaining)
+            finally:
+                self._gather_for = 0
+            batch, self._queue = [*batch, *self._queue], []
+        return batch
 
     def _step_down(self, finished: list[_Pending]) -> None:
         # Called holding the mutex: wake the writers just served, and those still queued so
