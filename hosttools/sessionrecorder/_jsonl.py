@@ -121,12 +121,12 @@ class _Session:
     _idle_waiters: int = 0
     _queue: list[_Pending] = field(default_factory=list)
     _writing: bool = False
-    # Group commit's gathering: the threads whose records the last two synced batches held,
-    # how long the last write and sync took, and how many queued records the waiting leader
-    # wants (0: none).
+    # Group commit's gathering: the last two synced batches, how long the last one of several
+    # records took to write and sync, and how many queued records the waiting leader wants
+    # (0: none).  A batch holds one record per thread, so its length counts its threads.
     _arrived: threading.Condition = field(init=False)
-    _last_writers: frozenset[int] = frozenset()
-    _writers_before: frozenset[int] = frozenset()
+    _last_batch: list[_Pending] = field(default_factory=list)
+    _batch_before: list[_Pending] = field(default_factory=list)
     _last_sync: float = 0.0
     _gather_for: int = 0
     _state: Literal["open", "retired", "closed"] = "open"
@@ -208,13 +208,15 @@ class _Session:
         try:
             while True:
                 if self.sync:
-                    if len(self._last_writers) > 1:
+                    if len(self._last_batch) > 1:
                         batch = self._gather(batch, own)
-                    started = time.monotonic()
-                    self._write_batch(batch)
-                    self._last_sync = time.monotonic() - started
-                    self._writers_before = self._last_writers
-                    self._last_writers = frozenset(p.writer for p in batch)
+                    if len(batch) > 1:
+                        started = time.monotonic()
+                        self._write_batch(batch)
+                        self._last_sync = time.monotonic() - started
+                    else:  # (one writer's path: nothing to time, no wait will follow)
+                        self._write_batch(batch)
+                    self._batch_before, self._last_batch = self._last_batch, batch
                 else:
                     self._write_batch(batch)
                 rounds += 1
@@ -239,7 +241,7 @@ class _Session:
 
     def _gather(self, batch: list[_Pending], own: _Pending) -> list[_Pending]:
         """``batch`` and what queues while it waits (bounded) for the recent writers' return."""
-        recent = self._last_writers | self._writers_before
+        recent = {p.writer for p in self._last_batch} | {p.writer for p in self._batch_before}
         # The leader's own thread comes back only once it stops leading.
         expected = len(recent) - (own.writer in recent) + (own in batch)
         if len(batch) >= expected:
