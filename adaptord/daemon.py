@@ -719,8 +719,9 @@ class Daemon:
     ) -> None:
         """Write the request's verdict, exactly once, after everything it points to is durable.
 
-        The side files are written in place and fsynced, then the run folder (one sync for all
-        their entries), then the verdict is written atomically and synced.  ``job`` is the
+        The side files are written in place and fsynced (their writeback started together), then
+        the run folder (one sync for all their entries), then the verdict is written atomically
+        and synced.  ``job`` is the
         request's in-memory job when there is one (its state is then not read back from disk).
         """
         redactor = requests.Redactor(secrets)
@@ -728,16 +729,18 @@ class Daemon:
         # Files written earlier without fsync (the request copy, when the start's sync did not
         # happen), synced in the same batch as the folder.
         unsynced = list(job.unsynced) if job is not None else []
-        new_files = bool(unsynced)
+        side: dict[Path, bytes] = {}  # the side files' content
         result_json: dict[str, Any] | None = None
         if result is not None:
-            # Written in place and fsynced one by one: only this verdict will point at them,
-            # and it is written after they are durable (see _durable.write_in_place).
+            # Written in place, no rename: only this verdict will point at them, and it is
+            # written after they are durable (see _durable.write_in_place).
             if job is None or not job.run_dir_ready:
                 _durable.ensure_dir(run_dir, durable=False)
             raw = result.raw()
-            _write_side_file(run_dir / "stdout", redactor.text(raw.stdout).encode())
-            _write_side_file(run_dir / "stderr", redactor.text(raw.stderr).encode())
+            for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
+                data = redactor.text(text).encode()
+                if data or not _create_empty(run_dir / name):
+                    side[run_dir / name] = data
             full = redactor.value(result.to_json())
             full["raw"] = {
                 "stdout": f"runs/{request_id}/stdout",
@@ -746,17 +749,17 @@ class Daemon:
             }
             if raw.terminal is not None:
                 terminal = redactor.value({"event": raw.terminal.event, "json": raw.terminal.json})
-                _durable.write_in_place(run_dir / "terminal.json", _durable.json_bytes(terminal))
-            _durable.write_in_place(run_dir / "transcript.json", _durable.json_bytes(full.pop("transcript")))
+                side[run_dir / "terminal.json"] = _durable.json_bytes(terminal)
+            side[run_dir / "transcript.json"] = _durable.json_bytes(full.pop("transcript"))
             summary = {**full, "transcript": f"runs/{request_id}/transcript.json"}
-            _durable.write_in_place(run_dir / "result.json", _durable.json_bytes(summary))
+            side[run_dir / "result.json"] = _durable.json_bytes(summary)
             result_json = {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
-            new_files = True
-        if new_files:
-            # Then the folder's entries (and the folder's own entry in runs/ unless the
-            # start's sync made it durable already).
+        if result_json is not None or unsynced:
+            # The side files (and the request copy), synced together, then the folder's
+            # entries (and the folder's own entry in runs/ unless the start's sync made it
+            # durable already).
             folders = (run_dir,) if job is not None and job.run_dir_synced else (run_dir, self.home.runs)
-            _durable.sync_paths(unsynced, folders)
+            _durable.write_all_in_place(side.items(), sync_too=unsynced, directories=folders)
         wire = None if error is None else errors.to_wire(error, secrets=secrets)
         verdict = {
             "format": _home.VERDICT_FORMAT,
@@ -963,21 +966,19 @@ class Daemon:
         self._kept.close(self.grace)
 
 
-def _write_side_file(path: Path, data: bytes) -> None:
-    """A run's side file, written in place and fsynced, unless it is a new empty file.
+def _create_empty(path: Path) -> bool:
+    """Create ``path`` as a new empty file; False when it exists (an earlier attempt's).
 
     A new empty file has no data to sync: its creation is metadata, made durable by the run
     folder's fsync that follows (journaling filesystems commit a new inode with its entry).
-    An existing file (an earlier attempt's) is truncated and synced like any other.
+    An existing file must be truncated and synced like any other side file.
     """
-    if data:
-        _durable.write_in_place(path, data)
-        return
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         os.close(os.open(path, flags, 0o600))
     except FileExistsError:
-        _durable.write_in_place(path, data)
+        return False
+    return True
 
 
 def _claimed_at(claimed: Path) -> str:

@@ -950,6 +950,49 @@ def test_write_once_never_replaces_and_runs_linked_before_returning(tmp_path: Pa
     assert target.stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_files_written_together_are_each_synced_before_their_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _durable.ensure_dir(tmp_path / "runs" / "r1", durable=False)
+    _durable.atomic_write_json(folder / "request.json", {"id": "r1"}, durable=False)
+    (folder / "result.json").write_bytes(b"an earlier attempt's, longer than the new one\n")
+    synced: list[str] = []  # what each fsync covered, in order
+    hinted: list[str] = []
+    real_fsync, real_hint = os.fsync, _durable._start_writeback
+
+    def fsync(fd: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        # Its data is complete when its sync is asked for.
+        assert os.fstat(fd).st_size == os.path.getsize(os.readlink(f"/proc/self/fd/{fd}"))
+        synced.append(name)
+        real_fsync(fd)
+
+    def hint(fd: int) -> None:
+        hinted.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_hint(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(_durable, "_start_writeback", hint)
+    _durable.write_all_in_place(
+        [(folder / "stdout", b"out\n"), (folder / "result.json", b"{}\n")],
+        sync_too=[folder / "request.json", folder / "gone", folder / "request.json"],
+        directories=[folder, folder.parent, folder],
+    )
+    assert (folder / "stdout").read_bytes() == b"out\n"
+    assert (folder / "result.json").read_bytes() == b"{}\n"  # truncated, not appended
+    assert (folder / "stdout").stat().st_mode & 0o777 == 0o600
+    # Writeback of all three started before the first sync waits; then each synced once,
+    # files before folders, each folder once.
+    assert hinted == ["stdout", "result.json", "request.json"]
+    assert synced == ["stdout", "result.json", "request.json", "r1", "runs"]
+    hinted.clear()
+    synced.clear()
+    _durable.sync_paths([folder / "request.json"], [folder])
+    assert (hinted, synced) == ([], ["request.json", "r1"])  # one file: nothing to overlap
+    assert sorted(p.name for p in folder.iterdir()) == ["request.json", "result.json", "stdout"]
+
+
 def test_deferred_writes_are_complete_files_and_sync_paths_skips_missing(tmp_path: Path) -> None:
     folder = _durable.ensure_dir(tmp_path / "runs" / "r1", durable=False)
     _durable.atomic_write_json(folder / "state.json", {"b": 1, "a": [1]}, durable=False)
