@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import adaptor
-from adaptor import events
+from adaptor import _run, events
 from adaptor.driver import Descriptor, Request, Response
 from adaptor.testing import ScriptedDriver
 
@@ -622,6 +626,9 @@ def test_cancel_with_full_buffer_delivers_final_dropped_then_finished() -> None:
     it = iter(stream)
     first = next(it)
     assert isinstance(first, events.RunStarted)
+    broker = stream._broker
+    assert broker is not None
+    _until(lambda: len(broker._queue) == 1)  # the run entered the driver and filled the buffer
     stream.cancel()  # without draining: reserved slots must still carry the terminal
     rest = list(it)
     assert isinstance(rest[-1], events.RunFinished)
@@ -731,3 +738,75 @@ def test_pre_invocation_failures_never_call_the_driver(
     with pytest.raises(adaptor.AgentClosedError):
         agent.run("go")
     assert driver.calls == 0
+
+
+# --- the threads that run pipelines ---------------------------------------------------------
+
+
+def _until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.005)
+
+
+class _Job:
+    def __init__(self, ran: list[tuple[int, str]]) -> None:
+        self.ran = ran
+        self.done = threading.Event()
+
+    def __call__(self) -> None:
+        self.ran.append((threading.get_ident(), threading.current_thread().name))
+        self.done.set()
+
+
+def test_an_idle_run_thread_takes_the_next_run_and_keeps_nothing_of_the_last() -> None:
+    threads = _run._RunThreads()
+    ran: list[tuple[int, str]] = []
+    first = _Job(ran)
+    threads.start(first, "adaptor-run_1")
+    assert first.done.wait(10)
+    _until(lambda: threads._idle == 1)
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is None  # the idle thread does not keep its last run alive
+    second = _Job(ran)
+    threads.start(second, "adaptor-run_2")
+    assert second.done.wait(10)
+    assert ran[0][0] == ran[1][0]  # the same thread, no new one started
+    assert [name for _, name in ran] == ["adaptor-run_1", "adaptor-run_2"]
+
+
+def test_a_run_thread_idle_past_its_time_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_run, "_IDLE_SECONDS", 0.05)
+    threads = _run._RunThreads()
+    ran: list[tuple[int, str]] = []
+    job = _Job(ran)
+    threads.start(job, "adaptor-run_1")
+    assert job.done.wait(10)
+    _until(lambda: all(t.ident != ran[0][0] for t in threading.enumerate()))
+    assert threads._idle == 0
+    later = _Job(ran)
+    threads.start(later, "adaptor-run_2")  # a new thread, as none is idle
+    assert later.done.wait(10)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_pipelines_on_threads_of_its_own() -> None:
+    ran: list[tuple[int, str]] = []
+    job = _Job(ran)
+    _run._run_threads.start(job, "adaptor-run_parent")
+    assert job.done.wait(10)
+    _until(lambda: _run._run_threads._idle >= 1)  # the parent now has an idle thread
+    pid = os.fork()
+    if pid == 0:  # the child has no copy of that thread: a run handed to it would never start
+        status = 1
+        try:
+            child_job = _Job([])
+            _run._run_threads.start(child_job, "adaptor-run_child")
+            status = 0 if child_job.done.wait(10) else 1
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
