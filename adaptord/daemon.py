@@ -603,13 +603,9 @@ class Daemon:
         if isinstance(error, errors.RunError):
             result = error.result
         run_id = job.run_ids[-1] if job.run_ids else None
-        try:
-            self._events_backend.flush()
-        except Exception as exc:
-            self.log("audit log sync failed", id=job.id, error=f"{type(exc).__name__}: {exc}")
         self._write_verdict(
             job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
-            started_at=started_at, session=session, secrets=secrets, job=job,
+            started_at=started_at, session=session, secrets=secrets, job=job, flush_events=True,
         )  # the claimed copy is removed with the verdict
 
     def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
@@ -716,66 +712,56 @@ class Daemon:
         session: str | None,
         secrets: list[str],
         job: Job | None = None,
+        flush_events: bool = False,
     ) -> None:
         """Write the request's verdict, exactly once, after everything it points to is durable.
 
-        The side files are written in place and fsynced (their writeback started together), then
-        the run folder (one sync for all their entries), then the verdict is written atomically
-        and synced.  ``job`` is the
-        request's in-memory job when there is one (its state is then not read back from disk).
+        The side files are written in place, the request copy joins them, and with
+        ``flush_events`` the audit log is synced while the disk writes them; then the side
+        files, the request copy and the verdict's content are fsynced, then the run folder
+        (one sync for all their entries), and only then does the verdict appear.  ``job`` is
+        the request's in-memory job when there is one (its state is then not read back).
         """
         redactor = requests.Redactor(secrets)
         run_dir = self.home.run_dir(request_id)
-        # Files written earlier without fsync (the request copy, when the start's sync did not
-        # happen), synced in the same batch as the folder.
-        unsynced = list(job.unsynced) if job is not None else []
-        side: dict[Path, bytes] = {}  # the side files' content
-        result_json: dict[str, Any] | None = None
-        if result is not None:
-            # Written in place, no rename: only this verdict will point at them, and it is
-            # written after they are durable (see _durable.write_in_place).
-            if job is None or not job.run_dir_ready:
-                _durable.ensure_dir(run_dir, durable=False)
-            raw = result.raw()
-            for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
-                data = redactor.text(text).encode()
-                if data or not _create_empty(run_dir / name):
-                    side[run_dir / name] = data
-            full = redactor.value(result.to_json())
-            full["raw"] = {
-                "stdout": f"runs/{request_id}/stdout",
-                "stderr": f"runs/{request_id}/stderr",
-                "terminal": None if raw.terminal is None else f"runs/{request_id}/terminal.json",
+        batch = _durable.SyncBatch()
+        try:
+            result_json = self._write_side_files(request_id, result, redactor, job, batch)
+            # Files written earlier without fsync (the request copy, when the start's sync did
+            # not happen).
+            for path in job.unsynced if job is not None else ():
+                batch.add(path)
+            if batch.files:
+                # The folder's entries, and the folder's own entry in runs/ unless the start's
+                # sync made it durable already.
+                batch.add_directory(run_dir)
+                if job is None or not job.run_dir_synced:
+                    batch.add_directory(self.home.runs)
+            if flush_events:
+                try:
+                    self._events_backend.flush()
+                except Exception as exc:
+                    self.log("audit log sync failed", id=request_id, error=f"{type(exc).__name__}: {exc}")
+            wire = None if error is None else errors.to_wire(error, secrets=secrets)
+            verdict = {
+                "format": _home.VERDICT_FORMAT,
+                "id": request_id,
+                "run_id": run_id,
+                "ok": error is None,
+                "result": result_json,
+                "error": wire,
+                "exit_code": 0 if error is None else errors.exit_code_for(error),
+                "events": None if session is None else f"events/{session}.jsonl",
+                "received_at": received_at,
+                "started_at": started_at,
+                "finished_at": _now(),
             }
-            if raw.terminal is not None:
-                terminal = redactor.value({"event": raw.terminal.event, "json": raw.terminal.json})
-                side[run_dir / "terminal.json"] = _durable.json_bytes(terminal)
-            side[run_dir / "transcript.json"] = _durable.json_bytes(full.pop("transcript"))
-            summary = {**full, "transcript": f"runs/{request_id}/transcript.json"}
-            side[run_dir / "result.json"] = _durable.json_bytes(summary)
-            result_json = {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
-        if result_json is not None or unsynced:
-            # The side files (and the request copy), synced together, then the folder's
-            # entries (and the folder's own entry in runs/ unless the start's sync made it
-            # durable already).
-            folders = (run_dir,) if job is not None and job.run_dir_synced else (run_dir, self.home.runs)
-            _durable.write_all_in_place(side.items(), sync_too=unsynced, directories=folders)
-        wire = None if error is None else errors.to_wire(error, secrets=secrets)
-        verdict = {
-            "format": _home.VERDICT_FORMAT,
-            "id": request_id,
-            "run_id": run_id,
-            "ok": error is None,
-            "result": result_json,
-            "error": wire,
-            "exit_code": 0 if error is None else errors.exit_code_for(error),
-            "events": None if session is None else f"events/{session}.jsonl",
-            "received_at": received_at,
-            "started_at": started_at,
-            "finished_at": _now(),
-        }
-        data = orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
-        written = _durable.write_once(self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id))
+            data = orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+            written = _durable.write_once(
+                self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id), synced_with=batch
+            )
+        finally:
+            batch.close()
         if not written:  # (when written, the claimed copy went with the verdict's link)
             self._cleanup_claim(request_id)  # the claimed copy may hold secrets: gone with the verdict
         else:
@@ -790,6 +776,37 @@ class Daemon:
             self._write_state_raw(request_id, job.state, folder_exists=job.run_dir_ready)
         else:
             self._write_state_raw(request_id, done, merge=True)
+
+    def _write_side_files(
+        self, request_id: str, result: adaptor.Result | None, redactor: requests.Redactor,
+        job: Job | None, batch: _durable.SyncBatch,
+    ) -> dict[str, Any] | None:
+        """The run's side files, written into ``batch``; the verdict's ``result`` (None: none)."""
+        if result is None:
+            return None
+        run_dir = self.home.run_dir(request_id)
+        # Written in place, no rename: only this verdict will point at them, and it is
+        # written after they are durable (see _durable.write_in_place).
+        if job is None or not job.run_dir_ready:
+            _durable.ensure_dir(run_dir, durable=False)
+        raw = result.raw()
+        for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
+            data = redactor.text(text).encode()
+            if data or not _create_empty(run_dir / name):
+                batch.write(run_dir / name, data)
+        full = redactor.value(result.to_json())
+        full["raw"] = {
+            "stdout": f"runs/{request_id}/stdout",
+            "stderr": f"runs/{request_id}/stderr",
+            "terminal": None if raw.terminal is None else f"runs/{request_id}/terminal.json",
+        }
+        if raw.terminal is not None:
+            terminal = redactor.value({"event": raw.terminal.event, "json": raw.terminal.json})
+            batch.write(run_dir / "terminal.json", _durable.json_bytes(terminal))
+        batch.write(run_dir / "transcript.json", _durable.json_bytes(full.pop("transcript")))
+        summary = {**full, "transcript": f"runs/{request_id}/transcript.json"}
+        batch.write(run_dir / "result.json", _durable.json_bytes(summary))
+        return {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
 
     def _prepare_run_dir(self, job: Job) -> None:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""

@@ -951,46 +951,60 @@ def test_write_once_never_replaces_and_runs_linked_before_returning(tmp_path: Pa
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
-def test_files_written_together_are_each_synced_before_their_folders(
+def test_a_sync_batch_syncs_each_file_then_its_folders_and_a_verdict_after_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = _durable.ensure_dir(tmp_path / "runs" / "r1", durable=False)
+    verdicts = _durable.ensure_dir(tmp_path / "verdicts")
     _durable.atomic_write_json(folder / "request.json", {"id": "r1"}, durable=False)
     (folder / "result.json").write_bytes(b"an earlier attempt's, longer than the new one\n")
-    synced: list[str] = []  # what each fsync covered, in order
+    done: list[str] = []  # each fsync (by name) and the verdict's link, in order
     hinted: list[str] = []
-    real_fsync, real_hint = os.fsync, _durable._start_writeback
+    real_fsync, real_hint, real_link = os.fsync, _durable._start_writeback, os.link
+
+    def name_of(fd: int) -> str:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).split(".tmp-")[0]
 
     def fsync(fd: int) -> None:
-        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        # Its data is complete when its sync is asked for.
-        assert os.fstat(fd).st_size == os.path.getsize(os.readlink(f"/proc/self/fd/{fd}"))
-        synced.append(name)
+        done.append(name_of(fd))
         real_fsync(fd)
 
     def hint(fd: int) -> None:
-        hinted.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        hinted.append(name_of(fd))
         real_hint(fd)
 
+    def link(src: Any, dst: Any) -> None:
+        done.append(f"link {os.path.basename(dst)}")
+        real_link(src, dst)
+
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
     monkeypatch.setattr(_durable, "_start_writeback", hint)
-    _durable.write_all_in_place(
-        [(folder / "stdout", b"out\n"), (folder / "result.json", b"{}\n")],
-        sync_too=[folder / "request.json", folder / "gone", folder / "request.json"],
-        directories=[folder, folder.parent, folder],
-    )
+    batch = _durable.SyncBatch([folder])
+    batch.write(folder / "stdout", b"out\n")
+    assert hinted == []  # a lone file: its fsync would follow with nothing to overlap
+    batch.write(folder / "result.json", b"{}\n")
+    for path in (folder / "request.json", folder / "gone"):
+        batch.add(path)
+    batch.add_directory(folder.parent)
+    batch.add_directory(folder)
+    assert hinted == ["stdout", "result.json", "request.json"] and done == []
+    assert _durable.write_once(verdicts / "r1.json", b"{}\n", synced_with=batch)
+    # Every file, the verdict's content included, then the folders, then the verdict appears.
+    assert done == [
+        "stdout", "result.json", "request.json", ".r1.json", "r1", "runs", "link r1.json", "verdicts"
+    ]
     assert (folder / "stdout").read_bytes() == b"out\n"
     assert (folder / "result.json").read_bytes() == b"{}\n"  # truncated, not appended
     assert (folder / "stdout").stat().st_mode & 0o777 == 0o600
-    # Writeback of all three started before the first sync waits; then each synced once,
-    # files before folders, each folder once.
-    assert hinted == ["stdout", "result.json", "request.json"]
-    assert synced == ["stdout", "result.json", "request.json", "r1", "runs"]
-    hinted.clear()
-    synced.clear()
-    _durable.sync_paths([folder / "request.json"], [folder])
-    assert (hinted, synced) == ([], ["request.json", "r1"])  # one file: nothing to overlap
-    assert sorted(p.name for p in folder.iterdir()) == ["request.json", "result.json", "stdout"]
+    assert sorted(p.name for p in verdicts.iterdir()) == ["r1.json"]
+    assert batch.files == 0  # synced and closed
+    done.clear()
+    with pytest.raises(RuntimeError), _durable.SyncBatch([folder]) as failed:
+        failed.write(folder / "stderr", b"err\n")
+        failed.add(folder / "request.json")
+        raise RuntimeError("the verdict could not be built")
+    assert done == [] and failed.files == 0  # nothing synced, nothing left open
 
 
 def test_deferred_writes_are_complete_files_and_sync_paths_skips_missing(tmp_path: Path) -> None:
