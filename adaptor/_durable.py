@@ -214,17 +214,6 @@ def atomic_write_json(path: _StrPath, obj: object, *, durable: bool = True) -> N
     atomic_write(path, json_bytes(obj), durable=durable)
 
 
-def write_in_place(path: _StrPath, data: bytes) -> None:
-    """Write ``path`` in place (created ``0o600`` or truncated) and fsync it; no rename.
-
-    For files nobody reads before something written after them points at them (a daemon run's
-    side files, which only its verdict names): a crash mid-write leaves a partial file nothing
-    refers to, and the next writer truncates it.  One open, one write, one fsync.  The
-    directory entry still needs :func:`sync_paths` of its folder.
-    """
-    _write_synced(path, os.O_TRUNC, data)
-
-
 class SyncBatch:
     """Files made durable together, then folders: the writeback of every file starts as it
     joins, and :meth:`sync` fsyncs each file, then each folder.
@@ -243,7 +232,13 @@ class SyncBatch:
         self._directories: dict[_StrPath, None] = dict.fromkeys(directories)
 
     def write(self, path: _StrPath, data: bytes, *, exclusive: bool = False) -> None:
-        """Write ``path`` in place (:func:`write_in_place`), or as a new file if ``exclusive``."""
+        """Write ``path`` (``0o600``) as a new file if ``exclusive``, else in place: created or
+        truncated, no rename.
+
+        In place is for files nobody reads before something written after them points at
+        them (a daemon run's side files, which only its verdict names): a crash mid-write
+        leaves a partial file nothing refers to, and the next writer truncates it.
+        """
         how = os.O_EXCL if exclusive else os.O_TRUNC
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | how | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
         self._descriptors.append(fd)
@@ -318,16 +313,6 @@ def _start_writeback(fd: int) -> None:
             os.posix_fadvise(fd, 0, 0, _FADV_DONTNEED)
 
 
-def _write_synced(path: _StrPath, flags: int, data: bytes) -> None:
-    """Open ``path`` for writing (``0o600`` if created) with ``flags`` added, write, fsync."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def sync_paths(files: Iterable[_StrPath], directories: Iterable[_StrPath] = ()) -> None:
     """Make files written with ``durable=False`` and directory entries durable.
 
@@ -358,11 +343,9 @@ def write_once(
     """
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp-{_random_suffix()}")
-    if synced_with is None:
-        _write_synced(tmp, os.O_EXCL, data)
-    else:
-        synced_with.write(tmp, data, exclusive=True)
-        synced_with.sync()
+    batch = SyncBatch() if synced_with is None else synced_with
+    batch.write(tmp, data, exclusive=True)
+    batch.sync()
     try:
         os.link(tmp, target)
     except FileExistsError:

@@ -786,7 +786,7 @@ class Daemon:
             return None
         run_dir = self.home.run_dir(request_id)
         # Written in place, no rename: only this verdict will point at them, and it is
-        # written after they are durable (see _durable.write_in_place).
+        # written after they are durable (see _durable.SyncBatch.write).
         if job is None or not job.run_dir_ready:
             _durable.ensure_dir(run_dir, durable=False)
         raw = result.raw()

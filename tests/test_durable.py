@@ -1010,8 +1010,10 @@ def test_a_sync_batch_syncs_each_file_then_its_folders_and_a_verdict_after_them(
 def test_deferred_writes_are_complete_files_and_sync_paths_skips_missing(tmp_path: Path) -> None:
     folder = _durable.ensure_dir(tmp_path / "runs" / "r1", durable=False)
     _durable.atomic_write_json(folder / "state.json", {"b": 1, "a": [1]}, durable=False)
-    _durable.write_in_place(folder / "stdout", b"out")
-    _durable.write_in_place(folder / "stdout", b"o")  # truncated, not appended
+    with _durable.SyncBatch() as batch:
+        batch.write(folder / "stdout", b"out")
+    with _durable.SyncBatch() as batch:
+        batch.write(folder / "stdout", b"o")  # truncated, not appended
     _durable.sync_paths([folder / "state.json", folder / "gone"], [folder, folder.parent])
     assert (folder / "state.json").read_bytes() == _durable.json_bytes({"a": [1], "b": 1})
     assert (folder / "stdout").read_bytes() == b"o"
