@@ -20,15 +20,17 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from jsonschema import Draft202012Validator
 
 import adaptor
 from adaptor import _home, mcp, skill
 from adaptor.driver import Driver, InvalidDriverConfigError
 from adaptor.spool import InvalidRequestError
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 REDACTED = "<redacted>"
 MAX_DEPTH = 64
@@ -38,6 +40,9 @@ DRIVERS = ("claude", "codex", "cursor", "codebuddy", "gemini", "command", "scrip
 
 @cache
 def _validator() -> Draft202012Validator:
+    # Imported on first use: jsonschema is a third of the CLI's start-up imports.
+    from jsonschema import Draft202012Validator
+
     text = resources.files("adaptord").joinpath("schemas/request.schema.json").read_text()
     schema = json.loads(text)
     Draft202012Validator.check_schema(schema)

@@ -21,15 +21,18 @@ import typing
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, NewType, TypeVar, get_args, get_origin
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Literal,
+    NewType,
+    TypeVar,
+    get_args,
+    get_origin,
+)
 
 import orjson
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, ValidationError
-from jsonschema_specifications import REGISTRY as _METASCHEMAS
-from referencing import Resource
-from referencing.exceptions import Unresolvable
-from referencing.jsonschema import DRAFT202012
 
 from adaptor.driver import (
     Descriptor,
@@ -40,6 +43,11 @@ from adaptor.driver import (
     StructuredOutputUnsupportedError,
 )
 from adaptor.result import Result, StructuredOutput
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
+    from referencing import Resource
 
 __all__ = [
     "CompiledSchema",
@@ -88,8 +96,11 @@ class CompiledSchema:
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        from jsonschema import Draft202012Validator
+        from jsonschema_specifications import REGISTRY as metaschemas
+
         # No retrieval hook: a remote ``$ref`` must fail at compile time, never hit the network.
-        validator = Draft202012Validator(copy.deepcopy(self.schema), registry=_METASCHEMAS)
+        validator = Draft202012Validator(copy.deepcopy(self.schema), registry=metaschemas)
         object.__setattr__(self, "_validator", validator)
 
     def validate_text(self, text: str, source: Mechanism) -> StructuredOutput:
@@ -172,6 +183,11 @@ def _compile_document(document: object, type_: type | None) -> CompiledSchema:
         digest = hashlib.sha256(_canonical(schema)).hexdigest()
     except TypeError as exc:  # orjson refuses integers beyond 64 bits
         raise InvalidOutputSchemaError(f"schema cannot be canonicalized: {exc}", exc) from exc
+    # jsonschema is imported when a schema is first compiled, not with adaptor: it is a
+    # quarter of ``import adaptor`` and most runs have no schema.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -188,9 +204,13 @@ def _check_references(schema: dict[str, Any]) -> None:
     jsonschema resolves references lazily, only along the branches an instance visits; a
     typo in a rarely taken branch would otherwise surface in the middle of a run.
     """
+    from jsonschema_specifications import REGISTRY as metaschemas
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
     root: Resource[Any] = DRAFT202012.create_resource(schema)
     uri = root.id() or ""
-    resolver = _METASCHEMAS.with_resource(uri, root).resolver(base_uri=uri)
+    resolver = metaschemas.with_resource(uri, root).resolver(base_uri=uri)
 
     def visit(resource: Resource[Any], resolver: Any) -> None:
         contents = resource.contents
