@@ -237,10 +237,19 @@ class SyncBatch:
 
         In place is for files nobody reads before something written after them points at
         them (a daemon run's side files, which only its verdict names): a crash mid-write
-        leaves a partial file nothing refers to, and the next writer truncates it.
+        leaves a partial file nothing refers to, and the next writer truncates it.  A new
+        empty file is only created: it has no content to sync, and its creation is made
+        durable with its folder's entries (journaling filesystems commit a new inode with
+        its entry), so the folder must be in the batch.
         """
-        how = os.O_EXCL if exclusive else os.O_TRUNC
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | how | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
+        if not data and not exclusive:
+            try:
+                os.close(os.open(path, flags | os.O_EXCL, 0o600))
+                return
+            except FileExistsError:
+                pass  # an earlier writer's: truncated and synced like any other
+        fd = os.open(path, flags | (os.O_EXCL if exclusive else os.O_TRUNC), 0o600)
         self._descriptors.append(fd)
         _write_all(fd, data)
         self._start_writeback()

@@ -791,9 +791,7 @@ class Daemon:
             _durable.ensure_dir(run_dir, durable=False)
         raw = result.raw()
         for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
-            data = redactor.text(text).encode()
-            if data or not _create_empty(run_dir / name):
-                batch.write(run_dir / name, data)
+            batch.write(run_dir / name, redactor.text(text).encode())
         full = redactor.value(result.to_json())
         full["raw"] = {
             "stdout": f"runs/{request_id}/stdout",
@@ -981,21 +979,6 @@ class Daemon:
             self._idle.wait_for(lambda: not self._running, timeout=30)
         # CLI processes kept for the next turn of a thread stop with the daemon.
         self._kept.close(self.grace)
-
-
-def _create_empty(path: Path) -> bool:
-    """Create ``path`` as a new empty file; False when it exists (an earlier attempt's).
-
-    A new empty file has no data to sync: its creation is metadata, made durable by the run
-    folder's fsync that follows (journaling filesystems commit a new inode with its entry).
-    An existing file must be truncated and synced like any other side file.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        os.close(os.open(path, flags, 0o600))
-    except FileExistsError:
-        return False
-    return True
 
 
 def _claimed_at(claimed: Path) -> str:

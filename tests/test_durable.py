@@ -1007,6 +1007,27 @@ def test_a_sync_batch_syncs_each_file_then_its_folders_and_a_verdict_after_them(
     assert done == [] and failed.files == 0  # nothing synced, nothing left open
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_new_empty_file_is_only_created_and_an_old_one_is_truncated_and_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "stderr").write_bytes(b"an earlier attempt's output\n")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with _durable.SyncBatch([tmp_path]) as batch:
+        batch.write(tmp_path / "stdout", b"")  # new and empty: its folder's sync covers it
+        batch.write(tmp_path / "stderr", b"")  # an old one: its emptiness must be durable
+    assert synced == ["stderr", tmp_path.name]
+    assert (tmp_path / "stdout").read_bytes() == b"" == (tmp_path / "stderr").read_bytes()
+    assert (tmp_path / "stdout").stat().st_mode & 0o777 == 0o600
+
+
 def test_deferred_writes_are_complete_files_and_sync_paths_skips_missing(tmp_path: Path) -> None:
     folder = _durable.ensure_dir(tmp_path / "runs" / "r1", durable=False)
     _durable.atomic_write_json(folder / "state.json", {"b": 1, "a": [1]}, durable=False)
