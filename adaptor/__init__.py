@@ -1,73 +1,82 @@
-"""adaptor: run coding-agent CLIs behind one model and one error taxonomy."""
+"""adaptor: run coding-agent CLIs behind one model and one error taxonomy.
+
+Every public name is importable from here, but its module is imported on first use: ``import
+adaptor`` costs almost nothing, and the ``adaptor`` command pays only for the modules a command
+needs rather than for the whole SDK.
+"""
 
 from __future__ import annotations
 
-from adaptor.agent import Agent, Runner, Thread
-from adaptor.approval import approve_all, deny_all
-from adaptor.driver import (
-    HumanDecisionModeUnsupportedError,
-    InvalidDriverConfigError,
-    InvalidOutputSchemaError,
-    InvalidPolicyError,
-    PolicyCapabilityUnsupportedError,
-    SessionConfigFingerprintError,
-    StructuredOutputUnsupportedError,
-)
-from adaptor.errors import (
-    ActiveExecutionTimeoutError,
-    AdaptorError,
-    AgentClosedError,
-    AgentFailedError,
-    ApprovalDeniedError,
-    ApprovalExpiredError,
-    ApprovalKindMismatchError,
-    ApprovalResolvedError,
-    ApprovalTimeoutError,
-    ApprovalUnavailableError,
-    CancelledError,
-    DeadlineExceededError,
-    PolicyViolationError,
-    ResumeRejectedError,
-    RunCancelledError,
-    RunDeadlineExceededError,
-    RunError,
-    ThreadAlreadyExistsError,
-    ThreadBusyError,
-    ThreadCheckpointMissingError,
-    ThreadIncompatibleError,
-    ThreadLeaseLostError,
-    ThreadNotFoundError,
-    ThreadStoreRequiredError,
-)
-from adaptor.events import (
-    ApprovalRequest,
-    Choice,
-    Dropped,
-    Event,
-    EventMeta,
-    Notice,
-    ProcessInfo,
-    RunFinished,
-    RunStarted,
-    SubagentUpdate,
-    TextDelta,
-    Thinking,
-    ToolCall,
-    ToolResult,
-)
-from adaptor.mcp import InvalidMCPConfigError, MCPTransportUnsupportedError, MCPUnsupportedError
-from adaptor.policy import ApprovalPolicy, Policy
-from adaptor.result import RawStreams, Result, StructuredOutput, TranscriptItem, Usage
-from adaptor.schema import SchemaOptions, run_as
-from adaptor.skill import (
-    SkillKeyConflictError,
-    SkillKeyMissingError,
-    SkillMaterializationError,
-    SkillNotFoundError,
-    SkillSourceMissingError,
-)
-from adaptor.spool import InvalidRequestError
-from adaptor.stream import Stream
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ below imports on demand
+    from adaptor.agent import Agent, Runner, Thread
+    from adaptor.approval import approve_all, deny_all
+    from adaptor.driver import (
+        HumanDecisionModeUnsupportedError,
+        InvalidDriverConfigError,
+        InvalidOutputSchemaError,
+        InvalidPolicyError,
+        PolicyCapabilityUnsupportedError,
+        SessionConfigFingerprintError,
+        StructuredOutputUnsupportedError,
+    )
+    from adaptor.errors import (
+        ActiveExecutionTimeoutError,
+        AdaptorError,
+        AgentClosedError,
+        AgentFailedError,
+        ApprovalDeniedError,
+        ApprovalExpiredError,
+        ApprovalKindMismatchError,
+        ApprovalResolvedError,
+        ApprovalTimeoutError,
+        ApprovalUnavailableError,
+        CancelledError,
+        DeadlineExceededError,
+        PolicyViolationError,
+        ResumeRejectedError,
+        RunCancelledError,
+        RunDeadlineExceededError,
+        RunError,
+        ThreadAlreadyExistsError,
+        ThreadBusyError,
+        ThreadCheckpointMissingError,
+        ThreadIncompatibleError,
+        ThreadLeaseLostError,
+        ThreadNotFoundError,
+        ThreadStoreRequiredError,
+    )
+    from adaptor.events import (
+        ApprovalRequest,
+        Choice,
+        Dropped,
+        Event,
+        EventMeta,
+        Notice,
+        ProcessInfo,
+        RunFinished,
+        RunStarted,
+        SubagentUpdate,
+        TextDelta,
+        Thinking,
+        ToolCall,
+        ToolResult,
+    )
+    from adaptor.mcp import InvalidMCPConfigError, MCPTransportUnsupportedError, MCPUnsupportedError
+    from adaptor.policy import ApprovalPolicy, Policy
+    from adaptor.result import RawStreams, Result, StructuredOutput, TranscriptItem, Usage
+    from adaptor.schema import SchemaOptions, run_as
+    from adaptor.skill import (
+        SkillKeyConflictError,
+        SkillKeyMissingError,
+        SkillMaterializationError,
+        SkillNotFoundError,
+        SkillSourceMissingError,
+    )
+    from adaptor.spool import InvalidRequestError
+    from adaptor.stream import Stream
 
 __version__ = "0.1.0"
 
@@ -142,3 +151,101 @@ __all__ = [
     "ThreadNotFoundError",
     "ThreadStoreRequiredError",
 ]
+
+# Where each public name is defined.  tests/test_lazy_imports.py holds this, the imports above
+# and __all__ to the same names.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "adaptor.agent": ("Agent", "Runner", "Thread"),
+    "adaptor.approval": ("approve_all", "deny_all"),
+    "adaptor.driver": (
+        "HumanDecisionModeUnsupportedError",
+        "InvalidDriverConfigError",
+        "InvalidOutputSchemaError",
+        "InvalidPolicyError",
+        "PolicyCapabilityUnsupportedError",
+        "SessionConfigFingerprintError",
+        "StructuredOutputUnsupportedError",
+    ),
+    "adaptor.errors": (
+        "ActiveExecutionTimeoutError",
+        "AdaptorError",
+        "AgentClosedError",
+        "AgentFailedError",
+        "ApprovalDeniedError",
+        "ApprovalExpiredError",
+        "ApprovalKindMismatchError",
+        "ApprovalResolvedError",
+        "ApprovalTimeoutError",
+        "ApprovalUnavailableError",
+        "CancelledError",
+        "DeadlineExceededError",
+        "PolicyViolationError",
+        "ResumeRejectedError",
+        "RunCancelledError",
+        "RunDeadlineExceededError",
+        "RunError",
+        "ThreadAlreadyExistsError",
+        "ThreadBusyError",
+        "ThreadCheckpointMissingError",
+        "ThreadIncompatibleError",
+        "ThreadLeaseLostError",
+        "ThreadNotFoundError",
+        "ThreadStoreRequiredError",
+    ),
+    "adaptor.events": (
+        "ApprovalRequest",
+        "Choice",
+        "Dropped",
+        "Event",
+        "EventMeta",
+        "Notice",
+        "ProcessInfo",
+        "RunFinished",
+        "RunStarted",
+        "SubagentUpdate",
+        "TextDelta",
+        "Thinking",
+        "ToolCall",
+        "ToolResult",
+    ),
+    "adaptor.mcp": (
+        "InvalidMCPConfigError",
+        "MCPTransportUnsupportedError",
+        "MCPUnsupportedError",
+    ),
+    "adaptor.policy": ("ApprovalPolicy", "Policy"),
+    "adaptor.result": ("RawStreams", "Result", "StructuredOutput", "TranscriptItem", "Usage"),
+    "adaptor.schema": ("SchemaOptions", "run_as"),
+    "adaptor.skill": (
+        "SkillKeyConflictError",
+        "SkillKeyMissingError",
+        "SkillMaterializationError",
+        "SkillNotFoundError",
+        "SkillSourceMissingError",
+    ),
+    "adaptor.spool": ("InvalidRequestError",),
+    "adaptor.stream": ("Stream",),
+}
+_HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would otherwise accept any name
+
+    def __getattr__(name: str) -> Any:
+        home = _HOMES.get(name)
+        if home is not None:
+            value = getattr(importlib.import_module(home), name)
+            globals()[name] = value  # later lookups are plain module attributes
+            return value
+        if not name.startswith("_"):
+            # A public submodule used as an attribute (``adaptor.errors.find``) after a plain
+            # ``import adaptor``, as worked when the package imported everything eagerly.
+            try:
+                return importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

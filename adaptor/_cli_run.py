@@ -10,13 +10,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
 
-from adaptor import _home, errors, events
-from adaptor import _request as requests
+from adaptor import _home, drivers, errors, events
 from adaptor._cli_common import (
     EXIT_INTERRUPTED,
     compact,
@@ -27,8 +26,11 @@ from adaptor._cli_common import (
     require_daemon,
 )
 from adaptor._cli_spool import print_text, report_verdict, submit_request
-from adaptor.result import Result
 from adaptor.spool import Client
+
+if TYPE_CHECKING:
+    from adaptor import _request as requests
+    from adaptor.result import Result
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +79,7 @@ def _policy_options(func: F) -> F:
 @click.option(
     "--driver",
     envvar="ADAPTOR_DRIVER",
-    type=click.Choice(requests.DRIVERS),
+    type=click.Choice(drivers.NAMES),
     help="The agent driver (default: $ADAPTOR_DRIVER; required unless --request names one).",
 )
 @click.option(
@@ -335,6 +337,9 @@ def _run_through_daemon(
 def _run_in_process(
     request: dict[str, Any], *, home: str | None, live: Live, as_json: bool
 ) -> None:
+    # Only this path needs the SDK's request mapping (and the SDK itself); the daemon path
+    # leaves it unimported, which keeps `adaptor run` quick to start.
+    from adaptor import _request as requests
     from adaptord.config import ConfigError
 
     request_id = str(request.get("id") or _home.new_request_id())
@@ -369,6 +374,7 @@ def _execute(
     redactor: requests.Redactor,
 ) -> Result:
     """What a daemon worker does with the request, in this process: the Result, or raises."""
+    from adaptor import _request as requests
     from adaptord import config as daemon_config
 
     # The daemon's own validation: the same request is refused the same way.

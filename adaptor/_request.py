@@ -27,6 +27,7 @@ import orjson
 import adaptor
 from adaptor import _home, mcp, skill
 from adaptor.driver import Driver, InvalidDriverConfigError
+from adaptor.drivers import NAMES as DRIVERS
 from adaptor.spool import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 REDACTED = "<redacted>"
 MAX_DEPTH = 64
 MIN_SECRET_LENGTH = 6
-DRIVERS = ("claude", "codex", "cursor", "codebuddy", "gemini", "command", "script")
 
 
 @cache

@@ -5,3 +5,6 @@ Every module exposes ``Config`` (a frozen dataclass with the common fields ``com
 and does no I/O until ``run``.  Modules are not imported here so that importing one driver never
 pulls in the others.
 """
+
+# The value a run request's "driver" may take: the module of that name here.
+NAMES = ("claude", "codex", "cursor", "codebuddy", "gemini", "command", "script")
