@@ -1192,7 +1192,10 @@ class DurableLog:
             ensure_dir(os.path.dirname(os.path.abspath(self._path)))
             self._dir_ready = True
         entry = _entry(self._lock_path)
-        with entry.lingering:
+        # entry.enter/exit rather than `with entry.lingering`: this runs once per append, and
+        # the context manager's object and two calls were 3% of an append's instructions.
+        entry.enter(True)
+        try:
             self._check_usable()
             self._found_size = -1
             if self._fd is not None and entry.epoch == self._epoch:
@@ -1230,6 +1233,8 @@ class DurableLog:
             # Other instances in this process appending under the same lock must notice.
             entry.epoch = self._epoch = next(_epochs)
             return records
+        finally:
+            entry.exit()
 
     def close(self) -> None:
         """Close the file descriptor; idempotent.  Later appends raise ``ValueError``."""

@@ -17,7 +17,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,11 @@ def test_record_allocates_host_seq_per_key(env: Env) -> None:
         assert [r.recorded_at for r in got] == [T0 + timedelta(seconds=i) for i in range(4)]
         assert recorder.since("ka") == got[0::2]
         assert recorder.since("kb") == got[1::2]
+        # Built without the dataclass __init__ (the cheaper way), still the frozen record.
+        assert got[0] == sr.EventRecord(1, T0, got[0].event)
+        assert type(got[0]) is sr.EventRecord
+        with pytest.raises(FrozenInstanceError):
+            got[0].host_seq = 9  # type: ignore[misc]
 
 
 def test_since_is_strictly_greater_and_ascending(env: Env) -> None:

@@ -15,7 +15,7 @@ import io
 import os
 import typing
 import zlib
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
 from itertools import repeat
 from operator import itemgetter, methodcaller, setitem
@@ -29,7 +29,14 @@ from adaptor import events as _events
 from adaptor._durable import CorruptLogError, RepairReport, exclusive, unframe
 from adaptor.events import from_json, parse_time, to_json
 
-from ._model import EventRecord, JSONLEventLogCorruptError
+from ._model import (
+    EventRecord,
+    JSONLEventLogCorruptError,
+    make_record,
+    set_event,
+    set_host_seq,
+    set_recorded_at,
+)
 
 StrPath: TypeAlias = "str | os.PathLike[str]"
 
@@ -199,11 +206,6 @@ def _crc_ok(rest: bytes, crc: int) -> bool:
 
 
 _new = object.__new__
-# The slots' own setters: what the frozen __init__ reaches through object.__setattr__.
-_slots: Mapping[str, Any] = vars(EventRecord)
-_set_host_seq = _slots["host_seq"].__set__
-_set_recorded_at = _slots["recorded_at"].__set__
-_set_event = _slots["event"].__set__
 _fromiso = datetime.fromisoformat
 _adopt_event = _events._adopt_from_json
 # Per kind, the (attribute, allowed values) checks _meaning() makes on top of from_json, or
@@ -279,12 +281,7 @@ def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
                 return None
     except Exception:
         return None
-    # EventRecord(seq, recorded_at, event) without its frozen __init__'s per-field overhead.
-    record = _new(EventRecord)
-    _set_host_seq(record, seq)
-    _set_recorded_at(record, recorded_at)
-    _set_event(record, event)
-    return record
+    return make_record(seq, recorded_at, event)
 
 
 # A whole batch at once
@@ -516,9 +513,9 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
     events: list[Any] = list(map(_new, classes))
     any(map(_set_event_dict, events, payloads))
     records = list(map(_new, repeat(EventRecord, n)))
-    any(map(_set_host_seq, records, seqs))
-    any(map(_set_recorded_at, records, moments))
-    any(map(_set_event, records, events))
+    any(map(set_host_seq, records, seqs))
+    any(map(set_recorded_at, records, moments))
+    any(map(set_event, records, events))
     return records
 
 

@@ -26,6 +26,7 @@ from ._model import (
     JSONLEventLogCorruptError,
     SessionInfo,
     check_contained,
+    make_record,
 )
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -545,7 +546,7 @@ class JSONLEventBackend:
                 continue
             if len(self._sessions) > self._max_open:
                 self._evict_idle(keep=session)
-            return EventRecord(written[SEQ_KEY], record.recorded_at, record.event)
+            return make_record(written[SEQ_KEY], record.recorded_at, record.event)
 
     def sessions(self) -> list[SessionInfo]:
         """Every key with at least one record, from each file's tail (no full replay)."""

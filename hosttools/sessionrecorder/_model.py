@@ -56,6 +56,25 @@ class EventRecord:
     event: Event
 
 
+# EventRecord(host_seq, recorded_at, event) without the frozen __init__, which reaches every
+# slot through object.__setattr__: the recorder makes two records per append and a replay one
+# per line, and the slots' own setters take 3.8k instructions where the __init__ takes 6.0k.
+_new_object = object.__new__
+_slots = vars(EventRecord)
+set_host_seq = _slots["host_seq"].__set__
+set_recorded_at = _slots["recorded_at"].__set__
+set_event = _slots["event"].__set__
+
+
+def make_record(host_seq: int, recorded_at: datetime, event: Event) -> EventRecord:
+    """``EventRecord(host_seq, recorded_at, event)``, trusted arguments, at less cost."""
+    record: EventRecord = _new_object(EventRecord)
+    set_host_seq(record, host_seq)
+    set_recorded_at(record, recorded_at)
+    set_event(record, event)
+    return record
+
+
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A session that has at least one record; ``updated_at`` is its last ``recorded_at``."""

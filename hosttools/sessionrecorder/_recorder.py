@@ -18,6 +18,7 @@ from ._model import (
     JSONLEventBackendClosedError,
     SessionInfo,
     default_key_validator,
+    make_record,
 )
 
 KeyValidator = Callable[[str], None]
@@ -85,7 +86,7 @@ class EventRecorder:
             if moment.tzinfo is None:
                 raise ValueError("the recorder's clock returned a naive datetime; it must be aware")
             moment = moment.astimezone(UTC)
-        draft = EventRecord(0, moment, _descriptive(event))
+        draft = make_record(0, moment, _descriptive(event))
         return self._backend.append(key, draft)
 
     def _remember_key(self, key: str) -> None:
