@@ -411,6 +411,10 @@ _LINGER_IDLE = 0.005
 _LINGER_MAX = 0.1
 _POLL_INTERVAL = 0.002
 _LINGER_YIELD = 0.003
+# A hold that continues work begun under an earlier one (exclusive(continuing=True)) lets go
+# only after this long: giving the lock away in the middle of such work makes the others wait
+# on its result anyway (the thread store's leases), so it waits for the work's next boundary.
+_LINGER_MAX_CONTINUING = 0.2
 # Epoch values (see lock_epoch) come from one counter for the whole process, and a forked
 # child keeps counting from where its parent was, so an epoch remembered from before a fork
 # (or from another lock's entry) can never match a fresh one by accident.
@@ -460,11 +464,17 @@ class _Exclusive:
         self._probe: int | None = None  # descriptor for _free_now, opened on first use
         self.epoch = 0
 
-    def enter(self, linger: bool, while_waiting: Callable[[], object] | None = None) -> None:
+    def enter(
+        self,
+        linger: bool,
+        while_waiting: Callable[[], object] | None = None,
+        continuing: bool = False,
+    ) -> None:
         self.thread_lock.acquire()
         try:
             if self._depth == 0:
-                if self._held and time.monotonic() - self._held_since >= _LINGER_MAX:
+                longest = _LINGER_MAX_CONTINUING if continuing else _LINGER_MAX
+                if self._held and time.monotonic() - self._held_since >= longest:
                     self._release_file()
                     time.sleep(_LINGER_YIELD)  # let a process polling for the lock in
                 if not self._held:
@@ -603,19 +613,24 @@ class _Lingering:
 
 
 class _Working:
-    """``with _Working(entry, linger, fn):``: :meth:`_Exclusive.enter` with a waiting hook."""
+    """``with _Working(...):``: :meth:`_Exclusive.enter` with a waiting hook or ``continuing``."""
 
-    __slots__ = ("_entry", "_linger", "_while_waiting")
+    __slots__ = ("_continuing", "_entry", "_linger", "_while_waiting")
 
     def __init__(
-        self, entry: _Exclusive, linger: bool, while_waiting: Callable[[], object]
+        self,
+        entry: _Exclusive,
+        linger: bool,
+        while_waiting: Callable[[], object] | None,
+        continuing: bool,
     ) -> None:
         self._entry = entry
         self._linger = linger
         self._while_waiting = while_waiting
+        self._continuing = continuing
 
     def __enter__(self) -> None:
-        self._entry.enter(self._linger, self._while_waiting)
+        self._entry.enter(self._linger, self._while_waiting, self._continuing)
 
     def __exit__(self, *exc_info: object) -> None:
         self._entry.exit()
@@ -747,6 +762,7 @@ def exclusive(
     *,
     linger: bool = False,
     while_waiting: Callable[[], object] | None = None,
+    continuing: bool = False,
 ) -> contextlib.AbstractContextManager[None]:
     """Hold the lock file ``path`` against other processes and other threads of this process.
 
@@ -755,14 +771,19 @@ def exclusive(
     milliseconds (see :data:`_LINGER_IDLE`), so a caller that comes straight back skips
     re-acquiring it; other processes wait at most about :data:`_LINGER_MAX` for it.
 
+    ``continuing=True`` says this hold continues work begun under an earlier one, which others
+    would only wait on if they got the lock now: a lingering flock held longer than
+    :data:`_LINGER_MAX` is then kept (up to :data:`_LINGER_MAX_CONTINUING`) and given away at
+    the next hold that is not continuing.
+
     ``while_waiting`` is called (holding this process's thread lock, not the flock) each
     time the flock turns out to be held by another process, before waiting a poll interval:
     work that needs no lock, such as reading ahead what the holder appends, is then done
     while waiting rather than after.  An exception from it propagates, lock not taken.
     """
     entry = _entry(path)
-    if while_waiting is not None:
-        return _Working(entry, linger, while_waiting)
+    if while_waiting is not None or continuing:
+        return _Working(entry, linger, while_waiting, continuing)
     return entry.lingering if linger else entry
 
 

@@ -1,4 +1,4 @@
-"""Intercepting the data syncs of ``adaptor._durable``, for fault-injection tests.
+"""Intercepting the data syncs and lock releases of ``adaptor._durable``, for tests.
 
 DurableLog syncs an append either with ``write`` + ``fdatasync`` or, when everything before it
 is durable already, with one ``pwritev(RWF_DSYNC)`` call.  Tests that fail, gate or count syncs
@@ -42,3 +42,35 @@ def count_datasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     hook_datasyncs(monkeypatch, counted)
     return calls
+
+
+def count_releases(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """List the lock file of every flock this process lets go of from now on, in order."""
+    released: list[str] = []
+    real = _durable._Exclusive._release_file
+
+    def counted(entry: _durable._Exclusive) -> None:
+        released.append(entry.file_lock.lock_file)
+        real(entry)
+
+    monkeypatch.setattr(_durable._Exclusive, "_release_file", counted)
+    return released
+
+
+class _Keeper:
+    """A reaper that keeps what lingers (so the registry keeps it too) but never lets go."""
+
+    def __init__(self) -> None:
+        self.lingering: set[_durable._Exclusive] = set()
+
+    def add(self, entry: _durable._Exclusive) -> None:
+        self.lingering.add(entry)
+
+    def forget(self, entry: _durable._Exclusive) -> None:
+        self.lingering.discard(entry)
+
+
+def keep_lingering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on a lingering flock is let go of only by the next hold or ``release_lingering``
+    (or ``close()``), never by the reaper: release what the test took before it ends."""
+    monkeypatch.setattr(_durable, "_reaper", _Keeper())

@@ -40,7 +40,12 @@ from adaptor.threadstore import (
     _jsonl,
 )
 from adaptor.threadstore._state import RESERVE_BLOCK
-from tests.durable_hooks import count_datasyncs, hook_datasyncs
+from tests.durable_hooks import (
+    count_datasyncs,
+    count_releases,
+    hook_datasyncs,
+    keep_lingering,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "threadstore_child.py"
@@ -1030,6 +1035,32 @@ def test_closed_store_refuses_calls(tmp_path: Path) -> None:
     store.close()
     with pytest.raises(ValueError):
         store.resolve(Query(key="k"))
+
+
+def test_a_process_gives_the_store_lock_away_between_cycles_not_within_a_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every plain hold is past the maximum (0 s); holds within a lease are not (1 h).  Had the
+    # lock gone to another process mid-cycle, it would have found this key busy.
+    monkeypatch.setattr(_durable, "_LINGER_MAX", 0.0)
+    monkeypatch.setattr(_durable, "_LINGER_YIELD", 0.0)
+    monkeypatch.setattr(_durable, "_LINGER_MAX_CONTINUING", 3600.0)
+    keep_lingering(monkeypatch)  # nor may the reaper let go, however slow this thread runs
+    with JSONLStore(tmp_path / "threads") as store:
+        start(store, "r0", "k")  # the flock is taken, and lingers from here on
+        released = count_releases(monkeypatch)
+        lease = store.acquire_lease("key:k", "owner", 60)
+        assert len(released) == 1  # a cycle's start: given away (and taken again)
+        store.renew_lease(lease, 60)
+        store.finalize(
+            FinalizeRequest(
+                record=make_record("r1", "k"), key="k", held_leases=(lease,), rebind_active=True
+            )
+        )
+        store.release_lease(lease)
+        assert len(released) == 1  # kept within the lease
+        assert store.resolve(Query(key="k")) == make_record("r1", "k")
+        assert len(released) == 2  # the next plain hold gives it away again
 
 
 # --- JSONL store: real processes -------------------------------------------------------------

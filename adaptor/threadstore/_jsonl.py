@@ -36,7 +36,9 @@ Anything else before the last line is corruption, as before.  See ``docs/storage
 
 Locking.  ``store.lock`` lingers (:func:`adaptor._durable.exclusive`): a process that works
 on the store again within a few milliseconds does not take the flock again, and the log's
-appends re-enter that same lock.  While another process holds it, a waiting instance reads
+appends re-enter that same lock.  A busy process gives it away between its cycles, not within
+a lease (renew, finalize and release hold it ``continuing``), where the others would only find
+the leased key busy.  While another process holds it, a waiting instance reads
 ahead between its polls: it applies the lines appended so far, so that taking the lock back
 costs it only the last few lines instead of everything the holder wrote in its turn.  Lines
 read without the lock are compared byte for byte with the file once the lock is taken (a
@@ -286,20 +288,20 @@ class JSONLStore:
     def renew_lease(self, lease: Lease, ttl: float) -> None:
         check_lease(lease)
         ttl = check_ttl(ttl)
-        with self._locked():
+        with self._locked(within_lease=True):
             event = self._state.plan_renew(lease, ttl, self._clock(), current_boot_id())
             self._commit(event)
 
     def release_lease(self, lease: Lease) -> None:
         check_lease(lease)
-        with self._locked():
+        with self._locked(within_lease=True):
             event = self._state.plan_release(lease)
             if event is not None:
                 self._commit(event)
 
     def finalize(self, request: FinalizeRequest) -> None:
         check_finalize(request)
-        with self._locked():
+        with self._locked(within_lease=True):
             event = self._state.plan_finalize(request, self._clock(), current_boot_id())
             self._commit(event)
 
@@ -311,8 +313,16 @@ class JSONLStore:
     # --- reading --------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with exclusive(self._lock_path, linger=True, while_waiting=self._read_ahead):
+    def _locked(self, *, within_lease: bool = False) -> Iterator[None]:
+        # Within a lease (renew, finalize, release) this process is mid-cycle: were it to give
+        # the lock away now, the others would find that lease's key busy until it got the lock
+        # back, so it keeps the lock until its next hold outside a lease (``continuing``).
+        with exclusive(
+            self._lock_path,
+            linger=True,
+            while_waiting=self._read_ahead,
+            continuing=within_lease,
+        ):
             if self._closed:
                 raise ValueError(f"{self!r} is closed")
             # Unchanged epoch: this process held the flock throughout since our last look
