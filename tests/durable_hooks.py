@@ -74,3 +74,13 @@ def keep_lingering(monkeypatch: pytest.MonkeyPatch) -> None:
     """From now on a lingering flock is let go of only by the next hold or ``release_lingering``
     (or ``close()``), never by the reaper: release what the test took before it ends."""
     monkeypatch.setattr(_durable, "_reaper", _Keeper())
+
+
+def past_the_maximum_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on every plain hold of a lingering flock finds it held past the maximum (so it
+    gives it away, without the yield's sleep) and no continuing hold does; the reaper lets
+    nothing go, so only holds decide.  Release what the test took before it ends."""
+    monkeypatch.setattr(_durable, "_LINGER_MAX", 0.0)
+    monkeypatch.setattr(_durable, "_LINGER_YIELD", 0.0)
+    monkeypatch.setattr(_durable, "_LINGER_MAX_CONTINUING", 3600.0)
+    keep_lingering(monkeypatch)

@@ -43,7 +43,7 @@ from adaptor._durable import (
     scan,
     unframe,
 )
-from tests.durable_hooks import count_releases, hook_datasyncs, keep_lingering
+from tests.durable_hooks import count_releases, hook_datasyncs, past_the_maximum_hold
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT = 120
@@ -852,11 +852,8 @@ def test_back_to_back_appends_take_the_flock_once_and_close_lets_it_go(
 def test_a_continuing_hold_keeps_a_flock_held_past_the_maximum_until_the_next_plain_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every hold is "past the maximum" (0 s); only the continuing one's longer limit is not.
-    monkeypatch.setattr(_durable, "_LINGER_MAX", 0.0)
-    monkeypatch.setattr(_durable, "_LINGER_YIELD", 0.0)
-    monkeypatch.setattr(_durable, "_LINGER_MAX_CONTINUING", 3600.0)
-    keep_lingering(monkeypatch)  # nor may the reaper let go, however slow this thread runs
+    # Every plain hold is past the maximum; a continuing one is not.
+    past_the_maximum_hold(monkeypatch)
     lock = str(tmp_path / "work.lock")
     released = count_releases(monkeypatch)
     with exclusive(lock, linger=True):

@@ -44,7 +44,7 @@ from tests.durable_hooks import (
     count_datasyncs,
     count_releases,
     hook_datasyncs,
-    keep_lingering,
+    past_the_maximum_hold,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1040,12 +1040,9 @@ def test_closed_store_refuses_calls(tmp_path: Path) -> None:
 def test_a_process_gives_the_store_lock_away_between_cycles_not_within_a_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every plain hold is past the maximum (0 s); holds within a lease are not (1 h).  Had the
-    # lock gone to another process mid-cycle, it would have found this key busy.
-    monkeypatch.setattr(_durable, "_LINGER_MAX", 0.0)
-    monkeypatch.setattr(_durable, "_LINGER_YIELD", 0.0)
-    monkeypatch.setattr(_durable, "_LINGER_MAX_CONTINUING", 3600.0)
-    keep_lingering(monkeypatch)  # nor may the reaper let go, however slow this thread runs
+    # Every plain hold is past the maximum; one within a lease is not.  Had the lock gone to
+    # another process mid-cycle, it would have found this key busy.
+    past_the_maximum_hold(monkeypatch)
     with JSONLStore(tmp_path / "threads") as store:
         start(store, "r0", "k")  # the flock is taken, and lingers from here on
         released = count_releases(monkeypatch)
