@@ -1,6 +1,6 @@
-"""``import adaptor`` imports its modules on first use, and the ``adaptor`` command only the
-modules a command needs (a daemon round trip needs neither the SDK's run machinery nor the
-request mapping)."""
+"""``import adaptor`` imports its modules (and jsonschema) on first use, and the ``adaptor``
+command only the modules a command needs: a daemon round trip needs neither the SDK's run
+machinery nor the request mapping."""
 
 from __future__ import annotations
 
@@ -37,14 +37,31 @@ def test_import_adaptor_imports_no_module_of_the_package() -> None:
     assert loaded == "[]"
 
 
-def test_the_cli_leaves_the_sdk_and_the_request_mapping_unimported() -> None:
-    loaded = _fresh(
-        "import sys, adaptor.cli\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.startswith('adaptor'))))"
+def test_the_cli_runs_without_the_sdk_or_the_request_mapping() -> None:
+    out = _fresh(
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from adaptor.cli import cli\n"
+        "result = CliRunner().invoke(cli, ['exit-codes', '--json'])\n"
+        "print(result.exit_code, *sorted(m for m in sys.modules if m.startswith('adaptor')))"
     ).split()
+    exit_code, loaded = out[0], out[1:]
+    assert exit_code == "0"
     assert "adaptor.cli" in loaded and "adaptor.spool" in loaded
     for heavy in ("adaptor.agent", "adaptor._run", "adaptor._request", "adaptor.driver"):
         assert heavy not in loaded
+
+
+def test_jsonschema_loads_with_the_first_schema_not_with_adaptor_or_its_cli() -> None:
+    # A quarter of ``import adaptor`` (and of every ``adaptor`` command's start) was jsonschema,
+    # which a run without a schema never uses.
+    out = _fresh(
+        "import sys, adaptor, adaptor.cli\n"
+        "before = 'jsonschema' in sys.modules\n"
+        "compiled = adaptor.schema.compile_schema({'type': 'object'})\n"
+        "print(before, 'jsonschema' in sys.modules, compiled.validate_text('{}', 'native').valid)"
+    )
+    assert out.split() == ["False", "True", "True"]
 
 
 def test_every_public_name_resolves_to_its_module_object() -> None:
@@ -104,14 +121,3 @@ def test_submodules_are_reachable_as_attributes_and_unknown_names_are_not(
     monkeypatch.setattr(sys, "meta_path", [_BrokenFinder(), *sys.meta_path])
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency"):
         _ = adaptor.broken_probe  # type: ignore[attr-defined]
-
-
-def test_the_cli_still_runs_from_a_fresh_interpreter() -> None:
-    out = _fresh(
-        "import sys\n"
-        "from click.testing import CliRunner\n"
-        "from adaptor.cli import cli\n"
-        "result = CliRunner().invoke(cli, ['exit-codes', '--json'])\n"
-        "print(result.exit_code, 'adaptor.agent' in sys.modules)"
-    )
-    assert out == "0 False"

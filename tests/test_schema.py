@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -917,17 +915,3 @@ def test_run_as_decode_errors_propagate() -> None:
     with pytest.raises(ValueError, match="missing field"):
         run_as(_Runner(_structured({"x": 1})), "p", Point)
 
-
-def test_jsonschema_loads_with_the_first_schema_not_with_adaptor_or_its_cli() -> None:
-    # A quarter of ``import adaptor`` (and of every ``adaptor`` command's start) was jsonschema,
-    # which a run without a schema never uses.
-    code = (
-        "import sys, adaptor, adaptor.cli\n"
-        "before = 'jsonschema' in sys.modules\n"
-        "compiled = adaptor.schema.compile_schema({'type': 'object'})\n"
-        "print(before, 'jsonschema' in sys.modules, compiled.validate_text('{}', 'native').valid)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.split() == ["False", "True", "True"]
