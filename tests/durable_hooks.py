@@ -44,13 +44,18 @@ def count_datasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def count_releases(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """List the lock file of every flock this process lets go of from now on, in order."""
+def count_releases(monkeypatch: pytest.MonkeyPatch, lock_file: str | os.PathLike[str]) -> list[str]:
+    """List each time this process lets go of the flock on ``lock_file`` from now on.
+
+    Only that file counts: a lock an earlier test left lingering may be let go of by the real
+    reaper at any moment, and must not show up here."""
+    watched = os.fspath(lock_file)
     released: list[str] = []
     real = _durable._Exclusive._release_file
 
     def counted(entry: _durable._Exclusive) -> None:
-        released.append(entry.file_lock.lock_file)
+        if entry.file_lock.lock_file == watched:
+            released.append(watched)
         real(entry)
 
     monkeypatch.setattr(_durable._Exclusive, "_release_file", counted)

@@ -855,7 +855,7 @@ def test_a_continuing_hold_keeps_a_flock_held_past_the_maximum_until_the_next_pl
     # Every plain hold is past the maximum; a continuing one is not.
     past_the_maximum_hold(monkeypatch)
     lock = str(tmp_path / "work.lock")
-    released = count_releases(monkeypatch)
+    released = count_releases(monkeypatch, lock)
     with exclusive(lock, linger=True):
         pass
     for _ in range(3):

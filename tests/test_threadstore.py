@@ -1029,12 +1029,19 @@ def test_a_compaction_that_failed_after_replacing_the_snapshot_stops_the_instanc
         assert reader.resolve(Query(key="k2")) == later
 
 
-def test_closed_store_refuses_calls(tmp_path: Path) -> None:
+def test_closed_store_refuses_calls_without_taking_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = JSONLStore(tmp_path / "threads")
     store.close()
     store.close()
-    with pytest.raises(ValueError):
+    released = count_releases(monkeypatch, tmp_path / "threads" / "store.lock")
+    with pytest.raises(ValueError, match="closed"):
         store.resolve(Query(key="k"))
+    with pytest.raises(ValueError, match="closed"):
+        store.acquire_lease("key:k", "owner", 60)
+    _durable.release_lingering(tmp_path / "threads" / "store.lock")
+    assert released == []  # never taken, so it kept nobody waiting and nothing lingers
 
 
 def test_a_process_gives_the_store_lock_away_between_cycles_not_within_a_lease(
@@ -1045,7 +1052,7 @@ def test_a_process_gives_the_store_lock_away_between_cycles_not_within_a_lease(
     past_the_maximum_hold(monkeypatch)
     with JSONLStore(tmp_path / "threads") as store:
         start(store, "r0", "k")  # the flock is taken, and lingers from here on
-        released = count_releases(monkeypatch)
+        released = count_releases(monkeypatch, tmp_path / "threads" / "store.lock")
         lease = store.acquire_lease("key:k", "owner", 60)
         assert len(released) == 1  # a cycle's start: given away (and taken again)
         store.renew_lease(lease, 60)

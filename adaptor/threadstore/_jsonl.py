@@ -317,20 +317,24 @@ class JSONLStore:
         # Within a lease (renew, finalize, release) this process is mid-cycle: were it to give
         # the lock away now, the others would find that lease's key busy until it got the lock
         # back, so it keeps the lock until its next hold outside a lease (``continuing``).
+        self._refuse_if_closed()  # before the lock too: no waiting on others only to refuse
         with exclusive(
             self._lock_path,
             linger=True,
             while_waiting=self._read_ahead,
             continuing=within_lease,
         ):
-            if self._closed:
-                raise ValueError(f"{self!r} is closed")
+            self._refuse_if_closed()  # another thread may have closed it while this one waited
             # Unchanged epoch: this process held the flock throughout since our last look
             # and no other instance here wrote, so the files are as we left them.
             if lock_epoch(self._lock_path) != self._epoch:
                 self._refresh()
                 self._epoch = lock_epoch(self._lock_path)
             yield
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self!r} is closed")
 
     def _refresh(self) -> None:
         try:
