@@ -31,17 +31,52 @@ def hook_datasyncs(monkeypatch: pytest.MonkeyPatch, hook: Hook) -> None:
     monkeypatch.setattr(_durable, "_write_datasync", write_then_sync)
 
 
-def count_datasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Really sync, and list the descriptor of every sync made from now on."""
+def _within(under: str | os.PathLike[str]) -> Callable[[int], str | None]:
+    """``fd``'s path if its file is ``under`` (or is that folder), else None.
+
+    Counting only those keeps a test's count its own: a thread an earlier test left behind
+    may sync files of its own at any moment."""
+    folder = os.path.realpath(under)
+    prefix = os.path.join(folder, "")
+
+    def path_of(fd: int) -> str | None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        return path if path == folder or path.startswith(prefix) else None
+
+    return path_of
+
+
+def count_datasyncs(monkeypatch: pytest.MonkeyPatch, under: str | os.PathLike[str]) -> list[int]:
+    """Really sync, and list the descriptor of every data sync DurableLog makes from now on
+    of a file under the folder ``under``."""
+    path_of = _within(under)
     calls: list[int] = []
     real = _durable._datasync
 
     def counted(fd: int) -> None:
-        calls.append(fd)
+        if path_of(fd) is not None:
+            calls.append(fd)
         real(fd)
 
     hook_datasyncs(monkeypatch, counted)
     return calls
+
+
+def record_fsyncs(monkeypatch: pytest.MonkeyPatch, under: str | os.PathLike[str]) -> list[str]:
+    """Really sync, and list the path of every ``os.fsync`` made from now on of a file or
+    folder under the folder ``under`` (that folder included)."""
+    path_of = _within(under)
+    synced: list[str] = []
+    real = os.fsync
+
+    def recorded(fd: int) -> None:
+        path = path_of(fd)
+        if path is not None:
+            synced.append(path)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    return synced
 
 
 def count_releases(monkeypatch: pytest.MonkeyPatch, lock_file: str | os.PathLike[str]) -> list[str]:

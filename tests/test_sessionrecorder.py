@@ -54,7 +54,7 @@ from adaptor.events import (
 from adaptor.result import Usage
 from hosttools import sessionrecorder as sr
 from hosttools.sessionrecorder import _jsonl
-from tests.durable_hooks import count_datasyncs, hook_datasyncs
+from tests.durable_hooks import count_datasyncs, hook_datasyncs, record_fsyncs
 from tests.test_events import EVENTS as EVENT_STRATEGY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1351,14 +1351,7 @@ def test_a_failed_sync_in_buffered_mode_poisons_and_is_reported_by_close(
 def test_buffered_mode_syncs_on_flush_and_close(
     events_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    synced: list[int] = []
-    real = os.fsync
-
-    def counting(fd: int) -> None:
-        synced.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", counting)
+    synced = record_fsyncs(monkeypatch, events_dir)
     backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
     recorder = sr.EventRecorder(backend)
     recorder.record("a", _text(0))
@@ -1779,7 +1772,7 @@ def test_writers_that_keep_recording_keep_sharing_syncs(
 ) -> None:
     # A leader that returns and records again at once must not overtake the followers it just
     # woke: that degenerates into one sync per record while eight threads wait in line.
-    syncs = count_datasyncs(monkeypatch)
+    syncs = count_datasyncs(monkeypatch, events_dir)
     recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
     total = _eight_threads_record_on_one_key(recorder, per_thread=40)
     assert len(syncs) <= total * 3 // 4, f"{len(syncs)} syncs for {total} records"

@@ -1240,7 +1240,7 @@ def test_sigkill_mid_finalize_loses_nothing_acknowledged(tmp_path: Path) -> None
 def test_only_finalizes_and_reservations_are_synced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    syncs = count_datasyncs(monkeypatch)
+    syncs = count_datasyncs(monkeypatch, tmp_path)
     with JSONLStore(tmp_path / "threads") as store:
         first = store.acquire_lease("key:a", "o", 60)  # reserves a block of generations
         assert len(syncs) == 1
