@@ -1209,6 +1209,8 @@ class DurableLog:
         """
         if not objs:
             return []
+        if self._closed:
+            self._check_usable()  # before the lock too: no waiting on others only to refuse
         if not self._dir_ready:
             ensure_dir(os.path.dirname(os.path.abspath(self._path)))
             self._dir_ready = True

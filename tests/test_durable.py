@@ -249,8 +249,20 @@ def test_append_and_append_many_number_records(log_path: Path) -> None:
     assert _mode(log_path) == 0o600
     assert _mode(Path(str(log_path) + ".lock")) == 0o600
     assert log.repaired == []
+
+
+def test_a_closed_log_refuses_without_taking_the_lock(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = DurableLog(log_path)
+    log.append({"kind": "a"})
+    log.close()
+    lock = str(log_path) + ".lock"
+    released = count_releases(monkeypatch, lock)
     with pytest.raises(ValueError, match="closed"):
         log.append({})
+    _durable.release_lingering(lock)
+    assert released == []  # never taken, so it kept nobody waiting and nothing lingers
 
 
 def test_custom_seq_key_and_no_version(log_path: Path) -> None:
