@@ -174,7 +174,8 @@ def redacted_request(request: Mapping[str, Any]) -> dict[str, Any]:
             for name in ("env", "headers"):
                 if isinstance(server.get(name), dict):
                     server[name] = dict.fromkeys(server[name], REDACTED)
-    return Redactor(secrets_of(request)).value(copy)
+    redacted: dict[str, Any] = Redactor(secrets_of(request)).value(copy)
+    return redacted
 
 
 def session_of(request: Mapping[str, Any]) -> str:

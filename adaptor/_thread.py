@@ -7,12 +7,13 @@ planned session → on a healthy checkpoint, one atomic finalize → leases rele
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from adaptor import errors
 from adaptor.driver import (
@@ -36,7 +37,7 @@ from adaptor.threadstore import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from adaptor._options import RunOptions
     from adaptor.agent import Agent
@@ -372,7 +373,7 @@ def finalize(plan_: ThreadPlan, response: Response, *, fresh: bool) -> None:
 
 def renew(plan_: ThreadPlan, ttl: float) -> None:
     for lease in plan_.leases:
-        _translated(lambda lease=lease: plan_.store.renew_lease(lease, ttl))
+        _translated(functools.partial(plan_.store.renew_lease, lease, ttl))
 
 
 def release(plan_: ThreadPlan) -> None:
@@ -393,7 +394,10 @@ def _acquire(store: Store, target: str, owner: str, ttl: float) -> Lease:
     return _translated(lambda: store.acquire_lease(target, owner, ttl))
 
 
-def _translated(call: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _translated(call: Callable[[], _T]) -> _T:
     """Run a store call, translating store identities into Thread errors (store error kept)."""
     try:
         return call()

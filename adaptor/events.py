@@ -580,7 +580,7 @@ def _quick_from_json(kind: str, obj: dict[str, Any]) -> Event | None:
     for name, factory in recipe.factories:
         if fields[name] is _FACTORY:
             fields[name] = factory()
-    event = _new(recipe.cls)
+    event: Event = _new(recipe.cls)
     _set(event, "__dict__", fields)
     return event
 
@@ -616,7 +616,7 @@ def _adopt_from_json(kind: str, obj: dict[str, Any]) -> Event | None:
         obj.update(recipe.fixed)
     if recipe.drop_kind:
         del obj["kind"]
-    event = _new(recipe.cls)
+    event: Event = _new(recipe.cls)
     _set(event, "__dict__", obj)
     return event
 

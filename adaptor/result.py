@@ -88,7 +88,8 @@ class _Text:
         value = attrs[self._name]
         if type(value) is _Undecoded:
             value = attrs[self._name] = value.data.decode("utf-8", "replace")
-        return value
+        text: str = value
+        return text
 
     def __set__(self, obj: object, value: str) -> None:
         obj.__dict__[self._name] = value

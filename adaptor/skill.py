@@ -719,7 +719,7 @@ def _tar_members(reader: IO[bytes], stager: _Stager) -> Iterator[_Member]:
 
 
 def _extracted(archive_file: Any, member: Any) -> IO[bytes]:
-    data = archive_file.extractfile(member)
+    data: IO[bytes] | None = archive_file.extractfile(member)
     if data is None:
         raise ValueError(f"{member.name!r} has no data")
     return data

@@ -1075,7 +1075,8 @@ def _message_request(
 def _json(proto: ProtoMessage) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
-    return MessageToDict(proto)
+    found: dict[str, Any] = MessageToDict(proto)
+    return found
 
 
 def _metadata(proto: pb.Part | pb.Message | pb.Artifact | pb.Task) -> Mapping[str, Any]:

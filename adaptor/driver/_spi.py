@@ -7,11 +7,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from adaptor.result import RawStreams, StructuredOutput, TranscriptItem, Usage
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from adaptor.events import Event
     from adaptor.policy import Policy
 
@@ -131,7 +133,10 @@ class Descriptor:
         return _merge_dataclass(self.copy(), overrides, "descriptor")
 
 
-def _merge_dataclass(obj: Any, overrides: Mapping[str, Any], path: str) -> Any:
+_D = TypeVar("_D", bound="DataclassInstance")
+
+
+def _merge_dataclass(obj: _D, overrides: Mapping[str, Any], path: str) -> _D:
     if not isinstance(overrides, Mapping):
         raise TypeError(f"{path}: expected an object")
     known = {f.name for f in dataclasses.fields(obj)}
@@ -139,7 +144,11 @@ def _merge_dataclass(obj: Any, overrides: Mapping[str, Any], path: str) -> Any:
         if key not in known:
             raise ValueError(f"{path}: unknown field {key!r}")
         current = getattr(obj, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
+        if (
+            dataclasses.is_dataclass(current)
+            and not isinstance(current, type)
+            and isinstance(value, Mapping)
+        ):
             _merge_dataclass(current, value, f"{path}.{key}")
         elif current is None and isinstance(value, Mapping):
             hint = {f.name: f.type for f in dataclasses.fields(obj)}[key]

@@ -151,7 +151,8 @@ def coerce_config(cls: type[C], config: object, driver: str) -> C:
     if isinstance(config, cls):
         return config
     if isinstance(config, Mapping):
-        return cls.from_dict(config)  # type: ignore[attr-defined]
+        built: C = cls.from_dict(config)  # type: ignore[attr-defined]
+        return built
     raise TypeError(f"the {driver} driver expects a {driver}.Config, not {type(config).__name__}")
 
 

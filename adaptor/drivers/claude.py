@@ -798,7 +798,8 @@ class _Parser:
             if kind == "result":
                 protocol.set_terminal(event, line_text(data))
             elif kind == "control_request":
-                return event
+                control: dict[str, Any] = event
+                return control
         return None
 
     # -- event handlers --

@@ -375,7 +375,7 @@ def _batch_kind(kind: object) -> _BatchKind | None:
     """How to build ``kind`` in a batch; None when only the line-by-line path may decide."""
     if type(kind) is not str:
         return None
-    found = _BATCH_KINDS.get(kind, _NOT_YET)
+    found: _BatchKind | None = _BATCH_KINDS.get(kind, _NOT_YET)
     if found is not _NOT_YET:
         return found
     checks = _CHECKS.get(kind, _NOT_YET)
