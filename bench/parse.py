@@ -103,7 +103,7 @@ def _turn(
     """One turn's lines, with ids unique to turn ``k`` (the last turn has no tool call)."""
 
     def fresh(name: str) -> dict[str, Any]:
-        line = copy.deepcopy(t[name])
+        line: dict[str, Any] = copy.deepcopy(t[name])
         if "uuid" in line:
             line["uuid"] = f"{k:08x}-{rng.getrandbits(16):04x}-4000-8000-{rng.getrandbits(48):012x}"
         return line
