@@ -101,7 +101,8 @@ def agent_card(
 
 
 def card_json(card: AgentCard) -> dict[str, Any]:
-    return MessageToDict(card)
+    found: dict[str, Any] = MessageToDict(card)
+    return found
 
 
 # --- the executor -------------------------------------------------------------------------------
@@ -432,7 +433,7 @@ class ServerProcess:
 def finished_task(task_id: str, context_id: str, state: str = "TASK_STATE_COMPLETED") -> Task:
     """A stored task in ``state`` (a ``TaskState`` name) with one text artifact, for seeding a
     restarted server."""
-    return ParseDict(
+    task: Task = ParseDict(
         {
             "id": task_id,
             "contextId": context_id,
@@ -443,6 +444,7 @@ def finished_task(task_id: str, context_id: str, state: str = "TASK_STATE_COMPLE
         },
         Task(),
     )
+    return task
 
 
 def _main(argv: Sequence[str] | None = None) -> None:

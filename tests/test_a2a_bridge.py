@@ -131,7 +131,10 @@ def progress(events: list[a2a.StreamEvent]) -> str:
 
 
 def request_of(served: Served, request_id: str) -> dict[str, Any]:
-    return json.loads((served.daemon.home.run_dir(request_id) / "request.json").read_text())
+    request: dict[str, Any] = json.loads(
+        (served.daemon.home.run_dir(request_id) / "request.json").read_text()
+    )
+    return request
 
 
 # --- cards and credentials ----------------------------------------------------------------------

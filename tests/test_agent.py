@@ -195,7 +195,7 @@ def test_active_execution_budget() -> None:
 
 
 def test_driver_exception_is_infrastructure_run_error() -> None:
-    class Exploding(ScriptedDriver):  # type: ignore[misc, valid-type]
+    class Exploding(ScriptedDriver):
         def run(self, request: Request, sink: Any) -> Response:
             raise OSError("pipe broke")
 
@@ -337,7 +337,7 @@ def test_programmer_errors_raise_immediately() -> None:
 def test_call_options_never_change_agent_defaults() -> None:
     seen: list[Request] = []
 
-    class Capturing(ScriptedDriver):  # type: ignore[misc, valid-type]
+    class Capturing(ScriptedDriver):
         def run(self, request: Request, sink: Any) -> Response:
             seen.append(request)
             return super().run(request, sink)
@@ -574,7 +574,7 @@ def test_handler_that_raises_or_does_not_resolve_fails_the_run() -> None:
 # --- backpressure -------------------------------------------------------------------------------
 
 
-class Burst(ScriptedDriver):  # type: ignore[misc, valid-type]
+class Burst(ScriptedDriver):
     """Prints a burst of raw output before running its script, then says so."""
 
     def __init__(self, steps: list[dict[str, Any]], lines: int, **kw: Any) -> None:
@@ -677,7 +677,7 @@ def test_return_invalid_succeeds_and_decode_raises() -> None:
 def test_prompt_validation_mode_instructs_the_prompt() -> None:
     prompts: list[str] = []
 
-    class Capturing(ScriptedDriver):  # type: ignore[misc, valid-type]
+    class Capturing(ScriptedDriver):
         def run(self, request: Request, sink: Any) -> Response:
             prompts.append(request.prompt)
             assert request.structured_output_source == "prompt_validate"
@@ -694,7 +694,7 @@ def test_descriptor_is_a_real_descriptor() -> None:
     assert isinstance(ScriptedDriver([]).descriptor(), Descriptor)
 
 
-class Counting(ScriptedDriver):  # type: ignore[misc, valid-type]
+class Counting(ScriptedDriver):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.calls = 0

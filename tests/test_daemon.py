@@ -32,6 +32,12 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     assert proc.stop() == 0
 
 
+def _fact(record: sr.EventRecord) -> dict[str, Any]:
+    """The data of one of the daemon's lifecycle records (each is a ``Notice``)."""
+    assert isinstance(record.event, events.Notice), record
+    return record.event.data
+
+
 def script(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"driver": "script", "prompt": "go", "config": {"steps": list(steps)}, **extra}
 
@@ -53,9 +59,9 @@ def test_success_verdict_side_files_and_audit_log(daemon: DaemonProcess) -> None
     daemon.wait_for_line(f"verdict.written id={rid}")  # recorded before it is logged
     assert not (daemon.home.claimed / f"{rid}.json").exists()
     lifecycle = [
-        r.event.data["phase"]
+        _fact(r)["phase"]
         for r in sr.EventRecorder(sr.JSONLEventBackend(daemon.home.events), key_validator=lambda k: None).since("adaptord")
-        if r.event.data.get("request_id") == rid
+        if _fact(r).get("request_id") == rid
     ]
     assert lifecycle[0] == "request.received" and lifecycle[-1] == "verdict.written"
     assert "request.started" in lifecycle
@@ -354,7 +360,7 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
 def _lifecycle(home: _home.Home, rid: str) -> list[str]:
     recorder = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
     return [
-        r.event.data["phase"] for r in recorder.since("adaptord") if r.event.data.get("request_id") == rid
+        _fact(r)["phase"] for r in recorder.since("adaptord") if _fact(r).get("request_id") == rid
     ]
 
 
@@ -471,7 +477,7 @@ def test_lifecycle_log_group_commits_and_prints_each_line_after_its_record(tmp_p
     assert [line for line, _ in printed] == [f"line {i}" for i in range(50)]
     assert all(in_file >= i + 1 for i, (_, in_file) in enumerate(printed))  # record first, then line
     assert sr.verify(tmp_path / "adaptord.jsonl") == 50
-    assert [r.event.data["i"] for r in reader.since("adaptord")] == list(range(50))
+    assert [_fact(r)["i"] for r in reader.since("adaptord")] == list(range(50))
 
 
 def test_cancelling_a_waiting_request_keeps_the_rest_of_its_thread_queue(daemon: DaemonProcess) -> None:

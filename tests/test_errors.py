@@ -34,7 +34,7 @@ class Case:
 def _run_case(cls: type[errors.RunError], code: str, reason: str) -> Case:
     return Case(
         cls,
-        lambda: cls("it failed", details={"k": [1, "v"]}),  # type: ignore[call-arg]
+        lambda: cls("it failed", details={"k": [1, "v"]}),
         code,
         {},
         errors.RunError,

@@ -144,7 +144,7 @@ def test_kinds_fold_the_discriminating_field() -> None:
 
 
 def test_droppable_set_is_exactly_content_and_raw_chunks() -> None:
-    droppable = [
+    droppable: list[events.Event] = [
         events.TextDelta(phase="content"),
         events.Thinking(phase="content"),
         events.ToolCall(phase="content"),
@@ -152,7 +152,7 @@ def test_droppable_set_is_exactly_content_and_raw_chunks() -> None:
         events.ProcessInfo(kind="stderr"),
         events.SubagentUpdate(kind="delta"),
     ]
-    reliable = [
+    reliable: list[events.Event] = [
         events.TextDelta(phase="start"),
         events.TextDelta(phase="end"),
         events.ToolCall(phase="start"),

@@ -82,7 +82,7 @@ def test_invalid_tool_definitions_are_refused_before_launch() -> None:
     bad = tool.define("bad name", "d", lambda v: v)
     refused(adaptor.Agent(driver, tools=[bad]), tool.InvalidDefinitionError)
     refused(adaptor.Agent(driver, tools=[echo_tool(), echo_tool()]), tool.InvalidDefinitionError)
-    refused(adaptor.Agent(driver, tools=["not a tool"]), tool.InvalidDefinitionError)
+    refused(adaptor.Agent(driver, tools=["not a tool"]), tool.InvalidDefinitionError)  # type: ignore[list-item]
     assert driver.requests == []
 
 
@@ -289,7 +289,8 @@ def test_the_cli_calls_host_tools_during_the_run() -> None:
         calls.append(value)
         if value["text"] == "no":
             raise tool.reject("refused", "the host said no")
-        return value["text"].upper()
+        text: str = value["text"]
+        return text.upper()
 
     def cli(request: Request) -> None:
         results.append(call_gateway(request, "echo", {"text": "hello"}))

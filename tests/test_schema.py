@@ -236,10 +236,10 @@ def test_non_struct_type_at_the_root() -> None:
 def test_pydantic_model_and_nesting() -> None:
     base_model: Any = pytest.importorskip("pydantic").BaseModel
 
-    class Inner(base_model):
+    class Inner(base_model):  # type: ignore[misc]  # pydantic, if installed
         a: int
 
-    class Model(base_model):
+    class Model(base_model):  # type: ignore[misc]  # pydantic, if installed
         inner: Inner
         tags: list[str] = []
 
@@ -734,7 +734,7 @@ def test_convert_typeddict_returns_a_dict_with_converted_values() -> None:
 def test_convert_pydantic() -> None:
     base_model: Any = pytest.importorskip("pydantic").BaseModel
 
-    class Model(base_model):
+    class Model(base_model):  # type: ignore[misc]  # pydantic, if installed
         a: int
 
     assert convert({"a": 1}, Model) == Model(a=1)

@@ -84,6 +84,11 @@ def _text(i: int) -> TextDelta:
     return TextDelta(message_id="m", text=f"text {i}")
 
 
+def _text_of(record: sr.EventRecord) -> str:
+    assert isinstance(record.event, TextDelta), record
+    return record.event.text
+
+
 def _seqs(records: list[sr.EventRecord]) -> list[int]:
     return [r.host_seq for r in records]
 
@@ -118,7 +123,7 @@ def test_backends_satisfy_the_protocol(tmp_path: Path) -> None:
 def test_record_allocates_host_seq_per_key(env: Env) -> None:
     with env.recorder(clock=Clock()) as recorder:
         got = [recorder.record(key, _text(i)) for i, key in enumerate(["ka", "kb", "ka", "kb"])]
-        assert [(r.host_seq, r.event.text) for r in got] == [
+        assert [(r.host_seq, _text_of(r)) for r in got] == [
             (1, "text 0"),
             (1, "text 1"),
             (2, "text 2"),
@@ -144,7 +149,7 @@ def test_since_is_strictly_greater_and_ascending(env: Env) -> None:
         assert recorder.since("s", 5) == []
         assert recorder.since("s", 99) == []
         assert recorder.since("never-recorded") == []
-        assert [r.event.text for r in recorder.iter_since("s", 1)] == [
+        assert [_text_of(r) for r in recorder.iter_since("s", 1)] == [
             f"text {i}" for i in range(1, 5)
         ]
         with pytest.raises(ValueError):
@@ -202,7 +207,7 @@ def test_host_seq_continues_after_a_restart(env: Env) -> None:
             first.record("s", _text(i))
     with env.recorder() as second:
         assert second.record("s", _text(3)).host_seq == 4
-        assert [r.event.text for r in second.since("s", 2)] == ["text 2", "text 3"]
+        assert [_text_of(r) for r in second.since("s", 2)] == ["text 2", "text 3"]
         assert second.sessions()[0].last_host_seq == 4
     with env.recorder() as third:
         assert _seqs(third.since("s")) == [1, 2, 3, 4]
@@ -310,7 +315,7 @@ def test_an_unserializable_event_records_nothing(env: Env) -> None:
         with pytest.raises(TypeError):
             recorder.record("s", ToolResult(id="x", result={1, 2}))
         assert recorder.record("s", _text(1)).host_seq == 2
-        assert [r.event.text for r in recorder.since("s")] == ["text 0", "text 1"]
+        assert [_text_of(r) for r in recorder.since("s")] == ["text 0", "text 1"]
 
 
 def test_backends_allocate_host_seq_themselves(env: Env) -> None:
@@ -563,7 +568,7 @@ def test_two_backends_in_one_process_share_the_sequence(events_dir: Path) -> Non
         4,
         5,
     ]
-    assert [r.event.text for r in b.since("s")] == [f"text {i}" for i in range(5)]
+    assert [_text_of(r) for r in b.since("s")] == [f"text {i}" for i in range(5)]
     a.close()
     b.close()
 
@@ -1257,7 +1262,7 @@ def test_failed_fsync_rolls_back_and_the_key_stays_usable(
     assert path.stat().st_size == size  # the unacknowledged record is gone
     # Nothing advanced: the retry gets the number the failed attempt would have had.
     assert recorder.record("s", _text(3)).host_seq == 3
-    assert [r.event.text for r in recorder.since("s")] == ["text 0", "text 1", "text 3"]
+    assert [_text_of(r) for r in recorder.since("s")] == ["text 0", "text 1", "text 3"]
     recorder.close()
 
 
@@ -1324,7 +1329,7 @@ def test_a_failed_rollback_poisons_the_key(
     backend = sr.JSONLEventBackend(path.parent)
     with sr.EventRecorder(backend) as fresh:
         assert fresh.record("s", _text(4)).host_seq == len(survivors) + 1
-        assert [r.event.text for r in fresh.since("s")] == [*survivors, "text 4"]
+        assert [_text_of(r) for r in fresh.since("s")] == [*survivors, "text 4"]
         assert len(backend.repairs) == (1 if failure == "short write" else 0)
 
 
@@ -1507,7 +1512,7 @@ def test_two_processes_append_to_one_key(events_dir: Path) -> None:
     for worker in ("a", "b"):
         mine = [r for r in records if r.event.message_id == worker]  # type: ignore[union-attr]
         assert [r.host_seq for r in mine] == acked[worker]
-        assert [r.event.text for r in mine] == [str(i) for i in range(count)]  # type: ignore[union-attr]
+        assert [_text_of(r) for r in mine] == [str(i) for i in range(count)]
 
 
 _WRITER = """

@@ -106,7 +106,8 @@ def pending_approval(home: Home, request_id: str) -> dict[str, Any]:
     def find() -> dict[str, Any] | None:
         return next((a for a in home.client.approvals() if a["request_id"] == request_id), None)
 
-    return wait_until(find, f"a pending approval of {request_id}")
+    found: dict[str, Any] = wait_until(find, f"a pending approval of {request_id}")
+    return found
 
 
 def script(

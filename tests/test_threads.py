@@ -16,7 +16,7 @@ from adaptor.testing import ScriptedDriver
 from adaptor.threadstore import JSONLStore, LeaseLostError, Query
 
 
-class Recording(ScriptedDriver):  # type: ignore[misc, valid-type]
+class Recording(ScriptedDriver):
     """A script driver that remembers the session context of every call."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -245,7 +245,7 @@ def test_failed_runs_never_overwrite_a_good_checkpoint(store: Any) -> None:
 PERMISSION_STEP = {"approval": {"kind": "permission", "title": "write"}}
 
 
-class LosingStore(MemoryStore):  # type: ignore[misc, valid-type]
+class LosingStore(MemoryStore):
     """A store whose renewals fail: another owner took the lease over."""
 
     def renew_lease(self, lease: Any, ttl: float) -> None:
@@ -264,7 +264,7 @@ def test_lease_loss_aborts_without_persisting() -> None:
     assert store.resolve(Query(key="k")) is None
 
 
-class GatedStore(MemoryStore):  # type: ignore[misc, valid-type]
+class GatedStore(MemoryStore):
     """A store whose lease acquisition waits for a gate (a slow shared disk, say)."""
 
     def __init__(self) -> None:

@@ -293,7 +293,8 @@ def _record_variants() -> list[Any]:
     variants: list[Any] = [good, None, [], "x", {}]
     for name in good:
         variants.append({k: v for k, v in good.items() if k != name})
-        for value in (None, 1, 1.5, True, "", "x", [], {}, {"data": None}, {"data": {"x": 1}}):
+        values: tuple[Any, ...] = (None, 1, 1.5, True, "", "x", [], {}, {"data": None}, {"data": {"x": 1}})
+        for value in values:
             variants.append({**good, name: value})
     for stamp in ("2026-01-02T03:04:05Z", "2026-01-02T03:04:05.123456", "2026-13-02T03:04:05Z"):
         variants.append({**good, "created_at": stamp})

@@ -18,7 +18,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptor import _durable, events
+from adaptor import events
 from adaptor._durable import DurableLog, exclusive, frame, repair, scan
 from hosttools import sessionrecorder as sr
 from hosttools.sessionrecorder import _format
@@ -149,7 +149,7 @@ def test_back_to_back_appends_skip_the_fstat(tmp_path: Path, monkeypatch: Any) -
 
     with DurableLog(path, sync=False) as log:
         log.append({})
-        monkeypatch.setattr(_durable.os, "fstat", counting_fstat)
+        monkeypatch.setattr(os, "fstat", counting_fstat)
         for _ in range(50):
             log.append({})
         monkeypatch.undo()

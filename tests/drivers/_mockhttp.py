@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 class Stop(Exception):
@@ -63,7 +63,7 @@ class MockServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> MockServer:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -72,7 +72,7 @@ class MockServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> MockServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

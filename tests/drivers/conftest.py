@@ -108,7 +108,7 @@ class FakeCLI:
         self.path = path
         self._record = record
 
-    def records(self, kind: str) -> list[object]:
+    def records(self, kind: str) -> list[Any]:
         if not self._record.exists():
             return []
         import json
@@ -156,7 +156,7 @@ def workspace(tmp_path: Path) -> str:
 @pytest.fixture
 def anthropic() -> Iterator[AnthropicMock]:
     with AnthropicMock() as mock:
-        yield mock  # type: ignore[misc]
+        yield mock
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def claude_config(
 @pytest.fixture
 def openai() -> Iterator[OpenAIMock]:
     with OpenAIMock() as mock:
-        yield mock  # type: ignore[misc]
+        yield mock
 
 
 @pytest.fixture

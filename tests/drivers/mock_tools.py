@@ -49,7 +49,7 @@ def echo_server(tmp_path: Path) -> str:
     return str(path)
 
 
-def run(agent: adaptor.Agent, prompt: str, **options: object) -> tuple[adaptor.Result, list[Event]]:
+def run(agent: adaptor.Agent, prompt: str, **options: Any) -> tuple[adaptor.Result, list[Event]]:
     stream = agent.stream(prompt, **options)
     events = list(stream)
     return stream.result(), events

@@ -235,8 +235,11 @@ def test_refused_resume_and_fork(make_agent: MakeAgent) -> None:
 
 def test_argument_limits_are_refused_before_starting(make_agent: MakeAgent, fake: FakeCLI) -> None:
     with make_agent() as agent:
-        for refused in (lambda: agent.run("p", append_system_prompt="x" * (32 * 1024 + 1)),
-                        lambda: agent.run("p" * (100 * 1024 + 1))):
+        refusals: list[Callable[[], object]] = [
+            lambda: agent.run("p", append_system_prompt="x" * (32 * 1024 + 1)),
+            lambda: agent.run("p" * (100 * 1024 + 1)),
+        ]
+        for refused in refusals:
             with pytest.raises(adaptor.RunError) as caught:
                 refused()
             assert caught.value.reason == "unsupported_driver"

@@ -38,7 +38,7 @@ pytest.importorskip("mcp", reason="host tools and the echo server need the mcp e
 def openai() -> Iterator[MCPOpenAIMock]:
     """Overrides the conftest's ``openai`` (and so ``codex_config``'s): the mock that speaks MCP."""
     with MCPOpenAIMock() as mock:
-        yield mock  # type: ignore[misc]
+        yield mock
 
 
 def last_output(mock: MCPOpenAIMock) -> str:

@@ -7,6 +7,7 @@ import dataclasses
 import re
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,8 +117,11 @@ def test_what_an_executable_cannot_do_is_refused(tmp_path: Path) -> None:
         with pytest.raises(adaptor.HumanDecisionModeUnsupportedError):
             agent.run("x", policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(
                 permission="auto_approve")))
-        for refused in (lambda: agent.run("x", append_system_prompt="be nice"),
-                        lambda: agent.run("x", model="big")):
+        refusals: list[Callable[[], object]] = [
+            lambda: agent.run("x", append_system_prompt="be nice"),
+            lambda: agent.run("x", model="big"),
+        ]
+        for refused in refusals:
             with pytest.raises(adaptor.RunError) as caught:
                 refused()
             assert caught.value.reason == "unsupported_driver"

@@ -62,11 +62,11 @@ def test_claude_argv_stdin_and_env(fake_cli: MakeFake, tmp_path: Path) -> None:
     assert argv[-2:] == ["--model", "claude-test"]
     assert "--permission-prompt-tool" not in argv  # no approval policy: the CLI's own rules
     init, user = fake.records("stdin")[:2]
-    assert init["request"]["subtype"] == "initialize"  # type: ignore[index]
-    assert user["message"] == {"role": "user", "content": "Say hello"}  # type: ignore[index]
+    assert init["request"]["subtype"] == "initialize"
+    assert user["message"] == {"role": "user", "content": "Say hello"}
     assert fake.records("cwd") == [str(tmp_path)]
     env = fake.records("env")[0]
-    assert "CLAUDE_CONFIG_DIR" in env and "ANTHROPIC_API_KEY" in env  # type: ignore[operator]
+    assert "CLAUDE_CONFIG_DIR" in env and "ANTHROPIC_API_KEY" in env
     assert "sk-test-secret" not in repr(result.to_json())
 
 
@@ -93,7 +93,7 @@ def test_claude_permission_prompt_round_trip(
     assert (request.kind, request.title, request.source) == ("permission", "Create perm.txt",
                                                             "claude.bash")
     assert request.details["input"]["command"] == "touch /scratch/work/perm.txt"
-    reply = fake.records("stdin")[2]["response"]  # type: ignore[index]
+    reply = fake.records("stdin")[2]["response"]
     assert reply["subtype"] == "success"
     if answer == "approve":
         assert reply["response"] == {"behavior": "allow", "updatedInput": {
@@ -119,7 +119,7 @@ def test_claude_rejection_with_abort_stops_the_process(fake_cli: MakeFake, tmp_p
     # read it, it was a deny that also interrupts the turn.
     replies = fake.records("stdin")[2:3]
     if replies and replies[0] is not None:
-        reply = replies[0]["response"]["response"]  # type: ignore[index]
+        reply = replies[0]["response"]["response"]
         assert reply["behavior"] == "deny" and reply["interrupt"] is True
 
 
@@ -144,14 +144,14 @@ def test_claude_flags_for_schema_append_resume_and_fork(fake_cli: MakeFake, tmp_
     with claude_agent(again, tmp_path, thread_store=store) as agent:
         assert agent.thread("t").run("say it again").text == "Resumed reply."
         argv = again.records("argv")[0]
-        assert argv[argv.index("--resume") + 1] == "1015e1df-1450-4cbf-a1da-79cc1a9c7cee"  # type: ignore[union-attr]
+        assert argv[argv.index("--resume") + 1] == "1015e1df-1450-4cbf-a1da-79cc1a9c7cee"
         forked = fake_cli("claude-text", stdin_protocol=True)
     with claude_agent(forked, tmp_path, thread_store=store) as agent:
         # The fake answers with the parent's own id: a fork must not checkpoint that.
         with pytest.raises(adaptor.RunError) as caught:
             agent.thread("t").fork("t2").run("branch off")
         assert "checkpoint" in str(caught.value)
-        assert "--fork-session" in forked.records("argv")[0]  # type: ignore[operator]
+        assert "--fork-session" in forked.records("argv")[0]
 
 
 def test_claude_bad_resume_falls_back_to_a_fresh_session(fake_cli: MakeFake, tmp_path: Path) -> None:
@@ -196,14 +196,14 @@ def test_codex_argv_stdin_and_policy(fake_cli: MakeFake, tmp_path: Path) -> None
         result = stream.result()
     assert result.text == "Hello from the mock OpenAI server."
     argv = fake.records("argv")[0]
-    assert argv[1:4] == ["exec", "--json", "--skip-git-repo-check"]  # type: ignore[index]
-    assert argv[-1] == "-"  # type: ignore[index]
-    assert 'sandbox_mode="workspace-write"' in argv and 'web_search="disabled"' in argv  # type: ignore[operator]
-    assert 'developer_instructions="Be terse."' in argv  # type: ignore[operator]
+    assert argv[1:4] == ["exec", "--json", "--skip-git-repo-check"]
+    assert argv[-1] == "-"
+    assert 'sandbox_mode="workspace-write"' in argv and 'web_search="disabled"' in argv
+    assert 'developer_instructions="Be terse."' in argv
     assert "developer_instructions=<9 characters>" in shown
     assert "Be terse." not in " ".join(shown)
     assert fake.records("stdin") == ["say hello"]
-    assert "CODEX_HOME" in fake.records("env")[0]  # type: ignore[operator]
+    assert "CODEX_HOME" in fake.records("env")[0]
 
 
 def test_codex_schema_file_and_resume(fake_cli: MakeFake, tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_codex_schema_file_and_resume(fake_cli: MakeFake, tmp_path: Path) -> Non
     with codex_agent(fake, tmp_path) as agent:
         assert agent.run("give", schema=Item).decode(Item) == Item(name="mock", count=3)
     argv = fake.records("argv")[0]
-    schema_file = argv[argv.index("--output-schema") + 1]  # type: ignore[union-attr]
+    schema_file = argv[argv.index("--output-schema") + 1]
     assert not os.path.exists(schema_file)  # private per-run dir, removed after the run
     assert "codex-home" not in schema_file
 
@@ -222,8 +222,8 @@ def test_codex_schema_file_and_resume(fake_cli: MakeFake, tmp_path: Path) -> Non
     with codex_agent(again, tmp_path, thread_store=store) as agent:
         assert agent.thread("t").run("again").text == "Resumed reply."
     argv = again.records("argv")[0]
-    assert argv[1:3] == ["exec", "resume"]  # type: ignore[index]
-    assert argv[-2:] == ["01a2362d-3ecd-7163-ac4a-f9331fbe9570", "-"]  # type: ignore[index]
+    assert argv[1:3] == ["exec", "resume"]
+    assert argv[-2:] == ["01a2362d-3ecd-7163-ac4a-f9331fbe9570", "-"]
 
 
 def test_codex_refuses_ask_before_starting(fake_cli: MakeFake, tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ def test_binary_not_found_is_an_infrastructure_failure(tmp_path: object) -> None
         Child.start(_spec(["adaptor-no-such-binary"]), RecordingSink())
     assert str(caught.value) == "adaptor-no-such-binary not found on PATH"
     for module in (claude, codex):
-        driver = module.Driver(module.Config(command="adaptor-no-such-binary"))  # type: ignore[attr-defined]
+        driver = module.Driver(module.Config(command="adaptor-no-such-binary"))
         response = driver.run(Request(run_id="r", prompt="hi"), RecordingSink())
         assert response.exit_code is None and response.checkpoint is None
         assert response.failure is not None

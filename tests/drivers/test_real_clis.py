@@ -67,7 +67,8 @@ def test_claude_text(claude_config: Callable[..., claude.Config], workspace: str
     assert result.usage.output_tokens == 7 and result.usage.cached_input_tokens == 3
     assert result.usage.cost_usd is not None and result.usage.cost_usd > 0
     assert result.metadata["claude_code_version"] == claude.CLI_VERSION
-    assert result.raw().terminal is not None and result.raw().terminal.event == "result"
+    terminal = result.raw().terminal
+    assert terminal is not None and terminal.event == "result"
 
 
 def test_claude_tool_call(
