@@ -32,7 +32,8 @@ def hook_datasyncs(monkeypatch: pytest.MonkeyPatch, hook: Hook) -> None:
 
 
 def _within(under: str | os.PathLike[str]) -> Callable[[int], str | None]:
-    """``fd``'s path if its file is ``under`` (or is that folder), else None.
+    """A function of ``fd``: its path when the file is the folder ``under`` or inside it, else
+    None.
 
     Counting only those keeps a test's count its own: a thread an earlier test left behind
     may sync files of its own at any moment."""
@@ -47,8 +48,8 @@ def _within(under: str | os.PathLike[str]) -> Callable[[int], str | None]:
 
 
 def count_datasyncs(monkeypatch: pytest.MonkeyPatch, under: str | os.PathLike[str]) -> list[int]:
-    """Really sync, and list the descriptor of every data sync DurableLog makes from now on
-    of a file under the folder ``under``."""
+    """Really sync, and list the descriptor of each data sync DurableLog makes from now on of
+    a file inside the folder ``under``."""
     path_of = _within(under)
     calls: list[int] = []
     real = _durable._datasync
@@ -63,8 +64,8 @@ def count_datasyncs(monkeypatch: pytest.MonkeyPatch, under: str | os.PathLike[st
 
 
 def record_fsyncs(monkeypatch: pytest.MonkeyPatch, under: str | os.PathLike[str]) -> list[str]:
-    """Really sync, and list the path of every ``os.fsync`` made from now on of a file or
-    folder under the folder ``under`` (that folder included)."""
+    """Really sync, and list the path of each ``os.fsync`` made from now on of the folder
+    ``under`` or of a file or folder inside it."""
     path_of = _within(under)
     synced: list[str] = []
     real = os.fsync
