@@ -105,19 +105,17 @@ def test_cancel_and_deadline_kill_the_whole_group(fake_exe: FakeExe, trigger: st
     sink = RecordingSink()
     child = Child.start(_spec([exe]), sink)
     deadline = time.monotonic() + 0.5 if trigger == "deadline" else None
-    started = time.monotonic()
     with child.watch(sink.cancelled, deadline):
         if trigger == "cancel":
             threading.Timer(0.5, sink.cancelled.set).start()
         lines = _drain(child, sink)
         exit_ = child.finish()
-    elapsed = time.monotonic() - started
     assert ("stdout", b"ready", False) in lines
-    # SIGTERM is ignored by both, so only SIGKILL after the 0.5 s grace ends them.
+    # SIGTERM is ignored by both and they never end on their own: only SIGKILL, after the
+    # 0.5 s grace, ends them.
     assert exit_.signal == signal.SIGKILL and exit_.exit_code is None
     assert exit_.timed_out is (trigger == "deadline")
     assert exit_.cancelled is (trigger == "cancel")
-    assert elapsed < 5
     assert group_members(child.pid) == []
 
 
@@ -132,12 +130,11 @@ def test_leftover_grandchild_is_reaped_after_a_normal_exit(fake_exe: FakeExe) ->
     """)
     sink = RecordingSink()
     child = Child.start(_spec([exe]), sink)
-    started = time.monotonic()
     lines = _drain(child, sink)
     exit_ = child.finish()
+    # A grandchild left to finish its sleep would have printed a second "bye".
     assert lines == [("stdout", b"bye", False)]
     assert exit_.exit_code == 0
-    assert time.monotonic() - started < 5
     assert group_members(child.pid) == []
 
 
