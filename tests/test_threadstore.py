@@ -1034,8 +1034,8 @@ def test_closed_store_refuses_calls_without_taking_the_lock(
 ) -> None:
     store = JSONLStore(tmp_path / "threads")
     store.close()
-    store.close()
     released = count_releases(monkeypatch, tmp_path / "threads" / "store.lock")
+    store.close()  # idempotent, and as quick
     with pytest.raises(ValueError, match="closed"):
         store.resolve(Query(key="k"))
     with pytest.raises(ValueError, match="closed"):

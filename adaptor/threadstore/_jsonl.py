@@ -253,6 +253,8 @@ class JSONLStore:
 
     def close(self) -> None:
         """Close the file descriptors; idempotent.  Later calls raise ``ValueError``."""
+        if self._closed:
+            return  # closed already: nothing to wait on another process for
         with exclusive(self._lock_path):
             self._closed = True
             self._forget_files()
