@@ -513,6 +513,12 @@ class RunPipeline:
 
     def _verdict(self, response: Response | None, driver_error: BaseException | None) -> Result:
         result = self._result(response)
+        if response is not None and response.timed_out and self.deadline is not None:
+            # The driver was given this run's deadline and stopped its process when it passed,
+            # which can happen just before this pipeline's own timer fires: the same deadline.
+            with self._lock:
+                if self._terminal is None:
+                    self._terminal = _Terminal("deadline")
         terminal = self._terminal
         if self._budget is not None:
             self._budget.seal()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import threading
@@ -174,6 +175,42 @@ def test_call_timeout_after_entry_is_run_deadline_exceeded() -> None:
     assert isinstance(info.value, TimeoutError)
     assert isinstance(info.value.cause, adaptor.DeadlineExceededError)
     assert info.value.result is not None
+
+
+def test_a_driver_stopping_at_the_deadline_before_the_timer_fires_is_the_same_deadline() -> None:
+    # A CLI driver's own watch stops its process at the request's deadline, and the driver can
+    # return before the pipeline's timer fires (a busy machine): still a deadline, not a failure.
+    class StopsAtTheDeadline(ScriptedDriver):
+        def run(self, request: Request, sink: Any) -> Response:
+            assert request.deadline is not None
+            response = super().run(request, sink)
+            return dataclasses.replace(response, exit_code=None, signal=15, timed_out=True)
+
+    seen: list[events.Event] = []
+    stream = adaptor.Agent(StopsAtTheDeadline([{"text": "partial"}])).stream("go", timeout=600)
+    seen.extend(stream)
+    with pytest.raises(adaptor.RunDeadlineExceededError) as info:
+        stream.result()
+    assert isinstance(info.value.cause, adaptor.DeadlineExceededError)
+    assert info.value.result is not None and info.value.result.text == "partial"
+    timer = adaptor.Agent(ScriptedDriver([{"sleep": 30}])).stream("go", timeout=0.2)
+    timer_events = list(timer)
+    with pytest.raises(adaptor.RunDeadlineExceededError):
+        timer.result()
+    finished, timer_finished = seen[-1], timer_events[-1]
+    assert isinstance(finished, events.RunFinished) and isinstance(timer_finished, events.RunFinished)
+    assert finished.reason == timer_finished.reason
+
+
+def test_a_timed_out_response_without_a_run_deadline_stays_an_agent_failure() -> None:
+    class TimesOutByItself(ScriptedDriver):
+        def run(self, request: Request, sink: Any) -> Response:
+            assert request.deadline is None
+            return dataclasses.replace(super().run(request, sink), timed_out=True)
+
+    with pytest.raises(adaptor.AgentFailedError) as info:
+        adaptor.Agent(TimesOutByItself([{"text": "x"}])).run("go")
+    assert info.value.details["timed_out"] is True
 
 
 def test_timeout_before_entry_is_plain_deadline_exceeded() -> None:
