@@ -6,8 +6,9 @@ the SDK with its events recorded live → side files under ``runs/<id>/`` → ``
 written once, atomically → the claimed copy (which may hold secrets) removed.
 
 The watcher is only a wake-up hint: the spool is also scanned at start, periodically, and after
-any watcher failure.  Crash recovery at start gives every claimed request without a verdict
-exactly one outcome (``on_interrupt``: fail, or requeue up to three attempts in all).
+any watcher failure.  Crash recovery at start first stops the agents a killed predecessor left
+running (:mod:`adaptord._leftovers`), then gives every claimed request without a verdict exactly
+one outcome (``on_interrupt``: fail, or requeue up to three attempts in all).
 
 What is fsynced when (docs/daemon.md, "What is on disk when"): the claim (the ``claimed/`` link)
 before anything else happens to the request; the started attempt's ``state.json`` right after
@@ -43,6 +44,7 @@ from adaptor import _durable, _home, errors, events
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import JSONLStore
+from adaptord import _leftovers
 from adaptord._lifecycle import LifecycleLog
 from adaptord.config import DaemonConfig
 from hosttools import sessionrecorder as sr
@@ -54,6 +56,8 @@ MAX_ATTEMPTS = 3
 _CLAIM_BATCH = 256
 """Spool entries claimed per fsync of ``claimed/`` when many arrive at once."""
 _APPROVAL_POLL = 0.25
+_LEFTOVER_GRACE = 10.0
+"""The longest a start waits for a killed predecessor's agents to stop on SIGTERM."""
 
 
 def _now() -> str:
@@ -167,7 +171,9 @@ class Daemon:
             self.log("another adaptord is already running for this home", home=self.home.root)
             return 69
         try:
-            return self._serve_locked()
+            # Every process this daemon starts carries the mark; see _stop_leftovers.
+            with _leftovers.marking(_leftovers.owner_mark(self.home.root)):
+                return self._serve_locked()
         finally:
             instance.release()
 
@@ -181,6 +187,7 @@ class Daemon:
         self._events_backend = sr.JSONLEventBackend(self.home.events, sync_on_append=False)
         self._events = sr.EventRecorder(self._events_backend, key_validator=_session_key_ok)
         self._store = JSONLStore(self.home.threads)
+        self._stop_leftovers()
         self._tools = self.config.load_tools()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="adaptord-worker")
@@ -225,6 +232,17 @@ class Daemon:
                 self._events.close()
             with contextlib.suppress(Exception):
                 self._daemon_log.close()
+
+    def _stop_leftovers(self) -> None:
+        """Stop the agents a killed predecessor left running (see :mod:`adaptord._leftovers`).
+
+        Called before this daemon starts any process, so every marked process is an old one.
+        """
+        found = _leftovers.find(_leftovers.owner_mark(self.home.root))
+        if found:
+            killed = _leftovers.stop(found, min(self.grace, _LEFTOVER_GRACE))
+            pids = ",".join(str(leftover.pid) for leftover in found)
+            self.audit("leftovers.stopped", processes=len(found), killed=killed, pids=pids)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == signal.SIGHUP:

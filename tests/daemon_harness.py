@@ -101,3 +101,25 @@ class DaemonProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout)
+
+
+def marked_processes(home: Path) -> list[int]:
+    """Live processes whose environment marks them as started by ``home``'s daemon."""
+    return processes_with_env("ADAPTORD_OWNER", os.path.abspath(home))
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds ``name=value``, read from ``/proc``."""
+    entry = os.fsencode(f"{name}={value}")
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        if entry in environ.split(b"\0") and stat[stat.rfind(b")") + 2 :][:1] != b"Z":
+            found.append(int(pid))
+    return found

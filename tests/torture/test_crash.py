@@ -9,24 +9,39 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from adaptor import _home, errors
+from adaptor import _home, errors, events
 from adaptor.threadstore import JSONLStore, Query
 from hosttools import sessionrecorder as sr
-from tests.daemon_harness import DaemonProcess
+from tests.daemon_harness import DaemonProcess, processes_with_env
 
 REQUESTS = 200
 KILLS = 20
 
 
-def _request(i: int, rng: random.Random) -> dict[str, Any]:
+_AGENT_TAG = "ADAPTOR_TORTURE_AGENT"
+
+
+def _request(i: int, rng: random.Random, home: Path) -> dict[str, Any]:
+    request: dict[str, Any]
+    if i % 10 == 7:
+        # A real agent process with a child of its own: what a kill leaves running.  Both
+        # carry a variable of the test's, so the test finds them without the daemon's help.
+        pause = rng.choice([0.1, 0.3, 1])
+        script = f"sleep {pause} & sleep {pause}; wait; echo done {i}"
+        config = {"command": "/bin/sh", "extra_args": ["-c", script], "env": {_AGENT_TAG: str(home)}}
+        request = {"driver": "command", "prompt": f"request {i}", "config": config}
+        if i % 3 == 0:
+            request["on_interrupt"] = "requeue"
+        return request
     steps: list[dict[str, Any]] = [{"text": f"turn {i}"}, {"sleep": rng.choice([0, 0.01, 0.05, 0.1])}, {"text": f"done {i}"}]
-    request: dict[str, Any] = {"driver": "script", "prompt": f"request {i}", "config": {"steps": steps}}
+    request = {"driver": "script", "prompt": f"request {i}", "config": {"steps": steps}}
     if i % 4 == 0:
         request["thread"] = {"key": f"shared/{i % 5}"}
         request["config"]["session"] = "auto"
@@ -43,11 +58,16 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     rng = random.Random(SEED)
     home = tmp_path / "home"
     daemon = DaemonProcess(home, "--workers", "4").start()
-    ids = [daemon.submit(_request(i, rng)) for i in range(REQUESTS)]
+    ids = [daemon.submit(_request(i, rng, home)) for i in range(REQUESTS)]
+    orphaned = 0
     for _ in range(KILLS):
         time.sleep(rng.uniform(0.02, 0.3))  # a random moment: the crash is the point of the test
         daemon.kill9()
+        left_running = _identities(processes_with_env(_AGENT_TAG, str(home)))
+        orphaned += bool(left_running)
         daemon = DaemonProcess(home, "--workers", "4").start()
+        # No agent of the killed daemon is still at work once the new one serves.
+        assert not left_running & _identities(processes_with_env(_AGENT_TAG, str(home)))
     paths = _home.Home.at(home)
     for rid in ids:
         daemon.verdict(rid, timeout=180)
@@ -88,8 +108,25 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
         if record is not None:
             assert record.status == "active" and record.state is not None and record.state.resume_id
 
-    # no daemon (and so no agent process of one) survived
-    import subprocess
-
+    # no daemon survived, and no agent process either: each start stopped what the kill before
+    # it left running, and the last daemon stopped its own
     leftover = subprocess.run(["pgrep", "-f", f"adaptord serve --home {home}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
+    assert processes_with_env(_AGENT_TAG, str(home)) == []
+    lifecycle = sr.EventRecorder(sr.JSONLEventBackend(paths.events), key_validator=lambda key: None)
+    facts = [record.event for record in lifecycle.iter_since(_home.DAEMON_SESSION)]
+    lifecycle.close()
+    stopped = sum(isinstance(fact, events.Notice) and fact.text == "leftovers.stopped" for fact in facts)
+    print(f"{orphaned} of {KILLS} kills left agents running; {stopped} restarts stopped some")
+
+
+def _identities(pids: list[int]) -> set[tuple[int, bytes]]:
+    """``(pid, start time)`` of each process still there: a pid reused meanwhile differs."""
+    found = set()
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        found.add((pid, stat[stat.rfind(b")") + 2 :].split()[19]))
+    return found

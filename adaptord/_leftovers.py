@@ -1,0 +1,164 @@
+"""Agent processes a killed daemon left running, found and stopped when the next one starts.
+
+A run's agent CLI runs in a process group of its own, so it does not die with the daemon: after
+a ``kill -9`` (or an OOM kill) it goes on working, and a request that is then run again would
+have two agents in one workspace.  Every process the daemon starts inherits
+``ADAPTORD_OWNER=<home>`` from it (drivers pass the daemon's environment on, and so do the
+agents to what they start), so at its next start the daemon finds them in ``/proc`` and stops
+them: the whole group of a marked group leader (which takes along members that cleared their
+environment), else the marked process alone.  A group is never signalled unless its leader
+carries the mark, so neither the daemon's own group nor a shell's job is ever hit.
+
+The scan is exact (the whole ``NAME=value`` entry) and per home, so two daemons on two homes
+never touch each other's agents.  It needs Linux's ``/proc``; elsewhere nothing is found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+OWNER_VAR: Final = "ADAPTORD_OWNER"
+_POLL: Final = 0.02
+_AFTER_KILL: Final = 5.0  # how long SIGKILLed processes may take to disappear
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """One marked process: what to signal (its group when it leads one) and how to know it again."""
+
+    pid: int
+    pgid: int
+    started: int  # /proc start time (clock ticks since boot): a reused pid has another
+    leads_group: bool
+
+
+def owner_mark(home: str | os.PathLike[str]) -> str:
+    """The ``ADAPTORD_OWNER`` value for a home: its absolute path."""
+    return os.path.abspath(os.fspath(home))
+
+
+@contextlib.contextmanager
+def marking(owner: str) -> Iterator[None]:
+    """``ADAPTORD_OWNER=owner`` in this process's environment, so in every child's, for the block."""
+    previous = os.environ.get(OWNER_VAR)
+    os.environ[OWNER_VAR] = owner
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(OWNER_VAR, None)
+        else:
+            os.environ[OWNER_VAR] = previous
+
+
+def find(owner: str) -> list[Leftover]:
+    """Processes of this user (other than this one) whose environment holds ``owner``'s mark."""
+    entry = os.fsencode(f"{OWNER_VAR}={owner}")
+    mine = os.getpid()
+    found: list[Leftover] = []
+    for pid in _pids():
+        if pid == mine or not _has_entry(pid, entry):
+            continue
+        stat = _stat(pid)
+        if stat is None or stat.state == b"Z":
+            continue
+        found.append(Leftover(pid, stat.pgid, stat.started, leads_group=stat.pgid == pid))
+    return found
+
+
+def stop(leftovers: Sequence[Leftover], grace: float) -> int:
+    """SIGTERM each (its group if it leads one), SIGKILL what is left after ``grace`` seconds.
+
+    Returns how many needed the SIGKILL.  Waits until all are gone or ``_AFTER_KILL`` passes
+    after the SIGKILL (a process stuck in the kernel cannot be hurried).
+    """
+    own_group = os.getpgrp()
+    _signal_all(leftovers, signal.SIGTERM, own_group)
+    remaining = _wait(leftovers, grace)
+    if remaining:
+        _signal_all(remaining, signal.SIGKILL, own_group)
+        _wait(remaining, _AFTER_KILL)
+    return len(remaining)
+
+
+def _signal_all(leftovers: Sequence[Leftover], sig: signal.Signals, own_group: int) -> None:
+    for leftover in leftovers:
+        if not _same_process(leftover):
+            continue  # gone already, or its pid now belongs to someone else
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if leftover.leads_group and leftover.pgid != own_group:
+                os.killpg(leftover.pgid, sig)
+            else:
+                os.kill(leftover.pid, sig)
+
+
+def _wait(leftovers: Sequence[Leftover], timeout: float) -> list[Leftover]:
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [leftover for leftover in leftovers if _alive(leftover)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(_POLL)
+
+
+def _alive(leftover: Leftover) -> bool:
+    if _same_process(leftover):
+        return True
+    # A group leader that is gone may leave members of its group behind.
+    return leftover.leads_group and any(
+        stat.pgid == leftover.pgid and stat.state != b"Z"
+        for stat in filter(None, map(_stat, _pids()))
+    )
+
+
+def _same_process(leftover: Leftover) -> bool:
+    stat = _stat(leftover.pid)
+    return stat is not None and stat.started == leftover.started and stat.state != b"Z"
+
+
+def _pids() -> Iterator[int]:
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit():
+            yield int(name)
+
+
+def _has_entry(pid: int, entry: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = handle.read()
+    except OSError:  # gone, or another user's
+        return False
+    return entry in environ.split(b"\0")
+
+
+@dataclass(frozen=True)
+class _Stat:
+    pid: int
+    state: bytes
+    pgid: int
+    started: int
+
+
+def _stat(pid: int) -> _Stat | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; the fields after its last ")" do not.
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        # state, ppid, pgrp, ...; starttime is field 22 of the line, the 20th after the name.
+        return _Stat(pid, fields[0], int(fields[2]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None

@@ -1,0 +1,136 @@
+"""Agents a killed daemon left running are stopped by the next daemon, before anything runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adaptor import _home, events
+from hosttools import sessionrecorder as sr
+from tests.daemon_harness import DaemonProcess, marked_processes
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.path.isdir("/proc/self"), reason="leftover agents are found in /proc"
+    ),
+]
+
+
+def _wait_until(condition: object, timeout: float = 30.0) -> None:
+    assert callable(condition)
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "home"
+    yield path
+    for pid in marked_processes(path):  # whatever a failed test left behind
+        os.kill(pid, signal.SIGKILL)
+
+
+def _lifecycle_phases(home: Path) -> list[str]:
+    recorder = sr.EventRecorder(
+        sr.JSONLEventBackend(home / "events"), key_validator=lambda key: None
+    )
+    phases = []
+    for record in recorder.iter_since(_home.DAEMON_SESSION):
+        assert isinstance(record.event, events.Notice)
+        phases.append(str(record.event.data["phase"]))
+    recorder.close()
+    return phases
+
+
+def test_a_killed_daemons_agents_are_stopped_before_the_request_runs_again(
+    home: Path, tmp_path: Path
+) -> None:
+    once = tmp_path / "first-attempt"
+    # The first attempt leaves a child and a grandchild running; the second one answers.
+    script = f'if [ -e "{once}" ]; then echo second attempt; else touch "{once}"; sleep 300 & sleep 301; fi'
+    request = {
+        "driver": "command",
+        "prompt": "go",
+        "config": {"command": "/bin/sh", "extra_args": ["-c", script]},
+        "on_interrupt": "requeue",
+    }
+    daemon = DaemonProcess(home, "--grace", "5").start()
+    rid = daemon.submit(request)
+    _wait_until(lambda: len(marked_processes(home)) == 3)  # sh, sleep 300, sleep 301
+    first = marked_processes(home)
+    daemon.kill9()
+    assert all(map(_alive, first))  # the kill alone leaves them running
+
+    daemon = DaemonProcess(home, "--grace", "5").start()
+    line = daemon.wait_for_line("leftovers.stopped")
+    assert "processes=3" in line and "killed=0" in line
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"], verdict["error"]
+    assert verdict["result"]["text"] == "second attempt"
+    assert not any(map(_alive, first))
+    assert daemon.stop() == 0
+    assert marked_processes(home) == []
+    phases = _lifecycle_phases(home)
+    # Stopped before the interrupted request was looked at again, let alone started.
+    assert phases.index("leftovers.stopped") < phases.index("request.interrupted")
+    assert phases.count("request.started") == 2
+
+
+_IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+
+
+def test_only_this_homes_processes_are_stopped_and_one_ignoring_sigterm_is_killed(
+    home: Path,
+) -> None:
+    mine = {**os.environ, "ADAPTORD_OWNER": os.path.abspath(home)}
+    other = {**os.environ, "ADAPTORD_OWNER": os.path.abspath(home) + "-other"}
+    leader = subprocess.Popen(["sleep", "300"], env=mine, start_new_session=True)
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", _IGNORE_TERM],
+        env=mine,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+    # Not leading a group: in this test's own group, which must not be signalled.
+    member = subprocess.Popen(["sleep", "300"], env=mine)
+    unrelated = subprocess.Popen(["sleep", "300"], env=other, start_new_session=True)
+    try:
+        daemon = DaemonProcess(home, "--grace", "0.5").start()
+        line = daemon.wait_for_line("leftovers.stopped")
+        assert "processes=3" in line and "killed=1" in line
+        assert leader.wait(timeout=30) == -signal.SIGTERM
+        assert stubborn.wait(timeout=30) == -signal.SIGKILL
+        assert member.wait(timeout=30) == -signal.SIGTERM
+        assert unrelated.poll() is None
+        assert daemon.stop() == 0
+    finally:
+        for proc in (leader, stubborn, member, unrelated):
+            proc.kill()
+            proc.wait(timeout=30)
+        if stubborn.stdout is not None:
+            stubborn.stdout.close()
+
+
+def test_a_start_with_nothing_left_over_records_nothing(home: Path) -> None:
+    daemon = DaemonProcess(home).start()
+    assert daemon.stop() == 0
+    assert "leftovers.stopped" not in _lifecycle_phases(home)
