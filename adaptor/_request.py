@@ -141,7 +141,12 @@ class Redactor:
     def __init__(self, secrets: list[str]) -> None:
         # Values this short ("1", "true", a port) are configuration, not credentials, and
         # replacing them everywhere would destroy timestamps and numbers in every record.
-        self.secrets = [s for s in secrets if len(s) >= MIN_SECRET_LENGTH]
+        kept = [s for s in secrets if len(s) >= MIN_SECRET_LENGTH]
+        # Inside JSON held in a string (a tool's result, a payload an agent prints) a value
+        # with quotes, backslashes, control or non-ASCII characters appears escaped.
+        forms = {form for s in kept for form in (s, _json_escaped(s, False), _json_escaped(s, True))}
+        # Longest first: a secret that contains another is replaced whole.
+        self.secrets = sorted(forms, key=len, reverse=True)
 
     def __bool__(self) -> bool:
         return bool(self.secrets)
@@ -161,6 +166,10 @@ class Redactor:
         if isinstance(value, dict):
             return {self.text(str(k)): self.value(v) for k, v in value.items()}
         return value
+
+
+def _json_escaped(value: str, ascii_only: bool) -> str:
+    return json.dumps(value, ensure_ascii=ascii_only)[1:-1]
 
 
 def redacted_request(request: Mapping[str, Any]) -> dict[str, Any]:
