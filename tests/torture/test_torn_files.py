@@ -1,20 +1,28 @@
-"""Torn and corrupted files: readers say exactly where, writers repair only torn tails."""
+"""Torn and corrupted files: readers say exactly where, writers repair only torn tails, and
+the thread store comes back with its last acknowledged state."""
 
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from adaptor._durable import CorruptLogError, scan
+from adaptor.driver import SessionState
+from adaptor.threadstore import FinalizeRequest, JSONLStore, Query, Record
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 
 
 def _run_once(daemon: DaemonProcess, text: str) -> str:
-    rid = daemon.submit({"driver": "script", "prompt": "x", "config": {"steps": [{"text": text}] * 5}})
+    rid = daemon.submit(
+        {"driver": "script", "prompt": "x", "config": {"steps": [{"text": text}] * 5}}
+    )
     assert daemon.verdict(rid)["ok"]
     return rid
 
@@ -33,14 +41,20 @@ def test_truncated_or_corrupted_audit_logs(tmp_path: Path, seed: int) -> None:
         log.write_bytes(data[:cut])
         torn_line = data[:cut].count(b"\n") + 1
         ends_clean = data[:cut].endswith(b"\n")
-        verify = subprocess.run([sys.executable, "-m", "adaptor", "verify-log", str(log)], capture_output=True, text=True)
+        verify = subprocess.run(
+            [sys.executable, "-m", "adaptor", "verify-log", str(log)],
+            capture_output=True,
+            text=True,
+        )
         if ends_clean:
             assert verify.returncode == 0
         else:
             assert verify.returncode == 70
             assert f"line {torn_line}" in verify.stderr
             repaired = subprocess.run(
-                [sys.executable, "-m", "adaptor", "verify-log", "--repair", str(log)], capture_output=True, text=True
+                [sys.executable, "-m", "adaptor", "verify-log", "--repair", str(log)],
+                capture_output=True,
+                text=True,
             )
             assert repaired.returncode == 0, repaired.stderr
             assert sr.verify(log) == torn_line - 1
@@ -63,3 +77,98 @@ def test_truncated_or_corrupted_audit_logs(tmp_path: Path, seed: int) -> None:
     again = DaemonProcess(tmp_path / "home").start()
     _run_once(again, "still working")
     assert again.stop() == 0
+
+
+def _finalize(store: JSONLStore, record_id: str, key: str) -> Record:
+    """What a thread's turn does to the store: lease the key, finalize a record, release."""
+    lease = store.acquire_lease(f"key:{key}", "torture", 60)
+    now = datetime.now(UTC)
+    record = Record(
+        id=record_id,
+        key=key,
+        status="active",
+        driver_type="script",
+        agent="a",
+        fingerprint=f"fp-{record_id}",
+        compatibility_fingerprint="cfp",
+        session_codec="script/v1",
+        state=SessionState(resume_id=f"resume-{record_id}", display_id="d", data={}),
+        created_at=now,
+        updated_at=now,
+    )
+    store.finalize(
+        FinalizeRequest(record=record, key=key, held_leases=(lease,), rebind_active=True)
+    )
+    store.release_lease(lease)
+    return record
+
+
+def _latest_log(directory: Path) -> Path:
+    return sorted(directory.glob("log-*.jsonl"))[-1]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_thread_store_torn_mid_finalize_comes_back_with_its_acknowledged_state(
+    tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    directory = tmp_path / "threads"
+    keys = ["k/0", "k/../1", "k 2"]
+    acknowledged: dict[str, Record] = {}
+    with JSONLStore(directory) as store:
+        for i in range(rng.randrange(2, 14)):
+            key = rng.choice(keys)
+            acknowledged[key] = _finalize(store, f"r{i}", key)
+            if rng.random() < 0.15:
+                store.compact()
+    log = _latest_log(directory)
+    # The bytes the next turn appends, taken from a copy: its lease grant, then the finalize,
+    # which a crash tears somewhere inside (anything before the finalize line was written).
+    shutil.copytree(directory, tmp_path / "copy")
+    before = log.read_bytes()
+    with JSONLStore(tmp_path / "copy") as store:
+        _finalize(store, "unacknowledged", rng.choice(keys))
+    appended = (tmp_path / "copy" / log.name).read_bytes()[len(before) :]
+    start = appended.index(b'"kind":"finalize"')
+    start = appended.rindex(b"\n", 0, start) + 1
+    end = appended.index(b"\n", start) + 1
+    cut = rng.randrange(start + 1, end)  # at least one byte of it, never all of it
+    log.write_bytes(before + appended[:cut])
+
+    with JSONLStore(directory) as store:
+        for key in keys:
+            assert store.resolve(Query(key=key)) == acknowledged.get(key)
+        assert store.resolve(Query(id="unacknowledged", include_archived=True)) is None
+        # The next writer cuts exactly the torn bytes and appends after them.
+        key = rng.choice(keys)
+        acknowledged[key] = _finalize(store, "after", key)
+        for key in keys:
+            assert store.resolve(Query(key=key)) == acknowledged.get(key)
+    if _latest_log(directory) == log:  # (unless that turn compacted the store)
+        assert log.read_bytes().startswith(before + appended[:start])
+    # Strictly valid again: a torn line left in the middle would be corruption.
+    for _ in scan(_latest_log(directory)):
+        pass
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_corrupted_thread_store_line_is_reported_never_cut(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        for i in range(rng.randrange(3, 10)):
+            _finalize(store, f"r{i}", rng.choice(["a", "b"]))
+    log = _latest_log(directory)
+    data = bytearray(log.read_bytes())
+    starts = [0] + [i + 1 for i, byte in enumerate(data[:-1]) if byte == 0x0A]
+    target = rng.randrange(len(starts) - 1)  # any line but the last: not what a crash leaves
+    position = rng.randrange(starts[target], starts[target + 1] - 1)
+    data[position] = ord("#") if data[position] != ord("#") else ord("%")
+    log.write_bytes(bytes(data))
+    with JSONLStore(directory) as store:
+        with pytest.raises(CorruptLogError) as info:
+            store.resolve(Query(key="a"))
+        assert info.value.line == target + 1
+        with pytest.raises(CorruptLogError):
+            _finalize(store, "refused", "a")
+    assert log.read_bytes() == bytes(data)  # nothing was cut or appended
