@@ -1,4 +1,8 @@
-"""Agents a killed daemon left running are stopped by the next daemon, before anything runs."""
+"""What a killed daemon leaves behind never gets in the next one's way.
+
+Its agents, still running, are stopped before anything runs again; the thread leases it held
+end with it instead of blocking their threads until the TTL runs out.
+"""
 
 from __future__ import annotations
 
@@ -134,3 +138,38 @@ def test_a_start_with_nothing_left_over_records_nothing(home: Path) -> None:
     daemon = DaemonProcess(home).start()
     assert daemon.stop() == 0
     assert "leftovers.stopped" not in _lifecycle_phases(home)
+
+
+def test_a_killed_daemons_thread_leases_end_with_it(home: Path) -> None:
+    thread = {"key": "the thread"}
+    steps = [{"text": "working"}, {"sleep": 60}]
+    config = {"steps": steps, "session": "auto"}
+    daemon = DaemonProcess(home, "--grace", "5").start()
+    rid = daemon.submit(
+        {
+            "driver": "script",
+            "prompt": "x",
+            "thread": thread,
+            "config": config,
+            "on_interrupt": "requeue",
+        }
+    )
+    daemon.wait_for_line(f"request.started id={rid}")
+    daemon.kill9()  # holding the thread's lease, for five minutes by its TTL
+
+    daemon = DaemonProcess(home, "--grace", "5").start()
+    # The second attempt gets the thread at once rather than ThreadBusyError.
+    daemon.wait_for_line(f"request.started id={rid} attempt=2")
+    _home.request_cancel(daemon.home, rid)
+    assert daemon.verdict(rid)["error"]["code"] == "ErrRunCancelled"
+    then = daemon.submit(
+        {
+            "driver": "script",
+            "prompt": "x",
+            "thread": thread,
+            "config": {"steps": [{"text": "next"}], "session": "auto"},
+        }
+    )
+    verdict = daemon.verdict(then)
+    assert verdict["ok"], verdict["error"]
+    assert daemon.stop() == 0

@@ -1133,6 +1133,90 @@ def test_two_processes_get_busy_lease_lost_and_already_exists(tmp_path: Path) ->
     }
 
 
+_PROC = pytest.mark.skipif(not os.path.isdir("/proc/self/ns"), reason="holders are told in /proc")
+
+
+@_PROC
+def test_a_lease_whose_holding_process_died_is_free_at_once(tmp_path: Path) -> None:
+    directory = tmp_path / "threads"
+    child = _child("hold", str(directory), "key:k", "crashed")
+    try:
+        assert child.stdout is not None
+        held = Lease(**json.loads(child.stdout.readline()))
+        with JSONLStore(directory) as store, pytest.raises(BusyError):
+            store.acquire_lease("key:k", "next", 60)  # its holder is alive: a TTL of an hour
+    finally:
+        child.kill()
+        child.communicate(timeout=CHILD_TIMEOUT)
+    with JSONLStore(directory) as store:
+        taken = store.acquire_lease("key:k", "next", 60)
+        assert taken.generation > held.generation
+        # Fenced as ever: the dead holder's token is refused.
+        with pytest.raises(LeaseLostError):
+            store.renew_lease(held, 60)
+        with pytest.raises(LeaseLostError):
+            store.finalize(
+                FinalizeRequest(
+                    record=make_record("r1", "k"), key="k", held_leases=(held,), rebind_active=True
+                )
+            )
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _lease_held_by(holder: dict[str, Any] | None) -> dict[str, Any]:
+    lease: dict[str, Any] = {
+        "owner": "other",
+        "token": "1-x",
+        "generation": 1,
+        "expires": datetime.now(UTC).timestamp() + 3600,
+        "expires_at": "",
+        "boot_id": _jsonl.current_boot_id(),
+    }
+    if holder is not None:
+        lease["holder"] = holder
+    return lease
+
+
+@_PROC
+def test_a_holder_is_judged_dead_only_when_that_is_certain() -> None:
+    from adaptor.threadstore import _holder
+    from adaptor.threadstore._state import State
+
+    mine = _holder.current()
+    assert mine is not None
+    dead = {**mine, "pid": _dead_pid()}
+    cases = {
+        # name: (the lease's holder, whether the lease is then gone)
+        "no holder recorded (an older log)": (None, False),
+        "a live process": ({**mine, "pid": os.getppid(), "start": _start_of(os.getppid())}, False),
+        "a dead process": (dead, True),
+        "its pid reused by a later process": ({**mine, "start": mine["start"] - 1}, True),
+        "another pid namespace": ({**dead, "pidns": "pid:[1]"}, False),
+        "another user": ({**dead, "uid": mine["uid"] + 1}, False),
+    }
+    now = datetime.now(UTC).timestamp()
+    for name, (holder, gone) in cases.items():
+        state = State()
+        state.leases["key:k"] = _lease_held_by(holder)
+        state.next_generation = 2
+        if gone:
+            lease, _ = state.plan_acquire("key:k", "me", 60, now, _jsonl.current_boot_id(), mine)
+            assert lease.generation == 2, name
+        else:
+            with pytest.raises(BusyError):
+                state.plan_acquire("key:k", "me", 60, now, _jsonl.current_boot_id(), mine)
+
+
+def _start_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rfind(b")") + 2 :].split()[19])
+
+
 def test_processes_racing_never_share_a_lease_and_lose_no_finalize(tmp_path: Path) -> None:
     directory = tmp_path / "threads"
     witness = tmp_path / "witness.jsonl"

@@ -5,6 +5,7 @@ Usage::
     threadstore_child.py cycles DIR WITNESS WORKER N COMPACT_AFTER KEY...  # N lease+commit cycles
     threadstore_child.py finalize-loop DIR KEY                # finalize forever, print each ack
     threadstore_child.py op DIR CLOCK_OFFSET JSON             # one operation, print its outcome
+    threadstore_child.py hold DIR TARGET OWNER                # take a lease, print it, sleep
 """
 
 from __future__ import annotations
@@ -140,6 +141,14 @@ def op(directory: str, clock_offset: float, spec: dict[str, Any]) -> None:
     print(json.dumps(result), flush=True)
 
 
+def hold(directory: str, target: str, owner: str) -> None:
+    lease = JSONLStore(directory).acquire_lease(target, owner, 3600)
+    print(
+        json.dumps({"target": lease.target, "owner": lease.owner, "token": lease.token}), flush=True
+    )
+    time.sleep(3600)  # until killed
+
+
 def main(argv: list[str]) -> None:
     mode, directory, *rest = argv
     if mode == "cycles":
@@ -149,6 +158,8 @@ def main(argv: list[str]) -> None:
         finalize_loop(directory, rest[0])
     elif mode == "op":
         op(directory, float(rest[0]), json.loads(rest[1]))
+    elif mode == "hold":
+        hold(directory, rest[0], rest[1])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

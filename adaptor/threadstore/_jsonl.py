@@ -82,6 +82,7 @@ from adaptor._durable import (
     touch_epoch,
     unframe,
 )
+from adaptor.threadstore import _holder
 from adaptor.threadstore._state import Event, State, check_event
 from adaptor.threadstore._types import (
     FinalizeRequest,
@@ -282,7 +283,7 @@ class JSONLStore:
         ttl = check_ttl(ttl)
         with self._locked():
             lease, event = self._state.plan_acquire(
-                target, owner, ttl, self._clock(), current_boot_id()
+                target, owner, ttl, self._clock(), current_boot_id(), _holder.current()
             )
             self._commit(event)
         return lease
@@ -291,7 +292,9 @@ class JSONLStore:
         check_lease(lease)
         ttl = check_ttl(ttl)
         with self._locked(within_lease=True):
-            event = self._state.plan_renew(lease, ttl, self._clock(), current_boot_id())
+            event = self._state.plan_renew(
+                lease, ttl, self._clock(), current_boot_id(), _holder.current()
+            )
             self._commit(event)
 
     def release_lease(self, lease: Lease) -> None:

@@ -11,9 +11,11 @@ Events::
     {"kind": "lease", "target": T, "lease": {...} | null}      # grant, extend, renew, release
     {"kind": "finalize", "records": [R, ...], "bind": {"key": K, "id": I} | null}
 
-A lease is ``{"owner", "token", "generation", "expires", "expires_at", "boot_id"}``: ``expires``
-is wall-clock seconds (``expires_at`` the same instant for humans) and ``boot_id`` the boot it
-was granted in, so a lease never outlives a reboot even if the clock says it should.
+A lease is ``{"owner", "token", "generation", "expires", "expires_at", "boot_id"}`` and, from
+the JSONL store, ``"holder"``: ``expires`` is wall-clock seconds (``expires_at`` the same instant
+for humans) and ``boot_id`` the boot it was granted in, so a lease never outlives a reboot even
+if the clock says it should; ``holder`` names the process that took or last renewed it, so it
+does not outlive that process either (see :mod:`adaptor.threadstore._holder`).
 Generations come from one counter per store, not per target, so expired leases can be dropped
 from snapshots without ever handing out a generation again.
 
@@ -31,7 +33,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from adaptor.threadstore import AlreadyExistsError, BusyError, LeaseLostError
+from adaptor.threadstore import AlreadyExistsError, BusyError, LeaseLostError, _holder
 from adaptor.threadstore._types import (
     FinalizeRequest,
     Lease,
@@ -49,7 +51,11 @@ RESERVE_BLOCK = 1024
 
 
 def _is_live(lease: Mapping[str, Any], now: float, boot_id: str) -> bool:
-    return bool(lease["boot_id"] == boot_id and now < lease["expires"])
+    return bool(
+        lease["boot_id"] == boot_id
+        and now < lease["expires"]
+        and not _holder.gone(lease.get("holder"))
+    )
 
 
 def _holds(current: Mapping[str, Any] | None, lease: Lease) -> bool:
@@ -58,8 +64,15 @@ def _holds(current: Mapping[str, Any] | None, lease: Lease) -> bool:
     )
 
 
-def _lease_json(owner: str, token: str, generation: int, expires: float, boot_id: str) -> Event:
-    return {
+def _lease_json(
+    owner: str,
+    token: str,
+    generation: int,
+    expires: float,
+    boot_id: str,
+    holder: Mapping[str, Any] | None,
+) -> Event:
+    lease: Event = {
         "owner": owner,
         "token": token,
         "generation": generation,
@@ -67,6 +80,9 @@ def _lease_json(owner: str, token: str, generation: int, expires: float, boot_id
         "expires_at": format_time(time_of(expires)),
         "boot_id": boot_id,
     }
+    if holder is not None:
+        lease["holder"] = dict(holder)
+    return lease
 
 
 class State:
@@ -107,7 +123,13 @@ class State:
     # --- plans ----------------------------------------------------------------------------------
 
     def plan_acquire(
-        self, target: str, owner: str, ttl: float, now: float, boot_id: str
+        self,
+        target: str,
+        owner: str,
+        ttl: float,
+        now: float,
+        boot_id: str,
+        holder: Mapping[str, Any] | None = None,
     ) -> tuple[Lease, Event]:
         current = self.leases.get(target)
         if current is not None and _is_live(current, now, boot_id):
@@ -122,17 +144,26 @@ class State:
                 # Unsynced grants made under another boot may have been lost with it.
                 generation = max(generation, self.reserved + 1)
             token = f"{generation}-{secrets.token_hex(8)}"
-        lease = _lease_json(owner, token, generation, now + ttl, boot_id)
+        lease = _lease_json(owner, token, generation, now + ttl, boot_id, holder)
         event: Event = {"kind": "lease", "target": target, "lease": lease}
         if generation > self.reserved:
             event["reserve"] = generation + RESERVE_BLOCK - 1
         return Lease(target, owner, token), event
 
-    def plan_renew(self, lease: Lease, ttl: float, now: float, boot_id: str) -> Event:
+    def plan_renew(
+        self,
+        lease: Lease,
+        ttl: float,
+        now: float,
+        boot_id: str,
+        holder: Mapping[str, Any] | None = None,
+    ) -> Event:
         current = self.leases.get(lease.target)
         if current is None or not _holds(current, lease) or not _is_live(current, now, boot_id):
             raise LeaseLostError(lease.target)
         renewed = {**current, "expires": now + ttl, "expires_at": format_time(time_of(now + ttl))}
+        if holder is not None:  # whoever renews is alive (a forked child, say)
+            renewed["holder"] = dict(holder)
         return {"kind": "lease", "target": lease.target, "lease": renewed}
 
     def plan_release(self, lease: Lease) -> Event | None:
@@ -256,6 +287,8 @@ def _check_lease_json(lease: object) -> None:
         raise ValueError("lease generation is not a positive integer")
     if isinstance(expires, bool) or not isinstance(expires, int | float):
         raise ValueError("lease expiry is not a number")
+    if "holder" in lease:
+        _holder.check_json(lease["holder"])
 
 
 def check_event(event: Mapping[str, Any]) -> None:

@@ -1,0 +1,83 @@
+"""Which process holds a lease, so that a lease whose holder died need not wait out its TTL.
+
+A process killed while it holds a thread's lease (a daemon's ``kill -9``, an OOM kill) can
+never use it again, yet until its TTL (five minutes by default) ran out every other run of
+that thread got ``ThreadBusyError``.  A lease now records its holder: pid, the process's start
+time, its user and its pid namespace.  Another process treats the lease as gone only when it
+can be certain: same boot (checked by the caller), same pid namespace (so pid numbers mean the
+same process), same user (a ``hidepid`` ``/proc`` hides other users' processes, which must not
+look dead), and the pid is gone, is a zombie, or belongs to a process started at another time.
+Anything else (no ``/proc``, another container, another user) leaves the TTL in charge.
+Fencing is untouched: the next grant has a new generation and token, which a dead holder could
+not have used anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+_mine: tuple[int, dict[str, Any] | None] | None = None  # (pid it was read for, the holder)
+
+
+def current() -> dict[str, Any] | None:
+    """This process as a lease records it, or ``None`` where that cannot be told (no /proc)."""
+    global _mine
+    pid = os.getpid()
+    if _mine is None or _mine[0] != pid:  # read again in a forked child
+        _mine = (pid, _read_current(pid))
+    return _mine[1]
+
+
+def _read_current(pid: int) -> dict[str, Any] | None:
+    stat = _stat(pid)
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    if stat is None:
+        return None
+    return {"pid": pid, "start": stat[1], "uid": os.getuid(), "pidns": namespace}
+
+
+def gone(holder: object) -> bool:
+    """Whether the process a lease names as its holder has certainly ended."""
+    if type(holder) is not dict:
+        return False  # a lease from before holders were recorded
+    mine = current()
+    if mine is None or holder.get("pidns") != mine["pidns"] or holder.get("uid") != mine["uid"]:
+        return False
+    pid, start = holder.get("pid"), holder.get("start")
+    if pid == mine["pid"]:
+        reused: bool = start != mine["start"]  # our pid, so not that process: it ended
+        return reused
+    if type(pid) is not int:
+        return False
+    stat = _stat(pid)
+    return stat is None or stat[1] != start or stat[0] == b"Z"
+
+
+def _stat(pid: int) -> tuple[bytes, int] | None:
+    """``(state, start time)`` of a process, or ``None`` if there is none with that pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; the fields after its last ")" do not.
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return fields[0], int(fields[19])  # state; starttime, field 22 of the line
+    except (IndexError, ValueError):
+        return None
+
+
+def check_json(holder: object) -> None:
+    """Raise ``ValueError`` unless ``holder`` (read back from disk) has the shape recorded."""
+    if not isinstance(holder, dict):
+        raise ValueError("lease holder is not an object")
+    for name in ("pid", "start", "uid"):
+        if type(holder.get(name)) is not int:
+            raise ValueError(f"lease holder field {name!r} is not an integer")
+    if not isinstance(holder.get("pidns"), str):
+        raise ValueError("lease holder field 'pidns' is not a string")
