@@ -31,6 +31,7 @@ from adaptor.spool import Client
 if TYPE_CHECKING:
     from adaptor import _request as requests
     from adaptor.result import Result
+    from adaptord.config import DaemonConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -340,23 +341,29 @@ def _run_in_process(
     # Only this path needs the SDK's request mapping (and the SDK itself); the daemon path
     # leaves it unimported, which keeps `adaptor run` quick to start.
     from adaptor import _request as requests
-    from adaptord.config import ConfigError
+    from adaptord import config as daemon_config
 
     request_id = str(request.get("id") or _home.new_request_id())
-    secrets = requests.secrets_of(request)
+    try:
+        config = daemon_config.load(None)
+    except daemon_config.ConfigError as exc:
+        # adaptord refuses a broken config file as bad usage (exit 2); so does this path.
+        fail(exc, as_json=as_json, exit_code=2, secrets=requests.secrets_of(request), id=request_id)
+    # The env of the config's table for this driver reaches the agent too.
+    secrets = requests.secrets_of(request, config.driver_defaults(str(request.get("driver", ""))))
     redactor = requests.Redactor(secrets)
     result: Result | None = None
     error: Exception | None = None
     try:
-        result = _execute(request, request_id, home=home, live=live, redactor=redactor)
+        result = _execute(request, request_id, config=config, home=home, live=live, redactor=redactor)
     except Exception as exc:
         error = exc
     if isinstance(error, errors.RunError):
         result = error.result
     summary = None if result is None else redactor.value(_result_summary(result))
     if error is not None:
-        # adaptord refuses a broken config file as bad usage (exit 2); so does this path.
-        code = 2 if isinstance(error, ConfigError) else None
+        # A tool named in the config that cannot be loaded is a config error: bad usage too.
+        code = 2 if isinstance(error, daemon_config.ConfigError) else None
         fail(error, as_json=as_json, exit_code=code, secrets=secrets, id=request_id, result=summary)
     assert result is not None
     if as_json:
@@ -369,17 +376,16 @@ def _execute(
     request: dict[str, Any],
     request_id: str,
     *,
+    config: DaemonConfig,
     home: str | None,
     live: Live,
     redactor: requests.Redactor,
 ) -> Result:
     """What a daemon worker does with the request, in this process: the Result, or raises."""
     from adaptor import _request as requests
-    from adaptord import config as daemon_config
 
     # The daemon's own validation: the same request is refused the same way.
     parsed = requests.parse(orjson.dumps(request), request_id)
-    config = daemon_config.load(None)
     tools = config.load_tools()
     store = None
     if parsed.get("thread"):

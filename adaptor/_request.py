@@ -104,13 +104,19 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def secrets_of(request: Mapping[str, Any]) -> list[str]:
-    """Every secret value a request carries: driver env values, MCP env values and headers.
+def secrets_of(
+    request: Mapping[str, Any], driver_defaults: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Every secret value a run of ``request`` has: driver env values, MCP env values and headers.
 
-    Values of any JSON type count (a malformed request may put a list where a string belongs,
-    and a schema error message would otherwise quote it).
+    ``driver_defaults`` is the daemon config's table for the request's driver, whose ``env``
+    (where API keys usually live) reaches the agent as much as the request's own.  Values of
+    any JSON type count (a malformed request may put a list where a string belongs, and a
+    schema error message would otherwise quote it).
     """
     found: list[str] = []
+    if driver_defaults is not None:
+        _leaves(driver_defaults.get("env"), found)
     config = request.get("config")
     if isinstance(config, Mapping):
         _leaves(config.get("env"), found)

@@ -555,12 +555,13 @@ class Daemon:
         try:
             self._execute(job)
         except Exception as exc:  # a bug here must not lose the request: it still gets a verdict
-            self.log("worker failed", id=job.id, error=f"{type(exc).__name__}: {exc}")
+            secrets = self._secrets_of(job.request)
+            self.log("worker failed", id=job.id, error=requests.Redactor(secrets).text(f"{type(exc).__name__}: {exc}"))
             if not self.home.verdict(job.id).exists():
                 with contextlib.suppress(Exception):
                     self._write_verdict(
                         job.id, run_id=None, result=None, error=exc, received_at=job.received_at,
-                        started_at=None, session=None, secrets=requests.secrets_of(job.request),
+                        started_at=None, session=None, secrets=secrets,
                     )
                     self._cleanup_claim(job.id)
         finally:
@@ -574,7 +575,7 @@ class Daemon:
 
     def _execute(self, job: Job) -> None:
         request = job.request
-        secrets = requests.secrets_of(request)
+        secrets = self._secrets_of(request)
         redactor = requests.Redactor(secrets)
         session = requests.session_of(request)
         started_at = _now()
@@ -626,6 +627,10 @@ class Daemon:
             started_at=started_at, session=session, secrets=secrets, job=job, flush_events=True,
         )  # the claimed copy is removed with the verdict
 
+    def _secrets_of(self, request: Mapping[str, Any]) -> list[str]:
+        """The request's secret values and those its driver gets from the daemon config."""
+        return requests.secrets_of(request, self.config.driver_defaults(str(request.get("driver", ""))))
+
     def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
         if redactor:
             wire = events.to_json(event)
@@ -643,7 +648,7 @@ class Daemon:
 
     def _route_approval(self, job: Job, req: adaptor.ApprovalRequest) -> None:
         """The ``on_approval`` handler of daemon runs: a pending file answered by the CLI."""
-        redactor = requests.Redactor(requests.secrets_of(job.request))
+        redactor = requests.Redactor(self._secrets_of(job.request))
         record = redactor.value(events.to_json(req))
         record["request_id"] = job.id
         pending = self.home.approvals_pending / f"{req.id}.json"
@@ -707,7 +712,7 @@ class Daemon:
                 self._write_verdict(
                     request_id, run_id=None, result=None, error=errors.CancelledError("cancelled before it started"),
                     received_at=queued.received_at, started_at=None, session=None,
-                    secrets=requests.secrets_of(queued.request), job=queued,
+                    secrets=self._secrets_of(queued.request), job=queued,
                 )
                 self._cleanup_claim(request_id)
                 self._dispatch()  # a job waiting behind it on its thread key may be ready now
@@ -951,7 +956,7 @@ class Daemon:
         job: Job | None = None
         try:
             request = orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
-            secrets = requests.secrets_of(request)
+            secrets = self._secrets_of(request)
         except Exception:
             request, secrets = None, []
         if isinstance(request, dict):

@@ -452,6 +452,30 @@ def test_secrets_are_never_printed(home: Home) -> None:
     assert "<redacted>" in outputs[0]
 
 
+def test_a_config_file_secret_is_never_printed_by_an_in_process_run(tmp_path: Path) -> None:
+    (tmp_path / "adaptord").mkdir()
+    (tmp_path / "adaptord" / "config.toml").write_text(
+        f'[drivers.command]\nenv = {{API_TOKEN = "{SECRET}"}}\n'
+    )
+    echo = 'printf "token=%s\\n" "$API_TOKEN"; printf "err %s\\n" "$API_TOKEN" >&2; exit 3'
+    request = {"driver": "command", "config": {"command": "/bin/sh", "extra_args": ["-c", echo]}}
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "ADAPTORD_HOME": str(tmp_path / "home")}
+    outputs = []
+    for extra in ([], ["--json"]):
+        proc = subprocess.run(
+            ["adaptor", "run", "--no-daemon", "--request", "-", *extra, "go"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=TIMEOUT,
+        )
+        assert proc.returncode == 1, proc.stderr  # the agent failed, quoting its token
+        outputs += [proc.stdout, proc.stderr]
+    assert all(SECRET not in text for text in outputs)
+    assert "err <redacted>" in outputs[1] and "err <redacted>" in outputs[2]
+
+
 def test_approval_of_a_run_interrupted_by_a_crash_is_expired(tmp_path: Path) -> None:
     root = tmp_path / "home"
     daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()

@@ -153,6 +153,24 @@ def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:
     assert kept["config"]["env"] == {"API_TOKEN": "<redacted>"}
 
 
+def test_env_secrets_from_the_daemon_config_appear_nowhere(tmp_path: Path) -> None:
+    # API keys usually live in the config's driver table, not in each request.
+    config = tmp_path / "config.toml"
+    config.write_text(f'[drivers.command]\nenv = {{API_TOKEN = "{SECRET}"}}\n')
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    echo = 'printf "token=%s\\n" "$API_TOKEN"; printf "err %s\\n" "$API_TOKEN" >&2'
+    rid = daemon.submit(
+        {"driver": "command", "prompt": "x", "config": {"command": "/bin/sh", "extra_args": ["-c", echo]}}
+    )
+    verdict = daemon.verdict(rid)
+    assert daemon.stop() == 0
+    assert verdict["ok"] and verdict["result"]["text"] == "token=<redacted>"  # the agent had it
+    for path in daemon.home.root.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    assert all(SECRET not in line for line in daemon.lines)
+
+
 def test_secrets_of_malformed_env_values_are_not_quoted_back(daemon: DaemonProcess) -> None:
     rid = daemon.submit({"driver": "script", "prompt": "x", "config": {"env": {"TOKEN": [SECRET, 12345678]}}})
     verdict = daemon.verdict(rid)

@@ -28,6 +28,8 @@ CORE = secrets.token_hex(16)
 SECRET = f"sk-torture-{CORE}"  # a config.env value
 HEADER_CORE = secrets.token_hex(16)
 HEADER_SECRET = f'pa"ss\\wörd {HEADER_CORE}'  # an MCP header value JSON has to escape
+CONFIG_CORE = secrets.token_hex(16)
+CONFIG_SECRET = f"sk-config-{CONFIG_CORE}"  # in the daemon config's [drivers.command] env
 ENV = {"API_TOKEN": SECRET}
 MCP = [
     {
@@ -40,7 +42,7 @@ MCP = [
 
 
 def _leaks(data: bytes) -> bool:
-    return CORE.encode() in data or HEADER_CORE.encode() in data
+    return any(core.encode() in data for core in (CORE, HEADER_CORE, CONFIG_CORE))
 
 
 def _script(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -61,8 +63,8 @@ def _command(shell: str, **extra: Any) -> dict[str, Any]:
 class _Printed:
     """Every ``adaptor`` command run against the home, and all it printed."""
 
-    def __init__(self, home: Path) -> None:
-        self.env = {**os.environ, "ADAPTORD_HOME": str(home)}
+    def __init__(self, home: Path, config_home: Path) -> None:
+        self.env = {**os.environ, "ADAPTORD_HOME": str(home), "XDG_CONFIG_HOME": str(config_home)}
         self.outputs: list[tuple[list[str], bytes]] = []
 
     def __call__(
@@ -93,9 +95,15 @@ def _has_output(daemon: DaemonProcess, rid: str) -> bool:
 
 def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    daemon = DaemonProcess(home, "--workers", "4", "--grace", "2").start()
+    config_home = tmp_path / "config"
+    (config_home / "adaptord").mkdir(parents=True)
+    (config_home / "adaptord" / "config.toml").write_text(
+        f'[drivers.command]\nenv = {{CONFIG_TOKEN = "{CONFIG_SECRET}"}}\n'
+    )
+    daemon_env = {"XDG_CONFIG_HOME": str(config_home)}
+    daemon = DaemonProcess(home, "--workers", "4", "--grace", "2", env=daemon_env).start()
     lines: list[str] = []
-    cli = _Printed(home)
+    cli = _Printed(home, config_home)
     rids: dict[str, str] = {}
 
     rids["script"] = daemon.submit(
@@ -125,6 +133,9 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     )
     rids["echo"] = daemon.submit(
         _command('printf "%s\\n" "$API_TOKEN"; printf "err %s\\n" "$API_TOKEN" >&2')
+    )
+    rids["echo-config"] = daemon.submit(
+        _command('printf "%s\\n" "$CONFIG_TOKEN"; echo "$CONFIG_TOKEN" >&2')
     )
     rids["echo-fails"] = daemon.submit(_command('printf "%s\\n" "$API_TOKEN" >&2; exit 3'))
     rids["timeout"] = daemon.submit(_command('printf "%s\\n" "$API_TOKEN"; sleep 30', timeout=1))
@@ -160,6 +171,7 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
         "script",
         "script-fails",
         "echo",
+        "echo-config",
         "echo-fails",
         "timeout",
         "rejected",
@@ -182,7 +194,7 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     _wait_for(lambda: _has_output(daemon, rids["crash"]))
     daemon.kill9()
     lines += daemon.lines
-    daemon = DaemonProcess(home, "--workers", "4", "--grace", "2").start()
+    daemon = DaemonProcess(home, "--workers", "4", "--grace", "2", env=daemon_env).start()
     daemon.verdict(rids["crash"])
 
     # ``adaptor run`` through the daemon, following the run live, plain and as JSON.
@@ -193,6 +205,11 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     assert cli("run", "--request", str(request_file)).returncode == 0
     assert cli("run", "--json", "--request", str(request_file)).returncode == 0
     assert cli("run", "--request", "-", stdin=request_file.read_bytes()).returncode == 0
+    # In this process rather than the daemon's, with the config's secret too.
+    echo = _command('printf "%s %s\\n" "$API_TOKEN" "$CONFIG_TOKEN"; echo "$CONFIG_TOKEN" >&2')
+    for extra in ([], ["--json"]):
+        ran = cli("run", "--no-daemon", *extra, "--request", "-", stdin=orjson.dumps(echo))
+        assert ran.returncode == 0
 
     verdicts = {
         name: orjson.loads(daemon.home.verdict(rid).read_bytes()) for name, rid in rids.items()
@@ -203,6 +220,7 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
         and verdicts["script"]["result"]["text"] == "the token is <redacted>"
     )
     assert verdicts["echo"]["ok"] and verdicts["echo"]["result"]["text"] == "<redacted>"
+    assert verdicts["echo-config"]["result"]["text"] == "<redacted>"
     assert verdicts["script-fails"]["error"]["code"] == "ErrAgentFailed"
     assert verdicts["echo-fails"]["error"]["code"] == "ErrAgentFailed"
     assert verdicts["timeout"]["error"]["code"] == "ErrDeadlineExceeded"
