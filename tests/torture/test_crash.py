@@ -1,4 +1,5 @@
-"""kill -9 the daemon at random moments under load: nothing lost, nothing doubled.
+"""kill -9 the daemon at random moments under load, in its start-up too: nothing lost, nothing
+doubled, no agent left running.
 
 The request mix and the kill schedule come from one seed, fixed so that CI runs the same test
 every time; ``ADAPTOR_TORTURE_SEED=<n>`` runs another schedule (when hunting for a rare crash
@@ -64,6 +65,12 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
         time.sleep(rng.uniform(0.02, 0.3))  # a random moment: the crash is the point of the test
         daemon.kill9()
         left_running = _identities(processes_with_env(_AGENT_TAG, str(home)))
+        if rng.random() < 0.5:
+            # Half the time the next daemon is killed too, while it starts: in its recovery.
+            daemon = DaemonProcess(home, "--workers", "4").start(wait_ready=False)
+            time.sleep(rng.uniform(0.0, 0.6))
+            daemon.kill9()
+            left_running |= _identities(processes_with_env(_AGENT_TAG, str(home)))
         orphaned += bool(left_running)
         daemon = DaemonProcess(home, "--workers", "4").start()
         # No agent of the killed daemon is still at work once the new one serves.
