@@ -93,6 +93,7 @@ _HASH_SUFFIX = 10
 _CHUNK = 1 << 20
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")
 
 _Str = (str,)
@@ -618,14 +619,35 @@ def _stage_dir(root: Path, stager: _Stager) -> None:
                 pending.append((Path(entry.path), parts))
             elif stat.S_ISREG(info.st_mode):
                 stager.declared_size(parts, info.st_size)
-                fd = os.open(entry.path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+                # (It may have been swapped for something else since the scan.)
+                fd = _open_file(entry.path, _O_NOFOLLOW)
                 with os.fdopen(fd, "rb") as reader:
                     stager.file(parts, reader, bool(info.st_mode & 0o111))
             else:
                 raise ValueError(f"{'/'.join(parts)!r} is a {_kind(info.st_mode)}, not a file")
 
 
+def _open_file(path: str, flags: int = 0) -> int:
+    """A descriptor to read the regular file at ``path``; anything else raises ``ValueError``.
+
+    Opened non-blocking, then checked: opening a FIFO for reading waits for a writer, so a
+    skill naming one would hold its run (and a daemon worker) forever, beyond any cancel.
+    """
+    fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path} is a {_kind(mode)}, not a file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "directory"
     if stat.S_ISLNK(mode):
         return "symlink"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -641,7 +663,9 @@ def _stage_archive(source: ArchiveSource, stager: _Stager) -> None:
     import io
 
     reader: IO[bytes]
-    reader = io.BytesIO(source.data) if not source.path else open(source.path, "rb")
+    reader = (
+        io.BytesIO(source.data) if not source.path else os.fdopen(_open_file(source.path), "rb")
+    )
     with reader:
         head = reader.read(4)
         reader.seek(0)

@@ -6,6 +6,7 @@ import io
 import os
 import stat
 import tarfile
+import threading
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -310,6 +311,26 @@ def test_links_and_devices_are_refused(tmp_path: Path) -> None:
     (source / "escape").symlink_to("/etc/passwd")
     err = failure(tmp_path, skill.dir(source))
     assert "symlink" in str(err.cause)
+
+
+def test_an_archive_path_that_is_not_a_file_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "skill.tar"
+    os.mkfifo(fifo)
+    outcome: list[skill.SkillMaterializationError] = []
+    staging = threading.Thread(
+        target=lambda: outcome.append(failure(tmp_path / "one", skill.archive("f", fifo))),
+        daemon=True,
+    )
+    staging.start()
+    staging.join(10)
+    if staging.is_alive():  # the old open() waits for a writer: give it one, then fail
+        with open(fifo, "wb"):
+            pass
+        staging.join(30)
+        pytest.fail("staging a FIFO named as an archive waited for a writer")
+    assert "is a fifo, not a file" in str(outcome[0].cause)
+    err = failure(tmp_path / "two", skill.archive("d", make_dir(tmp_path / "a-directory")))
+    assert "is a directory, not a file" in str(err.cause)
 
 
 def test_duplicate_entries_are_refused(tmp_path: Path) -> None:

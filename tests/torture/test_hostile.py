@@ -97,6 +97,22 @@ def test_path_syntax_in_ids_and_thread_keys(daemon: DaemonProcess, tmp_path: Pat
     assert outside == []
 
 
+def test_paths_a_request_names_cannot_hold_a_worker(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # Opening a FIFO for reading waits for a writer: one per worker would stop the daemon.
+    fifo = tmp_path / "skill.tar"
+    os.mkfifo(fifo)
+    odd = {"archive": str(fifo), "key": "fifo"}, {"archive": str(tmp_path), "key": "directory"}
+    rids = [
+        daemon.submit({"driver": "script", "prompt": "x", "skills": [skill], "config": {"steps": [{"text": "x"}]}})
+        for skill in [*odd, *odd]  # more than the daemon has workers
+    ]
+    for rid in rids:
+        verdict = daemon.verdict(rid)
+        assert verdict["error"]["code"] == "ErrSkillMaterializationFailed", verdict["error"]
+    probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
+    assert daemon.verdict(probe)["result"]["text"] == "alive"
+
+
 def test_numbers_beyond_64_bits(daemon: DaemonProcess) -> None:
     # A timeout of 10**40 seconds is read as a float and means "no deadline" in practice.
     (daemon.home.spool_new / "bigint.json").write_bytes(
