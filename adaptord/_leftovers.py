@@ -39,8 +39,8 @@ class Leftover:
 
 
 def owner_mark(home: str | os.PathLike[str]) -> str:
-    """The ``ADAPTORD_OWNER`` value for a home: its absolute path."""
-    return os.path.abspath(os.fspath(home))
+    """The ``ADAPTORD_OWNER`` value for a home: its real path (the same however it is named)."""
+    return os.path.realpath(os.fspath(home))
 
 
 @contextlib.contextmanager

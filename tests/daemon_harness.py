@@ -105,7 +105,7 @@ class DaemonProcess:
 
 def marked_processes(home: Path) -> list[int]:
     """Live processes whose environment marks them as started by ``home``'s daemon."""
-    return processes_with_env("ADAPTORD_OWNER", os.path.abspath(home))
+    return processes_with_env("ADAPTORD_OWNER", os.path.realpath(home))
 
 
 def processes_with_env(name: str, value: str) -> list[int]:

@@ -64,8 +64,9 @@ def _lifecycle_phases(home: Path) -> list[str]:
     return phases
 
 
+@pytest.mark.parametrize("restart_via", ["the same path", "a symlink"])
 def test_a_killed_daemons_agents_are_stopped_before_the_request_runs_again(
-    home: Path, tmp_path: Path
+    home: Path, tmp_path: Path, restart_via: str
 ) -> None:
     once = tmp_path / "first-attempt"
     # The first attempt leaves a child and a grandchild running; the second one answers.
@@ -83,7 +84,11 @@ def test_a_killed_daemons_agents_are_stopped_before_the_request_runs_again(
     daemon.kill9()
     assert all(map(_alive, first))  # the kill alone leaves them running
 
-    daemon = DaemonProcess(home, "--grace", "5").start()
+    again = home
+    if restart_via == "a symlink":
+        again = tmp_path / "same-home"
+        again.symlink_to(home)
+    daemon = DaemonProcess(again, "--grace", "5").start()
     line = daemon.wait_for_line("leftovers.stopped")
     assert "processes=3" in line and "killed=0" in line
     verdict = daemon.verdict(rid)
@@ -104,8 +109,8 @@ _IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IG
 def test_only_this_homes_processes_are_stopped_and_one_ignoring_sigterm_is_killed(
     home: Path,
 ) -> None:
-    mine = {**os.environ, "ADAPTORD_OWNER": os.path.abspath(home)}
-    other = {**os.environ, "ADAPTORD_OWNER": os.path.abspath(home) + "-other"}
+    mine = {**os.environ, "ADAPTORD_OWNER": os.path.realpath(home)}
+    other = {**os.environ, "ADAPTORD_OWNER": os.path.realpath(home) + "-other"}
     leader = subprocess.Popen(["sleep", "300"], env=mine, start_new_session=True)
     stubborn = subprocess.Popen(
         [sys.executable, "-c", _IGNORE_TERM],
