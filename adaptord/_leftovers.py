@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from adaptor import _procfs
+
 OWNER_VAR: Final = "ADAPTORD_OWNER"
 _POLL: Final = 0.02
 _AFTER_KILL: Final = 5.0  # how long SIGKILLed processes may take to disappear
@@ -62,13 +64,13 @@ def find(owner: str) -> list[Leftover]:
     entry = os.fsencode(f"{OWNER_VAR}={owner}")
     mine = os.getpid()
     found: list[Leftover] = []
-    for pid in _pids():
+    for pid in _procfs.pids():
         if pid == mine or not _has_entry(pid, entry):
             continue
-        stat = _stat(pid)
-        if stat is None or stat.state == b"Z":
+        stat = _procfs.stat(pid)
+        if stat is None or stat.zombie:
             continue
-        found.append(Leftover(pid, stat.pgid, stat.started, leads_group=stat.pgid == pid))
+        found.append(Leftover(pid, stat.pgid, stat.start, leads_group=stat.pgid == pid))
     return found
 
 
@@ -112,24 +114,14 @@ def _alive(leftover: Leftover) -> bool:
         return True
     # A group leader that is gone may leave members of its group behind.
     return leftover.leads_group and any(
-        stat.pgid == leftover.pgid and stat.state != b"Z"
-        for stat in filter(None, map(_stat, _pids()))
+        stat.pgid == leftover.pgid and not stat.zombie
+        for stat in filter(None, map(_procfs.stat, _procfs.pids()))
     )
 
 
 def _same_process(leftover: Leftover) -> bool:
-    stat = _stat(leftover.pid)
-    return stat is not None and stat.started == leftover.started and stat.state != b"Z"
-
-
-def _pids() -> Iterator[int]:
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return
-    for name in names:
-        if name.isdigit():
-            yield int(name)
+    stat = _procfs.stat(leftover.pid)
+    return stat is not None and stat.start == leftover.started and not stat.zombie
 
 
 def _has_entry(pid: int, entry: bytes) -> bool:
@@ -139,26 +131,3 @@ def _has_entry(pid: int, entry: bytes) -> bool:
     except OSError:  # gone, or another user's
         return False
     return entry in environ.split(b"\0")
-
-
-@dataclass(frozen=True)
-class _Stat:
-    pid: int
-    state: bytes
-    pgid: int
-    started: int
-
-
-def _stat(pid: int) -> _Stat | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses; the fields after its last ")" do not.
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        # state, ppid, pgrp, ...; starttime is field 22 of the line, the 20th after the name.
-        return _Stat(pid, fields[0], int(fields[2]), int(fields[19]))
-    except (IndexError, ValueError):
-        return None

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
+from adaptor import _procfs
 from adaptor.driver import CancelSignal, EventSink, Response, RunFailure
 from adaptor.events import ProcessInfo
 
@@ -490,20 +491,9 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
+    if not os.path.isdir("/proc/self"):
         return True  # no /proc: trust killpg
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+    return any(
+        stat.pgid == pgid and not stat.zombie
+        for stat in filter(None, map(_procfs.stat, _procfs.pids()))
+    )

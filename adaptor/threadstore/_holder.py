@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from adaptor import _procfs
+
 _mine: tuple[int, dict[str, Any] | None] | None = None  # (pid it was read for, the holder)
 
 
@@ -30,14 +32,14 @@ def current() -> dict[str, Any] | None:
 
 
 def _read_current(pid: int) -> dict[str, Any] | None:
-    stat = _stat(pid)
+    stat = _procfs.stat(pid)
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
     if stat is None:
         return None
-    return {"pid": pid, "start": stat[1], "uid": os.getuid(), "pidns": namespace}
+    return {"pid": pid, "start": stat.start, "uid": os.getuid(), "pidns": namespace}
 
 
 def gone(holder: object) -> bool:
@@ -53,23 +55,8 @@ def gone(holder: object) -> bool:
         return reused
     if type(pid) is not int:
         return False
-    stat = _stat(pid)
-    return stat is None or stat[1] != start or stat[0] == b"Z"
-
-
-def _stat(pid: int) -> tuple[bytes, int] | None:
-    """``(state, start time)`` of a process, or ``None`` if there is none with that pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses; the fields after its last ")" do not.
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return fields[0], int(fields[19])  # state; starttime, field 22 of the line
-    except (IndexError, ValueError):
-        return None
+    stat = _procfs.stat(pid)
+    return stat is None or stat.start != start or stat.zombie
 
 
 def check_json(holder: object) -> None:
