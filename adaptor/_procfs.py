@@ -22,6 +22,18 @@ class ProcessStat:
         return self.state == b"Z"
 
 
+def usable() -> bool:
+    """Whether ``/proc`` shows this process's own pid namespace (so its pids are ours).
+
+    A ``/proc`` mounted from another namespace (a container set up oddly) would name other
+    processes by the same numbers; nothing may be judged, let alone signalled, through it.
+    """
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
 def stat(pid: int) -> ProcessStat | None:
     """The process with this pid, or ``None`` if there is none (or no ``/proc``)."""
     try:

@@ -10,7 +10,8 @@ environment), else the marked process alone.  A group is never signalled unless 
 carries the mark, so neither the daemon's own group nor a shell's job is ever hit.
 
 The scan is exact (the whole ``NAME=value`` entry) and per home, so two daemons on two homes
-never touch each other's agents.  It needs Linux's ``/proc``; elsewhere nothing is found.
+never touch each other's agents.  It needs Linux's ``/proc`` (of this process's own pid
+namespace); elsewhere nothing is found.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def marking(owner: str) -> Iterator[None]:
 
 def find(owner: str) -> list[Leftover]:
     """Processes of this user (other than this one) whose environment holds ``owner``'s mark."""
+    if not _procfs.usable():
+        return []
     entry = os.fsencode(f"{OWNER_VAR}={owner}")
     mine = os.getpid()
     found: list[Leftover] = []

@@ -491,8 +491,8 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    if not os.path.isdir("/proc/self"):
-        return True  # no /proc: trust killpg
+    if not _procfs.usable():
+        return True  # no /proc of ours: trust killpg
     return any(
         stat.pgid == pgid and not stat.zombie
         for stat in filter(None, map(_procfs.stat, _procfs.pids()))

@@ -32,6 +32,8 @@ def current() -> dict[str, Any] | None:
 
 
 def _read_current(pid: int) -> dict[str, Any] | None:
+    if not _procfs.usable():
+        return None
     stat = _procfs.stat(pid)
     try:
         namespace = os.readlink("/proc/self/ns/pid")

@@ -1,0 +1,53 @@
+"""/proc is used only when it shows this process's own pid namespace."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from adaptor import _procfs
+from adaptor.threadstore import _holder
+from adaptord import _leftovers
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
+
+
+def test_this_process_is_found_as_itself() -> None:
+    assert _procfs.usable()
+    me = _procfs.stat(os.getpid())
+    assert me is not None and not me.zombie and me.pgid == os.getpgrp()
+    assert os.getpid() in set(_procfs.pids())
+    assert _procfs.stat(_dead_pid()) is None
+
+
+def test_a_proc_of_another_namespace_is_neither_judged_nor_signalled(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    owner = _leftovers.owner_mark(tmp_path)
+    marked = subprocess.Popen(
+        ["sleep", "60"], env={**os.environ, _leftovers.OWNER_VAR: owner}, start_new_session=True
+    )
+    try:
+        assert [found.pid for found in _leftovers.find(owner)] == [marked.pid]
+        real_readlink = os.readlink
+
+        def readlink(path: str, *args: object, **kwargs: object) -> str:
+            # What /proc/self reads as when /proc belongs to another pid namespace.
+            return "1" if path == "/proc/self" else real_readlink(path)
+
+        monkeypatch.setattr(os, "readlink", readlink)
+        assert not _procfs.usable()
+        assert _leftovers.find(owner) == []
+        assert _holder._read_current(os.getpid()) is None  # leases record no holder then
+    finally:
+        marked.kill()
+        marked.wait(timeout=30)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
