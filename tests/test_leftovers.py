@@ -81,6 +81,8 @@ def test_a_killed_daemons_agents_are_stopped_before_the_request_runs_again(
     rid = daemon.submit(request)
     _wait_until(lambda: len(marked_processes(home)) == 3)  # sh, sleep 300, sleep 301
     first = marked_processes(home)
+    # The line is printed once the fact is in the lifecycle log, which a kill would lose.
+    daemon.wait_for_line(f"request.started id={rid}")
     daemon.kill9()
     assert all(map(_alive, first))  # the kill alone leaves them running
 
