@@ -123,3 +123,21 @@ def processes_with_env(name: str, value: str) -> list[int]:
         if entry in environ.split(b"\0") and stat[stat.rfind(b")") + 2 :][:1] != b"Z":
             found.append(int(pid))
     return found
+
+
+def identities(pids: list[int]) -> set[tuple[int, int]]:
+    """``(pid, start time)`` of each of these processes still running (not a zombie).
+
+    The start time tells a process from a later one given the same pid: with pids wrapping at
+    32768 and a test suite starting thousands of processes, a pid is soon reused.
+    """
+    found = set()
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] != b"Z":
+            found.add((pid, int(fields[19])))
+    return found

@@ -18,7 +18,7 @@ import pytest
 
 from adaptor import _home, events
 from hosttools import sessionrecorder as sr
-from tests.daemon_harness import DaemonProcess, marked_processes
+from tests.daemon_harness import DaemonProcess, identities, marked_processes
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,14 +34,6 @@ def _wait_until(condition: object, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition never held"
         time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
 
 
 @pytest.fixture
@@ -80,11 +72,11 @@ def test_a_killed_daemons_agents_are_stopped_before_the_request_runs_again(
     daemon = DaemonProcess(home, "--grace", "5").start()
     rid = daemon.submit(request)
     _wait_until(lambda: len(marked_processes(home)) == 3)  # sh, sleep 300, sleep 301
-    first = marked_processes(home)
+    first = identities(marked_processes(home))
     # The line is printed once the fact is in the lifecycle log, which a kill would lose.
     daemon.wait_for_line(f"request.started id={rid}")
     daemon.kill9()
-    assert all(map(_alive, first))  # the kill alone leaves them running
+    assert identities([pid for pid, _ in first]) == first  # the kill alone leaves them running
 
     again = home
     if restart_via == "a symlink":
@@ -96,7 +88,7 @@ def test_a_killed_daemons_agents_are_stopped_before_the_request_runs_again(
     verdict = daemon.verdict(rid)
     assert verdict["ok"], verdict["error"]
     assert verdict["result"]["text"] == "second attempt"
-    assert not any(map(_alive, first))
+    assert not identities([pid for pid, _ in first]) & first
     assert daemon.stop() == 0
     assert marked_processes(home) == []
     phases = _lifecycle_phases(home)

@@ -20,7 +20,7 @@ import orjson
 from adaptor import _home, errors, events
 from adaptor.threadstore import JSONLStore, Query
 from hosttools import sessionrecorder as sr
-from tests.daemon_harness import DaemonProcess, processes_with_env
+from tests.daemon_harness import DaemonProcess, identities, processes_with_env
 
 REQUESTS = 200
 KILLS = 20
@@ -64,17 +64,17 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     for _ in range(KILLS):
         time.sleep(rng.uniform(0.02, 0.3))  # a random moment: the crash is the point of the test
         daemon.kill9()
-        left_running = _identities(processes_with_env(_AGENT_TAG, str(home)))
+        left_running = identities(processes_with_env(_AGENT_TAG, str(home)))
         if rng.random() < 0.5:
             # Half the time the next daemon is killed too, while it starts: in its recovery.
             daemon = DaemonProcess(home, "--workers", "4").start(wait_ready=False)
             time.sleep(rng.uniform(0.0, 0.6))
             daemon.kill9()
-            left_running |= _identities(processes_with_env(_AGENT_TAG, str(home)))
+            left_running |= identities(processes_with_env(_AGENT_TAG, str(home)))
         orphaned += bool(left_running)
         daemon = DaemonProcess(home, "--workers", "4").start()
         # No agent of the killed daemon is still at work once the new one serves.
-        assert not left_running & _identities(processes_with_env(_AGENT_TAG, str(home)))
+        assert not left_running & identities(processes_with_env(_AGENT_TAG, str(home)))
     paths = _home.Home.at(home)
     for rid in ids:
         daemon.verdict(rid, timeout=180)
@@ -127,15 +127,3 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     lifecycle.close()
     stopped = sum(isinstance(fact, events.Notice) and fact.text == "leftovers.stopped" for fact in facts)
     print(f"{orphaned} of {KILLS} kills left agents running; {stopped} restarts stopped some")
-
-
-def _identities(pids: list[int]) -> set[tuple[int, bytes]]:
-    """``(pid, start time)`` of each process still there: a pid reused meanwhile differs."""
-    found = set()
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_bytes()
-        except OSError:
-            continue
-        found.add((pid, stat[stat.rfind(b")") + 2 :].split()[19]))
-    return found
