@@ -20,7 +20,13 @@ def test_this_process_is_found_as_itself() -> None:
     me = _procfs.stat(os.getpid())
     assert me is not None and not me.zombie and me.pgid == os.getpgrp()
     assert os.getpid() in set(_procfs.pids())
-    assert _procfs.stat(_dead_pid()) is None
+    child = subprocess.Popen(["sleep", "60"])
+    seen = _procfs.stat(child.pid)
+    assert seen is not None and seen.pgid == os.getpgrp()
+    child.kill()
+    child.wait(timeout=30)
+    gone = _procfs.stat(child.pid)
+    assert gone is None or gone.start != seen.start  # (or its pid is another process's now)
 
 
 def test_a_proc_of_another_namespace_is_neither_judged_nor_signalled(
@@ -45,9 +51,3 @@ def test_a_proc_of_another_namespace_is_neither_judged_nor_signalled(
     finally:
         marked.kill()
         marked.wait(timeout=30)
-
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
