@@ -73,6 +73,19 @@ class DaemonProcess:
     def submit(self, request: Mapping[str, Any]) -> str:
         return _home.submit(self.home, request)
 
+    def drop(self, name: str, data: bytes) -> None:
+        """Put ``data`` into ``spool/new/<name>`` whole, as a client must (write, then link).
+
+        Writing straight into ``spool/new`` lets the daemon read a file still being written:
+        under load it then answers a half-written request ("invalid JSON").
+        """
+        staged = self.home.spool_tmp / f"drop-{os.urandom(8).hex()}"
+        staged.write_bytes(data)
+        try:
+            os.link(staged, self.home.spool_new / name)
+        finally:
+            staged.unlink()
+
     def verdict(self, request_id: str, timeout: float = 60.0) -> dict[str, Any]:
         path = self.home.verdict(request_id)
         deadline = time.monotonic() + timeout

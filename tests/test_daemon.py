@@ -104,7 +104,7 @@ def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:
     ],
 )
 def test_hostile_files_get_rejection_verdicts(daemon: DaemonProcess, name: str, content: bytes, why: str) -> None:
-    (daemon.home.spool_new / name).write_bytes(content)
+    daemon.drop(name, content)
     verdict = daemon.verdict(name[: -len(".json")])
     assert verdict["ok"] is False and verdict["exit_code"] == 2
     err = errors.from_wire(verdict["error"])
@@ -121,7 +121,7 @@ def test_hostile_entries_are_quarantined(daemon: DaemonProcess, tmp_path: Path) 
     os.symlink(outside, new / "symlinked.json")
     os.mkfifo(new / "fifo.json")
     (new / "directory.json").mkdir()
-    (new / "huge.json").write_bytes(b'{"driver": "script", "prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}')
+    daemon.drop("huge.json", b'{"driver": "script", "prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}')
     (new / "no extension").write_bytes(b"{}")
     (new / "..weird.json").write_bytes(b"{}")
     for rid in ("symlinked", "fifo", "directory", "huge"):

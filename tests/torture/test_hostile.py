@@ -51,7 +51,7 @@ _payloads = st.one_of(
 @given(payload=_payloads, number=st.integers(0, 10**9))
 def test_random_request_files(daemon: DaemonProcess, payload: bytes, number: int) -> None:
     rid = f"h-{number}-{os.urandom(4).hex()}"
-    (daemon.home.spool_new / f"{rid}.json").write_bytes(payload)
+    daemon.drop(f"{rid}.json", payload)
     verdict = daemon.verdict(rid)
     assert verdict["id"] == rid
     if verdict["error"] is not None:
@@ -64,7 +64,7 @@ def test_random_request_files(daemon: DaemonProcess, payload: bytes, number: int
 @given(name=st.text(min_size=1, max_size=40).filter(lambda n: "/" not in n and "\0" not in n and n not in (".", "..")))
 def test_random_names_are_claimed_or_quarantined(daemon: DaemonProcess, name: str) -> None:
     try:
-        (daemon.home.spool_new / name).write_bytes(b'{"driver": "script", "prompt": "x"}')
+        daemon.drop(name, b'{"driver": "script", "prompt": "x"}')
     except OSError:
         return  # a name this filesystem refuses cannot reach the daemon either
     probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
@@ -74,8 +74,8 @@ def test_random_names_are_claimed_or_quarantined(daemon: DaemonProcess, name: st
 
 def test_ten_megabyte_prompt_and_deep_nesting(daemon: DaemonProcess) -> None:
     big = b'{"driver": "script", "prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}'
-    (daemon.home.spool_new / "big.json").write_bytes(big)
-    (daemon.home.spool_new / "deep.json").write_bytes(_deep_bytes(1000))
+    daemon.drop("big.json", big)
+    daemon.drop("deep.json", _deep_bytes(1000))
     for rid in ("big", "deep"):
         verdict = daemon.verdict(rid)
         assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest"
@@ -115,7 +115,8 @@ def test_paths_a_request_names_cannot_hold_a_worker(daemon: DaemonProcess, tmp_p
 
 def test_numbers_beyond_64_bits(daemon: DaemonProcess) -> None:
     # A timeout of 10**40 seconds is read as a float and means "no deadline" in practice.
-    (daemon.home.spool_new / "bigint.json").write_bytes(
+    daemon.drop(
+        "bigint.json",
         b'{"driver": "script", "prompt": "x", "config": {"steps": [{"text": "ok"}]}, "timeout": 1'
         + b"0" * 40
         + b"}"
