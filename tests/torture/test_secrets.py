@@ -138,7 +138,8 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
         _command('printf "%s\\n" "$CONFIG_TOKEN"; echo "$CONFIG_TOKEN" >&2')
     )
     rids["echo-fails"] = daemon.submit(_command('printf "%s\\n" "$API_TOKEN" >&2; exit 3'))
-    rids["timeout"] = daemon.submit(_command('printf "%s\\n" "$API_TOKEN"; sleep 30', timeout=1))
+    # 3 s: time enough to enter the driver on a loaded machine, so the deadline is the run's.
+    rids["timeout"] = daemon.submit(_command('printf "%s\\n" "$API_TOKEN"; sleep 30', timeout=3))
     rids["rejected"] = daemon.submit({**_script({"text": "x"}), "driver": "nope"})
     thread = {"key": f"thread {SECRET[:6]}"}
     rids["thread-1"] = daemon.submit(
