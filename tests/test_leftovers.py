@@ -117,7 +117,8 @@ def test_only_this_homes_processes_are_stopped_and_one_ignoring_sigterm_is_kille
     member = subprocess.Popen(["sleep", "300"], env=mine)
     unrelated = subprocess.Popen(["sleep", "300"], env=other, start_new_session=True)
     try:
-        daemon = DaemonProcess(home, "--grace", "0.5").start()
+        # 2 s: time enough for the others to end on SIGTERM, however loaded the machine.
+        daemon = DaemonProcess(home, "--grace", "2").start()
         line = daemon.wait_for_line("leftovers.stopped")
         assert "processes=3" in line and "killed=1" in line
         assert leader.wait(timeout=30) == -signal.SIGTERM
