@@ -59,3 +59,36 @@ def pids() -> Iterator[int]:
     for name in names:
         if name.isdigit():
             yield int(name)
+
+
+def running(pid: int, start: int) -> bool:
+    """Whether the process that had ``pid`` and started at ``start`` still runs (a zombie does
+    not; nor does a later process given the same pid)."""
+    found = stat(pid)
+    return found is not None and found.start == start and not found.zombie
+
+
+def group_running(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` still runs (zombies aside).
+
+    A group outlives its leader while members remain, and its number is not handed to a new
+    process meanwhile, so signalling it then reaches only those members.
+    """
+    return any(found.pgid == pgid and not found.zombie for found in filter(None, map(stat, pids())))
+
+
+def environ(pid: int) -> list[bytes] | None:
+    """The ``NAME=value`` entries ``pid`` was started with; ``None`` if gone or another user's."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return None
+
+
+def pid_namespace() -> str | None:
+    """This process's pid namespace, as ``/proc/self/ns/pid`` names it (``pid:[<inode>]``)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None

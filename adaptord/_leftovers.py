@@ -68,7 +68,7 @@ def find(owner: str) -> list[Leftover]:
     mine = os.getpid()
     found: list[Leftover] = []
     for pid in _procfs.pids():
-        if pid == mine or not _has_entry(pid, entry):
+        if pid == mine or entry not in (_procfs.environ(pid) or ()):
             continue
         stat = _procfs.stat(pid)
         if stat is None or stat.zombie:
@@ -94,13 +94,13 @@ def stop(leftovers: Sequence[Leftover], grace: float) -> int:
 
 def _signal_all(leftovers: Sequence[Leftover], sig: signal.Signals, own_group: int) -> None:
     for leftover in leftovers:
-        if not _same_process(leftover):
-            continue  # gone already, or its pid now belongs to someone else
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if leftover.leads_group and leftover.pgid != own_group:
-                os.killpg(leftover.pgid, sig)
-            else:
-                os.kill(leftover.pid, sig)
+                # Also once the leader is gone: members that cleared their environment remain.
+                if _procfs.group_running(leftover.pgid):
+                    os.killpg(leftover.pgid, sig)
+            elif _procfs.running(leftover.pid, leftover.started):
+                os.kill(leftover.pid, sig)  # (not a later process given the same pid)
 
 
 def _wait(leftovers: Sequence[Leftover], timeout: float) -> list[Leftover]:
@@ -113,24 +113,7 @@ def _wait(leftovers: Sequence[Leftover], timeout: float) -> list[Leftover]:
 
 
 def _alive(leftover: Leftover) -> bool:
-    if _same_process(leftover):
+    if _procfs.running(leftover.pid, leftover.started):
         return True
     # A group leader that is gone may leave members of its group behind.
-    return leftover.leads_group and any(
-        stat.pgid == leftover.pgid and not stat.zombie
-        for stat in filter(None, map(_procfs.stat, _procfs.pids()))
-    )
-
-
-def _same_process(leftover: Leftover) -> bool:
-    stat = _procfs.stat(leftover.pid)
-    return stat is not None and stat.start == leftover.started and not stat.zombie
-
-
-def _has_entry(pid: int, entry: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            environ = handle.read()
-    except OSError:  # gone, or another user's
-        return False
-    return entry in environ.split(b"\0")
+    return leftover.leads_group and _procfs.group_running(leftover.pgid)

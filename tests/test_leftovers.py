@@ -6,7 +6,9 @@ end with it instead of blocking their threads until the TTL runs out.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -132,6 +134,38 @@ def test_only_this_homes_processes_are_stopped_and_one_ignoring_sigterm_is_kille
             proc.wait(timeout=30)
         if stubborn.stdout is not None:
             stubborn.stdout.close()
+
+
+_HIDDEN_MEMBER = (
+    "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(os.getpid(), flush=True); time.sleep(300)"
+)
+
+
+def test_a_group_is_killed_even_after_its_marked_leader_ended(home: Path) -> None:
+    # The leader ends on SIGTERM; a member that cleared its environment (so carries no mark)
+    # ignores it, and only the SIGKILL to the group, sent once the leader is gone, reaches it.
+    mine = {**os.environ, "ADAPTORD_OWNER": os.path.realpath(home)}
+    script = f"env -i {sys.executable} -c {shlex.quote(_HIDDEN_MEMBER)} & wait"
+    leader = subprocess.Popen(
+        ["/bin/sh", "-c", script], env=mine, start_new_session=True, stdout=subprocess.PIPE
+    )
+    try:
+        assert leader.stdout is not None
+        member = identities([int(leader.stdout.readline())])
+        assert len(member) == 1
+        daemon = DaemonProcess(home, "--grace", "2").start()
+        line = daemon.wait_for_line("leftovers.stopped")
+        assert "processes=1" in line and "killed=1" in line
+        assert leader.wait(timeout=30) == -signal.SIGTERM
+        assert not identities([pid for pid, _ in member]) & member
+        assert daemon.stop() == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=30)
+        if leader.stdout is not None:
+            leader.stdout.close()
 
 
 def test_a_start_with_nothing_left_over_records_nothing(home: Path) -> None:

@@ -493,7 +493,4 @@ def _group_alive(pgid: int) -> bool:
         return True
     if not _procfs.usable():
         return True  # no /proc of ours: trust killpg
-    return any(
-        stat.pgid == pgid and not stat.zombie
-        for stat in filter(None, map(_procfs.stat, _procfs.pids()))
-    )
+    return _procfs.group_running(pgid)

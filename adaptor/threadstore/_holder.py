@@ -35,11 +35,8 @@ def _read_current(pid: int) -> dict[str, Any] | None:
     if not _procfs.usable():
         return None
     stat = _procfs.stat(pid)
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-    if stat is None:
+    namespace = _procfs.pid_namespace()
+    if stat is None or namespace is None:
         return None
     return {"pid": pid, "start": stat.start, "uid": os.getuid(), "pidns": namespace}
 
@@ -55,10 +52,9 @@ def gone(holder: object) -> bool:
     if pid == mine["pid"]:
         reused: bool = start != mine["start"]  # our pid, so not that process: it ended
         return reused
-    if type(pid) is not int:
+    if type(pid) is not int or type(start) is not int:
         return False
-    stat = _procfs.stat(pid)
-    return stat is None or stat.start != start or stat.zombie
+    return not _procfs.running(pid, start)
 
 
 def check_json(holder: object) -> None:
