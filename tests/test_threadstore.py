@@ -40,6 +40,7 @@ from adaptor.threadstore import (
     _jsonl,
 )
 from adaptor.threadstore._state import RESERVE_BLOCK
+from tests.daemon_harness import identities
 from tests.durable_hooks import (
     count_datasyncs,
     count_releases,
@@ -1190,10 +1191,11 @@ def test_a_holder_is_judged_dead_only_when_that_is_certain() -> None:
     mine = _holder.current()
     assert mine is not None
     dead = {**mine, "pid": _dead_pid()}
+    [(parent, parent_start)] = identities([os.getppid()])
     cases = {
         # name: (the lease's holder, whether the lease is then gone)
         "no holder recorded (an older log)": (None, False),
-        "a live process": ({**mine, "pid": os.getppid(), "start": _start_of(os.getppid())}, False),
+        "a live process": ({**mine, "pid": parent, "start": parent_start}, False),
         "a dead process": (dead, True),
         "its pid reused by a later process": ({**mine, "start": mine["start"] - 1}, True),
         "another pid namespace": ({**dead, "pidns": "pid:[1]"}, False),
@@ -1210,11 +1212,6 @@ def test_a_holder_is_judged_dead_only_when_that_is_certain() -> None:
         else:
             with pytest.raises(BusyError):
                 state.plan_acquire("key:k", "me", 60, now, _jsonl.current_boot_id(), mine)
-
-
-def _start_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(stat[stat.rfind(b")") + 2 :].split()[19])
 
 
 def test_processes_racing_never_share_a_lease_and_lose_no_finalize(tmp_path: Path) -> None:
