@@ -124,18 +124,17 @@ def marked_processes(home: Path) -> list[int]:
 def processes_with_env(name: str, value: str) -> list[int]:
     """Live processes (not zombies) whose environment holds ``name=value``, read from ``/proc``."""
     entry = os.fsencode(f"{name}={value}")
-    found = []
+    carrying = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
-            stat = Path(f"/proc/{pid}/stat").read_bytes()
         except OSError:
             continue
-        if entry in environ.split(b"\0") and stat[stat.rfind(b")") + 2 :][:1] != b"Z":
-            found.append(int(pid))
-    return found
+        if entry in environ.split(b"\0"):
+            carrying.append(int(pid))
+    return sorted(pid for pid, _ in identities(carrying))
 
 
 def identities(pids: list[int]) -> set[tuple[int, int]]:
