@@ -37,7 +37,7 @@ class Leftover:
 
     pid: int
     pgid: int
-    started: int  # /proc start time (clock ticks since boot): a reused pid has another
+    start: int  # /proc start time (clock ticks since boot): a reused pid has another
     leads_group: bool
 
 
@@ -99,7 +99,7 @@ def _signal_all(leftovers: Sequence[Leftover], sig: signal.Signals, own_group: i
                 # Also once the leader is gone: members that cleared their environment remain.
                 if _procfs.group_running(leftover.pgid):
                     os.killpg(leftover.pgid, sig)
-            elif _procfs.running(leftover.pid, leftover.started):
+            elif _procfs.running(leftover.pid, leftover.start):
                 os.kill(leftover.pid, sig)  # (not a later process given the same pid)
 
 
@@ -113,7 +113,7 @@ def _wait(leftovers: Sequence[Leftover], timeout: float) -> list[Leftover]:
 
 
 def _alive(leftover: Leftover) -> bool:
-    if _procfs.running(leftover.pid, leftover.started):
+    if _procfs.running(leftover.pid, leftover.start):
         return True
     # A group leader that is gone may leave members of its group behind.
     return leftover.leads_group and _procfs.group_running(leftover.pgid)
