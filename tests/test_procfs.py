@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,12 @@ def test_a_proc_of_another_namespace_is_neither_judged_nor_signalled(
         ["sleep", "60"], env={**os.environ, _leftovers.OWNER_VAR: owner}, start_new_session=True
     )
     try:
-        assert [found.pid for found in _leftovers.find(owner)] == [marked.pid]
+        # Popen returns once exec has begun, a moment before the kernel has set up the new
+        # environment that /proc shows: wait until the process is seen as it is.
+        deadline = time.monotonic() + 30
+        while [found.pid for found in _leftovers.find(owner)] != [marked.pid]:
+            assert time.monotonic() < deadline, "the marked process was never found"
+            time.sleep(0.01)
         real_readlink = os.readlink
 
         def readlink(path: str, *args: object, **kwargs: object) -> str:
