@@ -760,9 +760,9 @@ class Daemon:
                 batch.add_directory(run_dir)
                 if job is None or not job.run_dir_synced:
                     batch.add_directory(self.home.runs)
-            if flush_events:
+            if flush_events and session is not None:
                 try:
-                    self._events_backend.flush()
+                    self._events_backend.flush(session)
                 except Exception as exc:
                     self.log("audit log sync failed", id=request_id, error=f"{type(exc).__name__}: {exc}")
             wire = None if error is None else errors.to_wire(error, secrets=secrets)

@@ -1371,6 +1371,24 @@ def test_buffered_mode_syncs_on_flush_and_close(
     assert len(synced) == 3
 
 
+def test_buffered_flush_of_named_keys_syncs_only_those(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = record_fsyncs(monkeypatch, events_dir)
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
+    recorder = sr.EventRecorder(backend)
+    for key in ("a", "b", "c"):
+        recorder.record(key, _text(0))
+    synced.clear()
+    backend.flush("b", "never-written")
+    assert synced == [str(events_dir / "b.jsonl")]
+    backend.flush("b")  # nothing dirty any more
+    assert len(synced) == 1
+    backend.flush()
+    assert sorted(synced[1:]) == [str(events_dir / "a.jsonl"), str(events_dir / "c.jsonl")]
+    recorder.close()
+
+
 # --- concurrency -----------------------------------------------------------------------------
 
 

@@ -570,11 +570,19 @@ class JSONLEventBackend:
                 infos.append(SessionInfo(key, last[0], last[1]))
         return infos
 
-    def flush(self) -> None:
-        """Sync appends made with ``sync_on_append=False``; a no-op otherwise."""
+    def flush(self, *keys: str) -> None:
+        """Sync appends made with ``sync_on_append=False``; a no-op otherwise.
+
+        With ``keys``, only those keys' appends (a key this backend has not written is
+        skipped); without, every key's.  A daemon finishing one run syncs that run's log alone
+        rather than visiting every open session and waiting on other runs' writes.
+        """
         with self._lock:
             self._check_open()
-            sessions = list(self._sessions.values())
+            if keys:
+                sessions = [s for s in map(self._sessions.get, keys) if s is not None]
+            else:
+                sessions = list(self._sessions.values())
         _raise_all([_attempt(session.flush) for session in sessions], "flushing event logs")
 
     def close(self) -> None:
