@@ -649,13 +649,18 @@ class _Reaper:
 
     def add(self, entry: _Exclusive) -> None:
         with self._cond:
+            first = not self._pending
             self._pending.add(entry)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="adaptor-lock-reaper", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if first:
+                # Otherwise the thread already sleeps until an earlier entry's idle deadline,
+                # which is no later than this one's: waking it for every entry (a daemon
+                # makes a few per request) only cost context switches.
+                self._cond.notify()
 
     def forget(self, entry: _Exclusive) -> None:
         """Stop watching ``entry``, which lingers no more."""

@@ -910,6 +910,32 @@ def test_an_idle_writer_lets_another_process_append_without_closing(log_path: Pa
     log.close()
 
 
+def test_flocks_left_lingering_one_after_another_are_all_let_go_when_idle(
+    tmp_path: Path,
+) -> None:
+    # The reaper is woken only for the first; the later ones wait for its next round.
+    locks = [str(tmp_path / f"{i}.lock") for i in range(3)]
+    for lock in locks:
+        with exclusive(lock, linger=True):
+            pass
+    deadline = time.monotonic() + 30
+    free: list[str] = []
+    while len(free) < len(locks) and time.monotonic() < deadline:
+        for lock in locks:
+            if lock in free:
+                continue
+            probe = subprocess.run(
+                [sys.executable, "-c", _TRY_LOCK, lock],
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+                timeout=CHILD_TIMEOUT,
+            )
+            if probe.stdout == b"free\n":
+                free.append(lock)
+    assert sorted(free) == locks
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
