@@ -553,8 +553,13 @@ class RunPipeline:
             source: Literal["native", "prompt_validate"] = (
                 "native" if self.schema_source == "native" else "prompt_validate"
             )
-            record = self.compiled.validate_text(response.output, source)
+            remaining = None if self.deadline is None else self.deadline - time.monotonic()
+            record = self.compiled.validate_text(response.output, source, timeout=remaining)
             result = result._with(structured=record)
+            if not record.valid and self.deadline is not None and time.monotonic() >= self.deadline:
+                # Output not shown valid before the deadline (a slow pattern check is cut
+                # there): the run did not finish in time.
+                raise self._terminal_error(_Terminal("deadline"), result)
             return_invalid = bool(
                 self.options.schema_options and self.options.schema_options.return_invalid
             )

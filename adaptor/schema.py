@@ -34,6 +34,7 @@ from typing import (
 
 import orjson
 
+from adaptor import _schema_checker
 from adaptor.driver import (
     Descriptor,
     InvalidOutputSchemaError,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from referencing import Resource
 
 __all__ = [
+    "PATTERN_CHECK_LIMIT",
     "CompiledSchema",
     "SchemaOptions",
     "compile_schema",
@@ -94,21 +96,28 @@ class CompiledSchema:
     schema_hash: str
     type_: type | None = None
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False, hash=False)
+    _private: dict[str, Any] = field(init=False, repr=False, compare=False, hash=False)
+    _patterns: bool = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        from jsonschema import Draft202012Validator
-        from jsonschema_specifications import REGISTRY as metaschemas
+        private = copy.deepcopy(self.schema)
+        object.__setattr__(self, "_private", private)
+        object.__setattr__(self, "_validator", _new_validator(private))
+        object.__setattr__(self, "_patterns", _schema_checker.uses_patterns(private))
 
-        # No retrieval hook: a remote ``$ref`` must fail at compile time, never hit the network.
-        validator = Draft202012Validator(copy.deepcopy(self.schema), registry=metaschemas)
-        object.__setattr__(self, "_validator", validator)
-
-    def validate_text(self, text: str, source: Mechanism) -> StructuredOutput:
+    def validate_text(
+        self, text: str, source: Mechanism, *, timeout: float | None = None
+    ) -> StructuredOutput:
         """Judge ``text`` as exactly one JSON value valid against the schema.
 
         Only surrounding whitespace is ignored: a code fence, prose or a second value makes
         the output invalid, because guessing where the "real" JSON is would let a model that
         ignored its instructions pass.
+
+        A schema with ``pattern`` or ``patternProperties`` is checked in a child process
+        for at most ``timeout`` seconds and never more than :data:`PATTERN_CHECK_LIMIT`: a
+        pattern that backtracks catastrophically would otherwise hold the whole process.  A
+        check that does not finish makes the output invalid, saying so.
         """
         body = text.strip()
         if not body:
@@ -117,15 +126,32 @@ class CompiledSchema:
             value = _parse_one(body)
         except ValueError as exc:
             return self._invalid(source, f"output is not a single JSON value: {exc}")
-        found = sorted(self._validator.iter_errors(value), key=_error_order)
+        limit = (
+            PATTERN_CHECK_LIMIT if timeout is None else max(0.0, min(timeout, PATTERN_CHECK_LIMIT))
+        )
+        try:
+            found = self._errors(value, limit)
+        except _schema_checker.CheckTimeout:
+            found = [
+                f"$: validation did not finish within {limit:g}s; a pattern in the schema "
+                "may backtrack catastrophically on this output"
+            ]
         return StructuredOutput(
             source=source,
             valid=not found,
             value=value,
-            errors=tuple(_describe(error) for error in found),
+            errors=tuple(found),
             raw_json=_canonical(value).decode(),
             schema_hash=self.schema_hash,
         )
+
+    def _errors(self, value: Any, limit: float) -> list[str]:
+        if self._patterns:
+            try:
+                return _schema_checker.errors_of(self._private, value, limit)
+            except _schema_checker.Unavailable:
+                pass  # validated here instead: what fails there fails here, with its exception
+        return _errors_in_process(self._private, value, self._validator)[0]
 
     def to_output_schema(self, options: SchemaOptions) -> OutputSchema:
         """What the driver receives; a deep copy, so a driver cannot alter what is enforced."""
@@ -140,6 +166,31 @@ class CompiledSchema:
         return StructuredOutput(
             source=source, valid=False, errors=(error,), schema_hash=self.schema_hash
         )
+
+
+#: The longest a schema with regular expressions may take to judge one output, in seconds.
+PATTERN_CHECK_LIMIT = 10.0
+
+
+def _new_validator(schema: dict[str, Any]) -> Draft202012Validator:
+    from jsonschema import Draft202012Validator
+    from jsonschema_specifications import REGISTRY as metaschemas
+
+    # No retrieval hook: a remote ``$ref`` must fail at compile time, never hit the network.
+    return Draft202012Validator(schema, registry=metaschemas)
+
+
+def _errors_in_process(
+    schema: dict[str, Any], value: Any, validator: Draft202012Validator | None = None
+) -> tuple[list[str], Draft202012Validator]:
+    """``value``'s errors against ``schema``, described and in order; and the validator used.
+
+    The schema checker's child validates with this too.
+    """
+    if validator is None:
+        validator = _new_validator(schema)
+    found = sorted(validator.iter_errors(value), key=_error_order)
+    return [_describe(error) for error in found], validator
 
 
 # --- compile ------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import adaptor
+import adaptor.schema
 from adaptor import _run, events
 from adaptor.driver import Descriptor, Request, Response
 from adaptor.testing import ScriptedDriver
@@ -699,6 +700,37 @@ def test_invalid_structured_output_is_a_policy_violation_with_result() -> None:
         agent.run("review", schema=Verdict)
     assert info.value.result is not None and info.value.result.structured is not None
     assert not info.value.result.structured.valid
+
+
+_BACKTRACKING_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "pattern": r"^(\w+\s?)+$"}},
+}
+# 30 characters: minutes for re in process (a bounded failure on code without the checker).
+_BACKTRACKING_OUTPUT = {"name": "a" * 30 + "!"}
+
+
+def test_a_pattern_check_still_running_at_the_deadline_is_the_run_deadline() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"output_json": _BACKTRACKING_OUTPUT}]))
+    with pytest.raises(adaptor.RunDeadlineExceededError) as info:
+        agent.run("name it", schema=_BACKTRACKING_SCHEMA, timeout=1.5)
+    structured = info.value.result.structured if info.value.result else None
+    assert structured is not None and not structured.valid
+    assert structured.value == _BACKTRACKING_OUTPUT
+    assert "validation did not finish" in structured.errors[0]
+
+
+def test_a_pattern_check_over_its_limit_is_invalid_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adaptor.schema, "PATTERN_CHECK_LIMIT", 0.5)
+    agent = adaptor.Agent(ScriptedDriver([{"output_json": _BACKTRACKING_OUTPUT}]))
+    with pytest.raises(adaptor.PolicyViolationError, match="validation did not finish within 0.5s"):
+        agent.run("name it", schema=_BACKTRACKING_SCHEMA)
+    fine = agent_with_output({"name": "two words"}).run("name it", schema=_BACKTRACKING_SCHEMA)
+    assert fine.structured is not None and fine.structured.valid
+
+
+def agent_with_output(value: object) -> adaptor.Agent:
+    return adaptor.Agent(ScriptedDriver([{"output_json": value}]))
 
 
 def test_return_invalid_succeeds_and_decode_raises() -> None:

@@ -75,6 +75,24 @@ def test_run_error_verdict_rebuilds_the_same_exception(daemon: DaemonProcess) ->
     assert type(err) is errors.AgentFailedError and err.reason == "agent_error" and str(err) == "boom"
 
 
+def test_a_schema_pattern_that_backtracks_holds_up_neither_the_daemon_nor_the_deadline(
+    daemon: DaemonProcess,
+) -> None:
+    # Checked in the daemon's process, this output would stop all its threads for minutes.
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": r"^(\w+\s?)+$"}}}
+    slow = daemon.submit(script({"output_json": {"name": "a" * 30 + "!"}}, schema=schema, timeout=5))
+    daemon.wait_for_line(f"request.started id={slow}")
+    quick = daemon.submit(script({"text": "still serving"}))
+    assert daemon.verdict(quick)["ok"] is True
+    assert not daemon.home.verdict(slow).exists()
+    verdict = daemon.verdict(slow)
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.RunDeadlineExceededError
+    structured = verdict["result"]["structured"]
+    assert structured["valid"] is False and structured["value"] == {"name": "a" * 30 + "!"}
+    assert "validation did not finish" in structured["errors"][0]
+
+
 def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:
     first = daemon.submit(script({"text": "one"}, thread={"key": "tenant/7"}, config={"steps": [{"text": "one"}], "session": "auto"}))
     assert daemon.verdict(first)["ok"]

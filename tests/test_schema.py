@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +20,8 @@ from hypothesis import strategies as st
 from jsonschema.exceptions import SchemaError
 from referencing.exceptions import Unresolvable
 
+import adaptor._schema_checker
+import adaptor.schema
 from adaptor.driver import (
     Descriptor,
     HumanDecisionSupport,
@@ -547,6 +552,97 @@ def test_validation_survives_mutating_the_public_schema() -> None:
     compiled = compile_schema({"type": "integer"})
     compiled.schema["type"] = "string"
     assert compiled.validate_text("1", "native").valid
+
+
+# --- schemas with regular expressions -----------------------------------------------------------
+
+# The classic pattern that backtracks catastrophically: a long word and a "!" take hours.
+_BACKTRACKS = r"^(\w+\s?)+$"
+_PATTERNED = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "pattern": _BACKTRACKS}},
+    "patternProperties": {"^x-": {"type": "integer"}},
+    "propertyNames": {"pattern": "^[a-z-]+$"},
+    "additionalProperties": False,
+}
+_SLOW = {"name": "a" * 32 + "!"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"name": "two words"},
+        {"name": "no-dash"},
+        {"name": "ok", "x-count": 3},
+        {"name": "ok", "x-count": "three"},
+        {"name": "ok", "other": 1},
+        {"Upper": 1},
+    ],
+)
+def test_a_schema_with_patterns_judges_as_jsonschema_does(value: dict[str, Any]) -> None:
+    from jsonschema import Draft202012Validator
+
+    expected = sorted(
+        f"{e.json_path}: {e.message}" for e in Draft202012Validator(_PATTERNED).iter_errors(value)
+    )
+    out = compile_schema(_PATTERNED).validate_text(orjson.dumps(value).decode(), "native")
+    assert sorted(out.errors) == expected
+    assert out.valid == (not expected)
+
+
+def test_a_pattern_that_backtracks_is_cut_off_without_holding_other_threads() -> None:
+    compiled = compile_schema(_PATTERNED)
+    ticks: list[int] = []
+    checking = threading.Event()
+
+    def tick() -> None:
+        while checking.is_set():
+            ticks.append(1)
+            time.sleep(0.01)
+
+    checking.set()
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        out = compiled.validate_text(orjson.dumps(_SLOW).decode(), "native", timeout=1)
+    finally:
+        checking.clear()
+        ticker.join()
+    assert not out.valid and out.value == _SLOW
+    assert out.errors == (
+        "$: validation did not finish within 1s; a pattern in the schema may backtrack "
+        "catastrophically on this output",
+    )
+    # Python's re holds the GIL for a whole match: checked in process, nothing else would run
+    # (and this one would take minutes).
+    assert len(ticks) >= 3
+    # The overrunning checker was killed; the next check gets a fresh one.
+    assert compiled.validate_text('{"name": "fine again"}', "native").valid
+
+
+def test_the_pattern_check_limit_bounds_a_check_without_a_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(adaptor.schema, "PATTERN_CHECK_LIMIT", 0.5)
+    out = compile_schema(_PATTERNED).validate_text('{"name": "%s!"}' % ("a" * 64), "native")
+    assert out.errors[0].startswith("$: validation did not finish within 0.5s")
+
+
+def test_patterns_are_checked_in_process_when_no_checker_can_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    out = compile_schema(_PATTERNED).validate_text('{"name": "not-a-word"}', "native")
+    assert out.errors == (f"$.name: 'not-a-word' does not match {_BACKTRACKS!r}",)
+
+
+def test_only_schemas_with_regex_keywords_use_the_checker() -> None:
+    from adaptor._schema_checker import uses_patterns
+
+    assert uses_patterns({"items": [{"properties": {"a": {"pattern": "x"}}}]})
+    assert uses_patterns({"$defs": {"k": {"patternProperties": {"^a": {}}}}})
+    assert not uses_patterns({"type": "object", "properties": {"a": {"type": "string"}}})
 
 
 def test_to_output_schema() -> None:

@@ -1,0 +1,210 @@
+"""Validation against schemas with regular expressions, in child processes with a time limit.
+
+Python's ``re`` holds the GIL for a whole match, and a pattern that backtracks catastrophically
+(``^(\\w+\\s?)+$`` against forty word characters and a ``!``) runs for hours.  In process, one
+such output would stop every thread of its process: in the daemon, every run, timer, cancel
+and the watcher with them.  A schema with ``pattern`` or ``patternProperties`` is therefore
+checked by a child process, which can be killed when the check overruns.
+
+Children are kept and reused, because starting one costs about 0.2 s of imports.  A child
+serves one check at a time; a check that overruns kills its child.  A child that cannot be
+started or fails is reported as :class:`Unavailable`, and the caller validates in process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any, BinaryIO
+
+import orjson
+
+__all__ = ["CheckTimeout", "Unavailable", "errors_of", "uses_patterns"]
+
+_HEADER = struct.Struct("!I")
+_KEEP_IDLE = 4  # children kept for reuse; more concurrent checks start more, then close them
+_REGEX_KEYWORDS = ("pattern", "patternProperties")
+
+
+class CheckTimeout(Exception):
+    """The check did not finish in time; its child was killed."""
+
+
+class Unavailable(Exception):
+    """No child could do the check (it could not start, crashed or reported a failure)."""
+
+
+def uses_patterns(schema: object) -> bool:
+    """Whether ``schema`` holds a keyword matched with a regular expression, at any depth.
+
+    A property merely *named* ``pattern`` counts too: that only costs the child's round trip.
+    """
+    if isinstance(schema, dict):
+        if any(keyword in schema for keyword in _REGEX_KEYWORDS):
+            return True
+        return any(uses_patterns(value) for value in schema.values())
+    if isinstance(schema, list):
+        return any(uses_patterns(value) for value in schema)
+    return False
+
+
+def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str]:
+    """The validation errors of ``instance`` (described as :mod:`adaptor.schema` does).
+
+    Raises :class:`CheckTimeout` after ``timeout`` seconds of checking, :class:`Unavailable`
+    when no child could answer.
+    """
+    try:
+        payload = orjson.dumps({"schema": schema, "instance": instance})
+    except TypeError as exc:  # (orjson refuses integers beyond 64 bits)
+        raise Unavailable(str(exc)) from exc
+    child = _take()
+    try:
+        reply = child.ask(payload, timeout)
+    except BaseException:
+        child.kill()
+        raise
+    _give_back(child)
+    if "errors" not in reply:
+        raise Unavailable(str(reply.get("failure", "no answer")))
+    found: list[str] = reply["errors"]
+    return found
+
+
+class _Child:
+    def __init__(self) -> None:
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "adaptor._schema_checker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise Unavailable(f"cannot start a schema checker: {exc}") from exc
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._stdin: IO[bytes] = self.process.stdin
+        self._stdout = self.process.stdout.fileno()
+
+    def ask(self, payload: bytes, timeout: float) -> dict[str, Any]:
+        try:
+            self._stdin.write(_HEADER.pack(len(payload)) + payload)
+            self._stdin.flush()
+        except OSError as exc:
+            raise Unavailable(f"schema checker gone: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        header = self._read(_HEADER.size, deadline)
+        (size,) = _HEADER.unpack(header)
+        reply: dict[str, Any] = orjson.loads(self._read(size, deadline))
+        return reply
+
+    def _read(self, size: int, deadline: float) -> bytes:
+        chunks: list[bytes] = []
+        missing = size
+        while missing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CheckTimeout()
+            ready, _, _ = select.select([self._stdout], [], [], remaining)
+            if not ready:
+                raise CheckTimeout()
+            chunk = os.read(self._stdout, min(missing, 1 << 20))
+            if not chunk:
+                raise Unavailable("schema checker ended without an answer")
+            chunks.append(chunk)
+            missing -= len(chunk)
+        return b"".join(chunks)
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        self.close()
+
+    def close(self) -> None:
+        """Let the child end (end of input) and reap it."""
+        with contextlib.suppress(OSError):
+            self._stdin.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+_idle: list[_Child] = []
+_guard = threading.Lock()
+
+
+def _take() -> _Child:
+    with _guard:
+        if _idle:
+            return _idle.pop()
+    return _Child()
+
+
+def _give_back(child: _Child) -> None:
+    with _guard:
+        if len(_idle) < _KEEP_IDLE:
+            _idle.append(child)
+            return
+    child.close()
+
+
+def _close_idle() -> None:
+    with _guard:
+        children = list(_idle)
+        _idle.clear()
+    for child in children:
+        child.close()
+
+
+def _forget_in_child() -> None:
+    # A forked process shares the parent's pipes to these children; it must not use them.
+    global _guard
+    _guard = threading.Lock()
+    _idle.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+# The kept children end by themselves when this process's end closes their input; reaping
+# them first keeps interpreter shutdown free of "subprocess still running" warnings.
+atexit.register(_close_idle)
+
+
+def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """The child: answer checks until the parent closes our input."""
+    from adaptor.schema import _errors_in_process
+
+    validators: dict[bytes, Any] = {}
+    while True:
+        header = requests.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return
+        (size,) = _HEADER.unpack(header)
+        request = orjson.loads(requests.read(size))
+        key = orjson.dumps(request["schema"])
+        try:
+            found, validators[key] = _errors_in_process(
+                request["schema"], request["instance"], validators.get(key)
+            )
+            reply: dict[str, Any] = {"errors": found}
+        except Exception as exc:
+            reply = {"failure": f"{type(exc).__name__}: {exc}"}
+        if len(validators) > 16:
+            validators.clear()
+        data = orjson.dumps(reply)
+        replies.write(_HEADER.pack(len(data)) + data)
+        replies.flush()
+
+
+if __name__ == "__main__":
+    _serve(sys.stdin.buffer, sys.stdout.buffer)
