@@ -113,6 +113,28 @@ def test_paths_a_request_names_cannot_hold_a_worker(daemon: DaemonProcess, tmp_p
     assert daemon.verdict(probe)["result"]["text"] == "alive"
 
 
+def test_output_schema_patterns_that_backtrack_cannot_hold_the_daemon(daemon: DaemonProcess) -> None:
+    # Python's re holds the GIL for a whole match; checked in the daemon, each of these outputs
+    # would stop all of its threads for minutes.
+    schema = {"type": "object", "patternProperties": {r"^(\w+\s?)+$": {"type": "integer"}}}
+    output = {"a" * 30 + "!": "x"}
+
+    def backtracking(**extra: object) -> str:
+        steps = [{"output_json": output}]
+        return daemon.submit({"driver": "script", "prompt": "x", "schema": schema, "config": {"steps": steps}, **extra})
+
+    # More than the daemon has workers; the last has no deadline, so the 10 s limit cuts it.
+    rids = [backtracking(timeout=3), backtracking(timeout=3), backtracking()]
+    codes = []
+    for rid in rids:
+        verdict = daemon.verdict(rid, timeout=120)
+        codes.append(verdict["error"]["code"])
+        assert "validation did not finish" in verdict["result"]["structured"]["errors"][0]
+    assert codes == ["ErrDeadlineExceeded", "ErrDeadlineExceeded", "ErrPolicyViolation"]
+    probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
+    assert daemon.verdict(probe)["result"]["text"] == "alive"
+
+
 def test_numbers_beyond_64_bits(daemon: DaemonProcess) -> None:
     # A timeout of 10**40 seconds is read as a float and means "no deadline" in practice.
     daemon.drop(
