@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -31,6 +32,7 @@ __all__ = ["CheckTimeout", "Unavailable", "errors_of", "uses_patterns"]
 _HEADER = struct.Struct("!I")
 _KEEP_IDLE = 4  # children kept for reuse; more concurrent checks start more, then close them
 _REGEX_KEYWORDS = ("pattern", "patternProperties")
+_ALARM_MARGIN = 1.0  # a child's own limit: the parent's, plus this
 
 
 class CheckTimeout(Exception):
@@ -62,7 +64,7 @@ def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str
     when no child could answer.
     """
     try:
-        payload = orjson.dumps({"schema": schema, "instance": instance})
+        payload = orjson.dumps({"schema": schema, "instance": instance, "limit": timeout})
     except TypeError as exc:  # (orjson refuses integers beyond 64 bits)
         raise Unavailable(str(exc)) from exc
     child = _take()
@@ -184,6 +186,12 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """The child: answer checks until the parent closes our input."""
     from adaptor.schema import _errors_in_process
 
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides what ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A match never looks at its input again, so a parent that died mid-check (kill -9) would
+    # leave this child matching for hours.  The kernel's alarm ends it (SIGALRM's default
+    # action) shortly after the parent would have given up, whatever the match is doing.
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     validators: dict[bytes, Any] = {}
     while True:
         header = requests.read(_HEADER.size)
@@ -192,6 +200,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         (size,) = _HEADER.unpack(header)
         request = orjson.loads(requests.read(size))
         key = orjson.dumps(request["schema"])
+        signal.setitimer(signal.ITIMER_REAL, request["limit"] + _ALARM_MARGIN)
         try:
             found, validators[key] = _errors_in_process(
                 request["schema"], request["instance"], validators.get(key)
@@ -199,6 +208,8 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
             reply: dict[str, Any] = {"errors": found}
         except Exception as exc:
             reply = {"failure": f"{type(exc).__name__}: {exc}"}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         if len(validators) > 16:
             validators.clear()
         data = orjson.dumps(reply)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import os
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, Optional, TypedDict
 
 import orjson
@@ -1011,3 +1014,39 @@ def test_run_as_decode_errors_propagate() -> None:
     with pytest.raises(ValueError, match="missing field"):
         run_as(_Runner(_structured({"x": 1})), "p", Point)
 
+
+
+_CHECK_AND_WAIT = """
+import sys
+from adaptor.schema import compile_schema
+schema = compile_schema({"properties": {"name": {"pattern": sys.argv[1]}}})
+print("checking", flush=True)
+schema.validate_text('{"name": "%s!"}' % ("a" * 64), "native", timeout=2)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_checker_whose_parent_died_mid_check_ends_by_itself(tmp_path: Path) -> None:
+    from tests.daemon_harness import identities, processes_with_env
+
+    marker = f"checker-{os.getpid()}-{tmp_path.name}"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _CHECK_AND_WAIT, _BACKTRACKS],
+        env={**os.environ, "ADAPTOR_TEST_MARK": marker},
+        stdout=subprocess.PIPE,
+    )
+    assert parent.stdout is not None and parent.stdout.readline() == b"checking\n"
+    deadline = time.monotonic() + 30
+    checkers: set[tuple[int, int]] = set()
+    while not checkers and time.monotonic() < deadline:
+        mine = [p for p in processes_with_env("ADAPTOR_TEST_MARK", marker) if p != parent.pid]
+        checkers = identities(mine)
+        time.sleep(0.01)
+    assert checkers, "the checker child never showed up"
+    parent.kill()  # mid-check: nobody is left to kill the child or close its input
+    parent.wait()
+    parent.stdout.close()
+    # Its own alarm ends it soon after the parent's limit; without it, it would match for hours.
+    while identities([pid for pid, _ in checkers]) and time.monotonic() < deadline + 30:
+        time.sleep(0.05)
+    assert identities([pid for pid, _ in checkers]) == set()
