@@ -131,6 +131,10 @@ class Reply:
         h.send_header("cache-control", "no-cache")
         h.send_header("transfer-encoding", "chunked")
         h.send_header("request-id", "req_mock")
+        # The connection is closed after the stream (below), so the client must be told: a
+        # client that pooled it would send its next request into the closing socket and get
+        # ECONNRESET, which a loaded machine made the real claude CLI hit.
+        h.send_header("connection", "close")
         h.end_headers()
         for item in events:
             if isinstance(item, float | int):
