@@ -43,6 +43,10 @@ class Unavailable(Exception):
     """No child could do the check (it could not start, crashed or reported a failure)."""
 
 
+class _Gone(Unavailable):
+    """The child ended before answering."""
+
+
 def uses_patterns(schema: object) -> bool:
     """Whether ``schema`` holds a keyword matched with a regular expression, at any depth.
 
@@ -67,9 +71,20 @@ def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str
         payload = orjson.dumps({"schema": schema, "instance": instance, "limit": timeout})
     except TypeError as exc:  # (orjson refuses integers beyond 64 bits)
         raise Unavailable(str(exc)) from exc
-    child = _take()
+    child, kept = _take()
     try:
         reply = child.ask(payload, timeout)
+    except _Gone:
+        child.kill()
+        if not kept:
+            raise
+        # A kept child can have died while idle (the OOM killer, a stray signal): start anew.
+        child, kept = _Child(), False
+        try:
+            reply = child.ask(payload, timeout)
+        except BaseException:
+            child.kill()
+            raise
     except BaseException:
         child.kill()
         raise
@@ -100,7 +115,7 @@ class _Child:
             self._stdin.write(_HEADER.pack(len(payload)) + payload)
             self._stdin.flush()
         except OSError as exc:
-            raise Unavailable(f"schema checker gone: {exc}") from exc
+            raise _Gone(f"schema checker gone: {exc}") from exc
         deadline = time.monotonic() + timeout
         header = self._read(_HEADER.size, deadline)
         (size,) = _HEADER.unpack(header)
@@ -119,7 +134,7 @@ class _Child:
                 raise CheckTimeout()
             chunk = os.read(self._stdout, min(missing, 1 << 20))
             if not chunk:
-                raise Unavailable("schema checker ended without an answer")
+                raise _Gone("schema checker ended without an answer")
             chunks.append(chunk)
             missing -= len(chunk)
         return b"".join(chunks)
@@ -146,11 +161,12 @@ _idle: list[_Child] = []
 _guard = threading.Lock()
 
 
-def _take() -> _Child:
+def _take() -> tuple[_Child, bool]:
+    """A child for one check, and whether it was kept from an earlier one."""
     with _guard:
         if _idle:
-            return _idle.pop()
-    return _Child()
+            return _idle.pop(), True
+    return _Child(), False
 
 
 def _give_back(child: _Child) -> None:

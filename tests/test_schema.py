@@ -623,6 +623,19 @@ def test_a_pattern_that_backtracks_is_cut_off_without_holding_other_threads() ->
     assert compiled.validate_text('{"name": "fine again"}', "native").valid
 
 
+def test_a_kept_checker_that_died_while_idle_is_replaced() -> None:
+    compiled = compile_schema(_PATTERNED)
+    assert compiled.validate_text('{"name": "keeps a checker"}', "native").valid
+    kept = list(adaptor._schema_checker._idle)
+    assert kept
+    for child in kept:
+        child.process.kill()
+        child.process.wait()
+    # Still checked by a child (in process, this output would take minutes): cut off.
+    out = compiled.validate_text(orjson.dumps(_SLOW).decode(), "native", timeout=1)
+    assert out.errors[0].startswith("$: validation did not finish within 1s")
+
+
 def test_the_pattern_check_limit_bounds_a_check_without_a_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
