@@ -20,13 +20,14 @@ import orjson
 from adaptor import _home, errors, events
 from adaptor.threadstore import JSONLStore, Query
 from hosttools import sessionrecorder as sr
-from tests.daemon_harness import DaemonProcess, identities, processes_with_env
+from tests.daemon_harness import DaemonProcess, identities, marked_processes, processes_with_env
 
 REQUESTS = 200
 KILLS = 20
 
 
 _AGENT_TAG = "ADAPTOR_TORTURE_AGENT"
+_BACKTRACKS = r"^(\w+\s?)+$"
 
 
 def _request(i: int, rng: random.Random, home: Path) -> dict[str, Any]:
@@ -41,6 +42,12 @@ def _request(i: int, rng: random.Random, home: Path) -> dict[str, Any]:
         if i % 3 == 0:
             request["on_interrupt"] = "requeue"
         return request
+    if i % 10 == 3:
+        # An output schema whose pattern backtracks: checked by a child of the daemon, which a
+        # kill must not leave running either.  The deadline ends the run.
+        output = {"output_json": {"name": "a" * 30 + "!"}}
+        schema = {"properties": {"name": {"pattern": _BACKTRACKS}}}
+        return {"driver": "script", "prompt": f"request {i}", "config": {"steps": [output]}, "schema": schema, "timeout": 1}
     steps: list[dict[str, Any]] = [{"text": f"turn {i}"}, {"sleep": rng.choice([0, 0.01, 0.05, 0.1])}, {"text": f"done {i}"}]
     request = {"driver": "script", "prompt": f"request {i}", "config": {"steps": steps}}
     if i % 4 == 0:
@@ -54,27 +61,48 @@ def _request(i: int, rng: random.Random, home: Path) -> dict[str, Any]:
 SEED = int(os.environ.get("ADAPTOR_TORTURE_SEED", "20261202"))
 
 
+def _checkers(home: Path) -> list[int]:
+    """The schema checkers of ``home``'s daemons (they carry its mark, like its agents)."""
+    return [
+        pid
+        for pid in marked_processes(home)
+        if b"adaptor._schema_checker" in _cmdline(pid)
+    ]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Path) -> None:
     print(f"ADAPTOR_TORTURE_SEED={SEED}")  # shown with a failure's captured output
     rng = random.Random(SEED)
     home = tmp_path / "home"
     daemon = DaemonProcess(home, "--workers", "4").start()
     ids = [daemon.submit(_request(i, rng, home)) for i in range(REQUESTS)]
-    orphaned = 0
+    patterned = {rid for i, rid in enumerate(ids) if i % 10 == 3}
+    orphaned = checking = 0
     for _ in range(KILLS):
         time.sleep(rng.uniform(0.02, 0.3))  # a random moment: the crash is the point of the test
         daemon.kill9()
         left_running = identities(processes_with_env(_AGENT_TAG, str(home)))
+        left_checking = identities(_checkers(home))
         if rng.random() < 0.5:
             # Half the time the next daemon is killed too, while it starts: in its recovery.
             daemon = DaemonProcess(home, "--workers", "4").start(wait_ready=False)
             time.sleep(rng.uniform(0.0, 0.6))
             daemon.kill9()
             left_running |= identities(processes_with_env(_AGENT_TAG, str(home)))
+            left_checking |= identities(_checkers(home))
         orphaned += bool(left_running)
+        checking += bool(left_checking)
         daemon = DaemonProcess(home, "--workers", "4").start()
-        # No agent of the killed daemon is still at work once the new one serves.
+        # No agent or schema checker of the killed daemon is still at work once the new one serves.
         assert not left_running & identities(processes_with_env(_AGENT_TAG, str(home)))
+        assert not left_checking & identities(_checkers(home))
     paths = _home.Home.at(home)
     for rid in ids:
         daemon.verdict(rid, timeout=180)
@@ -91,7 +119,10 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
             assert isinstance(err, errors.AdaptorError)
             # One daemon uses the store: a busy thread could only be a killed daemon's lease.
             assert not isinstance(err, errors.ThreadBusyError), (rid, verdict["error"])
-            if isinstance(err, errors.RunError):
+            if isinstance(err, errors.RunDeadlineExceededError):
+                assert rid in patterned, (rid, verdict["error"])
+                assert "validation did not finish" in verdict["result"]["structured"]["errors"][0]
+            elif isinstance(err, errors.RunError):
                 assert err.reason == "infrastructure_error" and err.details.get("interrupted")
         key = "ok" if verdict["ok"] else verdict["error"]["code"]
         outcomes[key] = outcomes.get(key, 0) + 1
@@ -122,8 +153,12 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     leftover = subprocess.run(["pgrep", "-f", f"adaptord serve --home {home}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
     assert processes_with_env(_AGENT_TAG, str(home)) == []
+    assert _checkers(home) == []
     lifecycle = sr.EventRecorder(sr.JSONLEventBackend(paths.events), key_validator=lambda key: None)
     facts = [record.event for record in lifecycle.iter_since(_home.DAEMON_SESSION)]
     lifecycle.close()
     stopped = sum(isinstance(fact, events.Notice) and fact.text == "leftovers.stopped" for fact in facts)
-    print(f"{orphaned} of {KILLS} kills left agents running; {stopped} restarts stopped some")
+    print(
+        f"{orphaned} of {KILLS} kills left agents running, {checking} schema checkers; "
+        f"{stopped} restarts stopped some"
+    )
