@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import select
 import signal
@@ -67,6 +68,8 @@ def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str
     Raises :class:`CheckTimeout` after ``timeout`` seconds of checking, :class:`Unavailable`
     when no child could answer.
     """
+    if timeout <= 0:
+        raise CheckTimeout()  # (no time left: a child would only be killed)
     try:
         payload = orjson.dumps({"schema": schema, "instance": instance, "limit": timeout})
     except TypeError as exc:  # (orjson refuses integers beyond 64 bits)
@@ -125,12 +128,12 @@ class _Child:
     def _read(self, size: int, deadline: float) -> bytes:
         chunks: list[bytes] = []
         missing = size
+        # poll, not select: a busy process's descriptors can number beyond select's 1024.
+        poller = select.poll()
+        poller.register(self._stdout, select.POLLIN)
         while missing:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CheckTimeout()
-            ready, _, _ = select.select([self._stdout], [], [], remaining)
-            if not ready:
+            if remaining <= 0 or not poller.poll(math.ceil(remaining * 1000)):
                 raise CheckTimeout()
             chunk = os.read(self._stdout, min(missing, 1 << 20))
             if not chunk:

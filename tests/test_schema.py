@@ -636,6 +636,30 @@ def test_a_kept_checker_that_died_while_idle_is_replaced() -> None:
     assert out.errors[0].startswith("$: validation did not finish within 1s")
 
 
+def test_a_checker_works_with_descriptors_beyond_1024(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit ({hard}) stays below 1200")
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        out = compile_schema(_PATTERNED).validate_text('{"name": "x-y"}', "native")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        adaptor._schema_checker._close_idle()  # this test's own children
+    assert out.errors == (f"$.name: 'x-y' does not match {_BACKTRACKS!r}",)
+
+
+def test_no_time_left_is_cut_off_at_once() -> None:
+    out = compile_schema(_PATTERNED).validate_text('{"name": "ok"}', "native", timeout=0)
+    assert out.errors[0].startswith("$: validation did not finish within 0s")
+
+
 def test_the_pattern_check_limit_bounds_a_check_without_a_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
