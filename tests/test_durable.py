@@ -577,22 +577,24 @@ else:
 """
 
 
+def _probe_lock(path: str | os.PathLike[str]) -> bytes:
+    """``b"free\n"`` or ``b"busy\n"``: whether another process can take ``path``'s flock now."""
+    return subprocess.run(
+        [sys.executable, "-c", _TRY_LOCK, os.fspath(path)],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=CHILD_TIMEOUT,
+    ).stdout
+
+
 def test_lock_excludes_other_processes_and_is_one_object_per_path(tmp_path: Path) -> None:
     lock_path = tmp_path / "x.lock"
     assert lock_for(lock_path) is lock_for(str(tmp_path / "sub" / ".." / "x.lock"))
 
-    def probe() -> bytes:
-        return subprocess.run(
-            [sys.executable, "-c", _TRY_LOCK, str(lock_path)],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
-            timeout=CHILD_TIMEOUT,
-        ).stdout
-
     with exclusive(lock_path), exclusive(lock_path):  # reentrant in one thread
-        assert probe() == b"busy\n"
-    assert probe() == b"free\n"
+        assert _probe_lock(lock_path) == b"busy\n"
+    assert _probe_lock(lock_path) == b"free\n"
     assert lock_path.exists()  # lock files are never deleted
 
 
@@ -857,14 +859,7 @@ def test_back_to_back_appends_take_the_flock_once_and_close_lets_it_go(
         # The reaper may let go if this thread is descheduled for a while, but not every time.
         assert len(acquired) < 50
     # close() releases at once: another process gets the lock without waiting.
-    probe = subprocess.run(
-        [sys.executable, "-c", _TRY_LOCK, lock_path],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-        timeout=CHILD_TIMEOUT,
-    )
-    assert probe.stdout == b"free\n"
+    assert _probe_lock(lock_path) == b"free\n"
 
 
 def test_a_continuing_hold_keeps_a_flock_held_past_the_maximum_until_the_next_plain_hold(
@@ -924,14 +919,7 @@ def test_flocks_left_lingering_one_after_another_are_all_let_go_when_idle(
         for lock in locks:
             if lock in free:
                 continue
-            probe = subprocess.run(
-                [sys.executable, "-c", _TRY_LOCK, lock],
-                cwd=ROOT,
-                capture_output=True,
-                check=True,
-                timeout=CHILD_TIMEOUT,
-            )
-            if probe.stdout == b"free\n":
+            if _probe_lock(lock) == b"free\n":
                 free.append(lock)
     assert sorted(free) == locks
 

@@ -1353,25 +1353,7 @@ def test_a_failed_sync_in_buffered_mode_poisons_and_is_reported_by_close(
     assert second.value is first.value
 
 
-def test_buffered_mode_syncs_on_flush_and_close(
-    events_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    synced = record_fsyncs(monkeypatch, events_dir)
-    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
-    recorder = sr.EventRecorder(backend)
-    recorder.record("a", _text(0))
-    recorder.record("b", _text(0))
-    synced.clear()
-    backend.flush()
-    assert len(synced) == 2
-    backend.flush()  # nothing dirty
-    assert len(synced) == 2
-    recorder.record("a", _text(1))
-    recorder.close()
-    assert len(synced) == 3
-
-
-def test_buffered_flush_of_named_keys_syncs_only_those(
+def test_buffered_mode_syncs_on_flush_of_all_or_named_keys_and_on_close(
     events_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced = record_fsyncs(monkeypatch, events_dir)
@@ -1386,7 +1368,11 @@ def test_buffered_flush_of_named_keys_syncs_only_those(
     assert len(synced) == 1
     backend.flush()
     assert sorted(synced[1:]) == [str(events_dir / "a.jsonl"), str(events_dir / "c.jsonl")]
+    backend.flush()  # nothing dirty
+    assert len(synced) == 3
+    recorder.record("a", _text(1))
     recorder.close()
+    assert len(synced) == 4
 
 
 # --- concurrency -----------------------------------------------------------------------------
