@@ -1166,9 +1166,23 @@ class DurableLog:
         self._found_size = -1
         self._suspect: OSError | None = None
         self._closed = False
+        self._lock_entry: _Exclusive | None = None
 
     def __repr__(self) -> str:
         return f"DurableLog({self._path!r})"
+
+    def _lock(self) -> _Exclusive:
+        """This log's lock entry, kept for the instance's life.
+
+        Looked up once: otherwise every close of a log idle long enough for the reaper to let
+        its entry go (a daemon closes one with every request) built a filelock object again
+        only to find nothing to release.  A fork resets the registry; the child takes the
+        fresh entry.
+        """
+        entry = self._lock_entry
+        if entry is None or _locks.get(self._lock_path) is not entry:
+            entry = self._lock_entry = _entry(self._lock_path)
+        return entry
 
     def __enter__(self) -> DurableLog:
         return self
@@ -1219,7 +1233,7 @@ class DurableLog:
         if not self._dir_ready:
             ensure_dir(os.path.dirname(os.path.abspath(self._path)))
             self._dir_ready = True
-        entry = _entry(self._lock_path)
+        entry = self._lock()
         # entry.enter/exit rather than `with entry.lingering`: this runs once per append, and
         # the context manager's object and two calls were 3% of an append's instructions.
         entry.enter(True)
@@ -1267,7 +1281,7 @@ class DurableLog:
     def close(self) -> None:
         """Close the file descriptor; idempotent.  Later appends raise ``ValueError``."""
         # Only the thread half of the lock: closing must not wait on another process.
-        lock = _entry(self._lock_path)
+        lock = self._lock()
         with lock.thread_lock:
             self._closed = True
             if self._fd is not None:
@@ -1276,6 +1290,7 @@ class DurableLog:
         # Whoever else in this process still appends takes it again; another process should
         # not have to wait out the linger for a writer that is done.
         lock.release_idle()
+        self._lock_entry = None  # the entry may go now, unless someone else still uses it
 
     def _check_usable(self) -> None:
         if self._closed:
