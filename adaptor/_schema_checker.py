@@ -75,22 +75,16 @@ def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str
     except TypeError as exc:  # (orjson refuses integers beyond 64 bits)
         raise Unavailable(str(exc)) from exc
     child, kept = _take()
-    try:
-        reply = child.ask(payload, timeout)
-    except _Gone:
-        child.kill()
-        if not kept:
-            raise
-        # A kept child can have died while idle (the OOM killer, a stray signal): start anew.
-        child, kept = _Child(), False
+    while True:
         try:
             reply = child.ask(payload, timeout)
-        except BaseException:
+            break
+        except BaseException as exc:
             child.kill()
-            raise
-    except BaseException:
-        child.kill()
-        raise
+            if not (kept and isinstance(exc, _Gone)):
+                raise
+        # A kept child can have died while idle (the OOM killer, a stray signal): start anew.
+        child, kept = _Child(), False
     _give_back(child)
     if "errors" not in reply:
         raise Unavailable(str(reply.get("failure", "no answer")))
