@@ -137,6 +137,14 @@ def processes_with_env(name: str, value: str) -> list[int]:
     return sorted(pid for pid, _ in identities(carrying))
 
 
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, words joined by spaces (``"?"`` once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
 def identities(pids: list[int]) -> set[tuple[int, int]]:
     """``(pid, start time)`` of each of these processes still running (not a zombie).
 

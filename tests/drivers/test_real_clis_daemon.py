@@ -26,7 +26,7 @@ import adaptor
 from adaptor import _home, errors
 from adaptor.events import ProcessInfo, TextDelta, ToolCall, ToolResult
 from adaptor.spool import Client
-from tests.daemon_harness import DaemonProcess
+from tests.daemon_harness import DaemonProcess, cmdline
 from tests.drivers.conftest import QUIET_CLAUDE, group_members
 from tests.drivers.mock_anthropic import AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
@@ -263,15 +263,8 @@ def assert_nothing_left(root: Path, pgid: int) -> None:
     try:
         wait_until(lambda: True if not left() else None, "the CLI's processes to end", timeout=15)
     except AssertionError:
-        described = {pid: _cmdline(pid) for pid in left()}
+        described = {pid: cmdline(pid) for pid in left()}
         raise AssertionError(f"processes left behind: {described}") from None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "?"
 
 
 def spawn_argvs(records: list[dict[str, Any]]) -> list[list[str]]:

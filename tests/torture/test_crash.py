@@ -20,7 +20,13 @@ import orjson
 from adaptor import _home, errors, events
 from adaptor.threadstore import JSONLStore, Query
 from hosttools import sessionrecorder as sr
-from tests.daemon_harness import DaemonProcess, identities, marked_processes, processes_with_env
+from tests.daemon_harness import (
+    DaemonProcess,
+    cmdline,
+    identities,
+    marked_processes,
+    processes_with_env,
+)
 
 REQUESTS = 200
 KILLS = 20
@@ -66,15 +72,8 @@ def _checkers(home: Path) -> list[int]:
     return [
         pid
         for pid in marked_processes(home)
-        if b"adaptor._schema_checker" in _cmdline(pid)
+        if "adaptor._schema_checker" in cmdline(pid)
     ]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Path) -> None:
