@@ -574,8 +574,8 @@ class JSONLEventBackend:
         """Sync appends made with ``sync_on_append=False``; a no-op otherwise.
 
         With ``keys``, only those keys' appends (a key this backend has not written is
-        skipped); without, every key's.  A daemon finishing one run syncs that run's log alone
-        rather than visiting every open session and waiting on other runs' writes.
+        skipped); without, every key's.  Naming the key a caller is done with spares it
+        visiting every open session and waiting on other threads' writes to other keys.
         """
         with self._lock:
             self._check_open()
