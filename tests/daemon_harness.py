@@ -116,6 +116,10 @@ class DaemonProcess:
         return self.proc.wait(timeout=timeout)
 
 
+# The /proc readers below stay independent of adaptor._procfs on purpose: they check what the
+# daemon's own use of it (leftover agents, lease holders) did.
+
+
 def marked_processes(home: Path) -> list[int]:
     """Live processes whose environment marks them as started by ``home``'s daemon."""
     return processes_with_env("ADAPTORD_OWNER", os.path.realpath(home))
