@@ -327,7 +327,11 @@ class Child:
 
     def _pump_loop(self) -> None:
         selector = selectors.DefaultSelector()
-        pending: dict[StreamName, bytes] = {"stdout": b"", "stderr": b""}
+        # A line's pieces until its newline arrives.  Only each new chunk is searched and a
+        # line is joined once: re-joining and re-splitting the whole pending line per chunk
+        # was quadratic, and bytes work holds the GIL (a 32 MB line without a newline took
+        # 9 s and starved every other thread of the process for most of it).
+        pending: dict[StreamName, list[bytes]] = {"stdout": [], "stderr": []}
         assert self._proc.stdout is not None and self._proc.stderr is not None
         for pipe, name in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr")):
             os.set_blocking(pipe.fileno(), False)
@@ -344,11 +348,18 @@ class Child:
                         continue
                     if not chunk:
                         selector.unregister(key.fileobj)
-                        if pending[stream]:
-                            self._lines.put(Line(stream, pending[stream], partial=True))
-                            pending[stream] = b""
+                        self._put_partial(stream, pending[stream])
                         continue
-                    *complete, pending[stream] = (pending[stream] + chunk).split(b"\n")
+                    pieces = pending[stream]
+                    if b"\n" not in chunk:
+                        pieces.append(chunk)
+                        continue
+                    *complete, tail = chunk.split(b"\n")
+                    if pieces:
+                        complete[0] = b"".join((*pieces, complete[0]))
+                        pieces.clear()
+                    if tail:
+                        pieces.append(tail)
                     for data in complete:
                         self._lines.put(Line(stream, data.removesuffix(b"\r")))
                 if ready:
@@ -364,11 +375,16 @@ class Child:
                     if now - exited_at > _DRAIN_AFTER_EXIT + self.spec.grace_period + 1.0:
                         break
         finally:
-            for stream, data in pending.items():
-                if data:
-                    self._lines.put(Line(stream, data, partial=True))
+            for stream, pieces in pending.items():
+                self._put_partial(stream, pieces)
             selector.close()
             self._lines.put(_EOF)
+
+    def _put_partial(self, stream: StreamName, pieces: list[bytes]) -> None:
+        """Queue what was read after a stream's last newline, if anything, as a partial line."""
+        if pieces:
+            self._lines.put(Line(stream, b"".join(pieces), partial=True))
+            pieces.clear()
 
     def lines(self, sink: EventSink) -> Iterator[Line]:
         """Every output line until both pipes close; each is emitted and captured first.
