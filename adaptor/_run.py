@@ -477,8 +477,10 @@ class RunPipeline:
         prompt = self.prompt
         output_schema: OutputSchema | None = None
         if self.compiled is not None:
+            from adaptor import _schema_checker
             from adaptor import schema as _schema
 
+            _schema_checker.warm()  # ready by the time the agent answers
             schema_options = self.options.schema_options or _schema.SchemaOptions()
             output_schema = self.compiled.to_output_schema(schema_options)
             if self.schema_source == "prompt_validate":

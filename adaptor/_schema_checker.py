@@ -1,14 +1,21 @@
-"""Validation against schemas with regular expressions, in child processes with a time limit.
+"""Validation of output against a schema, in child processes with a time limit.
 
-Python's ``re`` holds the GIL for a whole match, and a pattern that backtracks catastrophically
-(``^(\\w+\\s?)+$`` against forty word characters and a ``!``) runs for hours.  In process, one
-such output would stop every thread of its process: in the daemon, every run, timer, cancel
-and the watcher with them.  A schema with ``pattern`` or ``patternProperties`` is therefore
-checked by a child process, which can be killed when the check overruns.
+Judging an output can take unbounded time, and in process nothing could stop it:
 
-Children are kept and reused, because starting one costs about 0.2 s of imports.  A child
-serves one check at a time; a check that overruns kills its child.  A child that cannot be
-started or fails is reported as :class:`Unavailable`, and the caller validates in process.
+* Python's ``re`` holds the GIL for a whole match, and a ``pattern`` that backtracks
+  catastrophically (``^(\\w+\\s?)+$`` against forty word characters and a ``!``) runs for
+  hours.  Every thread of the process stops with it: in the daemon, every run, timer, cancel
+  and the watcher.
+* Subschemas reached by ``$ref`` from several places apply again and again to the same value:
+  a chain of twenty ``anyOf`` levels that each refer twice to the next costs 2**20 checks, in
+  a schema of a few hundred bytes.  ``uniqueItems`` compares objects pairwise: 20,000 of them
+  are 200 million comparisons.  Such a check keeps its thread past any deadline.
+
+So every check runs in a child process, which is killed when the check overruns.  Children are
+kept and reused, because starting one costs about 0.2 s of imports (:func:`warm` starts one
+ahead of need).  A child serves one check at a time; a check that overruns kills its child.  A
+child that cannot be started or fails is reported as :class:`Unavailable`, and the caller
+validates in process.
 """
 
 from __future__ import annotations
@@ -28,11 +35,10 @@ from typing import IO, Any, BinaryIO
 
 import orjson
 
-__all__ = ["CheckTimeout", "Unavailable", "errors_of", "uses_patterns"]
+__all__ = ["CheckTimeout", "Unavailable", "errors_of", "warm"]
 
 _HEADER = struct.Struct("!I")
 _KEEP_IDLE = 4  # children kept for reuse; more concurrent checks start more, then close them
-_REGEX_KEYWORDS = ("pattern", "patternProperties")
 _ALARM_MARGIN = 1.0  # a child's own limit: the parent's, plus this
 
 
@@ -46,20 +52,6 @@ class Unavailable(Exception):
 
 class _Gone(Unavailable):
     """The child ended before answering."""
-
-
-def uses_patterns(schema: object) -> bool:
-    """Whether ``schema`` holds a keyword matched with a regular expression, at any depth.
-
-    A property merely *named* ``pattern`` counts too: that only costs the child's round trip.
-    """
-    if isinstance(schema, dict):
-        if any(keyword in schema for keyword in _REGEX_KEYWORDS):
-            return True
-        return any(uses_patterns(value) for value in schema.values())
-    if isinstance(schema, list):
-        return any(uses_patterns(value) for value in schema)
-    return False
 
 
 def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str]:
@@ -94,6 +86,10 @@ def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str
 
 class _Child:
     def __init__(self) -> None:
+        if getattr(sys, "frozen", False) or not sys.executable:
+            # A frozen application's executable is the application itself, not a Python that
+            # would run ``-m``: starting it would start another copy of the program.
+            raise Unavailable("no Python interpreter to start a schema checker with")
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "adaptor._schema_checker"],
@@ -155,6 +151,7 @@ class _Child:
 
 
 _idle: list[_Child] = []
+_warming = False
 _guard = threading.Lock()
 
 
@@ -164,6 +161,34 @@ def _take() -> tuple[_Child, bool]:
         if _idle:
             return _idle.pop(), True
     return _Child(), False
+
+
+def warm() -> None:
+    """Start a child in the background unless one is idle or starting, so a check soon after
+    (a structured run's, once its agent answers) need not wait for one to start."""
+    global _warming
+    with _guard:
+        if _idle or _warming:
+            return
+        _warming = True
+    threading.Thread(target=_start_one, name="adaptor-schema-checker-start", daemon=True).start()
+
+
+def _start_one() -> None:
+    global _warming
+    child: _Child | None = None
+    try:
+        child = _Child()
+    except Unavailable:
+        pass  # the check itself will try again, then validate in process
+    finally:
+        with _guard:
+            _warming = False
+            if child is not None and len(_idle) < _KEEP_IDLE:
+                _idle.append(child)
+                child = None
+    if child is not None:
+        child.close()
 
 
 def _give_back(child: _Child) -> None:
@@ -184,9 +209,10 @@ def _close_idle() -> None:
 
 def _forget_in_child() -> None:
     # A forked process shares the parent's pipes to these children; it must not use them.
-    global _guard
+    global _guard, _warming
     _guard = threading.Lock()
     _idle.clear()
+    _warming = False
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -201,9 +227,9 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
 
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # A match never looks at its input again, so a parent that died mid-check (kill -9) would
-    # leave this child matching for hours.  The kernel's alarm ends it (SIGALRM's default
-    # action) shortly after the parent would have given up, whatever the match is doing.
+    # A check never looks at its input again, so a parent that died mid-check (kill -9) would
+    # leave this child checking for hours.  The kernel's alarm ends it (SIGALRM's default
+    # action) shortly after the parent would have given up, whatever the check is doing.
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     validators: dict[bytes, Any] = {}
     while True:

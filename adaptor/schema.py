@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     from referencing import Resource
 
 __all__ = [
-    "PATTERN_CHECK_LIMIT",
+    "MAX_OUTPUT_DEPTH",
+    "VALIDATION_LIMIT",
     "CompiledSchema",
     "SchemaOptions",
     "compile_schema",
@@ -97,13 +98,11 @@ class CompiledSchema:
     type_: type | None = None
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False, hash=False)
     _private: dict[str, Any] = field(init=False, repr=False, compare=False, hash=False)
-    _patterns: bool = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         private = copy.deepcopy(self.schema)
         object.__setattr__(self, "_private", private)
         object.__setattr__(self, "_validator", _new_validator(private))
-        object.__setattr__(self, "_patterns", _schema_checker.uses_patterns(private))
 
     def validate_text(
         self, text: str, source: Mechanism, *, timeout: float | None = None
@@ -114,10 +113,11 @@ class CompiledSchema:
         the output invalid, because guessing where the "real" JSON is would let a model that
         ignored its instructions pass.
 
-        A schema with ``pattern`` or ``patternProperties`` is checked in a child process
-        for at most ``timeout`` seconds and never more than :data:`PATTERN_CHECK_LIMIT`: a
-        pattern that backtracks catastrophically would otherwise hold the whole process.  A
-        check that does not finish makes the output invalid, saying so.
+        The check runs in a child process for at most ``timeout`` seconds and never more
+        than :data:`VALIDATION_LIMIT`: a pattern that backtracks catastrophically, or
+        subschemas applied again and again, would otherwise hold this process's thread (and
+        for a pattern, every thread) for hours.  A check that does not finish makes the
+        output invalid, saying so.
         """
         body = text.strip()
         if not body:
@@ -126,15 +126,20 @@ class CompiledSchema:
             value = _parse_one(body)
         except ValueError as exc:
             return self._invalid(source, f"output is not a single JSON value: {exc}")
+        if _nests_deeper(body, value, MAX_OUTPUT_DEPTH):
+            return self._invalid(
+                source, f"output nests arrays and objects deeper than {MAX_OUTPUT_DEPTH} levels"
+            )
         limit = (
-            PATTERN_CHECK_LIMIT if timeout is None else max(0.0, min(timeout, PATTERN_CHECK_LIMIT))
+            VALIDATION_LIMIT if timeout is None else max(0.0, min(timeout, VALIDATION_LIMIT))
         )
         try:
             found = self._errors(value, limit)
         except _schema_checker.CheckTimeout:
             found = [
-                f"$: validation did not finish within {limit:g}s; a pattern in the schema "
-                "may backtrack catastrophically on this output"
+                f"$: validation did not finish within {limit:g}s; the schema is too costly "
+                "to check against this output (a pattern that backtracks catastrophically, "
+                "or subschemas applied again and again)"
             ]
         return StructuredOutput(
             source=source,
@@ -146,11 +151,10 @@ class CompiledSchema:
         )
 
     def _errors(self, value: Any, limit: float) -> list[str]:
-        if self._patterns:
-            try:
-                return _schema_checker.errors_of(self._private, value, limit)
-            except _schema_checker.Unavailable:
-                pass  # validated here instead: what fails there fails here, with its exception
+        try:
+            return _schema_checker.errors_of(self._private, value, limit)
+        except _schema_checker.Unavailable:
+            pass  # validated here instead: what fails there fails here, with its exception
         return _errors_in_process(self._private, value, self._validator)[0]
 
     def to_output_schema(self, options: SchemaOptions) -> OutputSchema:
@@ -168,8 +172,26 @@ class CompiledSchema:
         )
 
 
-#: The longest a schema with regular expressions may take to judge one output, in seconds.
-PATTERN_CHECK_LIMIT = 10.0
+#: The longest judging one output against a schema may take, in seconds.
+VALIDATION_LIMIT = 10.0
+#: How deeply an output's arrays and objects may nest.  Deeper values are invalid output: the
+#: JSON encoder that writes records and verdicts stops at 254 levels (the value sits a few
+#: levels down in them), and jsonschema needs several Python frames per level.
+MAX_OUTPUT_DEPTH = 128
+
+
+def _nests_deeper(text: str, value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed from ``text``) nests containers more than ``limit`` deep."""
+    if text.count("[") + text.count("{") <= limit:
+        return False  # (the usual case, told without a walk)
+    pending: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while pending:
+        node, depth = pending.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def _new_validator(schema: dict[str, Any]) -> Draft202012Validator:
@@ -189,7 +211,15 @@ def _errors_in_process(
     """
     if validator is None:
         validator = _new_validator(schema)
-    found = sorted(validator.iter_errors(value), key=_error_order)
+    try:
+        found = sorted(validator.iter_errors(value), key=_error_order)
+    except RecursionError:
+        # Compiling refuses references that loop back without descending into the value, so
+        # this is a value nested deeper than Python's recursion limit lets jsonschema follow.
+        return [
+            "$: validation went deeper than Python's recursion limit allows; the output "
+            "is nested too deeply to be checked against this schema"
+        ], validator
     return [_describe(error) for error in found], validator
 
 
@@ -249,11 +279,20 @@ def _compile_document(document: object, type_: type | None) -> CompiledSchema:
     return CompiledSchema(schema=schema, schema_hash=f"sha256:{digest}", type_=type_)
 
 
+# Keywords that apply their subschemas to the very value their schema is applied to.
+_IN_PLACE_ONE = ("not", "if", "then", "else")
+_IN_PLACE_MANY = ("allOf", "anyOf", "oneOf")
+
+
 def _check_references(schema: dict[str, Any]) -> None:
-    """Resolve every ``$ref``/``$dynamicRef`` now, so a dangling one fails before launch.
+    """Resolve every ``$ref``/``$dynamicRef`` now, so a dangling one fails before launch, and
+    refuse references that lead back where they started without descending into the value.
 
     jsonschema resolves references lazily, only along the branches an instance visits; a
-    typo in a rarely taken branch would otherwise surface in the middle of a run.
+    typo in a rarely taken branch would otherwise surface in the middle of a run.  A loop such
+    as ``{"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}}`` applies ``a`` to the same value
+    forever: the draft leaves its meaning undefined, and jsonschema recurses until Python's
+    recursion limit stops it.
     """
     from jsonschema_specifications import REGISTRY as metaschemas
     from referencing.exceptions import Unresolvable
@@ -263,22 +302,72 @@ def _check_references(schema: dict[str, Any]) -> None:
     uri = root.id() or ""
     resolver = metaschemas.with_resource(uri, root).resolver(base_uri=uri)
 
+    # Subschema -> the subschemas applied to the same value, with the reference followed
+    # to reach each ("" for a keyword).  Keyed by identity: subschemas are the schema's own
+    # dicts, and a reference resolves to the dict it names.
+    in_place: dict[int, list[tuple[object, str]]] = {}
+
     def visit(resource: Resource[Any], resolver: Any) -> None:
         contents = resource.contents
         if isinstance(contents, dict):
+            successors = in_place.setdefault(id(contents), [])
             for keyword in ("$ref", "$dynamicRef"):
                 ref = contents.get(keyword)
                 if isinstance(ref, str):
                     try:
-                        resolver.lookup(ref)
+                        target = resolver.lookup(ref).contents
                     except (Unresolvable, LookupError, ValueError) as exc:
                         raise InvalidOutputSchemaError(
                             f"schema does not compile: unresolvable {keyword} {ref!r}", exc
                         ) from exc
+                    successors.append((target, f"{keyword} {ref!r}"))
+            for keyword in _IN_PLACE_ONE:
+                successors.append((contents.get(keyword), ""))
+            for keyword in _IN_PLACE_MANY:
+                branches = contents.get(keyword)
+                successors.extend((branch, "") for branch in (branches or ()))
+            dependent = contents.get("dependentSchemas")
+            if isinstance(dependent, dict):
+                successors.extend((sub, "") for sub in dependent.values())
         for sub in resource.subresources():
             visit(sub, resolver.in_subresource(sub))
 
     visit(root, resolver)
+    _refuse_in_place_loops(in_place)
+
+
+def _refuse_in_place_loops(in_place: Mapping[int, list[tuple[object, str]]]) -> None:
+    """Raise if following in-place keywords and references from a subschema can reach it."""
+    done: set[int] = set()
+    for start in list(in_place):
+        if start in done:
+            continue
+        # Depth first, without recursion (a schema may nest deeper than Python's stack).
+        on_path: dict[int, str] = {start: ""}  # subschema -> the reference that entered it
+        stack = [iter(in_place[start])]
+        path = [start]
+        while stack:
+            for successor, via in stack[-1]:
+                if not isinstance(successor, dict):
+                    continue
+                key = id(successor)
+                if key in on_path:
+                    entered = [on_path[node] for node in path[path.index(key) + 1 :]] + [via]
+                    ref = next((r for r in entered if r), "a subschema")
+                    raise InvalidOutputSchemaError(
+                        f"schema does not compile: {ref} leads back to where it started "
+                        "without descending into the value, so validation would never end"
+                    )
+                if key not in done and key in in_place:
+                    on_path[key] = via
+                    path.append(key)
+                    stack.append(iter(in_place[key]))
+                    break
+            else:
+                finished = path.pop()
+                del on_path[finished]
+                done.add(finished)
+                stack.pop()
 
 
 def _parse_schema_text(text: str | bytes | bytearray) -> object:
@@ -307,7 +396,7 @@ def _parse_one(text: str) -> Any:
     # most useful thing to tell someone whose model appended prose after its JSON.
     try:
         _, end = json.JSONDecoder(parse_constant=_reject_constant).raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (the latter: nested deeper than orjson's 1024)
         raise ValueError(f"invalid JSON: {problem}") from problem
     if text[end:].strip():
         raise ValueError(

@@ -721,12 +721,20 @@ def test_a_pattern_check_still_running_at_the_deadline_is_the_run_deadline() -> 
 
 
 def test_a_pattern_check_over_its_limit_is_invalid_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(adaptor.schema, "PATTERN_CHECK_LIMIT", 0.5)
+    monkeypatch.setattr(adaptor.schema, "VALIDATION_LIMIT", 0.5)
     agent = adaptor.Agent(ScriptedDriver([{"output_json": _BACKTRACKING_OUTPUT}]))
     with pytest.raises(adaptor.PolicyViolationError, match="validation did not finish within 0.5s"):
         agent.run("name it", schema=_BACKTRACKING_SCHEMA)
     fine = agent_with_output({"name": "two words"}).run("name it", schema=_BACKTRACKING_SCHEMA)
     assert fine.structured is not None and fine.structured.valid
+
+
+def test_output_nested_too_deeply_is_a_policy_violation_not_a_crash() -> None:
+    # Past orjson's 1024 levels, the parser's fallback raised a bare RecursionError.
+    for depth in (300, 5000):
+        agent = adaptor.Agent(ScriptedDriver([{"text": "[" * depth + "]" * depth}]))
+        with pytest.raises(adaptor.PolicyViolationError, match="structured output invalid"):
+            agent.run("nest", schema={"type": "array"})
 
 
 def agent_with_output(value: object) -> adaptor.Agent:

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from adaptor import _home, errors, events
+from adaptor.driver import InvalidOutputSchemaError
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 
@@ -91,6 +92,41 @@ def test_a_schema_pattern_that_backtracks_holds_up_neither_the_daemon_nor_the_de
     structured = verdict["result"]["structured"]
     assert structured["valid"] is False and structured["value"] == {"name": "a" * 30 + "!"}
     assert "validation did not finish" in structured["errors"][0]
+
+
+def test_costly_looping_or_deep_schema_checks_end_in_their_own_verdicts(
+    daemon: DaemonProcess,
+) -> None:
+    # 2**18 failing branches from a few hundred bytes: ~40 s of a worker's thread in process.
+    chain: dict[str, object] = {
+        f"l{i}": {"anyOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]}
+        for i in range(18)
+    }
+    chain["l18"] = {"type": "integer"}
+    costly = daemon.submit(
+        script({"text": '"no integer"'}, schema={"$defs": chain, "$ref": "#/$defs/l0"}, timeout=3)
+    )
+    looping = daemon.submit(
+        script({"text": "[]"}, schema={"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}},
+                                      "$ref": "#/$defs/a"})
+    )
+    deep = daemon.submit(script({"text": "[" * 300 + "]" * 300}, schema={"type": "array"}))
+
+    verdict = daemon.verdict(costly)
+    assert type(errors.from_wire(verdict["error"])) is errors.RunDeadlineExceededError
+    assert verdict["result"]["structured"]["errors"][0].startswith(
+        "$: validation did not finish within"
+    )
+    verdict = daemon.verdict(looping)
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is InvalidOutputSchemaError and verdict["exit_code"] == 3
+    assert "leads back to where it started" in str(err)
+    verdict = daemon.verdict(deep)
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.PolicyViolationError
+    assert verdict["result"]["structured"]["errors"] == [
+        "output nests arrays and objects deeper than 128 levels"
+    ]
 
 
 def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:

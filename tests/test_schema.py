@@ -613,8 +613,9 @@ def test_a_pattern_that_backtracks_is_cut_off_without_holding_other_threads() ->
         ticker.join()
     assert not out.valid and out.value == _SLOW
     assert out.errors == (
-        "$: validation did not finish within 1s; a pattern in the schema may backtrack "
-        "catastrophically on this output",
+        "$: validation did not finish within 1s; the schema is too costly to check against "
+        "this output (a pattern that backtracks catastrophically, or subschemas applied again "
+        "and again)",
     )
     # Python's re holds the GIL for a whole match: checked in process, nothing else would run
     # (and this one would take minutes).
@@ -663,7 +664,7 @@ def test_no_time_left_is_cut_off_at_once() -> None:
 def test_the_pattern_check_limit_bounds_a_check_without_a_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(adaptor.schema, "PATTERN_CHECK_LIMIT", 0.5)
+    monkeypatch.setattr(adaptor.schema, "VALIDATION_LIMIT", 0.5)
     out = compile_schema(_PATTERNED).validate_text('{"name": "%s!"}' % ("a" * 64), "native")
     assert out.errors[0].startswith("$: validation did not finish within 0.5s")
 
@@ -677,12 +678,106 @@ def test_patterns_are_checked_in_process_when_no_checker_can_start(
     assert out.errors == (f"$.name: 'not-a-word' does not match {_BACKTRACKS!r}",)
 
 
-def test_only_schemas_with_regex_keywords_use_the_checker() -> None:
-    from adaptor._schema_checker import uses_patterns
+def _doubling_chain(levels: int) -> dict[str, Any]:
+    """A few hundred bytes whose every level refers twice to the next: 2**levels checks."""
+    defs: dict[str, Any] = {
+        f"l{i}": {"anyOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]}
+        for i in range(levels)
+    }
+    defs[f"l{levels}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/l0"}
 
-    assert uses_patterns({"items": [{"properties": {"a": {"pattern": "x"}}}]})
-    assert uses_patterns({"$defs": {"k": {"patternProperties": {"^a": {}}}}})
-    assert not uses_patterns({"type": "object", "properties": {"a": {"type": "string"}}})
+
+@pytest.mark.parametrize(
+    ("schema", "output"),
+    [
+        # In process: ~40 s (2**18 failing branches); no pattern anywhere.
+        (_doubling_chain(18), '"not an integer"'),
+        # In process: ~45 s of pairwise comparisons of 6,000 objects.
+        ({"type": "array", "uniqueItems": True}, orjson.dumps([{"k": i} for i in range(6000)])),
+    ],
+    ids=["subschemas-applied-again-and-again", "unique-items"],
+)
+def test_a_costly_schema_without_patterns_is_cut_off_too(schema: dict[str, Any], output: Any) -> None:
+    text = output.decode() if isinstance(output, bytes) else output
+    out = compile_schema(schema).validate_text(text, "native", timeout=1)
+    assert not out.valid and out.value == orjson.loads(text)
+    assert out.errors[0].startswith("$: validation did not finish within 1s; the schema is too")
+
+
+def test_a_frozen_application_checks_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its sys.executable is the application: `-m adaptor._schema_checker` would start it again.
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    out = compile_schema(_PATTERNED).validate_text('{"name": "not-a-word"}', "native")
+    assert out.errors == (f"$.name: 'not-a-word' does not match {_BACKTRACKS!r}",)
+    assert adaptor._schema_checker._idle == []  # no child was started
+
+
+def test_warm_starts_one_checker_ahead_of_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    try:
+        adaptor._schema_checker.warm()
+        adaptor._schema_checker.warm()  # one is starting already: no second one
+        deadline = time.monotonic() + 30
+        while not adaptor._schema_checker._idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(adaptor._schema_checker._idle) == 1
+        adaptor._schema_checker.warm()  # one is idle: nothing to do
+        (child,) = adaptor._schema_checker._idle
+        assert compile_schema(_PATTERNED).validate_text('{"name": "warm"}', "native").valid
+        assert adaptor._schema_checker._idle == [child]  # that check used the warm one
+    finally:
+        adaptor._schema_checker._close_idle()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"},
+        {"allOf": [{"$ref": "#"}]},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"not": {"$ref": "#/$defs/a"}}}},
+        {"$defs": {"a": {"dependentSchemas": {"x": {"$ref": "#/$defs/a"}}}}, "type": "object"},
+        {"$defs": {"a": {"if": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"},
+    ],
+    ids=["anyOf", "root", "two-steps", "dependentSchemas", "if"],
+)
+def test_references_that_loop_without_descending_are_refused(schema: dict[str, Any]) -> None:
+    # Validation would apply the same subschema to the same value forever (in jsonschema:
+    # until the recursion limit, whose RecursionError escaped the run).
+    with pytest.raises(InvalidOutputSchemaError, match="leads back to where it started"):
+        compile_schema(schema)
+
+
+def test_recursive_schemas_that_descend_are_fine() -> None:
+    tree = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                "anyOf": [{"$ref": "#/$defs/leafy"}, {"required": ["children"]}],
+            },
+            "leafy": {"properties": {"leaf": {"$ref": "#/$defs/node"}}},
+        },
+        "$ref": "#/$defs/node",
+    }
+    compiled = compile_schema(tree)
+    assert compiled.validate_text('{"children": [{"children": []}]}', "native").valid
+    bad = compiled.validate_text('{"children": [{"children": 1}]}', "native")
+    assert bad.errors == ("$.children[0].children: 1 is not of type 'array'",)
+
+
+@pytest.mark.parametrize("depth", [129, 300, 1100, 100_000])
+def test_output_nested_too_deeply_is_invalid_not_an_exception(depth: int) -> None:
+    compiled = compile_schema({"type": "array", "items": {"$ref": "#"}})
+    out = compiled.validate_text("[" * depth + "]" * depth, "native")
+    assert not out.valid and out.value is None
+    assert out.errors[0] in (
+        "output nests arrays and objects deeper than 128 levels",
+        "output is not a single JSON value: invalid JSON: depth limit exceeded: "
+        "line 1 column 1026 (char 1025)",
+    )
+    assert compiled.validate_text("[" * 128 + "]" * 128, "native").valid
 
 
 def test_to_output_schema() -> None:

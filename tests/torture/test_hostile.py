@@ -113,12 +113,30 @@ def test_paths_a_request_names_cannot_hold_a_worker(daemon: DaemonProcess, tmp_p
     assert daemon.verdict(probe)["result"]["text"] == "alive"
 
 
-def test_output_schema_patterns_that_backtrack_cannot_hold_the_daemon(daemon: DaemonProcess) -> None:
-    # Python's re holds the GIL for a whole match; checked in the daemon, each of these outputs
-    # would stop all of its threads for minutes.
-    schema = {"type": "object", "patternProperties": {r"^(\w+\s?)+$": {"type": "integer"}}}
-    output = {"a" * 30 + "!": "x"}
+def _doubling_chain(levels: int) -> dict[str, object]:
+    defs: dict[str, object] = {
+        f"l{i}": {"anyOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]}
+        for i in range(levels)
+    }
+    defs[f"l{levels}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/l0"}
 
+
+@pytest.mark.parametrize(
+    ("schema", "output"),
+    [
+        # Python's re holds the GIL for a whole match: checked in the daemon, each of these
+        # outputs would stop all of its threads for minutes.
+        ({"type": "object", "patternProperties": {r"^(\w+\s?)+$": {"type": "integer"}}},
+         {"a" * 30 + "!": "x"}),
+        # 2**22 failing branches: each would hold a worker for about ten minutes.
+        (_doubling_chain(22), "not an integer"),
+    ],
+    ids=["pattern-that-backtracks", "subschemas-applied-again-and-again"],
+)
+def test_output_schemas_too_costly_to_check_cannot_hold_the_daemon(
+    daemon: DaemonProcess, schema: dict[str, object], output: object
+) -> None:
     def backtracking(**extra: object) -> str:
         steps = [{"output_json": output}]
         return daemon.submit({"driver": "script", "prompt": "x", "schema": schema, "config": {"steps": steps}, **extra})
