@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 import adaptor
-from adaptor import _home, mcp, skill
+from adaptor import _home, _nesting, mcp, skill
 from adaptor.driver import Driver, InvalidDriverConfigError
 from adaptor.drivers import NAMES as DRIVERS
 from adaptor.spool import InvalidRequestError
@@ -65,7 +65,7 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
     if not isinstance(obj, dict):
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
-    if _depth_exceeds(obj, MAX_DEPTH):
+    if _nesting.deeper_than(obj, MAX_DEPTH):
         raise InvalidRequestError([{"path": "", "message": f"nested deeper than {MAX_DEPTH} levels"}])
     problems = [
         {"path": _pointer(error.absolute_path), "message": error.message[:500]}
@@ -88,20 +88,6 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         raise InvalidRequestError([{**p, "message": redactor.text(p["message"])} for p in problems])
     obj["id"] = request_id
     return obj
-
-
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether JSON nesting goes deeper than ``limit`` (checked without recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
-    return False
 
 
 def secrets_of(

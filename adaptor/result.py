@@ -9,6 +9,8 @@ from typing import Any, Literal, TypeVar, overload
 
 import orjson
 
+from adaptor import _nesting
+
 __all__ = [
     "RawStreams",
     "Result",
@@ -140,7 +142,11 @@ class TranscriptItem:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        # Not dataclasses.asdict: it copies recursively, and an agent's tool input can nest
+        # deeper than Python's stack.
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["input"] = _nesting.copy(self.input)
+        out["metadata"] = _nesting.copy(self.metadata)
         out["usage"] = None if self.usage is None else self.usage.to_json()
         return out
 

@@ -34,7 +34,7 @@ from typing import (
 
 import orjson
 
-from adaptor import _schema_checker
+from adaptor import _nesting, _schema_checker
 from adaptor.driver import (
     Descriptor,
     InvalidOutputSchemaError,
@@ -184,14 +184,7 @@ def _nests_deeper(text: str, value: Any, limit: int) -> bool:
     """Whether ``value`` (parsed from ``text``) nests containers more than ``limit`` deep."""
     if text.count("[") + text.count("{") <= limit:
         return False  # (the usual case, told without a walk)
-    pending: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
-    while pending:
-        node, depth = pending.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
+    return _nesting.deeper_than(value, limit)
 
 
 def _new_validator(schema: dict[str, Any]) -> Draft202012Validator:

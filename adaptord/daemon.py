@@ -40,7 +40,7 @@ import filelock
 import orjson
 
 import adaptor
-from adaptor import _durable, _home, errors, events
+from adaptor import _durable, _home, _nesting, errors, events
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import JSONLStore
@@ -58,10 +58,26 @@ _CLAIM_BATCH = 256
 _APPROVAL_POLL = 0.25
 _LEFTOVER_GRACE = 10.0
 """The longest a start waits for a killed predecessor's agents to stop on SIGTERM."""
+_FILE_DEPTH = 200
+"""How deeply a value an agent made may nest in the run's files and audit log, where it sits a
+few levels down in a record or verdict: orjson encodes at most 254 levels."""
 
 
 def _now() -> str:
     return events.format_time(datetime.now(UTC))
+
+
+def _as_recorded(event: events.Event, redactor: requests.Redactor, *, bound: bool) -> events.Event:
+    """``event`` as the audit log keeps it: secrets redacted, with ``bound`` nesting cut."""
+    if not redactor and not bound:
+        return event
+    wire = events.to_json(event)
+    # Only the payload can carry a secret or an agent's value: kind and meta are the SDK's own.
+    payload: Any = {k: v for k, v in wire.items() if k not in ("kind", "meta")}
+    if bound:
+        payload = _nesting.copy(payload, depth=_FILE_DEPTH)
+    payload = redactor.value(payload)
+    return events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
 
 
 def _session_key_ok(key: str) -> None:
@@ -632,13 +648,14 @@ class Daemon:
         return requests.secrets_of(request, self.config.driver_defaults(str(request.get("driver", ""))))
 
     def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
-        if redactor:
-            wire = events.to_json(event)
-            # Only the payload can carry a secret: kind and meta are the SDK's own values.
-            payload = redactor.value({k: v for k, v in wire.items() if k not in ("kind", "meta")})
-            event = events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
         try:
-            self._events.record(session, event)
+            try:
+                self._events.record(session, _as_recorded(event, redactor, bound=False))
+            except (RecursionError, orjson.JSONEncodeError):
+                # Nested deeper than the encoder's 254 levels (or, redacted, than Python's
+                # stack): an agent's tool arguments can be.  Recorded with its deepest parts
+                # replaced by a note, as in the run's files.
+                self._events.record(session, _as_recorded(event, redactor, bound=True))
         except Exception as exc:
             self.log("event not recorded", id=job.id, error=f"{type(exc).__name__}: {exc}")
         if isinstance(event, events.Notice) and event.data.get("phase") == "driver.started":
@@ -749,7 +766,12 @@ class Daemon:
         run_dir = self.home.run_dir(request_id)
         batch = _durable.SyncBatch()
         try:
-            result_json = self._write_side_files(request_id, result, redactor, job, batch)
+            try:
+                result_json = self._write_side_files(request_id, result, redactor, job, batch)
+            except (RecursionError, orjson.JSONEncodeError):
+                # The result holds a value nested too deeply to write (see _record): the side
+                # files, written again over the same paths, keep a bounded copy of it.
+                result_json = self._write_side_files(request_id, result, redactor, job, batch, bound=True)
             # Files written earlier without fsync (the request copy, when the start's sync did
             # not happen).
             for path in job.unsynced if job is not None else ():
@@ -802,9 +824,12 @@ class Daemon:
 
     def _write_side_files(
         self, request_id: str, result: adaptor.Result | None, redactor: requests.Redactor,
-        job: Job | None, batch: _durable.SyncBatch,
+        job: Job | None, batch: _durable.SyncBatch, *, bound: bool = False,
     ) -> dict[str, Any] | None:
-        """The run's side files, written into ``batch``; the verdict's ``result`` (None: none)."""
+        """The run's side files, written into ``batch``; the verdict's ``result`` (None: none).
+
+        With ``bound``, values nested deeper than :data:`_FILE_DEPTH` are cut there.
+        """
         if result is None:
             return None
         run_dir = self.home.run_dir(request_id)
@@ -815,14 +840,16 @@ class Daemon:
         raw = result.raw()
         for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
             batch.write(run_dir / name, redactor.text(text).encode())
-        full = redactor.value(result.to_json())
+        value = result.to_json()
+        full = redactor.value(_nesting.copy(value, depth=_FILE_DEPTH) if bound else value)
         full["raw"] = {
             "stdout": f"runs/{request_id}/stdout",
             "stderr": f"runs/{request_id}/stderr",
             "terminal": None if raw.terminal is None else f"runs/{request_id}/terminal.json",
         }
         if raw.terminal is not None:
-            terminal = redactor.value({"event": raw.terminal.event, "json": raw.terminal.json})
+            terminal: Any = {"event": raw.terminal.event, "json": raw.terminal.json}
+            terminal = redactor.value(_nesting.copy(terminal, depth=_FILE_DEPTH) if bound else terminal)
             batch.write(run_dir / "terminal.json", _durable.json_bytes(terminal))
         batch.write(run_dir / "transcript.json", _durable.json_bytes(full.pop("transcript")))
         summary = {**full, "transcript": f"runs/{request_id}/transcript.json"}

@@ -16,10 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
-from adaptor import _home, errors, events
+from adaptor import _home, _nesting, errors, events
 from adaptor.driver import InvalidOutputSchemaError
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
+from tests.drivers.conftest import claude_printing_deep_tool_input
 
 pytestmark = pytest.mark.slow
 
@@ -127,6 +128,34 @@ def test_costly_looping_or_deep_schema_checks_end_in_their_own_verdicts(
     assert verdict["result"]["structured"]["errors"] == [
         "output nests arrays and objects deeper than 128 levels"
     ]
+
+
+@pytest.mark.parametrize("levels", [300, 1000])
+def test_agent_values_nested_too_deeply_for_files_are_cut_in_them_only(
+    daemon: DaemonProcess, tmp_path: Path, levels: int
+) -> None:
+    # orjson writes 254 levels, and the redactor (this request has a secret) recursed: the
+    # tool call went unrecorded and the verdict of a successful run said "TypeError" (300)
+    # or "execution failed" (1000).
+    exe = claude_printing_deep_tool_input(tmp_path, levels)
+    rid = daemon.submit({
+        "driver": "claude", "prompt": "Write hello.txt", "workspace": str(tmp_path),
+        "config": {"command": exe, "config_dir": str(tmp_path / "profile"),
+                   "env": {"ANTHROPIC_API_KEY": "sk-deep-secret-value"}},
+    })
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"], verdict["error"]
+    assert verdict["result"]["text"].startswith("Tool result was: File created successfully")
+    note = "<nested deeper than 200 levels: not kept>"
+    transcript = orjson.loads((daemon.home.root / "runs" / rid / "transcript.json").read_bytes())
+    (call,) = [item for item in transcript if item["kind"] == "tool_call"]
+    assert note in repr(call["input"]) and not _nesting.deeper_than(call["input"], 200)
+    log = daemon.home.root / verdict["events"]
+    sr.verify(log)
+    recorded = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    assert "event not recorded" not in "".join(daemon.lines)
+    tool_calls = [r["event"] for r in recorded if r["event"]["kind"].startswith("tool_call") and r["event"].get("args")]
+    assert tool_calls and all(note in repr(e["args"]) for e in tool_calls)
 
 
 def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:

@@ -75,6 +75,7 @@ from typing import Any, Final
 
 import orjson
 
+from adaptor import _nesting
 from adaptor.driver import (
     DecisionChoice,
     DecisionKind,
@@ -610,7 +611,7 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
         else "permission"
     )
     title, choices, question = _decision_text(kind, tool, body, tool_input)
-    payload: dict[str, Any] = {"tool_name": tool, "input": copy.deepcopy(tool_input)}
+    payload: dict[str, Any] = {"tool_name": tool, "input": _nesting.copy(tool_input)}
     for key in ("description", "blocked_path", "decision_reason"):
         if isinstance(body.get(key), str):
             payload[key] = body[key]
@@ -994,7 +995,7 @@ class _Parser:
             if event.get(k) is not None
         }
         if self.denials:
-            meta["permission_denials"] = copy.deepcopy(self.denials)
+            meta["permission_denials"] = _nesting.copy(self.denials)
         if errors:
             meta["errors"] = [str(e) for e in errors]
         text = event.get("result")
@@ -1218,13 +1219,5 @@ def _json_copy(value: Any) -> Any:
     try:
         # Exact for what orjson decoded (its floats round-trip); done in C.
         return _loads(orjson.dumps(value))
-    except orjson.JSONEncodeError:  # nested deeper than orjson writes
-        return _json_copy_deep(value)
-
-
-def _json_copy_deep(value: Any) -> Any:
-    if type(value) is dict:
-        return {key: _json_copy_deep(item) for key, item in value.items()}
-    if type(value) is list:
-        return [_json_copy_deep(item) for item in value]
-    return value
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (and Python's stack)
+        return _nesting.copy(value)

@@ -52,6 +52,7 @@ from typing import Any, Final
 
 import orjson
 
+from adaptor import _nesting
 from adaptor.driver import (
     DecisionChoice,
     DecisionKind,
@@ -375,7 +376,7 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
         else "plan_review" if tool == "ExitPlanMode"
         else "permission"
     )
-    payload: dict[str, Any] = {"tool_name": tool, "input": copy.deepcopy(tool_input)}
+    payload: dict[str, Any] = {"tool_name": tool, "input": _nesting.copy(tool_input)}
     title, question = f"Allow {tool}?", ""
     choices: tuple[DecisionChoice, ...] = ()
     if kind == "question":
@@ -607,7 +608,7 @@ class _Parser:
         ident = as_str(block.get("id"))
         name = as_str(block.get("name")) or "tool"
         tool_input = block.get("input")
-        args = copy.deepcopy(tool_input) if isinstance(tool_input, dict) else None
+        args = _nesting.copy(tool_input) if isinstance(tool_input, dict) else None
         if ident and ident not in self.tool_names:
             self.tool_names[ident] = name
             self.open_tools.add(ident)

@@ -54,7 +54,6 @@ Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``home`` and th
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shlex
@@ -65,6 +64,7 @@ from typing import Any, Final
 
 import orjson
 
+from adaptor import _nesting
 from adaptor.driver import (
     Descriptor,
     EventSink,
@@ -515,7 +515,7 @@ class _Parser:
         elif itype == "error":
             self._item(kind="system", subtype="warning", text=as_str(item.get("message")))
         elif phase == "completed" and itype:
-            self._item(kind="system", subtype=itype, metadata={"item": copy.deepcopy(item)})
+            self._item(kind="system", subtype=itype, metadata={"item": _nesting.copy(item)})
 
     def _tool(self, phase: str, ident: str, itype: str, item: dict[str, Any]) -> None:
         name, args = _tool_call(itype, item)
@@ -523,7 +523,7 @@ class _Parser:
             return  # already completed: a repeated event must not reopen the call
         if ident not in self.started_tools:
             self.started_tools[ident] = name
-            self.sink.emit(ToolCall(id=ident, name=name, args=copy.deepcopy(args), phase="start"))
+            self.sink.emit(ToolCall(id=ident, name=name, args=_nesting.copy(args), phase="start"))
             self._item(kind="tool_call", tool_use_id=ident, tool_name=name, input=args)
         if phase != "completed":
             return
@@ -606,11 +606,11 @@ def _tool_call(itype: str, item: Mapping[str, Any]) -> tuple[str, dict[str, Any]
     if itype == "command_execution":
         return "shell", {"command": as_str(item.get("command"))}
     if itype == "file_change":
-        return "apply_patch", {"changes": copy.deepcopy(as_list(item.get("changes")))}
+        return "apply_patch", {"changes": _nesting.copy(as_list(item.get("changes")))}
     if itype == "mcp_tool_call":
         name = f"mcp__{as_str(item.get('server'))}__{as_str(item.get('tool'))}"
         arguments = item.get("arguments")
-        return name, copy.deepcopy(arguments) if isinstance(arguments, dict) else {}
+        return name, _nesting.copy(arguments) if isinstance(arguments, dict) else {}
     return _TOOL_ITEMS.get(itype, itype), {"query": as_str(item.get("query"))}
 
 

@@ -44,7 +44,6 @@ Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``mode`` and th
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from typing import Any, Final
 
 import orjson
 
+from adaptor import _nesting
 from adaptor.driver import (
     Descriptor,
     EventSink,
@@ -319,7 +319,7 @@ class _Parser:
         name = self.tools.get(ident) or variant.removesuffix("ToolCall") or variant
         if ident not in self.tools:
             args = body.get("args")
-            args = copy.deepcopy(args) if isinstance(args, dict) else None
+            args = _nesting.copy(args) if isinstance(args, dict) else None
             self.tools[ident] = name
             self.open_tools.add(ident)
             self.sink.emit(ToolCall(id=ident, name=name, args=args, phase="start"))

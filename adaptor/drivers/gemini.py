@@ -43,12 +43,12 @@ the *names* of ``env``.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from adaptor import _nesting
 from adaptor.driver import (
     Descriptor,
     EventSink,
@@ -305,7 +305,7 @@ class _Parser:
         ident = as_str(event.get("tool_id")) or self.protocol.fresh_id("tool")
         name = as_str(event.get("tool_name")) or "tool"
         params = event.get("parameters")
-        args = copy.deepcopy(params) if isinstance(params, dict) else None
+        args = _nesting.copy(params) if isinstance(params, dict) else None
         if ident not in self.tool_names:
             self.tool_names[ident] = name
             self.open_tools[ident] = name

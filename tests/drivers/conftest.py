@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from adaptor.drivers import claude, codex
@@ -58,6 +59,28 @@ def transcript(name: str) -> tuple[bytes, bytes, int | None]:
         (TRANSCRIPTS / f"{name}.stderr").read_bytes(),
         int(exit_text) if exit_text.lstrip("-").isdigit() else None,
     )
+
+
+def claude_printing_deep_tool_input(directory: Path, levels: int) -> str:
+    """A ``claude`` stand-in printing the ``claude-tool-write`` capture, its Write call's input
+    being ``{"deep": [[...]]}`` nested ``levels`` deep; returns its path.
+
+    orjson reads up to 1,024 levels (so up to ~1,015 here) but writes only 254, and Python's
+    stack takes ~330 levels of recursive copying.
+    """
+    lines = []
+    for raw in (TRANSCRIPTS / "claude-tool-write.jsonl").read_bytes().splitlines():
+        line = orjson.loads(raw)
+        for block in line.get("message", {}).get("content", []) if line.get("type") == "assistant" else ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                block["input"] = {"deep": "@deep@"}
+        lines.append(orjson.dumps(line).replace(b'"@deep@"', b"[" * levels + b"]" * levels))
+    out = directory / "deep-tool-input.jsonl"
+    out.write_bytes(b"\n".join(lines) + b"\n")
+    exe = directory / "claude-deep"
+    exe.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.buffer.write(open({str(out)!r}, 'rb').read())\n")
+    exe.chmod(0o755)
+    return str(exe)
 
 
 @pytest.fixture

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 import adaptor
-from adaptor import errors
+from adaptor import _nesting, errors
 from adaptor.driver import Request, StandardSessionCodec
 from adaptor.drivers import claude, codex
-from adaptor.events import ProcessInfo
+from adaptor.events import ProcessInfo, ToolCall
 from adaptor.memory import Store
 from adaptor.testing import conformance
-from tests.drivers.conftest import FakeCLI, group_members
+from tests.drivers.conftest import FakeCLI, claude_printing_deep_tool_input, group_members
 
 MakeFake = Callable[..., FakeCLI]
 ASK = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
@@ -68,6 +68,21 @@ def test_claude_argv_stdin_and_env(fake_cli: MakeFake, tmp_path: Path) -> None:
     env = fake.records("env")[0]
     assert "CLAUDE_CONFIG_DIR" in env and "ANTHROPIC_API_KEY" in env
     assert "sk-test-secret" not in repr(result.to_json())
+
+
+def test_claude_tool_input_nested_deeper_than_python_recurses(tmp_path: Path) -> None:
+    # The parser's copy of the input and the transcript item's to_json recursed: the run
+    # failed with a RecursionError wrapped as an infrastructure error.
+    exe = claude_printing_deep_tool_input(tmp_path, 1000)
+    config = claude.Config(command=exe, config_dir=str(tmp_path / "profile"))
+    with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
+        stream = agent.stream("Write hello.txt")
+        calls = [e for e in stream if isinstance(e, ToolCall) and e.args is not None]
+        result = stream.result()
+    assert result.text.startswith("Tool result was: File created successfully")
+    (tool_use,) = [item for item in result.transcript() if item.kind == "tool_call"]
+    for value in (calls[0].args, tool_use.input, tool_use.to_json()["input"]):
+        assert _nesting.deeper_than(value, 1000) and not _nesting.deeper_than(value, 1001)
 
 
 @pytest.mark.parametrize("answer", ["approve", "deny"])

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adaptor import _nesting
 from adaptor.driver import OutputSchema, Request, Response, SessionContext, SessionState
-from adaptor.drivers import claude, codex
+from adaptor.drivers import claude, codex, gemini
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
 from adaptor.testing import RecordingSink
@@ -52,6 +53,45 @@ def assert_consistent(response: Response, sink: RecordingSink) -> None:
         assert response.metadata.get("protocol") != "malformed"
     if response.raw_streams.terminal is not None:
         assert response.output.strip() != response.raw_streams.terminal.json.strip()
+
+
+def _deepen(value: object, key: str) -> bool:
+    """Put a placeholder in every object under ``key`` in ``value``; whether there was one."""
+    found = False
+    if isinstance(value, dict):
+        for name, child in value.items():
+            if name == key and isinstance(child, dict):
+                value[name] = {"deep": "@deep@"}
+                found = True
+            else:
+                found = _deepen(child, key) or found
+    elif isinstance(value, list):
+        for child in value:
+            found = _deepen(child, key) or found
+    return found
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "key"),
+    [(claude, "claude-tool-write", "input"), (codex, "codex-mcp", "arguments"),
+     (gemini, "gemini-shell-yolo", "parameters")],
+    ids=["claude", "codex", "gemini"],
+)
+def test_tool_arguments_nested_deeper_than_python_recurses(module: object, name: str, key: str) -> None:
+    # orjson reads 1,024 levels; copy.deepcopy of the arguments gave up near 330 and the
+    # parse failed with a RecursionError.
+    stdout, stderr, exit_code = transcript(name)
+    lines = []
+    for raw in stdout.splitlines():
+        line = orjson.loads(raw)
+        if _deepen(line, key):
+            raw = orjson.dumps(line).replace(b'"@deep@"', b"[" * 1000 + b"]" * 1000)
+        lines.append(raw)
+    sink = RecordingSink()
+    response = module.replay(b"\n".join(lines) + b"\n", stderr, exit_code, sink=sink)  # type: ignore[attr-defined]
+    assert response.failure is None
+    calls = [e for e in sink.events if isinstance(e, ToolCall) and e.args]
+    assert calls and all(e.args and _nesting.deeper_than(e.args["deep"], 999) for e in calls)
 
 
 def kinds(response: Response) -> list[str]:
