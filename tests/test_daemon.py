@@ -19,6 +19,7 @@ import pytest
 from adaptor import _home, _nesting, errors, events
 from adaptor.driver import InvalidOutputSchemaError
 from hosttools import sessionrecorder as sr
+from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess
 from tests.drivers.conftest import claude_printing_deep_tool_input
 
@@ -98,15 +99,8 @@ def test_a_schema_pattern_that_backtracks_holds_up_neither_the_daemon_nor_the_de
 def test_costly_looping_or_deep_schema_checks_end_in_their_own_verdicts(
     daemon: DaemonProcess,
 ) -> None:
-    # 2**18 failing branches from a few hundred bytes: ~40 s of a worker's thread in process.
-    chain: dict[str, object] = {
-        f"l{i}": {"anyOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]}
-        for i in range(18)
-    }
-    chain["l18"] = {"type": "integer"}
-    costly = daemon.submit(
-        script({"text": '"no integer"'}, schema={"$defs": chain, "$ref": "#/$defs/l0"}, timeout=3)
-    )
+    # ~40 s of a worker's thread in process.
+    costly = daemon.submit(script({"text": '"no integer"'}, schema=doubling_chain(18), timeout=3))
     looping = daemon.submit(
         script({"text": "[]"}, schema={"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}},
                                       "$ref": "#/$defs/a"})

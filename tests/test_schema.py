@@ -45,6 +45,7 @@ from adaptor.schema import (
     negotiate,
     run_as,
 )
+from tests.costly_schemas import doubling_chain
 
 # --- types under test (module level: string annotations resolve against module globals) ------
 
@@ -678,21 +679,11 @@ def test_patterns_are_checked_in_process_when_no_checker_can_start(
     assert out.errors == (f"$.name: 'not-a-word' does not match {_BACKTRACKS!r}",)
 
 
-def _doubling_chain(levels: int) -> dict[str, Any]:
-    """A few hundred bytes whose every level refers twice to the next: 2**levels checks."""
-    defs: dict[str, Any] = {
-        f"l{i}": {"anyOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]}
-        for i in range(levels)
-    }
-    defs[f"l{levels}"] = {"type": "integer"}
-    return {"$defs": defs, "$ref": "#/$defs/l0"}
-
-
 @pytest.mark.parametrize(
     ("schema", "output"),
     [
         # In process: ~40 s (2**18 failing branches); no pattern anywhere.
-        (_doubling_chain(18), '"not an integer"'),
+        (doubling_chain(18), '"not an integer"'),
         # In process: ~45 s of pairwise comparisons of 6,000 objects.
         ({"type": "array", "uniqueItems": True}, orjson.dumps([{"k": i} for i in range(6000)])),
     ],

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptor import errors
+from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess
 
 
@@ -113,15 +114,6 @@ def test_paths_a_request_names_cannot_hold_a_worker(daemon: DaemonProcess, tmp_p
     assert daemon.verdict(probe)["result"]["text"] == "alive"
 
 
-def _doubling_chain(levels: int) -> dict[str, object]:
-    defs: dict[str, object] = {
-        f"l{i}": {"anyOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]}
-        for i in range(levels)
-    }
-    defs[f"l{levels}"] = {"type": "integer"}
-    return {"$defs": defs, "$ref": "#/$defs/l0"}
-
-
 @pytest.mark.parametrize(
     ("schema", "output"),
     [
@@ -130,7 +122,7 @@ def _doubling_chain(levels: int) -> dict[str, object]:
         ({"type": "object", "patternProperties": {r"^(\w+\s?)+$": {"type": "integer"}}},
          {"a" * 30 + "!": "x"}),
         # 2**22 failing branches: each would hold a worker for about ten minutes.
-        (_doubling_chain(22), "not an integer"),
+        (doubling_chain(22), "not an integer"),
     ],
     ids=["pattern-that-backtracks", "subschemas-applied-again-and-again"],
 )
