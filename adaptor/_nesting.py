@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["copy", "deeper_than"]
+import orjson
+
+__all__ = ["copy", "deeper_than", "dumps"]
+
+_ORJSON_DEPTH = 254  # the deepest orjson writes
 
 
 def deeper_than(value: Any, limit: int) -> bool:
@@ -52,3 +56,36 @@ def copy(value: Any, *, depth: int | None = None) -> Any:
             else:
                 target.append(copied)
     return root
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` as compact JSON like ``orjson.dumps``, however deeply it nests."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        if not deeper_than(value, _ORJSON_DEPTH):
+            raise  # not JSON, rather than too deep
+    out: list[bytes] = []
+    pending: list[tuple[bool, Any]] = [(False, value)]  # (written as is, item)
+    while pending:
+        literal, item = pending.pop()
+        if literal:
+            out.append(item)
+        elif isinstance(item, dict):
+            pending.append((True, b"}"))
+            entries = list(item.items())
+            for index in range(len(entries) - 1, -1, -1):
+                key, child = entries[index]
+                pending.append((False, child))
+                pending.append((True, (b"," if index else b"") + orjson.dumps(key) + b":"))
+            pending.append((True, b"{"))
+        elif isinstance(item, list):
+            pending.append((True, b"]"))
+            for index in range(len(item) - 1, -1, -1):
+                pending.append((False, item[index]))
+                if index:
+                    pending.append((True, b","))
+            pending.append((True, b"["))
+        else:
+            out.append(orjson.dumps(item))
+    return b"".join(out)

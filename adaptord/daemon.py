@@ -666,7 +666,8 @@ class Daemon:
     def _route_approval(self, job: Job, req: adaptor.ApprovalRequest) -> None:
         """The ``on_approval`` handler of daemon runs: a pending file answered by the CLI."""
         redactor = requests.Redactor(self._secrets_of(job.request))
-        record = redactor.value(events.to_json(req))
+        # The tool input in its details is the agent's, which may nest too deeply to write.
+        record = redactor.value(_nesting.copy(events.to_json(req), depth=_FILE_DEPTH))
         record["request_id"] = job.id
         pending = self.home.approvals_pending / f"{req.id}.json"
         _durable.atomic_write_json(pending, record)

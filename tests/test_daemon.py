@@ -21,7 +21,7 @@ from adaptor.driver import InvalidOutputSchemaError
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess
-from tests.drivers.conftest import claude_printing_deep_tool_input
+from tests.drivers.conftest import claude_with_deep_input
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +131,7 @@ def test_agent_values_nested_too_deeply_for_files_are_cut_in_them_only(
     # orjson writes 254 levels, and the redactor (this request has a secret) recursed: the
     # tool call went unrecorded and the verdict of a successful run said "TypeError" (300)
     # or "execution failed" (1000).
-    exe = claude_printing_deep_tool_input(tmp_path, levels)
+    exe = claude_with_deep_input(tmp_path, levels)
     rid = daemon.submit({
         "driver": "claude", "prompt": "Write hello.txt", "workspace": str(tmp_path),
         "config": {"command": exe, "config_dir": str(tmp_path / "profile"),
@@ -150,6 +150,29 @@ def test_agent_values_nested_too_deeply_for_files_are_cut_in_them_only(
     assert "event not recorded" not in "".join(daemon.lines)
     tool_calls = [r["event"] for r in recorded if r["event"]["kind"].startswith("tool_call") and r["event"].get("args")]
     assert tool_calls and all(note in repr(e["args"]) for e in tool_calls)
+
+
+def test_a_permission_request_with_too_deep_an_input_still_reaches_its_file(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    # Its pending file could not be written (orjson stops at 254 levels): the run failed.
+    exe = claude_with_deep_input(tmp_path, 1000, capture="claude-perm-stdio-allow")
+    rid = daemon.submit({
+        "driver": "claude", "prompt": "please create perm.txt", "workspace": str(tmp_path),
+        "config": {"command": exe, "config_dir": str(tmp_path / "profile")},
+        "policy": {"approvals": {"permission": "ask", "timeout": 60}},
+    })
+    deadline = time.monotonic() + 60
+    while not (entries := list(daemon.home.approvals_pending.glob("*.json"))):
+        assert time.monotonic() < deadline, "no pending approval; daemon log:\n" + "\n".join(daemon.lines)
+        time.sleep(0.02)
+    (entry,) = entries
+    record = orjson.loads(entry.read_bytes())
+    assert record["request_id"] == rid and record["approval_kind"] == "permission"
+    assert "<nested deeper than 200 levels: not kept>" in repr(record["details"])
+    _home.respond(daemon.home, entry.name[: -len(".json")], "approve")
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"], verdict["error"]
 
 
 def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:

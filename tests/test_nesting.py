@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from adaptor import _nesting
 
-_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
 _JSON = st.recursive(
     _SCALARS,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
@@ -67,3 +75,17 @@ def test_values_deeper_than_the_python_stack() -> None:
     assert cut == {"a": [["<nested deeper than 3 levels: not kept>"]]}
     assert _nesting.copy("scalar", depth=0) == "scalar"
     assert _nesting.copy([1], depth=0) == "<nested deeper than 0 levels: not kept>"
+
+
+@given(_JSON)
+def test_dumps_writes_what_orjson_writes(value: Any) -> None:
+    assert _nesting.dumps(value) == orjson.dumps(value)
+
+
+def test_dumps_writes_deeper_than_orjson() -> None:
+    value = {"a": [1, {"b": _nested(600)}, "x"], "c": None}
+    text = _nesting.dumps(value)
+    assert text == b'{"a":[1,{"b":' + b"[" * 600 + b"]" * 600 + b'},"x"],"c":null}'
+    assert _nesting.deeper_than(orjson.loads(text), 601)
+    with pytest.raises(orjson.JSONEncodeError):
+        _nesting.dumps({"not json": object()})

@@ -17,8 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
-import orjson
-
+from adaptor import _nesting
 from adaptor.driver import (
     Checkpoint,
     EventSink,
@@ -343,7 +342,8 @@ def control_response(request_id: Any, *, response: Any = None, error: str = "") 
         inner.update(subtype="error", error=error)
     else:
         inner.update(subtype="success", response=response)
-    return orjson.dumps({"type": "control_response", "response": inner}) + b"\n"
+    # The response can echo the agent's own tool input, which may nest deeper than orjson writes.
+    return _nesting.dumps({"type": "control_response", "response": inner}) + b"\n"
 
 
 def envelope_usage(result: Mapping[str, Any]) -> Usage | None:
@@ -368,7 +368,7 @@ def content_text(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(as_str(p.get("text")) for p in content
                          if isinstance(p, dict) and p.get("type") == "text")
-    return "" if content is None else orjson.dumps(content).decode()
+    return "" if content is None else _nesting.dumps(content).decode()
 
 
 def snake(name: str) -> str:

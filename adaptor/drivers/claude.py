@@ -1050,7 +1050,7 @@ class _Parser:
         if self.plan.schema is not None:
             value = (result or {}).get("structured_output")
             if value is not None:
-                output = orjson.dumps(value).decode()
+                output = _nesting.dumps(value).decode()
             structured = StructuredOutput(
                 source="native", valid=value is not None, value=value,
                 raw_json=output if value is not None else "",
@@ -1062,7 +1062,7 @@ class _Parser:
                 if result.get(key) is not None:
                     metadata[key] = str(result[key])
         if self.denials:
-            metadata["permission_denials"] = orjson.dumps(self.denials).decode()
+            metadata["permission_denials"] = _nesting.dumps(self.denials).decode()
         if self.version:
             metadata["claude_code_version"] = self.version
         if self.protocol.malformed:

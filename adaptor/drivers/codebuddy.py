@@ -507,7 +507,7 @@ class _Parser:
             return
         for event in events:
             if isinstance(event, dict):
-                self._dispatch(event, orjson.dumps(event).decode())
+                self._dispatch(event, _nesting.dumps(event).decode())
 
     def _check_resume(self, text: str) -> None:
         if self.plan.resume_id and not self.rejected_resume and _RESUME_REJECTED.search(text):
@@ -713,7 +713,7 @@ class _Parser:
         if self.plan.schema is not None:
             value = result.get("structured_output")
             if value is not None:
-                output = orjson.dumps(value).decode()
+                output = _nesting.dumps(value).decode()
             structured = StructuredOutput(
                 source="native", valid=value is not None, value=value,
                 raw_json=output if value is not None else "",

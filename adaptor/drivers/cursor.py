@@ -49,8 +49,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-
 from adaptor import _nesting
 from adaptor.driver import (
     Descriptor,
@@ -333,7 +331,7 @@ class _Parser:
             return
         branch = outcome[branches[0]]
         content = as_dict(branch).get("content")
-        text = content if isinstance(content, str) else orjson.dumps(branch).decode()
+        text = content if isinstance(content, str) else _nesting.dumps(branch).decode()
         is_error = branches[0] != "success" or as_dict(branch).get("isError") is True
         if ident in self.open_tools:
             self.open_tools.discard(ident)

@@ -61,24 +61,47 @@ def transcript(name: str) -> tuple[bytes, bytes, int | None]:
     )
 
 
-def claude_printing_deep_tool_input(directory: Path, levels: int) -> str:
-    """A ``claude`` stand-in printing the ``claude-tool-write`` capture, its Write call's input
-    being ``{"deep": [[...]]}`` nested ``levels`` deep; returns its path.
+def put_placeholder(value: object, key: str) -> bool:
+    """Replace every object under ``key`` in ``value`` by ``{"deep": "@deep@"}``; whether any."""
+    found = False
+    if isinstance(value, dict):
+        for name, child in value.items():
+            if name == key and isinstance(child, dict):
+                value[name] = {"deep": "@deep@"}
+                found = True
+            else:
+                found = put_placeholder(child, key) or found
+    elif isinstance(value, list):
+        for child in value:
+            found = put_placeholder(child, key) or found
+    return found
 
-    orjson reads up to 1,024 levels (so up to ~1,015 here) but writes only 254, and Python's
-    stack takes ~330 levels of recursive copying.
+
+def deepened(raw_lines: bytes, key: str, levels: int) -> bytes:
+    """``raw_lines`` (JSON lines) with the objects under ``key`` nested ``levels`` deep.
+
+    orjson reads up to 1,024 levels (so ~1,015 here) but writes only 254, and Python's stack
+    takes ~330 levels of recursive copying.
     """
     lines = []
-    for raw in (TRANSCRIPTS / "claude-tool-write.jsonl").read_bytes().splitlines():
+    for raw in raw_lines.splitlines():
         line = orjson.loads(raw)
-        for block in line.get("message", {}).get("content", []) if line.get("type") == "assistant" else ():
-            if isinstance(block, dict) and block.get("type") == "tool_use":
-                block["input"] = {"deep": "@deep@"}
-        lines.append(orjson.dumps(line).replace(b'"@deep@"', b"[" * levels + b"]" * levels))
-    out = directory / "deep-tool-input.jsonl"
-    out.write_bytes(b"\n".join(lines) + b"\n")
-    exe = directory / "claude-deep"
-    exe.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.buffer.write(open({str(out)!r}, 'rb').read())\n")
+        if put_placeholder(line, key):
+            raw = orjson.dumps(line).replace(b'"@deep@"', b"[" * levels + b"]" * levels)
+        lines.append(raw)
+    return b"\n".join(lines) + b"\n"
+
+
+def claude_with_deep_input(directory: Path, levels: int, capture: str = "claude-tool-write") -> str:
+    """A ``claude`` stand-in (fake_cli.py, stdin protocol) replaying ``capture`` with every tool
+    input (tool calls and permission requests) nested ``levels`` deep; returns its path."""
+    stdout = directory / f"{capture}-deep.jsonl"
+    stdout.write_bytes(deepened((TRANSCRIPTS / f"{capture}.jsonl").read_bytes(), "input", levels))
+    args = [str(directory / f"{capture}-record.jsonl"), str(stdout),
+            str(TRANSCRIPTS / f"{capture}.stderr"), "0", "--stdin-protocol"]
+    exe = directory / f"claude-{capture}-deep"
+    exe.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(HERE)!r})\n"
+                   f"import fake_cli\nsys.exit(fake_cli.main({args!r}))\n")
     exe.chmod(0o755)
     return str(exe)
 

@@ -15,14 +15,20 @@ import json
 import os
 import sys
 
+import orjson
+
 
 def main(argv: list[str]) -> int:
     record_path, stdout_path, stderr_path, exit_text, *flags = argv
     protocol = "--stdin-protocol" in flags
 
     def record(kind: str, value: object) -> None:
+        try:
+            line = json.dumps({"kind": kind, "value": value})
+        except RecursionError:  # (a deeply nested answer: kept as the text it came as)
+            line = json.dumps({"kind": kind, "value": "<too deep to record>"})
         with open(record_path, "a") as handle:
-            handle.write(json.dumps({"kind": kind, "value": value}) + "\n")
+            handle.write(line + "\n")
 
     record("argv", sys.argv)
     record("cwd", os.getcwd())
@@ -39,10 +45,11 @@ def main(argv: list[str]) -> int:
         for line in handle:
             sys.stdout.write(line)
             sys.stdout.flush()
-            event = json.loads(line) if line.startswith("{") else {}
+            # orjson: the capture's lines may nest deeper than json's recursion allows.
+            event = orjson.loads(line) if line.startswith("{") else {}
             if protocol and event.get("type") == "control_request":
                 answer = sys.stdin.readline()
-                record("stdin", json.loads(answer) if answer else None)
+                record("stdin", orjson.loads(answer) if answer else None)
     if protocol:
         record("stdin-rest", sys.stdin.read())  # the CLI stays up until its input ends
     return int(exit_text)

@@ -18,7 +18,7 @@ from adaptor.drivers import claude, codex
 from adaptor.events import ProcessInfo, ToolCall
 from adaptor.memory import Store
 from adaptor.testing import conformance
-from tests.drivers.conftest import FakeCLI, claude_printing_deep_tool_input, group_members
+from tests.drivers.conftest import FakeCLI, claude_with_deep_input, group_members
 
 MakeFake = Callable[..., FakeCLI]
 ASK = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
@@ -73,7 +73,7 @@ def test_claude_argv_stdin_and_env(fake_cli: MakeFake, tmp_path: Path) -> None:
 def test_claude_tool_input_nested_deeper_than_python_recurses(tmp_path: Path) -> None:
     # The parser's copy of the input and the transcript item's to_json recursed: the run
     # failed with a RecursionError wrapped as an infrastructure error.
-    exe = claude_printing_deep_tool_input(tmp_path, 1000)
+    exe = claude_with_deep_input(tmp_path, 1000)
     config = claude.Config(command=exe, config_dir=str(tmp_path / "profile"))
     with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
         stream = agent.stream("Write hello.txt")

@@ -13,7 +13,7 @@ from adaptor.drivers import claude, codex, gemini
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
 from adaptor.testing import RecordingSink
-from tests.drivers.conftest import transcript
+from tests.drivers.conftest import deepened, transcript
 
 SCHEMA = OutputSchema(schema={"type": "object", "properties": {"name": {"type": "string"},
                                                                "count": {"type": "integer"}},
@@ -55,22 +55,6 @@ def assert_consistent(response: Response, sink: RecordingSink) -> None:
         assert response.output.strip() != response.raw_streams.terminal.json.strip()
 
 
-def _deepen(value: object, key: str) -> bool:
-    """Put a placeholder in every object under ``key`` in ``value``; whether there was one."""
-    found = False
-    if isinstance(value, dict):
-        for name, child in value.items():
-            if name == key and isinstance(child, dict):
-                value[name] = {"deep": "@deep@"}
-                found = True
-            else:
-                found = _deepen(child, key) or found
-    elif isinstance(value, list):
-        for child in value:
-            found = _deepen(child, key) or found
-    return found
-
-
 @pytest.mark.parametrize(
     ("module", "name", "key"),
     [(claude, "claude-tool-write", "input"), (codex, "codex-mcp", "arguments"),
@@ -81,14 +65,8 @@ def test_tool_arguments_nested_deeper_than_python_recurses(module: object, name:
     # orjson reads 1,024 levels; copy.deepcopy of the arguments gave up near 330 and the
     # parse failed with a RecursionError.
     stdout, stderr, exit_code = transcript(name)
-    lines = []
-    for raw in stdout.splitlines():
-        line = orjson.loads(raw)
-        if _deepen(line, key):
-            raw = orjson.dumps(line).replace(b'"@deep@"', b"[" * 1000 + b"]" * 1000)
-        lines.append(raw)
     sink = RecordingSink()
-    response = module.replay(b"\n".join(lines) + b"\n", stderr, exit_code, sink=sink)  # type: ignore[attr-defined]
+    response = module.replay(deepened(stdout, key, 1000), stderr, exit_code, sink=sink)  # type: ignore[attr-defined]
     assert response.failure is None
     calls = [e for e in sink.events if isinstance(e, ToolCall) and e.args]
     assert calls and all(e.args and _nesting.deeper_than(e.args["deep"], 999) for e in calls)
