@@ -207,8 +207,9 @@ def _errors_in_process(
     try:
         found = sorted(validator.iter_errors(value), key=_error_order)
     except RecursionError:
-        # Compiling refuses references that loop back without descending into the value, so
-        # this is a value nested deeper than Python's recursion limit lets jsonschema follow.
+        # Compiling refuses references that loop without descending into the value, so this
+        # is a value nested too deeply for this schema: jsonschema spends several Python
+        # frames per level, more where subschemas apply in place.
         return [
             "$: validation went deeper than Python's recursion limit allows; the output "
             "is nested too deeply to be checked against this schema"
