@@ -286,7 +286,10 @@ class Definition:
                 name = sorted(value)[0]
                 _fail_input(f"invalid field {_echo(name)}; this tool takes no arguments")
             return {}
-        found = sorted(self._input._validator.iter_errors(value), key=_error_depth)
+        try:
+            found = sorted(self._input._validator.iter_errors(value), key=_error_depth)
+        except RecursionError:  # (jsonschema follows nesting with Python's stack)
+            _fail_input("the arguments nest too deeply to check; send flatter ones and retry")
         if found:
             _fail_input(_safe_message(found[0]))
         if self._input.type_ is None:

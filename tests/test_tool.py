@@ -286,6 +286,21 @@ def test_invalid_input_is_safe(arguments: Any, fragment: str) -> None:
     assert outcome.is_error and outcome.text == message and SECRET not in outcome.text
 
 
+def test_arguments_nested_beyond_pythons_stack_are_invalid_input() -> None:
+    # jsonschema follows the nesting with Python's stack: a bare RecursionError reached the
+    # host's log as a tool failure.
+    tree = {"type": "array", "items": {"$ref": "#/$defs/tree"}}
+    d = tool.define("t", "d", lambda v: "ok", input={
+        "type": "object", "properties": {"tree": tree}, "$defs": {"tree": tree},
+    })
+    arguments = '{"tree": ' + "[" * 1000 + "]" * 1000 + "}"
+    with pytest.raises(tool.InvalidInputError, match="the arguments nest too deeply"):
+        d.invoke(arguments)
+    outcome = d.call(arguments)
+    assert outcome.is_error and "nest too deeply" in outcome.text
+    assert d.invoke('{"tree": [[], [[]]]}') == '"ok"'
+
+
 def test_echoed_field_names_are_bounded_and_escaped() -> None:
     d = good()
     name = "\n" + "é" * 100
