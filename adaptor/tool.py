@@ -314,7 +314,14 @@ class Definition:
             ) from exc
         plain = orjson.loads(raw)
         if self._output is not None:
-            found = sorted(self._output._validator.iter_errors(plain), key=_error_depth)
+            try:
+                found = sorted(self._output._validator.iter_errors(plain), key=_error_depth)
+            except RecursionError as exc:
+                raise InvalidOutputError(
+                    f"tool {self.name!r} returned output nested too deeply to check against "
+                    "its output schema",
+                    cause=exc,
+                ) from exc
             if found:
                 # Path and keyword only: the output may hold data the logs should not.
                 first = found[0]

@@ -301,6 +301,18 @@ def test_arguments_nested_beyond_pythons_stack_are_invalid_input() -> None:
     assert d.invoke('{"tree": [[], [[]]]}') == '"ok"'
 
 
+def test_output_nested_beyond_pythons_stack_is_invalid_output() -> None:
+    deep: list[Any] = []
+    for _ in range(240):  # orjson writes it; jsonschema's recursion through the tree does not
+        deep = [deep]
+    tree = {"type": "array", "items": {"$ref": "#/$defs/tree"}}
+    d = tool.define("t", "d", lambda v: {"tree": deep}, output={
+        "type": "object", "properties": {"tree": tree}, "$defs": {"tree": tree},
+    })
+    with pytest.raises(tool.InvalidOutputError, match="nested too deeply to check"):
+        d.invoke(None)
+
+
 def test_echoed_field_names_are_bounded_and_escaped() -> None:
     d = good()
     name = "\n" + "é" * 100
