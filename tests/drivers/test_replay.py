@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from adaptor import _nesting
 from adaptor.driver import OutputSchema, Request, Response, SessionContext, SessionState
-from adaptor.drivers import claude, codex, gemini
+from adaptor.drivers import claude, codebuddy, codex, cursor, gemini
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import TextDelta, Thinking, ToolCall, ToolResult
 from adaptor.testing import RecordingSink
@@ -55,16 +55,29 @@ def assert_consistent(response: Response, sink: RecordingSink) -> None:
         assert response.output.strip() != response.raw_streams.terminal.json.strip()
 
 
-@pytest.mark.parametrize(
-    ("module", "name", "key"),
-    [(claude, "claude-tool-write", "input"), (codex, "codex-mcp", "arguments"),
-     (gemini, "gemini-shell-yolo", "parameters")],
-    ids=["claude", "codex", "gemini"],
+# cursor-agent cannot be installed here: its lines as the fake's ``tool`` scenario prints them.
+_CURSOR_TOOL = (
+    b'{"type":"system","subtype":"init","session_id":"s"}\n'
+    b'{"type":"tool_call","subtype":"started","call_id":"c1","session_id":"s",'
+    b'"tool_call":{"readToolCall":{"args":{"path":"notes.txt"}}}}\n'
+    b'{"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s"}\n'
 )
-def test_tool_arguments_nested_deeper_than_python_recurses(module: object, name: str, key: str) -> None:
+
+
+@pytest.mark.parametrize(
+    ("module", "capture", "key"),
+    [(claude, "claude-tool-write", "input"), (codex, "codex-mcp", "arguments"),
+     (gemini, "gemini-shell-yolo", "parameters"),
+     # CodeBuddy Code speaks Claude Code's stream-json.
+     (codebuddy, "claude-tool-write", "input"), (cursor, _CURSOR_TOOL, "args")],
+    ids=["claude", "codex", "gemini", "codebuddy", "cursor"],
+)
+def test_tool_arguments_nested_deeper_than_python_recurses(
+    module: object, capture: str | bytes, key: str
+) -> None:
     # orjson reads 1,024 levels; copy.deepcopy of the arguments gave up near 330 and the
     # parse failed with a RecursionError.
-    stdout, stderr, exit_code = transcript(name)
+    stdout, stderr, exit_code = (capture, b"", 0) if isinstance(capture, bytes) else transcript(capture)
     sink = RecordingSink()
     response = module.replay(deepened(stdout, key, 1000), stderr, exit_code, sink=sink)  # type: ignore[attr-defined]
     assert response.failure is None
