@@ -9,10 +9,13 @@ Everything else here is internal.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
 import secrets
+import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -311,11 +314,23 @@ def expire(home: Home, approval_id: str) -> dict[str, Any] | None:
         return response
 
 
+# A response file a person or a script wrote by hand is read only if it is a regular file of at
+# most this size; one that stays unreadable for RESPONSE_SETTLE seconds (not renamed into place
+# whole, say) is set aside in quarantine/, and the request stays pending.
+RESPONSE_LIMIT = 64 * 1024
+RESPONSE_SETTLE = 2.0
+_ACTIONS = ("approve", "deny", "answer")
+
+
 def _consume(home: Home, approval_id: str) -> dict[str, Any] | None:
     response_path = home.approvals_responses / f"{approval_id}.json"
     try:
-        response = _read(response_path)
+        response = _read_response(response_path, home, approval_id)
     except FileNotFoundError:
+        return None
+    except _Unusable as exc:
+        if exc.final:
+            _set_aside(home, response_path, approval_id)
         return None
     _durable.atomic_write_json(
         home.approvals_resolved / f"{approval_id}.json",
@@ -324,6 +339,65 @@ def _consume(home: Home, approval_id: str) -> dict[str, Any] | None:
     _remove(home.approvals_pending / f"{approval_id}.json")
     _remove(response_path)
     return response
+
+
+class _Unusable(Exception):
+    """A response file that cannot be acted on; ``final`` once waiting cannot mend it."""
+
+    def __init__(self, final: bool) -> None:
+        super().__init__()
+        self.final = final
+
+
+def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
+    """The response in ``path``, checked as the CLI would have checked it before writing it.
+
+    Never blocks: a FIFO is opened without waiting for a writer and refused, like a directory,
+    a device, a symlink or an oversized file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError:  # a symlink (ELOOP), or nothing this process may read
+        raise _Unusable(final=True) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > RESPONSE_LIMIT:
+            raise _Unusable(final=True)
+        data = os.read(fd, RESPONSE_LIMIT + 1)
+    finally:
+        os.close(fd)
+    try:
+        response = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        # Perhaps still being written by a script that does not rename into place.
+        raise _Unusable(final=time.time() - info.st_mtime >= RESPONSE_SETTLE) from None
+    if not isinstance(response, dict) or response.get("action") not in _ACTIONS:
+        raise _Unusable(final=True)
+    if not isinstance(response.get("text", ""), str):
+        raise _Unusable(final=True)
+    try:
+        kind = _read(home.approvals_pending / f"{approval_id}.json").get("approval_kind")
+    except (OSError, ValueError):
+        kind = None  # resolved or expired meanwhile: the caller's outcome stands either way
+    action = response["action"]
+    if (action == "approve" and kind == "question") or (
+        action == "answer" and kind not in (None, "question")
+    ):
+        raise _Unusable(final=True)  # the CLI refuses these and leaves the request open
+    return response
+
+
+def _set_aside(home: Home, path: Path, approval_id: str) -> None:
+    target = home.quarantine / f"approval-response-{approval_id}-{secrets.token_hex(4)}"
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        with contextlib.suppress(OSError):  # (left in place, it is looked at again next time)
+            os.unlink(path)
 
 
 def _read(path: Path) -> dict[str, Any]:

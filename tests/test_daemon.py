@@ -429,6 +429,62 @@ def test_approval_file_answered_by_a_responder(daemon: DaemonProcess) -> None:
     assert not entry.exists()
 
 
+def _pending_approval(daemon: DaemonProcess) -> str:
+    deadline = time.monotonic() + 60
+    while not (entries := list(daemon.home.approvals_pending.glob("*.json"))):
+        assert time.monotonic() < deadline, "no pending approval"
+        time.sleep(0.02)
+    (entry,) = entries
+    return entry.name[: -len(".json")]
+
+
+def _write_response(daemon: DaemonProcess, approval_id: str, data: bytes) -> None:
+    # As documented: written under another name, then renamed into place.
+    tmp = daemon.home.approvals_responses / f".{approval_id}.tmp"
+    tmp.write_bytes(data)
+    tmp.rename(daemon.home.approvals_responses / f"{approval_id}.json")
+
+
+def _set_aside(daemon: DaemonProcess, approval_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while (daemon.home.approvals_responses / f"{approval_id}.json").exists() or os.path.islink(
+        daemon.home.approvals_responses / f"{approval_id}.json"
+    ):
+        assert time.monotonic() < deadline, "the response was not set aside"
+        time.sleep(0.02)
+    assert list(daemon.home.quarantine.glob(f"approval-response-{approval_id}-*"))
+    assert (daemon.home.approvals_pending / f"{approval_id}.json").exists()  # still open
+
+
+def test_hand_written_and_hostile_response_files(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # A FIFO was opened for reading under the approvals lock: the worker and every later
+    # `adaptor approve` waited forever.  Bad responses are set aside; the request stays open.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "question", "title": "which?", "choices": ["a", "b"]}},
+        {"text": "done"}, policy={"approvals": {"question": "ask", "timeout": 120}},
+    ))
+    approval_id = _pending_approval(daemon)
+    response = daemon.home.approvals_responses / f"{approval_id}.json"
+    os.mkfifo(response)
+    _set_aside(daemon, approval_id)
+    response.mkdir()
+    _set_aside(daemon, approval_id)
+    (tmp_path / "elsewhere.json").write_bytes(b'{"action": "deny"}')
+    response.symlink_to(tmp_path / "elsewhere.json")
+    _set_aside(daemon, approval_id)
+    for bad in (b'{"action": "approve"}',  # a question is answered or denied
+                b'{"action": "launch"}', b'["approve"]', b'{"action": "deny", "text": 5}',
+                b"{" + b" " * (64 * 1024) + b"}"):
+        _write_response(daemon, approval_id, bad)
+        _set_aside(daemon, approval_id)
+    _write_response(daemon, approval_id, b'{"action": "answer", "text": "b"}')
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"] and verdict["result"]["text"] == "done"
+    assert not (daemon.home.approvals_pending / f"{approval_id}.json").exists()
+    with pytest.raises(errors.ApprovalResolvedError):
+        _home.respond(daemon.home, approval_id, "deny")
+
+
 def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
     rid = daemon.submit(script({"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 0.3}}))
     verdict = daemon.verdict(rid)
