@@ -162,15 +162,11 @@ def test_a_permission_request_with_too_deep_an_input_still_reaches_its_file(
         "config": {"command": exe, "config_dir": str(tmp_path / "profile")},
         "policy": {"approvals": {"permission": "ask", "timeout": 60}},
     })
-    deadline = time.monotonic() + 60
-    while not (entries := list(daemon.home.approvals_pending.glob("*.json"))):
-        assert time.monotonic() < deadline, "no pending approval; daemon log:\n" + "\n".join(daemon.lines)
-        time.sleep(0.02)
-    (entry,) = entries
-    record = orjson.loads(entry.read_bytes())
+    approval_id = _pending_approval(daemon)
+    record = orjson.loads((daemon.home.approvals_pending / f"{approval_id}.json").read_bytes())
     assert record["request_id"] == rid and record["approval_kind"] == "permission"
     assert "<nested deeper than 200 levels: not kept>" in repr(record["details"])
-    _home.respond(daemon.home, entry.name[: -len(".json")], "approve")
+    _home.respond(daemon.home, approval_id, "approve")
     verdict = daemon.verdict(rid)
     assert verdict["ok"], verdict["error"]
 
