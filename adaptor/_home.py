@@ -269,7 +269,7 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
             if resolved.get("result") == "expired":
                 raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response")
             raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved")
-        if response_path.exists():
+        if _holds_response(home, response_path, approval_id):
             raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved")
         pending_path = home.approvals_pending / f"{approval_id}.json"
         try:
@@ -387,6 +387,20 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
     ):
         raise _Unusable(final=True)  # the CLI refuses these and leaves the request open
     return response
+
+
+def _holds_response(home: Home, path: Path, approval_id: str) -> bool:
+    """Whether ``path`` holds a response the daemon will act on (an unusable one is replaced)."""
+    try:
+        _read_response(path, home, approval_id)
+    except FileNotFoundError:
+        return False
+    except _Unusable as exc:
+        if not exc.final:
+            return True  # perhaps a script's response still being written: it came first
+        _set_aside(home, path, approval_id)
+        return False
+    return True
 
 
 def _set_aside(home: Home, path: Path, approval_id: str) -> None:

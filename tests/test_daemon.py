@@ -481,6 +481,22 @@ def test_hand_written_and_hostile_response_files(daemon: DaemonProcess, tmp_path
         _home.respond(daemon.home, approval_id, "deny")
 
 
+def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: Path) -> None:
+    # It took any file there for a winning response: "already resolved" while the request
+    # was still open (for good with no daemon to set the file aside).
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    pending = {"id": "ap-1", "approval_kind": "permission", "request_id": "r"}
+    (home.approvals_pending / "ap-1.json").write_bytes(orjson.dumps(pending))
+    response = home.approvals_responses / "ap-1.json"
+    os.mkfifo(response)
+    assert _home.respond(home, "ap-1", "approve")["action"] == "approve"
+    assert orjson.loads(response.read_bytes())["action"] == "approve"
+    assert list(home.quarantine.glob("approval-response-ap-1-*"))
+    with pytest.raises(errors.ApprovalResolvedError):  # a usable response did win
+        _home.respond(home, "ap-1", "deny")
+
+
 def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
     rid = daemon.submit(script({"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 0.3}}))
     verdict = daemon.verdict(rid)
