@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import queue
@@ -112,6 +113,13 @@ class Exit:
         if self.signal is not None:
             return f"killed by signal {self.signal}"
         return f"exit code {self.exit_code}"
+
+
+_CWD_PROBLEMS: Final = {
+    errno.ENOENT: "does not exist",
+    errno.ENOTDIR: "is not a directory",
+    errno.EACCES: "cannot be entered (permission denied)",
+}
 
 
 class BinaryNotFound(Exception):
@@ -277,13 +285,17 @@ class Child:
                 start_new_session=True,
                 close_fds=True,
             )
-        except FileNotFoundError as exc:
-            # A missing cwd raises FileNotFoundError too; only a missing binary is "not found".
-            if spec.cwd is not None and not os.path.isdir(spec.cwd):
-                raise BinaryNotFound(binary, f"working directory {spec.cwd} does not exist") from exc
-            raise BinaryNotFound(binary, "missing") from exc
-        except PermissionError as exc:
-            raise BinaryNotFound(binary, "not executable") from exc
+        except OSError as exc:
+            # subprocess names the path that failed: the working directory (the child's chdir)
+            # or the binary (its exec).  Each fails with the same errors, for other reasons.
+            if spec.cwd is not None and exc.filename == spec.cwd:
+                problem = _CWD_PROBLEMS.get(exc.errno or 0, exc.strerror or "cannot be used")
+                raise BinaryNotFound(binary, f"working directory {spec.cwd} {problem}") from exc
+            if isinstance(exc, FileNotFoundError):
+                raise BinaryNotFound(binary, "missing") from exc
+            if isinstance(exc, PermissionError):
+                raise BinaryNotFound(binary, "not executable") from exc
+            raise
         sink.emit(
             ProcessInfo(
                 kind="spawn",

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -128,6 +129,19 @@ def test_binary_not_found_is_an_infrastructure_failure(tmp_path: object) -> None
         assert response.failure.message == "adaptor-no-such-binary not found on PATH"
         assert dict(response.failure.details) == {"kind": "binary_not_found",
                                                   "binary": "adaptor-no-such-binary"}
+
+
+def test_a_working_directory_that_cannot_be_used_says_why(tmp_path: Path) -> None:
+    # A file as the working directory raised a bare NotADirectoryError ("execution failed").
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for cwd, why in ((a_file, "is not a directory"), (tmp_path / "gone", "does not exist")):
+        with pytest.raises(BinaryNotFound) as caught:
+            Child.start(_spec(["/bin/cat"], cwd=str(cwd)), RecordingSink())
+        assert str(caught.value) == f"/bin/cat: working directory {cwd} {why}"
+    # A missing binary in a good directory is still the binary's problem.
+    with pytest.raises(BinaryNotFound, match="adaptor-no-such-binary not found on PATH"):
+        Child.start(_spec(["adaptor-no-such-binary"], cwd=str(tmp_path)), RecordingSink())
 
 
 @pytest.mark.parametrize("trigger", ["cancel", "deadline"])
