@@ -314,9 +314,10 @@ def expire(home: Home, approval_id: str) -> dict[str, Any] | None:
         return response
 
 
-# A response file a person or a script wrote by hand is read only if it is a regular file of at
-# most this size; one that stays unreadable for RESPONSE_SETTLE seconds (not renamed into place
-# whole, say) is set aside in quarantine/, and the request stays pending.
+# A response file a person or a script wrote by hand is acted on only if it is a regular file
+# of at most RESPONSE_LIMIT bytes holding what the CLI would have written (_read_response).
+# Anything else is set aside in quarantine/ at once, and the request stays pending; only
+# invalid JSON younger than RESPONSE_SETTLE seconds is left for a writer that may be at it.
 RESPONSE_LIMIT = 64 * 1024
 RESPONSE_SETTLE = 2.0
 _ACTIONS = ("approve", "deny", "answer")
@@ -406,6 +407,7 @@ def _holds_response(home: Home, path: Path, approval_id: str) -> bool:
 def _set_aside(home: Home, path: Path, approval_id: str) -> None:
     target = home.quarantine / f"approval-response-{approval_id}-{secrets.token_hex(4)}"
     try:
+        _durable.ensure_dir(home.quarantine)  # (a home no daemon has served yet lacks it)
         os.rename(path, target)
     except FileNotFoundError:
         pass

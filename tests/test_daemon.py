@@ -485,16 +485,21 @@ def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: P
     # It took any file there for a winning response: "already resolved" while the request
     # was still open (for good with no daemon to set the file aside).
     home = _home.Home.at(tmp_path / "home")
-    home.ensure()
-    pending = {"id": "ap-1", "approval_kind": "permission", "request_id": "r"}
-    (home.approvals_pending / "ap-1.json").write_bytes(orjson.dumps(pending))
-    response = home.approvals_responses / "ap-1.json"
-    os.mkfifo(response)
-    assert _home.respond(home, "ap-1", "approve")["action"] == "approve"
-    assert orjson.loads(response.read_bytes())["action"] == "approve"
-    assert list(home.quarantine.glob("approval-response-ap-1-*"))
-    with pytest.raises(errors.ApprovalResolvedError):  # a usable response did win
-        _home.respond(home, "ap-1", "deny")
+    for directory in (home.approvals_pending, home.approvals_responses, home.approvals_resolved):
+        directory.mkdir(parents=True)  # (no quarantine/ yet: no daemon has served this home)
+    for approval_id in ("ap-1", "ap-2"):
+        pending = {"id": approval_id, "approval_kind": "permission", "request_id": "r"}
+        (home.approvals_pending / f"{approval_id}.json").write_bytes(orjson.dumps(pending))
+    os.mkfifo(home.approvals_responses / "ap-1.json")
+    (home.approvals_responses / "ap-2.json").mkdir()
+    (home.approvals_responses / "ap-2.json" / "inside").write_text("")
+    for approval_id in ("ap-1", "ap-2"):
+        assert _home.respond(home, approval_id, "approve")["action"] == "approve"
+        response = home.approvals_responses / f"{approval_id}.json"
+        assert orjson.loads(response.read_bytes())["action"] == "approve"
+        assert list(home.quarantine.glob(f"approval-response-{approval_id}-*"))
+        with pytest.raises(errors.ApprovalResolvedError):  # a usable response did win
+            _home.respond(home, approval_id, "deny")
 
 
 def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
