@@ -21,7 +21,9 @@ daemon's lifecycle log) is written without waiting for the disk: a ``kill -9`` l
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import select
 import signal
 import socket
 import stat
@@ -65,6 +67,37 @@ few levels down in a record or verdict: orjson encodes at most 254 levels."""
 
 def _now() -> str:
     return events.format_time(datetime.now(UTC))
+
+
+class _Wakeup:
+    """Wakes the main loop, from other threads and from signal handlers, without a lock.
+
+    A byte in a pipe: setting it is one non-blocking write, which a signal handler may do at
+    any moment; waiting drains the pipe.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._poller = select.poll()
+        self._poller.register(self._read, select.POLLIN)
+
+    def set(self) -> None:
+        if self._write >= 0:
+            with contextlib.suppress(OSError):  # full: a wake is pending anyway
+                os.write(self._write, b"\0")
+
+    def wait(self, timeout: float) -> None:
+        """Return when set since the last wait, or after ``timeout`` seconds; clears it."""
+        self._poller.poll(max(0, math.ceil(timeout * 1000)))
+        with contextlib.suppress(OSError):
+            while os.read(self._read, 4096):
+                pass
+
+    def close(self) -> None:
+        fds, self._read, self._write = (self._read, self._write), -1, -1
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _as_recorded(event: events.Event, redactor: requests.Redactor, *, bound: bool) -> events.Event:
@@ -124,9 +157,11 @@ class Daemon:
         self.a2a = a2a
         self._bridge: Bridge | None = None
         self._log_stream = log or sys.stderr
-        self._wake = threading.Event()
+        self._wake = _Wakeup()
         self._stop = threading.Event()
-        self._reload = threading.Event()
+        # Set by the signal handler; the main loop turns them into _stop and a reload.
+        self._stop_signalled = False
+        self._reload_signalled = False
         self._lock = threading.Lock()
         # The schedule (under _lock): jobs that may start now in arrival order, jobs waiting
         # behind an earlier one with their thread key, the keys so held (by a ready or running
@@ -224,13 +259,13 @@ class Daemon:
             self._daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
             _notify("READY=1\nSTATUS=serving")
             self.log("ready", home=self.home.root, workers=self.workers)
-            while not self._stop.is_set():
+            while True:
                 self._wake.wait(self.config.scan_interval)
-                self._wake.clear()
-                if self._stop.is_set():
+                if self._stop_signalled:
+                    self._stop.set()
                     break
-                if self._reload.is_set():
-                    self._reload.clear()
+                if self._reload_signalled:
+                    self._reload_signalled = False
                     self._reload_config()
                 self._check_observer()
                 self._scan()
@@ -248,6 +283,7 @@ class Daemon:
                 self._events.close()
             with contextlib.suppress(Exception):
                 self._daemon_log.close()
+            self._wake.close()
 
     def _stop_leftovers(self) -> None:
         """Stop the agents a killed predecessor left running (see :mod:`adaptord._leftovers`).
@@ -260,11 +296,18 @@ class Daemon:
             pids = ",".join(str(leftover.pid) for leftover in found)
             self.audit("leftovers.stopped", processes=len(found), killed=killed, pids=pids)
 
+    def _stopping(self) -> bool:
+        return self._stop_signalled or self._stop.is_set()
+
     def _on_signal(self, signum: int, frame: object) -> None:
+        # No lock may be taken here.  The handler runs in the main thread between any two of
+        # its bytecodes, perhaps while that thread holds the very lock (a threading.Event's,
+        # say: in its wait() or set(), or in this handler interrupted by a second signal,
+        # which is how a drain began with SIGTERM twice) and would wait on itself forever.
         if signum == signal.SIGHUP:
-            self._reload.set()
+            self._reload_signalled = True
         else:
-            self._stop.set()
+            self._stop_signalled = True
         self._wake.set()
 
     def _reload_config(self) -> None:
@@ -291,7 +334,7 @@ class Daemon:
             return None
         from adaptord.a2a_bridge import Bridge
 
-        self._bridge = Bridge(self.home, self.config.a2a, self.a2a, stopping=self._stop.is_set, log=self.log)
+        self._bridge = Bridge(self.home, self.config.a2a, self.a2a, stopping=self._stopping, log=self.log)
         return self._bridge.start()
 
     def _stop_bridge(self) -> None:
@@ -372,7 +415,7 @@ class Daemon:
         # claimed/ makes all those claims durable at once (a burst of N requests costs one
         # sync, not N), then each is accepted and dispatched at once.
         for start in range(0, len(names), _CLAIM_BATCH):
-            if self._stop.is_set():
+            if self._stopping():
                 return
             claimed: list[tuple[str, str, Path]] = []
             for name in names[start : start + _CLAIM_BATCH]:
@@ -557,7 +600,7 @@ class Daemon:
     def _dispatch(self) -> None:
         started: list[Job] = []
         with self._lock:
-            if self._stop.is_set():
+            if self._stopping():
                 return
             while self._ready and len(self._running) < self.workers:
                 job = self._ready.popleft()

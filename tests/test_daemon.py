@@ -316,6 +316,22 @@ def test_sigterm_drains_running_work_and_writes_its_verdict(tmp_path: Path) -> N
     assert verdict["ok"] and verdict["result"]["text"] == "finished"
 
 
+def test_a_burst_of_signals_cannot_deadlock_the_main_loop(tmp_path: Path) -> None:
+    # The handler set threading.Events.  It runs in the main thread between two bytecodes,
+    # perhaps while that thread holds the Event's lock (in its wait, or in the handler itself
+    # interrupted by the next signal): the daemon then waited on itself forever.  A drain
+    # begun with SIGTERM twice (a supervisor, then its stop) hung the suite once.
+    proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
+    rid = proc.submit(script({"text": "started"}, {"sleep": 0.5}, {"text": "finished"}))
+    proc.wait_for_line(f"request.started id={rid}")
+    for _ in range(500):
+        proc.signal(signal.SIGHUP)
+    proc.signal(signal.SIGTERM)
+    assert proc.stop() == 0  # (a second SIGTERM, at once)
+    verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
+    assert verdict["ok"] and verdict["result"]["text"] == "finished"
+
+
 def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:
     proc = DaemonProcess(tmp_path / "home", "--grace", "0.2").start()
     rid = proc.submit(script({"text": "started"}, {"sleep": 60}))
