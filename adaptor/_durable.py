@@ -15,6 +15,7 @@ import inspect
 import itertools
 import os
 import secrets
+import stat
 import sys
 import threading
 import time
@@ -367,6 +368,28 @@ def write_once(
         os.unlink(tmp)
         fsync_dir(target.parent)
     return True
+
+
+def read_small(path: _StrPath, limit: int) -> bytes:
+    """A regular file's bytes, read without following a link at ``path`` or waiting on a FIFO.
+
+    Raises ``ValueError`` for anything that is not a regular file or holds more than ``limit``
+    bytes (files a person or a script drops where the daemon reads).
+    """
+    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        chunks: list[bytes] = []
+        total = 0
+        while chunk := os.read(fd, 65536):
+            total += len(chunk)
+            if total > limit:
+                raise ValueError(f"larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_json(path: _StrPath) -> Any:

@@ -14,7 +14,6 @@ import hashlib
 import os
 import re
 import secrets
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -357,23 +356,20 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
     a device, a symlink or an oversized file.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = _durable.read_small(path, RESPONSE_LIMIT)
     except FileNotFoundError:
         raise
-    except OSError:  # a symlink (ELOOP), or nothing this process may read
+    except (OSError, ValueError):  # a symlink (ELOOP), a FIFO, a directory, too large, ...
         raise _Unusable(final=True) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > RESPONSE_LIMIT:
-            raise _Unusable(final=True)
-        data = os.read(fd, RESPONSE_LIMIT + 1)
-    finally:
-        os.close(fd)
     try:
         response = orjson.loads(data)
     except orjson.JSONDecodeError:
         # Perhaps still being written by a script that does not rename into place.
-        raise _Unusable(final=time.time() - info.st_mtime >= RESPONSE_SETTLE) from None
+        try:
+            young = time.time() - os.lstat(path).st_mtime < RESPONSE_SETTLE
+        except OSError:
+            young = False
+        raise _Unusable(final=not young) from None
     if not isinstance(response, dict) or response.get("action") not in _ACTIONS:
         raise _Unusable(final=True)
     if not isinstance(response.get("text", ""), str):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 import adaptor
-from adaptor import _home, _nesting, mcp, skill
+from adaptor import _durable, _home, _nesting, mcp, skill
 from adaptor.driver import Driver, InvalidDriverConfigError
 from adaptor.drivers import NAMES as DRIVERS
 from adaptor.spool import InvalidRequestError
@@ -380,17 +380,7 @@ def _policy(raw: Mapping[str, Any] | None) -> adaptor.Policy | None:
 
 def read_limited(path: Path, limit: int) -> bytes:
     """Read a spool file without following links, refusing more than ``limit`` bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks)
-            total += len(chunk)
-            if total > limit:
-                raise InvalidRequestError([{"path": "", "message": f"request file is larger than {limit} bytes"}])
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+        return _durable.read_small(path, limit)
+    except ValueError as exc:
+        raise InvalidRequestError([{"path": "", "message": f"request file is {exc}"}]) from None
