@@ -354,13 +354,25 @@ def write_once(
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp-{_random_suffix()}")
     batch = SyncBatch() if synced_with is None else synced_with
-    batch.write(tmp, data, exclusive=True)
-    batch.sync()
+    try:
+        batch.write(tmp, data, exclusive=True)
+        batch.sync()
+    except FileExistsError:
+        raise  # not ours to remove
+    except BaseException:
+        # A full disk, say: the half-written temporary file is not left behind.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     try:
         os.link(tmp, target)
     except FileExistsError:
         os.unlink(tmp)
         return False
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     try:
         if linked is not None:
             linked()

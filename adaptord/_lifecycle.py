@@ -32,6 +32,7 @@ class LifecycleLog:
         *,
         emit: Callable[[str], None],
         on_error: Callable[[str, BaseException], None],
+        on_recovered: Callable[[], None] = lambda: None,
         linger: float = 0.005,
     ) -> None:
         sr.check_contained(session)
@@ -41,6 +42,8 @@ class LifecycleLog:
         self._backend: sr.JSONLEventBackend | None = None
         self._emit = emit
         self._on_error = on_error
+        self._on_recovered = on_recovered
+        self._failing = False  # the last batch failed; reported once until one succeeds
         self._linger = linger
         self._pending: deque[tuple[events.Notice, str]] = deque()
         self._cond = threading.Condition()
@@ -102,7 +105,13 @@ class LifecycleLog:
             # A backend that failed may refuse every later append (a failed fsync poisons the
             # key); the next batch starts afresh, re-checking the file's tail first.
             self._drop_recorder()
-            self._on_error("audit log write failed", exc)
+            if not self._failing:  # a full disk fails every batch: one line, not hundreds
+                self._failing = True
+                self._on_error("audit log write failed", exc)
+            return
+        if self._failing:
+            self._failing = False
+            self._on_recovered()
 
     def _drop_recorder(self) -> None:
         recorder, self._recorder, self._backend = self._recorder, None, None

@@ -21,6 +21,7 @@ daemon's lifecycle log) is written without waiting for the disk: a ``kill -9`` l
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import select
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -135,6 +136,8 @@ class Job:
     unsynced: list[Path] = field(default_factory=list)
     run_dir_ready: bool = False
     run_dir_synced: bool = False
+    # Events the audit log refused (a full disk): the first failure is logged, the rest counted.
+    unrecorded: int = 0
 
 
 class Daemon:
@@ -177,6 +180,9 @@ class Daemon:
         self._observer: Any = None
         self._tools: dict[str, Any] = {}
         self._kept = requests.KeptAgents()
+        # Verdicts that could not be written (a full or failing disk), by request id, each
+        # tried again every scan interval (under _lock).  Their requests stay claimed.
+        self._deferred: dict[str, Callable[[], None]] = {}
 
     # -- logging and audit -------------------------------------------------------------------
 
@@ -231,7 +237,10 @@ class Daemon:
     def _serve_locked(self) -> int:
         self._daemon_log = LifecycleLog(
             self.home.events, _home.DAEMON_SESSION, emit=self._emit,
-            on_error=lambda what, exc: self.log(what, error=type(exc).__name__),
+            on_error=lambda what, exc: self.log(
+                what, error=_os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__
+            ),
+            on_recovered=lambda: self.log("audit log writable again"),
         )
         # Run events are written as they happen (tail -f shows them live) and fsynced once,
         # before the verdict: per-event fsync would cap a streaming run at the disk's sync rate.
@@ -244,11 +253,16 @@ class Daemon:
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="adaptord-worker")
         try:
             a2a_url = self._start_bridge()
-            _durable.atomic_write_json(
-                self.home.daemon_state,
-                {"pid": os.getpid(), "started_at": _now(), "home": str(self.home.root), "workers": self.workers,
-                 "version": adaptor.__version__, **({"a2a_url": a2a_url} if a2a_url else {})},
-            )
+            try:
+                _durable.atomic_write_json(
+                    self.home.daemon_state,
+                    {"pid": os.getpid(), "started_at": _now(), "home": str(self.home.root), "workers": self.workers,
+                     "version": adaptor.__version__, **({"a2a_url": a2a_url} if a2a_url else {})},
+                )
+            except OSError as exc:  # a full disk: serve anyway, and give the claimed their verdicts
+                self.log("cannot write the daemon state", error=_os_error_text(exc))
+                with contextlib.suppress(OSError):  # a predecessor's would name the wrong pid
+                    os.unlink(self.home.daemon_state)
             self.audit("daemon.started", workers=self.workers, pid=os.getpid())
             if a2a_url:
                 self.audit("a2a.listening", url=a2a_url, agents=",".join(a.key for a in self.config.a2a.agents))
@@ -268,9 +282,11 @@ class Daemon:
                     self._reload_signalled = False
                     self._reload_config()
                 self._check_observer()
+                self._retry_verdicts()
                 self._scan()
             _notify("STOPPING=1")
             self._drain()
+            self._retry_verdicts(last=True)
             self.audit("daemon.stopped")
             return 0
         finally:
@@ -526,7 +542,10 @@ class Daemon:
         # Its run folder is made once it starts, off the pickup path.  Only a request
         # recovered with an earlier attempt's state says it is queued again.
         if prior:
-            self._save_state(job, "queued")
+            try:
+                self._save_state(job, "queued")
+            except OSError as exc:  # the earlier state stays: its attempt count is still right
+                self.log("cannot write the run state", id=request_id, error=_os_error_text(exc))
         self._enqueue(job)
         self.audit("request.queued", request_id)
 
@@ -554,7 +573,6 @@ class Daemon:
             session=None,
             secrets=[],
         )
-        self._cleanup_claim(request_id)
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -622,7 +640,6 @@ class Daemon:
                         job.id, run_id=None, result=None, error=exc, received_at=job.received_at,
                         started_at=None, session=None, secrets=secrets,
                     )
-                    self._cleanup_claim(job.id)
         finally:
             with self._lock:
                 self._running.pop(job.id, None)
@@ -669,14 +686,17 @@ class Daemon:
                     stream.cancel()
                 for event in stream:
                     self._record(session, event, redactor, job)
+                if job.unrecorded > 1:
+                    self.log("events not recorded", id=job.id, count=job.unrecorded)
                 result = stream.result()
             except BaseException as exc:
                 error = exc
             finally:
                 call.close(self.grace)
         if not job.run_dir_ready:  # the run never started; the folder still gets its request copy
-            self._prepare_run_dir(job)
-            self._save_state(job, "running", started_at=started_at, session=session)
+            if self._prepare_run_dir_or_log(job):
+                with contextlib.suppress(OSError):  # the verdict says what went wrong
+                    self._save_state(job, "running", started_at=started_at, session=session)
             self.audit("request.started", job.id, attempt=job.attempt)
         if isinstance(error, errors.RunError):
             result = error.result
@@ -700,7 +720,9 @@ class Daemon:
                 # replaced by a note, as in the run's files.
                 self._events.record(session, _as_recorded(event, redactor, bound=True))
         except Exception as exc:
-            self.log("event not recorded", id=job.id, error=f"{type(exc).__name__}: {exc}")
+            job.unrecorded += 1
+            if job.unrecorded == 1:
+                self.log("event not recorded", id=job.id, error=f"{type(exc).__name__}: {exc}")
         if isinstance(event, events.Notice) and event.data.get("phase") == "driver.started":
             self._save_state(job, "running", entered=True, session=session)
 
@@ -769,13 +791,12 @@ class Daemon:
                 self.audit("request.cancel_requested", request_id)
             elif queued is not None:
                 self.audit("request.cancel_requested", request_id)
-                self._prepare_run_dir(queued)
+                self._prepare_run_dir_or_log(queued)
                 self._write_verdict(
                     request_id, run_id=None, result=None, error=errors.CancelledError("cancelled before it started"),
                     received_at=queued.received_at, started_at=None, session=None,
                     secrets=self._secrets_of(queued.request), job=queued,
                 )
-                self._cleanup_claim(request_id)
                 self._dispatch()  # a job waiting behind it on its thread key may be ready now
             elif (self.home.spool_new / f"{request_id}.json").exists():
                 continue  # not claimed yet: the next scan claims it, then this marker applies
@@ -784,7 +805,50 @@ class Daemon:
 
     # -- verdicts ------------------------------------------------------------------------------
 
-    def _write_verdict(
+    def _write_verdict(self, request_id: str, **verdict: Any) -> bool:
+        """Write the request's verdict (see :meth:`_try_write_verdict`); ``False`` if deferred.
+
+        A verdict the disk refuses (full, failing) is not lost: its request stays claimed and
+        the verdict is tried again every scan interval until it is written.  Were the daemon
+        to stop first, the next start gives the claimed request its verdict (see _recover).
+        """
+        try:
+            self._try_write_verdict(request_id, **verdict)
+        except OSError as exc:
+            with self._lock:
+                first = request_id not in self._deferred
+                self._deferred[request_id] = functools.partial(self._try_write_verdict, request_id, **verdict)
+            if first:
+                self.log(
+                    "verdict.deferred", id=request_id, error=_os_error_text(exc),
+                    retry=f"every {self.config.scan_interval:g}s",
+                )
+            return False
+        with self._lock:
+            retried = self._deferred.pop(request_id, None) is not None
+        if retried:
+            self.log("verdict.undeferred", id=request_id)
+        return True
+
+    def _retry_verdicts(self, *, last: bool = False) -> None:
+        """Try the deferred verdicts again; with ``last`` (shutdown), say which stay claimed."""
+        with self._lock:
+            pending = list(self._deferred.items())
+        for request_id, write in pending:
+            try:
+                write()
+            except OSError:
+                if last:
+                    self.log("verdict.unwritten", id=request_id, note="claimed; the next start writes it")
+                continue
+            except Exception as exc:  # a bug must not stop the others or the main loop
+                self.log("verdict retry failed", id=request_id, error=type(exc).__name__)
+                continue
+            with self._lock:
+                self._deferred.pop(request_id, None)
+            self.log("verdict.undeferred", id=request_id)
+
+    def _try_write_verdict(
         self,
         request_id: str,
         *,
@@ -858,13 +922,15 @@ class Daemon:
                 "verdict.written", request_id, ok=error is None,
                 code=None if wire is None else wire["code"], exit_code=verdict["exit_code"],
             )
-        # Once the verdict exists the state no longer matters to recovery: no sync.
+        # Once the verdict exists the state no longer matters to recovery: no sync, and a
+        # state the disk refuses now stays as it was.
         done = {"id": request_id, "status": "done", "run_id": run_id, "session": session}
-        if job is not None:
-            job.state.update(done)
-            self._write_state_raw(request_id, job.state, folder_exists=job.run_dir_ready)
-        else:
-            self._write_state_raw(request_id, done, merge=True)
+        with contextlib.suppress(OSError):
+            if job is not None:
+                job.state.update(done)
+                self._write_state_raw(request_id, job.state, folder_exists=job.run_dir_ready)
+            else:
+                self._write_state_raw(request_id, done, merge=True)
 
     def _write_side_files(
         self, request_id: str, result: adaptor.Result | None, redactor: requests.Redactor,
@@ -908,6 +974,15 @@ class Daemon:
         _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
         job.unsynced.append(run_dir / "request.json")
         job.run_dir_ready = True
+
+    def _prepare_run_dir_or_log(self, job: Job) -> bool:
+        """:meth:`_prepare_run_dir` where a verdict follows anyway: a failure is only logged."""
+        try:
+            self._prepare_run_dir(job)
+        except OSError as exc:
+            self.log("cannot write the request copy", id=job.id, error=_os_error_text(exc))
+            return False
+        return True
 
     def _save_state(self, job: Job, status: str, **extra: Any) -> None:
         """Write the job's ``state.json`` (no fsync; see :meth:`_sync_state`)."""
@@ -984,25 +1059,32 @@ class Daemon:
     def _recover(self) -> None:
         self._sweep_temp_files()
         for name in sorted(os.listdir(self.home.claimed)):
-            request_id = name[: -len(".json")]
-            claimed = self.home.claimed / name
-            if not name.endswith(".json") or not _home.REQUEST_ID.match(request_id):
-                self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
-                continue
-            if self.home.verdict(request_id).exists():
-                self._cleanup_claim(request_id)  # crashed between the verdict and the cleanup
-                continue
             try:
-                state = _durable.read_json(self.home.run_state(request_id))
-            except (OSError, ValueError):
-                state = {}
-            received_at = state.get("received_at") or _claimed_at(claimed)
-            attempt = int(state.get("attempt") or 0)
-            if state.get("status") in (None, "queued") or attempt == 0:
-                self.log("recovered a queued request", id=request_id)
-                self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
-                continue
-            self._interrupted(request_id, claimed, state, attempt, received_at)
+                self._recover_one(name)
+            except Exception as exc:  # one request must not keep the daemon from starting
+                self.log("could not recover a claimed request", name=repr(name), error=type(exc).__name__)
+
+    def _recover_one(self, name: str) -> None:
+        """The claimed request ``name`` after a restart: queued again, or its verdict."""
+        request_id = name[: -len(".json")]
+        claimed = self.home.claimed / name
+        if not name.endswith(".json") or not _home.REQUEST_ID.match(request_id):
+            self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
+            return
+        if self.home.verdict(request_id).exists():
+            self._cleanup_claim(request_id)  # crashed between the verdict and the cleanup
+            return
+        try:
+            state = _durable.read_json(self.home.run_state(request_id))
+        except (OSError, ValueError):
+            state = {}
+        received_at = state.get("received_at") or _claimed_at(claimed)
+        attempt = int(state.get("attempt") or 0)
+        if state.get("status") in (None, "queued") or attempt == 0:
+            self.log("recovered a queued request", id=request_id)
+            self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
+            return
+        self._interrupted(request_id, claimed, state, attempt, received_at)
 
     def _interrupted(self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str) -> None:
         # The driver-entry fact is recorded by the event consumer, which can lag the driver: a
@@ -1034,17 +1116,13 @@ class Daemon:
             # The request copy is written again: the start did not sync it (a power loss may
             # have lost it); the verdict syncs it with the run folder.
             job = Job(id=request_id, request=request, received_at=received_at, attempt=attempt, state=dict(state))
-            try:
-                self._prepare_run_dir(job)
-            except OSError as exc:
-                self.log("cannot write the request copy", id=request_id, error=str(exc))
+            if not self._prepare_run_dir_or_log(job):
                 job = None
         result = error.result if isinstance(error, errors.RunError) else None
         self._write_verdict(
             request_id, run_id=run_id, result=result, error=error, received_at=received_at,
             started_at=state.get("started_at"), session=state.get("session"), secrets=secrets, job=job,
         )
-        self._cleanup_claim(request_id)
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -1073,6 +1151,11 @@ class Daemon:
             self._idle.wait_for(lambda: not self._running, timeout=30)
         # CLI processes kept for the next turn of a thread stop with the daemon.
         self._kept.close(self.grace)
+
+
+def _os_error_text(exc: OSError) -> str:
+    """``exc``'s reason without the file names (a request's ids and paths stay out of it)."""
+    return exc.strerror or type(exc).__name__
 
 
 def _claimed_at(claimed: Path) -> str:

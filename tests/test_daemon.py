@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -330,6 +332,33 @@ def test_a_burst_of_signals_cannot_deadlock_the_main_loop(tmp_path: Path) -> Non
     assert proc.stop() == 0  # (a second SIGTERM, at once)
     verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
     assert verdict["ok"] and verdict["result"]["text"] == "finished"
+
+
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs resource.prlimit (Linux)")
+def test_a_verdict_the_disk_refuses_keeps_its_outcome_until_it_can_be_written(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE 0 makes every write into a regular file fail (EFBIG), as a full disk would,
+    # without root; tests/torture/test_disk_full.py fills a real filesystem.
+    proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
+    assert proc.proc is not None
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    rid = proc.submit(script({"text": "started"}, {"sleep": 0.5}, {"text": "finished"}))
+    proc.wait_for_line(f"request.started id={rid}")
+    resource.prlimit(proc.proc.pid, resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        assert os.strerror(errno.EFBIG) in proc.wait_for_line(f"verdict.deferred id={rid} ")
+        assert not proc.home.verdict(rid).exists()
+        assert (proc.home.claimed / f"{rid}.json").exists()
+        assert [p.name for p in proc.home.verdicts.iterdir()] == []  # no temporary file either
+    finally:
+        resource.prlimit(proc.proc.pid, resource.RLIMIT_FSIZE, (soft, hard))
+    verdict = proc.verdict(rid)
+    assert verdict["ok"] and verdict["result"]["text"] == "finished"
+    proc.wait_for_line(f"verdict.undeferred id={rid}")
+    assert proc.stop() == 0
+    assert not (proc.home.claimed / f"{rid}.json").exists()
+    assert sum(f"verdict.deferred id={rid} " in line for line in proc.lines) == 1
+    for log in proc.home.events.glob("*.jsonl"):
+        sr.verify(log)
 
 
 def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:

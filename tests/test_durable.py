@@ -1022,6 +1022,25 @@ def test_write_once_never_replaces_and_runs_linked_before_returning(tmp_path: Pa
     assert [p.name for p in tmp_path.iterdir()] == ["verdict.json"]  # no temporary left
     assert target.stat().st_mode & 0o777 == 0o600
 
+@pytest.mark.parametrize("failing", ["_write_all", "fsync"])
+def test_write_once_on_a_full_disk_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "injected full disk")
+
+    if failing == "fsync":
+        monkeypatch.setattr(os, "fsync", full)
+    else:
+        monkeypatch.setattr(_durable, failing, full)
+    target = tmp_path / "verdict.json"
+    with pytest.raises(OSError, match="injected full disk"):
+        _durable.write_once(target, b"{}\n")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    assert _durable.write_once(target, b"{}\n")  # and the next try succeeds
+
+
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_a_sync_batch_syncs_each_file_then_its_folders_and_a_verdict_after_them(
