@@ -22,6 +22,7 @@ the home has no spool at all.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import logging
 import os
@@ -103,10 +104,15 @@ class SpoolNotFoundError(FileNotFoundError):
     def __init__(self, home: Path) -> None:
         self.home = home
         super().__init__(
+            errno.ENOENT,
             f"no adaptord spool under {home} (start the daemon with "
-            f"`adaptord serve --home {home}`, or point ADAPTORD_HOME at its home)"
+            f"`adaptord serve --home {home}`, or point ADAPTORD_HOME at its home)",
+            str(home),
         )
-        self.filename = str(home)
+
+    def __str__(self) -> str:
+        # OSError's own form, "[Errno 2] <message>: '<home>'", says the home twice.
+        return str(self.strerror)
 
 
 class UnknownRequestError(LookupError):

@@ -183,6 +183,7 @@ class Daemon:
         # Verdicts that could not be written (a full or failing disk), by request id, each
         # tried again every scan interval (under _lock).  Their requests stay claimed.
         self._deferred: dict[str, Callable[[], None]] = {}
+        self._home_missing_logged = False
 
     # -- logging and audit -------------------------------------------------------------------
 
@@ -424,6 +425,10 @@ class Daemon:
     def _scan(self) -> None:
         try:
             names = sorted(entry.name for entry in os.scandir(self.home.spool_new))
+        except FileNotFoundError:
+            if not self._restore_home():
+                return
+            names = []
         except OSError as exc:
             self.log("cannot list the spool", error=str(exc))
             return
@@ -466,6 +471,29 @@ class Daemon:
                 self._dispatch()
         self._apply_cancels()
         self._dispatch()
+
+    def _restore_home(self) -> bool:
+        """Create the home's folders again (someone removed one); ``False`` if that failed.
+
+        The watcher is started again too: its watch went with the removed folder.  Nothing is
+        created while the home itself is missing: its lock file went with it, and only a new
+        start can make a home whose daemon is known to be alone.
+        """
+        if not self.home.root.is_dir():
+            if not self._home_missing_logged:
+                self._home_missing_logged = True
+                self.log("the home folder is gone; restart the daemon", home=self.home.root)
+            return False
+        try:
+            self.home.ensure()
+        except OSError as exc:
+            self.log("cannot create the home's folders again", error=_os_error_text(exc))
+            return False
+        self._home_missing_logged = False
+        self.log("a folder of the home was missing; created it again")
+        self._stop_observer()
+        self._start_observer()
+        return True
 
     def _take(self, name: str) -> tuple[str, Path] | None:
         """Link a valid spool entry into claimed/ (not yet synced); quarantine anything else."""
@@ -834,6 +862,8 @@ class Daemon:
         """Try the deferred verdicts again; with ``last`` (shutdown), say which stay claimed."""
         with self._lock:
             pending = list(self._deferred.items())
+        if pending and not all(folder.is_dir() for folder in (self.home.verdicts, self.home.runs, self.home.events)):
+            self._restore_home()
         for request_id, write in pending:
             try:
                 write()

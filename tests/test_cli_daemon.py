@@ -181,6 +181,7 @@ def test_run_without_a_daemon_or_a_spool_exits_69(tmp_path: Path) -> None:
             timeout=TIMEOUT,
         )
         assert proc.returncode == 69 and str(root) in proc.stderr
+        assert "Errno" not in proc.stderr and "None" not in proc.stderr, proc.stderr
     assert list((spool / "spool" / "new").iterdir()) == []  # nothing queued for nobody
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -359,6 +360,25 @@ def test_a_verdict_the_disk_refuses_keeps_its_outcome_until_it_can_be_written(tm
     assert sum(f"verdict.deferred id={rid} " in line for line in proc.lines) == 1
     for log in proc.home.events.glob("*.jsonl"):
         sr.verify(log)
+
+
+def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path) -> None:
+    proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
+    home = proc.home
+    shutil.rmtree(home.root / "spool")  # a cleanup script gone too far
+    proc.wait_for_line("a folder of the home was missing; created it again")
+    assert home.spool_new.is_dir() and home.spool_tmp.is_dir()
+    rid = proc.submit(script({"text": "served"}))  # picked up by the new folder's watch
+    assert proc.verdict(rid)["ok"]
+
+    rid = proc.submit(script({"text": "started"}, {"sleep": 0.5}, {"text": "finished"}))
+    proc.wait_for_line(f"request.started id={rid}")
+    shutil.rmtree(home.verdicts)
+    proc.wait_for_line(f"verdict.deferred id={rid} ")
+    verdict = proc.verdict(rid)
+    assert verdict["ok"] and verdict["result"]["text"] == "finished"
+    assert proc.stop() == 0
+    assert not (home.claimed / f"{rid}.json").exists()
 
 
 def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:

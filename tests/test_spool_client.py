@@ -9,6 +9,7 @@ exits with the documented code.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -500,7 +501,8 @@ def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
     nowhere = Client(tmp_path / "nowhere")
     with pytest.raises(SpoolNotFoundError) as info:
         nowhere.submit(script({"text": "x"}))
-    assert str(tmp_path / "nowhere") in str(info.value)
+    assert str(info.value).startswith(f"no adaptord spool under {tmp_path / 'nowhere'} (start")
+    assert info.value.errno == errno.ENOENT and info.value.filename == str(tmp_path / "nowhere")
     with pytest.raises(SpoolNotFoundError):
         nowhere.wait("some-id")
     assert nowhere.status()["running"] is False
