@@ -833,8 +833,8 @@ class Daemon:
 
     # -- verdicts ------------------------------------------------------------------------------
 
-    def _write_verdict(self, request_id: str, **verdict: Any) -> bool:
-        """Write the request's verdict (see :meth:`_try_write_verdict`); ``False`` if deferred.
+    def _write_verdict(self, request_id: str, **verdict: Any) -> None:
+        """Write the request's verdict (see :meth:`_try_write_verdict`), or defer it.
 
         A verdict the disk refuses (full, failing) is not lost: its request stays claimed and
         the verdict is tried again every scan interval until it is written.  Were the daemon
@@ -847,16 +847,10 @@ class Daemon:
                 first = request_id not in self._deferred
                 self._deferred[request_id] = functools.partial(self._try_write_verdict, request_id, **verdict)
             if first:
-                self.log(
-                    "verdict.deferred", id=request_id, error=_os_error_text(exc),
+                self.audit(
+                    "verdict.deferred", request_id, error=_os_error_text(exc),
                     retry=f"every {self.config.scan_interval:g}s",
                 )
-            return False
-        with self._lock:
-            retried = self._deferred.pop(request_id, None) is not None
-        if retried:
-            self.log("verdict.undeferred", id=request_id)
-        return True
 
     def _retry_verdicts(self, *, last: bool = False) -> None:
         """Try the deferred verdicts again; with ``last`` (shutdown), say which stay claimed."""
@@ -869,14 +863,14 @@ class Daemon:
                 write()
             except OSError:
                 if last:
-                    self.log("verdict.unwritten", id=request_id, note="claimed; the next start writes it")
+                    self.audit("verdict.unwritten", request_id, note="claimed; the next start writes it")
                 continue
             except Exception as exc:  # a bug must not stop the others or the main loop
                 self.log("verdict retry failed", id=request_id, error=type(exc).__name__)
                 continue
             with self._lock:
                 self._deferred.pop(request_id, None)
-            self.log("verdict.undeferred", id=request_id)
+            self.audit("verdict.undeferred", request_id)
 
     def _try_write_verdict(
         self,
