@@ -212,15 +212,17 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     tmp = home.spool_tmp / f"{request_id}.json"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.link(tmp, home.spool_new / f"{request_id}.json")
     finally:
+        # Also after a failed write (a full disk): a retry with the same id must find no
+        # half-written file in its way.
         os.unlink(tmp)
     _durable.fsync_dir(home.spool_new)
     return request_id

@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 import adaptor
-from adaptor import _request, errors, events
+from adaptor import _home, _request, errors, events
 from adaptor.spool import (
     Client,
     InvalidRequestError,
@@ -557,3 +557,22 @@ def test_denied_through_the_client(home: Home) -> None:
     with pytest.raises(errors.ApprovalDeniedError) as info:
         home.client.wait(request_id, timeout=TIMEOUT)
     assert info.value.result is not None
+
+
+def test_a_submit_the_disk_refuses_leaves_nothing_in_the_way_of_a_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "injected full disk")
+
+    monkeypatch.setattr(os, "fsync", full)
+    request = {**script({"text": "x"}), "id": "retry-1"}
+    with pytest.raises(OSError, match="injected full disk"):
+        _home.submit(home, request)
+    monkeypatch.undo()
+    assert list(home.spool_tmp.iterdir()) == [] and list(home.spool_new.iterdir()) == []
+    assert _home.submit(home, request) == "retry-1"  # not "already queued"
+    assert [p.name for p in home.spool_new.iterdir()] == ["retry-1.json"]
