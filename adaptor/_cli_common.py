@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -57,6 +59,50 @@ def json_option(func: Callable[P, R]) -> Callable[P, R]:
 def require_daemon(client: Client) -> None:
     if not _home.daemon_running(_home.Home.at(client.home)):
         raise DaemonNotRunningError(client.home)
+
+
+_DAEMON_CHECK_INTERVAL = 2.0
+
+
+@contextmanager
+def telling_when_the_daemon_stops(
+    client: Client, request_id: str, say: Callable[[str], None], *, ctrl_c: str
+) -> Iterator[None]:
+    """While the body waits for ``request_id``'s verdict, ``say`` when the daemon stops serving
+    the home, and when it serves again.  ``ctrl_c`` says what an interrupt would do.
+
+    The wait goes on either way: the request keeps its place and the next start serves it, as
+    a supervisor restarting the daemon expects.  Without a word, a person at the terminal
+    could not tell a stopped daemon from a slow agent.
+    """
+    home = _home.Home.at(client.home)
+    done = threading.Event()
+
+    def watch() -> None:
+        serving = True
+        while not done.wait(_DAEMON_CHECK_INTERVAL):
+            try:
+                now = _home.daemon_running(home)
+            except OSError:
+                continue
+            if now == serving:
+                continue
+            serving = now
+            if serving:
+                say("adaptor: adaptord serves again")
+            else:
+                say(
+                    f"adaptor: adaptord stopped; {request_id} keeps its place and runs when the "
+                    f"daemon starts again (Ctrl-C {ctrl_c})"
+                )
+
+    watcher = threading.Thread(target=watch, name="adaptor-daemon-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join(timeout=1)
 
 
 # --- output -------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from adaptor._cli_common import (
     guarded,
     home_option,
     require_daemon,
+    telling_when_the_daemon_stops,
 )
 from adaptor._cli_spool import print_text, report_verdict, submit_request
 from adaptor.spool import Client
@@ -323,7 +324,9 @@ def _run_through_daemon(
     request_id = submit_request(client, request)
     live.label = request_id
     try:
-        with live:
+        with live, telling_when_the_daemon_stops(
+            client, request_id, live.note, ctrl_c="stops waiting and cancels it"
+        ):
             for event in client.events(request_id, follow=True):
                 live.event(event)
     except KeyboardInterrupt:
@@ -535,6 +538,14 @@ class Live:
                     self._approval_hint(event.data)
                 case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):
                     self._text_lost = True
+
+    def note(self, text: str) -> None:
+        """A line for the person at the terminal, on stderr (nothing with ``--quiet``/``--json``)."""
+        if not self.hints:
+            return
+        with self._lock:
+            self._clear_spinner()
+            self._line(sys.stderr, text)
 
     def _approval_hint(self, data: dict[str, Any]) -> None:
         if data.get("default_result") != "ask" or not self.daemon:

@@ -20,6 +20,7 @@ from adaptor._cli_common import (
     home_option,
     json_option,
     require_daemon,
+    telling_when_the_daemon_stops,
 )
 from adaptor.events import to_json
 from adaptor.spool import Client, InvalidRequestError, _log_records, _request_records
@@ -91,7 +92,11 @@ def wait(request_id: str, timeout: float | None, as_json: bool, home: str | None
         client._require_spool()
         client._require_known(request_id)
         require_daemon(client)
-        verdict = client._await_verdict(request_id, timeout)
+        say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+        with telling_when_the_daemon_stops(
+            client, request_id, say, ctrl_c=f"stops waiting; `adaptor wait {request_id}` waits again"
+        ):
+            verdict = client._await_verdict(request_id, timeout)
     report_verdict(client, verdict, as_json=as_json)
 
 

@@ -6,10 +6,13 @@ approvals answered from another process, ``--no-daemon`` parity, ``| head``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
+import queue
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -497,3 +500,60 @@ def test_approval_of_a_run_interrupted_by_a_crash_is_expired(tmp_path: Path) -> 
         assert orjson.loads(late.stdout)["error"]["code"] == "ErrApprovalExpired"
     finally:
         assert restarted.stop() == 0
+
+
+def _inotify_open(pid: int) -> bool:
+    """Whether process ``pid`` watches a folder (its wait for a verdict has begun)."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{name}") == "anon_inode:inotify":
+                return True
+    return False
+
+
+def _first_line(process: subprocess.Popen[str]) -> queue.Queue[str]:
+    """The first line ``process`` writes on stderr, read by a thread of its own."""
+    line: queue.Queue[str] = queue.Queue()
+    stderr = process.stderr
+    assert stderr is not None
+    threading.Thread(target=lambda: line.put(stderr.readline()), daemon=True).start()
+    return line
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
+    config_home = tmp_path / "config"
+    config_home.mkdir()
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config_home), "ADAPTORD_HOME": str(tmp_path / "home")}
+    daemon = DaemonProcess(tmp_path / "home", env=env).start()
+    run = subprocess.Popen(
+        ["adaptor", "run", "--driver", "script", "--config", steps({"sleep": 120}), "go"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    rid = daemon.wait_for_line("request.started id=").split("id=")[1].split()[0]
+    wait = subprocess.Popen(
+        ["adaptor", "wait", rid], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        wait_until(lambda: _inotify_open(run.pid) and _inotify_open(wait.pid), "both clients waiting")
+        daemon.kill9()
+        restarted = DaemonProcess(tmp_path / "home", env=env)
+        # Each client says so within a few seconds, then keeps waiting for the next start,
+        # whose verdict (the run was interrupted) it then reports.
+        stopped = f"adaptord stopped; {rid} keeps its place"
+        said = {client.pid: _first_line(client) for client in (run, wait)}
+        for client, ctrl_c in ((run, "Ctrl-C stops waiting and cancels it"), (wait, f"`adaptor wait {rid}` waits again")):
+            line = said[client.pid].get(timeout=TIMEOUT)
+            assert stopped in line and ctrl_c in line, line
+        restarted.start()
+        assert run.wait(timeout=TIMEOUT) == 1 and wait.wait(timeout=TIMEOUT) == 1
+    finally:
+        for client in (run, wait):
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    assert restarted.stop() == 0
