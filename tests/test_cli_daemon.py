@@ -284,7 +284,10 @@ def test_events_follow_a_live_run(home: Home) -> None:
     # The run is blocked on the approval: whatever follows was read live.
     answered = home.cli("approve", pending_approval(home, request_id)["id"])
     assert answered.returncode == 0, answered.stderr
-    rest, stderr = follower.communicate(timeout=TIMEOUT)
+    # Not communicate(timeout=...): it reads the pipe itself, past what the loop above buffered.
+    follower.wait(timeout=TIMEOUT)
+    assert follower.stderr is not None
+    rest, stderr = follower.stdout.read(), follower.stderr.read()
     assert follower.returncode == 0, stderr
     lines += json_lines(rest)
     assert [set(line) for line in lines] == [{"host_seq", "event"}] * len(lines)

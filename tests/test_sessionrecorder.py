@@ -1576,7 +1576,10 @@ def _acks_until_sigkill(script: str, events_dir: Path, at_least: int) -> list[in
             assert line, "appender died"
             acked.append(int(line))
         proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=CHILD_TIMEOUT)
+        proc.wait(timeout=CHILD_TIMEOUT)
+        # Not communicate(timeout=...): it reads the pipe itself and misses the lines that
+        # readline() already buffered, which then looked like records nobody acknowledged.
+        rest = proc.stdout.read()
         acked += [int(line) for line in rest.split()]
     finally:
         proc.kill()
