@@ -183,6 +183,7 @@ class Daemon:
         # Verdicts that could not be written (a full or failing disk), by request id, each
         # tried again every scan interval (under _lock).  Their requests stay claimed.
         self._deferred: dict[str, Callable[[], None]] = {}
+        self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._home_missing_logged = False
 
     # -- logging and audit -------------------------------------------------------------------
@@ -856,7 +857,10 @@ class Daemon:
         """Try the deferred verdicts again; with ``last`` (shutdown), say which stay claimed."""
         with self._lock:
             pending = list(self._deferred.items())
-        if pending and not all(folder.is_dir() for folder in (self.home.verdicts, self.home.runs, self.home.events)):
+        if not pending or (not last and time.monotonic() < self._next_retry):
+            return
+        self._next_retry = time.monotonic() + self.config.scan_interval
+        if not all(folder.is_dir() for folder in (self.home.verdicts, self.home.runs, self.home.events)):
             self._restore_home()
         for request_id, write in pending:
             try:
