@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -142,6 +143,7 @@ class ThreadPlan:
     fingerprint: str
     codec_name: str
     driver_type: str
+    lease_ttl: float = DEFAULT_LEASE_TTL
     leases: list[Lease] = field(default_factory=list)
     previous: Record | None = None  # the active record under the key, if any
     resumed: Record | None = None  # the record whose state the driver resumes
@@ -250,7 +252,9 @@ def plan(
         fingerprint=fingerprint,
         codec_name=codec_name,
         driver_type=driver_type,
+        lease_ttl=lease_ttl,
     )
+    _release_owed(store)
     try:
         result.leases.append(_acquire(store, _key_target(spec.key), result.owner, lease_ttl))
         if spec.mode == "fork":
@@ -377,13 +381,49 @@ def renew(plan_: ThreadPlan, ttl: float) -> None:
 
 
 def release(plan_: ThreadPlan) -> None:
-    """Release every lease in reverse order; stale leases are ignored by the store."""
+    """Release every lease in reverse order; stale leases are ignored by the store.
+
+    A release that fails (a full disk, say) is owed: tried again before this process next
+    takes a lease on the store, else the lease expires on its own.
+    """
     for lease in reversed(plan_.leases):
         try:
             plan_.store.release_lease(lease)
-        except Exception:  # a lease we cannot release expires on its own
-            pass
+        except Exception:
+            with _owed_lock:
+                _owed.append(_Owed(plan_.store, lease, time.monotonic() + plan_.lease_ttl))
     plan_.leases.clear()
+
+
+@dataclass(frozen=True, eq=False)
+class _Owed:
+    store: Store
+    lease: Lease
+    until: float  # time.monotonic() when the lease has expired anyway
+
+
+# Without a second try, this process's next run on the key (a daemon's next request of the
+# conversation) would find it busy for the rest of the lease's TTL, five minutes by default.
+_owed: list[_Owed] = []
+_owed_lock = threading.Lock()
+
+
+def _release_owed(store: Store) -> None:
+    """Try again the failed releases of leases on ``store``; those that fail stay owed."""
+    if not _owed:  # the usual case, without the lock
+        return
+    now = time.monotonic()
+    with _owed_lock:
+        _owed[:] = [owed for owed in _owed if now < owed.until]  # expired: nothing to release
+        due = [owed for owed in _owed if owed.store is store]
+    for owed in due:
+        try:
+            store.release_lease(owed.lease)
+        except Exception:
+            continue
+        with _owed_lock:
+            if owed in _owed:
+                _owed.remove(owed)
 
 
 def _key_target(key: str) -> str:

@@ -46,9 +46,9 @@ import adaptor
 from adaptor import _durable, _home, _nesting, errors, events
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
-from adaptor.threadstore import JSONLStore
 from adaptord import _leftovers
 from adaptord._lifecycle import LifecycleLog
+from adaptord._store import ReopeningStore
 from adaptord.config import DaemonConfig
 from hosttools import sessionrecorder as sr
 
@@ -248,7 +248,7 @@ class Daemon:
         # before the verdict: per-event fsync would cap a streaming run at the disk's sync rate.
         self._events_backend = sr.JSONLEventBackend(self.home.events, sync_on_append=False)
         self._events = sr.EventRecorder(self._events_backend, key_validator=_session_key_ok)
-        self._store = JSONLStore(self.home.threads)
+        self._store = ReopeningStore(self.home.threads)
         self._stop_leftovers()
         self._tools = self.config.load_tools()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -299,6 +299,7 @@ class Daemon:
             self._executor.shutdown(wait=False, cancel_futures=True)
             with contextlib.suppress(Exception):
                 self._events.close()
+            self._store.close()
             with contextlib.suppress(Exception):
                 self._daemon_log.close()
             self._wake.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,29 @@ def test_busy_loser_never_reaches_the_driver(store: Any) -> None:
     # the key is usable after the holder released its lease
     agent2, _ = agent_with(store)
     agent2.thread("k").run("third")
+
+
+def test_a_lease_whose_release_failed_does_not_keep_the_key_busy(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full disk refused the release: this process's next run of the key (a daemon's next
+    # request in the conversation) released it first, instead of finding it busy for the
+    # lease's whole TTL.
+    agent, driver = agent_with(store)
+    release = store.release_lease
+    refused: list[Any] = []
+
+    def full_disk_once(lease: Any) -> None:
+        if not refused:
+            refused.append(lease)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        release(lease)
+
+    monkeypatch.setattr(store, "release_lease", full_disk_once)
+    assert agent.thread("k").run("one").text == "ok"
+    assert len(refused) == 1
+    assert agent.thread("k").run("two").text == "ok"
+    assert len(driver.sessions) == 2
 
 
 def test_resume_rejected_falls_back_to_a_fresh_session(store: Any) -> None:

@@ -40,6 +40,7 @@ from adaptor.threadstore import (
     _jsonl,
 )
 from adaptor.threadstore._state import RESERVE_BLOCK
+from adaptord._store import ReopeningStore
 from tests.daemon_harness import identities
 from tests.durable_hooks import (
     count_datasyncs,
@@ -133,19 +134,23 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["memory", "jsonl"])
+@pytest.fixture(params=["memory", "jsonl", "daemon"])
 def make_store(
     request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
 ) -> Iterator[Callable[[], Store]]:
-    """A factory: every call gives a store over the same data (a reopen, for the JSONL one)."""
-    opened: list[JSONLStore] = []
+    """A factory: every call gives a store over the same data (a reopen, for the JSONL ones).
+
+    ``daemon`` is adaptord's store, a JSONLStore opened afresh after a failed write.
+    """
+    opened: list[JSONLStore | ReopeningStore] = []
     if request.param == "memory":
         shared = memory.Store(clock=clock)
         yield lambda: shared
     else:
+        kind = JSONLStore if request.param == "jsonl" else ReopeningStore
 
         def reopen() -> Store:
-            opened.append(JSONLStore(tmp_path / "threads", clock=clock))
+            opened.append(kind(tmp_path / "threads", clock=clock))
             return opened[-1]
 
         yield reopen
@@ -971,6 +976,33 @@ def test_a_failed_fsync_fails_loudly_and_the_instance_stops_writing(
         assert fresh.resolve(Query(key="k")) == kept
         assert fresh.resolve(Query(key="k2")) is None
         fresh.acquire_lease("t", "o", 10)
+
+
+def test_the_daemons_store_opens_afresh_after_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A JSONLStore stops writing after a failed write (above); the daemon's store fails that
+    # call too, then goes on with a new instance, which reads the files again.
+    directory = tmp_path / "threads"
+    store = ReopeningStore(directory)
+    kept = start(store, "r1", "k")
+    held = store.acquire_lease("key:k2", "o", 60)
+
+    def broken_sync(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "injected")
+
+    hook_datasyncs(monkeypatch, broken_sync)
+    with pytest.raises(OSError, match="injected"):
+        store.finalize(FinalizeRequest(record=make_record("r2", "k2"), key="k2", held_leases=(held,)))
+    monkeypatch.undo()
+    store.release_lease(held)  # a plain JSONLStore: "an earlier write to this store failed"
+    assert store.resolve(Query(key="k")) == kept
+    assert store.resolve(Query(key="k2")) is None  # the failed finalize is not there
+    start(store, "r3", "k2")
+    store.close()
+    with JSONLStore(directory) as fresh:
+        assert fresh.resolve(Query(key="k2")) == make_record("r3", "k2")
+        fresh.acquire_lease("key:k2", "other", 60)  # released, not left to expire
 
 
 def test_a_failed_compaction_does_not_fail_the_commit(

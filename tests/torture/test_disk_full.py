@@ -1,7 +1,7 @@
 """A full disk: verdicts wait for space, none is lost or doubled, and the daemon keeps serving.
 
-The daemon's home is a small tmpfs filled to the last byte, which needs root (``mount``); the
-tests are skipped with the reason where that is not allowed.
+The daemon's home is a small filesystem filled to the last byte, which needs root (``mount``);
+the tests are skipped with the reason where that is not allowed.
 """
 
 from __future__ import annotations
@@ -22,19 +22,30 @@ from tests.daemon_harness import DaemonProcess
 _NO_SPACE = os.strerror(28)  # ENOSPC
 
 
-@pytest.fixture
-def disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs of its own, unmounted afterwards."""
+@pytest.fixture(params=["tmpfs", "ext4"])
+def disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A small filesystem of its own (tmpfs, or ext4 on a loop device), unmounted afterwards.
+
+    Both: ext4 reserves blocks as it writes and then allocates them, and a full ext4 fails
+    other writes than a full tmpfs does.
+    """
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
+        pytest.skip("mounting a small filesystem needs root")
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)],
-        capture_output=True, text=True, check=False,
-    )
+    if request.param == "tmpfs":
+        command = ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)]
+    else:
+        if shutil.which("mkfs.ext4") is None:
+            pytest.skip("no mkfs.ext4 (e2fsprogs)")
+        image = tmp_path / "ext4.img"
+        with open(image, "wb") as f:
+            f.truncate(16 * 2**20)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+        command = ["mount", "-o", "loop", str(image), str(mount_point)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        pytest.skip(f"cannot mount a {request.param} here: {done.stderr.strip()}")
     try:
         yield mount_point
     finally:
@@ -122,6 +133,32 @@ def test_verdicts_wait_for_space_then_arrive_once(disk: Path) -> None:
     assert list(home.claimed.iterdir()) == []
     assert _hidden(home.verdicts) == []
     _logs_verify(home)
+
+
+def test_a_conversation_caught_by_a_full_disk_goes_on_once_there_is_room(disk: Path) -> None:
+    # Its run fails; the lease its end could not release must not keep the thread busy (for
+    # the lease's five minutes) once the disk has room again.
+    def turn(text: str) -> dict[str, object]:
+        return {
+            "driver": "script", "prompt": text, "thread": {"key": "chat"},
+            "config": {"steps": [{"text": text}, {"sleep": 0.5}, {"text": text}], "session": "auto"},
+        }
+
+    daemon = DaemonProcess(disk / "home", "--workers", "2").start()
+    try:
+        assert daemon.verdict(daemon.submit(turn("first")))["ok"] is True
+        caught = daemon.submit(turn("caught"))
+        daemon.wait_for_line(f"request.started id={caught} ")
+        filler = _fill(disk)
+        daemon.wait_for_line(f"verdict.deferred id={caught} ")
+        filler.unlink()
+        daemon.verdict(caught, timeout=60)
+        after = daemon.verdict(daemon.submit(turn("after")), timeout=60)
+        assert after["ok"] is True, after["error"]
+        assert after["result"]["text"] == "after"
+    finally:
+        assert daemon.stop() == 0
+    _logs_verify(daemon.home)
 
 
 def test_a_restart_on_a_full_disk_serves_and_gives_the_interrupted_their_verdicts(disk: Path) -> None:
