@@ -15,7 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from adaptor import _home, errors
+from adaptor import _home, errors, events
+from adaptor.spool import Client
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 
@@ -153,9 +154,13 @@ def test_a_conversation_caught_by_a_full_disk_goes_on_once_there_is_room(disk: P
         daemon.wait_for_line(f"verdict.deferred id={caught} ")
         filler.unlink()
         daemon.verdict(caught, timeout=60)
-        after = daemon.verdict(daemon.submit(turn("after")), timeout=60)
+        rid = daemon.submit(turn("after"))
+        after = daemon.verdict(rid, timeout=60)
         assert after["ok"] is True, after["error"]
         assert after["result"]["text"] == "after"
+        # and the conversation's audit log records it in full, as before the disk filled
+        streamed = [e for e in Client(daemon.home.root).events(rid) if isinstance(e, events.TextDelta)]
+        assert "".join(e.text for e in streamed if e.phase == "content") == "afterafter"
     finally:
         assert daemon.stop() == 0
     _logs_verify(daemon.home)
