@@ -953,20 +953,27 @@ def test_missing_snapshot_with_later_logs_is_corruption_not_an_empty_store(tmp_p
         store.resolve(Query(key="k"))
 
 
+def _finalize_failing_its_sync(
+    store: Store, request: FinalizeRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``store.finalize(request)`` with its data sync failing, as a full or failing disk does."""
+
+    def broken_sync(fd: int) -> None:
+        raise OSError(errno.EIO, "injected")
+
+    hook_datasyncs(monkeypatch, broken_sync)
+    with pytest.raises(OSError, match="injected"):
+        store.finalize(request)
+    monkeypatch.undo()
+
+
 def test_a_failed_fsync_fails_loudly_and_the_instance_stops_writing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory = tmp_path / "threads"
     store = JSONLStore(directory)
     kept = start(store, "r1", "k")
-
-    def broken_sync(fd: int) -> None:
-        raise OSError(errno.EIO, "injected")
-
-    hook_datasyncs(monkeypatch, broken_sync)
-    with pytest.raises(OSError):
-        store.finalize(FinalizeRequest(record=make_record("r2", "k2"), key="k2"))
-    monkeypatch.undo()
+    _finalize_failing_its_sync(store, FinalizeRequest(record=make_record("r2", "k2"), key="k2"), monkeypatch)
     # Never retried as if nothing happened: this instance refuses every later write ...
     with pytest.raises(OSError, match="earlier write"):
         store.acquire_lease("t", "o", 10)
@@ -987,14 +994,8 @@ def test_the_daemons_store_opens_afresh_after_a_failed_write(
     store = ReopeningStore(directory)
     kept = start(store, "r1", "k")
     held = store.acquire_lease("key:k2", "o", 60)
-
-    def broken_sync(fd: int) -> None:
-        raise OSError(errno.ENOSPC, "injected")
-
-    hook_datasyncs(monkeypatch, broken_sync)
-    with pytest.raises(OSError, match="injected"):
-        store.finalize(FinalizeRequest(record=make_record("r2", "k2"), key="k2", held_leases=(held,)))
-    monkeypatch.undo()
+    request = FinalizeRequest(record=make_record("r2", "k2"), key="k2", held_leases=(held,))
+    _finalize_failing_its_sync(store, request, monkeypatch)
     store.release_lease(held)  # a plain JSONLStore: "an earlier write to this store failed"
     assert store.resolve(Query(key="k")) == kept
     assert store.resolve(Query(key="k2")) is None  # the failed finalize is not there
