@@ -8,6 +8,7 @@ planned session → on a healthy checkpoint, one atomic finalize → leases rele
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 import threading
 import time
@@ -406,6 +407,18 @@ class _Owed:
 # conversation) would find it busy for the rest of the lease's TTL, five minutes by default.
 _owed: list[_Owed] = []
 _owed_lock = threading.Lock()
+
+
+def _forget_owed_in_child() -> None:
+    # The lock may have been held by a thread the fork did not copy; the leases stay the
+    # parent's to release.
+    global _owed_lock
+    _owed_lock = threading.Lock()
+    _owed.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_owed_in_child)
 
 
 def _release_owed(store: Store) -> None:

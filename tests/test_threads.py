@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 import adaptor
-from adaptor import errors, events
+from adaptor import _thread, errors, events
 from adaptor.driver import Request, Response, SessionContext
 from adaptor.memory import Store as MemoryStore
 from adaptor.testing import ScriptedDriver
@@ -207,6 +208,26 @@ def test_a_lease_whose_release_failed_does_not_keep_the_key_busy(
     assert len(refused) == 1
     assert agent.thread("k").run("two").text == "ok"
     assert len(driver.sessions) == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_owes_no_releases(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent, _ = agent_with(store)
+
+    def full_disk(lease: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "release_lease", full_disk)
+    agent.thread("k").run("one")
+    assert _thread._owed
+    with _thread._owed_lock:  # as if another thread were inside when the process forked
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if not _thread._owed and _thread._owed_lock.acquire(timeout=5) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    monkeypatch.undo()
+    agent.thread("k").run("two")  # the parent still owes it, and releases it first
+    assert not [owed for owed in _thread._owed if owed.store is store]
 
 
 def test_resume_rejected_falls_back_to_a_fresh_session(store: Any) -> None:
