@@ -541,10 +541,10 @@ def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
     wait = subprocess.Popen(
         ["adaptor", "wait", rid], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
     )
+    restarted = DaemonProcess(tmp_path / "home", env=env)
     try:
         wait_until(lambda: _inotify_open(run.pid) and _inotify_open(wait.pid), "both clients waiting")
         daemon.kill9()
-        restarted = DaemonProcess(tmp_path / "home", env=env)
         # Each client says so within a few seconds, then keeps waiting for the next start,
         # whose verdict (the run was interrupted) it then reports.
         stopped = f"adaptord stopped; {rid} keeps its place"
@@ -559,4 +559,5 @@ def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
             if client.poll() is None:
                 client.kill()
                 client.wait()
+        daemon.kill_if_running()
     assert restarted.stop() == 0
