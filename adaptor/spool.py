@@ -22,9 +22,9 @@ the home has no spool at all.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import heapq
-import logging
 import os
 import threading
 import time
@@ -607,12 +607,12 @@ class _Wakeup:
         self._observer: Any = None
 
     def __enter__(self) -> _Wakeup:
-        if not self._directories:
+        directories = [directory for directory in self._directories if directory.is_dir()]
+        if not directories:
             return self
         from watchdog.events import FileSystemEvent, FileSystemEventHandler
-        from watchdog.observers import Observer
 
-        _quiet_watchdog_stop_race()
+        from adaptor import _watch
 
         changed = self._changed
 
@@ -620,16 +620,8 @@ class _Wakeup:
             def on_any_event(self, event: FileSystemEvent) -> None:
                 changed.set()
 
-        observer = Observer()
-        observer.daemon = True
-        try:
-            for directory in self._directories:
-                if directory.is_dir():
-                    observer.schedule(Hint(), str(directory), recursive=False)
-            observer.start()
-        except OSError:
-            return self  # e.g. the inotify instance limit: polling only
-        self._observer = observer
+        with contextlib.suppress(OSError):  # e.g. the inotify instance limit: polling only
+            self._observer = _watch.start_observer(Hint(), directories)
         return self
 
     def wait(self, timeout: float) -> None:
@@ -646,23 +638,6 @@ class _Wakeup:
         if observer is not None:
             observer.stop()
             observer.join(timeout=2)
-
-
-class _StopRaceFilter(logging.Filter):
-    # watchdog (7.x) logs an *error* when a file event arrives while an observer stops
-    # ("queue_events() called when the thread is inactive"); nothing is wrong, and short-lived
-    # observers stop often, so that one message is dropped.
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "called when the thread is inactive" not in record.getMessage()
-
-
-_stop_race_filter = _StopRaceFilter()
-
-
-def _quiet_watchdog_stop_race() -> None:
-    logger = logging.getLogger("watchdog.observers.inotify")
-    if _stop_race_filter not in logger.filters:
-        logger.addFilter(_stop_race_filter)
 
 
 # --- small file helpers -------------------------------------------------------------------------

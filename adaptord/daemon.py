@@ -43,7 +43,7 @@ import filelock
 import orjson
 
 import adaptor
-from adaptor import _durable, _home, _nesting, errors, events
+from adaptor import _durable, _home, _nesting, _watch, errors, events
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptord import _leftovers
@@ -185,6 +185,8 @@ class Daemon:
         self._deferred: dict[str, Callable[[], None]] = {}
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._home_missing_logged = False
+        self._watcher_refused = False
+        self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
 
     # -- logging and audit -------------------------------------------------------------------
 
@@ -364,18 +366,15 @@ class Daemon:
     # -- watching ------------------------------------------------------------------------------
 
     def _start_observer(self) -> None:
-        try:
-            from watchdog.events import (
-                DirCreatedEvent,
-                DirMovedEvent,
-                FileClosedEvent,
-                FileCreatedEvent,
-                FileMovedEvent,
-                FileSystemEventHandler,
-            )
-            from watchdog.observers import Observer
-        except ImportError:  # pragma: no cover - watchdog is a dependency; polling still works
-            return
+        from watchdog.events import (
+            DirCreatedEvent,
+            DirMovedEvent,
+            FileClosedEvent,
+            FileCreatedEvent,
+            FileMovedEvent,
+            FileSystemEventHandler,
+        )
+
         daemon = self
         responses = os.fsencode(self.home.approvals_responses)
 
@@ -393,24 +392,32 @@ class Daemon:
                 except Exception:  # an exception here would kill the observer thread
                     pass
 
-        observer = Observer()
-        handler = Hint()
         # Arrivals only (created, moved in, closed after writing): the daemon's own unlinks
         # and renames out of these folders would otherwise wake it, and keep its watcher
         # threads busy, once per request.
         arrivals = [FileCreatedEvent, FileMovedEvent, FileClosedEvent, DirCreatedEvent, DirMovedEvent]
-        for directory in (self.home.spool_new, self.home.cancels, self.home.approvals_responses):
-            observer.schedule(handler, str(directory), recursive=False, event_filter=arrivals)
-        observer.daemon = True
+        watched = (self.home.spool_new, self.home.cancels, self.home.approvals_responses)
+        self._next_watch_try = time.monotonic() + self.config.scan_interval
         try:
-            observer.start()
+            self._observer = _watch.start_observer(Hint(), watched, event_filter=arrivals)
         except OSError as exc:
-            self.log("file watcher unavailable; polling only", error=str(exc))
+            # Serving goes on by scanning; the start is tried again every scan_interval.
+            if not self._watcher_refused:
+                self._watcher_refused = True
+                self.log(
+                    "file watcher unavailable; scanning instead", error=_os_error_text(exc),
+                    retry=f"every {self.config.scan_interval:g}s",
+                )
             return
-        self._observer = observer
+        if self._watcher_refused:
+            self._watcher_refused = False
+            self.log("file watcher running again")
 
     def _check_observer(self) -> None:
-        if self._observer is not None and not self._observer.is_alive():
+        if self._observer is None:
+            if self._watcher_refused and time.monotonic() >= self._next_watch_try:
+                self._start_observer()
+        elif not self._observer.is_alive():
             self.log("file watcher died; restarting it and rescanning")
             self._stop_observer()
             self._start_observer()

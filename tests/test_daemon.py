@@ -21,10 +21,12 @@ import pytest
 
 from adaptor import _home, _nesting, errors, events
 from adaptor.driver import InvalidOutputSchemaError
+from adaptor.spool import Client
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess
 from tests.drivers.conftest import claude_with_deep_input
+from tests.inotify_hog import InotifyHog
 
 pytestmark = pytest.mark.slow
 
@@ -379,6 +381,23 @@ def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path)
     assert verdict["ok"] and verdict["result"]["text"] == "finished"
     assert proc.stop() == 0
     assert not (home.claimed / f"{rid}.json").exists()
+
+
+def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")
+    with InotifyHog() as hog:
+        proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+        proc.wait_for_line("file watcher unavailable; scanning instead error=inotify instance limit reached")
+        client = Client(proc.home.root)
+        rid = client.submit(script({"text": "found by a scan"}))
+        assert client.wait(rid, timeout=60).text == "found by a scan"  # the client polls too
+        hog.release()
+        proc.wait_for_line("file watcher running again")
+    rid = client.submit(script({"text": "watched"}))
+    assert client.wait(rid, timeout=60).text == "watched"
+    assert proc.stop() == 0
+    assert sum("file watcher unavailable" in line for line in proc.lines) == 1
 
 
 def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:

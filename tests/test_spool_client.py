@@ -35,6 +35,7 @@ from adaptor.spool import (
 )
 from adaptor.threadstore import JSONLStore
 from tests.daemon_harness import DaemonProcess
+from tests.inotify_hog import InotifyHog
 
 TIMEOUT = 60.0
 PERMISSION = {"approval": {"kind": "permission", "title": "edit main.py"}}
@@ -487,6 +488,16 @@ def test_wait_timeout_is_not_an_outcome(home: Home) -> None:
     home.client.cancel(request_id)
     with pytest.raises(errors.RunCancelledError):
         home.client.wait(request_id, timeout=TIMEOUT)
+
+
+def test_waiting_polls_when_no_file_watcher_can_start(home: Home) -> None:
+    with InotifyHog():  # an editor and its language servers took every inotify instance
+        request_id = home.client.submit(script({"text": "polled"}))
+        assert home.client.wait(request_id, timeout=TIMEOUT).text == "polled"
+        followed = list(home.client.events(request_id, follow=True))
+        assert any(isinstance(e, events.TextDelta) for e in followed)
+        done = home.cli("run", "--driver", "script", "--config", 'steps=[{"text": "cli polled"}]', "go")
+        assert (done.returncode, done.stdout) == (0, "cli polled\n"), done.stderr
 
 
 def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
