@@ -571,7 +571,11 @@ class _Exclusive:
                     self._idle_since = time.monotonic()
                     if not self.scheduled:
                         self.scheduled = True
-                        _reaper.add(self)
+                        try:
+                            _reaper.add(self)
+                        except RuntimeError:  # no thread for the reaper (a task limit)
+                            self.scheduled = False
+                            self._release_file()  # released now rather than never
                 else:
                     self._release_file()
         finally:
@@ -687,10 +691,13 @@ class _Reaper:
             first = not self._pending
             self._pending.add(entry)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="adaptor-lock-reaper", daemon=True
-                )
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="adaptor-lock-reaper", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # tried again by the next add
+                    self._pending.discard(entry)
+                    raise
+                self._thread = thread
             if first:
                 # Otherwise the thread already sleeps until an earlier entry's idle deadline,
                 # which is no later than this one's: waking it for every entry (a daemon

@@ -126,13 +126,22 @@ class _RunThreads:
         self._idle = 0
 
     def start(self, run: Callable[[], None], name: str) -> None:
+        entry = (run, name)
         with self._cond:
-            self._runs.append((run, name))
+            self._runs.append(entry)
             if self._idle >= len(self._runs):
                 self._cond.notify()
                 return
         # The run is queued, not passed: a thread's arguments live as long as the thread.
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
+        try:
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
+        except RuntimeError:  # "can't start new thread": a process or cgroup task limit
+            with self._cond:
+                try:
+                    self._runs.remove(entry)  # or a later thread would run it after all
+                except ValueError:
+                    return  # a thread that had just become idle took it meanwhile
+            raise
 
     def _serve(self) -> None:
         while True:
@@ -150,6 +159,16 @@ class _RunThreads:
 
 
 _run_threads = _RunThreads()
+
+
+def _no_thread(error: RuntimeError) -> RuntimeError:
+    # Before the driver is entered an infrastructure failure is a plain exception, with context.
+    failure = RuntimeError(
+        f"cannot start a thread for the run ({error}): the process or its cgroup may be at its "
+        "task limit (ulimit -u, systemd TasksMax, a container's pids.max)"
+    )
+    failure.__cause__ = error
+    return failure
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_run_threads.reset)
 
@@ -264,12 +283,16 @@ class RunPipeline:
             self.run_id, self.thread_key, self.host.event_buffer, self.host.blocking_events
         )
         self.stream._broker = self.broker
-        if self.timeout is not None:
-            self._timer = threading.Timer(_interval(self.timeout), self._on_deadline)
-            self._timer.daemon = True
-            self._timer.start()
         self.broker.publish(RunStarted(run_id=self.run_id))
-        _run_threads.start(self._execute, f"adaptor-{self.run_id}")
+        try:
+            if self.timeout is not None:
+                self._timer = threading.Timer(_interval(self.timeout), self._on_deadline)
+                self._timer.daemon = True
+                self._timer.start()
+            _run_threads.start(self._execute, f"adaptor-{self.run_id}")
+        except RuntimeError as exc:  # no thread for the run: it ends here, as any failed run
+            self._teardown()
+            self._finish(None, _no_thread(exc))
         return self.stream
 
     def _static_checks(self) -> None:
@@ -326,6 +349,9 @@ class RunPipeline:
             error = exc
         finally:
             self._teardown()
+        self._finish(result, error)
+
+    def _finish(self, result: Result | None, error: BaseException | None) -> None:
         if isinstance(error, errors.RunError):
             result_for_event = error.result
         else:

@@ -30,8 +30,9 @@ def start_observer(
 
     Raises :class:`OSError` if the system refuses: watchdog's inotify observer takes its
     inotify instance when built (``EMFILE``, "inotify instance limit reached") and its watches
-    when started (``ENOSPC``, "inotify watch limit reached").  A refused start leaves no thread
-    and no descriptor behind, so the caller may simply try again later.
+    when started (``ENOSPC``, "inotify watch limit reached").  :class:`RuntimeError` means it
+    could not start its threads (a task limit).  A refused start leaves no thread and no
+    descriptor behind, so the caller may simply try again later.
     """
     _quiet_watchdog_stop_race()
     observer = Observer()

@@ -620,7 +620,8 @@ class _Wakeup:
             def on_any_event(self, event: FileSystemEvent) -> None:
                 changed.set()
 
-        with contextlib.suppress(OSError):  # e.g. the inotify instance limit: polling only
+        # The inotify limits, or no thread to spare (RuntimeError): polling only.
+        with contextlib.suppress(OSError, RuntimeError):
             self._observer = _watch.start_observer(Hint(), directories)
         return self
 

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import math
 import os
+import queue
 import select
 import signal
 import socket
@@ -33,7 +34,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,6 +186,11 @@ class Daemon:
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._home_missing_logged = False
         self._watcher_refused = False
+        # Worker threads, started at start; jobs go to them through _jobs (None: stop).
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._worker_threads: list[threading.Thread] = []
+        self._workers_short = False
+        self._next_worker_try = 0.0  # monotonic; when a refused worker thread is tried again
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
 
     # -- logging and audit -------------------------------------------------------------------
@@ -254,7 +259,7 @@ class Daemon:
         self._stop_leftovers()
         self._tools = self.config.load_tools()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="adaptord-worker")
+        self._ensure_workers()
         try:
             a2a_url = self._start_bridge()
             try:
@@ -286,6 +291,7 @@ class Daemon:
                     self._reload_signalled = False
                     self._reload_config()
                 self._check_observer()
+                self._ensure_workers()
                 self._retry_verdicts()
                 self._scan()
             _notify("STOPPING=1")
@@ -298,7 +304,8 @@ class Daemon:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._stop_observer()
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            for _ in self._worker_threads:
+                self._jobs.put(None)
             with contextlib.suppress(Exception):
                 self._events.close()
             self._store.close()
@@ -400,12 +407,13 @@ class Daemon:
         self._next_watch_try = time.monotonic() + self.config.scan_interval
         try:
             self._observer = _watch.start_observer(Hint(), watched, event_filter=arrivals)
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:  # inotify limits; RuntimeError: no thread
             # Serving goes on by scanning; the start is tried again every scan_interval.
             if not self._watcher_refused:
                 self._watcher_refused = True
                 self.log(
-                    "file watcher unavailable; scanning instead", error=_os_error_text(exc),
+                    "file watcher unavailable; scanning instead",
+                    error=_os_error_text(exc) if isinstance(exc, OSError) else str(exc),
                     retry=f"every {self.config.scan_interval:g}s",
                 )
             return
@@ -657,13 +665,48 @@ class Daemon:
         with self._lock:
             if self._stopping():
                 return
-            while self._ready and len(self._running) < self.workers:
+            while self._ready and len(self._running) < len(self._worker_threads):
                 job = self._ready.popleft()
                 del self._queued[job.id]
                 self._running[job.id] = job
                 started.append(job)
         for job in started:
-            self._executor.submit(self._work, job)
+            self._jobs.put(job)
+
+    def _ensure_workers(self) -> None:
+        """Start the worker threads still missing; a refused one is tried again every scan_interval.
+
+        A task limit refuses threads for real: systemd's ``TasksMax`` or a container's
+        ``pids.max`` counts the agents' processes too, so a busy agent can use it up.  The
+        daemon then serves with the workers it has (requests wait in the queue meanwhile).
+        """
+        if len(self._worker_threads) == self.workers or time.monotonic() < self._next_worker_try:
+            return
+        while len(self._worker_threads) < self.workers:
+            thread = threading.Thread(
+                target=self._worker_loop, name=f"adaptord-worker_{len(self._worker_threads)}", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread"
+                self._next_worker_try = time.monotonic() + self.config.scan_interval
+                if not self._workers_short:
+                    self._workers_short = True
+                    self.log(
+                        "cannot start a worker thread; serving with fewer", error=str(exc),
+                        started=len(self._worker_threads), workers=self.workers,
+                        retry=f"every {self.config.scan_interval:g}s",
+                    )
+                return
+            self._worker_threads.append(thread)
+        if self._workers_short:
+            self._workers_short = False
+            self.log("all workers started", workers=self.workers)
+        self._dispatch()
+
+    def _worker_loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._work(job)
 
     def _work(self, job: Job) -> None:
         try:

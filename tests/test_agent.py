@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -887,3 +889,55 @@ def test_a_forked_child_runs_pipelines_on_threads_of_its_own() -> None:
             os._exit(status)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+_AT_THE_TASK_LIMIT = """
+import sys
+import adaptor
+from adaptor import events
+from adaptor.testing import ScriptedDriver
+
+prompts = []
+
+class Recording(ScriptedDriver):
+    def run(self, request, sink):
+        prompts.append(request.prompt)
+        return super().run(request, sink)
+
+agent = adaptor.Agent(Recording([{"text": "hi"}]))
+print("ready", flush=True)
+sys.stdin.readline()  # capped: not one more thread
+stream = agent.stream("first")
+seen = [events.event_kind(e) for e in stream]
+try:
+    stream.result()
+except RuntimeError as exc:
+    print(" ".join(seen), "|", exc, flush=True)
+sys.stdin.readline()  # lifted
+print(agent.run("second").text, prompts, flush=True)
+"""
+
+
+def test_a_run_that_gets_no_thread_ends_at_once_and_is_never_run_later() -> None:
+    from tests.task_limit import TaskLimit
+
+    with subprocess.Popen(
+        [sys.executable, "-c", _AT_THE_TASK_LIMIT],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            assert child.stdout.readline() == b"ready\n"
+            with TaskLimit(child.pid) as limit:
+                limit.cap()
+                child.stdin.write(b"\n")
+                child.stdin.flush()
+                seen, _, error = child.stdout.readline().decode().partition(" | ")
+                assert seen == "run.started run.finished"
+                assert error.startswith("cannot start a thread for the run (can't start new thread)")
+                limit.lift()
+                child.stdin.write(b"\n")
+                child.stdin.flush()
+                assert child.stdout.readline() == b"hi ['second']\n"
+        finally:
+            child.kill()

@@ -24,9 +24,10 @@ from adaptor.driver import InvalidOutputSchemaError
 from adaptor.spool import Client
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
-from tests.daemon_harness import DaemonProcess
+from tests.daemon_harness import DaemonProcess, processes_with_env
 from tests.drivers.conftest import claude_with_deep_input
 from tests.inotify_hog import InotifyHog
+from tests.task_limit import TaskLimit
 
 pytestmark = pytest.mark.slow
 
@@ -398,6 +399,34 @@ def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_
     assert client.wait(rid, timeout=60).text == "watched"
     assert proc.stop() == 0
     assert sum("file watcher unavailable" in line for line in proc.lines) == 1
+
+
+def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tmp_path: Path) -> None:
+    # systemd's TasksMax counts the agents' processes with the daemon's threads; a busy agent
+    # can use it up.  Workers are started at start, so only runs can meet the limit.
+    proc = DaemonProcess(tmp_path / "home", "--grace", "5").start()
+    marker = f"task-limit-{os.getpid()}"
+    sleeper = {
+        "driver": "command", "prompt": "x",
+        "config": {"command": "/bin/sleep", "extra_args": ["300"], "env": {"MARK": marker}},
+    }
+    assert proc.proc is not None
+    with TaskLimit(proc.proc.pid) as limit:
+        limit.cap()  # no thread at all for the run
+        verdict = proc.verdict(proc.submit(script({"text": "never"})))
+        assert (verdict["ok"], verdict["exit_code"], verdict["error"]["type"]) == (False, 70, "RuntimeError")
+        assert "cannot start a thread for the run" in verdict["error"]["message"]
+        limit.lift()
+        assert proc.verdict(proc.submit(script({"text": "served again"})))["result"]["text"] == "served again"
+
+        limit.cap(spare=1)  # the agent's process starts (on the run thread kept from the last
+        verdict = proc.verdict(proc.submit(sleeper))  # run); the thread to read its output cannot
+        assert verdict["ok"] is False and "can't start new thread" in orjson.dumps(verdict["error"]).decode()
+        assert processes_with_env("MARK", marker) == []
+        limit.lift()
+        assert proc.verdict(proc.submit(script({"text": "and again"})))["result"]["text"] == "and again"
+    assert proc.stop() == 0
+    assert not any("Traceback" in line for line in proc.lines)
 
 
 def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:

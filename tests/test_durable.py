@@ -49,6 +49,7 @@ from tests.durable_hooks import (
     past_the_maximum_hold,
     record_fsyncs,
 )
+from tests.task_limit import TaskLimit
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT = 120
@@ -922,6 +923,37 @@ def test_flocks_left_lingering_one_after_another_are_all_let_go_when_idle(
             if _probe_lock(lock) == b"free\n":
                 free.append(lock)
     assert sorted(free) == locks
+
+
+_LINGER_AT_THE_TASK_LIMIT = """
+import sys
+from adaptor._durable import exclusive
+print("ready", flush=True)
+sys.stdin.readline()  # the test caps the tasks meanwhile: no reaper thread can start
+with exclusive(sys.argv[1], linger=True):
+    pass
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_flock_left_to_linger_is_let_go_at_once_when_no_reaper_can_start(tmp_path: Path) -> None:
+    lock = str(tmp_path / "x.lock")
+    with subprocess.Popen(
+        [sys.executable, "-c", _LINGER_AT_THE_TASK_LIMIT, lock],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            assert child.stdout.readline() == b"ready\n"
+            with TaskLimit(child.pid) as limit:
+                limit.cap()
+                child.stdin.write(b"\n")
+                child.stdin.flush()
+                assert child.stdout.readline() == b"done\n"
+                assert _probe_lock(lock) == b"free\n"  # while the child lives on
+        finally:
+            child.kill()
 
 
 def test_closing_a_log_whose_flock_was_let_go_makes_no_new_lock_object(

@@ -165,12 +165,16 @@ def run_child(spec: Spec, sink: EventSink, request: Request, parser: P,
         child = Child.start(spec, sink)
     except BinaryNotFound as exc:
         return _process.binary_not_found(exc)
-    with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
-        if converse is not None:
-            converse(child, parser)
-        for line in child.lines(sink):
-            parser.feed(line)
-        exit_ = child.finish()
+    try:
+        with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
+            if converse is not None:
+                converse(child, parser)
+            for line in child.lines(sink):
+                parser.feed(line)
+            exit_ = child.finish()
+    except BaseException:  # no run may leave its CLI behind, whatever ended it
+        child.abandon()
+        raise
     stdout, stderr = child.take_raw()
     return parser.response(exit_, stdout, stderr)
 

@@ -307,7 +307,16 @@ class Child:
                 },
             )
         )
-        return cls(spec, proc)
+        try:
+            return cls(spec, proc)
+        except BaseException:  # no thread for its pipes (a task limit): it must not run unread
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+            raise
 
     # --- stdin ----------------------------------------------------------------------------------
 
@@ -481,6 +490,16 @@ class Child:
             if not _group_alive(self.pid):
                 return
             time.sleep(_POLL / 5)
+
+    def abandon(self) -> None:
+        """Stop the whole group and reap it, from this thread: the run failed with it still up.
+
+        Needs no thread of its own (:meth:`terminate` starts one), so it also works when the
+        failure was that no thread could be started.
+        """
+        self._stop_group()
+        with contextlib.suppress(Exception):
+            self.finish()
 
     def finish(self) -> Exit:
         """Wait for the leader, stop what is left of its group, drain the pipes and reap."""

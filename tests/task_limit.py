@@ -1,0 +1,79 @@
+"""A real task limit on a running process: a pids cgroup, as systemd's ``TasksMax`` sets one.
+
+Needs a writable pids controller (root, cgroup v1 or v2); the tests that use it skip otherwise.
+Every thread and process the capped process starts counts against the limit, so at the cap
+``Thread.start`` raises ``RuntimeError("can't start new thread")`` and ``fork`` fails with
+``EAGAIN``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+import pytest
+
+_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
+
+
+def _pids_root() -> Path | None:
+    for root in _ROOTS:
+        if (root / "cgroup.procs").exists() and (
+            root.name == "pids" or "pids" in _read(root / "cgroup.subtree_control")
+        ):
+            return root
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+class TaskLimit:
+    """Moves ``pid`` into a cgroup of its own; :meth:`cap` and :meth:`lift` set its limit."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        root = _pids_root()
+        if root is None:
+            pytest.skip("no pids cgroup controller here")
+        self._root = root
+        self._group = root / f"adaptor-test-{uuid.uuid4().hex[:8]}"
+
+    def __enter__(self) -> TaskLimit:
+        try:
+            self._group.mkdir()
+        except OSError as exc:
+            pytest.skip(f"cannot make a pids cgroup: {exc}")
+        (self._group / "cgroup.procs").write_text(str(self.pid))
+        return self
+
+    def cap(self, spare: int = 0) -> None:
+        """From now on the process may start only ``spare`` more threads or processes."""
+        current = int((self._group / "pids.current").read_text())
+        (self._group / "pids.max").write_text(str(current + spare))
+
+    def lift(self) -> None:
+        (self._group / "pids.max").write_text("max")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.lift()
+        for line in _read(self._group / "cgroup.procs").split():
+            try:
+                (self._root / "cgroup.procs").write_text(line)
+            except OSError:  # gone meanwhile
+                pass
+        try:
+            os.rmdir(self._group)
+        except OSError:
+            pass
