@@ -138,6 +138,8 @@ class Job:
     run_dir_synced: bool = False
     # Events the audit log refused (a full disk): the first failure is logged, the rest counted.
     unrecorded: int = 0
+    # A long prompt is not kept while the request waits (see _accept): read again at its start.
+    prompt_left_on_disk: bool = False
 
 
 class Daemon:
@@ -573,14 +575,20 @@ class Daemon:
             )
             return
         thread = request.get("thread")
+        prompt = request.get("prompt")
+        # A queued request costs its prompt's size in memory: a script queueing a thousand
+        # requests that each paste a file would cost the daemon a gigabyte.  A long prompt
+        # stays in the claimed file until the request starts.
+        left_on_disk = isinstance(prompt, str) and len(prompt) > _PROMPT_KEPT_WHILE_QUEUED
         job = Job(
             id=request_id,
-            request=request,
+            request={**request, "prompt": ""} if left_on_disk else request,
             received_at=received_at,
             attempt=attempt,
             thread_key=str(thread["key"]) if isinstance(thread, Mapping) else None,
             run_ids=list((prior or {}).get("run_ids") or ()),
             state=dict(prior or {}),
+            prompt_left_on_disk=left_on_disk,
         )
         # Nothing is written here: the durable claim is all a queued request needs (recovery
         # queues a claimed request without a state file again, received at the claim's time).
@@ -729,8 +737,16 @@ class Daemon:
             # This worker is free: start what is ready now rather than waking the main loop.
             self._dispatch()
 
+    def _whole_request(self, job: Job) -> dict[str, Any]:
+        """The job's request, with a prompt left on disk while it was queued read back in."""
+        if job.prompt_left_on_disk:
+            body = requests.read_limited(self.home.claimed / f"{job.id}.json", _home.MAX_REQUEST_BYTES)
+            job.request = requests.parse(body, job.id)
+            job.prompt_left_on_disk = False
+        return job.request
+
     def _execute(self, job: Job) -> None:
-        request = job.request
+        request = self._whole_request(job)
         secrets = self._secrets_of(request)
         redactor = requests.Redactor(secrets)
         session = requests.session_of(request)
@@ -1049,7 +1065,7 @@ class Daemon:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
         run_dir = self.home.run_dir(job.id)
         _durable.ensure_dir(run_dir, durable=False)
-        copy = requests.redacted_request(job.request)
+        copy = requests.redacted_request(self._whole_request(job))
         _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
         job.unsynced.append(run_dir / "request.json")
         job.run_dir_ready = True
@@ -1058,8 +1074,9 @@ class Daemon:
         """:meth:`_prepare_run_dir` where a verdict follows anyway: a failure is only logged."""
         try:
             self._prepare_run_dir(job)
-        except OSError as exc:
-            self.log("cannot write the request copy", id=job.id, error=_os_error_text(exc))
+        except Exception as exc:  # a disk error, or a claimed file no longer readable
+            error = _os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__
+            self.log("cannot write the request copy", id=job.id, error=error)
             return False
         return True
 
@@ -1230,6 +1247,10 @@ class Daemon:
             self._idle.wait_for(lambda: not self._running, timeout=30)
         # CLI processes kept for the next turn of a thread stop with the daemon.
         self._kept.close(self.grace)
+
+
+_PROMPT_KEPT_WHILE_QUEUED = 16 * 1024
+"""Characters of a queued request's prompt the daemon keeps in memory (longer: left on disk)."""
 
 
 def _os_error_text(exc: OSError) -> str:

@@ -503,6 +503,40 @@ def test_interrupted_verdict_rewrites_a_lost_request_copy(tmp_path: Path) -> Non
     assert restarted.stop() == 0
 
 
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_queued_requests_with_long_prompts_leave_them_on_disk_until_they_start(tmp_path: Path) -> None:
+    # A script queueing requests that each paste a file: the daemon must not hold them all.
+    proc = DaemonProcess(tmp_path / "home", "--workers", "1", "--grace", "5").start()
+    assert proc.proc is not None
+    blocker = proc.submit(script({"sleep": 60}))
+    proc.wait_for_line(f"request.started id={blocker}")
+    before = _rss_bytes(proc.proc.pid)
+    prompts = [f"{i:03d}" + "long prompt " * 75_000 for i in range(40)]  # 900 kB each
+    echoed = proc.submit({"driver": "command", "prompt": prompts[0], "config": {"command": "/bin/cat"}})
+    cancelled = proc.submit(script({"text": "never"}, prompt=prompts[1]))
+    rest = [proc.submit(script({"text": "done"}, prompt=p)) for p in prompts[2:]]
+    proc.wait_for_line(f"request.queued id={rest[-1]}")
+    grown = _rss_bytes(proc.proc.pid) - before
+    assert grown < sum(map(len, prompts)) / 4, grown  # 36 MB of prompts: at least 27 MB stay out
+
+    _home.request_cancel(proc.home, cancelled)
+    assert errors.from_wire(proc.verdict(cancelled)["error"]).__class__ is errors.CancelledError
+    copy = orjson.loads((proc.home.run_dir(cancelled) / "request.json").read_bytes())
+    assert copy["prompt"] == prompts[1]
+    _home.request_cancel(proc.home, blocker)
+    assert proc.verdict(echoed)["result"]["text"] == prompts[0]
+    assert all(proc.verdict(rid)["ok"] for rid in rest)
+    copy = orjson.loads((proc.home.run_dir(rest[-1]) / "request.json").read_bytes())
+    assert copy["prompt"] == prompts[-1]
+    assert proc.stop() == 0
+
+
 def test_cancel_marker_cancels_a_running_request(daemon: DaemonProcess) -> None:
     rid = daemon.submit(script({"text": "started"}, {"sleep": 60}))
     daemon.wait_for_line(f"request.started id={rid}")
