@@ -33,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+import orjson
+
 from adaptor import _durable, _home, errors
 from adaptor.errors import AdaptorError
 from adaptor.events import Event
@@ -645,7 +647,10 @@ class _Wakeup:
 
 
 def _read_object(path: Path) -> dict[str, Any]:
-    value = _durable.read_json(path)
+    try:
+        value = _durable.read_json(path)
+    except orjson.JSONDecodeError as exc:  # never written so by the daemon: damaged since
+        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
     if not isinstance(value, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return value

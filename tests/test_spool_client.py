@@ -500,6 +500,17 @@ def test_waiting_polls_when_no_file_watcher_can_start(home: Home) -> None:
         assert (done.returncode, done.stdout) == (0, "cli polled\n"), done.stderr
 
 
+def test_a_damaged_verdict_is_reported_with_its_file(home: Home) -> None:
+    request_id = home.client.submit(script({"text": "hi"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    path = home.root / "verdicts" / f"{request_id}.json"
+    path.write_bytes(path.read_bytes()[:25])  # as a failing disk or a stray editor leaves it
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))} is not valid JSON"):
+        home.client.wait(request_id, timeout=TIMEOUT)
+    done = home.cli("wait", request_id)
+    assert done.returncode == 70 and f"{path} is not valid JSON" in done.stderr
+
+
 def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
     for call in (
         lambda: home.client.wait("never-submitted", timeout=1),
