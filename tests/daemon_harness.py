@@ -31,10 +31,15 @@ class DaemonProcess:
         self.lines: list[str] = []
         self._changed = threading.Condition()
 
-    def start(self, *, wait_ready: bool = True) -> DaemonProcess:
+    def start(self, *, wait_ready: bool = True, held: bool = False) -> DaemonProcess:
+        """Start the daemon; ``held``: its process exists but waits for :meth:`let_go` to serve
+        (so a test can set the process up first, a task limit say)."""
+        argv = [sys.executable, "-m", "adaptord", "serve", "--home", str(self.home.root), *self.args]
+        if held:  # the same process, made the daemon by exec once a line arrives on stdin
+            argv = ["/bin/sh", "-c", 'read line; exec "$@"', "sh", *argv]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "adaptord", "serve", "--home", str(self.home.root), *self.args],
-            stdin=subprocess.DEVNULL,
+            argv,
+            stdin=subprocess.PIPE if held else subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=self.env,
@@ -42,9 +47,15 @@ class DaemonProcess:
         DaemonProcess.started.append(self)
         reader = threading.Thread(target=self._read, daemon=True)
         reader.start()
-        if wait_ready:
+        if wait_ready and not held:
             self.wait_for_line("adaptord: ready")
         return self
+
+    def let_go(self) -> None:
+        """Let a daemon started ``held`` start serving."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(b"\n")
+        self.proc.stdin.close()
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

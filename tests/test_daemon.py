@@ -429,6 +429,25 @@ def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tm
     assert not any("Traceback" in line for line in proc.lines)
 
 
+def test_a_daemon_started_at_its_task_limit_serves_and_starts_the_rest_later(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "5").start(held=True)
+    assert proc.proc is not None
+    with TaskLimit(proc.proc.pid) as limit:
+        limit.cap(spare=2)  # the main thread and two more: not the four workers and the watcher
+        proc.let_go()
+        proc.wait_for_line("cannot start a worker thread; serving with fewer error=can't start new thread")
+        proc.wait_for_line("file watcher unavailable; scanning instead error=can't start new thread")
+        proc.wait_for_line("adaptord: ready")
+        limit.lift()
+        proc.wait_for_line("all workers started workers=4")
+        proc.wait_for_line("file watcher running again")
+    rids = [proc.submit(script({"text": f"hi {i}"}, {"sleep": 0.2})) for i in range(8)]
+    assert [proc.verdict(rid)["result"]["text"] for rid in rids] == [f"hi {i}" for i in range(8)]
+    assert proc.stop() == 0
+
+
 def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:
     proc = DaemonProcess(tmp_path / "home", "--grace", "0.2").start()
     rid = proc.submit(script({"text": "started"}, {"sleep": 60}))
