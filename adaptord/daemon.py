@@ -188,6 +188,9 @@ class Daemon:
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._home_missing_logged = False
         self._watcher_refused = False
+        # Claimed requests whose files did not parse yet and were written moments ago, by id:
+        # each is read again every _REREAD_INTERVAL until it parses or _WRITE_GRACE has passed.
+        self._being_written: dict[str, Callable[[], None]] = {}
         # Worker threads, started at start; jobs go to them through _jobs (None: stop).
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._worker_threads: list[threading.Thread] = []
@@ -285,7 +288,7 @@ class Daemon:
             _notify("READY=1\nSTATUS=serving")
             self.log("ready", home=self.home.root, workers=self.workers)
             while True:
-                self._wake.wait(self.config.scan_interval)
+                self._wake.wait(_REREAD_INTERVAL if self._being_written else self.config.scan_interval)
                 if self._stop_signalled:
                     self._stop.set()
                     break
@@ -294,6 +297,7 @@ class Daemon:
                     self._reload_config()
                 self._check_observer()
                 self._ensure_workers()
+                self._read_again()
                 self._retry_verdicts()
                 self._scan()
             _notify("STOPPING=1")
@@ -549,14 +553,24 @@ class Daemon:
 
     def _accept(
         self, request_id: str, claimed: Path, *, attempt: int, received_at: str,
-        prior: Mapping[str, Any] | None = None,
+        prior: Mapping[str, Any] | None = None, again: bool = False,
     ) -> None:
         """Read and validate a claimed request, then queue it (or write its rejection)."""
-        self.audit("request.received", request_id, attempt=attempt)
+        if not again:
+            self.audit("request.received", request_id, attempt=attempt)
+        self._being_written.pop(request_id, None)
         try:
             body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
             request = requests.parse(body, request_id)
         except InvalidRequestError as exc:
+            if _maybe_unfinished(exc) and _written_lately(claimed):
+                # Written straight into spool/new/ rather than linked in whole: its writer may
+                # still be at it (through its descriptor, the claim does not stop it).
+                self._being_written[request_id] = functools.partial(
+                    self._accept, request_id, claimed, attempt=attempt, received_at=received_at,
+                    prior=prior, again=True,
+                )
+                return
             self._reject(request_id, exc, received_at)
             return
         except OSError as exc:
@@ -601,6 +615,17 @@ class Daemon:
                 self.log("cannot write the run state", id=request_id, error=_os_error_text(exc))
         self._enqueue(job)
         self.audit("request.queued", request_id)
+
+    def _read_again(self) -> None:
+        """Accept (or reject) again the claimed requests whose files were still being written."""
+        waiting, self._being_written = self._being_written, {}
+        for accept in waiting.values():
+            try:
+                accept()
+            except Exception as exc:  # as in _scan: never the daemon's end
+                self.log("could not accept a request", error=f"{type(exc).__name__}: {exc}")
+        if waiting:
+            self._dispatch()
 
     def _quarantine(self, source: Path, name: str, request_id: str | None, why: str) -> None:
         target = self.home.quarantine / f"{time.time_ns()}-{name[:150] or 'unnamed'}"
@@ -1247,6 +1272,27 @@ class Daemon:
             self._idle.wait_for(lambda: not self._running, timeout=30)
         # CLI processes kept for the next turn of a thread stop with the daemon.
         self._kept.close(self.grace)
+
+
+_WRITE_GRACE = 2.0
+"""Seconds since its last change a request file that does not parse may still be being written."""
+_REREAD_INTERVAL = 0.1
+
+
+def _maybe_unfinished(error: InvalidRequestError) -> bool:
+    """Whether ``error`` is what a file cut short says: no JSON yet, or a character cut in two."""
+    return any(
+        problem["path"] == "" and problem["message"].startswith(("invalid JSON", "not UTF-8"))
+        for problem in error.errors
+    )
+
+
+def _written_lately(path: Path) -> bool:
+    try:
+        changed = os.lstat(path).st_mtime
+    except OSError:
+        return False
+    return abs(time.time() - changed) < _WRITE_GRACE
 
 
 _PROMPT_KEPT_WHILE_QUEUED = 16 * 1024

@@ -556,6 +556,22 @@ def test_queued_requests_with_long_prompts_leave_them_on_disk_until_they_start(t
     assert proc.stop() == 0
 
 
+def test_a_request_written_straight_into_the_spool_is_read_once_its_writer_is_done(
+    daemon: DaemonProcess,
+) -> None:
+    # The documented way links a whole file in; a shell script's `cat > spool/new/x.json` does
+    # not, and the daemon may claim the file between two of its writes.
+    with open(daemon.home.spool_new / "direct.json", "w") as writer:
+        writer.write('{"driver": "script", "prompt": "x", ')
+        writer.flush()
+        daemon.wait_for_line("request.received id=direct ")  # claimed, half written
+        writer.write('"config": {"steps": [{"text": "whole"}]}}')
+    assert daemon.verdict("direct")["result"]["text"] == "whole"
+    daemon.drop("cut.json", b'{"driver": ')  # and one that stays cut short
+    verdict = daemon.verdict("cut")
+    assert verdict["exit_code"] == 2 and "invalid JSON: unexpected end of data" in verdict["error"]["message"]
+
+
 def test_cancel_marker_cancels_a_running_request(daemon: DaemonProcess) -> None:
     rid = daemon.submit(script({"text": "started"}, {"sleep": 60}))
     daemon.wait_for_line(f"request.started id={rid}")
