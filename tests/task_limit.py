@@ -50,7 +50,11 @@ class TaskLimit:
             self._group.mkdir()
         except OSError as exc:
             pytest.skip(f"cannot make a pids cgroup: {exc}")
-        (self._group / "cgroup.procs").write_text(str(self.pid))
+        try:
+            (self._group / "cgroup.procs").write_text(str(self.pid))
+        except OSError as exc:  # a delegated hierarchy may refuse the move
+            os.rmdir(self._group)
+            pytest.skip(f"cannot move a process into a pids cgroup: {exc}")
         return self
 
     def cap(self, spare: int = 0) -> None:
