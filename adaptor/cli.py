@@ -126,6 +126,7 @@ del _command
 
 
 def main() -> None:
+    _tolerate_narrow_encodings()
     # Not click's standalone mode: a usage error must still honour --json (the error object
     # on stdout, exit 2), and a closed pipe must end quietly with 0 rather than click's 1.
     try:
@@ -141,3 +142,13 @@ def main() -> None:
     except BrokenPipeError:
         quiet_broken_pipe()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _tolerate_narrow_encodings() -> None:
+    # A terminal set to latin-1 (or PYTHONIOENCODING=ascii) cannot show every character an
+    # agent writes.  The result must still be printed (escaped where it must), and the exit
+    # code stay the run's: a strict stream made a successful run exit 70.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure) and getattr(stream, "errors", None) == "strict":
+            reconfigure(errors="backslashreplace")

@@ -561,3 +561,14 @@ def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
                 client.wait()
         daemon.kill_if_running()
     assert restarted.stop() == 0
+
+
+def test_a_terminal_that_cannot_show_the_answer_still_gets_it_escaped(home: Home) -> None:
+    # A latin-1 terminal and an agent answering with a check mark: the run succeeded.
+    env = {**home.env(), "PYTHONIOENCODING": "latin-1"}
+    for extra in ([], ["--no-daemon"]):
+        proc = subprocess.run(
+            ["adaptor", "run", "--driver", "script", "--config", steps({"text": "héllo ✓ 世界"}), *extra, "go"],
+            capture_output=True, env=env, timeout=TIMEOUT,
+        )
+        assert (proc.returncode, proc.stdout) == (0, "héllo \\u2713 \\u4e16\\u754c\n".encode("latin-1")), proc.stderr
