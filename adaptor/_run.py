@@ -159,6 +159,8 @@ class _RunThreads:
 
 
 _run_threads = _RunThreads()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_run_threads.reset)
 
 
 def _no_thread(error: RuntimeError) -> RuntimeError:
@@ -169,8 +171,6 @@ def _no_thread(error: RuntimeError) -> RuntimeError:
     )
     failure.__cause__ = error
     return failure
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_run_threads.reset)
 
 
 class _Budget:

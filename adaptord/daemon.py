@@ -739,7 +739,10 @@ class Daemon:
 
     def _worker_loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            self._work(job)
+            try:
+                self._work(job)
+            except Exception as exc:  # even its failure handling failed: the worker stays
+                self.log("worker failed", id=job.id, error=type(exc).__name__)
 
     def _work(self, job: Job) -> None:
         try:
