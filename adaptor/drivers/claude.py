@@ -1165,20 +1165,30 @@ class _Pool:
             entry[0].close()
 
     def put(self, live: _Live, idle_timeout: float) -> None:
+        """Keep ``live`` for the next turn; or stop it, when nothing could evict it later."""
         live.idle_since = time.monotonic()
         with self._lock:
-            if self._closed:
+            if self._closed or not self._evictor_running():
                 stale: _Live | None = live
             else:
                 previous = self._live.pop(live.session_id, None)
                 stale = None if previous is None else previous[0]
                 self._live[live.session_id] = (live, idle_timeout)
-                if self._evictor is None:
-                    self._evictor = threading.Thread(target=self._evict_loop,
-                                                     name="adaptor-claude-evictor", daemon=True)
-                    self._evictor.start()
         if stale is not None:
             stale.close()
+
+    def _evictor_running(self) -> bool:
+        # Called holding the lock.  Without a thread (a task limit) a kept process would never
+        # be stopped when idle: keeping it is an optimization, so the turn simply ends it.
+        if self._evictor is None:
+            evictor = threading.Thread(target=self._evict_loop, name="adaptor-claude-evictor",
+                                       daemon=True)
+            try:
+                evictor.start()
+            except RuntimeError:
+                return False
+            self._evictor = evictor
+        return True
 
     def _evict_loop(self) -> None:
         while not self._closed:

@@ -210,3 +210,47 @@ def test_no_zombie_left(fake_exe: FakeExe) -> None:
     child.finish()
     with pytest.raises(ChildProcessError):
         os.waitpid(child.pid, os.WNOHANG)  # already reaped: not our child any more
+
+
+_KEEP_AT_THE_TASK_LIMIT = """
+import os, sys
+from adaptor.drivers import claude
+from adaptor.drivers._process import Child, Spec
+from adaptor.testing import RecordingSink
+
+env = {"PATH": os.environ["PATH"]}
+child = Child.start(Spec(argv=["/bin/cat"], env=env, env_names=[], stdin="driven"), RecordingSink())
+live = claude._Live(child, sys.argv[1], "signature")
+live.session_id = "s1"
+pool = claude._Pool()
+print(child.pid, flush=True)
+sys.stdin.readline()  # capped: no evictor thread can start
+pool.put(live, 60.0)
+print("kept" if pool.take("s1", "signature") is live else "not kept", child.alive, flush=True)
+"""
+
+
+def test_a_process_that_nothing_could_evict_is_not_kept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.task_limit import TaskLimit
+
+    private = tmp_path / "private"
+    private.mkdir()
+    with subprocess.Popen(
+        [sys.executable, "-c", _KEEP_AT_THE_TASK_LIMIT, str(private)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as host:
+        assert host.stdin is not None and host.stdout is not None
+        try:
+            cat = int(host.stdout.readline())
+            with TaskLimit(host.pid) as limit:
+                limit.cap()
+                host.stdin.write(b"\n")
+                host.stdin.flush()
+                assert host.stdout.readline() == b"not kept False\n"
+            assert not private.exists()  # the kept process's files went with it
+            assert not os.path.exists(f"/proc/{cat}") or "Z" in Path(f"/proc/{cat}/stat").read_text().split()[2]
+        finally:
+            host.kill()
