@@ -164,7 +164,11 @@ class Gateway:
                 pass
 
         thread = threading.Thread(target=run, name="adaptor-tool-gateway", daemon=True)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to spare (a task limit): the socket goes with it
+            sock.close()
+            raise
         if not ready.wait(_START_TIMEOUT) or not server.started:
             server.should_exit = True
             cause = failure[0] if failure else None

@@ -171,7 +171,11 @@ def warm() -> None:
         if _idle or _warming:
             return
         _warming = True
-    threading.Thread(target=_start_one, name="adaptor-schema-checker-start", daemon=True).start()
+    try:
+        threading.Thread(target=_start_one, name="adaptor-schema-checker-start", daemon=True).start()
+    except RuntimeError:  # no thread to spare (a task limit): a check starts its own child
+        with _guard:
+            _warming = False
 
 
 def _start_one() -> None:

@@ -433,6 +433,13 @@ def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tm
             if causes[-1] == "RuntimeError":
                 break
         assert causes[-1] == "RuntimeError", causes  # "can't start new thread"
+
+        running = proc.submit(sleeper)  # a cancel needs a thread to stop the agent: none left
+        proc.wait_for_line(f"request.started id={running}")
+        limit.cap()
+        _home.request_cancel(proc.home, running)
+        assert errors.from_wire(proc.verdict(running)["error"]).__class__ is errors.RunCancelledError
+        assert processes_with_env("MARK", marker) == []
     assert proc.stop() == 0
     assert not any("Traceback" in line for line in proc.lines)
 

@@ -462,16 +462,24 @@ class Child:
             thread.join()
 
     def terminate(self, reason: Literal["", "cancelled", "timed_out"] = "") -> None:
-        """Stop the whole group: SIGTERM now, SIGKILL after the grace period.  Returns at once;
-        :meth:`finish` waits for it."""
+        """Stop the whole group: SIGTERM now, SIGKILL after the grace period.  Returns at once
+        (:meth:`finish` waits for it), unless no thread can be started to do it (a task limit):
+        then it returns once the group is gone."""
         with self._stop_lock:
             if self._stopping is not None:
                 return
             self._reason = reason
             # stdin is left to finish(): a writer blocked on a full pipe holds its lock, and the
             # signals below are what unblock it.
-            self._stopping = threading.Thread(target=self._stop_group, daemon=True)
-            self._stopping.start()
+            stopping = threading.Thread(target=self._stop_group, daemon=True)
+            try:
+                stopping.start()
+            except RuntimeError:
+                pass
+            else:
+                self._stopping = stopping
+                return
+        self._stop_group()  # outside the lock: finish() may be waiting for it
 
     def _stop_group(self) -> None:
         _signal_group(self.pid, signal.SIGTERM)
