@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -502,8 +503,10 @@ class Live:
 
     def __enter__(self) -> Live:
         if self.spinner:
-            self._thread = threading.Thread(target=self._spin, name="adaptor-spinner", daemon=True)
-            self._thread.start()
+            spinner = threading.Thread(target=self._spin, name="adaptor-spinner", daemon=True)
+            with contextlib.suppress(RuntimeError):  # no thread to spare: no spinner, that is all
+                spinner.start()
+                self._thread = spinner
         return self
 
     def __exit__(

@@ -572,3 +572,22 @@ def test_a_terminal_that_cannot_show_the_answer_still_gets_it_escaped(home: Home
             capture_output=True, env=env, timeout=TIMEOUT,
         )
         assert (proc.returncode, proc.stdout) == (0, "héllo \\u2713 \\u4e16\\u754c\n".encode("latin-1")), proc.stderr
+
+
+def test_a_client_at_its_task_limit_still_gets_its_answer(home: Home) -> None:
+    # No thread to spare in the client: no file watcher, no daemon-stop notices; polling only.
+    from tests.task_limit import TaskLimit
+
+    command = ["adaptor", "run", "--driver", "script", "--config", steps({"text": "answered"}), "go"]
+    with subprocess.Popen(
+        ["/bin/sh", "-c", 'read line; exec "$@"', "sh", *command],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=home.env(),
+    ) as client:
+        assert client.stdin is not None
+        try:
+            with TaskLimit(client.pid) as limit:
+                limit.cap()
+                out, err = client.communicate(b"\n", timeout=TIMEOUT)
+        finally:
+            client.kill()
+    assert (client.returncode, out) == (0, b"answered\n"), err
