@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -134,9 +135,7 @@ class Redactor:
         # Values this short ("1", "true", a port) are configuration, not credentials, and
         # replacing them everywhere would destroy timestamps and numbers in every record.
         kept = [s for s in secrets if len(s) >= MIN_SECRET_LENGTH]
-        # Inside JSON held in a string (a tool's result, a payload an agent prints) a value
-        # with quotes, backslashes, control or non-ASCII characters appears escaped.
-        forms = {form for s in kept for form in (s, _json_escaped(s, False), _json_escaped(s, True))}
+        forms = {form for s in kept for form in _forms(s)}
         # Longest first: a secret that contains another is replaced whole.
         self.secrets = sorted(forms, key=len, reverse=True)
 
@@ -160,8 +159,32 @@ class Redactor:
         return value
 
 
-def _json_escaped(value: str, ascii_only: bool) -> str:
-    return json.dumps(value, ensure_ascii=ascii_only)[1:-1]
+def _forms(secret: str) -> set[str]:
+    """Every text ``secret`` may show up as in what an agent prints or a log holds."""
+    # Output is cut into lines (one event, one transcript item each): a key of several lines
+    # (a PEM block) must go from each of them too.
+    pieces = {secret}
+    if "\n" in secret or "\r" in secret:
+        pieces.update(
+            part for line in secret.splitlines() for part in (line, line.strip())
+            if len(part) >= MIN_SECRET_LENGTH
+        )
+    # Inside JSON held in a string (a tool's result, a payload an agent prints) a value with
+    # quotes, backslashes, control or non-ASCII characters appears escaped, and serializers
+    # differ: upper-case hex (Java's), "\/" (PHP's), "<", ">" and "&" as \u escapes (Go's).
+    forms: set[str] = set()
+    for piece in pieces:
+        plain = json.dumps(piece, ensure_ascii=False)[1:-1]
+        ascii_only = json.dumps(piece, ensure_ascii=True)[1:-1]
+        escaped = {plain, ascii_only, _UNICODE_ESCAPE.sub(lambda m: m[0].upper(), ascii_only)}
+        escaped |= {form.replace("/", "\\/") for form in escaped}
+        escaped |= {form.translate(_HTML_SAFE) for form in escaped}
+        forms |= {piece, *escaped}
+    return forms
+
+
+_UNICODE_ESCAPE = re.compile(r"(?<=\\u)[0-9a-f]{4}")
+_HTML_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 
 
 def redacted_request(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -273,6 +273,22 @@ def test_env_secrets_from_the_daemon_config_appear_nowhere(tmp_path: Path) -> No
     assert all(SECRET not in line for line in daemon.lines)
 
 
+def test_a_secret_of_several_lines_appears_in_no_file_line_by_line(daemon: DaemonProcess) -> None:
+    lines = ["-----BEGIN PRIVATE KEY-----", "MIIEvQIBADANBgkqhkiG9w0BAQEF", "-----END PRIVATE KEY-----"]
+    echo = 'printf "%s\\n" "$KEY"; printf "%s\\n" "$KEY" >&2; exit 1'
+    rid = daemon.submit(
+        {"driver": "command", "prompt": "x",
+         "config": {"command": "/bin/sh", "extra_args": ["-c", echo], "env": {"KEY": "\n".join(lines)}}}
+    )
+    assert daemon.verdict(rid)["ok"] is False
+    daemon.wait_for_line(f"verdict.written id={rid}")
+    for path in daemon.home.root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(line.encode() in data for line in lines), path
+    assert not any(lines[1] in line for line in daemon.lines)
+
+
 def test_secrets_of_malformed_env_values_are_not_quoted_back(daemon: DaemonProcess) -> None:
     rid = daemon.submit({"driver": "script", "prompt": "x", "config": {"env": {"TOKEN": [SECRET, 12345678]}}})
     verdict = daemon.verdict(rid)

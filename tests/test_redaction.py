@@ -57,3 +57,24 @@ def test_no_json_encoding_of_a_secret_survives(secret: str, ascii_only: bool) ->
     redacted = redactor.text(text)
     assert json.dumps(secret, ensure_ascii=ascii_only)[1:-1] not in redacted
     assert secret not in redactor.text(f"raw: {secret}")
+
+
+def test_a_secret_of_several_lines_goes_from_each_line_printed_alone() -> None:
+    key = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG\r\n  9w0BAQEFAASC  \nab\n-----END PRIVATE KEY-----"
+    redactor = Redactor([key])
+    # The command driver makes one event of each line an agent prints.
+    assert redactor.text("MIIEvQIBADANBgkqhkiG") == REDACTED
+    assert redactor.text("9w0BAQEFAASC") == REDACTED
+    assert redactor.text("line: ab") == "line: ab"  # too short to be told from other text
+    assert redactor.text(key) == REDACTED
+
+
+def test_the_json_escapes_of_other_serializers_are_replaced_too() -> None:
+    redactor = Redactor(["contraseña/t&m<x>"])
+    for text in (
+        '"contrase\\u00F1a/t&m<x>"',  # upper-case hex (Jackson)
+        '"contraseña\\/t&m<x>"',  # escaped slash (PHP)
+        '"contraseña/t\\u0026m\\u003cx\\u003e"',  # HTML-safe (Go's encoding/json)
+        '"contrase\\u00f1a\\/t\\u0026m\\u003cx\\u003e"',
+    ):
+        assert redactor.text(text) == f'"{REDACTED}"', text
