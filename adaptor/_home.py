@@ -37,6 +37,9 @@ REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_REQUEST_BYTES = 1024 * 1024
 REQUEST_FORMAT = "adaptord.request/1"
 VERDICT_FORMAT = "adaptord.verdict/1"
+OWNER_VAR = "ADAPTORD_OWNER"
+"""The variable adaptord marks every process it starts with (see adaptord._leftovers)."""
+
 DAEMON_SESSION = "adaptord"
 
 

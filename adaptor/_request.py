@@ -74,6 +74,7 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
     ]
     if "id" in obj and obj["id"] != request_id and isinstance(obj["id"], str):
         problems.append({"path": "/id", "message": f"must equal the file name stem {request_id!r}"})
+    problems.extend(_owner_mark_problems(obj))
     driver = obj.get("driver")
     if isinstance(driver, str) and driver not in DRIVERS:
         problems.append({"path": "/driver", "message": f"unknown driver; one of: {', '.join(DRIVERS)}"})
@@ -89,6 +90,23 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         raise InvalidRequestError([{**p, "message": redactor.text(p["message"])} for p in problems])
     obj["id"] = request_id
     return obj
+
+
+def _owner_mark_problems(obj: Mapping[str, Any]) -> list[dict[str, str]]:
+    # A request setting the mark would hide its agent from its own daemon's clean-up after a
+    # crash, or hand it to another home's daemon, which would stop it.
+    envs: list[tuple[str, Any]] = []
+    config = obj.get("config")
+    if isinstance(config, Mapping):
+        envs.append(("/config/env", config.get("env")))
+    for index, server in enumerate(obj.get("mcp") or ()):
+        if isinstance(server, Mapping):
+            envs.append((f"/mcp/{index}/env", server.get("env")))
+    return [
+        {"path": f"{path}/{_home.OWNER_VAR}", "message": "is set by adaptord, to mark the processes it starts"}
+        for path, env in envs
+        if isinstance(env, Mapping) and _home.OWNER_VAR in env
+    ]
 
 
 def secrets_of(

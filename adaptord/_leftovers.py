@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from adaptor import _procfs
+from adaptor._home import OWNER_VAR
 
-OWNER_VAR: Final = "ADAPTORD_OWNER"
 _POLL: Final = 0.02
 _AFTER_KILL: Final = 5.0  # how long SIGKILLed processes may take to disappear
 

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from adaptor._home import OWNER_VAR
+
 if TYPE_CHECKING:
     from adaptor.tool import Definition
     from hosttools.a2adelegation import DelegationRequest, DelegationResult, RemoteAgentSpec
@@ -185,6 +187,9 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     drivers = raw.get("drivers", {})
     if not isinstance(drivers, dict) or not all(isinstance(v, dict) for v in drivers.values()):
         raise ConfigError(f"{source}: [drivers.<name>] tables expected")
+    for name, table in drivers.items():
+        if isinstance(table.get("env"), dict) and OWNER_VAR in table["env"]:
+            raise ConfigError(f"{source}: [drivers.{name}] env: {OWNER_VAR} is set by adaptord itself")
     tools = raw.get("tools", {})
     if not isinstance(tools, dict) or not all(isinstance(v, str) for v in tools.values()):
         raise ConfigError(f"{source}: [tools] maps names to 'module:attribute' strings")

@@ -289,6 +289,29 @@ def test_a_secret_of_several_lines_appears_in_no_file_line_by_line(daemon: Daemo
     assert not any(lines[1] in line for line in daemon.lines)
 
 
+def test_no_request_or_config_may_set_the_mark_of_the_daemons_processes(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    # Set to another home, the agent would be stopped by that home's daemon at its next start.
+    other = str(tmp_path / "other-home")
+    rid = daemon.submit(
+        {"driver": "command", "prompt": "x", "config": {"command": "/bin/cat", "env": {"ADAPTORD_OWNER": other}},
+         "mcp": [{"key": "m", "transport": "stdio", "command": "/bin/true", "env": {"ADAPTORD_OWNER": other}}]}
+    )
+    verdict = daemon.verdict(rid)
+    assert verdict["exit_code"] == 2
+    assert [e["path"] for e in verdict["error"]["fields"]["errors"]] == [
+        "/config/env/ADAPTORD_OWNER", "/mcp/0/env/ADAPTORD_OWNER"
+    ]
+    config = tmp_path / "config.toml"
+    config.write_text(f'[drivers.command]\nenv = {{ADAPTORD_OWNER = "{other}"}}\n')
+    refused = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "h2"), "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert refused.returncode == 2 and "ADAPTORD_OWNER is set by adaptord itself" in refused.stderr
+
+
 def test_secrets_of_malformed_env_values_are_not_quoted_back(daemon: DaemonProcess) -> None:
     rid = daemon.submit({"driver": "script", "prompt": "x", "config": {"env": {"TOKEN": [SECRET, 12345678]}}})
     verdict = daemon.verdict(rid)
