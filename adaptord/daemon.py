@@ -625,6 +625,7 @@ class Daemon:
             except Exception as exc:  # as in _scan: never the daemon's end
                 self.log("could not accept a request", error=f"{type(exc).__name__}: {exc}")
         if waiting:
+            self._apply_cancels()  # one may have come while its file was being written
             self._dispatch()
 
     def _quarantine(self, source: Path, name: str, request_id: str | None, why: str) -> None:
@@ -922,8 +923,8 @@ class Daemon:
                     secrets=self._secrets_of(queued.request), job=queued,
                 )
                 self._dispatch()  # a job waiting behind it on its thread key may be ready now
-            elif (self.home.spool_new / f"{request_id}.json").exists():
-                continue  # not claimed yet: the next scan claims it, then this marker applies
+            elif request_id in self._being_written or (self.home.spool_new / f"{request_id}.json").exists():
+                continue  # not queued yet: it is once its file is read whole, then this applies
             with contextlib.suppress(OSError):
                 os.unlink(self.home.cancels / request_id)
 

@@ -621,6 +621,14 @@ def test_a_request_written_straight_into_the_spool_is_read_once_its_writer_is_do
         daemon.wait_for_line("request.received id=direct ")  # claimed, half written
         writer.write('"config": {"steps": [{"text": "whole"}]}}')
     assert daemon.verdict("direct")["result"]["text"] == "whole"
+    with open(daemon.home.spool_new / "direct2.json", "w") as writer:
+        writer.write('{"driver": "script", "prompt": "x", ')
+        writer.flush()
+        daemon.wait_for_line("request.received id=direct2 ")
+        _home.request_cancel(daemon.home, "direct2")  # cancelled before it could be read
+        time.sleep(0.3)  # the daemon's turn to see the marker first (no harm if it does not)
+        writer.write('"config": {"steps": [{"text": "whole"}]}}')
+    assert errors.from_wire(daemon.verdict("direct2")["error"]).__class__ is errors.CancelledError
     daemon.drop("cut.json", b'{"driver": ')  # and one that stays cut short
     verdict = daemon.verdict("cut")
     assert verdict["exit_code"] == 2 and "invalid JSON: unexpected end of data" in verdict["error"]["message"]
