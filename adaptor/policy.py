@@ -81,6 +81,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
+_NO_DEADLINE_BEYOND = 100 * 365 * 24 * 3600.0
+"""An approval timeout this long is no deadline at all."""
+
+
 def validate(policy: Policy | None, descriptor: Descriptor) -> EffectiveApprovals:
     """Check ``policy`` against its domains and the driver's capabilities, first problem wins.
 
@@ -142,8 +146,8 @@ def validate(policy: Policy | None, descriptor: Descriptor) -> EffectiveApproval
     effective_timeout: float | None
     if timeout is None or timeout == 0:
         effective_timeout = DEFAULT_APPROVAL_TIMEOUT
-    elif timeout < 0:
-        effective_timeout = None
+    elif timeout < 0 or timeout >= _NO_DEADLINE_BEYOND:
+        effective_timeout = None  # (a deadline past year 9999 cannot even be written down)
     else:
         effective_timeout = float(timeout)
     return EffectiveApprovals(

@@ -941,3 +941,17 @@ def test_a_run_that_gets_no_thread_ends_at_once_and_is_never_run_later() -> None
                 assert child.stdout.readline() == b"hi ['second']\n"
         finally:
             child.kill()
+
+
+@pytest.mark.parametrize("timeout", [3e11, 1e308, float("inf")])
+def test_an_approval_timeout_beyond_any_date_is_no_deadline(timeout: float) -> None:
+    agent = adaptor.Agent(ScriptedDriver([PERMISSION, {"text": "done"}]))
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask", timeout=timeout))
+    seen: list[adaptor.ApprovalRequest] = []
+
+    def approve(request: adaptor.ApprovalRequest) -> None:
+        seen.append(request)
+        request.approve()
+
+    assert agent.run("go", policy=policy, on_approval=approve).text == "done"
+    assert seen[0].deadline is None
