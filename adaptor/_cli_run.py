@@ -28,7 +28,7 @@ from adaptor._cli_common import (
     telling_when_the_daemon_stops,
 )
 from adaptor._cli_spool import print_text, report_verdict, submit_request
-from adaptor.spool import Client
+from adaptor.spool import Client, InvalidRequestError
 
 if TYPE_CHECKING:
     from adaptor import _request as requests
@@ -284,6 +284,10 @@ def _build_request(
         del request["config"]
     for key_path, raw in _assignments(metadata_items, "--metadata"):
         request.setdefault("metadata", {})[".".join(key_path)] = raw
+    try:
+        orjson.dumps(request)
+    except TypeError as exc:  # argv and stdin undecodable as UTF-8 come as lone surrogates
+        raise click.UsageError(f"the request cannot be JSON: {exc} (is every argument UTF-8?)") from None
     return request
 
 
@@ -389,7 +393,10 @@ def _execute(
     from adaptor import _request as requests
 
     # The daemon's own validation: the same request is refused the same way.
-    parsed = requests.parse(orjson.dumps(request), request_id)
+    body = orjson.dumps(request)
+    if len(body) > _home.MAX_REQUEST_BYTES:  # a file this large the daemon sets aside unread
+        raise InvalidRequestError([{"path": "", "message": f"larger than {_home.MAX_REQUEST_BYTES} bytes"}])
+    parsed = requests.parse(body, request_id)
     tools = config.load_tools()
     store = None
     if parsed.get("thread"):

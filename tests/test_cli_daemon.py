@@ -591,3 +591,16 @@ def test_a_client_at_its_task_limit_still_gets_its_answer(home: Home) -> None:
         finally:
             client.kill()
     assert (client.returncode, out) == (0, b"answered\n"), err
+
+
+def test_a_prompt_that_is_not_utf8_or_too_large_is_refused_alike_with_and_without_the_daemon(
+    home: Home,
+) -> None:
+    config = steps({"text": "ok"})
+    for extra in ([], ["--no-daemon"]):
+        for prompt, why in ((b"ab\xff", "is every argument UTF-8?"), (b"x" * 1_500_000, "larger than 1048576 bytes")):
+            proc = subprocess.run(
+                ["adaptor", "run", "--driver", "script", "--config", config, *extra, "-"],
+                input=prompt, capture_output=True, env=home.env(), timeout=TIMEOUT,
+            )
+            assert proc.returncode == 2 and why in proc.stderr.decode(), (extra, proc.stderr[-300:])
