@@ -549,6 +549,9 @@ class Daemon:
             os.link(source, claimed)
         except FileNotFoundError:
             return None  # taken by an earlier pass
+        if info.st_mode & 0o077:  # written with the writer's umask (the shell recipe's 0644)
+            with contextlib.suppress(OSError):  # it may hold secrets: only the owner reads it
+                os.chmod(claimed, 0o600, follow_symlinks=False)
         return request_id, claimed
 
     def _accept(

@@ -8,6 +8,7 @@ import resource
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -596,6 +597,12 @@ def test_queued_requests_with_long_prompts_leave_them_on_disk_until_they_start(t
     rest = [proc.submit(script({"text": "done"}, prompt=p)) for p in prompts[2:]]
     proc.wait_for_line(f"request.queued id={rest[-1]}")
     grown = _rss_bytes(proc.proc.pid) - before
+    shared = proc.home.spool_tmp / "shared.json"  # the shell recipe: the writer's umask, 0644
+    shared.write_bytes(orjson.dumps(script({"text": "done"}, config={"env": {"TOKEN": "sk-0123456789"}})))
+    shared.chmod(0o644)
+    os.link(shared, proc.home.spool_new / "shared.json")
+    proc.wait_for_line("request.queued id=shared")
+    assert stat.S_IMODE((proc.home.claimed / "shared.json").stat().st_mode) == 0o600
     assert grown < sum(map(len, prompts)) / 4, grown  # 36 MB of prompts: at least 27 MB stay out
 
     _home.request_cancel(proc.home, cancelled)
