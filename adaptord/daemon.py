@@ -447,7 +447,7 @@ class Daemon:
 
     def _scan(self) -> None:
         try:
-            names = sorted(entry.name for entry in os.scandir(self.home.spool_new))
+            names = _in_arrival_order(self.home.spool_new)
         except FileNotFoundError:
             if not self._restore_home():
                 return
@@ -1186,7 +1186,7 @@ class Daemon:
 
     def _recover(self) -> None:
         self._sweep_temp_files()
-        for name in sorted(os.listdir(self.home.claimed)):
+        for name in _in_arrival_order(self.home.claimed):
             try:
                 self._recover_one(name)
             except Exception as exc:  # one request must not keep the daemon from starting
@@ -1261,9 +1261,14 @@ class Daemon:
             self._queued.clear()
             self._ready.clear()
             self._waiting.clear()
-        for job in queued:  # not started: back to the spool for the next daemon
+        stamp = time.time_ns()
+        for order, job in enumerate(queued):  # not started: back to the spool for the next daemon
             with contextlib.suppress(OSError):
-                os.rename(self.home.claimed / f"{job.id}.json", self.home.spool_new / f"{job.id}.json")
+                requeued = self.home.spool_new / f"{job.id}.json"
+                os.rename(self.home.claimed / f"{job.id}.json", requeued)
+                # Renamed within one clock tick, they would share a ctime: their mtimes keep
+                # the order they arrived in (see _in_arrival_order).
+                os.utime(requeued, ns=(stamp, stamp + order), follow_symlinks=False)
                 if job.state:  # a recovered attempt's state; a fresh request has none
                     job.state["status"] = "requeued"
                     self._write_state_raw(job.id, job.state)
@@ -1279,6 +1284,24 @@ class Daemon:
             self._idle.wait_for(lambda: not self._running, timeout=30)
         # CLI processes kept for the next turn of a thread stop with the daemon.
         self._kept.close(self.grace)
+
+
+def _in_arrival_order(folder: Path) -> list[str]:
+    """The names in ``folder``, oldest link first (a thread's requests run in arrival order).
+
+    A link or rename into the folder sets the file's ctime, so ctime orders arrivals; a
+    requeued request carries its first arrival as its mtime (see _drain), which orders
+    requests put back in the same clock tick.  Names break the remaining ties.
+    """
+    entries = []
+    with os.scandir(folder) as listing:
+        for entry in listing:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:  # gone meanwhile
+                continue
+            entries.append((info.st_ctime_ns, info.st_mtime_ns, entry.name))
+    return [name for *_, name in sorted(entries)]
 
 
 _WRITE_GRACE = 2.0

@@ -641,6 +641,53 @@ def test_a_request_written_straight_into_the_spool_is_read_once_its_writer_is_do
     assert verdict["exit_code"] == 2 and "invalid JSON: unexpected end of data" in verdict["error"]["message"]
 
 
+def _started_order(proc: DaemonProcess, rids: list[str]) -> list[str]:
+    return sorted(rids, key=lambda rid: proc.verdict(rid)["started_at"])
+
+
+def test_a_threads_requests_run_in_arrival_order_not_name_order(tmp_path: Path) -> None:
+    def request(rid: str, *steps: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": rid, "driver": "script", "prompt": "go", "thread": {"key": "ordered"},
+            "config": {"steps": [*steps, {"text": rid}], "session": "auto"},
+        }
+
+    home = tmp_path / "home"
+    # Arrived while no daemon ran: the start's one scan sees them all at once.
+    proc = DaemonProcess(home, "--grace", "10").start()
+    assert proc.stop() == 0
+    arrived = ["zz-first", "mm-second", "aa-third", "qq-fourth"]
+    for rid in arrived:
+        proc.submit(request(rid))
+        time.sleep(0.02)  # a clock tick apart
+    proc = DaemonProcess(home, "--grace", "10").start()
+    assert _started_order(proc, arrived) == arrived
+
+    # Put back in the spool by a SIGTERM, and claimed again by the next start.
+    blocker = proc.submit(request("k-blocker", {"sleep": 1.5}))
+    proc.wait_for_line(f"request.started id={blocker}")
+    waiting = ["zz-5", "mm-6", "aa-7"]
+    for rid in waiting:
+        proc.submit(request(rid))
+        proc.wait_for_line(f"request.queued id={rid}")
+    proc.signal(signal.SIGTERM)
+    assert proc.proc is not None and proc.proc.wait(60) == 0
+    proc = DaemonProcess(home, "--grace", "10").start()
+    assert _started_order(proc, waiting) == waiting
+
+    # Claimed, then recovered after a kill -9.
+    blocker = proc.submit(request("k-blocker-2", {"sleep": 30}))
+    proc.wait_for_line(f"request.started id={blocker}")
+    waiting = ["zz-8", "mm-9", "aa-10"]
+    for rid in waiting:
+        proc.submit(request(rid))
+        proc.wait_for_line(f"request.queued id={rid}")
+    proc.kill9()
+    proc = DaemonProcess(home, "--grace", "10").start()
+    assert _started_order(proc, waiting) == waiting
+    assert proc.stop() == 0
+
+
 def test_cancel_marker_cancels_a_running_request(daemon: DaemonProcess) -> None:
     rid = daemon.submit(script({"text": "started"}, {"sleep": 60}))
     daemon.wait_for_line(f"request.started id={rid}")
