@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import sys
 import threading
 import time
@@ -452,23 +453,41 @@ def _terminal_approver(live: Live) -> Callable[[events.ApprovalRequest], None]:
                     keys = [choice.key for choice in request.choices]
                     if keys:
                         click.echo(f"  choices: {', '.join(keys)}", err=True)
-                    reply = click.prompt(
-                        "  answer (empty: deny)", default="", show_default=False, err=True
-                    )
+                    reply = _ask("  answer (empty: deny): ", request)
                     if reply:
                         request.answer(reply)
-                    else:
+                    elif reply is not None:
                         request.deny("no answer")
-                elif click.confirm("  approve?", default=False, err=True):
-                    request.approve()
                 else:
-                    request.deny(click.prompt("  reason", default="", show_default=False, err=True))
+                    reply = _ask("  approve? [y/N]: ", request)
+                    if reply is not None and reply.lower() in ("y", "yes"):
+                        request.approve()
+                    elif reply is not None and (reason := _ask("  reason: ", request)) is not None:
+                        request.deny(reason)
             except errors.ApprovalResolvedError:
                 click.echo("  too late: the request was already settled", err=True)
-            except click.Abort:
-                request.deny("no answer")
 
     return handler
+
+
+def _ask(prompt: str, request: events.ApprovalRequest) -> str | None:
+    """A line typed on the terminal, or ``None`` once ``request`` was settled meanwhile.
+
+    The question is asked on the run's thread, which a Ctrl-C (delivered to the main thread)
+    does not interrupt: a plain ``input()`` kept the run, and the command, waiting for a line
+    after the cancel.  So the terminal is polled, and a request cancelled, timed out or
+    answered elsewhere ends the wait.
+    """
+    click.echo(prompt, err=True, nl=False)
+    while not request.settled:
+        readable, _, _ = select.select([sys.stdin], [], [], _PROMPT_POLL)
+        if readable:
+            return sys.stdin.readline().strip()  # "" at the end of input: no answer
+    click.echo("", err=True)
+    return None
+
+
+_PROMPT_POLL = 0.2
 
 
 # --- live output ----------------------------------------------------------------------------------
@@ -571,15 +590,20 @@ class Live:
 
     @contextmanager
     def prompting(self) -> Iterator[None]:
-        """Hold the terminal for a question to the user."""
+        """Hold the terminal for a question to the user (the spinner stays away meanwhile).
+
+        The lock is not held while the question waits: a Ctrl-C leaves ``with live`` (which
+        takes it) before the run is cancelled, and only the cancel ends the question.
+        """
         with self._lock:
             self._clear_spinner()
             if not self._at_line_start:
                 self._write(sys.stdout, "\n")
             self._paused = True
-            try:
-                yield
-            finally:
+        try:
+            yield
+        finally:
+            with self._lock:
                 self._paused = False
 
     def _spin(self) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import queue
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -604,3 +605,62 @@ def test_a_prompt_that_is_not_utf8_or_too_large_is_refused_alike_with_and_withou
                 input=prompt, capture_output=True, env=home.env(), timeout=TIMEOUT,
             )
             assert proc.returncode == 2 and why in proc.stderr.decode(), (extra, proc.stderr[-300:])
+
+
+class _Terminal:
+    """``adaptor ARGS`` on a pseudo-terminal of its own, read as a user would see it."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self._leader, follower = pty.openpty()
+        self.proc = subprocess.Popen(["adaptor", *args], stdin=follower, stdout=follower, stderr=follower, env=env)
+        os.close(follower)
+        self.seen = b""
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._leader, 4096)
+            except OSError:  # EIO: the other side is closed
+                chunk = b""
+            with self._changed:
+                self.seen += chunk
+                self._changed.notify_all()
+            if not chunk:
+                return
+
+    def wait_for(self, text: str) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: text.encode() in self.seen, TIMEOUT), self.seen[-500:]
+
+    def type(self, line: str) -> None:
+        os.write(self._leader, line.encode())
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        os.close(self._leader)
+
+
+def test_run_no_daemon_asks_on_the_terminal_and_ctrl_c_at_the_question_cancels(home: Home) -> None:
+    config = steps(PERMISSION, {"text": "edited"})
+    command = ("run", "--no-daemon", "--driver", "script", "--policy-permission", "ask", "--config", config, "go")
+    terminal = _Terminal(*command, env=home.env())
+    try:
+        terminal.wait_for("approve? [y/N]: ")
+        terminal.type("y\n")
+        assert terminal.proc.wait(TIMEOUT) == 0
+        terminal.wait_for("edited")
+    finally:
+        terminal.close()
+
+    terminal = _Terminal(*command, env=home.env())
+    try:
+        terminal.wait_for("approve? [y/N]: ")
+        terminal.proc.send_signal(signal.SIGINT)  # Ctrl-C: the question is on another thread
+        assert terminal.proc.wait(TIMEOUT) == 130
+        terminal.wait_for("adaptor: cancelled")
+        assert b"Traceback" not in terminal.seen and b"Fatal" not in terminal.seen
+    finally:
+        terminal.close()
