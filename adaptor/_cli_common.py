@@ -112,10 +112,19 @@ def telling_when_the_daemon_stops(
 # --- output -------------------------------------------------------------------------------------
 
 
+class OutputError(OSError):
+    """stdout refused what a command printed (a full disk, say): reported once, exit 70."""
+
+
 def emit_json(obj: Any) -> None:
     """One JSON document and a newline on stdout, flushed (scripts read it line by line)."""
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
-    sys.stdout.buffer.flush()
+    try:
+        sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputError(exc.errno, exc.strerror) from exc
 
 
 def exit_code_of(exc: BaseException) -> int:
@@ -210,9 +219,15 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
         except (click.exceptions.ClickException, click.exceptions.Exit, SystemExit):
             raise
         except KeyboardInterrupt:
+            if kwargs.get("as_json"):
+                interrupted = errors.CancelledError("interrupted (Ctrl-C)")
+                emit_json({"ok": False, "exit_code": EXIT_INTERRUPTED, "error": errors.to_wire(interrupted)})
             sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             quiet_broken_pipe()
+        except OutputError as exc:  # not reported on stdout again
+            click.echo(f"adaptor: cannot write the output: {exc.strerror}", err=True)
+            sys.exit(errors.exit_code_for(RuntimeError()))
         except Exception as exc:
             fail(exc, as_json=bool(kwargs.get("as_json")))
 

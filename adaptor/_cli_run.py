@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import orjson
@@ -338,7 +338,7 @@ def _run_through_daemon(
     except KeyboardInterrupt:
         client.cancel(request_id)
         click.echo(f"\nadaptor: cancelled {request_id}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        _interrupted(as_json, request_id)
     verdict = client.verdict(request_id)
     assert verdict is not None  # following ends only once the verdict exists
     report_verdict(client, verdict, as_json=as_json, text_shown=live.text_complete)
@@ -364,7 +364,9 @@ def _run_in_process(
     result: Result | None = None
     error: Exception | None = None
     try:
-        result = _execute(request, request_id, config=config, home=home, live=live, redactor=redactor)
+        result = _execute(
+            request, request_id, config=config, home=home, live=live, redactor=redactor, as_json=as_json
+        )
     except Exception as exc:
         error = exc
     if isinstance(error, errors.RunError):
@@ -389,6 +391,7 @@ def _execute(
     home: str | None,
     live: Live,
     redactor: requests.Redactor,
+    as_json: bool,
 ) -> Result:
     """What a daemon worker does with the request, in this process: the Result, or raises."""
     from adaptor import _request as requests
@@ -423,12 +426,20 @@ def _execute(
         except KeyboardInterrupt:
             stream.cancel()
             click.echo("\nadaptor: cancelled", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            _interrupted(as_json, request_id)
         finally:
             call.close(10.0)
     finally:
         if store is not None:
             store.close()
+
+
+def _interrupted(as_json: bool, request_id: str) -> NoReturn:
+    """Exit 130 after a Ctrl-C; with ``--json``, as every outcome, with its JSON object."""
+    if as_json:
+        error = errors.to_wire(errors.CancelledError("cancelled by Ctrl-C"))
+        emit_json({"ok": False, "exit_code": EXIT_INTERRUPTED, "id": request_id, "error": error})
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def _result_summary(result: Result) -> dict[str, Any]:

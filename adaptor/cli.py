@@ -7,6 +7,7 @@ approvals, approve/deny/answer, threads, status) and ``_cli_run`` (run); exit co
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -126,6 +127,8 @@ del _command
 
 
 def main() -> None:
+    if sys.stdout is None:  # started with stdout closed (`>&-`): as good as /dev/null
+        sys.stdout = open(os.devnull, "w")
     _tolerate_narrow_encodings()
     # Not click's standalone mode: a usage error must still honour --json (the error object
     # on stdout, exit 2), and a closed pipe must end quietly with 0 rather than click's 1.
@@ -141,6 +144,9 @@ def main() -> None:
         sys.exit(1)
     except BrokenPipeError:
         quiet_broken_pipe()
+    except OSError as exc:  # what reaches here is stdout refusing the output (a full disk)
+        click.echo(f"adaptor: cannot write the output: {exc.strerror or exc}", err=True)
+        sys.exit(errors.exit_code_for(exc))
     sys.exit(code if isinstance(code, int) else 0)
 
 

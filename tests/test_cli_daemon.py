@@ -14,6 +14,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -664,3 +665,34 @@ def test_run_no_daemon_asks_on_the_terminal_and_ctrl_c_at_the_question_cancels(h
         assert b"Traceback" not in terminal.seen and b"Fatal" not in terminal.seen
     finally:
         terminal.close()
+
+
+def test_an_output_that_cannot_be_written_is_reported_once_with_exit_70(home: Home) -> None:
+    run = ["adaptor", "run", "--driver", "script", "--config", steps({"text": "hi"})]
+    with open("/dev/full", "wb") as full:
+        for command in (["adaptor", "exit-codes"], ["adaptor", "exit-codes", "--json"], [*run, "--json", "go"]):
+            proc = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, env=home.env(), timeout=TIMEOUT)
+            assert proc.returncode == 70, (command, proc.stderr)
+            assert proc.stderr.decode().strip() == "adaptor: cannot write the output: No space left on device"
+    closed = subprocess.run([*run, "go"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=home.env(),
+                            timeout=TIMEOUT, pass_fds=(), preexec_fn=lambda: os.close(1))
+    assert (closed.returncode, closed.stderr) == (0, b"")  # stdout closed: as good as /dev/null
+
+
+def test_ctrl_c_with_json_still_prints_the_outcome_object(home: Home, tmp_path: Path) -> None:
+    for extra in ([], ["--no-daemon"]):
+        started = tmp_path / f"started{len(extra)}"
+        agent = f'touch {started}; exec sleep 30'
+        proc = subprocess.Popen(
+            ["adaptor", "run", "--driver", "command", "--config", "command=/bin/sh",
+             "--config", f'extra_args={json.dumps(["-c", agent])}', "--json", *extra, "go"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=home.env(),
+        )
+        deadline = time.monotonic() + TIMEOUT
+        while not started.exists() and time.monotonic() < deadline:  # the agent runs
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=TIMEOUT)
+        outcome = orjson.loads(out)
+        assert proc.returncode == 130 and outcome["ok"] is False and outcome["exit_code"] == 130
+        assert outcome["error"]["code"] == errors.CancelledError.code and outcome["id"]
