@@ -191,12 +191,16 @@ def check_common(
         raise TypeError("env: expected an object of strings")
     for name, value in env.items():
         # Names are safe to show (they are reported anyway); values may be secrets.
-        if not isinstance(name, str) or not name or "=" in name:
-            raise TypeError("env: variable names must be non-empty strings without '='")
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise TypeError("env: variable names must be non-empty strings without '=' or NUL")
         if not isinstance(value, str):
             raise TypeError(f"env: the value of {name} must be a string")
+        if "\0" in value:  # no process environment can hold one: refused before anything starts
+            raise ValueError(f"env: the value of {name} holds a NUL character")
     if not isinstance(extra_args, tuple) or not all(isinstance(a, str) for a in extra_args):
         raise TypeError("extra_args: expected a list of strings")
+    if any("\0" in arg for arg in (command, *extra_args)):
+        raise ValueError("command and extra_args cannot hold a NUL character")
     if cwd is not None and (not isinstance(cwd, str) or not cwd):
         raise TypeError("cwd: expected a non-empty string or null")
     if (

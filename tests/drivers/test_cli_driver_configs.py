@@ -34,7 +34,10 @@ def test_config_validation_and_json_form(module: Any) -> None:
     with pytest.raises(ValueError, match="unknown config key"):
         module.Config.from_dict({"comand": "x"})
     common_bad: list[dict[str, Any]] = [{"grace_period": -1}, {"command": ""}, {"env": {"K": 1}},
-                                        {"cwd": ""}, {"model": 3}]
+                                        {"cwd": ""}, {"model": 3},
+                                        # no environment or argument list can hold a NUL
+                                        {"env": {"K\0B": "v"}}, {"env": {"K": "a\0b"}},
+                                        {"extra_args": ["a\0b"]}]
     for bad in common_bad + BAD_FIELDS[module]:
         with pytest.raises((TypeError, ValueError)):
             module.Driver(module.Config.from_dict(bad)).validate_config()
