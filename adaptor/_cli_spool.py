@@ -300,12 +300,13 @@ def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> No
 
 @click.group(invoke_without_command=True)
 @home_option
+@click.option("--json", "as_json", is_flag=True, help="With no subcommand: as `threads list --json`.")
 @click.pass_context
-def threads(ctx: click.Context, home: str | None) -> None:
+def threads(ctx: click.Context, home: str | None, as_json: bool) -> None:
     """The thread store: `threads list` (the default) and `threads show KEY`."""
     ctx.obj = {"home": home}
     if ctx.invoked_subcommand is None:
-        ctx.invoke(threads_list)
+        ctx.invoke(threads_list, as_json=as_json)
 
 
 def _store_home(ctx: click.Context, home: str | None) -> Path:

@@ -421,6 +421,7 @@ def test_threads_list_and_show(home: Home) -> None:
     record = next(r for r in listed if r["key"] == "cli/threads/a")
     assert record["status"] == "active" and record["driver_type"] == "script"
     assert "cli/threads/a" in home.cli("threads").stdout
+    assert orjson.loads(home.cli("threads", "--json").stdout) == listed  # docs: threads [--json]
     shown = home.cli("threads", "show", "cli/threads/a", "--json")
     assert shown.returncode == 0 and orjson.loads(shown.stdout) == record
     missing = home.cli("threads", "show", "cli/threads/none")
