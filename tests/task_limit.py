@@ -9,6 +9,8 @@ Every thread and process the capped process starts counts against the limit, so 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from types import TracebackType
@@ -81,3 +83,52 @@ class TaskLimit:
             os.rmdir(self._group)
         except OSError:
             pass
+
+
+class HeldChild:
+    """``python -c SCRIPT ARGS`` in a pids cgroup of its own, talked to a line at a time.
+
+    The script prints a first line once set up (kept in :attr:`first_line`), then reads a line
+    before each step; the test caps or lifts :attr:`limit` in between.
+    """
+
+    def __init__(self, script: str, *args: str, cwd: Path | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *args], cwd=cwd,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        self.first_line = b""
+        self.limit: TaskLimit | None = None
+
+    def __enter__(self) -> HeldChild:
+        try:
+            assert self.proc.stdout is not None
+            self.first_line = self.proc.stdout.readline()
+            self.limit = TaskLimit(self.proc.pid).__enter__()
+        except BaseException:
+            self._end()
+            raise
+        return self
+
+    def step(self) -> bytes:
+        """Let the script go on; the next line it prints."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(b"\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline()
+
+    def _end(self) -> None:
+        self.proc.kill()
+        self.proc.communicate()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self.limit is not None:
+                self.limit.__exit__(exc_type, exc, tb)
+        finally:
+            self._end()

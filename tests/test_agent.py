@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -919,28 +917,16 @@ print(agent.run("second").text, prompts, flush=True)
 
 
 def test_a_run_that_gets_no_thread_ends_at_once_and_is_never_run_later() -> None:
-    from tests.task_limit import TaskLimit
+    from tests.task_limit import HeldChild
 
-    with subprocess.Popen(
-        [sys.executable, "-c", _AT_THE_TASK_LIMIT],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    ) as child:
-        assert child.stdin is not None and child.stdout is not None
-        try:
-            assert child.stdout.readline() == b"ready\n"
-            with TaskLimit(child.pid) as limit:
-                limit.cap()
-                child.stdin.write(b"\n")
-                child.stdin.flush()
-                seen, _, error = child.stdout.readline().decode().partition(" | ")
-                assert seen == "run.started run.finished"
-                assert error.startswith("cannot start a thread for the run (can't start new thread)")
-                limit.lift()
-                child.stdin.write(b"\n")
-                child.stdin.flush()
-                assert child.stdout.readline() == b"hi ['second']\n"
-        finally:
-            child.kill()
+    with HeldChild(_AT_THE_TASK_LIMIT) as child:
+        assert child.first_line == b"ready\n" and child.limit is not None
+        child.limit.cap()
+        seen, _, error = child.step().decode().partition(" | ")
+        assert seen == "run.started run.finished"
+        assert error.startswith("cannot start a thread for the run (can't start new thread)")
+        child.limit.lift()
+        assert child.step() == b"hi ['second']\n"
 
 
 @pytest.mark.parametrize("timeout", [3e11, 1e308, float("inf")])

@@ -663,25 +663,21 @@ def test_a_threads_requests_run_in_arrival_order_not_name_order(tmp_path: Path) 
     proc = DaemonProcess(home, "--grace", "10").start()
     assert _started_order(proc, arrived) == arrived
 
+    def queue_behind(blocker: str, seconds: float, waiting: list[str]) -> None:
+        proc.wait_for_line(f"request.started id={proc.submit(request(blocker, {'sleep': seconds}))}")
+        for rid in waiting:
+            proc.submit(request(rid))
+            proc.wait_for_line(f"request.queued id={rid}")
+
     # Put back in the spool by a SIGTERM, and claimed again by the next start.
-    blocker = proc.submit(request("k-blocker", {"sleep": 1.5}))
-    proc.wait_for_line(f"request.started id={blocker}")
-    waiting = ["zz-5", "mm-6", "aa-7"]
-    for rid in waiting:
-        proc.submit(request(rid))
-        proc.wait_for_line(f"request.queued id={rid}")
+    queue_behind("k-blocker", 1.5, waiting := ["zz-5", "mm-6", "aa-7"])
     proc.signal(signal.SIGTERM)
     assert proc.proc is not None and proc.proc.wait(60) == 0
     proc = DaemonProcess(home, "--grace", "10").start()
     assert _started_order(proc, waiting) == waiting
 
     # Claimed, then recovered after a kill -9.
-    blocker = proc.submit(request("k-blocker-2", {"sleep": 30}))
-    proc.wait_for_line(f"request.started id={blocker}")
-    waiting = ["zz-8", "mm-9", "aa-10"]
-    for rid in waiting:
-        proc.submit(request(rid))
-        proc.wait_for_line(f"request.queued id={rid}")
+    queue_behind("k-blocker-2", 30, waiting := ["zz-8", "mm-9", "aa-10"])
     proc.kill9()
     proc = DaemonProcess(home, "--grace", "10").start()
     assert _started_order(proc, waiting) == waiting

@@ -49,7 +49,7 @@ from tests.durable_hooks import (
     past_the_maximum_hold,
     record_fsyncs,
 )
-from tests.task_limit import TaskLimit
+from tests.task_limit import HeldChild
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT = 120
@@ -939,21 +939,11 @@ sys.stdin.readline()
 
 def test_a_flock_left_to_linger_is_let_go_at_once_when_no_reaper_can_start(tmp_path: Path) -> None:
     lock = str(tmp_path / "x.lock")
-    with subprocess.Popen(
-        [sys.executable, "-c", _LINGER_AT_THE_TASK_LIMIT, lock],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    ) as child:
-        assert child.stdin is not None and child.stdout is not None
-        try:
-            assert child.stdout.readline() == b"ready\n"
-            with TaskLimit(child.pid) as limit:
-                limit.cap()
-                child.stdin.write(b"\n")
-                child.stdin.flush()
-                assert child.stdout.readline() == b"done\n"
-                assert _probe_lock(lock) == b"free\n"  # while the child lives on
-        finally:
-            child.kill()
+    with HeldChild(_LINGER_AT_THE_TASK_LIMIT, lock, cwd=ROOT) as child:
+        assert child.first_line == b"ready\n" and child.limit is not None
+        child.limit.cap()
+        assert child.step() == b"done\n"
+        assert _probe_lock(lock) == b"free\n"  # while the child lives on
 
 
 def test_closing_a_log_whose_flock_was_let_go_makes_no_new_lock_object(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptor import _procfs
+from adaptor import _home, _procfs
 from adaptor.threadstore import _holder
 from adaptord import _leftovers
 
@@ -35,7 +35,7 @@ def test_a_proc_of_another_namespace_is_neither_judged_nor_signalled(
 ) -> None:
     owner = _leftovers.owner_mark(tmp_path)
     marked = subprocess.Popen(
-        ["sleep", "60"], env={**os.environ, _leftovers.OWNER_VAR: owner}, start_new_session=True
+        ["sleep", "60"], env={**os.environ, _home.OWNER_VAR: owner}, start_new_session=True
     )
     try:
         # Popen returns once exec has begun, a moment before the kernel has set up the new

@@ -231,26 +231,14 @@ print("kept" if pool.take("s1", "signature") is live else "not kept", child.aliv
 
 
 def test_a_process_that_nothing_could_evict_is_not_kept(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.task_limit import TaskLimit
+    from tests.task_limit import HeldChild
 
     private = tmp_path / "private"
     private.mkdir()
-    with subprocess.Popen(
-        [sys.executable, "-c", _KEEP_AT_THE_TASK_LIMIT, str(private)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    ) as host:
-        assert host.stdin is not None and host.stdout is not None
-        try:
-            cat = int(host.stdout.readline())
-            with TaskLimit(host.pid) as limit:
-                limit.cap()
-                host.stdin.write(b"\n")
-                host.stdin.flush()
-                assert host.stdout.readline() == b"not kept False\n"
-            assert not private.exists()  # the kept process's files went with it
-            assert not os.path.exists(f"/proc/{cat}") or "Z" in Path(f"/proc/{cat}/stat").read_text().split()[2]
-        finally:
-            host.kill()
+    with HeldChild(_KEEP_AT_THE_TASK_LIMIT, str(private)) as host:
+        cat = int(host.first_line)
+        assert host.limit is not None
+        host.limit.cap()
+        assert host.step() == b"not kept False\n"
+        assert not private.exists()  # the kept process's files went with it
+        assert not os.path.exists(f"/proc/{cat}") or "Z" in Path(f"/proc/{cat}/stat").read_text().split()[2]
