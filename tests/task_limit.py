@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from types import TracebackType
@@ -74,15 +75,19 @@ class TaskLimit:
         tb: TracebackType | None,
     ) -> None:
         self.lift()
-        for line in _read(self._group / "cgroup.procs").split():
+        # A process may start another while they are moved out: move until none is left.
+        for _ in range(100):
+            for line in _read(self._group / "cgroup.procs").split():
+                try:
+                    (self._root / "cgroup.procs").write_text(line)
+                except OSError:  # gone meanwhile
+                    pass
             try:
-                (self._root / "cgroup.procs").write_text(line)
-            except OSError:  # gone meanwhile
-                pass
-        try:
-            os.rmdir(self._group)
-        except OSError:
-            pass
+                os.rmdir(self._group)
+            except OSError:
+                time.sleep(0.01)
+            else:
+                return
 
 
 class HeldChild:
