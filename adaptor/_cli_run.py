@@ -415,8 +415,12 @@ def _execute(
             on_approval=_terminal_approver(live),
             tools=tools,
         )
-        stream = call.start()
+        stream = None
         try:
+            # Inside the try: the run may ask its question before start() has returned here
+            # (Thread.start waits for the new thread, which may run on meanwhile), and a
+            # Ctrl-C then must still cancel it (close() does, when there is no stream yet).
+            stream = call.start()
             with live:
                 for event in stream:
                     if redactor:
@@ -424,7 +428,8 @@ def _execute(
                     live.event(event)
             return stream.result()
         except KeyboardInterrupt:
-            stream.cancel()
+            if stream is not None:
+                stream.cancel()
             click.echo("\nadaptor: cancelled", err=True)
             _interrupted(as_json, request_id)
         finally:
