@@ -112,19 +112,22 @@ def telling_when_the_daemon_stops(
 # --- output -------------------------------------------------------------------------------------
 
 
-class OutputError(OSError):
-    """stdout refused what a command printed (a full disk, say): reported once, exit 70."""
-
-
 def emit_json(obj: Any) -> None:
-    """One JSON document and a newline on stdout, flushed (scripts read it line by line)."""
-    try:
-        sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
-        sys.stdout.buffer.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise OutputError(exc.errno, exc.strerror) from exc
+    """One JSON document and a newline on stdout, flushed (scripts read it line by line).
+
+    A stdout that refuses it (a full disk) raises ``OSError`` on to ``adaptor.cli.main``,
+    which reports it once; reporting it as JSON here would only fail again.
+    """
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+    sys.stdout.buffer.flush()
+
+
+def interrupted(as_json: bool, **extra: Any) -> NoReturn:
+    """Exit 130 after a Ctrl-C; with ``--json``, as every outcome, with its JSON object."""
+    if as_json:
+        error = errors.to_wire(errors.CancelledError("cancelled by Ctrl-C"))
+        emit_json({"ok": False, "exit_code": EXIT_INTERRUPTED, **extra, "error": error})
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def exit_code_of(exc: BaseException) -> int:
@@ -219,15 +222,9 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
         except (click.exceptions.ClickException, click.exceptions.Exit, SystemExit):
             raise
         except KeyboardInterrupt:
-            if kwargs.get("as_json"):
-                interrupted = errors.CancelledError("interrupted (Ctrl-C)")
-                emit_json({"ok": False, "exit_code": EXIT_INTERRUPTED, "error": errors.to_wire(interrupted)})
-            sys.exit(EXIT_INTERRUPTED)
+            interrupted(bool(kwargs.get("as_json")))
         except BrokenPipeError:
             quiet_broken_pipe()
-        except OutputError as exc:  # not reported on stdout again
-            click.echo(f"adaptor: cannot write the output: {exc.strerror}", err=True)
-            sys.exit(errors.exit_code_for(RuntimeError()))
         except Exception as exc:
             fail(exc, as_json=bool(kwargs.get("as_json")))
 

@@ -12,19 +12,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
 
 from adaptor import _home, drivers, errors, events
 from adaptor._cli_common import (
-    EXIT_INTERRUPTED,
     compact,
     emit_json,
     fail,
     guarded,
     home_option,
+    interrupted,
     require_daemon,
     telling_when_the_daemon_stops,
 )
@@ -338,7 +338,7 @@ def _run_through_daemon(
     except KeyboardInterrupt:
         client.cancel(request_id)
         click.echo(f"\nadaptor: cancelled {request_id}", err=True)
-        _interrupted(as_json, request_id)
+        interrupted(as_json, id=request_id)
     verdict = client.verdict(request_id)
     assert verdict is not None  # following ends only once the verdict exists
     report_verdict(client, verdict, as_json=as_json, text_shown=live.text_complete)
@@ -431,20 +431,12 @@ def _execute(
             if stream is not None:
                 stream.cancel()
             click.echo("\nadaptor: cancelled", err=True)
-            _interrupted(as_json, request_id)
+            interrupted(as_json, id=request_id)
         finally:
             call.close(10.0)
     finally:
         if store is not None:
             store.close()
-
-
-def _interrupted(as_json: bool, request_id: str) -> NoReturn:
-    """Exit 130 after a Ctrl-C; with ``--json``, as every outcome, with its JSON object."""
-    if as_json:
-        error = errors.to_wire(errors.CancelledError("cancelled by Ctrl-C"))
-        emit_json({"ok": False, "exit_code": EXIT_INTERRUPTED, "id": request_id, "error": error})
-    sys.exit(EXIT_INTERRUPTED)
 
 
 def _result_summary(result: Result) -> dict[str, Any]:

@@ -59,11 +59,11 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidRequestError([{"path": "", "message": f"not UTF-8: {exc.reason} at byte {exc.start}"}]) from None
+        raise InvalidRequestError([{"path": "", "message": f"{_NOT_UTF8}: {exc.reason} at byte {exc.start}"}]) from None
     try:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
+        raise InvalidRequestError([{"path": "", "message": f"{_NOT_JSON}: {exc}"}]) from None
     if not isinstance(obj, dict):
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     if _nesting.deeper_than(obj, MAX_DEPTH):
@@ -90,6 +90,19 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         raise InvalidRequestError([{**p, "message": redactor.text(p["message"])} for p in problems])
     obj["id"] = request_id
     return obj
+
+
+_NOT_JSON = "invalid JSON"
+_NOT_UTF8 = "not UTF-8"
+
+
+def maybe_cut_short(error: InvalidRequestError) -> bool:
+    """Whether :func:`parse` refused the request as a file cut short would be: no JSON yet,
+    or a character cut in two (a writer may still be at it)."""
+    return any(
+        problem["path"] == "" and problem["message"].startswith((_NOT_JSON, _NOT_UTF8))
+        for problem in error.errors
+    )
 
 
 def _owner_mark_problems(obj: Mapping[str, Any]) -> list[dict[str, str]]:

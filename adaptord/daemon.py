@@ -566,7 +566,7 @@ class Daemon:
             body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
             request = requests.parse(body, request_id)
         except InvalidRequestError as exc:
-            if _maybe_unfinished(exc) and _written_lately(claimed):
+            if requests.maybe_cut_short(exc) and _written_lately(claimed):
                 # Written straight into spool/new/ rather than linked in whole: its writer may
                 # still be at it (through its descriptor, the claim does not stop it).
                 self._being_written[request_id] = functools.partial(
@@ -1289,9 +1289,9 @@ class Daemon:
 def _in_arrival_order(folder: Path) -> list[str]:
     """The names in ``folder``, oldest link first (a thread's requests run in arrival order).
 
-    A link or rename into the folder sets the file's ctime, so ctime orders arrivals; a
-    requeued request carries its first arrival as its mtime (see _drain), which orders
-    requests put back in the same clock tick.  Names break the remaining ties.
+    A link or rename into the folder sets the file's ctime, so ctime orders arrivals.
+    Requests put back by a drain may share one clock tick: _drain gives them mtimes that
+    increase in their arrival order.  Names break the remaining ties.
     """
     entries = []
     with os.scandir(folder) as listing:
@@ -1307,14 +1307,6 @@ def _in_arrival_order(folder: Path) -> list[str]:
 _WRITE_GRACE = 2.0
 """Seconds since its last change a request file that does not parse may still be being written."""
 _REREAD_INTERVAL = 0.1
-
-
-def _maybe_unfinished(error: InvalidRequestError) -> bool:
-    """Whether ``error`` is what a file cut short says: no JSON yet, or a character cut in two."""
-    return any(
-        problem["path"] == "" and problem["message"].startswith(("invalid JSON", "not UTF-8"))
-        for problem in error.errors
-    )
 
 
 def _written_lately(path: Path) -> bool:
