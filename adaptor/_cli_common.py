@@ -122,6 +122,22 @@ def emit_json(obj: Any) -> None:
     sys.stdout.buffer.flush()
 
 
+def emit_result(
+    result: Any, *, exit_code: int = 0, error: Mapping[str, Any] | None = None, **extra: Any
+) -> None:
+    """A command's ``--json`` outcome: ``{"ok": true, "exit_code": 0, "result": ...}``.
+
+    ``error`` (a wire form) makes it ``"ok": false`` with that exit code while keeping the
+    ``result``: a report that is the command's answer even then (``status`` of a stopped
+    daemon, ``verify-log`` of a corrupt file).
+    """
+    obj: dict[str, Any] = {"ok": error is None, "exit_code": exit_code, **extra}
+    if error is not None:
+        obj["error"] = dict(error)
+    obj["result"] = result
+    emit_json(obj)
+
+
 def interrupted(as_json: bool, **extra: Any) -> NoReturn:
     """Exit 130 after a Ctrl-C; with ``--json``, as every outcome, with its JSON object."""
     if as_json:

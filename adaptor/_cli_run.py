@@ -20,7 +20,7 @@ import orjson
 from adaptor import _home, drivers, errors, events
 from adaptor._cli_common import (
     compact,
-    emit_json,
+    emit_result,
     fail,
     guarded,
     home_option,
@@ -378,7 +378,7 @@ def _run_in_process(
         fail(error, as_json=as_json, exit_code=code, secrets=secrets, id=request_id, result=summary)
     assert result is not None
     if as_json:
-        emit_json({"ok": True, "exit_code": 0, "id": request_id, "result": summary})
+        emit_result(summary, id=request_id)
     elif not live.text_complete:
         print_text(redactor.text(result.text))
 

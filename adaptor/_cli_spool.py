@@ -13,7 +13,9 @@ import orjson
 from adaptor import _home, errors
 from adaptor._cli_common import (
     EXIT_UNAVAILABLE,
+    DaemonNotRunningError,
     emit_json,
+    emit_result,
     event_line,
     fail,
     guarded,
@@ -122,7 +124,7 @@ def report_verdict(
             result=result_json,
         )
     if as_json:
-        emit_json({"ok": True, "exit_code": 0, "id": request_id, "result": result_json})
+        emit_result(result_json, id=request_id)
     elif not text_shown:
         print_text(result.text)
     sys.exit(0)
@@ -225,7 +227,12 @@ def cancel(request_id: str, home: str | None) -> None:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the pending requests as a JSON array.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the outcome object; its result is the pending requests.",
+)
 @home_option
 @guarded
 def approvals(as_json: bool, home: str | None) -> None:
@@ -234,7 +241,7 @@ def approvals(as_json: bool, home: str | None) -> None:
     client._require_spool()
     pending = client.approvals()
     if as_json:
-        emit_json(pending)
+        emit_result(pending)
         return
     for request in pending:
         kind = request.get("approval_kind", "")
@@ -251,7 +258,7 @@ def approvals(as_json: bool, home: str | None) -> None:
 
 def _responded(approval_id: str, action: str, as_json: bool) -> None:
     if as_json:
-        emit_json({"ok": True, "result": {"id": approval_id, "action": action}})
+        emit_result({"id": approval_id, "action": action})
     else:
         click.echo(f"{action}: {approval_id}")
 
@@ -322,7 +329,12 @@ def _open_store(root: Path) -> Any:
 
 
 @threads.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the active records as a JSON array.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the outcome object; its result is the active records.",
+)
 @click.option("--home", type=click.Path(file_okay=False), help="As for `adaptor threads`.")
 @click.pass_context
 @guarded
@@ -340,7 +352,7 @@ def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = N
                 if record is not None:
                     records.append(record_to_json(record))
     if as_json:
-        emit_json(records)
+        emit_result(records)
         return
     for record in records:
         state = record.get("state") or {}
@@ -350,7 +362,12 @@ def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = N
 
 @threads.command("show")
 @click.argument("key")
-@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the outcome object; its result is the record.",
+)
 @click.option("--home", type=click.Path(file_okay=False), help="As for `adaptor threads`.")
 @click.pass_context
 @guarded
@@ -368,7 +385,7 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
         raise errors.ThreadNotFoundError(f"no active conversation for thread key {key!r}")
     obj = record_to_json(record)
     if as_json:
-        emit_json(obj)
+        emit_result(obj)
         return
     for name, value in obj.items():
         if isinstance(value, dict):
@@ -380,14 +397,24 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the status as a JSON outcome object (see `adaptor --help`).",
+)
 @home_option
 @guarded
 def status(as_json: bool, home: str | None) -> None:
     """The daemon and its queue; exit 0 while it runs, 69 when it does not."""
-    info = Client(home).status()
+    client = Client(home)
+    info = client.status()
     if as_json:
-        emit_json(info)
+        if info["running"]:
+            emit_result(info)
+        else:
+            down = DaemonNotRunningError(client.home)
+            emit_result(info, exit_code=EXIT_UNAVAILABLE, error=errors.to_wire(down))
     else:
         if info["running"]:
             click.echo(

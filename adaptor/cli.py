@@ -11,10 +11,9 @@ import os
 import sys
 
 import click
-import orjson
 
 from adaptor import _cli_run, _cli_spool, errors
-from adaptor._cli_common import emit_json, quiet_broken_pipe
+from adaptor._cli_common import emit_json, emit_result, quiet_broken_pipe
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,12 +23,13 @@ def cli() -> None:
 
 
 @cli.command("exit-codes")
-@click.option("--json", "as_json", is_flag=True, help="Print the table as a JSON array.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the outcome object; its result is the table."
+)
 def exit_codes(as_json: bool) -> None:
     """Print the exit codes every adaptor command uses."""
     if as_json:
-        rows = [{"exit_code": code, "meaning": meaning} for code, meaning in errors.EXIT_CODES]
-        sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_APPEND_NEWLINE))
+        emit_result([{"exit_code": code, "meaning": meaning} for code, meaning in errors.EXIT_CODES])
         return
     for code, meaning in errors.EXIT_CODES:
         click.echo(f"{code:>4}  {meaning}")
@@ -54,9 +54,10 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     line is cut and the exit is 0 if the file is valid afterwards; corruption before the last
     line is reported and left as it is (exit 70).
 
-    --json prints {"ok", "records", "repaired", "error"}: "records" counts the valid records
-    (before the bad line, on failure), "repaired" describes what was cut (or null) and "error"
-    is the failure in the wire form of the error taxonomy (or null).
+    --json prints the outcome object, {"ok", "exit_code", "error" (on failure only), "result"}
+    with the result {"records", "repaired"} on failure too: "records" counts the valid records
+    (before the bad line, on failure), "repaired" describes what was cut (or null); "error" is
+    the failure in the wire form of the error taxonomy.
     """
     # Imported here: the host tools are optional and the core CLI must not depend on them.
     from hosttools import sessionrecorder
@@ -85,13 +86,12 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
             records = exc.line - 1
 
     if as_json:
-        out = {
-            "ok": failure is None,
-            "records": records,
-            "repaired": repaired,
-            "error": None if failure is None else errors.to_wire(failure),
-        }
-        sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE))
+        checked = {"records": records, "repaired": repaired}
+        if failure is None:
+            emit_result(checked)
+        else:
+            code = errors.exit_code_for(failure)
+            emit_result(checked, exit_code=code, error=errors.to_wire(failure))
     else:
         if repaired is not None:
             click.echo(

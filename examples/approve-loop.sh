@@ -5,7 +5,7 @@ set -uo pipefail
 idle_rounds=${IDLE_ROUNDS:-0}
 idle=0
 while :; do
-  pending=$(adaptor approvals --json) || exit $?
+  pending=$(adaptor approvals --json | jq -c '.result') || exit $?
   if [ "$(jq 'length' <<<"$pending")" -eq 0 ]; then
     idle=$((idle + 1))
     if [ "$idle_rounds" -gt 0 ] && [ "$idle" -ge "$idle_rounds" ]; then exit 0; fi

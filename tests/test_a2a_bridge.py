@@ -214,17 +214,22 @@ def test_messages_of_one_context_are_turns_of_one_thread(daemon_a: Served) -> No
         assert proc.returncode == 0, proc.stderr
         return [json.loads(line) for line in proc.stdout.splitlines()]
 
+    def shown(key: str) -> Any:
+        [outcome] = cli("threads", "show", key)
+        assert outcome["ok"] is True
+        return outcome["result"]
+
     with daemon_a.client("chat") as client:
         first = client.send("my name is Ada")
         key = a2a_bridge.thread_key("chat", first.context_id)
-        [session] = cli("threads", "show", key)
+        session = shown(key)
         second = client.send("what is my name?", context_id=first.context_id)
         elsewhere = client.send("hello")
     assert second.context_id == first.context_id != elsewhere.context_id
     runs = [daemon_a.daemon.verdict(t.metadata["adaptord.request_id"]) for t in (first, second)]
     assert all(v["ok"] for v in runs)
     # Both messages ran as turns of the context's thread: one session, one audit log.
-    [resumed] = cli("threads", "show", key)
+    resumed = shown(key)
     assert resumed["id"] == session["id"] and resumed["updated_at"] > session["updated_at"]
     logged = {line["event"]["meta"]["run_id"] for line in cli("events", "--thread", key)}
     assert logged == {v["run_id"] for v in runs}

@@ -17,7 +17,9 @@ def test_exit_codes_table_matches_the_taxonomy() -> None:
     as_json = subprocess.run(
         ["adaptor", "exit-codes", "--json"], capture_output=True, text=True, check=True
     )
-    rows = json.loads(as_json.stdout)
+    outcome = json.loads(as_json.stdout)
+    assert outcome["ok"] is True and outcome["exit_code"] == 0
+    rows = outcome["result"]
     assert [(r["exit_code"], r["meaning"]) for r in rows] == list(errors.EXIT_CODES)
 
 

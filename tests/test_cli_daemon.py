@@ -347,7 +347,8 @@ def test_approve_from_another_process_and_the_exactly_once_errors(home: Home) ->
     )
     approval_id = pending_approval(home, request_id)["id"]
     listed = orjson.loads(home.cli("approvals", "--json").stdout)
-    assert approval_id in [a["id"] for a in listed]
+    assert listed["ok"] is True and listed["exit_code"] == 0
+    assert approval_id in [a["id"] for a in listed["result"]]
     assert approval_id in home.cli("approvals").stdout
     first = home.cli("approve", approval_id, "--json")
     assert first.returncode == 0 and orjson.loads(first.stdout)["ok"] is True
@@ -406,24 +407,36 @@ def test_status_is_0_while_the_daemon_runs_and_69_when_not(home: Home, tmp_path:
     up = subprocess.run(
         ["adaptor", "status", "--home", str(home.root), "--json"], capture_output=True, text=True
     )
-    info = orjson.loads(up.stdout)
-    assert up.returncode == 0 and info["running"] is True and info["pid"] == home.daemon.proc.pid  # type: ignore[union-attr]
+    outcome = orjson.loads(up.stdout)
+    assert up.returncode == 0 and outcome["ok"] is True and outcome["exit_code"] == 0
+    info = outcome["result"]
+    assert info["running"] is True and info["pid"] == home.daemon.proc.pid  # type: ignore[union-attr]
     assert "adaptord running" in home.cli("status").stdout
     down = subprocess.run(
         ["adaptor", "status", "--home", str(tmp_path)], capture_output=True, text=True
     )
     assert down.returncode == 69 and "not running" in down.stdout
+    # --json: the failure envelope, still carrying the report.
+    down_json = subprocess.run(
+        ["adaptor", "status", "--home", str(tmp_path), "--json"], capture_output=True, text=True
+    )
+    stopped = orjson.loads(down_json.stdout)
+    assert down_json.returncode == 69 and stopped["ok"] is False and stopped["exit_code"] == 69
+    assert "not running" in stopped["error"]["message"]
+    assert stopped["result"]["running"] is False and stopped["result"]["pid"] is None
 
 
 def test_threads_list_and_show(home: Home) -> None:
     home.client.run(threaded("cli/threads/a"), timeout=TIMEOUT)
-    listed = orjson.loads(home.cli("threads", "list", "--json").stdout)
+    outcome = orjson.loads(home.cli("threads", "list", "--json").stdout)
+    assert outcome["ok"] is True and outcome["exit_code"] == 0
+    listed = outcome["result"]
     record = next(r for r in listed if r["key"] == "cli/threads/a")
     assert record["status"] == "active" and record["driver_type"] == "script"
     assert "cli/threads/a" in home.cli("threads").stdout
-    assert orjson.loads(home.cli("threads", "--json").stdout) == listed  # docs: threads [--json]
+    assert orjson.loads(home.cli("threads", "--json").stdout)["result"] == listed  # docs: threads [--json]
     shown = home.cli("threads", "show", "cli/threads/a", "--json")
-    assert shown.returncode == 0 and orjson.loads(shown.stdout) == record
+    assert shown.returncode == 0 and orjson.loads(shown.stdout)["result"] == record
     missing = home.cli("threads", "show", "cli/threads/none")
     assert missing.returncode == errors.exit_code_for(errors.ThreadNotFoundError()) == 4
 

@@ -47,7 +47,7 @@ def test_valid_log(log: Path) -> None:
     proc = _adaptor(str(log))
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok: 5 records\n", "")
     as_json = _json(_adaptor("--json", str(log)))
-    assert as_json == {"ok": True, "records": 5, "repaired": None, "error": None}
+    assert as_json == {"ok": True, "exit_code": 0, "result": {"records": 5, "repaired": None}}
 
 
 def test_empty_log_is_valid(tmp_path: Path) -> None:
@@ -69,7 +69,8 @@ def test_torn_tail_is_reported_then_repaired(log: Path) -> None:
     assert log.read_bytes() != whole  # reporting changes nothing
 
     as_json = _json(_adaptor("--json", str(log)))
-    assert as_json["ok"] is False and as_json["records"] == 5 and as_json["repaired"] is None
+    assert as_json["ok"] is False and as_json["exit_code"] == 70
+    assert as_json["result"] == {"records": 5, "repaired": None}
     err = errors.from_wire(as_json["error"])
     assert isinstance(err, sr.JSONLEventLogCorruptError)
     assert (err.key, err.line) == ("sess", 6)
@@ -90,17 +91,19 @@ def test_repair_json_reports_what_was_cut(log: Path) -> None:
     assert proc.returncode == 0
     assert _json(proc) == {
         "ok": True,
-        "records": 5,
-        "repaired": {
-            "line": 6,
-            "offset": len(whole),
-            "dropped_bytes": 6,
-            "dropped_preview": '{"half',
+        "exit_code": 0,
+        "result": {
+            "records": 5,
+            "repaired": {
+                "line": 6,
+                "offset": len(whole),
+                "dropped_bytes": 6,
+                "dropped_preview": '{"half',
+            },
         },
-        "error": None,
     }
     # Nothing left to repair: a second run is a plain success.
-    assert _json(_adaptor("--repair", "--json", str(log)))["repaired"] is None
+    assert _json(_adaptor("--repair", "--json", str(log)))["result"]["repaired"] is None
 
 
 def test_corruption_before_the_tail_is_never_repaired(log: Path) -> None:
@@ -112,7 +115,7 @@ def test_corruption_before_the_tail_is_never_repaired(log: Path) -> None:
         assert proc.stderr == f"corrupt: {log} line 3: bad crc\n"
         assert proc.stdout == ""
     as_json = _json(_adaptor("--repair", "--json", str(log)))
-    assert as_json["ok"] is False and as_json["records"] == 2 and as_json["repaired"] is None
+    assert as_json["ok"] is False and as_json["result"] == {"records": 2, "repaired": None}
     assert as_json["error"]["code"] == "sessionrecorder.ErrJSONLEventLogCorrupt"
     assert as_json["error"]["fields"] == {"key": "sess", "line": 3}
     assert log.read_bytes() == damaged

@@ -164,7 +164,7 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     _wait_for(lambda: any(daemon.home.approvals_pending.iterdir()))
     listed = cli("approvals", "--json")
     assert listed.returncode == 0
-    [pending] = orjson.loads(listed.stdout)
+    [pending] = orjson.loads(listed.stdout)["result"]
     cli("approvals")
     assert cli("approve", pending["id"]).returncode == 0
 
