@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -138,12 +139,60 @@ def emit_result(
     emit_json(obj)
 
 
-def interrupted(as_json: bool, **extra: Any) -> NoReturn:
-    """Exit 130 after a Ctrl-C; with ``--json``, as every outcome, with its JSON object."""
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived while :func:`stopping_like_ctrl_c` was in force.
+
+    A ``KeyboardInterrupt``, so whatever a Ctrl-C would cancel, this cancels too.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextmanager
+def stopping_like_ctrl_c() -> Iterator[None]:
+    """Within: SIGTERM and SIGHUP stop the command as a Ctrl-C does (:class:`StopSignal`).
+
+    For ``adaptor run``, whose run must not outlive it unasked: ``timeout 60 adaptor run``,
+    ``kill``, a closed terminal.  Only the first signal raises (a second one must not cut the
+    cancel short); a signal already ignored (``nohup``) stays ignored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set from the main thread (CliRunner in a thread)
+        return
+    raised = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise StopSignal(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def interrupted(as_json: bool, cause: BaseException | None = None, **extra: Any) -> NoReturn:
+    """Exit after a Ctrl-C (130) or a :class:`StopSignal` (128 + its number).
+
+    With ``--json``, as every outcome, with its JSON object.
+    """
+    if isinstance(cause, StopSignal):
+        code, how = 128 + cause.signum, signal.Signals(cause.signum).name
+    else:
+        code, how = EXIT_INTERRUPTED, "Ctrl-C"
     if as_json:
-        error = errors.to_wire(errors.CancelledError("cancelled by Ctrl-C"))
-        emit_json({"ok": False, "exit_code": EXIT_INTERRUPTED, **extra, "error": error})
-    sys.exit(EXIT_INTERRUPTED)
+        error = errors.to_wire(errors.CancelledError(f"cancelled by {how}"))
+        emit_json({"ok": False, "exit_code": code, **extra, "error": error})
+    sys.exit(code)
 
 
 def exit_code_of(exc: BaseException) -> int:
@@ -237,8 +286,8 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
         except (click.exceptions.ClickException, click.exceptions.Exit, SystemExit):
             raise
-        except KeyboardInterrupt:
-            interrupted(bool(kwargs.get("as_json")))
+        except KeyboardInterrupt as stop:
+            interrupted(bool(kwargs.get("as_json")), stop)
         except BrokenPipeError:
             quiet_broken_pipe()
         except Exception as exc:

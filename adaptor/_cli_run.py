@@ -19,6 +19,7 @@ import orjson
 
 from adaptor import _home, drivers, errors, events
 from adaptor._cli_common import (
+    StopSignal,
     compact,
     emit_result,
     fail,
@@ -26,6 +27,7 @@ from adaptor._cli_common import (
     home_option,
     interrupted,
     require_daemon,
+    stopping_like_ctrl_c,
     telling_when_the_daemon_stops,
 )
 from adaptor._cli_spool import print_text, report_verdict, submit_request
@@ -210,10 +212,15 @@ def run(
         label=str(request.get("id") or "") if not no_daemon else "",
         daemon=not no_daemon,
     )
-    if no_daemon:
-        _run_in_process(request, home=home, live=live, as_json=as_json)
-    else:
-        _run_through_daemon(request, home=home, live=live, as_json=as_json)
+    with stopping_like_ctrl_c():
+        if no_daemon:
+            _run_in_process(request, home=home, live=live, as_json=as_json)
+        else:
+            _run_through_daemon(request, home=home, live=live, as_json=as_json)
+
+
+def _by(stop: KeyboardInterrupt) -> str:
+    return f" ({stop})" if isinstance(stop, StopSignal) else ""
 
 
 # --- building the request -----------------------------------------------------------------------
@@ -335,10 +342,10 @@ def _run_through_daemon(
         ):
             for event in client.events(request_id, follow=True):
                 live.event(event)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         client.cancel(request_id)
-        click.echo(f"\nadaptor: cancelled {request_id}", err=True)
-        interrupted(as_json, id=request_id)
+        click.echo(f"\nadaptor: cancelled {request_id}{_by(stop)}", err=True)
+        interrupted(as_json, stop, id=request_id)
     verdict = client.verdict(request_id)
     assert verdict is not None  # following ends only once the verdict exists
     report_verdict(client, verdict, as_json=as_json, text_shown=live.text_complete)
@@ -427,11 +434,11 @@ def _execute(
                         event = events.from_json(redactor.value(events.to_json(event)))
                     live.event(event)
             return stream.result()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             if stream is not None:
                 stream.cancel()
-            click.echo("\nadaptor: cancelled", err=True)
-            interrupted(as_json, id=request_id)
+            click.echo(f"\nadaptor: cancelled{_by(stop)}", err=True)
+            interrupted(as_json, stop, id=request_id)
         finally:
             call.close(10.0)
     finally:

@@ -7,6 +7,7 @@ approvals answered from another process, ``--no-daemon`` parity, ``| head``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pty
@@ -710,3 +711,69 @@ def test_ctrl_c_with_json_still_prints_the_outcome_object(home: Home, tmp_path: 
         outcome = orjson.loads(out)
         assert proc.returncode == 130 and outcome["ok"] is False and outcome["exit_code"] == 130
         assert outcome["error"]["code"] == errors.CancelledError.code and outcome["id"]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie awaiting its parent's reaping has stopped too.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return True
+
+
+@pytest.mark.parametrize(
+    ("stop", "extra"),
+    [(signal.SIGTERM, []), (signal.SIGHUP, []), (signal.SIGTERM, ["--no-daemon"]), (signal.SIGHUP, ["--no-daemon"])],
+)
+def test_sigterm_and_sighup_cancel_the_run_as_ctrl_c_does(
+    home: Home, tmp_path: Path, stop: signal.Signals, extra: list[str]
+) -> None:
+    # `timeout 60 adaptor run ...`, `kill`, a closed terminal: the run must not go on unwatched,
+    # and an in-process run must not leave its agent behind.
+    pid_file = tmp_path / "agent.pid"
+    agent = f"echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; exec sleep 60"
+    command = ["adaptor", "run", "--driver", "command", "--config", "command=/bin/sh",
+               "--config", f"extra_args={json.dumps(['-c', agent])}", *extra]
+    for as_json in (False, True):
+        pid_file.unlink(missing_ok=True)
+        proc = subprocess.Popen(
+            [*command, *(["--json"] if as_json else []), "go"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=home.env(),
+        )
+        wait_until(pid_file.exists, "the agent to start")
+        agent_pid = int(pid_file.read_text())
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 128 + stop, err
+        assert "cancelled" in err.decode() and stop.name in err.decode()
+        assert b"Traceback" not in err
+        if as_json:
+            outcome = orjson.loads(out)
+            assert outcome["ok"] is False and outcome["exit_code"] == 128 + stop
+            assert outcome["error"]["code"] == errors.CancelledError.code
+            assert outcome["error"]["message"] == f"cancelled by {stop.name}"
+            request_id = outcome["id"]
+        if not extra:  # the daemon's run was cancelled, not left running
+            if not as_json:
+                request_id = err.decode().split("cancelled ", 1)[1].split()[0]
+            assert home.cli("wait", request_id).returncode == 1  # RunCancelledError
+            verdict = home.client.verdict(request_id)
+            assert verdict is not None and verdict["error"]["code"] == errors.RunCancelledError.code
+        wait_until(functools.partial(_gone, agent_pid), "the agent to stop")
+
+
+def test_a_sighup_that_is_ignored_stays_ignored(home: Home, tmp_path: Path) -> None:
+    # `nohup adaptor run ...`: the user asked for the run to outlive the terminal.
+    proc = subprocess.Popen(
+        ["adaptor", "run", "--driver", "command", "--config", "command=/bin/sh",
+         "--config", f"extra_args={json.dumps(['-c', 'sleep 0.5; echo done'])}", "go"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=home.env(),
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    time.sleep(0.2)  # not a timing assertion: an early SIGHUP is ignored all the same
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert (proc.returncode, out.decode().strip()) == (0, "done"), err
