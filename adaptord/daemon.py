@@ -114,6 +114,14 @@ def _as_recorded(event: events.Event, redactor: requests.Redactor, *, bound: boo
     return events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
 
 
+def _keys_of(thread: object) -> tuple[str, ...]:
+    """The thread keys a request takes its turn on: its own and a fork's parent."""
+    if not isinstance(thread, Mapping):
+        return ()
+    key, parent = str(thread["key"]), thread.get("fork_from")
+    return (key, str(parent)) if parent and str(parent) != key else (key,)
+
+
 def _session_key_ok(key: str) -> None:
     """Session names: request ids, ``thread=<base32>`` and the daemon's own log."""
     if not (_home.REQUEST_ID.match(key) or _home.THREAD_SESSION.match(key)):
@@ -126,7 +134,9 @@ class Job:
     request: dict[str, Any]
     received_at: str
     attempt: int = 0
-    thread_key: str | None = None
+    # The thread keys the job takes its turn on, in arrival order with every other job on
+    # them: its thread's, and a fork's parent (which the fork reads and leases).
+    keys: tuple[str, ...] = ()
     stream: adaptor.Stream | None = None
     cancel_requested: bool = False
     run_ids: list[str] = field(default_factory=list)
@@ -168,13 +178,14 @@ class Daemon:
         self._stop_signalled = False
         self._reload_signalled = False
         self._lock = threading.Lock()
-        # The schedule (under _lock): jobs that may start now in arrival order, jobs waiting
-        # behind an earlier one with their thread key, the keys so held (by a ready or running
-        # job), and every not-started job by id (for cancel and drain).  Dispatch never walks
-        # the jobs that wait, so a thousand of them on one key cost nothing per pickup.
+        # The schedule (under _lock): jobs that may start now, the line of jobs on each thread
+        # key in arrival order (its first holds the key, or is next to: a job may start once
+        # it is first on every one of its keys), and every not-started job by id (for cancel
+        # and drain).  Dispatch never walks the lines, so a thousand jobs waiting on one key
+        # cost nothing per pickup.  Jobs join every line they wait in at once, in one global
+        # arrival order, so no two jobs can each be waiting for the other.
         self._ready: deque[Job] = deque()
-        self._waiting: dict[str, deque[Job]] = {}
-        self._held_keys: set[str] = set()
+        self._lines: dict[str, deque[Job]] = {}
         self._queued: dict[str, Job] = {}
         self._running: dict[str, Job] = {}
         self._approval_changed = threading.Condition()
@@ -602,7 +613,7 @@ class Daemon:
             request={**request, "prompt": ""} if left_on_disk else request,
             received_at=received_at,
             attempt=attempt,
-            thread_key=str(thread["key"]) if isinstance(thread, Mapping) else None,
+            keys=_keys_of(thread),
             run_ids=list((prior or {}).get("run_ids") or ()),
             state=dict(prior or {}),
             prompt_left_on_disk=left_on_disk,
@@ -661,40 +672,39 @@ class Daemon:
     def _enqueue(self, job: Job) -> None:
         with self._lock:
             self._queued[job.id] = job
-            key = job.thread_key
-            if key is None:
-                self._ready.append(job)
-            elif key in self._held_keys:
-                self._waiting.setdefault(key, deque()).append(job)
-            else:
-                self._held_keys.add(key)
+            for key in job.keys:
+                self._lines.setdefault(key, deque()).append(job)
+            if self._first_on_its_keys(job):
                 self._ready.append(job)
 
-    def _release_key(self, key: str) -> None:
-        """(Under _lock.)  The next job waiting for ``key`` becomes ready, else the key is free."""
-        waiting = self._waiting.get(key)
-        if waiting:
-            self._ready.append(waiting.popleft())
-            if not waiting:
-                del self._waiting[key]
-        else:
-            self._held_keys.discard(key)
+    def _first_on_its_keys(self, job: Job) -> bool:
+        """(Under _lock.)"""
+        return all(self._lines[key][0] is job for key in job.keys)
+
+    def _leave_lines(self, job: Job) -> None:
+        """(Under _lock.)  ``job`` is done with its keys (finished, or taken out unstarted).
+
+        Whoever it leaves first on all of their keys becomes ready.
+        """
+        promoted: list[Job] = []
+        for key in job.keys:
+            line = self._lines[key]
+            was_first = line[0] is job
+            line.remove(job)
+            if not line:
+                del self._lines[key]
+            elif was_first and line[0] not in promoted and self._first_on_its_keys(line[0]):
+                promoted.append(line[0])
+        self._ready.extend(promoted)
 
     def _unqueue(self, request_id: str) -> Job | None:
         """(Under _lock.)  Take a not-started job out of the schedule."""
         job = self._queued.pop(request_id, None)
         if job is None:
             return None
-        key = job.thread_key
-        waiting = self._waiting.get(key) if key is not None else None
-        if key is not None and waiting is not None and job in waiting:
-            waiting.remove(job)
-            if not waiting:
-                del self._waiting[key]
-        else:
+        if not job.keys or self._first_on_its_keys(job):
             self._ready.remove(job)
-            if key is not None:
-                self._release_key(key)
+        self._leave_lines(job)
         return job
 
     def _dispatch(self) -> None:
@@ -763,8 +773,7 @@ class Daemon:
         finally:
             with self._lock:
                 self._running.pop(job.id, None)
-                if job.thread_key is not None:
-                    self._release_key(job.thread_key)
+                self._leave_lines(job)
                 self._idle.notify_all()
             # This worker is free: start what is ready now rather than waking the main loop.
             self._dispatch()
@@ -1260,7 +1269,7 @@ class Daemon:
             queued = list(self._queued.values())  # arrival order
             self._queued.clear()
             self._ready.clear()
-            self._waiting.clear()
+            self._lines.clear()
         stamp = time.time_ns()
         for order, job in enumerate(queued):  # not started: back to the spool for the next daemon
             with contextlib.suppress(OSError):

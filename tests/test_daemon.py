@@ -352,6 +352,39 @@ def test_same_thread_key_runs_in_arrival_order(daemon: DaemonProcess) -> None:
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
+def test_a_fork_waits_for_its_parents_earlier_requests_and_later_ones_wait_for_it(
+    daemon: DaemonProcess,
+) -> None:
+    # The fork reads (and leases) its parent: inside one daemon it takes its turn on the
+    # parent's key too, rather than finding the lease taken by a sibling worker (exit 75).
+    def turn(key: str, text: str, sleep: float = 0.0, fork_from: str | None = None) -> str:
+        thread: dict[str, Any] = {"key": key}
+        if fork_from is not None:
+            thread["fork_from"] = fork_from
+        steps: list[dict[str, Any]] = [{"sleep": sleep}] if sleep else []
+        return daemon.submit(
+            {"driver": "script", "prompt": text, "thread": thread,
+             "config": {"steps": [*steps, {"text": text}], "session": "auto"}}
+        )
+
+    first = turn("fork/parent", "first")
+    daemon.verdict(first)
+    running = turn("fork/parent", "second", sleep=1.0)
+    daemon.wait_for_line(f"request.started id={running}")
+    fork = turn("fork/child", "forked", fork_from="fork/parent")
+    dropped = turn("fork/child-2", "never", fork_from="fork/parent")
+    _home.request_cancel(daemon.home, dropped)  # its place in both lines goes with it
+    after = turn("fork/parent", "third")
+    other = turn("fork/elsewhere", "unrelated")
+    assert daemon.verdict(dropped)["error"]["code"] == errors.CancelledError.code
+    verdicts = {rid: daemon.verdict(rid) for rid in (running, fork, after, other)}
+    assert all(v["ok"] for v in verdicts.values()), [v["error"] for v in verdicts.values()]
+    spans = {rid: (v["started_at"], v["finished_at"]) for rid, v in verdicts.items()}
+    assert spans[running][1] <= spans[fork][0]  # waited for the parent's running turn
+    assert spans[fork][1] <= spans[after][0]  # the parent's next turn waited for the fork
+    assert spans[other][0] < spans[running][1]  # an unrelated key did not wait at all
+
+
 def test_sigterm_drains_running_work_and_writes_its_verdict(tmp_path: Path) -> None:
     proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
     rid = proc.submit(script({"text": "started"}, {"sleep": 0.5}, {"text": "finished"}))
