@@ -777,3 +777,4 @@ def test_a_sighup_that_is_ignored_stays_ignored(home: Home, tmp_path: Path) -> N
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert (proc.returncode, out.decode().strip()) == (0, "done"), err
+

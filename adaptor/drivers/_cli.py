@@ -32,7 +32,7 @@ from adaptor.driver import (
 from adaptor.drivers import _process
 from adaptor.drivers._lines import FailureKind, as_dict, as_int, as_str
 from adaptor.drivers._lines import Protocol as LineProtocol
-from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.drivers._process import CannotStart, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.result import StructuredOutput, TerminalPayload, Usage, raw_streams_of
 
@@ -163,8 +163,8 @@ def run_child(spec: Spec, sink: EventSink, request: Request, parser: P,
     conversation on stdin) until it exits, and return the parser's Response."""
     try:
         child = Child.start(spec, sink)
-    except BinaryNotFound as exc:
-        return _process.binary_not_found(exc)
+    except CannotStart as exc:
+        return _process.cannot_start(exc)
     try:
         with child.watch(sink.cancelled, _process.monotonic_deadline(request.deadline)):
             if converse is not None:

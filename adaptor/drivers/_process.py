@@ -42,12 +42,12 @@ from adaptor.driver import CancelSignal, EventSink, Response, RunFailure
 from adaptor.events import ProcessInfo
 
 __all__ = [
-    "BinaryNotFound",
+    "CannotStart",
     "Child",
     "Exit",
     "Line",
     "Spec",
-    "binary_not_found",
+    "cannot_start",
     "check_common",
     "child_env",
     "config_from_dict",
@@ -122,24 +122,33 @@ _CWD_PROBLEMS: Final = {
 }
 
 
-class BinaryNotFound(Exception):
-    """The command could not be executed (missing, or not executable)."""
+class CannotStart(Exception):
+    """The agent's process could not be started: its binary, or its working directory."""
 
-    def __init__(self, binary: str, why: str) -> None:
-        super().__init__(f"{binary} not found on PATH" if why == "missing" else f"{binary}: {why}")
-        self.binary = binary
-        self.why = why
+    def __init__(self, message: str, details: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.details = dict(details)
+
+    @classmethod
+    def binary(cls, binary: str, why: str) -> CannotStart:
+        """Missing, or not executable: ``details.kind == "binary_not_found"`` (CLI exit 69)."""
+        message = f"{binary} not found on PATH" if why == "missing" else f"{binary}: {why}"
+        return cls(message, {"kind": "binary_not_found", "binary": binary})
+
+    @classmethod
+    def workspace(cls, binary: str, cwd: str, problem: str) -> CannotStart:
+        """The working directory is missing or unusable: ``kind == "workspace_unusable"``."""
+        return cls(
+            f"{binary}: working directory {cwd} {problem}",
+            {"kind": "workspace_unusable", "workspace": cwd},
+        )
 
 
-def binary_not_found(error: BinaryNotFound) -> Response:
-    """The Response every driver returns when its CLI cannot be started (CLI exit 69)."""
+def cannot_start(error: CannotStart) -> Response:
+    """The Response every driver returns when its CLI cannot be started."""
     return Response(
         exit_code=None,
-        failure=RunFailure(
-            code="infrastructure_error",
-            message=str(error),
-            details={"kind": "binary_not_found", "binary": error.binary},
-        ),
+        failure=RunFailure(code="infrastructure_error", message=str(error), details=error.details),
     )
 
 
@@ -294,11 +303,11 @@ class Child:
             # or the binary (its exec).  Each fails with the same errors, for other reasons.
             if spec.cwd is not None and exc.filename == spec.cwd:
                 problem = _CWD_PROBLEMS.get(exc.errno or 0, exc.strerror or "cannot be used")
-                raise BinaryNotFound(binary, f"working directory {spec.cwd} {problem}") from exc
+                raise CannotStart.workspace(binary, spec.cwd, problem) from exc
             if isinstance(exc, FileNotFoundError):
-                raise BinaryNotFound(binary, "missing") from exc
+                raise CannotStart.binary(binary, "missing") from exc
             if isinstance(exc, PermissionError):
-                raise BinaryNotFound(binary, "not executable") from exc
+                raise CannotStart.binary(binary, "not executable") from exc
             raise
         sink.emit(
             ProcessInfo(

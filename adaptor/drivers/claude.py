@@ -116,7 +116,7 @@ from adaptor.drivers._lines import (
     provider_failure,
     split_lines,
 )
-from adaptor.drivers._process import BinaryNotFound, Child, Exit, Line, Spec
+from adaptor.drivers._process import CannotStart, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import Notice, TextDelta, Thinking, ToolCall, ToolResult
 from adaptor.result import StructuredOutput, TranscriptItem
@@ -238,8 +238,8 @@ class Driver(_cli.CliDriver[Config]):
         else:
             try:
                 live = _Live.start(config, plan, sink)
-            except BinaryNotFound as exc:
-                return _process.binary_not_found(exc)
+            except CannotStart as exc:
+                return _process.cannot_start(exc)
         try:
             response, keep = _turn(live, plan, request, sink)
         except BaseException:

@@ -176,3 +176,15 @@ def test_the_documented_snippet_runs_as_written(
 def test_conformance(tmp_path: Path) -> None:
     path = script(tmp_path, "hello.sh", 'cat >/dev/null\necho "Hello from a script"\n')
     conformance.run(lambda: command.Driver(command.Config(path))).raise_for_failures()
+
+
+def test_a_missing_workspace_is_told_apart_from_a_missing_binary(tmp_path: Path) -> None:
+    # Both fail to start the agent; only the binary is "unavailable" (exit 69).
+    gone = tmp_path / "removed-checkout"
+    agent = adaptor.Agent(command.Driver(command.Config(command="/bin/cat")), workspace=str(gone))
+    with pytest.raises(adaptor.RunError) as caught:
+        agent.run("hi")
+    assert caught.value.reason == "infrastructure_error"
+    assert caught.value.details == {"kind": "workspace_unusable", "workspace": str(gone)}
+    assert str(caught.value) == f"/bin/cat: working directory {gone} does not exist"
+    assert errors.exit_code_for(caught.value) == 1

@@ -13,7 +13,7 @@ import pytest
 
 from adaptor.driver import Request
 from adaptor.drivers import _process, claude, codex
-from adaptor.drivers._process import BinaryNotFound, Child, Spec
+from adaptor.drivers._process import CannotStart, Child, Spec
 from adaptor.events import ProcessInfo
 from adaptor.testing import RecordingSink
 from tests.drivers.conftest import group_members
@@ -117,7 +117,7 @@ def test_stdin_is_closed_or_fed(fake_exe: FakeExe) -> None:
 
 
 def test_binary_not_found_is_an_infrastructure_failure(tmp_path: object) -> None:
-    with pytest.raises(BinaryNotFound) as caught:
+    with pytest.raises(CannotStart) as caught:
         Child.start(_spec(["adaptor-no-such-binary"]), RecordingSink())
     assert str(caught.value) == "adaptor-no-such-binary not found on PATH"
     for module in (claude, codex):
@@ -136,11 +136,13 @@ def test_a_working_directory_that_cannot_be_used_says_why(tmp_path: Path) -> Non
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     for cwd, why in ((a_file, "is not a directory"), (tmp_path / "gone", "does not exist")):
-        with pytest.raises(BinaryNotFound) as caught:
+        with pytest.raises(CannotStart) as caught:
             Child.start(_spec(["/bin/cat"], cwd=str(cwd)), RecordingSink())
         assert str(caught.value) == f"/bin/cat: working directory {cwd} {why}"
+        # Not the binary's fault: told apart in the failure's details (and so in its exit).
+        assert caught.value.details == {"kind": "workspace_unusable", "workspace": str(cwd)}
     # A missing binary in a good directory is still the binary's problem.
-    with pytest.raises(BinaryNotFound, match="adaptor-no-such-binary not found on PATH"):
+    with pytest.raises(CannotStart, match="adaptor-no-such-binary not found on PATH"):
         Child.start(_spec(["adaptor-no-such-binary"], cwd=str(tmp_path)), RecordingSink())
 
 
