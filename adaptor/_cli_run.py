@@ -208,7 +208,11 @@ def run(
     live = Live(
         stream_text=interactive and sys.stdout.isatty(),
         hints=interactive,
-        spinner=interactive and sys.stdout.isatty() and sys.stderr.isatty(),
+        # TERM=dumb (Emacs' shell, some CI consoles) cannot erase a line: no progress line there.
+        spinner=interactive
+        and sys.stdout.isatty()
+        and sys.stderr.isatty()
+        and os.environ.get("TERM") != "dumb",
         label=str(request.get("id") or "") if not no_daemon else "",
         daemon=not no_daemon,
     )
@@ -508,6 +512,14 @@ _PROMPT_POLL = 0.2
 # --- live output ----------------------------------------------------------------------------------
 
 
+def _dim(text: str) -> str:
+    """``text`` shown faint, unless ``NO_COLOR`` asks for no styling (https://no-color.org) or
+    ``TERM=dumb`` says the terminal shows none."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return text
+    return click.style(text, dim=True)
+
+
 class Live:
     """What ``adaptor run`` shows while a run is live.
 
@@ -577,7 +589,7 @@ class Live:
                     self._write(sys.stdout, "\n")
                 case events.ToolCall(phase="start") if self.stream_text:
                     args = compact(event.args)
-                    self._line(sys.stdout, click.style(f"⚙ {event.name} {args}".rstrip(), dim=True))
+                    self._line(sys.stdout, _dim(f"⚙ {event.name} {args}".rstrip()))
                 case events.Notice(kind="approval.requested") if self.hints:
                     self._approval_hint(event.data)
                 case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):
@@ -630,7 +642,7 @@ class Live:
                 elapsed = int(time.monotonic() - self._started)
                 label = f"{self.label} · " if self.label else ""
                 text = f"\r{self._FRAMES[frame % len(self._FRAMES)]} {label}{self._phase} · {elapsed}s\x1b[K"
-                self._write(sys.stderr, click.style(text, dim=True))
+                self._write(sys.stderr, _dim(text))
                 self._spinner_visible = True
                 frame += 1
 

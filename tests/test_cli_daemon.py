@@ -778,3 +778,22 @@ def test_a_sighup_that_is_ignored_stays_ignored(home: Home, tmp_path: Path) -> N
     out, err = proc.communicate(timeout=TIMEOUT)
     assert (proc.returncode, out.decode().strip()) == (0, "done"), err
 
+
+
+def test_no_color_and_a_dumb_terminal_get_plain_output(home: Home) -> None:
+    config = steps({"tool_call": {"name": "grep", "args": {"q": "x"}}}, {"sleep": 0.6}, {"text": "done"})
+    shown = {}
+    for name, extra_env in (("styled", {}), ("no_color", {"NO_COLOR": "1"}), ("dumb", {"TERM": "dumb"})):
+        terminal = _Terminal("run", "--driver", "script", "--config", config, "go",
+                             env={**home.env(), "TERM": "xterm", **extra_env})
+        try:
+            assert terminal.proc.wait(TIMEOUT) == 0
+            terminal.wait_for("done")
+        finally:
+            terminal.close()
+        shown[name] = terminal.seen
+        assert b"\xe2\x9a\x99 grep" in terminal.seen  # the tool line ("⚙ grep") either way
+    dim, erase = b"\x1b[2m", b"\x1b[K"
+    assert dim in shown["styled"] and erase in shown["styled"]  # faint tool line, progress line
+    assert dim not in shown["no_color"] and erase in shown["no_color"]  # no styling, still progress
+    assert b"\x1b[" not in shown["dumb"]  # no escape sequence at all: no progress line
