@@ -1370,6 +1370,10 @@ class DurableLog:
                 fsync_dir(os.path.dirname(os.path.abspath(self._path)))
             except BaseException:
                 os.close(fd)
+                # Nothing made the new name durable: take it back, so the next append
+                # creates the file again and syncs its directory (an existing file is not).
+                with contextlib.suppress(OSError):
+                    os.unlink(self._path)
                 raise
         self._fd = fd
         return fd, os.fstat(fd).st_size

@@ -21,10 +21,12 @@ daemon's lifecycle log) is written without waiting for the disk: a ``kill -9`` l
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import os
 import queue
+import resource
 import select
 import signal
 import socket
@@ -112,6 +114,21 @@ def _as_recorded(event: events.Event, redactor: requests.Redactor, *, bound: boo
         payload = _nesting.copy(payload, depth=_FILE_DEPTH)
     payload = redactor.value(payload)
     return events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
+
+
+def _open_logs_allowed() -> int:
+    """How many audit logs may stay open at once: 64, fewer under a low ``ulimit -n``.
+
+    Each open log holds two descriptors; a sixteenth of the limit leaves the rest to the
+    agents' pipes, the spool and the verdicts.
+    """
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 64
+    if soft == resource.RLIM_INFINITY:
+        return 64
+    return max(4, min(64, soft // 16))
 
 
 def _keys_of(thread: object) -> tuple[str, ...]:
@@ -269,7 +286,9 @@ class Daemon:
         )
         # Run events are written as they happen (tail -f shows them live) and fsynced once,
         # before the verdict: per-event fsync would cap a streaming run at the disk's sync rate.
-        self._events_backend = sr.JSONLEventBackend(self.home.events, sync_on_append=False)
+        self._events_backend = sr.JSONLEventBackend(
+            self.home.events, sync_on_append=False, max_open_files=_open_logs_allowed()
+        )
         self._events = sr.EventRecorder(self._events_backend, key_validator=_session_key_ok)
         self._store = ReopeningStore(self.home.threads)
         self._stop_leftovers()
@@ -952,6 +971,10 @@ class Daemon:
         try:
             self._try_write_verdict(request_id, **verdict)
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                # Out of descriptors: idle audit logs let theirs go before the retry.
+                with contextlib.suppress(Exception):
+                    self._events_backend.close_idle()
             with self._lock:
                 first = request_id not in self._deferred
                 self._deferred[request_id] = functools.partial(self._try_write_verdict, request_id, **verdict)
@@ -1031,6 +1054,10 @@ class Daemon:
                     self._events_backend.flush(session)
                 except Exception as exc:
                     self.log("audit log sync failed", id=request_id, error=f"{type(exc).__name__}: {exc}")
+                # Its run is over: the log's descriptors go now, not once 64 others are open
+                # (a thread's next run opens it again).
+                with contextlib.suppress(Exception):
+                    self._events_backend.close_idle(session)
             wire = None if error is None else errors.to_wire(error, secrets=secrets)
             verdict = {
                 "format": _home.VERDICT_FORMAT,

@@ -474,6 +474,30 @@ def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_
     assert sum("file watcher unavailable" in line for line in proc.lines) == 1
 
 
+def test_a_low_descriptor_limit_slows_nothing_down_for_good(tmp_path: Path) -> None:
+    # Under `ulimit -n 40` the daemon used every descriptor on idle audit logs (two each, kept
+    # for 64 logs) and then could write no verdict, ever: they stayed deferred.
+    proc = DaemonProcess(tmp_path / "home", "--workers", "4").start(held=True)
+    assert proc.proc is not None
+    resource.prlimit(proc.proc.pid, resource.RLIMIT_NOFILE, (40, 40))
+    proc.let_go()
+    proc.wait_for_line("adaptord: ready")
+    ids = [proc.submit(script({"text": f"plain {i}"})) for i in range(40)]
+    ids += [
+        proc.submit(
+            {"driver": "script", "prompt": "x", "thread": {"key": f"fds/{i % 5}"},
+             "config": {"steps": [{"text": f"turn {i}"}], "session": "auto"}}
+        )
+        for i in range(10)
+    ]
+    verdicts = [proc.verdict(rid) for rid in ids]
+    assert [v["ok"] for v in verdicts] == [True] * len(ids), [v["error"] for v in verdicts if not v["ok"]]
+    for verdict in verdicts:  # and every run's events are all there
+        assert sr.verify(proc.home.root / verdict["events"]) > 0
+    assert proc.proc.pid is not None and len(os.listdir(f"/proc/{proc.proc.pid}/fd")) < 40
+    assert proc.stop() == 0
+
+
 def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tmp_path: Path) -> None:
     # systemd's TasksMax counts the agents' processes with the daemon's threads; a busy agent
     # can use it up.  Workers are started at start, so only runs can meet the limit.

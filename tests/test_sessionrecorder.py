@@ -1903,3 +1903,39 @@ def test_a_leader_serves_a_bounded_number_of_batches_before_handing_over(
     assert max(batches_per_lead) <= _jsonl._BATCHES_PER_LEADER
     assert sum(batches_per_lead) < total  # and batches were shared
     recorder.close()
+
+
+_OUT_OF_DESCRIPTORS = """
+import os, resource, sys
+from adaptor import events
+from hosttools import sessionrecorder as sr
+
+directory, buffered = sys.argv[1], sys.argv[2] == "buffered"
+backend = sr.JSONLEventBackend(directory, sync_on_append=not buffered, max_open_files=1000)
+recorder = sr.EventRecorder(backend)
+recorder.record("first", events.TextDelta(text="warm-up"))  # the imports' files are open now
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 12, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+for i in range(40):  # far more logs than descriptors left: idle ones must make room
+    recorder.record(f"key-{i}", events.TextDelta(text=f"record {i}"))
+    recorder.record(f"key-{i // 2}", events.TextDelta(text=f"again {i}"))
+backend.flush()
+recorder.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["synced", "buffered"])
+def test_a_process_out_of_descriptors_closes_idle_logs_instead_of_failing(tmp_path: Path, mode: str) -> None:
+    # max_open_files bounds this backend's own files; the process's limit may be lower still
+    # (other files open, a low `ulimit -n`).  Opening a log then failed for good.
+    proc = subprocess.run(
+        [sys.executable, "-c", _OUT_OF_DESCRIPTORS, str(tmp_path), mode],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, "ok"), proc.stderr[-2000:]
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(tmp_path))
+    for i in range(40):
+        texts = [getattr(r.event, "text", None) for r in recorder.since(f"key-{i}")]
+        expected = [f"record {i}"] + [f"again {j}" for j in (2 * i, 2 * i + 1) if j < 40]
+        assert texts == expected

@@ -7,7 +7,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -140,6 +140,9 @@ class _Session:
     # The backend's list, shared by all its sessions so evicting one loses nothing.
     repairs: list[RepairReport] = field(default_factory=list)
     last_used: int = 0
+    # The backend's way to have its other idle sessions close their files (returns how many
+    # did), for when this process runs out of descriptors.
+    free_descriptors: Callable[[_Session], int] | None = None
     lock_path: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -311,7 +314,12 @@ class _Session:
         # counted here are the ones this append made.
         known_repairs = log.repair_count
         try:
-            written = log.append_many(bodies)
+            try:
+                written = log.append_many(bodies)
+            except OSError as exc:
+                if not self._freed_descriptors(exc):
+                    raise
+                written = log.append_many(bodies)
         except CorruptLogError as exc:
             self._drop_log()
             raise JSONLEventLogCorruptError(self.key, exc.line, why=exc.why) from exc
@@ -338,12 +346,28 @@ class _Session:
             self._dirty = True
             if self._sync_fd is None:
                 try:
-                    self._sync_fd = _open_for_sync(self.path)
+                    try:
+                        self._sync_fd = _open_for_sync(self.path)
+                    except OSError as exc:
+                        if not self._freed_descriptors(exc, self.path):
+                            raise
+                        self._sync_fd = _open_for_sync(self.path)
                 except OSError as exc:
                     # The record is written (and must be reported as such), but this key's
                     # buffered data can no longer be made durable: say so from now on.
                     self.poison = _Failure.of(exc)
         return written
+
+    def _freed_descriptors(self, error: OSError, *opened: str) -> bool:
+        """Whether ``error`` is this process out of descriptors when opening the log, its lock
+        or its directory (so nothing was written), and other sessions have now closed some of
+        theirs."""
+        return (
+            error.errno in (errno.EMFILE, errno.ENFILE)
+            and error.filename in (opened or (self.path, self.lock_path, os.path.dirname(self.path)))
+            and self.free_descriptors is not None
+            and self.free_descriptors(self) > 0
+        )
 
     def _settle_rollback(self, error: OSError, expected_size: int) -> None:
         """After a failed append: poison the key unless the file is back to its old size, durably.
@@ -585,6 +609,23 @@ class JSONLEventBackend:
                 sessions = list(self._sessions.values())
         _raise_all([_attempt(session.flush) for session in sessions], "flushing event logs")
 
+    def close_idle(self, *keys: str) -> int:
+        """Sync and close the files of keys no thread is appending to; returns how many.
+
+        With ``keys``, only those keys'; without, every idle key's.  A closed key opens its
+        file again on its next append.  For a process that is done with a key (a daemon after
+        a request's verdict) or short of descriptors; this backend also does it by itself when
+        opening a log fails for want of descriptors.  A failed sync is not raised here: the
+        key's next use reports it, as after an eviction.
+        """
+        with self._lock:
+            self._check_open()
+            if keys:
+                candidates = [s for s in map(self._sessions.get, keys) if s is not None]
+            else:
+                candidates = list(self._sessions.values())
+        return self._retire(candidates)
+
     def close(self) -> None:
         """Sync, close every file and refuse further use.  Idempotent.
 
@@ -625,24 +666,48 @@ class JSONLEventBackend:
                 self._dir_ready = True
             session = self._sessions.get(key)
             if session is None:
-                session = _Session(key, path, self._sync, repairs=self._repairs)
+                session = self._new_session(key, path)
                 self._sessions[key] = session
             session.last_used = next(self._use_counter)
             return session
 
+    def _new_session(self, key: str, path: str) -> _Session:
+        return _Session(
+            key, path, self._sync, repairs=self._repairs, free_descriptors=self._free_for
+        )
+
+    def _free_for(self, session: _Session) -> int:
+        with self._lock:
+            candidates = list(self._sessions.values())
+        return self._retire(candidates, keep=session)
+
     def _evict_idle(self, keep: _Session) -> None:
         if len(self._sessions) <= self._max_open:
             return  # the common case, checked without the lock: eviction is best effort
-        retired: list[_Session] = []
         with self._lock:
             excess = len(self._sessions) - self._max_open
-            for session in sorted(self._sessions.values(), key=_last_used):
-                if excess <= 0:
+            oldest = sorted(self._sessions.values(), key=_last_used)
+        self._retire(oldest, keep=keep, limit=excess)
+
+    def _retire(
+        self, candidates: Sequence[_Session], *, keep: _Session | None = None, limit: int = -1
+    ) -> int:
+        """Sync and close the files of up to ``limit`` (-1: all) idle ``candidates``; how many.
+
+        A retired session leaves the table; its key gets a fresh one on its next use.
+        """
+        retired: list[_Session] = []
+        with self._lock:
+            for session in candidates:
+                if len(retired) == limit:
                     break
-                if session is not keep and session.try_retire():
+                if (
+                    session is not keep
+                    and self._sessions.get(session.key) is session
+                    and session.try_retire()
+                ):
                     del self._sessions[session.key]
                     retired.append(session)
-                    excess -= 1
         for session in retired:
             try:
                 session.release()
@@ -650,10 +715,10 @@ class JSONLEventBackend:
                 # The key's buffered data may be lost: whoever writes the key next must hear it.
                 with self._lock:
                     current = self._sessions.setdefault(
-                        session.key,
-                        _Session(session.key, session.path, self._sync, repairs=self._repairs),
+                        session.key, self._new_session(session.key, session.path)
                     )
                     current.poison = _Failure.of(exc)
+        return len(retired)
 
 
 def _last_used(session: _Session) -> int:
