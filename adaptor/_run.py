@@ -239,6 +239,7 @@ class RunPipeline:
         self._prelaunch: tuple[str, str] = ("", "")  # codec name, driver config fingerprint
         self._thread_identity: tuple[str, str] = ("", "")  # codec name, compatibility fp
         self._renewer: threading.Thread | None = None
+        self._leased_at = 0.0
         self._released = threading.Event()
         self._fresh_session = False
         self.run_id = new_run_id()
@@ -460,6 +461,8 @@ class RunPipeline:
         assert self.descriptor is not None
         store = self.host.thread_store
         codec_name, fingerprint = self._thread_identity
+        # Taken before the store's clock starts the leases' TTL, so never later than it.
+        self._leased_at = time.monotonic()
         self._plan = _thread.plan(
             spec,
             store,
@@ -478,14 +481,31 @@ class RunPipeline:
         if interval >= self.host.lease_ttl:
             interval = self.host.lease_ttl / 2
         plan = self._plan
-        while plan is not None and not self._released.wait(interval):
+        ttl = self.host.lease_ttl
+        expires = self._leased_at + ttl
+        wait = interval
+        while plan is not None and not self._released.wait(wait):
+            attempted = time.monotonic()
             try:
-                _thread.renew(plan, self.host.lease_ttl)
+                _thread.renew(plan, ttl)
             except errors.ThreadLeaseLostError as exc:
                 self.end(_Terminal("lease_lost", "thread lease lost; nothing was persisted", cause=exc))
                 return
-            except Exception:  # a transient store failure: the next renewal tries again
+            except Exception as exc:
+                # A store failure (a full disk) may pass, but once the lease has expired
+                # another owner may take the key and drive the same session: the run must not
+                # go on past that.  Until then it tries again, sooner than usual.
+                left = expires - time.monotonic()
+                if left <= 0:
+                    lost = errors.ThreadLeaseLostError(cause=exc)
+                    lost.__cause__ = exc
+                    message = "thread lease expired: it could not be renewed; nothing was persisted"
+                    self.end(_Terminal("lease_lost", message, cause=lost))
+                    return
+                wait = min(interval, left, max(left / 4, 0.05))
                 continue
+            expires = attempted + ttl
+            wait = interval
 
     def _raise_if_ended_before_entry(self) -> None:
         terminal = self._terminal
@@ -607,6 +627,15 @@ class RunPipeline:
             ) as exc:
                 raise errors.RunError(
                     "infrastructure_error", "thread coordination failed: " + str(exc),
+                    result=result, cause=exc,
+                ) from exc
+            except Exception as exc:
+                # The store could not save the thread (a full disk, a checkpoint it cannot
+                # write): the agent's answer is still this run's, and the failure one of the
+                # infrastructure after entry, like any other.
+                raise errors.RunError(
+                    "infrastructure_error",
+                    f"the thread could not be saved: {type(exc).__name__}: {exc}",
                     result=result, cause=exc,
                 ) from exc
         return result

@@ -421,6 +421,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_owed_in_child)
 
 
+def _same_store(owed_on: Store, store: Store) -> bool:
+    """Whether a lease taken through ``owed_on`` can be released through ``store``.
+
+    The same object, or another one over the same files: a JSONL store that refuses writes
+    after a failed one is replaced by a new instance on its directory, which must pay what
+    the old one owes, or the key stays busy for this very process until the lease expires.
+    """
+    if owed_on is store:
+        return True
+    place = getattr(owed_on, "directory", None)
+    return (
+        place is not None
+        and type(owed_on) is type(store)
+        and place == getattr(store, "directory", None)
+    )
+
+
 def _release_owed(store: Store) -> None:
     """Try again the failed releases of leases on ``store``; those that fail stay owed."""
     if not _owed:  # the usual case, without the lock
@@ -428,7 +445,7 @@ def _release_owed(store: Store) -> None:
     now = time.monotonic()
     with _owed_lock:
         _owed[:] = [owed for owed in _owed if now < owed.until]  # expired: nothing to release
-        due = [owed for owed in _owed if owed.store is store]
+        due = [owed for owed in _owed if _same_store(owed.store, store)]
     for owed in due:
         try:
             store.release_lease(owed.lease)

@@ -707,7 +707,9 @@ class Daemon:
         """
         promoted: list[Job] = []
         for key in job.keys:
-            line = self._lines[key]
+            line = self._lines.get(key)
+            if line is None:  # a drain emptied the schedule while the job ran
+                continue
             was_first = line[0] is job
             line.remove(job)
             if not line:

@@ -388,11 +388,19 @@ def test_a_fork_waits_for_its_parents_earlier_requests_and_later_ones_wait_for_i
 def test_sigterm_drains_running_work_and_writes_its_verdict(tmp_path: Path) -> None:
     proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
     rid = proc.submit(script({"text": "started"}, {"sleep": 0.5}, {"text": "finished"}))
+    on_thread = proc.submit(
+        {"driver": "script", "prompt": "x", "thread": {"key": "drained"},
+         "config": {"steps": [{"sleep": 0.5}, {"text": "finished too"}], "session": "auto"}}
+    )
     proc.wait_for_line(f"request.started id={rid}")
+    proc.wait_for_line(f"request.started id={on_thread}")
     proc.signal(signal.SIGTERM)
     assert proc.stop() == 0
     verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
     assert verdict["ok"] and verdict["result"]["text"] == "finished"
+    verdict = orjson.loads(proc.home.verdict(on_thread).read_bytes())
+    assert verdict["ok"] and verdict["result"]["text"] == "finished too"
+    assert not [line for line in proc.lines if "worker failed" in line]
 
 
 def test_a_burst_of_signals_cannot_deadlock_the_main_loop(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import threading
@@ -16,6 +17,7 @@ from adaptor.driver import Request, Response, SessionContext
 from adaptor.memory import Store as MemoryStore
 from adaptor.testing import ScriptedDriver
 from adaptor.threadstore import JSONLStore, LeaseLostError, Query
+from tests.durable_hooks import hook_datasyncs
 
 
 class Recording(ScriptedDriver):
@@ -376,3 +378,92 @@ def test_closed_agent_refuses_thread_runs(store: Any) -> None:
     with pytest.raises(adaptor.AgentClosedError):
         agent.thread("k").run("go")
     assert driver.sessions == []
+
+
+class _DiskFullsAfterItsSteps(ScriptedDriver):
+    """A scripted agent after whose steps every data sync of the store fails (a full disk)."""
+
+    def __init__(self, steps: list[dict[str, Any]], full: threading.Event) -> None:
+        super().__init__(steps, session="auto")
+        self.full = full
+
+    def run(self, request: Request, sink: Any) -> Response:
+        response = super().run(request, sink)
+        self.full.set()
+        return response
+
+
+def _sync_refused_while(full: threading.Event, monkeypatch: pytest.MonkeyPatch) -> None:
+    def sync(fd: int) -> None:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.fdatasync(fd)
+
+    hook_datasyncs(monkeypatch, sync)
+
+
+def test_a_thread_the_store_cannot_save_keeps_its_answer_and_frees_its_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The save failing (a full disk) escaped the run as a bare OSError, the answer lost, and
+    # left the key's lease held by this very process: a new store on the same files (what the
+    # broken one's error says to open) found the key busy for the lease's five minutes.
+    threads = tmp_path / "threads"
+    first = adaptor.Agent(ScriptedDriver([{"text": "first"}], session="auto"), thread_store=JSONLStore(threads))
+    first.thread("k").run("go")
+    full = threading.Event()
+    _sync_refused_while(full, monkeypatch)
+    agent = adaptor.Agent(_DiskFullsAfterItsSteps([{"text": "the answer"}], full), thread_store=JSONLStore(threads))
+    with pytest.raises(adaptor.RunError) as caught:
+        agent.thread("k").run("again")
+    assert caught.value.reason == "infrastructure_error"
+    assert caught.value.result is not None and caught.value.result.text == "the answer"
+    assert errors.matches(caught.value, OSError) and "No space left on device" in str(caught.value)
+    full.clear()  # room again
+    later = adaptor.Agent(ScriptedDriver([{"text": "served"}], session="auto"), thread_store=JSONLStore(threads))
+    assert later.thread("k").run("once more").text == "served"
+
+
+def test_a_checkpoint_the_store_cannot_write_is_an_infrastructure_run_error(tmp_path: Path) -> None:
+    class OddCheckpoint(ScriptedDriver):
+        def run(self, request: Request, sink: Any) -> Response:
+            response = super().run(request, sink)
+            assert response.checkpoint is not None and response.checkpoint.state is not None
+            state = response.checkpoint.state
+            odd = type(state)(resume_id=state.resume_id + "\udc80", data=state.data)
+            return dataclasses.replace(response, checkpoint=dataclasses.replace(response.checkpoint, state=odd))
+
+    agent = adaptor.Agent(OddCheckpoint([{"text": "kept"}], session="auto"), thread_store=JSONLStore(tmp_path / "t"))
+    with pytest.raises(adaptor.RunError) as caught:
+        agent.thread("k").run("go")
+    assert caught.value.reason == "infrastructure_error" and caught.value.result is not None
+    assert caught.value.result.text == "kept" and "could not be saved" in str(caught.value)
+
+
+def test_a_run_whose_lease_cannot_be_renewed_stops_when_the_lease_expires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A renewal the store refused was ignored: the run went on past its lease's expiry while
+    # another owner could take the key and drive the same session.  Here the store refuses
+    # because another key's save failed on it (a full disk): it takes no write after that.
+    store = JSONLStore(tmp_path / "threads")
+    long_turn = adaptor.Agent(
+        ScriptedDriver([{"text": "working"}, {"sleep": 30}, {"text": "too late"}], session="auto"),
+        # Long enough a lease that the other key's save surely fails before it expires: the
+        # renewals after it fail with the store's OSError, not as a lease the store found lost.
+        thread_store=store, lease_ttl=3.0, lease_renewal=0.2,
+    )
+    full = threading.Event()
+    _sync_refused_while(full, monkeypatch)
+    stream = long_turn.thread("long").stream("go")
+    for event in stream:
+        if isinstance(event, events.TextDelta) and not full.is_set():
+            short_turn = adaptor.Agent(_DiskFullsAfterItsSteps([{"text": "short"}], full), thread_store=store)
+            with pytest.raises(adaptor.RunError, match="could not be saved"):
+                short_turn.thread("other").run("go")
+    with pytest.raises(adaptor.RunError) as caught:
+        stream.result()
+    assert caught.value.reason == "infrastructure_error" and "lease expired" in str(caught.value)
+    assert errors.matches(caught.value, adaptor.ThreadLeaseLostError)
+    assert errors.matches(caught.value, OSError)
+    assert caught.value.result is not None and "too late" not in caught.value.result.text
