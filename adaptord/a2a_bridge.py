@@ -54,6 +54,7 @@ from typing import Any
 
 import uvicorn
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
@@ -64,6 +65,8 @@ from a2a.types import (
     AgentInterface,
     AgentSkill,
     HTTPAuthSecurityScheme,
+    ListTasksRequest,
+    ListTasksResponse,
     Part,
     SecurityRequirement,
     SecurityScheme,
@@ -72,6 +75,7 @@ from a2a.types import (
     TaskState,
     TaskStatus,
 )
+from a2a.utils.errors import MethodNotFoundError
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -109,6 +113,9 @@ REQUEST_ID_KEY = "adaptord.request_id"
 PROGRESS_KEY = "adaptord.progress"
 FAILURE_KEY = "agentadaptor.failure"
 CANCEL_WAIT = 20.0
+# The largest request body served: twice a request file's limit, room for a prompt near that
+# limit in JSON-RPC's escaping (such a prompt may still be refused, as the request it makes).
+MAX_BODY = 2 * _home.MAX_REQUEST_BYTES
 
 _log = logging.getLogger("adaptord.a2a")
 _IDENTITY = re.compile(r"[A-Za-z0-9_.]{1,80}")
@@ -247,6 +254,63 @@ class RequireBearer:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class LimitBody:
+    """Pure ASGI guard: 413 for a request body over ``limit`` bytes, before anything parses it.
+
+    The a2a-sdk keeps every message in its in-memory task history: without a bound, a caller
+    could make the daemon hold (and spool, and quarantine) messages of any size, although a
+    request over :data:`adaptor._home.MAX_REQUEST_BYTES` is refused anyway.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if declared.isdigit() and int(declared) <= self.limit:
+                await self.app(scope, receive, send)
+            else:
+                await self._refuse(scope, receive, send)
+            return
+        # No declared length (chunked): read it here, up to the limit, then hand it on whole.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse(
+            {"error": f"request body larger than {self.limit} bytes"}, status_code=413
+        )
+        await response(scope, receive, send)
 
 
 # --- serving in a thread ---------------------------------------------------------------------------
@@ -664,6 +728,20 @@ class SpoolExecutor(AgentExecutor):
 # --- the app and the bridge ------------------------------------------------------------------------
 
 
+class _Handler(DefaultRequestHandler):
+    """The SDK's handler without ``ListTasks``.
+
+    Knowing a context id is what lets a caller continue a conversation (see docs/a2a.md);
+    listing the tasks would hand every caller every context id, prompt and answer.
+    """
+
+    async def on_list_tasks(
+        self, params: ListTasksRequest, context: ServerCallContext
+    ) -> ListTasksResponse:
+        raise MethodNotFoundError(message="ListTasks is not served by adaptord")
+
+
+
 def card_path(key: str) -> str:
     return f"{AGENTS_PREFIX}/{key}{CARD_PATH}"
 
@@ -686,9 +764,7 @@ def build_app(
     for agent in agents:
         card = agent_card(agent, base_url, bearer=token is not None)
         executor = SpoolExecutor(agent, spool, stopping=stopping, cancel_wait=cancel_wait, log=log)
-        handler = DefaultRequestHandler(
-            agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card
-        )
+        handler = _Handler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
         handlers.append(handler)
         routes += create_agent_card_routes(card, card_url=card_path(agent.key))
         routes += create_jsonrpc_routes(handler, rpc_url=f"{AGENTS_PREFIX}/{agent.key}")
@@ -696,7 +772,7 @@ def build_app(
         if len(agents) == 1:
             routes += create_agent_card_routes(card)
             open_paths.append(CARD_PATH)
-    app: ASGIApp = Starlette(routes=routes)
+    app: ASGIApp = LimitBody(Starlette(routes=routes), MAX_BODY)
     if token is not None:
         app = RequireBearer(app, token, open_paths)
     return app, handlers

@@ -172,6 +172,52 @@ def test_every_other_route_needs_the_bearer_token(daemon_a: Served) -> None:
         assert response.status_code == 401 and response.headers["WWW-Authenticate"] == "Bearer"
 
 
+@slow
+def test_tasks_cannot_be_listed(daemon_a: Served) -> None:
+    # a2a-sdk serves ListTasks too: every caller would read every conversation's context id,
+    # prompts and answers, and so could continue any of them (docs/a2a.md's trust model).
+    with daemon_a.client("echo") as client:
+        task = client.send("a private prompt", context_id="someone-elses-context")
+    headers = {"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"}
+    for params in ({}, {"contextId": task.context_id}):
+        call = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": params}
+        response = httpx.post(f"{daemon_a.url}/agents/echo", json=call, headers=headers)
+        body = response.json()
+        assert "result" not in body and body["error"]["code"] == -32601, body  # method not found
+        assert "private prompt" not in response.text and task.context_id not in response.text
+    with daemon_a.client("echo") as client:  # what is documented still works
+        assert client.get_task(task.id).text == task.text
+
+
+@slow
+def test_an_oversized_message_is_refused_before_it_is_read(daemon_a: Served) -> None:
+    # It was parsed, kept in the task history and spooled (20 MB messages grew the daemon by
+    # 50 MB each) only for the daemon to refuse the request as larger than 1 MiB.
+    home = daemon_a.daemon.home
+    queued_before = sorted(home.quarantine.iterdir()) if home.quarantine.exists() else []
+    text = "x" * (a2a_bridge.MAX_BODY + 1)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": text}]}}}
+    body = json.dumps(call).encode()
+    headers = {"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0", "Content-Type": "application/json"}
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the guard counts what it reads
+        for start in range(0, len(body), 1 << 20):
+            yield body[start : start + (1 << 20)]
+
+    for content in (body, chunked()):
+        response = httpx.post(f"{daemon_a.url}/agents/echo", content=content, headers=headers, timeout=WAIT)
+        assert response.status_code == 413 and "larger than" in response.json()["error"]
+    assert (sorted(home.quarantine.iterdir()) if home.quarantine.exists() else []) == queued_before
+    with daemon_a.client("echo") as client:  # an ordinary message, also sent in chunks, still runs
+        assert client.send("hello A").text == "A says hello"
+    small = json.dumps({**call, "params": {"message": {**call["params"]["message"], "parts": [{"text": "hi"}]}}})
+    response = httpx.post(
+        f"{daemon_a.url}/agents/echo", content=iter([small.encode()]), headers=headers, timeout=WAIT
+    )
+    assert response.status_code == 200 and "result" in response.json(), response.text
+
+
 # --- runs through the spool ---------------------------------------------------------------------
 
 
