@@ -328,9 +328,11 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     if config.config_dir:
         owned["CLAUDE_CONFIG_DIR"] = config.config_dir
     if skip_permissions and hasattr(os, "geteuid") and os.geteuid() == 0:
-        # As root the CLI refuses --dangerously-skip-permissions unless told it is sandboxed.
+        # As root the CLI refuses --dangerously-skip-permissions unless told it is sandboxed,
+        # and only "1" tells it so: an inherited IS_SANDBOX=yes (some containers export it)
+        # failed every such run.
         env_now = {**os.environ, **config.env, **request.env}
-        if "IS_SANDBOX" not in env_now and "CLAUDE_CODE_BUBBLEWRAP" not in env_now:
+        if env_now.get("IS_SANDBOX") != "1" and "CLAUDE_CODE_BUBBLEWRAP" not in env_now:
             owned["IS_SANDBOX"] = "1"
     layers = (dict(config.env), dict(request.env), owned)
     servers = list(request.mcp)

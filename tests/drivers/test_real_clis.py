@@ -85,6 +85,26 @@ def test_claude_tool_call(
     assert result.text.startswith("Tool result was: File created successfully")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the CLI's refusal is for root only")
+@pytest.mark.parametrize("inherited", [None, "yes", "0"])
+def test_claude_auto_approve_as_root_whatever_is_sandbox_the_host_exports(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    monkeypatch: pytest.MonkeyPatch, inherited: str | None,
+) -> None:
+    # As root the CLI refuses --dangerously-skip-permissions unless IS_SANDBOX is exactly "1";
+    # an inherited IS_SANDBOX=yes made every auto_approve run fail with agent_error.
+    if inherited is None:
+        monkeypatch.delenv("IS_SANDBOX", raising=False)
+    else:
+        monkeypatch.setenv("IS_SANDBOX", inherited)
+    target = os.path.join(workspace, "auto.txt")
+    anthropic.configure(tool=("Write", {"file_path": target, "content": "auto\n"}))
+    auto = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=auto) as agent:
+        agent.run("write auto.txt")
+    assert Path(target).read_text() == "auto\n"
+
+
 @pytest.mark.parametrize("answer", ["approve", "deny"])
 def test_claude_permission_prompt(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
