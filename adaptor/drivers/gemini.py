@@ -102,8 +102,11 @@ _STATUS_IN_MESSAGE = re.compile(
 _AUTH = re.compile(r"UNAUTHENTICATED|PERMISSION_DENIED|api key not valid|invalid api key|"
                    r"unauthori[sz]ed", re.IGNORECASE)
 _RATE_LIMIT = re.compile(r"RESOURCE_EXHAUSTED|quota|rate limit|too many requests", re.IGNORECASE)
+# "API Error: terminated" and the rest: undici's words for a response body cut mid-way.
 _UNAVAILABLE = re.compile(r"\bINTERNAL\b|\bUNAVAILABLE\b|overloaded|fetch failed|ECONNREFUSED|"
-                          r"ECONNRESET|ETIMEDOUT|ENOTFOUND|EAI_AGAIN", re.IGNORECASE)
+                          r"ECONNRESET|ETIMEDOUT|ENOTFOUND|EAI_AGAIN|API Error: terminated|"
+                          r"other side closed|UND_ERR_SOCKET|socket hang up|premature close",
+                          re.IGNORECASE)
 
 
 @dataclass(frozen=True)

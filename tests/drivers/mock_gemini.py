@@ -21,6 +21,7 @@ The reply depends only on the request and :attr:`GeminiMock.scenario`:
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +46,8 @@ class Scenario:
     tool: tuple[str, dict[str, Any]] | None = None
     status: int | None = None
     delay: float = 0.0
+    # The stream ends after its first chunk, without the chunked body's end: a broken stream.
+    truncate: bool = False
     usage: dict[str, int] = field(
         default_factory=lambda: {"promptTokenCount": 20, "candidatesTokenCount": 6,
                                  "cachedContentTokenCount": 0}
@@ -81,7 +84,7 @@ class GeminiMock(MockServer):
         elif method == "streamGenerateContent":
             if scenario.delay:
                 reply.pause(scenario.delay)
-            _DataSSE.of(reply).send(self._stream(scenario, body))
+            _DataSSE.of(reply).send(self._stream(scenario, body), truncate=scenario.truncate)
         else:
             _error(reply, 404, f"no method {method}")
 
@@ -119,16 +122,19 @@ class _DataSSE(Reply):
         wrapped.__dict__.update(vars(reply))
         return wrapped
 
-    def send(self, payloads: list[dict[str, Any]]) -> None:
+    def send(self, payloads: list[dict[str, Any]], *, truncate: bool = False) -> None:
         h = self._handler
         h.send_response(200)
         h.send_header("content-type", "text/event-stream")
         h.send_header("transfer-encoding", "chunked")
         h.end_headers()
+        h.close_connection = True
         for payload in payloads:
             self._chunk(f"data: {json.dumps(payload)}\r\n\r\n".encode())
+            if truncate:
+                h.connection.shutdown(socket.SHUT_RDWR)
+                return
         self._chunk(b"")
-        h.close_connection = True
 
 
 def _chunk(parts: list[dict[str, Any]], usage: dict[str, int], *, final: bool) -> dict[str, Any]:

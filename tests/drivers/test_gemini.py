@@ -311,6 +311,20 @@ def test_real_error_status(
 
 
 @pytest.mark.slow
+def test_real_broken_stream_is_provider_unavailable_and_retryable(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+) -> None:
+    # The CLI reports a stream cut mid-way as "[API Error: terminated]", exit 1: it was an
+    # agent_error with no kind, so hosts retrying on details.retryable gave up (claude and
+    # codex say provider_unavailable, retryable, for the same cut).
+    mock.configure(text="a long answer cut short", truncate=True)
+    with adaptor.Agent(gemini.Driver(gemini_config()), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    details = caught.value.details
+    assert (details["kind"], details["retryable"]) == ("provider_unavailable", True), details
+
+
 def test_real_unreachable_endpoint(
     gemini_config: Callable[..., gemini.Config], workspace: str
 ) -> None:
