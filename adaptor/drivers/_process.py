@@ -25,6 +25,7 @@ import errno
 import math
 import os
 import queue
+import secrets
 import selectors
 import shutil
 import signal
@@ -65,6 +66,10 @@ _POLL: Final = 0.05
 # the rest of the group is stopped so the pump can see EOF.
 _DRAIN_AFTER_EXIT: Final = 0.2
 _KILL_WAIT: Final = 5.0
+# Set in every agent's environment to a value of its own, which the processes it starts inherit:
+# it finds those that left its process group (a new session: Gemini CLI's shell tool) so they
+# are stopped with it.
+MARK_VAR: Final = "ADAPTOR_RUN_MARK"
 
 
 @dataclass(frozen=True)
@@ -263,10 +268,11 @@ class _Capture:
 class Child:
     """A running agent CLI.  Create with :meth:`start`; always end with :meth:`finish`."""
 
-    def __init__(self, spec: Spec, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, spec: Spec, proc: subprocess.Popen[bytes], mark: bytes = b"") -> None:
         self.spec = spec
         self.pid = proc.pid
         self._proc = proc
+        self._mark = mark  # b"ADAPTOR_RUN_MARK=<value>" as its environment holds it
         self._lines: queue.Queue[Line | object] = queue.Queue()
         self._stdin_lock = threading.Lock()
         self._capture = _Capture()
@@ -287,6 +293,7 @@ class Child:
         """Start ``spec`` and emit its ``process.spawn`` event; raises :class:`BinaryNotFound`."""
         binary = spec.argv[0]
         stdin: int = subprocess.DEVNULL if spec.stdin == "closed" else subprocess.PIPE
+        mark = secrets.token_hex(8)
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -294,7 +301,7 @@ class Child:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=spec.cwd,
-                env=dict(spec.env),
+                env={**spec.env, MARK_VAR: mark},
                 start_new_session=True,
                 close_fds=True,
             )
@@ -321,7 +328,7 @@ class Child:
             )
         )
         try:
-            return cls(spec, proc)
+            return cls(spec, proc, f"{MARK_VAR}={mark}".encode())
         except BaseException:  # no thread for its pipes (a task limit): it must not run unread
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -523,7 +530,8 @@ class Child:
             self.finish()
 
     def finish(self) -> Exit:
-        """Wait for the leader, stop what is left of its group, drain the pipes and reap."""
+        """Wait for the leader, stop what is left of its group and what escaped it, drain the
+        pipes and reap."""
         self._proc.wait()
         self._pump.join()  # ends by itself: EOF, or the leftover group stopped (see the pump)
         if _group_alive(self.pid):
@@ -532,6 +540,7 @@ class Child:
             stopping = self._stopping
         if stopping is not None:
             stopping.join()
+        self._stop_escaped()
         self.close_stdin()
         for pipe in (self._proc.stdout, self._proc.stderr):
             if pipe is not None:
@@ -544,6 +553,47 @@ class Child:
             timed_out=self._reason == "timed_out",
             cancelled=self._reason == "cancelled",
         )
+
+
+    def _stop_escaped(self) -> None:
+        """Stop the processes that left the group but carry this child's mark: SIGTERM, then
+        SIGKILL after the grace period.  (Another user's processes cannot be read, nor could
+        they be signalled.)"""
+        if not self._mark or not _procfs.usable():
+            return
+        escaped = _marked(self._mark)
+        if not escaped:
+            return
+        for pid, _ in escaped:
+            _signal(pid, signal.SIGTERM)
+        until = time.monotonic() + max(self.spec.grace_period, 0.0)
+        while escaped and time.monotonic() < until:
+            time.sleep(_POLL)
+            escaped = [(pid, start) for pid, start in escaped if _procfs.running(pid, start)]
+        for pid, start in escaped:
+            if _procfs.running(pid, start):
+                _signal(pid, signal.SIGKILL)
+
+
+def _marked(mark: bytes) -> list[tuple[int, int]]:
+    """The running processes whose environment holds ``mark`` (pid and start time each)."""
+    me = os.getpid()
+    found: list[tuple[int, int]] = []
+    for pid in _procfs.pids():
+        if pid == me:
+            continue
+        env = _procfs.environ(pid)
+        if env is None or mark not in env:
+            continue
+        state = _procfs.stat(pid)
+        if state is not None and not state.zombie:
+            found.append((pid, state.start))
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

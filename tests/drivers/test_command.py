@@ -4,9 +4,11 @@ exit status, environment, timeout and the refusals of everything a plain executa
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from adaptor.drivers import command
 from adaptor.events import ProcessInfo, TextDelta
 from adaptor.memory import Store
 from adaptor.testing import conformance
+from tests.daemon_harness import processes_with_env
 from tests.drivers.conftest import group_members
 
 
@@ -188,3 +191,29 @@ def test_a_missing_workspace_is_told_apart_from_a_missing_binary(tmp_path: Path)
     assert caught.value.details == {"kind": "workspace_unusable", "workspace": str(gone)}
     assert str(caught.value) == f"/bin/cat: working directory {gone} does not exist"
     assert errors.exit_code_for(caught.value) == 1
+
+
+@pytest.mark.parametrize("how", ["finished", "cancelled", "timed out"])
+def test_a_process_that_left_the_group_is_stopped_with_the_run(tmp_path: Path, how: str) -> None:
+    # Gemini CLI starts its shell tool in a session of its own: signals to the agent's process
+    # group never reached it, and a cancelled run's `sleep`, build or server ran on.
+    marker = f"escaped-{how.replace(' ', '-')}-{os.getpid()}"
+    started = tmp_path / "started"
+    script = (f"setsid sleep 300 & echo $! > {started}.tmp; mv {started}.tmp {started}; "
+              + ("echo done" if how == "finished" else "exec sleep 300"))
+    config = command.Config(command="/bin/sh", extra_args=("-c", script), env={"MARK": marker},
+                            grace_period=1.0)
+    agent = adaptor.Agent(command.Driver(config), workspace=str(tmp_path))
+    if how == "finished":
+        assert agent.run("go").text.strip() == "done"
+    else:
+        stream = agent.stream("go", timeout=2.0 if how == "timed out" else None)
+        if how == "cancelled":
+            deadline = time.monotonic() + 30
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            stream.cancel()
+        with pytest.raises(adaptor.RunError):
+            stream.result()
+    assert started.exists()
+    assert processes_with_env("MARK", marker) == []

@@ -15,6 +15,8 @@ import glob
 import json
 import os
 import socket
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -356,3 +358,29 @@ def test_real_cancel_mid_run_leaves_no_process(
         with pytest.raises(adaptor.RunCancelledError):
             stream.result()
     assert pid and group_members(pid) == []  # launcher and the re-spawned node both gone
+
+
+@pytest.mark.slow
+def test_real_cancel_stops_the_shell_tool_that_left_the_group(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+) -> None:
+    # The CLI runs its shell tool in a session of its own, out of reach of the signals to the
+    # agent's process group: a cancelled run's command went on (reparented to init).
+    started = Path(workspace, "started")
+    command = f"touch {started}; exec sleep 313371"
+    mock.configure(tool=("run_shell_command", {"command": command, "description": "mock command"}))
+    auto = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
+    with adaptor.Agent(gemini.Driver(gemini_config(model=MODEL)), workspace=workspace,
+                       policy=auto) as agent:
+        stream = agent.stream("run it")
+        for event in stream:
+            if isinstance(event, ToolCall) and event.phase == "start":
+                deadline = time.monotonic() + 30
+                while not started.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                stream.cancel()
+        with pytest.raises(adaptor.RunCancelledError):
+            stream.result()
+    assert started.exists()
+    left = subprocess.run(["pgrep", "-f", "sleep 313371"], capture_output=True, text=True).stdout.split()
+    assert left == []
