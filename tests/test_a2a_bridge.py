@@ -61,6 +61,11 @@ config = {{ steps = [{{ text = "started" }}, {{ sleep = 300 }}, {{ text = "too l
 [a2a.agents.broken.request]
 driver = "script"
 config = {{ steps = [{{ fail = {{ code = "agent_error", message = "leaked {SECRET}" }} }}] }}
+
+[a2a.agents.late.request]
+driver = "script"
+timeout = 0.5
+config = {{ steps = [{{ text = "started" }}, {{ sleep = 30 }}, {{ text = "too late" }}] }}
 """
 NO_TOKEN = AGENTS.replace(f'bearer_token_env = "{TOKEN_ENV}"', "")
 
@@ -195,10 +200,13 @@ def test_an_oversized_message_is_refused_before_it_is_read(daemon_a: Served) -> 
     # 50 MB each) only for the daemon to refuse the request as larger than 1 MiB.
     home = daemon_a.daemon.home
     queued_before = sorted(home.quarantine.iterdir()) if home.quarantine.exists() else []
-    text = "x" * (a2a_bridge.MAX_BODY + 1)
-    call = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-            "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": text}]}}}
-    body = json.dumps(call).encode()
+    def call(text: str) -> bytes:
+        message = {"messageId": f"m{len(text)}", "role": "ROLE_USER", "parts": [{"text": text}]}
+        return json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+        ).encode()
+
+    body = call("x" * (a2a_bridge.MAX_BODY + 1))
     headers = {"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0", "Content-Type": "application/json"}
 
     def chunked() -> Iterator[bytes]:  # no Content-Length: the guard counts what it reads
@@ -211,9 +219,8 @@ def test_an_oversized_message_is_refused_before_it_is_read(daemon_a: Served) -> 
     assert (sorted(home.quarantine.iterdir()) if home.quarantine.exists() else []) == queued_before
     with daemon_a.client("echo") as client:  # an ordinary message, also sent in chunks, still runs
         assert client.send("hello A").text == "A says hello"
-    small = json.dumps({**call, "params": {"message": {**call["params"]["message"], "parts": [{"text": "hi"}]}}})
     response = httpx.post(
-        f"{daemon_a.url}/agents/echo", content=iter([small.encode()]), headers=headers, timeout=WAIT
+        f"{daemon_a.url}/agents/echo", content=iter([call("hi")]), headers=headers, timeout=WAIT
     )
     assert response.status_code == 200 and "result" in response.json(), response.text
 
@@ -420,6 +427,26 @@ policy = {{ max_timeout = 60 }}
     ]
     (asked,) = [r for r in runs if r["prompt"] == "hello from B"]
     assert asked["metadata"]["a2a.task_id"] == delegated["remote_task_id"]
+
+
+@slow
+@pytest.mark.parametrize(
+    ("agent", "code"), [("late", "deadline_exceeded"), ("broken", "agent_error")]
+)
+def test_a_delegation_keeps_the_remote_failures_code(daemon_a: Served, agent: str, code: str) -> None:
+    # The bridge states the run's failure code on its FAILED status; the delegator made every
+    # one of them "remote_failed", so a leader could not tell a remote timeout from a crash.
+    from hosttools import a2adelegation as d
+
+    spec = d.RemoteAgentSpec.from_mapping(
+        {"key": agent, "card_url": daemon_a.card_url(agent), "bearer_token_env": TOKEN_ENV}
+    )
+    with d.Delegator(d.Registry([spec])) as delegator:
+        with pytest.raises(d.DelegationError) as caught:
+            delegator.delegate(d.DelegationRequest(agent, "go"))
+    err = caught.value
+    assert (err.code, err.remote_status, err.metadata["reason"]) == (code, "failed", f"remote_{code}")
+    assert SECRET not in str(err) and SECRET not in json.dumps(err.to_wire())
 
 
 # --- parsing (no processes) ---------------------------------------------------------------------

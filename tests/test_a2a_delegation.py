@@ -442,3 +442,24 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_only_a_well_formed_failure_statement_is_promoted() -> None:
+    from hosttools.a2adelegation._delegator import _promoted
+
+    def status(control: Any, data: bool = False) -> a2a.Message:
+        metadata = {"agentadaptor.failure": control}
+        part = a2a.Part("data", data={}, metadata=metadata) if data else a2a.Part("text", text="x", metadata=metadata)
+        return a2a.Message("m", "agent", (part,))
+
+    failed, canceled = a2a.TaskState.FAILED, a2a.TaskState.CANCELED
+    assert _promoted(failed, status({"code": "approval_denied"})) == ("approval_denied", None)
+    assert _promoted(failed, status({"code": "active_execution_timeout", "limit_ms": 999.2})) == (
+        "active_execution_timeout", 1000)
+    for control in ({"code": "made_up"}, {"code": "agent_error", "extra": 1}, "agent_error",
+                    {"code": "agent_error", "limit_ms": -1}, {"code": "agent_error", "limit_ms": True},
+                    {"code": "cancelled"}):
+        assert _promoted(failed, status(control)) is None, control
+    assert _promoted(canceled, status({"code": "agent_error"})) is None  # a state mismatch
+    assert _promoted(failed, status({"code": "agent_error"}, data=True)) is None  # text parts only
+    assert _promoted(failed, None) is None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,7 +72,44 @@ _MESSAGES = {
     "max_polls": "the remote task did not finish within the allowed polls",
     "policy_violation": "the remote agent's artifacts exceed the size limit",
     "protocol_error": "the remote agent sent a malformed response",
+    # Failures the remote agent classified (see _promoted), by their own code.
+    "remote_active_execution_timeout": "the remote agent's active execution time ran out",
+    "remote_approval_denied": "the remote agent's approval was denied",
+    "remote_approval_timeout": "the remote agent's approval timed out",
+    "remote_deadline_exceeded": "the remote agent's execution deadline was exceeded",
+    "remote_agent_error": "the remote agent failed the task",
+    "remote_policy_violation": "the remote agent's run violated its policy",
+    "remote_infrastructure_error": "the remote agent's infrastructure failed",
 }
+
+# The failure codes a remote adaptor agent may state in its terminal status message
+# (metadata["agentadaptor.failure"]); each pairs with FAILED, "cancelled" with CANCELED.
+_FAILURE_KEY = "agentadaptor.failure"
+_REMOTE_FAILURES = frozenset(
+    {"active_execution_timeout", "approval_denied", "approval_timeout", "deadline_exceeded",
+     "agent_error", "policy_violation", "infrastructure_error"}
+)
+
+
+def _promoted(state: TaskState, message: Message | None) -> tuple[str, int | None] | None:
+    """The failure code (and ``limit_ms``) a FAILED task's status message states, if it is a
+    well-formed closed control object; anything else (unknown keys or codes, a code that does
+    not pair with the state, a CANCELED task) is not promoted and stays ``remote_failed``."""
+    if state is not TaskState.FAILED or message is None:
+        return None
+    for part in message.parts:
+        control = part.metadata.get(_FAILURE_KEY) if part.kind == "text" else None
+        if not isinstance(control, Mapping):
+            continue
+        code, limit_ms = control.get("code"), control.get("limit_ms")
+        if (
+            set(control) <= {"code", "limit_ms", "metadata"}
+            and code in _REMOTE_FAILURES
+            and (limit_ms is None or (type(limit_ms) in (int, float) and limit_ms >= 0))
+        ):
+            return str(code), None if limit_ms is None else math.ceil(limit_ms)
+        return None
+    return None
 
 
 class CancelSignal(Protocol):
@@ -415,6 +453,11 @@ class _Delegation:
             self.messages.append(message)
         self.state = state
         remote_status = state.value
+        promoted = _promoted(state, message)
+        if promoted is not None:
+            code, limit_ms = promoted
+            extra: dict[str, Any] = {} if limit_ms is None else {"limit_ms": limit_ms}
+            raise self.fail(code, reason=f"remote_{code}", remote_status=remote_status, **extra)
         if state is TaskState.CANCELED:
             raise self.fail(
                 "cancelled", reason="remote_cancelled", retryable=True, remote_status=remote_status
