@@ -48,7 +48,7 @@ import math
 import re
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,12 +70,14 @@ from a2a.types import (
     Part,
     SecurityRequirement,
     SecurityScheme,
+    SendMessageRequest,
     StringList,
     Task,
     TaskState,
     TaskStatus,
 )
-from a2a.utils.errors import MethodNotFoundError
+from a2a.types import Message as A2AMessage
+from a2a.utils.errors import MethodNotFoundError, UnsupportedOperationError
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -113,6 +115,10 @@ REQUEST_ID_KEY = "adaptord.request_id"
 PROGRESS_KEY = "adaptord.progress"
 FAILURE_KEY = "agentadaptor.failure"
 CANCEL_WAIT = 20.0
+_FINAL_STATES = frozenset(
+    {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
+     TaskState.TASK_STATE_REJECTED}
+)
 # The largest request body served: twice a request file's limit, room for a prompt near that
 # limit in JSON-RPC's escaping (such a prompt may still be refused, as the request it makes).
 MAX_BODY = 2 * _home.MAX_REQUEST_BYTES
@@ -729,11 +735,43 @@ class SpoolExecutor(AgentExecutor):
 
 
 class _Handler(DefaultRequestHandler):
-    """The SDK's handler without ``ListTasks``.
+    """The SDK's handler without ``ListTasks``, refusing messages to a running task at once.
 
     Knowing a context id is what lets a caller continue a conversation (see docs/a2a.md);
-    listing the tasks would hand every caller every context id, prompt and answer.
+    listing the tasks would hand every caller every context id, prompt and answer.  A message
+    naming a task that still runs starts nothing (one message, one run); the SDK held such a
+    call until the run ended and then answered with a stale snapshot.
     """
+
+    def __init__(self, executor: AgentExecutor, card: AgentCard) -> None:
+        self._tasks = InMemoryTaskStore()
+        super().__init__(agent_executor=executor, task_store=self._tasks, agent_card=card)
+
+    async def _refuse_a_running_task(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> None:
+        task_id = params.message.task_id
+        if not task_id:
+            return
+        task = await self._tasks.get(task_id, context)
+        if task is not None and task.status.state not in _FINAL_STATES:
+            raise UnsupportedOperationError(
+                message=f"task {task_id} is still running; a message to it starts nothing"
+            )
+
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task | A2AMessage:
+        await self._refuse_a_running_task(params, context)
+        result: Task | A2AMessage = await super().on_message_send(params, context)
+        return result
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        await self._refuse_a_running_task(params, context)
+        async for event in super().on_message_send_stream(params, context):
+            yield event
 
     async def on_list_tasks(
         self, params: ListTasksRequest, context: ServerCallContext
@@ -764,7 +802,7 @@ def build_app(
     for agent in agents:
         card = agent_card(agent, base_url, bearer=token is not None)
         executor = SpoolExecutor(agent, spool, stopping=stopping, cancel_wait=cancel_wait, log=log)
-        handler = _Handler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+        handler = _Handler(executor, card)
         handlers.append(handler)
         routes += create_agent_card_routes(card, card_url=card_path(agent.key))
         routes += create_jsonrpc_routes(handler, rpc_url=f"{AGENTS_PREFIX}/{agent.key}")

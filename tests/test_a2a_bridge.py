@@ -449,6 +449,32 @@ def test_a_delegation_keeps_the_remote_failures_code(daemon_a: Served, agent: st
     assert SECRET not in str(err) and SECRET not in json.dumps(err.to_wire())
 
 
+@slow
+def test_a_message_to_a_running_task_is_refused_at_once(daemon_a: Served) -> None:
+    # One message, one run: a follow-up to a task that still runs starts nothing.  The call was
+    # held until the run ended (five minutes here), then answered with a stale WORKING task.
+    with daemon_a.client("slow") as client:
+        task = client.send("first", return_immediately=True)
+        try:
+            with pytest.raises(a2a.UnsupportedError):
+                client.send("more input", task_id=task.id, context_id=task.context_id,
+                            return_immediately=True)
+            with pytest.raises(a2a.UnsupportedError):
+                client.send("more input", task_id=task.id, context_id=task.context_id)
+            with pytest.raises(a2a.UnsupportedError):
+                with client.send_stream("more input", task_id=task.id, context_id=task.context_id) as stream:
+                    list(stream)
+            assert client.get_task(task.id).state is a2a.TaskState.WORKING  # the run goes on
+        finally:
+            client.cancel_task(task.id)
+    prompts = [
+        request_of(daemon_a, path.name)["prompt"]
+        for path in daemon_a.daemon.home.runs.iterdir()
+        if (path / "request.json").exists()
+    ]
+    assert "more input" not in prompts
+
+
 # --- parsing (no processes) ---------------------------------------------------------------------
 
 
