@@ -470,6 +470,7 @@ class RunPipeline:
             codec_name=codec_name,
             fingerprint=fingerprint,
             lease_ttl=self.host.lease_ttl,
+            codec=_thread.codec_of(self.host.driver),
         )
         self._renewer = threading.Thread(
             target=self._renew_leases, name=f"adaptor-lease-{self.run_id}", daemon=True

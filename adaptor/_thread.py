@@ -7,6 +7,7 @@ planned session → on a healthy checkpoint, one atomic finalize → leases rele
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import secrets
@@ -107,14 +108,23 @@ class Thread:
         record = _translated(lambda: store.resolve(Query(key=self._key)))
         if record is None:
             raise errors.ThreadNotFoundError(f"thread {self._key!r} has no active conversation")
-        codec = self._agent.driver_codec_name()
-        if codec is not None and record.session_codec != codec:
+        codec = codec_of(self._agent.driver)
+        name = codec_name_of(self._agent.driver)
+        if name is not None and record.session_codec != name:
             raise errors.ThreadIncompatibleError(
                 f"thread {self._key!r} was stored with session codec {record.session_codec!r}"
             )
+        if record.driver_type != self._agent.driver.descriptor().type:
+            raise errors.ThreadIncompatibleError(
+                f"thread {self._key!r} was stored with driver {record.driver_type!r}"
+            )
         if record.state is None:
             raise errors.ThreadCheckpointMissingError(f"thread {self._key!r} has no checkpoint")
-        return Checkpoint(state=record.state, valid=True)
+        try:
+            state = normalized(codec, record.state)
+        except ValueError as exc:
+            raise errors.ThreadCheckpointMissingError(f"thread {self._key!r}: {exc}") from exc
+        return Checkpoint(state=state, valid=True)
 
     def _persisted(self) -> None:
         with self._lock:
@@ -145,6 +155,7 @@ class ThreadPlan:
     codec_name: str
     driver_type: str
     lease_ttl: float = DEFAULT_LEASE_TTL
+    codec: Any = None  # the driver's SessionCodec: states go through it (see normalized)
     leases: list[Lease] = field(default_factory=list)
     previous: Record | None = None  # the active record under the key, if any
     resumed: Record | None = None  # the record whose state the driver resumes
@@ -244,6 +255,7 @@ def plan(
     codec_name: str,
     fingerprint: str,
     lease_ttl: float,
+    codec: Any = None,
 ) -> ThreadPlan:
     """Take the leases and decide the session; raises thread errors (pre-entry identities)."""
     result = ThreadPlan(
@@ -254,6 +266,7 @@ def plan(
         codec_name=codec_name,
         driver_type=driver_type,
         lease_ttl=lease_ttl,
+        codec=codec,
     )
     _release_owed(store)
     try:
@@ -289,9 +302,11 @@ def _plan_continue(plan_: ThreadPlan) -> None:
         return  # start fresh; the old record is archived only once the new one persists
     if record.state is None:
         raise errors.ThreadCheckpointMissingError(f"thread {spec.key!r} has no checkpoint")
-    if not record.state.resume_id:
-        raise errors.ThreadIncompatibleError(f"thread {spec.key!r}: stored state has no resume id")
-    plan_.resumed = record
+    try:
+        state = normalized(plan_.codec, record.state)
+    except ValueError as exc:
+        raise errors.ThreadIncompatibleError(f"thread {spec.key!r}: {exc}") from exc
+    plan_.resumed = dataclasses.replace(record, state=state)
 
 
 def _plan_fork(plan_: ThreadPlan, parent_key: str) -> None:
@@ -305,14 +320,16 @@ def _plan_fork(plan_: ThreadPlan, parent_key: str) -> None:
     problem = _incompatibility(plan_, parent)
     if problem is not None:
         raise errors.ThreadIncompatibleError(f"fork parent {parent_key!r}: {problem}")
-    if not parent.state.resume_id:
-        raise errors.ThreadIncompatibleError(f"fork parent {parent_key!r} has no resume id")
+    try:
+        state = normalized(plan_.codec, parent.state)
+    except ValueError as exc:
+        raise errors.ThreadIncompatibleError(f"fork parent {parent_key!r}: {exc}") from exc
     if _translated(lambda: store.resolve(Query(key=spec.key))) is not None:
         raise errors.ThreadAlreadyExistsError(
             f"thread {spec.key!r} already has an active conversation",
             cause=AlreadyExistsError(spec.key),
         )
-    plan_.resumed = parent
+    plan_.resumed = dataclasses.replace(parent, state=state)
     plan_.session_mode = "fork"
 
 
@@ -335,10 +352,13 @@ def finalize(plan_: ThreadPlan, response: Response, *, fresh: bool) -> None:
     """Persist a healthy checkpoint atomically; raises thread errors (post-entry)."""
     checkpoint = response.checkpoint
     state = None if checkpoint is None else checkpoint.state
-    if checkpoint is None or not checkpoint.valid or state is None or not state.resume_id:
-        raise errors.ThreadCheckpointMissingError(
-            "the run succeeded but did not prove a resumable checkpoint; nothing was persisted"
-        )
+    missing = "the run succeeded but did not prove a resumable checkpoint; nothing was persisted"
+    if checkpoint is None or not checkpoint.valid or state is None:
+        raise errors.ThreadCheckpointMissingError(missing)
+    try:
+        state = normalized(plan_.codec, state)
+    except ValueError as exc:
+        raise errors.ThreadCheckpointMissingError(f"{missing} ({exc})") from exc
     spec = plan_.spec
     now = datetime.now(UTC)
     reuse = plan_.resumed is not None and not fresh and plan_.session_mode != "fork"
@@ -481,13 +501,33 @@ def _translated(call: Callable[[], _T]) -> _T:
         ) from exc
 
 
-def codec_name_of(driver: Any) -> str | None:
+def codec_of(driver: Any) -> Any:
+    """The driver's session codec (its ``session_codec()``), or ``None``."""
     factory = getattr(driver, "session_codec", None)
-    if not callable(factory):
-        return None
-    codec = factory()
+    return factory() if callable(factory) else None
+
+
+def codec_name_of(driver: Any) -> str | None:
+    codec = codec_of(driver)
     if codec is None:
         return None
     name = codec.name() if callable(getattr(codec, "name", None)) else None
     return name if isinstance(name, str) and name.strip() else None
+
+
+def normalized(codec: Any, state: SessionState) -> SessionState:
+    """``state`` as the codec stores and reads it back; ``ValueError`` when it cannot be, or
+    has no resume id afterwards (a state the driver could not resume from)."""
+    if codec is not None:
+        try:
+            decoded = codec.decode(codec.encode(state))
+        except Exception as exc:
+            raise ValueError(f"the session codec refuses the state: {exc}") from exc
+        if decoded is not None and not isinstance(decoded, SessionState):
+            raise ValueError("the session codec did not return a session state")
+        state = decoded  # type: ignore[assignment]
+    if state is None or not state.resume_id:
+        raise ValueError("the state has no resume id")
+    return state
+
 

@@ -13,7 +13,7 @@ import pytest
 
 import adaptor
 from adaptor import _thread, errors, events
-from adaptor.driver import Request, Response, SessionContext
+from adaptor.driver import Request, Response, SessionContext, SessionState
 from adaptor.memory import Store as MemoryStore
 from adaptor.testing import ScriptedDriver
 from adaptor.threadstore import JSONLStore, LeaseLostError, Query
@@ -451,7 +451,7 @@ def test_a_run_whose_lease_cannot_be_renewed_stops_when_the_lease_expires(
         ScriptedDriver([{"text": "working"}, {"sleep": 30}, {"text": "too late"}], session="auto"),
         # Long enough a lease that the other key's save surely fails before it expires: the
         # renewals after it fail with the store's OSError, not as a lease the store found lost.
-        thread_store=store, lease_ttl=3.0, lease_renewal=0.2,
+        thread_store=store, lease_ttl=8.0, lease_renewal=0.2,
     )
     full = threading.Event()
     _sync_refused_while(full, monkeypatch)
@@ -467,3 +467,55 @@ def test_a_run_whose_lease_cannot_be_renewed_stops_when_the_lease_expires(
     assert errors.matches(caught.value, adaptor.ThreadLeaseLostError)
     assert errors.matches(caught.value, OSError)
     assert caught.value.result is not None and "too late" not in caught.value.result.text
+
+
+class _Codec:
+    """A driver's own session codec: keeps only the resume id, or refuses once told to."""
+
+    def __init__(self) -> None:
+        self.refuse = False
+
+    def name(self) -> str:
+        return "script"
+
+    def encode(self, state: Any) -> dict[str, Any]:
+        return {} if state is None else {"resume_id": state.resume_id}
+
+    def decode(self, params: Any) -> Any:
+        if self.refuse:
+            raise ValueError("this codec reads no state")
+        return SessionState(resume_id=params["resume_id"]) if params else None
+
+
+class _OwnCodec(Recording):
+    def __init__(self, codec: _Codec, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.codec = codec
+
+    def session_codec(self) -> _Codec:
+        return self.codec
+
+
+def test_states_go_through_the_drivers_session_codec(store: Any) -> None:
+    # The codec was only ever asked its name: a state it cannot read was persisted, resumed,
+    # forked from and reported as a valid checkpoint.
+    codec = _Codec()
+    driver = _OwnCodec(codec, [{"text": "ok"}], session="auto")
+    agent = adaptor.Agent(driver, thread_store=store)
+    agent.thread("k").run("one")
+    checkpoint = agent.thread("k").checkpoint()
+    assert checkpoint.valid and checkpoint.state is not None and checkpoint.state.data == {}
+    agent.thread("k", resume_only=True).run("two")
+    resumed = driver.sessions[-1]
+    assert resumed is not None and resumed.state is not None and resumed.state.data == {}
+    codec.refuse = True
+    with pytest.raises(adaptor.ThreadCheckpointMissingError):
+        agent.thread("k").checkpoint()
+    with pytest.raises(adaptor.ThreadIncompatibleError, match="refuses the state"):
+        agent.thread("k", resume_only=True).run("three")
+    with pytest.raises(adaptor.ThreadIncompatibleError, match="refuses the state"):
+        agent.thread("k").fork("k2").run("four")
+    with pytest.raises(adaptor.RunError) as caught:  # a fresh key: its checkpoint cannot be stored
+        agent.thread("fresh").run("five")
+    assert errors.matches(caught.value, adaptor.ThreadCheckpointMissingError)
+    assert store.resolve(Query(key="fresh")) is None
