@@ -601,12 +601,7 @@ class JSONLEventBackend:
         skipped); without, every key's.  Naming the key a caller is done with spares it
         visiting every open session and waiting on other threads' writes to other keys.
         """
-        with self._lock:
-            self._check_open()
-            if keys:
-                sessions = [s for s in map(self._sessions.get, keys) if s is not None]
-            else:
-                sessions = list(self._sessions.values())
+        sessions = self._open_sessions(keys)
         _raise_all([_attempt(session.flush) for session in sessions], "flushing event logs")
 
     def close_idle(self, *keys: str) -> int:
@@ -618,13 +613,15 @@ class JSONLEventBackend:
         opening a log fails for want of descriptors.  A failed sync is not raised here: the
         key's next use reports it, as after an eviction.
         """
+        return self._retire(self._open_sessions(keys))
+
+    def _open_sessions(self, keys: Sequence[str]) -> list[_Session]:
+        """The sessions of ``keys`` this backend has (every one without keys)."""
         with self._lock:
             self._check_open()
             if keys:
-                candidates = [s for s in map(self._sessions.get, keys) if s is not None]
-            else:
-                candidates = list(self._sessions.values())
-        return self._retire(candidates)
+                return [s for s in map(self._sessions.get, keys) if s is not None]
+            return list(self._sessions.values())
 
     def close(self) -> None:
         """Sync, close every file and refuse further use.  Idempotent.
