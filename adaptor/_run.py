@@ -666,6 +666,9 @@ class RunPipeline:
         if terminal.kind == "deadline":
             return errors.RunDeadlineExceededError(
                 f"run deadline of {self.timeout or 0:g}s exceeded",
+                # As the active-execution budget does: callers (the A2A bridge's limit_ms)
+                # can say which limit ran out without parsing the message.
+                details={} if self.timeout is None else {"limit": self.timeout},
                 result=result,
                 cause=errors.DeadlineExceededError(),
             )

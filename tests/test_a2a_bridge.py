@@ -447,6 +447,8 @@ def test_a_delegation_keeps_the_remote_failures_code(daemon_a: Served, agent: st
     err = caught.value
     assert (err.code, err.remote_status, err.metadata["reason"]) == (code, "failed", f"remote_{code}")
     assert SECRET not in str(err) and SECRET not in json.dumps(err.to_wire())
+    if code == "deadline_exceeded":  # the request's timeout, 0.5 s
+        assert err.metadata["limit_ms"] == 500
 
 
 @slow

@@ -176,6 +176,7 @@ def test_call_timeout_after_entry_is_run_deadline_exceeded() -> None:
     assert isinstance(info.value, TimeoutError)
     assert isinstance(info.value.cause, adaptor.DeadlineExceededError)
     assert info.value.result is not None
+    assert info.value.details == {"limit": 0.2}  # which limit ran out, as for the budget
 
 
 def test_a_driver_stopping_at_the_deadline_before_the_timer_fires_is_the_same_deadline() -> None:
