@@ -485,26 +485,29 @@ class RunPipeline:
         ttl = self.host.lease_ttl
         expires = self._leased_at + ttl
         wait = interval
+        failure: Exception | None = None  # the last renewal's, while they fail
         while plan is not None and not self._released.wait(wait):
             attempted = time.monotonic()
+            if failure is not None and attempted >= expires:
+                # Renewals failed (a full disk) until the lease expired: another owner may take
+                # the key now and drive the same session, so the run must not go on.  Asking
+                # the store again would only race its own clock to say so.
+                lost = errors.ThreadLeaseLostError(cause=failure)
+                lost.__cause__ = failure
+                message = "thread lease expired: it could not be renewed; nothing was persisted"
+                self.end(_Terminal("lease_lost", message, cause=lost))
+                return
             try:
                 _thread.renew(plan, ttl)
             except errors.ThreadLeaseLostError as exc:
                 self.end(_Terminal("lease_lost", "thread lease lost; nothing was persisted", cause=exc))
                 return
-            except Exception as exc:
-                # A store failure (a full disk) may pass, but once the lease has expired
-                # another owner may take the key and drive the same session: the run must not
-                # go on past that.  Until then it tries again, sooner than usual.
+            except Exception as exc:  # it may pass: try again sooner, until the lease expires
+                failure = exc
                 left = expires - time.monotonic()
-                if left <= 0:
-                    lost = errors.ThreadLeaseLostError(cause=exc)
-                    lost.__cause__ = exc
-                    message = "thread lease expired: it could not be renewed; nothing was persisted"
-                    self.end(_Terminal("lease_lost", message, cause=lost))
-                    return
-                wait = min(interval, left, max(left / 4, 0.05))
+                wait = max(min(interval, left, max(left / 4, 0.05)), 0.0)
                 continue
+            failure = None
             expires = attempted + ttl
             wait = interval
 
