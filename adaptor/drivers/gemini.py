@@ -103,6 +103,7 @@ _AUTH = re.compile(r"UNAUTHENTICATED|PERMISSION_DENIED|api key not valid|invalid
                    r"unauthori[sz]ed", re.IGNORECASE)
 _RATE_LIMIT = re.compile(r"RESOURCE_EXHAUSTED|quota|rate limit|too many requests", re.IGNORECASE)
 # "API Error: terminated" and the rest: undici's words for a response body cut mid-way.
+_LOOP_DETECTED = re.compile(r"\bloop detected\b", re.IGNORECASE)
 _UNAVAILABLE = re.compile(r"\bINTERNAL\b|\bUNAVAILABLE\b|overloaded|fetch failed|ECONNREFUSED|"
                           r"ECONNRESET|ETIMEDOUT|ENOTFOUND|EAI_AGAIN|API Error: terminated|"
                           r"other side closed|UND_ERR_SOCKET|socket hang up|premature close",
@@ -249,6 +250,8 @@ class _Parser:
         self.tool_names: dict[str, str] = {}
         self.result: dict[str, Any] | None = None
         self.last_error = ""
+        # The CLI's own stop of a turn it judged looping: it still reports "success".
+        self.stopped_looping = ""
         self.resume_problem = ""
 
     def _item(self, **fields: Any) -> None:
@@ -335,6 +338,8 @@ class _Parser:
         message = as_str(event.get("message")) or "error"
         if severity == "error":
             self.last_error = message  # an error `result` that follows carries no message
+        elif _LOOP_DETECTED.search(message):
+            self.stopped_looping = message
         self._item(kind="system", subtype=severity, text=message)
 
     def _result(self, event: dict[str, Any]) -> None:
@@ -390,7 +395,14 @@ class _Parser:
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         reported = None
-        if self.result is not None and not self.succeeded:
+        if self.result is not None and self.succeeded and self.stopped_looping:
+            # The answer stops where the CLI cut the turn: a success would pass it off whole.
+            reported = RunFailure(
+                code="agent_error",
+                message=f"gemini stopped the turn: {self.stopped_looping}",
+                details={"kind": "loop_detected"},
+            )
+        elif self.result is not None and not self.succeeded:
             error = as_dict(self.result.get("error"))
             message = as_str(error.get("message")) or self.last_error or "gemini reported an error"
             kind, status = _kind_of(message, exit_.exit_code)

@@ -92,6 +92,24 @@ def test_replay_api_error_and_dead_process() -> None:
         "gemini ended without a result (exit code 1): Unknown arguments: bogus-flag")
 
 
+def test_a_turn_the_cli_stopped_as_a_loop_is_not_a_success() -> None:
+    # Gemini CLI cuts a turn it judges looping (a long repetitive answer), warns, and still
+    # ends with status "success": the driver passed the cut answer off as the whole one.
+    lines = [{"type": "init", "session_id": "s", "model": "m"},
+             {"type": "message", "role": "assistant", "content": "again and again ", "delta": True},
+             {"type": "error", "severity": "warning", "message": "Loop detected, stopping execution"},
+             {"type": "result", "status": "success", "stats": {}}]
+    response = gemini.replay(b"\n".join(orjson.dumps(x) for x in lines), exit_code=0)
+    assert response.failure is not None and response.checkpoint is None
+    assert response.failure.code == "agent_error"
+    assert dict(response.failure.details) == {"kind": "loop_detected"}
+    assert response.failure.message == "gemini stopped the turn: Loop detected, stopping execution"
+    # Any other warning leaves a success a success.
+    lines[2] = {"type": "error", "severity": "warning", "message": "something minor"}
+    response = gemini.replay(b"\n".join(orjson.dumps(x) for x in lines), exit_code=0)
+    assert response.failure is None and response.checkpoint is not None
+
+
 def test_status_from_the_exit_code_and_error_events() -> None:
     # A 429 whose message carries no number: the exit status (429 & 0xff) still tells.
     result = {"type": "result", "status": "error",
