@@ -257,8 +257,10 @@ class Definition:
         """What the gateway does per call: :meth:`invoke`, with every failure made model-safe."""
         try:
             text, plain = self._invoke(arguments)
-        except Exception as exc:
-            rejection = as_rejection(exc)
+        # SystemExit (argparse in a handler, sys.exit in a library) and KeyboardInterrupt raised
+        # by a handler are its failures too: let through, they ended the gateway's event loop.
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            rejection = as_rejection(exc) if isinstance(exc, Exception) else None
             if rejection is not None:
                 return CallOutcome(text=rejection[1], is_error=True)
             log.warning("tool %r failed", self.name, exc_info=True)
@@ -365,6 +367,9 @@ def define(
             output_schema = _compile(output, f"{label}: output")
     except InvalidDefinitionError as exc:
         problem = exc
+    except RecursionError as exc:  # a schema nested deeper than Python's stack (jsonschema's)
+        problem = InvalidDefinitionError(f"tool {name!r}: a schema is nested too deeply", cause=exc)
+        input_schema = output_schema = None
     return Definition(
         name=name,
         description=description.strip() if isinstance(description, str) else description,

@@ -149,6 +149,48 @@ def test_handler_exceptions_get_the_generic_message(gateway: _gateway.Gateway) -
     assert "postgres" not in result.content[0].text
 
 
+def _exits(args: dict[str, Any]) -> str:
+    if args.get("how") == "exit":
+        raise SystemExit(2)  # what argparse does with bad arguments
+    if args.get("how") == "interrupt":
+        raise KeyboardInterrupt
+    return "fine"
+
+
+def test_a_handler_that_raises_systemexit_does_not_end_the_gateway() -> None:
+    # SystemExit and KeyboardInterrupt passed the handler's `except Exception` and ended the
+    # gateway's event loop: every later call of every tool failed, for the agent's whole life.
+    schema = {"type": "object", "properties": {"how": {"type": "string"}}, "required": ["how"]}
+    gw = _gateway.Gateway(
+        tool.check_catalogue([tool.define("exits", "Maybe exits", _exits, input=schema)])
+    )
+    gw.start()
+    try:
+        for how in ("exit", "interrupt", "exit"):
+            failed = call(gw, "exits", {"how": how})
+            assert failed.is_error is True and failed.content[0].text == tool.GENERIC_FAILURE
+            served = call(gw, "exits", {"how": "stay"})
+            assert served.is_error is False and served.content[0].text == "fine"
+    finally:
+        gw.close()
+
+
+def test_a_schema_nested_too_deeply_is_an_invalid_definition_not_a_crash() -> None:
+    # define() is documented never to raise; jsonschema's own recursion at ~100 levels did.
+    for levels in (100, 120, 500):
+        schema: dict[str, Any] = {"type": "object"}
+        inner = schema
+        for _ in range(levels):
+            inner["properties"] = {"a": {"type": "object"}}
+            inner = inner["properties"]["a"]
+        for defined in (
+            tool.define("deep", "Deep", lambda args: "x", input=schema),
+            tool.define("deep", "Deep", lambda args: "x", output=schema),
+        ):
+            with pytest.raises(tool.InvalidDefinitionError):
+                tool.check_catalogue([defined])
+
+
 def test_rejections_reach_the_model(gateway: _gateway.Gateway) -> None:
     result = call(gateway, "add", {"a": -1, "b": 0})
     assert result.is_error is True
