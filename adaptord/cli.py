@@ -25,6 +25,12 @@ def _home_option(home: str | None) -> _home.Home:
     return _home.Home.at(home)
 
 
+def _not_nan(value: float | None, param: click.Parameter) -> float | None:
+    if value is not None and value != value:  # FloatRange lets NaN through: it compares false
+        raise click.BadParameter("nan is not a number of seconds", param=param)
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="adaptor", prog_name="adaptord")
 def cli() -> None:
@@ -35,7 +41,12 @@ def cli() -> None:
 @click.option("--home", type=click.Path(file_okay=False), help="State directory (default: $ADAPTORD_HOME or $XDG_STATE_HOME/adaptord).")
 @click.option("--workers", type=click.IntRange(1, 256), help="Requests run at once (default 4, or the config file's).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
-@click.option("--grace", type=click.FloatRange(min=0), help="Seconds running work may finish after SIGTERM (default 30).")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0, max=config_module.MAX_GRACE),
+    callback=lambda ctx, param, value: _not_nan(value, param),
+    help=f"Seconds running work may finish after SIGTERM (default 30, at most {config_module.MAX_GRACE}).",
+)
 @click.option("--a2a", "a2a_listen", metavar="HOST:PORT", help="Also serve the config's [a2a.agents] over A2A (PORT alone: loopback; 0: any free port, logged as a2a.listening url=...).")
 def serve(home: str | None, workers: int | None, config_path: str | None, grace: float | None, a2a_listen: str | None) -> None:
     """Run the daemon in the foreground (logs to stderr, one line per fact)."""

@@ -100,6 +100,11 @@ class A2AConfig:
         return value
 
 
+# The longest a drain may wait for running work: a day.  Beyond it (or infinite, or NaN) the
+# drain's deadline cannot be computed, and a stop would never end (or crash instead).
+MAX_GRACE = 86400
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     workers: int = 4
@@ -125,8 +130,12 @@ class DaemonConfig:
                 obj: Any = importlib.import_module(module_name)
                 for part in attribute.split("."):
                     obj = getattr(obj, part)
-            except (ImportError, AttributeError) as exc:
-                raise ConfigError(f"tools.{name}: cannot load {target!r}: {exc}") from exc
+            # Any failure of the module's own code (a SyntaxError, a relative name, an error it
+            # raises at import) is this config's problem, not the daemon's end.
+            except (Exception, SystemExit) as exc:
+                raise ConfigError(
+                    f"tools.{name}: cannot load {target!r}: {type(exc).__name__}: {exc}"
+                ) from exc
             loaded[name] = obj
         if self.a2a.remotes:
             if DELEGATE_TOOL in loaded:
@@ -179,8 +188,8 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 256:
         raise ConfigError(f"{source}: workers must be an integer from 1 to 256")
     grace = raw.get("grace", 30)
-    if not isinstance(grace, int | float) or isinstance(grace, bool) or grace < 0:
-        raise ConfigError(f"{source}: grace must be a number of seconds >= 0")
+    if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace <= MAX_GRACE:
+        raise ConfigError(f"{source}: grace must be a number of seconds from 0 to {MAX_GRACE}")
     scan = raw.get("scan_interval", 2.0)
     if not isinstance(scan, int | float) or isinstance(scan, bool) or not 0.05 <= scan <= 300:
         raise ConfigError(f"{source}: scan_interval must be from 0.05 to 300 seconds")

@@ -380,12 +380,22 @@ class Daemon:
         try:
             fresh = config_module.load(self.config_path, required=self.config_path is not None)
             tools = fresh.load_tools()
-        except config_module.ConfigError as exc:
-            self.log("config reload failed; keeping the old config", error=str(exc))
+        except Exception as exc:  # never the daemon's end: a reload keeps what it had
+            error = str(exc) if isinstance(exc, config_module.ConfigError) else f"{type(exc).__name__}: {exc}"
+            self.log("config reload failed; keeping the old config", error=error)
             return
+        # The workers are started and the drain's grace fixed at start (the command line may
+        # set both): a changed value in the file waits for the next start, and says so.
+        unchanged = [
+            key for key in ("workers", "grace")
+            if getattr(fresh, key) != getattr(self.config, key)
+        ]
         self.config = fresh
         self._tools = tools
-        self.log("config reloaded", source=fresh.source)
+        if unchanged:
+            self.log("config reloaded", source=fresh.source, restart_needed_for=",".join(unchanged))
+        else:
+            self.log("config reloaded", source=fresh.source)
 
     # -- A2A (--a2a) ---------------------------------------------------------------------------
 

@@ -896,7 +896,46 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     proc.wait_for_line("config reload failed")
     third = proc.submit({"driver": "script", "prompt": "x"})
     assert proc.verdict(third)["result"]["text"] == "from config v2"
+    # A host tool whose module fails in its own code (a relative name, an error at import)
+    # ended the daemon: only a missing module was kept out.
+    (tmp_path / "broken_tool_module.py").write_text("raise RuntimeError('at import')\n")
+    for target in (".relative:tool", "broken_tool_module:tool"):
+        config.write_text(f'[tools]\nx = "{target}"\n[drivers.script]\nsteps = [{{text = "v3"}}]\n')
+        proc.signal(signal.SIGHUP)
+        line = proc.wait_for_line(f"cannot load '{target}'")
+        assert "config reload failed; keeping the old config" in line
+        served = proc.submit({"driver": "script", "prompt": "x"})
+        assert proc.verdict(served)["result"]["text"] == "from config v2"
+    # workers and grace take effect at the next start: a reload says so.
+    config.write_text('workers = 2\n[drivers.script]\nsteps = [{text = "v4"}]\n')
+    proc.signal(signal.SIGHUP)
+    assert "config reloaded" in proc.wait_for_line("restart_needed_for=workers")
     assert proc.stop() == 0
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert check.returncode == 0, check.stderr
+    config.write_text('[tools]\nx = "broken_tool_module:tool"\n')
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert check.returncode == 2 and "RuntimeError: at import" in check.stderr + check.stdout
+    assert "Traceback" not in check.stderr
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "1e12"])
+def test_a_grace_the_drain_cannot_keep_is_refused(tmp_path: Path, grace: str) -> None:
+    # --grace inf or 1e12 crashed the drain at SIGTERM (OverflowError, no verdicts); nan made
+    # a stop wait for the running work however long it took.
+    serve = [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home")]
+    refused = subprocess.run([*serve, "--grace", grace], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--grace" in refused.stderr
+    config = tmp_path / "config.toml"
+    config.write_text(f"grace = {grace}\n")
+    refused = subprocess.run([*serve, "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "grace must be" in refused.stderr
 
 
 # -- what each crash point leaves behind ------------------------------------------------------
