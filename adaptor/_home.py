@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -175,6 +176,34 @@ class Home:
             self.cancels,
         ):
             _durable.ensure_dir(directory)
+
+
+def not_private(home: Home) -> str | None:
+    """Why the home cannot be trusted with requests, or ``None``.
+
+    Whoever can write into it can make the daemon run commands as its own user: a home (or one
+    of the folders requests and answers arrive in) that another user owns or that is writable
+    by group or others is refused, not served.  Folders that do not exist yet are made 0700.
+    """
+    me = os.geteuid()
+    for path in (home.root, home.root / "spool", home.spool_tmp, home.spool_new, home.cancels,
+                 home.approvals_responses):
+        try:
+            found = os.lstat(path) if path != home.root else os.stat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
+        if found.st_uid != me:
+            return f"{path} belongs to uid {found.st_uid}, not to this user (uid {me})"
+        if stat.S_ISLNK(found.st_mode):
+            return f"{path} is a symbolic link"
+        if found.st_mode & 0o022:
+            return (
+                f"{path} is writable by {'others' if found.st_mode & 0o002 else 'its group'} "
+                f"(mode {stat.S_IMODE(found.st_mode):o}); make it private: chmod go-w {path}"
+            )
+    return None
 
 
 def daemon_running(home: Home) -> bool:

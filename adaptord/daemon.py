@@ -261,6 +261,10 @@ class Daemon:
     # -- serve -------------------------------------------------------------------------------
 
     def serve(self) -> int:
+        unsafe = _home.not_private(self.home)
+        if unsafe is not None:
+            self.log("refusing a home others can write to", why=unsafe)
+            return 2
         self.home.ensure()
         instance = filelock.FileLock(str(self.home.daemon_lock), thread_local=False)
         try:

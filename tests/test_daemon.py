@@ -880,6 +880,26 @@ def test_sd_notify_ready_and_stopping(tmp_path: Path) -> None:
     sock.close()
 
 
+def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:
+    # A home made by hand (or by a script) with mode 0777 was served as it was: any local user
+    # could drop a command-driver request and have it run as the daemon's user.
+    home = tmp_path / "home"
+    home.mkdir()
+    serve = [sys.executable, "-m", "adaptord", "serve", "--home", str(home)]
+    for path, mode in ((home, 0o777), (home, 0o770), (home / "spool" / "new", 0o733)):
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, mode)
+        refused = subprocess.run(serve, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert "refusing a home others can write to" in refused.stderr
+        assert f"chmod go-w {path}" in refused.stderr
+        assert not (home / "adaptord.lock").exists()  # nothing was served from it
+        os.chmod(path, 0o700)
+    proc = DaemonProcess(home).start()  # private now: served
+    assert proc.verdict(proc.submit(script({"text": "served"})))["result"]["text"] == "served"
+    assert proc.stop() == 0
+
+
 def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('[drivers.script]\nsteps = [{text = "from config v1"}]\n')
