@@ -190,10 +190,8 @@ def not_private(home: Home) -> str | None:
                  home.approvals_responses):
         try:
             found = os.lstat(path) if path != home.root else os.stat(path)
-        except FileNotFoundError:
+        except OSError:  # missing, or not reachable: making the home reports that
             continue
-        except OSError as exc:
-            return f"{path}: {exc.strerror}"
         if found.st_uid != me:
             return f"{path} belongs to uid {found.st_uid}, not to this user (uid {me})"
         if stat.S_ISLNK(found.st_mode):

@@ -265,13 +265,16 @@ class Daemon:
         if unsafe is not None:
             self.log("refusing a home others can write to", why=unsafe)
             return 2
-        self.home.ensure()
         instance = filelock.FileLock(str(self.home.daemon_lock), thread_local=False)
         try:
+            self.home.ensure()
             # A short wait: `daemon_running` probes take this lock for an instant.
             instance.acquire(timeout=2)
         except filelock.Timeout:
             self.log("another adaptord is already running for this home", home=self.home.root)
+            return 69
+        except OSError as exc:  # a read-only or missing filesystem, no permission: no spool
+            self.log("cannot use the home", home=self.home.root, error=_os_error_text(exc))
             return 69
         try:
             # Every process this daemon starts carries the mark; see _stop_leftovers.

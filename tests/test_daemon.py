@@ -900,6 +900,18 @@ def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:
     assert proc.stop() == 0
 
 
+def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> None:
+    # A traceback and exit 1 (a "business failure", restarted by systemd every 2 s) before.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(blocker / "home")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 69 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("adaptord: cannot use the home")
+
+
 def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('[drivers.script]\nsteps = [{text = "from config v1"}]\n')
