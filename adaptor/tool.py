@@ -384,9 +384,14 @@ def define(
 
 
 def check_catalogue(tools: Iterable[object]) -> tuple[Definition, ...]:
-    """The tools of one Agent, validated in order; duplicate names are an invalid definition."""
+    """The tools of one Agent, validated in order; duplicate names are an invalid definition.
+
+    So are names that differ only in ``.``/``-`` against ``_``: agent CLIs fold those into ``_``
+    (Claude Code calls ``my.tool`` ``mcp__adaptor__my_tool``), so the model could not tell the
+    two apart and its calls of one would reach the other.
+    """
     checked: list[Definition] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for position, item in enumerate(tools):
         if not isinstance(item, Definition):
             raise InvalidDefinitionError(
@@ -394,11 +399,21 @@ def check_catalogue(tools: Iterable[object]) -> tuple[Definition, ...]:
                 "adaptor.tool.define()"
             )
         item._check()
-        if item.name in seen:
+        folded = _FOLDED.sub("_", item.name)
+        other = seen.get(folded)
+        if other == item.name:
             raise InvalidDefinitionError(f"two tools are named {item.name!r}")
-        seen.add(item.name)
+        if other is not None:
+            raise InvalidDefinitionError(
+                f"tools {other!r} and {item.name!r} would have the same name for the agent "
+                f"({folded!r}: agent CLIs read '.' and '-' as '_')"
+            )
+        seen[folded] = item.name
         checked.append(item)
     return tuple(checked)
+
+
+_FOLDED = re.compile(r"[.-]")
 
 
 def catalogue_fingerprint(tools: Iterable[Definition]) -> str:

@@ -163,6 +163,18 @@ def test_catalogue_rejects_duplicates_and_strangers() -> None:
     assert tool.check_catalogue([a]) == (a,)
 
 
+def test_names_the_agent_would_read_as_one_are_refused() -> None:
+    # Claude Code reads "my.tool" and "my_tool" both as mcp__adaptor__my_tool: the model's calls
+    # of one reached the other (found with the real CLI), and the second was unreachable.
+    for first, second in (("my.tool", "my_tool"), ("my-tool", "my.tool"), ("a_b", "a-b")):
+        tools = [tool.define(first, "d", lambda v: v), tool.define(second, "d", lambda v: v)]
+        with pytest.raises(tool.InvalidDefinitionError, match="same name for the agent") as caught:
+            tool.check_catalogue(tools)
+        assert repr(first) in str(caught.value) and repr(second) in str(caught.value)
+    distinct = [tool.define("my.tool", "d", lambda v: v), tool.define("my.tools", "d", lambda v: v)]
+    assert tool.check_catalogue(distinct) == tuple(distinct)
+
+
 @given(st.from_regex(r"[A-Za-z0-9_.-]{1,128}", fullmatch=True))
 def test_every_pattern_name_is_valid(name: str) -> None:
     assert tool.define(name, "d", lambda v: v).problem is None
