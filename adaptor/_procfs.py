@@ -86,6 +86,20 @@ def environ(pid: int) -> list[bytes] | None:
         return None
 
 
+def carrying(entry: bytes) -> list[tuple[int, ProcessStat]]:
+    """The running processes (zombies aside, this one aside) whose environment holds the
+    ``NAME=value`` ``entry``: only this user's can be read."""
+    me = os.getpid()
+    found: list[tuple[int, ProcessStat]] = []
+    for pid in pids():
+        if pid == me or entry not in (environ(pid) or ()):
+            continue
+        state = stat(pid)
+        if state is not None and not state.zombie:
+            found.append((pid, state))
+    return found
+
+
 def pid_namespace() -> str | None:
     """This process's pid namespace, as ``/proc/self/ns/pid`` names it (``pid:[<inode>]``)."""
     try:

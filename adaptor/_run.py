@@ -493,7 +493,6 @@ class RunPipeline:
                 # the key now and drive the same session, so the run must not go on.  Asking
                 # the store again would only race its own clock to say so.
                 lost = errors.ThreadLeaseLostError(cause=failure)
-                lost.__cause__ = failure
                 message = "thread lease expired: it could not be renewed; nothing was persisted"
                 self.end(_Terminal("lease_lost", message, cause=lost))
                 return

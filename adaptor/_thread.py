@@ -109,7 +109,7 @@ class Thread:
         if record is None:
             raise errors.ThreadNotFoundError(f"thread {self._key!r} has no active conversation")
         codec = codec_of(self._agent.driver)
-        name = codec_name_of(self._agent.driver)
+        name = _codec_name(codec)
         if name is not None and record.session_codec != name:
             raise errors.ThreadIncompatibleError(
                 f"thread {self._key!r} was stored with session codec {record.session_codec!r}"
@@ -508,7 +508,10 @@ def codec_of(driver: Any) -> Any:
 
 
 def codec_name_of(driver: Any) -> str | None:
-    codec = codec_of(driver)
+    return _codec_name(codec_of(driver))
+
+
+def _codec_name(codec: Any) -> str | None:
     if codec is None:
         return None
     name = codec.name() if callable(getattr(codec, "name", None)) else None

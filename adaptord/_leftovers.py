@@ -65,16 +65,10 @@ def find(owner: str) -> list[Leftover]:
     if not _procfs.usable():
         return []
     entry = os.fsencode(f"{OWNER_VAR}={owner}")
-    mine = os.getpid()
-    found: list[Leftover] = []
-    for pid in _procfs.pids():
-        if pid == mine or entry not in (_procfs.environ(pid) or ()):
-            continue
-        stat = _procfs.stat(pid)
-        if stat is None or stat.zombie:
-            continue
-        found.append(Leftover(pid, stat.pgid, stat.start, leads_group=stat.pgid == pid))
-    return found
+    return [
+        Leftover(pid, stat.pgid, stat.start, leads_group=stat.pgid == pid)
+        for pid, stat in _procfs.carrying(entry)
+    ]
 
 
 def stop(leftovers: Sequence[Leftover], grace: float) -> int:

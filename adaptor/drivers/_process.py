@@ -561,7 +561,7 @@ class Child:
         they be signalled.)"""
         if not self._mark or not _procfs.usable():
             return
-        escaped = _marked(self._mark)
+        escaped = [(pid, found.start) for pid, found in _procfs.carrying(self._mark)]
         if not escaped:
             return
         for pid, _ in escaped:
@@ -573,22 +573,6 @@ class Child:
         for pid, start in escaped:
             if _procfs.running(pid, start):
                 _signal(pid, signal.SIGKILL)
-
-
-def _marked(mark: bytes) -> list[tuple[int, int]]:
-    """The running processes whose environment holds ``mark`` (pid and start time each)."""
-    me = os.getpid()
-    found: list[tuple[int, int]] = []
-    for pid in _procfs.pids():
-        if pid == me:
-            continue
-        env = _procfs.environ(pid)
-        if env is None or mark not in env:
-            continue
-        state = _procfs.stat(pid)
-        if state is not None and not state.zombie:
-            found.append((pid, state.start))
-    return found
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
