@@ -37,12 +37,25 @@ class DaemonNotRunningError(Exception):
         )
 
 
+def _home_named(ctx: click.Context, param: click.Parameter, flag: str | None) -> str | None:
+    # daemon.md fixes the order: ADAPTORD_HOME, else --home, else the XDG default.  A flag the
+    # variable overrides is said out loud, so that nobody serves or reads a home they did not mean.
+    if flag == "":
+        raise click.BadParameter("is empty; name a directory (an empty path would be the current one)", ctx=ctx, param=param)
+    variable = os.environ.get("ADAPTORD_HOME")
+    if not variable:
+        return flag
+    if flag is not None and _home.Home.at(flag).root != _home.Home.at(variable).root:
+        click.echo(f"{ctx.find_root().info_name}: ADAPTORD_HOME={variable} takes precedence over --home {flag}", err=True)
+    return variable
+
+
 def home_option(func: Callable[P, R]) -> Callable[P, R]:
     return click.option(
         "--home",
-        envvar="ADAPTORD_HOME",
         type=click.Path(file_okay=False),
-        help="The daemon's home directory (default: $ADAPTORD_HOME, else "
+        callback=_home_named,
+        help="The daemon's home directory, used when $ADAPTORD_HOME is not set (default: "
         "$XDG_STATE_HOME/adaptord).",
     )(func)
 

@@ -10,6 +10,7 @@ import click
 import orjson
 
 from adaptor import _home
+from adaptor._cli_common import home_option
 from adaptord import config as config_module
 
 DRIVER_BINARIES = {
@@ -19,10 +20,6 @@ DRIVER_BINARIES = {
     "codebuddy": "codebuddy",
     "gemini": "gemini",
 }
-
-
-def _home_option(home: str | None) -> _home.Home:
-    return _home.Home.at(home)
 
 
 def _not_nan(value: float | None, param: click.Parameter) -> float | None:
@@ -38,7 +35,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--home", type=click.Path(file_okay=False), help="State directory (default: $ADAPTORD_HOME or $XDG_STATE_HOME/adaptord).")
+@home_option
 @click.option("--workers", type=click.IntRange(1, 256), help="Requests run at once (default 4, or the config file's).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
 @click.option(
@@ -70,7 +67,7 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
         except ValueError as exc:
             click.echo(f"adaptord: {exc}", err=True)
             sys.exit(2)
-    daemon = Daemon(_home_option(home), config, workers=workers, grace=grace, config_path=config_path, a2a=listen)
+    daemon = Daemon(_home.Home.at(home), config, workers=workers, grace=grace, config_path=config_path, a2a=listen)
     try:
         code = daemon.serve()
     except config_module.ConfigError as exc:
@@ -80,17 +77,24 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
 
 
 @cli.command()
-@click.option("--home", type=click.Path(file_okay=False))
+@home_option
 @click.option("--json", "as_json", is_flag=True)
 def status(home: str | None, as_json: bool) -> None:
     """Exit 0 while a daemon serves this home, 69 when none does."""
-    paths = _home_option(home)
+    paths = _home.Home.at(home)
     running = _home.daemon_running(paths)
-    info = {}
-    if running and paths.daemon_state.exists():
-        info = orjson.loads(paths.daemon_state.read_bytes())
+    info: dict[str, object] = {}
+    if running:
+        try:
+            state = orjson.loads(paths.daemon_state.read_bytes())
+        except FileNotFoundError:  # a daemon that could not write it (full disk) serves anyway
+            state = {}
+        except (OSError, orjson.JSONDecodeError) as exc:
+            click.echo(f"adaptord: {paths.daemon_state} is unreadable ({exc}); pid and details unknown", err=True)
+            state = {}
+        info = state if isinstance(state, dict) else {}
     if as_json:
-        click.echo(orjson.dumps({"running": running, "home": str(paths.root), **info}).decode())
+        click.echo(orjson.dumps({**info, "running": running, "home": str(paths.root)}).decode())
     else:
         click.echo(f"adaptord {'running' if running else 'not running'} for {paths.root}" + (f" (pid {info.get('pid')})" if info else ""))
     sys.exit(0 if running else 69)

@@ -338,6 +338,40 @@ def test_status_reports_the_daemon(daemon: DaemonProcess, tmp_path: Path) -> Non
     assert idle.returncode == 69
 
 
+def test_adaptord_home_takes_precedence_over_the_flag_and_says_so(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # daemon.md: ADAPTORD_HOME, else --home.  The flag won before, against the spec.
+    elsewhere = str(tmp_path / "elsewhere")
+    env = {**os.environ, "ADAPTORD_HOME": str(daemon.home.root)}
+    for program in (["-m", "adaptord", "status"], ["-m", "adaptor", "status"]):
+        proc = subprocess.run([sys.executable, *program, "--home", elsewhere], capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert str(daemon.home.root) in proc.stdout and elsewhere not in proc.stdout
+        assert f"ADAPTORD_HOME={daemon.home.root} takes precedence over --home {elsewhere}" in proc.stderr
+        same = subprocess.run([sys.executable, *program, "--home", str(daemon.home.root)], capture_output=True, text=True, env=env, timeout=60)
+        assert same.returncode == 0 and same.stderr == ""  # nothing to say when they agree
+    unset = {k: v for k, v in os.environ.items() if k != "ADAPTORD_HOME"} | {"ADAPTORD_HOME": ""}
+    flag = subprocess.run([sys.executable, "-m", "adaptord", "status", "--home", str(daemon.home.root)], capture_output=True, text=True, env=unset, timeout=60)
+    assert flag.returncode == 0 and flag.stderr == ""  # an empty variable is no variable
+
+
+def test_an_empty_home_is_a_usage_error_not_the_current_directory(tmp_path: Path) -> None:
+    for program in (["-m", "adaptord", "serve"], ["-m", "adaptord", "status"], ["-m", "adaptor", "status"]):
+        proc = subprocess.run([sys.executable, *program, "--home", ""], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "--home" in proc.stderr and "is empty" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # served the current directory before
+
+
+def test_status_of_a_damaged_daemon_state_is_running_without_details(tmp_path: Path) -> None:
+    proc = DaemonProcess(tmp_path / "home").start()
+    proc.home.daemon_state.write_bytes(b'{"pid": 12')
+    status = subprocess.run([sys.executable, "-m", "adaptord", "status", "--json", "--home", str(proc.home.root)], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "Traceback" not in status.stderr
+    assert orjson.loads(status.stdout) == {"running": True, "home": str(proc.home.root)}
+    assert "is unreadable" in status.stderr
+    assert proc.stop() == 0
+
+
 def test_same_thread_key_runs_in_arrival_order(daemon: DaemonProcess) -> None:
     ids = [
         daemon.submit(
