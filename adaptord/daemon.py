@@ -61,6 +61,13 @@ MAX_ATTEMPTS = 3
 _CLAIM_BATCH = 256
 """Spool entries claimed per fsync of ``claimed/`` when many arrive at once."""
 _APPROVAL_POLL = 0.25
+_STOP_TAIL = 15.0
+"""Seconds a drain takes at most after its grace: cancelled runs end, kept CLI processes stop.
+The systemd unit's TimeoutStopSec (60) is above the default grace (30) plus this."""
+_CANCEL_WAIT = 8.0
+"""Of the tail, what cancelled runs get to stop by themselves (their SIGTERM, grace_period, SIGKILL)."""
+_KEPT_SHARE = 2.0
+"""Of the tail, what is left at least for closing the CLI processes kept between turns."""
 _LEFTOVER_GRACE = 10.0
 """The longest a start waits for a killed predecessor's agents to stop on SIGTERM."""
 _FILE_DEPTH = 200
@@ -1335,10 +1342,24 @@ class Daemon:
             job.cancel_requested = True
             if job.stream is not None:
                 job.stream.cancel()
+        # From here the drain is bounded by _STOP_TAIL whatever the requests ask for, so that
+        # a unit's TimeoutStopSec above grace + _STOP_TAIL never has to SIGKILL the daemon
+        # before its verdicts are written.
+        tail_ends = time.monotonic() + _STOP_TAIL
         with self._idle:
-            self._idle.wait_for(lambda: not self._running, timeout=30)
+            stopped = self._idle.wait_for(lambda: not self._running, timeout=_CANCEL_WAIT)
+        if not stopped:
+            # A run whose agent ignores SIGTERM and whose grace_period outlasts the drain: its
+            # processes are killed now, so its verdict is still this daemon's to write and no
+            # agent goes on in the workspace after the daemon is gone.
+            found = _leftovers.find(_leftovers.owner_mark(self.home.root))
+            self.log("drain: runs did not stop when cancelled; killing their processes",
+                     running=len(self._running), processes=len(found))
+            _leftovers.stop(found, 0.0)
+            with self._idle:
+                self._idle.wait_for(lambda: not self._running, timeout=max(tail_ends - time.monotonic() - _KEPT_SHARE, 0.0))
         # CLI processes kept for the next turn of a thread stop with the daemon.
-        self._kept.close(self.grace)
+        self._kept.close(max(tail_ends - time.monotonic(), _KEPT_SHARE))
 
 
 def _in_arrival_order(folder: Path) -> list[str]:

@@ -25,7 +25,7 @@ from adaptor.driver import InvalidOutputSchemaError
 from adaptor.spool import Client
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
-from tests.daemon_harness import DaemonProcess, processes_with_env
+from tests.daemon_harness import DaemonProcess, marked_processes, processes_with_env
 from tests.drivers.conftest import claude_with_deep_input
 from tests.inotify_hog import InotifyHog
 from tests.task_limit import TaskLimit
@@ -609,6 +609,27 @@ def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:
     assert proc.stop() == 0
     verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
     assert verdict["error"]["code"] == "ErrRunCancelled" and verdict["exit_code"] == 1
+
+
+def test_a_run_that_outlasts_its_cancel_is_killed_within_the_drain(tmp_path: Path) -> None:
+    # An agent ignoring SIGTERM, with a grace_period longer than any stop timeout: the drain
+    # waited 30 s for it, then exited without its verdict and left it running in the workspace.
+    marker = tmp_path / "started"
+    proc = DaemonProcess(tmp_path / "home", "--grace", "0").start()
+    rid = proc.submit({
+        "driver": "command", "prompt": "x",
+        "config": {"command": "/bin/sh", "grace_period": 3600,
+                   "extra_args": ["-c", f"trap '' TERM; : > {marker}; sleep 1000"]},
+    })
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists()
+    assert proc.stop() == 0
+    assert any("drain: runs did not stop when cancelled; killing their processes" in line for line in proc.lines)
+    verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
+    assert verdict["error"]["code"] == "ErrRunCancelled"
+    assert marked_processes(proc.home.root) == []
 
 
 def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
