@@ -77,7 +77,7 @@ class Thread:
         return self._key
 
     def run(self, prompt: str, **options: Any) -> Result:
-        return self.stream(prompt, **options).result()
+        return self.stream(prompt, **options)._result_for_run()
 
     def stream(self, prompt: str, **options: Any) -> Stream:
         from adaptor._run import RunPipeline

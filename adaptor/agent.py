@@ -114,8 +114,13 @@ class Agent:
         schema_options: SchemaOptions | None = None,
         **options: Any,
     ) -> Result:
-        """Run ``prompt`` to completion: exactly ``stream``, drain every event, ``result()``."""
-        return self.stream(prompt, schema=schema, schema_options=schema_options, **options).result()
+        """Run ``prompt`` to completion: exactly ``stream``, drain every event, ``result()``.
+
+        Interrupted while it waits (Ctrl-C), it cancels the run and waits up to 10 s for it to
+        stop before the exception goes on.
+        """
+        stream = self.stream(prompt, schema=schema, schema_options=schema_options, **options)
+        return stream._result_for_run()
 
     def stream(
         self,

@@ -130,10 +130,27 @@ class AdaptorError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own would call the class with ``args`` (just the message), which
+        # constructors with other required arguments refuse or misread (ProcessPoolExecutor,
+        # multiprocessing and copy.deepcopy rebuild errors that way).  The state is __dict__,
+        # plus the cause the wire form reports (pickle drops __cause__ otherwise).
+        state = dict(self.__dict__)
+        if self.__cause__ is not None:
+            state["__cause__"] = self.__cause__
+        return _rebuilt, (type(self), self.args), state
+
     def __repr__(self) -> str:
         parts = [repr(self.message)]
         parts += [f"{k}={getattr(self, k, None)!r}" for k in type(self)._fields]
         return f"{type(self).__name__}({', '.join(parts)})"
+
+
+def _rebuilt(cls: type[AdaptorError], args: tuple[Any, ...]) -> AdaptorError:
+    """An instance of ``cls`` made without its constructor; unpickling then sets its state."""
+    error = cls.__new__(cls)
+    error.args = args
+    return error
 
 
 class ExternalError(AdaptorError):

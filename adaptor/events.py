@@ -474,9 +474,11 @@ def _kind_class(kind: str) -> tuple[type[_Event], str | None, str | None] | None
     cls = _BY_PREFIX.get(kind)
     if cls is not None and cls not in _FOLDED_FIELD:
         return cls, None, None
-    prefix, _, rest = kind.partition(".")
+    prefix, dot, rest = kind.partition(".")
     cls = _BY_PREFIX.get(prefix)
-    if cls is None or not rest or cls not in _FOLDED_FIELD:
+    # An empty rest is what to_json writes for an empty folded field (Notice(kind="") is
+    # "notice."), so it reads back too.
+    if cls is None or not dot or cls not in _FOLDED_FIELD:
         return None
     return cls, _FOLDED_FIELD[cls], rest
 

@@ -15,6 +15,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from adaptor.events import (
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from adaptor.result import Result
 
 __all__ = ["Stream"]
+
+_STOP_WAIT = 10.0
 
 
 class _Loss:
@@ -67,6 +70,7 @@ class Broker:
         self._loss = _Loss()
         self._cancelled = False
         self._finished = False
+        self._readers = 0  # iterators taking events at this moment, in any thread
         self.turn_id = ""
 
     # -- producers ---------------------------------------------------------------------------
@@ -142,27 +146,52 @@ class Broker:
 
     def finish(self, make_terminal: Callable[[], RunFinished]) -> None:
         """Deliver the final ``Dropped`` (if any) and ``RunFinished`` through reserved slots."""
-        self.cancel()
+        with self._cond:
+            cancelled = self._cancelled
+        self.cancel()  # (releases producers still blocked on a full buffer)
         with self._publish_lock, self._cond:
             if self._finished:
                 return
             if self._loss:
-                self._flush_loss("cancelled" if self._cancelled else "backpressure")
+                self._flush_loss("cancelled" if cancelled else "backpressure")
             self._append(self._number(make_terminal()))
             self._finished = True
 
     # -- the consumer ------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Event]:
-        while True:
+        with self._cond:
+            self._readers += 1
+        try:
+            while True:
+                with self._cond:
+                    while not self._queue and not self._finished:
+                        self._cond.wait()
+                    if not self._queue:
+                        return
+                    event = self._queue.popleft()
+                    self._cond.notify_all()
+                yield event
+        finally:
             with self._cond:
-                while not self._queue and not self._finished:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                event = self._queue.popleft()
+                self._readers -= 1
                 self._cond.notify_all()
-            yield event
+
+    def drain_unread(self) -> None:
+        """Block until the run's last event is queued, then drop what nobody is reading.
+
+        Events are dropped only while no iterator is reading: those of a thread iterating
+        meanwhile (or starting to before the run ends) stay its own.  A full buffer nobody
+        reads from is emptied at once, so producers never wedge on it.
+        """
+        with self._cond:
+            while True:
+                if not self._readers and (self._finished or len(self._queue) >= self._capacity):
+                    self._queue.clear()
+                    self._cond.notify_all()
+                if self._finished:
+                    return
+                self._cond.wait()
 
     @property
     def finished(self) -> bool:
@@ -172,8 +201,9 @@ class Broker:
 class Stream:
     """A live run: iterate its events, then read ``result()``.
 
-    ``result()`` drains any events not yet read, blocks until the run ends and returns the
-    same outcome (or raises the same error) on every call.  A consumer that stops iterating
+    ``result()`` drains the events nobody reads (those of a thread iterating meanwhile are its
+    own), blocks until the run ends and returns the same outcome (or raises the same error)
+    on every call.  A consumer that stops iterating
     early must call ``cancel()``.
     """
 
@@ -189,6 +219,7 @@ class Stream:
         self._done = threading.Event()
         self._result: Result | None = None
         self._error: BaseException | None = None
+        self._error_traceback: TracebackType | None = None
 
     @property
     def run_id(self) -> str:
@@ -203,11 +234,13 @@ class Stream:
         return iter(self._broker)
 
     def result(self) -> Result:
-        for _ in self.events():
-            pass
+        if self._broker is not None:
+            self._broker.drain_unread()
         self._done.wait()
         if self._error is not None:
-            raise self._error
+            # From the traceback it was settled with, so one error raised again and again
+            # (a host polling result()) does not grow a longer traceback each time.
+            raise self._error.with_traceback(self._error_traceback)
         assert self._result is not None
         return self._result
 
@@ -217,4 +250,20 @@ class Stream:
 
     def _settle(self, result: Result | None, error: BaseException | None) -> None:
         self._result, self._error = result, error
+        self._error_traceback = None if error is None else error.__traceback__
         self._done.set()
+
+    def _result_for_run(self) -> Result:
+        """``result()`` as ``run()`` waits for it, the consumer nobody else can cancel for.
+
+        Interrupted while waiting (Ctrl-C, or anything else raised in this thread), it cancels
+        the run and gives it :data:`_STOP_WAIT` seconds to stop before the exception goes on:
+        an interpreter exiting next would leave the agent's processes running.
+        """
+        try:
+            return self.result()
+        except BaseException:
+            if not self._done.is_set():
+                self.cancel()
+                self._done.wait(_STOP_WAIT)
+            raise

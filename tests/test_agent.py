@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import signal
 import threading
 import time
 import weakref
@@ -942,3 +943,89 @@ def test_an_approval_timeout_beyond_any_date_is_no_deadline(timeout: float) -> N
 
     assert agent.run("go", policy=policy, on_approval=approve).text == "done"
     assert seen[0].deadline is None
+
+
+# --- waiting on a stream from several places ----------------------------------------------------
+
+
+def test_a_loss_the_run_ends_on_is_reported_as_backpressure_not_cancelled() -> None:
+    # finish() cancels the broker to free blocked producers, and then labelled every loss
+    # still pending "cancelled", also on runs nobody cancelled.
+    from adaptor.drivers import script
+
+    driver = script.Driver(script.Config(steps=tuple({"stdout": f"line {i}"} for i in range(20))))
+    stream = adaptor.Agent(driver, event_buffer=2).stream("go")
+    broker = stream._broker
+    assert broker is not None
+    reading = iter(stream)
+    evs = [next(reading)]
+    while not isinstance(evs[-1], events.ProcessInfo):  # the spawn: the lines come next
+        evs.append(next(reading))
+    _until(lambda: broker.finished)  # the run ended with its last lines lost, unread
+    evs += list(reading)
+    stream.result()
+    dropped = [e for e in evs if isinstance(e, events.Dropped)]
+    assert dropped and {d.reason for d in dropped} == {"backpressure"}
+    assert isinstance(evs[-1], events.RunFinished) and not evs[-1].failed
+
+
+def test_result_in_another_thread_leaves_the_events_to_the_thread_reading_them() -> None:
+    # result() drained the broker itself: a reader in another thread got nothing, not even
+    # the RunFinished it must see exactly once.
+    steps: list[dict[str, Any]] = [step for i in range(5) for step in ({"sleep": 0.01}, {"text": f"t{i}"})]
+    for _ in range(5):
+        stream = adaptor.Agent(ScriptedDriver(steps)).stream("go")
+        reading = iter(stream)
+        evs = [next(reading)]  # a reader is iterating before result() is called
+        waiter = threading.Thread(target=stream.result)
+        waiter.start()
+        evs += list(reading)
+        waiter.join(10)
+        assert_lifecycle(evs)
+        assert [e.text for e in evs if isinstance(e, events.TextDelta) and e.phase == "content"] == [
+            f"t{i}" for i in range(5)
+        ]
+
+
+def test_result_raises_the_same_error_with_the_same_traceback_every_time() -> None:
+    stream = adaptor.Agent(ScriptedDriver([{"fail": {"message": "broken"}}])).stream("go")
+    lengths = []
+    for _ in range(4):
+        with pytest.raises(adaptor.RunError) as caught:
+            stream.result()
+        frames, tb = 0, caught.value.__traceback__
+        while tb is not None:
+            frames, tb = frames + 1, tb.tb_next
+        lengths.append(frames)
+    assert len(set(lengths)) == 1, lengths  # grew by two frames per call before
+
+
+def test_ctrl_c_while_run_waits_cancels_the_run_and_stops_its_process(tmp_path: Any) -> None:
+    from adaptor.drivers import command
+
+    pid_file = tmp_path / "pid"
+    marker = tmp_path / "side-effect"
+    script = f"echo $$ > {pid_file}; sleep 30; : > {marker}"
+    agent = adaptor.Agent(command.Driver(command.Config("/bin/sh", extra_args=("-c", script))))
+
+    def interrupt_once_started() -> None:
+        _until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: it interrupts a blocked wait
+
+    threading.Thread(target=interrupt_once_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        agent.run("go")
+    # The run was cancelled before the exception went on: nothing of it is left running.
+    assert not agent._active
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not marker.exists()
+
+
+def test_a_nan_timeout_is_refused_not_no_deadline() -> None:
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]))
+    with pytest.raises(ValueError, match="nan"):
+        agent.run("go", timeout=float("nan"))
+    with pytest.raises(ValueError, match="nan"):
+        adaptor.Agent(ScriptedDriver([{"text": "x"}]), timeout=float("nan")).run("go")

@@ -50,7 +50,7 @@ _usage = st.one_of(
         cost_usd=st.one_of(st.none(), st.floats(0, 1e6, allow_nan=False)),
     ),
 )
-_kind_word = st.from_regex(r"[a-z_]{1,10}(\.[a-z_]{1,10})?", fullmatch=True)
+_kind_word = st.from_regex(r"([a-z_]{1,10}(\.[a-z_]{1,10})?)?", fullmatch=True)  # "" too: "notice."
 
 EVENTS = st.one_of(
     st.builds(events.RunStarted, meta=_meta, run_id=_text, thread_id=_text),
