@@ -2,7 +2,8 @@
 
 One per Agent, started on the first run that needs it and stopped by ``agent.close()``.  It
 serves streamable HTTP on ``127.0.0.1`` at an ephemeral port, path ``/mcp``, in a daemon thread
-with its own event loop; handlers run in worker threads so a slow tool never stalls the others.
+with its own event loop; every call runs its handler on a thread of its own, so a slow tool, or
+one that never returns, never stalls the others (see ``_MAX_HANDLER_THREADS`` for the bound).
 
 Every request must carry ``Authorization: Bearer <secret>``, where the secret is 32 random
 bytes made per Agent.  Drivers learn only the *name* of the environment variable holding it
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import hmac
 import importlib
+import logging
 import secrets
 import socket
 import threading
@@ -40,6 +42,15 @@ __all__ = ["Gateway", "require_sdk"]
 HOST: Final = "127.0.0.1"
 PATH: Final = "/mcp"
 _START_TIMEOUT = 15.0
+# How many handler threads of one gateway may be running at once.  A thread cannot be stopped:
+# a handler that never returns keeps its thread for the life of the process, also after its
+# request was cancelled (the CLI gave up) or its run ended.  anyio's default limiter (40 tokens
+# for the whole loop) let such leftovers starve every later call; past this bound a call is
+# answered at once with an error result, so the leak stays bounded and the model is told why.
+_MAX_HANDLER_THREADS: Final = 256
+_TOO_MANY_RUNNING: Final = (
+    "this call was not run: the host has too many tool calls still running; try again later"
+)
 _SDK_MODULES: Final = (
     "mcp.types",
     "mcp.server.lowlevel",
@@ -52,6 +63,8 @@ _SDK_MODULES: Final = (
 _Scope = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+log = logging.getLogger("adaptor.tool")
 
 
 def require_sdk() -> None:
@@ -72,7 +85,9 @@ class Gateway:
     a closed gateway cannot start again.
     """
 
-    def __init__(self, tools: Sequence[Definition]) -> None:
+    def __init__(
+        self, tools: Sequence[Definition], *, max_handler_threads: int = _MAX_HANDLER_THREADS
+    ) -> None:
         self._tools = {t.name: t for t in tools}
         self._descriptors = [t.descriptor() for t in tools]
         self.token_env = RESERVED_ENV_PREFIX + secrets.token_hex(8).upper()
@@ -84,6 +99,9 @@ class Gateway:
         self._server: Any = None
         self._endpoint: ToolsEndpoint | None = None
         self._closed = False
+        self._max_handler_threads = max_handler_threads
+        self._handler_threads = 0
+        self._handler_threads_lock = threading.Lock()
 
     @property
     def env(self) -> dict[str, str]:
@@ -254,22 +272,73 @@ class Gateway:
         return types.ListToolsResult(tools=tools)
 
     async def _call_tool(self, ctx: Any, params: Any) -> Any:
-        import anyio.to_thread
         from mcp import types
 
         definition = self._tools.get(params.name)
         if definition is None:
             outcome = CallOutcome(text="unknown tool", is_error=True)
         else:
-            try:
-                outcome = await anyio.to_thread.run_sync(definition.call, params.arguments)
-            except Exception:  # call() contains handler failures; this is a last resort
-                outcome = CallOutcome(text=GENERIC_FAILURE, is_error=True)
+            outcome = await self._run_handler(definition, params.arguments)
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=outcome.text)],
             structured_content=dict(outcome.structured) if outcome.structured is not None else None,
             is_error=outcome.is_error,
         )
+
+    async def _run_handler(self, definition: Definition, arguments: Any) -> CallOutcome:
+        """``definition.call`` on a thread of its own, awaited without holding a shared token.
+
+        The thread counts against the bound until the handler returns, whatever became of the
+        request.  A client that gives up is not noticed here (stateless JSON), so its request
+        waits on and the answer is dropped; a request cancelled on this side (the server
+        shutting down) stops waiting at once.
+        """
+        if not self._claim_handler_thread():
+            return _too_many_running(
+                definition, f"{self._max_handler_threads} handler threads are still running"
+            )
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[CallOutcome] = loop.create_future()
+
+        def run() -> None:
+            try:
+                outcome = definition.call(arguments)
+            except BaseException:  # call() contains handler failures; this is a last resort
+                log.warning("tool %r failed", definition.name, exc_info=True)
+                outcome = CallOutcome(text=GENERIC_FAILURE, is_error=True)
+            finally:
+                self._release_handler_thread()
+            with contextlib.suppress(RuntimeError):  # the gateway's loop already ended
+                loop.call_soon_threadsafe(_settle, answer, outcome)
+
+        thread = threading.Thread(target=run, name=f"adaptor-tool-{definition.name}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to spare (a task limit): the same answer as the bound
+            self._release_handler_thread()
+            return _too_many_running(definition, "no handler thread could be started")
+        return await answer
+
+    def _claim_handler_thread(self) -> bool:
+        with self._handler_threads_lock:
+            if self._handler_threads >= self._max_handler_threads:
+                return False
+            self._handler_threads += 1
+            return True
+
+    def _release_handler_thread(self) -> None:
+        with self._handler_threads_lock:
+            self._handler_threads -= 1
+
+
+def _too_many_running(definition: Definition, why: str) -> CallOutcome:
+    log.warning("tool %r not run: %s", definition.name, why)
+    return CallOutcome(text=_TOO_MANY_RUNNING, is_error=True)
+
+
+def _settle(answer: asyncio.Future[CallOutcome], outcome: CallOutcome) -> None:
+    if not answer.done():  # a cancelled request no longer waits for its answer
+        answer.set_result(outcome)
 
 
 async def _plain(

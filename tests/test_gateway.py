@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -272,3 +273,147 @@ def test_a_missing_sdk_is_an_invalid_definition(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(tool.InvalidDefinitionError, match=r"adaptor\[mcp\]") as caught:
         _gateway.require_sdk()
     assert isinstance(caught.value.__cause__, ImportError)
+
+
+class Blocked:
+    """A tool handler that waits for ``release``; counts the calls that have entered it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self._entered = 0
+        self._changed = threading.Condition()
+
+    def handler(self, value: Any) -> str:
+        with self._changed:
+            self._entered += 1
+            self._changed.notify_all()
+        self.release.wait(60)
+        return "released"
+
+    @property
+    def entered(self) -> int:
+        with self._changed:
+            return self._entered
+
+    def wait_entered(self, count: int) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self._entered >= count, 30)
+
+    def gateway(self, **options: Any) -> _gateway.Gateway:
+        return _gateway.Gateway(
+            tool.check_catalogue(
+                [
+                    tool.define("blocked", "waits", self.handler),
+                    tool.define("fast", "returns", lambda v: "fast done"),
+                ]
+            ),
+            **options,
+        )
+
+
+def wait_handler_threads(gw: _gateway.Gateway, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while gw._handler_threads != count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gw._handler_threads == count
+
+
+def fast_call(gw: _gateway.Gateway) -> Any:
+    async def run(session: ClientSession) -> Any:
+        with anyio.fail_after(30):  # a guard against hanging forever, not a timing assertion
+            return await session.call_tool("fast", {})
+
+    return session_call(gw, run)
+
+
+def test_more_stuck_handlers_than_anyios_default_limiter_do_not_starve_later_calls() -> None:
+    # anyio's default limiter has 40 tokens for the whole event loop: 40 handlers that did not
+    # return held them all and every later call of the Agent hung.
+    blocked = Blocked()
+    gw = blocked.gateway()
+    stuck = 41
+    results: list[Any] = []
+    try:
+
+        async def block_many(session: ClientSession) -> None:
+            async with anyio.create_task_group() as tg:
+                for _ in range(stuck):
+                    tg.start_soon(lambda: _append(results, session.call_tool("blocked", {})))
+
+        caller = threading.Thread(target=session_call, args=(gw, block_many))
+        caller.start()
+        assert blocked.wait_entered(stuck)
+        answered = fast_call(gw)
+        assert answered.is_error is False and answered.content[0].text == "fast done"
+        blocked.release.set()
+        caller.join(60)
+        assert [r.content[0].text for r in results] == ["released"] * stuck
+        assert gw._handler_threads == 0
+    finally:
+        blocked.release.set()
+        gw.close()
+
+
+async def _append(results: list[Any], call: Any) -> None:
+    results.append(await call)
+
+
+def test_calls_the_client_cancelled_keep_running_without_holding_up_the_gateway() -> None:
+    # The CLI gave up on its calls (its run was cancelled or timed out): the handlers cannot be
+    # stopped and run on, but new calls are served and the threads still count until they end.
+    blocked = Blocked()
+    gw = blocked.gateway()
+    abandoned = 41
+    try:
+
+        async def abandon_many(session: ClientSession) -> None:
+            async with anyio.create_task_group() as tg:
+                for _ in range(abandoned):
+                    tg.start_soon(session.call_tool, "blocked", {})
+                with anyio.fail_after(30):
+                    while blocked.entered < abandoned:
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+
+        session_call(gw, abandon_many)
+        answered = fast_call(gw)
+        assert answered.is_error is False and answered.content[0].text == "fast done"
+        assert gw._handler_threads == abandoned  # still running, still counted
+        blocked.release.set()
+        wait_handler_threads(gw, 0)
+        assert fast_call(gw).content[0].text == "fast done"
+    finally:
+        blocked.release.set()
+        gw.close()
+
+
+def test_a_call_past_the_bound_of_running_handlers_is_an_error_result_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocked = Blocked()
+    gw = blocked.gateway(max_handler_threads=2)
+    results: list[Any] = []
+    try:
+
+        async def block_two(session: ClientSession) -> None:
+            async with anyio.create_task_group() as tg:
+                for _ in range(2):
+                    tg.start_soon(lambda: _append(results, session.call_tool("blocked", {})))
+
+        caller = threading.Thread(target=session_call, args=(gw, block_two))
+        caller.start()
+        assert blocked.wait_entered(2)
+        refused = fast_call(gw)
+        assert refused.is_error is True
+        text = refused.content[0].text
+        assert "too many tool calls still running" in text and "not run" in text
+        assert gw.env[gw.start().server.bearer_token_env] not in text
+        assert "'fast' not run: 2 handler threads are still running" in caplog.text
+        blocked.release.set()
+        caller.join(60)
+        assert [r.content[0].text for r in results] == ["released"] * 2
+        served = fast_call(gw)  # the bound counts running threads: a finished one frees its place
+        assert served.is_error is False and served.content[0].text == "fast done"
+    finally:
+        blocked.release.set()
+        gw.close()
