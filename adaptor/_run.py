@@ -420,6 +420,10 @@ class RunPipeline:
             assert self._scratch is not None
             self._resolved_skills = _skill.materialize(skills, Path(self._scratch) / "skills")
         if self._tools:
+            if any(t._checks_in_child for t in self._tools):
+                from adaptor import _schema_checker
+
+                _schema_checker.warm()  # ready by the model's first call
             try:
                 self._endpoint, self._tool_env = self.host._tools_endpoint(self._tools)
             except errors.AgentClosedError:

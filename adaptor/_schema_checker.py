@@ -16,6 +16,9 @@ kept and reused, because starting one costs about 0.2 s of imports (:func:`warm`
 ahead of need).  A child serves one check at a time; a check that overruns kills its child.  A
 child that cannot be started or fails is reported as :class:`Unavailable`, and the caller
 validates in process.
+
+:func:`costly` tells the schemas that can take that long from those that cannot; a caller that
+checks often (host tools, once per call) validates the latter in process and spares the IPC.
 """
 
 from __future__ import annotations
@@ -31,11 +34,22 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, BinaryIO
+from collections.abc import Iterator
+from typing import IO, Any, BinaryIO, Literal
 
 import orjson
 
-__all__ = ["CheckTimeout", "Unavailable", "errors_of", "warm"]
+__all__ = ["CheckTimeout", "Judge", "Unavailable", "costly", "errors_of", "warm"]
+
+#: Who describes the errors: ``"schema"`` as :mod:`adaptor.schema` does (every error, with its
+#: message); ``"tool_input"`` and ``"tool_output"`` as :mod:`adaptor.tool` does (at most one,
+#: safe for the model or for the logs).
+Judge = Literal["schema", "tool_input", "tool_output"]
+_JUDGES: dict[str, tuple[str, str]] = {
+    "schema": ("adaptor.schema", "_errors_in_process"),
+    "tool_input": ("adaptor.tool", "_input_problems"),
+    "tool_output": ("adaptor.tool", "_output_problems"),
+}
 
 _HEADER = struct.Struct("!I")
 _KEEP_IDLE = 4  # children kept for reuse; more concurrent checks start more, then close them
@@ -54,8 +68,10 @@ class _Gone(Unavailable):
     """The child ended before answering."""
 
 
-def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str]:
-    """The validation errors of ``instance`` (described as :mod:`adaptor.schema` does).
+def errors_of(
+    schema: dict[str, Any], instance: Any, timeout: float, *, judge: Judge = "schema"
+) -> list[str]:
+    """The validation errors of ``instance``, described as ``judge`` says.
 
     Raises :class:`CheckTimeout` after ``timeout`` seconds of checking, :class:`Unavailable`
     when no child could answer.
@@ -63,7 +79,9 @@ def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str
     if timeout <= 0:
         raise CheckTimeout()  # (no time left: a child would only be killed)
     try:
-        payload = orjson.dumps({"schema": schema, "instance": instance, "limit": timeout})
+        payload = orjson.dumps(
+            {"schema": schema, "instance": instance, "limit": timeout, "judge": judge}
+        )
     except TypeError as exc:  # (orjson refuses integers beyond 64 bits)
         raise Unavailable(str(exc)) from exc
     child, kept = _take()
@@ -82,6 +100,41 @@ def errors_of(schema: dict[str, Any], instance: Any, timeout: float) -> list[str
         raise Unavailable(str(reply.get("failure", "no answer")))
     found: list[str] = reply["errors"]
     return found
+
+
+# Keywords whose check can take unbounded time: Python's ``re`` behind the first two, pairwise
+# comparison behind ``uniqueItems``, and references, which can apply one subschema to one value
+# again and again.  ``format`` is not among them: the validators check no formats (annotation
+# only), so no format regex ever runs.
+_COSTLY_KEYWORDS = frozenset({"pattern", "patternProperties", "uniqueItems", "$ref", "$dynamicRef"})
+# Keywords whose value is not a schema, nor a map or list of schemas: never searched.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required", "type"})
+# Keywords whose value maps names (any text, "pattern" included) to schemas.
+_NAMED_SCHEMAS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+
+
+def costly(schema: Any) -> bool:
+    """Whether checking a value against ``schema`` could take unbounded time (see above).
+
+    Without those keywords the cost is bounded by the schema's size times the value's.
+    """
+    return any(_COSTLY_KEYWORDS.intersection(node) for node in _subschemas(schema))
+
+
+def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+    # Unknown keywords are searched as if they held schemas: a false alarm costs only IPC.
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            yield node
+            for keyword, value in node.items():
+                if keyword in _NAMED_SCHEMAS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif keyword not in _DATA_KEYWORDS:
+                    stack.append(value)
 
 
 class _Child:
@@ -227,7 +280,7 @@ atexit.register(_close_idle)
 
 def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """The child: answer checks until the parent closes our input."""
-    from adaptor.schema import _errors_in_process
+    import importlib
 
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -245,7 +298,10 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         key = orjson.dumps(request["schema"])
         signal.setitimer(signal.ITIMER_REAL, request["limit"] + _ALARM_MARGIN)
         try:
-            found, validators[key] = _errors_in_process(
+            module, name = _JUDGES[request.get("judge", "schema")]
+            judge = getattr(importlib.import_module(module), name)
+            # Every judge validates with adaptor.schema's validator: one cache serves them all.
+            found, validators[key] = judge(
                 request["schema"], request["instance"], validators.get(key)
             )
             reply: dict[str, Any] = {"errors": found}

@@ -98,11 +98,14 @@ class CompiledSchema:
     type_: type | None = None
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False, hash=False)
     _private: dict[str, Any] = field(init=False, repr=False, compare=False, hash=False)
+    #: Whether a check could take unbounded time (:func:`adaptor._schema_checker.costly`).
+    _costly: bool = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         private = copy.deepcopy(self.schema)
         object.__setattr__(self, "_private", private)
         object.__setattr__(self, "_validator", _new_validator(private))
+        object.__setattr__(self, "_costly", _schema_checker.costly(private))
 
     def validate_text(
         self, text: str, source: Mechanism, *, timeout: float | None = None

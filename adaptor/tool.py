@@ -34,6 +34,12 @@ handler, a safe ``invalid_input`` message that names fields but never echoes val
 fixed generic message for everything else (a failed output check included).  The full
 exception goes to the ``adaptor.tool`` logger, never to the model.
 
+Arguments and results are checked against a schema that could be costly to check (a
+``pattern``, ``uniqueItems``, references: :func:`adaptor._schema_checker.costly`) in a child
+process cut off after ``adaptor.schema.VALIDATION_LIMIT``: arguments not checked in time are
+``invalid_input``, a result not checked in time is an :class:`InvalidOutputError`.  Other
+schemas are checked in process.
+
 Annotations are tri-state hints for the CLI: ``None`` leaves the hint unset, and MCP then
 assumes a tool may be destructive and open-world.
 
@@ -62,8 +68,10 @@ from adaptor import errors
 from adaptor.errors import AdaptorError
 
 if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
     from jsonschema.exceptions import ValidationError
 
+    from adaptor._schema_checker import Judge
     from adaptor.schema import CompiledSchema
 
 __all__ = [
@@ -225,6 +233,9 @@ class Definition:
     _input: CompiledSchema | None = field(repr=False)
     _output: CompiledSchema | None = field(repr=False)
     _problem: InvalidDefinitionError | None = field(repr=False)
+    # The longest checking one call's arguments, or its result, may take in seconds; ``None``
+    # is adaptor.schema.VALIDATION_LIMIT.  Private: tests shorten it with dataclasses.replace.
+    _check_limit: float | None = field(default=None, repr=False)
 
     @property
     def problem(self) -> InvalidDefinitionError | None:
@@ -288,12 +299,17 @@ class Definition:
                 name = sorted(value)[0]
                 _fail_input(f"invalid field {_echo(name)}; this tool takes no arguments")
             return {}
+        from adaptor._schema_checker import CheckTimeout
+
         try:
-            found = sorted(self._input._validator.iter_errors(value), key=_error_depth)
-        except RecursionError:  # (jsonschema follows nesting with Python's stack)
-            _fail_input("the arguments nest too deeply to check; send flatter ones and retry")
+            found = self._problems(self._input, value, "tool_input")
+        except CheckTimeout:
+            _fail_input(
+                "the arguments could not be checked against the tool's input schema within "
+                f"{self._limit():g}s; send simpler arguments and retry"
+            )
         if found:
-            _fail_input(_safe_message(found[0]))
+            _fail_input(found[0])
         if self._input.type_ is None:
             return value
         from adaptor.schema import convert
@@ -316,22 +332,53 @@ class Definition:
             ) from exc
         plain = orjson.loads(raw)
         if self._output is not None:
+            from adaptor._schema_checker import CheckTimeout
+
             try:
-                found = sorted(self._output._validator.iter_errors(plain), key=_error_depth)
-            except RecursionError as exc:
+                found = self._problems(self._output, plain, "tool_output")
+            except CheckTimeout as exc:
                 raise InvalidOutputError(
-                    f"tool {self.name!r} returned output nested too deeply to check against "
-                    "its output schema",
+                    f"tool {self.name!r} returned output that could not be checked against its "
+                    f"output schema within {self._limit():g}s (a pattern that backtracks "
+                    "catastrophically, or subschemas applied again and again)",
                     cause=exc,
                 ) from exc
             if found:
-                # Path and keyword only: the output may hold data the logs should not.
-                first = found[0]
-                raise InvalidOutputError(
-                    f"tool {self.name!r} returned output that fails its output schema at "
-                    f"{first.json_path} ({first.validator})"
-                )
+                raise InvalidOutputError(f"tool {self.name!r} returned output {found[0]}")
         return raw.decode(), plain
+
+    @property
+    def _checks_in_child(self) -> bool:
+        """Whether a call's arguments or result are checked in a schema checker's child."""
+        return any(s is not None and s._costly for s in (self._input, self._output))
+
+    def _problems(self, compiled: CompiledSchema, value: Any, judge: Judge) -> list[str]:
+        """``value``'s first problem against ``compiled``, described as ``judge`` says.
+
+        A schema whose check could take unbounded time is checked in a schema checker's child,
+        for at most :meth:`_limit` (``CheckTimeout`` beyond): in process, a pattern that
+        backtracks catastrophically holds the GIL, so every thread of this process (in the
+        daemon, every run) would stop for hours.  Other schemas are checked here, sparing
+        ordinary calls the IPC.
+        """
+        from adaptor import _schema_checker
+
+        if compiled._costly:
+            try:
+                return _schema_checker.errors_of(
+                    compiled._private, value, self._limit(), judge=judge
+                )
+            except _schema_checker.Unavailable:
+                pass  # validated here instead, as adaptor.schema does
+        in_process = _input_problems if judge == "tool_input" else _output_problems
+        return in_process(compiled._private, value, compiled._validator)[0]
+
+    def _limit(self) -> float:
+        if self._check_limit is not None:
+            return self._check_limit
+        from adaptor.schema import VALIDATION_LIMIT
+
+        return VALIDATION_LIMIT
 
 
 def define(
@@ -512,6 +559,47 @@ def _fail_input(message: str) -> NoReturn:
     """
     error = InvalidInputError(message, cause=reject(INVALID_INPUT_CODE, message))
     raise error from error.cause
+
+
+def _input_problems(
+    schema: dict[str, Any], value: Any, validator: Draft202012Validator | None = None
+) -> tuple[list[str], Draft202012Validator]:
+    """The model-safe message of the arguments' first problem, if any; and the validator used.
+
+    The schema checker's child runs this too (``judge="tool_input"``).
+    """
+    if validator is None:
+        from adaptor.schema import _new_validator
+
+        validator = _new_validator(schema)
+    try:
+        found = sorted(validator.iter_errors(value), key=_error_depth)
+    except RecursionError:  # (jsonschema follows nesting with Python's stack)
+        return ["the arguments nest too deeply to check; send flatter ones and retry"], validator
+    return [_safe_message(error) for error in found[:1]], validator
+
+
+def _output_problems(
+    schema: dict[str, Any], value: Any, validator: Draft202012Validator | None = None
+) -> tuple[list[str], Draft202012Validator]:
+    """What is wrong with a handler's result, completing "tool NAME returned output ..."; and
+    the validator used.
+
+    The schema checker's child runs this too (``judge="tool_output"``).
+    """
+    if validator is None:
+        from adaptor.schema import _new_validator
+
+        validator = _new_validator(schema)
+    try:
+        found = sorted(validator.iter_errors(value), key=_error_depth)
+    except RecursionError:
+        return ["nested too deeply to check against its output schema"], validator
+    # Path and keyword only: the output may hold data the logs should not.
+    return [
+        f"that fails its output schema at {error.json_path} ({error.validator})"
+        for error in found[:1]
+    ], validator
 
 
 def _error_depth(error: ValidationError) -> tuple[int, str]:

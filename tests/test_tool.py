@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict
 
 import orjson
@@ -13,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import adaptor
+import adaptor._schema_checker
 from adaptor import errors, tool
 
 
@@ -317,7 +322,9 @@ def test_output_nested_beyond_pythons_stack_is_invalid_output() -> None:
     deep: list[Any] = []
     for _ in range(240):  # orjson writes it; jsonschema's recursion through the tree does not
         deep = [deep]
-    tree = {"type": "array", "items": {"$ref": "#/$defs/tree"}}
+    # Several subschemas per level: checked in a fresh child process (the schema refers), the
+    # stack starts shallow, and one per level would fit in it.
+    tree = {"anyOf": [{"type": "array", "items": {"allOf": [{"$ref": "#/$defs/tree"}]}}]}
     d = tool.define("t", "d", lambda v: {"tree": deep}, output={
         "type": "object", "properties": {"tree": tree}, "$defs": {"tree": tree},
     })
@@ -381,6 +388,181 @@ def test_handler_exceptions_become_the_generic_message() -> None:
 def test_rejections_reach_the_model() -> None:
     outcome = good().call({"number": 404})
     assert outcome.is_error and outcome.text == "no such issue"
+
+
+# --- schemas costly to check -----------------------------------------------------------------
+
+# The classic pattern that backtracks catastrophically: forty word characters and a "!" take
+# hours of Python's re, which holds the GIL all along.
+BACKTRACKS = r"^(\w+\s?)+$"
+WORDS = {
+    "type": "object",
+    "properties": {
+        "text": {"type": "string", "pattern": BACKTRACKS},
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+    },
+    "required": ["text"],
+    "additionalProperties": False,
+}
+SLOW_TEXT = "a" * 40 + "!"
+
+
+def run_alone(tmp_path: Path, script: str) -> str:
+    """Run ``script`` in a fresh Python and return its output.
+
+    A check that held the GIL would freeze every thread of the process it runs in, this test's
+    watchdog included; from another process it can still be seen, and ended.
+    """
+    path = tmp_path / "scenario.py"
+    path.write_text(textwrap.dedent(script))
+    try:
+        done = subprocess.run(
+            [sys.executable, str(path)], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process froze while checking (or the check was never cut off)")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_arguments_too_costly_to_check_do_not_stop_the_process(tmp_path: Path) -> None:
+    out = run_alone(tmp_path, f"""
+        import dataclasses, json, sys, threading, time
+        from adaptor import tool
+
+        words = tool.define("words", "d", lambda v: v["text"], input={WORDS!r})
+        words = dataclasses.replace(words, _check_limit=1.0)
+        outcomes = {{}}
+
+        def slow() -> None:
+            outcomes["slow"] = words.call({{"text": {SLOW_TEXT!r}}})
+
+        def waiting_on_a_checker(thread: threading.Thread) -> bool:
+            frame = sys._current_frames().get(thread.ident)
+            while frame is not None:
+                if frame.f_code.co_name == "_read" and "_schema_checker" in frame.f_code.co_filename:
+                    return True
+                frame = frame.f_back
+            return False
+
+        judged = threading.Thread(target=slow)
+        judged.start()
+        # This thread runs on while the slow arguments are being judged...
+        while not waiting_on_a_checker(judged):
+            assert judged.is_alive(), "judged without a schema checker"
+            time.sleep(0.01)
+        # ...and so does another call of the same tool.
+        outcomes["cheap"] = words.call({{"text": "two words"}})
+        judged.join()
+        print(json.dumps({{k: dataclasses.asdict(v) for k, v in outcomes.items()}}))
+    """)
+    outcomes = orjson.loads(out)
+    assert outcomes["cheap"] == {"text": "two words", "is_error": False, "structured": None}
+    assert outcomes["slow"] == {
+        "text": "the arguments could not be checked against the tool's input schema within 1s; "
+        "send simpler arguments and retry",
+        "is_error": True,
+        "structured": None,
+    }
+
+
+def test_output_too_costly_to_check_is_invalid_output(tmp_path: Path) -> None:
+    out = run_alone(tmp_path, f"""
+        import dataclasses, json
+        from adaptor import tool
+
+        words = tool.define("words", "d", lambda v: {{"text": {SLOW_TEXT!r}}}, output={WORDS!r})
+        words = dataclasses.replace(words, _check_limit=1.0)
+        try:
+            words.invoke(None)
+        except tool.InvalidOutputError as exc:
+            print(json.dumps({{"error": str(exc), "call": dataclasses.asdict(words.call(None))}}))
+    """)
+    seen = orjson.loads(out)
+    assert seen["error"] == (
+        "tool 'words' returned output that could not be checked against its output schema "
+        "within 1s (a pattern that backtracks catastrophically, or subschemas applied again "
+        "and again)"
+    )
+    assert seen["call"] == {"text": tool.GENERIC_FAILURE, "is_error": True, "structured": None}
+
+
+@pytest.mark.parametrize("where", ["checker", "in process"])
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({"text": "two words", "code": "ABC"}, None),
+        ({"text": "not-a-word"}, 'invalid value at "$.text" (pattern); check the tool\'s '
+         "input schema and retry"),
+        ({"text": "ok", "code": SECRET}, 'invalid value at "$.code" (pattern); check the '
+         "tool's input schema and retry"),
+        ({"code": "ABC"}, 'missing required field "text" at "$"; add it and retry'),
+        ({"text": 7}, 'wrong type at "$.text": expected string; fix the type and retry'),
+        ({"text": "ok", SECRET: 1}, f'invalid field "{SECRET}"; use a declared field name '
+         "and retry"),
+    ],
+)
+def test_schemas_with_patterns_judge_calls_as_before(
+    monkeypatch: pytest.MonkeyPatch, where: str, arguments: dict[str, Any], expected: str | None
+) -> None:
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    if where == "in process":  # no checker can start: the tool validates in process
+        monkeypatch.setattr(sys, "frozen", True, raising=False)
+    echo = tool.define("echo", "d", lambda v: v, input=WORDS, output=WORDS)
+    try:
+        if expected is None:
+            assert orjson.loads(echo.invoke(arguments)) == arguments
+        else:
+            with pytest.raises(tool.InvalidInputError) as caught:
+                echo.invoke(arguments)
+            assert str(caught.value) == expected
+        # A checker served the call, and was kept for the next; none could start in process.
+        assert len(adaptor._schema_checker._idle) == (where == "checker")
+    finally:
+        adaptor._schema_checker._close_idle()
+
+
+@pytest.mark.parametrize("where", ["checker", "in process"])
+def test_output_checked_with_patterns_fails_as_before(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    if where == "in process":
+        monkeypatch.setattr(sys, "frozen", True, raising=False)
+    d = tool.define("t", "d", lambda v: {"text": "ok", "code": SECRET}, output=WORDS)
+    try:
+        with pytest.raises(tool.InvalidOutputError) as caught:
+            d.invoke(None)
+    finally:
+        adaptor._schema_checker._close_idle()
+    assert str(caught.value) == (
+        "tool 't' returned output that fails its output schema at $.code (pattern)"
+    )
+
+
+def test_cheap_schemas_are_checked_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    d = good()
+    assert orjson.loads(d.invoke({"number": 3})) == {"number": 3, "title": "issue 3"}
+    with pytest.raises(tool.InvalidInputError, match="wrong type"):
+        d.invoke({"number": "3"})
+    assert adaptor._schema_checker._idle == []  # no checker was started: no IPC per call
+
+
+@pytest.mark.parametrize(
+    ("schema", "costly"),
+    [
+        ({"type": "object", "properties": {"pattern": {"type": "string"}}}, False),
+        ({"type": "string", "enum": [{"pattern": "x"}], "format": "email"}, False),
+        ({"type": "object", "$defs": {"uniqueItems": {"type": "array"}}}, False),
+        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}, True),
+        ({"type": "object", "patternProperties": {"^x": {}}}, True),
+        ({"type": "array", "items": {"anyOf": [{"uniqueItems": True}]}}, True),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "$defs": {"a": {}}}, True),
+    ],
+)
+def test_which_schemas_are_costly_to_check(schema: dict[str, Any], costly: bool) -> None:
+    assert adaptor._schema_checker.costly(schema) is costly
 
 
 def test_errors_are_in_the_taxonomy() -> None:
