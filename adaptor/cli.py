@@ -8,6 +8,7 @@ approvals, approve/deny/answer, threads, status) and ``_cli_run`` (run); exit co
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 import click
@@ -62,6 +63,13 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     # Imported here: the host tools are optional and the core CLI must not depend on them.
     from hosttools import sessionrecorder
 
+    # The file a symlink names is the one checked and repaired: the user named it.  A pipe
+    # (`<(zcat x.jsonl.gz)`) or a device can be read, not cut.
+    regular = stat.S_ISREG(os.stat(file).st_mode)
+    if regular:
+        file = os.path.realpath(file)
+    elif do_repair:
+        raise click.BadParameter("--repair needs a regular file (this is a pipe or a device)", param_hint="FILE")
     repaired: dict[str, object] | None = None
     records = 0
     failure: BaseException | None = None

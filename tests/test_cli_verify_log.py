@@ -128,7 +128,8 @@ def test_a_well_framed_but_meaningless_last_line_is_corruption_not_a_torn_tail(l
             "host_seq": 6,
             "recorded_at": "2026-12-02T10:00:00.000000Z",
             "kind": "no.such.kind",
-            "event": {"kind": "no.such.kind"},
+            "meta": None,
+            "event": {"kind": "no.such.kind", "meta": None},
         }
     )
     log.write_bytes(log.read_bytes() + bogus)
@@ -145,14 +146,34 @@ def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     assert "does not exist" in proc.stderr
 
 
-def test_unreadable_file_is_an_infrastructure_error(tmp_path: Path, log: Path) -> None:
-    link = tmp_path / "link.jsonl"
-    link.symlink_to(log)  # state files are never opened through a symlink
-    proc = _adaptor("--json", str(link))
+def test_unreadable_file_is_an_infrastructure_error() -> None:
+    proc = _adaptor("--json", "/proc/self/mem")  # a regular file whose first read fails (EIO)
     assert proc.returncode == 70
     out = _json(proc)
     assert out["ok"] is False and out["error"]["code"] == "external"
     assert out["error"]["type"] == "OSError"
+
+
+def test_a_symlink_checks_and_repairs_the_log_it_names(tmp_path: Path, log: Path) -> None:
+    # It was refused with "[Errno 40] Too many levels of symbolic links", exit 70.
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(log)
+    assert _adaptor(str(link)).stdout == "ok: 5 records\n"
+    with log.open("ab") as f:
+        f.write(b'{"crc": 1')  # a torn tail
+    repaired = _adaptor("--repair", str(link))
+    assert repaired.returncode == 0 and repaired.stdout.endswith("ok: 5 records\n")
+    assert link.is_symlink() and sr.verify(log) == 5
+
+
+def test_a_log_read_through_a_pipe(log: Path) -> None:
+    # `adaptor verify-log <(zcat events.jsonl.gz)`; a pipe can be checked, not repaired.
+    script = 'adaptor verify-log <(cat "$1") && adaptor verify-log --repair <(cat "$1")'
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", str(log)], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert proc.stdout == "ok: 5 records\n"
+    assert proc.returncode == 2 and "--repair needs a regular file" in proc.stderr
 
 
 def test_help_documents_the_exit_codes() -> None:

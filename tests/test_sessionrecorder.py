@@ -651,6 +651,20 @@ def test_a_symlinked_log_is_not_followed(events_dir: Path, tmp_path: Path) -> No
         with pytest.raises(OSError):
             recorder.record("s", _text(1))
     assert sr.verify(target) == 1
+    # verify() only reads: it checks the file a symlink names (it raised ELOOP before).
+    assert sr.verify(events_dir / "s.jsonl") == 1
+
+
+def test_verify_reads_a_pipe(tmp_path: Path) -> None:
+    # `adaptor verify-log <(zcat x.jsonl.gz)`: the log arrives through a pipe.
+    log = _fill(tmp_path / "logs", "p", 3)
+    reading, writing = os.pipe()
+    with os.fdopen(writing, "wb") as sink:
+        sink.write(log.read_bytes())
+    try:
+        assert sr.verify(f"/proc/self/fd/{reading}") == 3
+    finally:
+        os.close(reading)
 
 
 # --- strict replay: every kind of damage, at its exact line ----------------------------------
@@ -735,7 +749,7 @@ DAMAGE: dict[str, tuple[list[bytes], int, str]] = {
             _line(
                 1,
                 kind="approval.requested",
-                meta=_DROP,
+                meta=None,
                 event={**to_json(ApprovalRequest(id="a")), "approval_kind": "maybe", "meta": None},
             )
         ],
@@ -749,11 +763,19 @@ DAMAGE: dict[str, tuple[list[bytes], int, str]] = {
     ),
     "meta mismatch": ([_line(1, meta={"run_id": "other"}), GOOD[1]], 1, "meta does not match"),
     "malformed event": (
-        [_line(1, kind="approval.requested", meta=_DROP, event={"kind": "approval.requested"})],
+        [_line(1, kind="approval.requested", meta=None, event={"kind": "approval.requested", "meta": None})],
         1,
         "bad event: malformed 'approval.requested' event",
     ),
     "future version": ([GOOD[0], _line(2, v=2)], 2, "unsupported format version 2"),
+    # Every record carries v (storage.md); a missing one was read as version 1.
+    "missing version": ([GOOD[0], _line(2, v=_DROP), GOOD[2]], 2, "missing v"),
+    "missing meta": ([GOOD[0], _line(2, meta=_DROP), GOOD[2]], 2, "missing meta"),
+    "missing the event's meta": (
+        [GOOD[0], _line(2, event={k: v for k, v in to_json(_text(2)).items() if k != "meta"}), GOOD[2]],
+        2,
+        "missing the event's meta",
+    ),
 }
 
 

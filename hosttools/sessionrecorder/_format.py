@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import stat
 import typing
 import zlib
 from collections.abc import Generator, Iterator, Sequence
@@ -122,21 +123,25 @@ def _recorded_at(obj: dict[str, Any]) -> datetime:
 
 
 def _meaning(obj: dict[str, Any]) -> EventRecord:
-    version = obj.get("v", FORMAT_VERSION)
+    if "v" not in obj:
+        raise _LineError("missing v", framing=False)
+    version = obj["v"]
     if type(version) is not int or version != FORMAT_VERSION:
         raise _LineError(f"unsupported format version {version!r:.40}", framing=False)
     recorded_at = _recorded_at(obj)
-    for name in ("kind", "event"):
+    for name in ("kind", "meta", "event"):
         if name not in obj:
             raise _LineError(f"missing {name}", framing=False)
     kind, payload = obj["kind"], obj["event"]
     if not isinstance(payload, dict):
         raise _LineError("event is not an object", framing=False)
+    if "meta" not in payload:
+        raise _LineError("missing the event's meta", framing=False)
     # The top-level copies exist for jq users; a line where they disagree with the event itself
     # was edited or written by something else, and which copy is right cannot be known.
     if kind != payload.get("kind"):
         raise _LineError(f"kind {kind!r:.80} does not match the event's kind", framing=False)
-    if "meta" in obj and obj["meta"] != payload.get("meta"):
+    if obj["meta"] != payload["meta"]:
         raise _LineError("meta does not match the event's meta", framing=False)
     try:
         event = from_json(payload)
@@ -251,7 +256,7 @@ def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
         seq = obj[SEQ_KEY]
         if seq != expected or type(seq) is not int:
             return None
-        version = obj.get("v", FORMAT_VERSION)
+        version = obj["v"]
         if version != FORMAT_VERSION or type(version) is not int:
             return None
         text = obj["recorded_at"]
@@ -264,9 +269,7 @@ def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
         payload = obj["event"]
         if type(payload) is not dict or payload["kind"] != kind:
             return None
-        # "meta" in obj and obj["meta"] != payload.get("meta"), for a payload with a meta.
-        meta = payload["meta"]
-        if obj.get("meta", meta) != meta:
+        if obj["meta"] != payload["meta"]:
             return None
         checks = _CHECKS.get(kind, _NOT_YET)
         if checks is _NOT_YET:
@@ -427,7 +430,7 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
     try:
         objs = list(map(_loads, lines))
         # Every key the checks read, one tuple per line (a TypeError unless each is a dict,
-        # a KeyError if one lacks any; an absent "v" or "meta" is fine but left to decode()).
+        # a KeyError if one lacks any; decode() says which is missing).
         crcs, payloads, seqs, kinds, top_metas, stamps, versions = zip(
             *map(_get_record, objs), strict=True
         )
@@ -736,9 +739,18 @@ def verify(path: StrPath) -> int:
     Raises :class:`JSONLEventLogCorruptError` (with the 1-based line) for any bad line, a torn
     tail included; ``FileNotFoundError`` when there is no file (verifying nothing is a mistake,
     unlike loading a session that never recorded anything).  A writer appending concurrently is
-    waited for, not reported.
+    waited for, not reported.  A symlink is followed (reading cannot be redirected into harm,
+    unlike writing); a pipe or device is read to its end.
     """
     name = os.fspath(path)
+    if not stat.S_ISREG(os.stat(name).st_mode):
+        # A pipe (``<(zcat x.jsonl.gz)``, /dev/stdin) or a device: read as it comes; no writer
+        # of this format appends to one.
+        with open(name, "rb", buffering=_BLOCK) as stream:
+            return count_valid(stream, key_of(name), None)
+    # A reader may follow a symlink (writers never do): the file it names is checked, under
+    # that file's own writers' lock.
+    name = os.path.realpath(name)
     with open_log(name) as f:
         return count_valid(f, key_of(name), settled_size(f, name))
 
