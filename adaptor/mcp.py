@@ -15,8 +15,11 @@ order, first problem wins (no events are emitted for a refusal):
 1. every declaration on its own, then duplicates → :class:`InvalidMCPConfigError`: a key must
    match ``[A-Za-z0-9][A-Za-z0-9_-]{0,63}`` and must not be ``"adaptor"`` (the Agent's own tool
    server); the transport must be ``stdio``, ``http`` or ``sse``; ``stdio`` needs a command and
-   takes no URL, headers or bearer variable; ``http``/``sse`` need an ``http(s)`` URL and take
-   no command, args or env; env and bearer variable names are environment variable names;
+   takes no URL, headers or bearer variable; ``http``/``sse`` need an absolute ``http(s)`` URL
+   with a host, no whitespace and a port (if given) from 1 to 65535, and take no command, args
+   or env; env and bearer variable names are environment variable names; no field a CLI
+   expands ``${VAR}`` in (command, args, URL, env, header values, bearer variable) may name
+   the tool gateway's ``ADAPTOR_TOOLS_TOKEN_*`` variable;
 2. the driver declares no MCP support → :class:`MCPUnsupportedError`;
 3. a server's transport is not one the driver supports → :class:`MCPTransportUnsupportedError`.
 
@@ -327,9 +330,7 @@ def _normalize(server: Server, where: str) -> MCPServerSpec:
     else:
         if not url.strip():
             raise InvalidMCPConfigError(f"{where}: an {transport} server needs a URL")
-        parts = urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise InvalidMCPConfigError(f"{where}: the URL must be an absolute http(s) URL")
+        _check_url(url.strip(), where)
         wrong = [n for n, v in (("command", command), ("args", args), ("env", env)) if v]
         if wrong:
             raise InvalidMCPConfigError(
@@ -344,8 +345,9 @@ def _normalize(server: Server, where: str) -> MCPServerSpec:
                 f"{where}: give either an Authorization header or bearer_token_env, not both"
             )
     # The CLIs expand ${VAR} in these fields: naming the gateway's variable would hand the
-    # Agent's tool token to this server.
-    mentioned = [bearer, url, *args, *env, *env.values(), *headers.values()]
+    # Agent's tool token to this server, and in a stdio command or args put it in an argv
+    # that every local user can read in ps.
+    mentioned = [bearer, url, command, *args, *env, *env.values(), *headers.values()]
     if any(RESERVED_ENV_PREFIX in text for text in mentioned):
         raise InvalidMCPConfigError(f"{where}: refers to the tool gateway's token variable")
     return MCPServerSpec(
@@ -360,6 +362,24 @@ def _normalize(server: Server, where: str) -> MCPServerSpec:
         required=server.required,
         required_reason=reason.strip(),
     )
+
+
+def _check_url(url: str, where: str) -> None:
+    """An absolute http(s) URL with a host and, if given, a port from 1 to 65535.  A URL the
+    CLI cannot connect to would otherwise fail only at run time, as a server that never came up."""
+    invalid = InvalidMCPConfigError(
+        f"{where}: the URL must be an absolute http(s) URL with a host and a port from 1 to 65535"
+    )
+    # urlsplit quietly drops tabs and newlines; a space would reach the CLI as is.
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise invalid
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError: not a number, or out of 0-65535
+    except ValueError:
+        raise invalid from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise invalid
 
 
 def _string(value: object, where: str, name: str) -> str:

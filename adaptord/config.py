@@ -29,11 +29,13 @@ card_url = "https://box.example/agents/helper/.well-known/agent-card.json"
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from adaptor._home import OWNER_VAR
+from adaptor.drivers import NAMES as DRIVER_NAMES
 
 if TYPE_CHECKING:
     from adaptor.tool import Definition
@@ -180,10 +183,7 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False) -> Daem
 
 
 def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
-    known = {"workers", "grace", "scan_interval", "drivers", "tools", "skills", "a2a"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{source}: unknown setting(s): {', '.join(unknown)}")
+    _refuse_unknown(raw, ("workers", "grace", "scan_interval", "drivers", "tools", "skills", "a2a"), source)
     workers = raw.get("workers", 4)
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 256:
         raise ConfigError(f"{source}: workers must be an integer from 1 to 256")
@@ -197,12 +197,15 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     if not isinstance(drivers, dict) or not all(isinstance(v, dict) for v in drivers.values()):
         raise ConfigError(f"{source}: [drivers.<name>] tables expected")
     for name, table in drivers.items():
+        _check_driver_table(name, table, source)
         if isinstance(table.get("env"), dict) and OWNER_VAR in table["env"]:
             raise ConfigError(f"{source}: [drivers.{name}] env: {OWNER_VAR} is set by adaptord itself")
     tools = raw.get("tools", {})
     if not isinstance(tools, dict) or not all(isinstance(v, str) for v in tools.values()):
         raise ConfigError(f"{source}: [tools] maps names to 'module:attribute' strings")
     skills = raw.get("skills", {})
+    if isinstance(skills, dict):
+        _refuse_unknown(skills, ("dirs",), f"{source}: [skills]")
     dirs = skills.get("dirs", []) if isinstance(skills, dict) else None
     if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{source}: skills.dirs must be a list of paths")
@@ -216,6 +219,32 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
         a2a=_parse_a2a(raw.get("a2a", {}), source, tools),
         source=source,
     )
+
+
+def _refuse_unknown(table: Mapping[str, Any], known: Collection[str], where: str) -> None:
+    """A key nothing reads is a typo whose setting would silently do nothing: refuse it."""
+    unknown = sorted(str(key) for key in table if key not in known)
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise ConfigError(
+        f"{where}: unknown setting(s): {', '.join(named)}; known: {', '.join(sorted(known))}"
+    )
+
+
+def _check_driver_table(name: str, table: Mapping[str, Any], source: str) -> None:
+    """A ``[drivers.<name>]`` table must name a built-in driver and only its ``Config`` fields,
+    the keys a request's ``config`` object may hold (checked by the driver's ``from_dict``)."""
+    where = f"{source}: [drivers.{name}]"
+    if name not in DRIVER_NAMES:
+        close = difflib.get_close_matches(name, DRIVER_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: unknown driver{hint}; known: {', '.join(DRIVER_NAMES)}")
+    config_type = importlib.import_module(f"adaptor.drivers.{name}").Config
+    _refuse_unknown(table, [f.name for f in dataclasses.fields(config_type)], where)
 
 
 def _parse_a2a(raw: Any, source: str, tools: Mapping[str, str]) -> A2AConfig:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import importlib
 import os
+import re
 import resource
 import shutil
 import signal
@@ -22,7 +25,9 @@ import pytest
 
 from adaptor import _home, _nesting, errors, events
 from adaptor.driver import InvalidOutputSchemaError
+from adaptor.drivers import NAMES as DRIVER_NAMES
 from adaptor.spool import Client
+from adaptord import config as config_module
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess, marked_processes, processes_with_env
@@ -1010,6 +1015,69 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     )
     assert check.returncode == 2 and "RuntimeError: at import" in check.stderr + check.stdout
     assert "Traceback" not in check.stderr
+
+
+# A typo inside [skills] or [drivers.<name>] was accepted and the setting silently did nothing;
+# an unknown driver name too.  Each is refused, naming the table, the key and the likely one.
+MISSPELT_CONFIGS = [
+    ('[drivers.claude]\nmodle = "opus"\n', ["[drivers.claude]", "'modle'", "did you mean 'model'?"]),
+    ('[drivers.script]\nstep = [{text = "x"}]\n', ["[drivers.script]", "'step'", "did you mean 'steps'?"]),
+    ('[drivers.claud]\ncommand = "claude"\n', ["[drivers.claud]", "unknown driver", "did you mean 'claude'?"]),
+    ('[drivers.nothing]\ncommand = "x"\n', ["[drivers.nothing]", "unknown driver", "known: claude, codex"]),
+    ('[skills]\ndir = ["/srv/skills"]\n', ["[skills]", "'dir'", "did you mean 'dirs'?"]),
+]
+
+
+@pytest.mark.parametrize("text,expected", MISSPELT_CONFIGS, ids=["claude", "script", "driver", "no-driver", "skills"])
+def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, expected: list[str]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 2, check.stdout + check.stderr
+    (reported,) = [line for line in check.stdout.splitlines() if line.startswith("config:")]
+    assert all(fragment in reported for fragment in expected), reported
+    serve = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home"), "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert serve.returncode == 2 and "Traceback" not in serve.stderr
+    assert all(fragment in serve.stderr for fragment in expected), serve.stderr
+
+
+def test_a_misspelt_key_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[drivers.script]\nsteps = [{text = "v1"}]\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    config.write_text('[drivers.script]\nstpes = [{text = "v2"}]\n')
+    proc.signal(signal.SIGHUP)
+    line = proc.wait_for_line("config reload failed")
+    assert "'stpes' (did you mean 'steps'?)" in line
+    assert proc.verdict(proc.submit({"driver": "script", "prompt": "x"}))["result"]["text"] == "v1"
+    assert proc.stop() == 0
+
+
+def test_every_driver_config_field_is_accepted_in_the_config_file(tmp_path: Path) -> None:
+    # The accepted keys are each driver's Config fields, the keys a request's "config" takes.
+    tables = []
+    for name in DRIVER_NAMES:
+        fields = dataclasses.fields(importlib.import_module(f"adaptor.drivers.{name}").Config)
+        tables.append(f"[drivers.{name}]\n" + "".join(f'{f.name} = "x"\n' for f in fields))
+    config = tmp_path / "config.toml"
+    config.write_text("".join(tables).replace('env = "x"', "env = {}"))
+    loaded = config_module.load(config, required=True)
+    assert sorted(loaded.drivers) == sorted(DRIVER_NAMES)
+
+
+def test_the_documented_example_configs_load(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    for doc in ("docs/daemon.md", "adaptord/config.py"):
+        (block,) = re.findall(r"```toml\n(.*?)```", (root / doc).read_text(), re.S)
+        config = tmp_path / "config.toml"
+        config.write_text(block)
+        assert config_module.load(config, required=True).source == str(config), doc
 
 
 @pytest.mark.parametrize("grace", ["nan", "inf", "1e12"])

@@ -89,6 +89,17 @@ INVALID: list[tuple[str, Any]] = [
         "gateway token expansion",
         mcp.http("a", "http://x", {"X": "${" + mcp.RESERVED_ENV_PREFIX + "AB}"}),
     ),
+    # ${VAR} in a stdio command is expanded by the CLI too: the token would sit in argv (ps).
+    ("gateway token in command", mcp.stdio("a", "${" + mcp.RESERVED_ENV_PREFIX + "AB}")),
+    ("gateway token in args", mcp.stdio("a", "c", ["--token=${" + mcp.RESERVED_ENV_PREFIX + "AB}"])),
+    ("url with a space", mcp.http("a", "http://mcp example.com/mcp")),
+    ("url with a tab", mcp.sse("a", "http://mcp.example.com/a\tb")),
+    ("url with a word for port", mcp.http("a", "http://mcp.example.com:port/mcp")),
+    ("url with port out of range", mcp.http("a", "http://mcp.example.com:65536/mcp")),
+    ("url with port 0", mcp.sse("a", "http://127.0.0.1:0/sse")),
+    ("url without host", mcp.http("a", "http://:8080/mcp")),
+    ("url with only a user", mcp.http("a", "https://" + SECRET + "@/mcp")),
+    ("url with broken ipv6", mcp.http("a", "http://[::1/mcp")),
     ("not a declaration", 42),
     ("json with unknown field", {"key": "a", "transport": "stdio", "command": "c", "cwd": "/"}),
 ]
@@ -100,6 +111,12 @@ def test_invalid_declarations(what: str, server: Any) -> None:
         mcp.validate([server], ALL)
     assert caught.value.code == "ErrInvalidMCPConfig"
     assert SECRET not in str(caught.value)
+
+
+def test_urls_with_hosts_and_ports_in_range_are_accepted() -> None:
+    urls = ["http://[::1]:8080/mcp", "https://mcp.example.com:65535/mcp", "http://h:1/sse", "http://h:/x"]
+    specs = mcp.validate([mcp.http(f"s{i}", url) for i, url in enumerate(urls)], ALL)
+    assert [s.url for s in specs] == urls
 
 
 def test_duplicate_keys() -> None:
