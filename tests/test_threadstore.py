@@ -953,6 +953,18 @@ def test_missing_snapshot_with_later_logs_is_corruption_not_an_empty_store(tmp_p
         store.resolve(Query(key="k"))
 
 
+def test_a_snapshot_lost_right_after_its_compaction_is_corruption_too(tmp_path: Path) -> None:
+    # Until the next write made the new log, nothing showed a snapshot had ever existed: the
+    # store came back empty, and its next write started generation 1 again.
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k")
+        store.compact()
+    (directory / "snapshot.json").unlink()
+    with JSONLStore(directory) as store, pytest.raises(CorruptLogError, match="missing"):
+        store.resolve(Query(key="k"))
+
+
 def _finalize_failing_its_sync(
     store: Store, request: FinalizeRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -74,6 +74,7 @@ import orjson
 from adaptor._durable import (
     CorruptLogError,
     DurableLog,
+    atomic_write,
     atomic_write_json,
     ensure_dir,
     exclusive,
@@ -669,7 +670,12 @@ class JSONLStore:
         state.leases = dict(snapshot["leases"])
         self._switch(generation, state, fd)
         self._epoch = touch_epoch(self._lock_path)
-        self._remove_stale(generation)
+        # The new log exists (durably) before the old one goes: a store whose snapshot is then
+        # lost shows a log past generation 1, which _start_without_snapshot refuses, rather
+        # than no log at all, which it would read as a store that never held anything.
+        with contextlib.suppress(OSError):  # (then the old log stays, which shows it as well)
+            atomic_write(self._log_path(), b"")
+            self._remove_stale(generation)
 
     def _snapshot_replaced(self) -> bool:
         """Whether ``snapshot.json`` is no longer the file this instance follows."""
