@@ -30,6 +30,7 @@ class DaemonProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
         self._changed = threading.Condition()
+        self._reader: threading.Thread | None = None
 
     def start(self, *, wait_ready: bool = True, held: bool = False) -> DaemonProcess:
         """Start the daemon; ``held``: its process exists but waits for :meth:`let_go` to serve
@@ -45,8 +46,8 @@ class DaemonProcess:
             env=self.env,
         )
         DaemonProcess.started.append(self)
-        reader = threading.Thread(target=self._read, daemon=True)
-        reader.start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         if wait_ready and not held:
             self.wait_for_line("adaptord: ready")
         return self
@@ -121,10 +122,17 @@ class DaemonProcess:
             self.proc.wait(timeout=30)
 
     def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, and the exit status once the daemon is gone and ``lines`` holds all it said.
+
+        (Only here: after a kill -9 its agents may live on holding the stderr pipe open.)
+        """
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=timeout)
+        status = self.proc.wait(timeout=timeout)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        return status
 
 
 # The /proc readers below stay independent of adaptor._procfs on purpose: they check what the

@@ -33,6 +33,9 @@ KILLS = 20
 
 
 _AGENT_TAG = "ADAPTOR_TORTURE_AGENT"
+# Agents this long cannot end by themselves before the next daemon is up: if a kill leaves one
+# running, only that daemon's clean-up can have stopped it.
+_LONG = 5
 _BACKTRACKS = r"^(\w+\s?)+$"
 
 
@@ -41,7 +44,7 @@ def _request(i: int, rng: random.Random, home: Path) -> dict[str, Any]:
     if i % 10 == 7:
         # A real agent process with a child of its own: what a kill leaves running.  Both
         # carry a variable of the test's, so the test finds them without the daemon's help.
-        pause = rng.choice([0.1, 0.3, 1])
+        pause = rng.choice([0.1, 0.3, 1, _LONG])
         script = f"sleep {pause} & sleep {pause}; wait; echo done {i}"
         config = {"command": "/bin/sh", "extra_args": ["-c", script], "env": {_AGENT_TAG: str(home)}}
         request = {"driver": "command", "prompt": f"request {i}", "config": config}
@@ -81,9 +84,10 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     rng = random.Random(SEED)
     home = tmp_path / "home"
     daemon = DaemonProcess(home, "--workers", "4").start()
-    ids = [daemon.submit(_request(i, rng, home)) for i in range(REQUESTS)]
+    requests = [_request(i, rng, home) for i in range(REQUESTS)]
+    ids = [daemon.submit(request) for request in requests]
     patterned = {rid for i, rid in enumerate(ids) if i % 10 == 3}
-    orphaned = checking = 0
+    orphaned = checking = long_orphaned = 0
     for _ in range(KILLS):
         time.sleep(rng.uniform(0.02, 0.3))  # a random moment: the crash is the point of the test
         daemon.kill9()
@@ -97,6 +101,7 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
             left_running |= identities(processes_with_env(_AGENT_TAG, str(home)))
             left_checking |= identities(_checkers(home))
         orphaned += bool(left_running)
+        long_orphaned += any(f"sleep {_LONG}" in cmdline(pid) for pid, _ in left_running)
         checking += bool(left_checking)
         daemon = DaemonProcess(home, "--workers", "4").start()
         # No agent or schema checker of the killed daemon is still at work once the new one serves.
@@ -140,6 +145,15 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
             assert report is not None
             sr.verify(log)
 
+    # nothing doubled: a request that may not be requeued ran at most once (a kill before it
+    # started puts it back in the queue; one after gives it its interrupted verdict)
+    with sr.EventRecorder(sr.JSONLEventBackend(paths.events)) as audit:
+        for rid, request in zip(ids, requests, strict=True):
+            if request.get("on_interrupt") == "requeue" or "thread" in request:
+                continue
+            runs = [r.event for r in audit.iter_since(rid) if isinstance(r.event, events.RunStarted)]
+            assert len(runs) <= 1, (rid, runs)
+
     # thread records are consistent: each shared key resolves to one active, resumable record
     store = JSONLStore(paths.threads)
     for k in range(5):
@@ -157,7 +171,12 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     facts = [record.event for record in lifecycle.iter_since(_home.DAEMON_SESSION)]
     lifecycle.close()
     stopped = sum(isinstance(fact, events.Notice) and fact.text == "leftovers.stopped" for fact in facts)
+    interrupted = sum(isinstance(fact, events.Notice) and fact.text == "request.interrupted" for fact in facts)
     print(
-        f"{orphaned} of {KILLS} kills left agents running, {checking} schema checkers; "
-        f"{stopped} restarts stopped some"
+        f"{orphaned} of {KILLS} kills left agents running ({long_orphaned} a long one), "
+        f"{checking} schema checkers; {stopped} restarts stopped some; {interrupted} runs interrupted"
     )
+    # The kills did hit runs in flight, and what they left running was stopped by a restart
+    # (a long agent cannot have ended by itself before it).
+    assert interrupted > 0
+    assert stopped > 0 or not long_orphaned

@@ -1,4 +1,10 @@
-"""Hostile spool entries never stop the daemon: each ends as a rejection or in quarantine."""
+"""Hostile spool entries never stop the daemon: each ends as a rejection or in quarantine.
+
+The hand-written cases quality.md lists (invalid JSON, wrong types, non-UTF-8, symlinks, FIFOs,
+directories, a name like ``..weird.json``) are in tests/test_daemon.py
+(``test_hostile_files_get_rejection_verdicts``, ``test_hostile_entries_are_quarantined``); this
+module adds generated ones, the 10 MB prompt, 1,000-deep nesting and path syntax in keys.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptor import errors
+from adaptor import _home, errors
 from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess
 
@@ -59,6 +65,13 @@ def test_random_request_files(daemon: DaemonProcess, payload: bytes, number: int
         err = errors.from_wire(verdict["error"])
         assert isinstance(err, BaseException)
         assert verdict["exit_code"] in {1, 2, 3, 4, 69, 70, 75}
+    try:
+        parsed = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):  # garbage, or JSON but no object: never run, rejected
+        assert verdict["error"]["code"] == "ErrInvalidRequest" and verdict["exit_code"] == 2
+        assert verdict["run_id"] is None
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -71,6 +84,13 @@ def test_random_names_are_claimed_or_quarantined(daemon: DaemonProcess, name: st
     probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
     assert daemon.verdict(probe)["result"]["text"] == "alive"
     assert not (daemon.home.spool_new / name).exists()
+    # Not dropped silently: a name carrying an id got that id's verdict, any other is kept in
+    # quarantine/ as it came.
+    request_id = name[: -len(".json")] if name.endswith(".json") else ""
+    if _home.REQUEST_ID.match(request_id):
+        assert daemon.verdict(request_id)["id"] == request_id
+    else:
+        assert any(p.name.endswith(f"-{name[:150]}") for p in daemon.home.quarantine.iterdir()), name
 
 
 def test_ten_megabyte_prompt_and_deep_nesting(daemon: DaemonProcess) -> None:

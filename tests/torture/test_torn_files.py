@@ -14,6 +14,7 @@ import pytest
 
 from adaptor._durable import CorruptLogError, scan
 from adaptor.driver import SessionState
+from adaptor.events import TextDelta
 from adaptor.threadstore import FinalizeRequest, JSONLStore, Query, Record
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
@@ -48,9 +49,9 @@ def test_truncated_or_corrupted_audit_logs(tmp_path: Path, seed: int) -> None:
         )
         if ends_clean:
             assert verify.returncode == 0
-        else:
+        elif seed % 4 == 0:
             assert verify.returncode == 70
-            assert f"line {torn_line}" in verify.stderr
+            assert f" line {torn_line}: torn tail" in verify.stderr
             repaired = subprocess.run(
                 [sys.executable, "-m", "adaptor", "verify-log", "--repair", str(log)],
                 capture_output=True,
@@ -58,6 +59,15 @@ def test_truncated_or_corrupted_audit_logs(tmp_path: Path, seed: int) -> None:
             )
             assert repaired.returncode == 0, repaired.stderr
             assert sr.verify(log) == torn_line - 1
+        else:
+            # The next writer cuts the torn tail itself, says so, and appends after it.
+            assert verify.returncode == 70
+            backend = sr.JSONLEventBackend(log.parent)
+            with sr.EventRecorder(backend, key_validator=lambda key: None) as recorder:
+                record = recorder.record(rid, TextDelta(text="after the tear"))
+            assert record.host_seq == torn_line
+            assert [report.offset for report in backend.repairs] == [data[:cut].rfind(b"\n") + 1]
+            assert sr.verify(log) == torn_line
     else:
         target = rng.randrange(1, lines)  # never the last line: corruption, not a torn write
         offsets = [0] + [i + 1 for i, b in enumerate(data) if b == 0x0A]
@@ -72,6 +82,12 @@ def test_truncated_or_corrupted_audit_logs(tmp_path: Path, seed: int) -> None:
         with pytest.raises(sr.JSONLEventLogCorruptError):
             sr.repair(log)
         assert log.read_bytes() == bytes(corrupted)  # corruption before the tail is never cut
+        # Nor by a writer: it appends after it (checking the tail only), cutting nothing.
+        backend = sr.JSONLEventBackend(log.parent)
+        with sr.EventRecorder(backend, key_validator=lambda key: None) as recorder:
+            recorder.record(rid, TextDelta(text="after the damage"))
+        assert backend.repairs == []
+        assert log.read_bytes().startswith(bytes(corrupted))
 
     # the daemon keeps serving on the same home
     again = DaemonProcess(tmp_path / "home").start()
