@@ -24,12 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptor import _durable, memory
-from adaptor._durable import CorruptLogError, scan
+from adaptor._durable import scan
 from adaptor.driver import SessionState
 from adaptor.errors import from_wire, to_wire
 from adaptor.threadstore import (
     AlreadyExistsError,
     BusyError,
+    CorruptLogError,
     FinalizeRequest,
     JSONLStore,
     Lease,

@@ -52,6 +52,9 @@ class AlreadyExistsError(AdaptorError):
 
 
 # Imported after the error classes: the submodules raise them and import them from here.
+# A damaged store file (a bad line where no crash explains it) is reported with the durable
+# layer's own error, exported here so that callers can catch it by a public name.
+from adaptor._durable import CorruptLogError  # noqa: E402
 from adaptor.threadstore._jsonl import JSONLStore  # noqa: E402
 from adaptor.threadstore._types import (  # noqa: E402
     FinalizeRequest,
@@ -65,6 +68,7 @@ from adaptor.threadstore._types import (  # noqa: E402
 __all__ = [
     "AlreadyExistsError",
     "BusyError",
+    "CorruptLogError",
     "FinalizeRequest",
     "JSONLStore",
     "Lease",

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from adaptor._durable import CorruptLogError, scan
+from adaptor._durable import scan
 from adaptor.driver import SessionState
 from adaptor.events import TextDelta
-from adaptor.threadstore import FinalizeRequest, JSONLStore, Query, Record
+from adaptor.threadstore import CorruptLogError, FinalizeRequest, JSONLStore, Query, Record
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 
