@@ -53,7 +53,9 @@ def _home_named(ctx: click.Context, param: click.Parameter, flag: str | None) ->
 def home_option(func: Callable[P, R]) -> Callable[P, R]:
     return click.option(
         "--home",
-        type=click.Path(file_okay=False),
+        # Any path: one that cannot be a home (a file in the way) is the daemon's to refuse
+        # (exit 69, which a systemd unit does not restart on), not a usage error.
+        type=click.Path(),
         callback=_home_named,
         help="The daemon's home directory, used when $ADAPTORD_HOME is not set (default: "
         "$XDG_STATE_HOME/adaptord).",

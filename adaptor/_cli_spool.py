@@ -57,11 +57,15 @@ def submit(file: IO[bytes], home: str | None) -> None:
 def submit_request(client: Client, request: dict[str, Any]) -> str:
     """``client.submit``, with an id that cannot be used reported as the daemon would."""
     request_id = request.get("id")
-    if request_id is not None and not (
-        isinstance(request_id, str) and _home.REQUEST_ID.match(request_id)
-    ):
+    if request_id is not None and not _home.is_request_id(request_id):
         raise InvalidRequestError(
-            [{"path": "/id", "message": f"must match {_home.REQUEST_ID.pattern}"}]
+            [
+                {
+                    "path": "/id",
+                    "message": f"must match {_home.REQUEST_ID.pattern} and not be "
+                    f"{_home.DAEMON_SESSION!r} (the daemon's own log)",
+                }
+            ]
         )
     try:
         return client.submit(request)
@@ -401,7 +405,8 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
     "--json",
     "as_json",
     is_flag=True,
-    help="Print the status as a JSON outcome object (see `adaptor --help`).",
+    help='Print one JSON object on stdout: {"ok", "exit_code", "result"} with the status as '
+    '"result" (also when no daemon runs: exit 69).',
 )
 @home_option
 @guarded

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import filelock
 import orjson
@@ -42,6 +42,12 @@ OWNER_VAR = "ADAPTORD_OWNER"
 """The variable adaptord marks every process it starts with (see adaptord._leftovers)."""
 
 DAEMON_SESSION = "adaptord"
+
+
+def is_request_id(value: object) -> TypeGuard[str]:
+    """Whether ``value`` can name a request: it matches :data:`REQUEST_ID` and is not the
+    daemon's own session name (its audit log is ``events/adaptord.jsonl``)."""
+    return isinstance(value, str) and REQUEST_ID.match(value) is not None and value != DAEMON_SESSION
 
 
 def default_home() -> Path:
@@ -208,7 +214,7 @@ def daemon_running(home: Home) -> bool:
     """True while some process holds the home's daemon lock (the daemon is serving it)."""
     if not home.daemon_lock.exists():
         return False
-    probe = filelock.FileLock(str(home.daemon_lock), thread_local=False)
+    probe = filelock.FileLock(str(home.daemon_lock), mode=0o600, thread_local=False)
     try:
         probe.acquire(timeout=0)
     except filelock.Timeout:
@@ -231,7 +237,7 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     if request_id is None:
         request_id = new_request_id()
         body["id"] = request_id
-    if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
+    if not is_request_id(request_id):
         raise ValueError(f"invalid request id {request_id!r}")
     body.setdefault("format", REQUEST_FORMAT)
     data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)

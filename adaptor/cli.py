@@ -51,7 +51,8 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     Every line must be a complete record with a valid crc, host_seq 1, 2, 3, ... and a known
     event kind. Prints "ok: N records" and exits 0; otherwise prints "corrupt: FILE line L: why"
     on stderr and exits 70 (an infrastructure failure: the file is damaged, see
-    `adaptor exit-codes`), as it does when the file cannot be read. With --repair, a torn last
+    `adaptor exit-codes`), as it does when the file cannot be read (a missing file is a usage
+    error, exit 2). A symlink is followed; a pipe is read as it streams. With --repair, a torn last
     line is cut and the exit is 0 if the file is valid afterwards; corruption before the last
     line is reported and left as it is (exit 70).
 

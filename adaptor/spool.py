@@ -331,7 +331,7 @@ class Client:
 
     def _check_id(self, request_id: str) -> None:
         # Ids name files under the home; anything else can never have been submitted.
-        if not isinstance(request_id, str) or not _home.REQUEST_ID.match(request_id):
+        if not _home.is_request_id(request_id):
             raise UnknownRequestError(str(request_id), self._home.root)
 
     def _known(self, request_id: str) -> bool:

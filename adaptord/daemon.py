@@ -272,7 +272,7 @@ class Daemon:
         if unsafe is not None:
             self.log("refusing a home others can write to", why=unsafe)
             return 2
-        instance = filelock.FileLock(str(self.home.daemon_lock), thread_local=False)
+        instance = filelock.FileLock(str(self.home.daemon_lock), mode=0o600, thread_local=False)
         try:
             self.home.ensure()
             # A short wait: `daemon_running` probes take this lock for an instant.
@@ -576,7 +576,7 @@ class Daemon:
         """Link a valid spool entry into claimed/ (not yet synced); quarantine anything else."""
         source = self.home.spool_new / name
         request_id = name[: -len(".json")] if name.endswith(".json") else None
-        if request_id is None or not _home.REQUEST_ID.match(request_id) or request_id == _home.DAEMON_SESSION:
+        if not _home.is_request_id(request_id):
             self._quarantine(source, name, None, "the name is not <id>.json with a valid id")
             return None
         try:

@@ -970,6 +970,28 @@ def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> N
     )
     assert proc.returncode == 69 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("adaptord: cannot use the home")
+    # The file itself named as the home: the same (click refused it with exit 2 before, which
+    # a systemd unit restarts on forever).
+    for env in ({}, {"ADAPTORD_HOME": str(blocker)}):
+        args = [] if env else ["--home", str(blocker)]
+        proc = subprocess.run(
+            [sys.executable, "-m", "adaptord", "serve", *args],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+        )
+        assert proc.returncode == 69, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith("adaptord: cannot use the home")
+
+
+def test_every_file_of_the_home_is_private(daemon: DaemonProcess) -> None:
+    # daemon.md: created 0700, files 0600.  The daemon lock was 0644 (filelock's default).
+    rid = daemon.submit(script({"text": "x"}, thread={"key": "private"}, config={"steps": [{"text": "x"}], "session": "auto"}))
+    assert daemon.verdict(rid)["ok"]
+    exposed = [
+        (str(path.relative_to(daemon.home.root)), oct(stat.S_IMODE(path.lstat().st_mode)))
+        for path in [daemon.home.root, *daemon.home.root.rglob("*")]
+        if not path.is_symlink() and stat.S_IMODE(path.lstat().st_mode) & 0o077
+    ]
+    assert exposed == []
 
 
 def test_sighup_reloads_the_config(tmp_path: Path) -> None:

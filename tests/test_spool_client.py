@@ -530,6 +530,21 @@ def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
     assert nowhere.status()["running"] is False
 
 
+def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
+    # "adaptord" (docs: reserved) was accepted at submit; the daemon then quarantined the file
+    # without a verdict, and `adaptor run --id adaptord` waited forever.
+    request = {**script({"text": "x"}), "id": "adaptord"}
+    with pytest.raises(ValueError, match="invalid request id"):
+        home.client.submit(request)
+    with pytest.raises(UnknownRequestError):
+        home.client.wait("adaptord", timeout=1)
+    submitted = home.cli("submit", "-", input=orjson.dumps(request).decode())
+    assert submitted.returncode == 2 and "not be 'adaptord'" in submitted.stderr
+    ran = home.cli("run", "--id", "adaptord", "x", timeout=60)
+    assert ran.returncode == 2, ran.stderr
+    assert not (home.root / "spool" / "new" / "adaptord.json").exists()
+
+
 def test_status(home: Home) -> None:
     request_id = home.client.submit(script({"text": "x"}))
     home.client.wait(request_id, timeout=TIMEOUT)
