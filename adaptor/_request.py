@@ -130,7 +130,10 @@ def secrets_of(
     ``driver_defaults`` is the daemon config's table for the request's driver, whose ``env``
     (where API keys usually live) reaches the agent as much as the request's own.  Values of
     any JSON type count (a malformed request may put a list where a string belongs, and a
-    schema error message would otherwise quote it).
+    schema error message would otherwise quote it).  Values shorter than
+    :data:`MIN_SECRET_LENGTH` are left out here, for every consumer at once (the redactor, the
+    error codec): ``DEBUG=1`` would otherwise turn every "1" of an error message into
+    ``<redacted>``.
     """
     found: list[str] = []
     if driver_defaults is not None:
@@ -143,7 +146,7 @@ def secrets_of(
         if isinstance(server, Mapping):
             _leaves(server.get("env"), found)
             _leaves(server.get("headers"), found)
-    return sorted({s for s in found if s}, key=len, reverse=True)
+    return sorted({s for s in found if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
 
 
 def _leaves(value: Any, into: list[str]) -> None:

@@ -442,6 +442,23 @@ def test_threads_list_and_show(home: Home) -> None:
     assert missing.returncode == errors.exit_code_for(errors.ThreadNotFoundError()) == 4
 
 
+def test_short_env_values_are_not_redacted_out_of_error_messages(home: Home, tmp_path: Path) -> None:
+    # Values under six characters are configuration (docs/daemon.md), but the error codec got
+    # them anyway: with DEBUG=1 and LANG2=e, "exit code 1" read "<redacted>xit cod<redacted>
+    # <redacted>" in the verdict, and --no-daemon mangled the placeholder itself.
+    failing = tmp_path / "fails.sh"
+    failing.write_text(f"#!/bin/sh\necho 'error at line 120: {SECRET}' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    request = {"driver": "command", "prompt": "x", "workspace": str(tmp_path),
+               "config": {"command": str(failing), "env": {"DEBUG": "1", "LANG2": "e", "TOKEN": SECRET}}}
+    for extra in ([], ["--no-daemon"]):
+        proc = home.cli("run", "--json", *extra, "--request", "-", input=orjson.dumps(request).decode())
+        assert proc.returncode == 1, proc.stderr
+        message = orjson.loads(proc.stdout)["error"]["message"]
+        assert "exit code 1" in message and "error at line 120: <redacted>" in message, message
+        assert SECRET not in proc.stdout + proc.stderr
+
+
 def test_secrets_are_never_printed(home: Home) -> None:
     env = {**home.env(), "CLI_SECRET": SECRET}
     config = steps({"stdout": f"token {SECRET}"}, {"text": f"the secret is {SECRET}"})
