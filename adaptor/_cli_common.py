@@ -302,13 +302,26 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
         except (click.exceptions.ClickException, click.exceptions.Exit, SystemExit):
             raise
         except KeyboardInterrupt as stop:
-            interrupted(bool(kwargs.get("as_json")), stop)
+            interrupted(bool(kwargs.get("as_json")), stop, **_about(kwargs))
         except BrokenPipeError:
             quiet_broken_pipe()
         except Exception as exc:
-            fail(exc, as_json=bool(kwargs.get("as_json")))
+            fail(exc, as_json=bool(kwargs.get("as_json")), **_about(kwargs))
 
     return wrapper
+
+
+def _about(arguments: Mapping[str, object]) -> dict[str, Any]:
+    """The request a command was about, for its ``--json`` object (``"id"``), when it names one."""
+    request_id = arguments.get("request_id")
+    return {"id": request_id} if isinstance(request_id, str) else {}
+
+
+def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A ``FloatRange`` option's callback: NaN compares false with both bounds, so it passes."""
+    if value is not None and value != value:
+        raise click.BadParameter("nan is not a number of seconds", ctx=ctx, param=param)
+    return value
 
 
 def quiet_broken_pipe() -> NoReturn:

@@ -26,6 +26,7 @@ from adaptor._cli_common import (
     guarded,
     home_option,
     interrupted,
+    not_nan,
     require_daemon,
     stopping_like_ctrl_c,
     telling_when_the_daemon_stops,
@@ -100,6 +101,7 @@ def _policy_options(func: F) -> F:
 @click.option(
     "--timeout",
     type=float,
+    callback=not_nan,
     help="Seconds the run may take (from its start) before RunDeadlineExceededError.",
 )
 @click.option(
@@ -182,6 +184,9 @@ def run(
     with one line per tool call and a progress line; piped, only the final text is printed.
     Ctrl-C cancels the request and exits 130.
     """
+    if prompt == "-" and request_file is not None and request_file.name == "<stdin>":
+        # Both read stdin: the request would take it all, and the prompt would silently be "".
+        raise click.UsageError("PROMPT '-' and --request - both read stdin; give one of them a file")
     request = _build_request(
         base=_load_json(request_file, "--request") if request_file is not None else {},
         prompt=prompt,

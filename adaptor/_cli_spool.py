@@ -21,6 +21,7 @@ from adaptor._cli_common import (
     guarded,
     home_option,
     json_option,
+    not_nan,
     require_daemon,
     telling_when_the_daemon_stops,
 )
@@ -80,6 +81,7 @@ def submit_request(client: Client, request: dict[str, Any]) -> str:
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0),
+    callback=not_nan,
     help="Give up after S seconds with exit 124 (the run goes on).",
 )
 @json_option

@@ -223,6 +223,7 @@ class Client:
         form (``id``, ``run_id``, ``approval_kind``, ``title``, ``choices``, ``details``,
         ``deadline``, ...) plus the spool ``request_id``.
         """
+        self._require_spool()
         found: list[tuple[str, str, dict[str, Any]]] = []
         for path in _listing(self._home.approvals_pending):
             if path.name.startswith(".") or not path.name.endswith(".json"):
@@ -351,9 +352,14 @@ class Client:
         )
         if any(os.path.lexists(place) for place in places):
             return True
-        # A hostile entry is moved aside before its rejection verdict is written.
-        suffix = "-" + name
-        return any(path.name.endswith(suffix) for path in _listing(home.quarantine))
+        # A hostile entry is moved aside (as "<time_ns>-<its name>") before its rejection
+        # verdict is written.  The whole name must be the id's: "team-a-42.json" is not
+        # request 42's, and waiting for it would wait for a verdict that never comes.
+        for path in _listing(home.quarantine):
+            stamp, _, original = path.name.partition("-")
+            if original == name and stamp.isdigit():
+                return True
+        return False
 
     def _require_known(self, request_id: str) -> None:
         self._check_id(request_id)
@@ -361,6 +367,8 @@ class Client:
             raise UnknownRequestError(request_id, self._home.root)
 
     def _await_verdict(self, request_id: str, timeout: float | None) -> dict[str, Any]:
+        if timeout is not None and timeout != timeout:
+            raise ValueError("timeout must be a number of seconds or None, not nan")
         self._require_spool()
         verdict = self.verdict(request_id)
         if verdict is not None:

@@ -10,7 +10,7 @@ import click
 import orjson
 
 from adaptor import _home
-from adaptor._cli_common import home_option
+from adaptor._cli_common import home_option, not_nan
 from adaptord import config as config_module
 
 DRIVER_BINARIES = {
@@ -20,12 +20,6 @@ DRIVER_BINARIES = {
     "codebuddy": "codebuddy",
     "gemini": "gemini",
 }
-
-
-def _not_nan(value: float | None, param: click.Parameter) -> float | None:
-    if value is not None and value != value:  # FloatRange lets NaN through: it compares false
-        raise click.BadParameter("nan is not a number of seconds", param=param)
-    return value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,7 +35,7 @@ def cli() -> None:
 @click.option(
     "--grace",
     type=click.FloatRange(min=0, max=config_module.MAX_GRACE),
-    callback=lambda ctx, param, value: _not_nan(value, param),
+    callback=not_nan,
     help=f"Seconds running work may finish after SIGTERM (default 30, at most {config_module.MAX_GRACE}).",
 )
 @click.option("--a2a", "a2a_listen", metavar="HOST:PORT", help="Also serve the config's [a2a.agents] over A2A (PORT alone: loopback; 0: any free port, logged as a2a.listening url=...).")

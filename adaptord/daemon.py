@@ -832,6 +832,12 @@ class Daemon:
         return job.request
 
     def _execute(self, job: Job) -> None:
+        if os.path.lexists(self.home.cancels / job.id):
+            # Cancelled before the main loop applied it: at a start, a request found in the spool
+            # was queued and handed to a worker before the cancels were read; its agent must
+            # not start (the marker goes with the next sweep of cancels).
+            self._cancel_unstarted(job)
+            return
         request = self._whole_request(job)
         secrets = self._secrets_of(request)
         redactor = requests.Redactor(secrets)
@@ -972,18 +978,22 @@ class Daemon:
                     running.stream.cancel()
                 self.audit("request.cancel_requested", request_id)
             elif queued is not None:
-                self.audit("request.cancel_requested", request_id)
-                self._prepare_run_dir_or_log(queued)
-                self._write_verdict(
-                    request_id, run_id=None, result=None, error=errors.CancelledError("cancelled before it started"),
-                    received_at=queued.received_at, started_at=None, session=None,
-                    secrets=self._secrets_of(queued.request), job=queued,
-                )
+                self._cancel_unstarted(queued)
                 self._dispatch()  # a job waiting behind it on its thread key may be ready now
             elif request_id in self._being_written or (self.home.spool_new / f"{request_id}.json").exists():
                 continue  # not queued yet: it is once its file is read whole, then this applies
             with contextlib.suppress(OSError):
                 os.unlink(self.home.cancels / request_id)
+
+    def _cancel_unstarted(self, job: Job) -> None:
+        """The verdict of a job cancelled before it started: ``CancelledError``, nothing run."""
+        self.audit("request.cancel_requested", job.id)
+        self._prepare_run_dir_or_log(job)
+        self._write_verdict(
+            job.id, run_id=None, result=None, error=errors.CancelledError("cancelled before it started"),
+            received_at=job.received_at, started_at=None, session=None,
+            secrets=self._secrets_of(job.request), job=job,
+        )
 
     # -- verdicts ------------------------------------------------------------------------------
 

@@ -201,6 +201,16 @@ def test_usage_errors_exit_2(home: Home) -> None:
     assert home.cli("events", "--file", "/no/such/log.jsonl").returncode == 2
     assert home.cli("wait", "never-submitted").returncode == 2
     assert home.cli("cancel", "never-submitted").returncode == 2
+    # Both from stdin: the request took it all and the prompt was silently "" (exit 0).
+    both = home.cli("run", "--request", "-", "-", input=orjson.dumps(script({"text": "x"})).decode())
+    assert both.returncode == 2 and "both read stdin" in both.stderr
+    # NaN passes FloatRange (it compares false with both bounds): it meant "no limit".
+    for args in (["wait", "x", "--timeout", "nan"], ["run", "--timeout", "nan", "--driver", "script", "go"]):
+        refused = home.cli(*args)
+        assert refused.returncode == 2 and "nan is not a number of seconds" in refused.stderr, args
+    # The --json object names the request it was about, on every outcome.
+    unknown = home.cli("wait", "never-submitted", "--json")
+    assert unknown.returncode == 2 and orjson.loads(unknown.stdout)["id"] == "never-submitted"
 
 
 # --- submit, wait -------------------------------------------------------------------------------

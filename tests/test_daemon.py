@@ -818,6 +818,29 @@ def test_cancel_marker_cancels_a_running_request(daemon: DaemonProcess) -> None:
     assert type(err) is errors.RunCancelledError or type(err) is errors.CancelledError
 
 
+def test_a_request_cancelled_while_the_daemon_was_down_never_starts(tmp_path: Path) -> None:
+    # The next start queued it and handed it to a worker before it read the cancels: the
+    # agent ran (its side effects happened) and was killed, or even succeeded.
+    proc = DaemonProcess(tmp_path / "home").start()
+    assert proc.stop() == 0
+    side_effect = tmp_path / "ran"
+    rids = [
+        _home.submit(proc.home, {"driver": "command", "prompt": "x", "workspace": str(tmp_path),
+                                 "config": {"command": "/bin/sh", "extra_args": ["-c", f": > {side_effect}-{i}"]}})
+        for i in range(4)
+    ]
+    for rid in rids:
+        _home.request_cancel(proc.home, rid)
+    proc = DaemonProcess(tmp_path / "home").start()
+    for rid in rids:
+        verdict = proc.verdict(rid)
+        assert verdict["error"]["code"] == errors.CancelledError.code, verdict["error"]
+        assert verdict["exit_code"] == 70 and verdict["run_id"] is None
+    assert list(tmp_path.glob("ran-*")) == []
+    assert proc.stop() == 0
+    assert list(proc.home.cancels.iterdir()) == []  # every marker was swept
+
+
 def test_approval_file_answered_by_a_responder(daemon: DaemonProcess) -> None:
     rid = daemon.submit(
         script(

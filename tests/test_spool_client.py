@@ -527,7 +527,11 @@ def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
     assert info.value.errno == errno.ENOENT and info.value.filename == str(tmp_path / "nowhere")
     with pytest.raises(SpoolNotFoundError):
         nowhere.wait("some-id")
+    with pytest.raises(SpoolNotFoundError):  # it was [], as if nothing were pending
+        nowhere.approvals()
     assert nowhere.status()["running"] is False
+    with pytest.raises(ValueError, match="nan"):
+        home.client.wait("never-submitted", timeout=float("nan"))
 
 
 def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
@@ -543,6 +547,26 @@ def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
     ran = home.cli("run", "--id", "adaptord", "x", timeout=60)
     assert ran.returncode == 2, ran.stderr
     assert not (home.root / "spool" / "new" / "adaptord.json").exists()
+
+
+def test_a_quarantined_name_that_ends_like_an_id_is_not_that_request(home: Home, tmp_path: Path) -> None:
+    # "team-a-42.json" was taken for request 42's quarantined file: wait hung forever (exit 124
+    # with --timeout) and cancel said "requested", for an id nobody submitted.
+    target = tmp_path / "t.json"
+    target.write_text("{}")
+    for name in ("team-a-42.json", "-evil-zzz.json"):
+        os.symlink(target, home.root / "spool" / "new" / name)
+    deadline = time.monotonic() + 30
+    while any((home.root / "spool" / "new").iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    quarantined = [p.name for p in (home.root / "quarantine").iterdir()]
+    assert any(n.endswith("-team-a-42.json") for n in quarantined), quarantined
+    for rid in ("42", "zzz", "a-42"):
+        with pytest.raises(UnknownRequestError):
+            home.client.wait(rid, timeout=1)
+        with pytest.raises(UnknownRequestError):
+            home.client.cancel(rid)
+    assert home.cli("wait", "42", "--timeout", "1").returncode == 2
 
 
 def test_status(home: Home) -> None:
