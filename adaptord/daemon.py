@@ -665,6 +665,11 @@ class Daemon:
         # queues a claimed request without a state file again, received at the claim's time).
         # Its run folder is made once it starts, off the pickup path.  Only a request
         # recovered with an earlier attempt's state says it is queued again.
+        if self._cancel_marked(job):
+            # Cancelled before it was read (while no daemon ran, say): it never queues, so no
+            # worker can start it before the main loop reads the cancels.
+            self._cancel_unstarted(job)
+            return
         if prior:
             try:
                 self._save_state(job, "queued")
@@ -832,10 +837,8 @@ class Daemon:
         return job.request
 
     def _execute(self, job: Job) -> None:
-        if os.path.lexists(self.home.cancels / job.id):
-            # Cancelled before the main loop applied it: at a start, a request found in the spool
-            # was queued and handed to a worker before the cancels were read; its agent must
-            # not start (the marker goes with the next sweep of cancels).
+        if job.cancel_requested or self._cancel_marked(job):
+            # Cancelled between its dispatch and now: its agent must not start.
             self._cancel_unstarted(job)
             return
         request = self._whole_request(job)
@@ -984,6 +987,10 @@ class Daemon:
                 continue  # not queued yet: it is once its file is read whole, then this applies
             with contextlib.suppress(OSError):
                 os.unlink(self.home.cancels / request_id)
+
+    def _cancel_marked(self, job: Job) -> bool:
+        """Whether a cancel of ``job`` waits in ``control/cancel/`` (swept by _apply_cancels)."""
+        return os.path.lexists(self.home.cancels / job.id)
 
     def _cancel_unstarted(self, job: Job) -> None:
         """The verdict of a job cancelled before it started: ``CancelledError``, nothing run."""

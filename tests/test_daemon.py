@@ -827,7 +827,7 @@ def test_a_request_cancelled_while_the_daemon_was_down_never_starts(tmp_path: Pa
     rids = [
         _home.submit(proc.home, {"driver": "command", "prompt": "x", "workspace": str(tmp_path),
                                  "config": {"command": "/bin/sh", "extra_args": ["-c", f": > {side_effect}-{i}"]}})
-        for i in range(4)
+        for i in range(8)
     ]
     for rid in rids:
         _home.request_cancel(proc.home, rid)
