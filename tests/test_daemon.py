@@ -465,7 +465,9 @@ def test_a_verdict_the_disk_refuses_keeps_its_outcome_until_it_can_be_written(tm
     proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
     assert proc.proc is not None
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    rid = proc.submit(script({"text": "started"}, {"sleep": 0.5}, {"text": "finished"}))
+    # The limit must be set before the run ends: the sleep leaves room for the start's log
+    # line to reach this process on a loaded machine (0.5 s was not always enough).
+    rid = proc.submit(script({"text": "started"}, {"sleep": 3}, {"text": "finished"}))
     proc.wait_for_line(f"request.started id={rid}")
     resource.prlimit(proc.proc.pid, resource.RLIMIT_FSIZE, (0, hard))
     try:
