@@ -70,7 +70,8 @@ class Broker:
         self._loss = _Loss()
         self._cancelled = False
         self._finished = False
-        self._readers = 0  # iterators taking events at this moment, in any thread
+        # Threads with an iterator open on this run (a thread id per open iterator).
+        self._readers: Counter[int] = Counter()
         self.turn_id = ""
 
     # -- producers ---------------------------------------------------------------------------
@@ -160,8 +161,9 @@ class Broker:
     # -- the consumer ------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Event]:
+        reader = threading.get_ident()
         with self._cond:
-            self._readers += 1
+            self._readers[reader] += 1
         try:
             while True:
                 with self._cond:
@@ -174,19 +176,24 @@ class Broker:
                 yield event
         finally:
             with self._cond:
-                self._readers -= 1
+                self._readers[reader] -= 1
+                if not self._readers[reader]:
+                    del self._readers[reader]
                 self._cond.notify_all()
 
     def drain_unread(self) -> None:
         """Block until the run's last event is queued, then drop what nobody is reading.
 
-        Events are dropped only while no iterator is reading: those of a thread iterating
-        meanwhile (or starting to before the run ends) stay its own.  A full buffer nobody
-        reads from is emptied at once, so producers never wedge on it.
+        Events are dropped only while no other thread has an iterator open: those of a thread
+        iterating meanwhile (or starting to before the run ends) stay its own.  An iterator
+        this thread left open cannot be reading now, so it holds nothing back.  A full buffer
+        nobody reads from is emptied at once, so producers never wedge on it.
         """
+        me = threading.get_ident()
         with self._cond:
             while True:
-                if not self._readers and (self._finished or len(self._queue) >= self._capacity):
+                others = any(thread != me for thread in self._readers)
+                if not others and (self._finished or len(self._queue) >= self._capacity):
                     self._queue.clear()
                     self._cond.notify_all()
                 if self._finished:

@@ -6,6 +6,8 @@ import dataclasses
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -1029,3 +1031,23 @@ def test_a_nan_timeout_is_refused_not_no_deadline() -> None:
         agent.run("go", timeout=float("nan"))
     with pytest.raises(ValueError, match="nan"):
         adaptor.Agent(ScriptedDriver([{"text": "x"}]), timeout=float("nan")).run("go")
+
+
+def test_result_after_a_peek_at_the_first_event_still_drains_the_rest() -> None:
+    # An iterator this thread left open is not reading: result() must not wait for it, or a
+    # run with more events than the buffer holds would wedge (its producers blocked on it).
+    # In a child process: in this one, a wedge would hang the suite instead of failing it.
+    proc = subprocess.run([sys.executable, "-c", _PEEK_THEN_RESULT], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "last\n"), proc.stderr
+
+
+_PEEK_THEN_RESULT = """
+import adaptor
+from adaptor import events
+from adaptor.testing import ScriptedDriver
+
+stream = adaptor.Agent(ScriptedDriver([{"text": "a"}] * 30 + [{"text": "last"}]), event_buffer=4).stream("go")
+peek = iter(stream)
+assert isinstance(next(peek), events.RunStarted)
+print(stream.result().transcript()[-1].text)
+"""
