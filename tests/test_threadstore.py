@@ -860,7 +860,7 @@ def test_compaction_keeps_resolve_cost_flat(
     # A fresh reader parses the snapshot plus less than one compaction interval of lines.
     assert all(cost < _jsonl._COMPACT_MIN_LINES for cost in cost_after.values()), cost_after
     logs = sorted(p.name for p in directory.iterdir() if p.name.endswith(".jsonl"))
-    assert len(logs) == 1
+    assert len(logs) == 2  # the current log and the one compacted last (kept until the next)
     assert (directory / "snapshot.json").stat().st_size < 4096
     # A long-lived instance pays only for lines it has not seen yet.
     before = writer.lines_read
@@ -899,7 +899,7 @@ def test_files_are_private_and_readable_with_jq_style_tools(tmp_path: Path) -> N
     assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     names = sorted(os.listdir(directory))
-    assert names == ["log-000002.jsonl", "snapshot.json", "store.lock"]
+    assert names == ["log-000001.jsonl", "log-000002.jsonl", "snapshot.json", "store.lock"]
     for name in names:
         assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name
     assert not (tmp_path / "escape").exists()
@@ -954,12 +954,28 @@ def test_missing_snapshot_with_later_logs_is_corruption_not_an_empty_store(tmp_p
         store.resolve(Query(key="k"))
 
 
-def test_a_snapshot_lost_right_after_its_compaction_is_corruption_too(tmp_path: Path) -> None:
+def test_a_snapshot_lost_right_after_its_compaction_never_looks_like_an_empty_store(
+    tmp_path: Path,
+) -> None:
     # Until the next write made the new log, nothing showed a snapshot had ever existed: the
-    # store came back empty, and its next write started generation 1 again.
+    # store came back empty (every thread gone), and its next write started generation 1 again.
     directory = tmp_path / "threads"
     with JSONLStore(directory) as store:
         start(store, "r1", "k")
+        store.compact()
+    (directory / "snapshot.json").unlink()
+    with JSONLStore(directory) as store:  # log 1, the whole history, is still there: read it
+        found = store.resolve(Query(key="k"))
+        assert found is not None and found.id == "r1"
+        start(store, "r2", "k2")
+        store.compact()
+        store.compact()  # nothing written since the last: its log is still the newest kept
+    (directory / "snapshot.json").unlink()
+    with JSONLStore(directory) as store:
+        assert [store.resolve(Query(key=key)) is not None for key in ("k", "k2")] == [True, True]
+        start(store, "r3", "k3")
+        store.compact()
+        start(store, "r4", "k4")  # now in log 2: log 1 alone would no longer be the history
         store.compact()
     (directory / "snapshot.json").unlink()
     with JSONLStore(directory) as store, pytest.raises(CorruptLogError, match="missing"):

@@ -74,7 +74,6 @@ import orjson
 from adaptor._durable import (
     CorruptLogError,
     DurableLog,
-    atomic_write,
     atomic_write_json,
     ensure_dir,
     exclusive,
@@ -670,12 +669,7 @@ class JSONLStore:
         state.leases = dict(snapshot["leases"])
         self._switch(generation, state, fd)
         self._epoch = touch_epoch(self._lock_path)
-        # The new log exists (durably) before the old one goes: a store whose snapshot is then
-        # lost shows a log past generation 1, which _start_without_snapshot refuses, rather
-        # than no log at all, which it would read as a store that never held anything.
-        with contextlib.suppress(OSError):  # (then the old log stays, which shows it as well)
-            atomic_write(self._log_path(), b"")
-            self._remove_stale(generation)
+        self._remove_stale(generation)
 
     def _snapshot_replaced(self) -> bool:
         """Whether ``snapshot.json`` is no longer the file this instance follows."""
@@ -690,9 +684,23 @@ class JSONLStore:
         )
 
     def _remove_stale(self, generation: int) -> None:
-        for name in os.listdir(self._dir):
+        """Remove the logs before ``generation`` but the newest of them, and stray temp files.
+
+        The newest earlier log stays (until a later compaction), so a store whose snapshot is
+        then lost never looks empty, which would drop every thread: it shows log 1, the whole
+        history, read as such, or a log past generation 1, which _start_without_snapshot
+        refuses.  (Creating the next log at once would cost each compaction two more syncs.)
+        """
+        names = os.listdir(self._dir)
+        earlier = [
+            int(match.group(1))
+            for match in map(_LOG_NAME.fullmatch, names)
+            if match is not None and int(match.group(1)) < generation
+        ]
+        kept = max(earlier, default=0)
+        for name in names:
             match = _LOG_NAME.fullmatch(name)
-            stale = (match is not None and int(match.group(1)) < generation) or name.startswith(
+            stale = (match is not None and int(match.group(1)) < kept) or name.startswith(
                 f"{_SNAPSHOT}.tmp-"
             )
             if stale:
