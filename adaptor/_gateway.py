@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import hmac
 import importlib
-import logging
 import secrets
 import socket
 import threading
@@ -35,7 +34,7 @@ from typing import Any, Final
 
 from adaptor.driver._spi import MCPServerSpec, ToolsEndpoint
 from adaptor.mcp import RESERVED_ENV_PREFIX, RESERVED_KEY
-from adaptor.tool import GENERIC_FAILURE, CallOutcome, Definition, InvalidDefinitionError
+from adaptor.tool import GENERIC_FAILURE, CallOutcome, Definition, InvalidDefinitionError, log
 
 __all__ = ["Gateway", "require_sdk"]
 
@@ -63,8 +62,6 @@ _SDK_MODULES: Final = (
 _Scope = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-log = logging.getLogger("adaptor.tool")
 
 
 def require_sdk() -> None:

@@ -568,15 +568,10 @@ def _input_problems(
 
     The schema checker's child runs this too (``judge="tool_input"``).
     """
-    if validator is None:
-        from adaptor.schema import _new_validator
-
-        validator = _new_validator(schema)
-    try:
-        found = sorted(validator.iter_errors(value), key=_error_depth)
-    except RecursionError:  # (jsonschema follows nesting with Python's stack)
+    validator, first, too_deep = _first_error(schema, value, validator)
+    if too_deep:
         return ["the arguments nest too deeply to check; send flatter ones and retry"], validator
-    return [_safe_message(error) for error in found[:1]], validator
+    return [] if first is None else [_safe_message(first)], validator
 
 
 def _output_problems(
@@ -587,6 +582,21 @@ def _output_problems(
 
     The schema checker's child runs this too (``judge="tool_output"``).
     """
+    validator, first, too_deep = _first_error(schema, value, validator)
+    if too_deep:
+        return ["nested too deeply to check against its output schema"], validator
+    if first is None:
+        return [], validator
+    # Path and keyword only: the output may hold data the logs should not.
+    return [f"that fails its output schema at {first.json_path} ({first.validator})"], validator
+
+
+def _first_error(
+    schema: dict[str, Any], value: Any, validator: Draft202012Validator | None
+) -> tuple[Draft202012Validator, ValidationError | None, bool]:
+    """The validator (made when none is given), ``value``'s shallowest error if any, and
+    whether the value nests deeper than jsonschema can follow (it recurses with Python's
+    stack)."""
     if validator is None:
         from adaptor.schema import _new_validator
 
@@ -594,12 +604,8 @@ def _output_problems(
     try:
         found = sorted(validator.iter_errors(value), key=_error_depth)
     except RecursionError:
-        return ["nested too deeply to check against its output schema"], validator
-    # Path and keyword only: the output may hold data the logs should not.
-    return [
-        f"that fails its output schema at {error.json_path} ({error.validator})"
-        for error in found[:1]
-    ], validator
+        return validator, None, True
+    return validator, found[0] if found else None, False
 
 
 def _error_depth(error: ValidationError) -> tuple[int, str]:

@@ -982,6 +982,19 @@ def test_a_snapshot_lost_right_after_its_compaction_never_looks_like_an_empty_st
         store.resolve(Query(key="k"))
 
 
+def test_a_lock_file_without_its_log_does_not_count_as_the_log_kept(tmp_path: Path) -> None:
+    # The newest earlier log is kept through a compaction; a stray lock of a later generation
+    # (its log never written) made it delete log 1, the only one holding the history.
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k")
+        store.compact()
+        store.compact()
+        (directory / "log-000002.jsonl.lock").touch()
+        store.compact()
+    assert (directory / "log-000001.jsonl").exists()
+
+
 def _finalize_failing_its_sync(
     store: Store, request: FinalizeRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:

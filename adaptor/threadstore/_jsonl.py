@@ -695,7 +695,9 @@ class JSONLStore:
         earlier = [
             int(match.group(1))
             for match in map(_LOG_NAME.fullmatch, names)
-            if match is not None and int(match.group(1)) < generation
+            # A log's lock file may outlive it: only the logs themselves count here.
+            if match is not None and not match.group(0).endswith(".lock")
+            and int(match.group(1)) < generation
         ]
         kept = max(earlier, default=0)
         for name in names:
