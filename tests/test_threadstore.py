@@ -1480,3 +1480,52 @@ def test_damage_that_no_power_cut_explains_stays_corruption(
     with JSONLStore(directory) as store, pytest.raises(CorruptLogError):
         store.acquire_lease("key:x", "o", 60)
     assert log.read_bytes() == damaged != before
+
+
+def test_a_damaged_synced_finalize_is_corruption_though_only_old_lease_events_follow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The finalize was on disk before the release after it was written (its writer synced it),
+    # so no power cut can have damaged it: skipping it would lose an acknowledged record.
+    directory = tmp_path / "threads"
+    _power_cut_log(directory, monkeypatch)
+    log = directory / "log-000001.jsonl"
+    monkeypatch.setattr(_jsonl, "current_boot_id", lambda: "new")
+    _damage_line(log, 1)
+    damaged = log.read_bytes()
+    with JSONLStore(directory) as store:
+        with pytest.raises(CorruptLogError) as caught:
+            store.resolve(Query(key="k"))
+        assert caught.value.line == 2
+        with pytest.raises(CorruptLogError):
+            store.acquire_lease("key:x", "o", 60)
+    assert log.read_bytes() == damaged  # nothing cut
+
+
+def test_unsynced_lease_events_say_how_much_of_the_log_was_synced_before_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "threads"
+    log = directory / "log-000001.jsonl"
+
+    def line_ends() -> list[int]:
+        ends, total = [], 0
+        for line in log.read_bytes().splitlines(keepends=True):
+            total += len(line)
+            ends.append(total)
+        return ends
+
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k")  # grant (synced), finalize (synced), release
+    finalized = line_ends()[1]
+    # Another instance (as another process would) learns it from the release it reads.
+    with JSONLStore(directory) as other:
+        lease = other.acquire_lease("key:other", "o", 600)
+        other.release_lease(lease)
+    events = [record for _, record in scan(log)]
+    assert [e.get("synced") for e in events] == [None, None, finalized, finalized, finalized]
+    # A synced append by this instance moves it on.
+    with JSONLStore(directory) as store:
+        start(store, "r2", "k")
+    events = [record for _, record in scan(log)]
+    assert events[-1]["kind"] == "lease" and events[-1]["synced"] == line_ends()[-2]

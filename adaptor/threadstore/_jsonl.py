@@ -31,8 +31,10 @@ the boot id anyway.  Such lines carry ``"boot"``, the boot id they were written 
 suffix after the last synced line, and that suffix is nothing but unsynced lease events of the
 previous boot.  That is how the reader tells the damage from corruption: a bad line counts as
 a crash artifact when every line after it is bad or an unsynced lease event stamped with
-another boot; the next writer truncates from the bad line on (those leases were dead anyway).
-Anything else before the last line is corruption, as before.  See ``docs/storage.md``.
+another boot, and none of those says (``"synced"``: the bytes of the log its writer knew to be
+on disk) that the bad line was synced before it was written; the next writer truncates from
+the bad line on (those leases were dead anyway).  Anything else before the last line is
+corruption, as before.  See ``docs/storage.md``.
 
 Locking.  ``store.lock`` lingers (:func:`adaptor._durable.exclusive`): a process that works
 on the store again within a few milliseconds does not take the flock again, and the log's
@@ -176,8 +178,9 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
     return event
 
 
-def _power_cut_suffix(lines: list[bytes]) -> bool:
-    """Whether every line is bad or an unsynced lease event written under another boot."""
+def _power_cut_suffix(lines: list[bytes], damage_at: int) -> bool:
+    """Whether every line is bad or an unsynced lease event written under another boot, by a
+    writer that did not know the bytes at ``damage_at`` (the bad line's offset) to be synced."""
     boot = current_boot_id()
     for raw in lines:
         try:
@@ -189,6 +192,8 @@ def _power_cut_suffix(lines: list[bytes]) -> bool:
         written_under = event.get("boot")
         if not isinstance(written_under, str) or written_under == boot or not boot:
             return False  # written since the last boot (or unknowable): no power cut explains it
+        if event.get("synced", 0) > damage_at:
+            return False  # the damaged bytes were on disk before the power went
     return True
 
 
@@ -234,6 +239,9 @@ class JSONLStore:
         self._log: DurableLog | None = None
         # Offset of a power-cut artifact found by _read_log, cut before the next append.
         self._artifact_at: int | None = None
+        # How much of the current log is known to be on disk: synced by this instance, or
+        # claimed so by a line another writer stamped (see _commit).
+        self._synced = 0
         self._broken: OSError | None = None
         self._closed = False
         self._epoch = -1  # lock_epoch() when the files were last known as read
@@ -512,6 +520,7 @@ class JSONLStore:
         self._offset = 0
         self._seq = 0
         self._artifact_at = None
+        self._synced = 0
         self._ahead = []
 
     def _forget_files(self) -> None:
@@ -572,10 +581,13 @@ class JSONLStore:
                     # Anything else is corruption and must not be skipped.
                     if ahead or index == len(lines) - 1:
                         return
-                    if _power_cut_suffix(lines[index + 1 :]):
+                    if _power_cut_suffix(lines[index + 1 :], self._offset):
                         self._artifact_at = self._offset
                         return
                     raise CorruptLogError(path, self._seq + 1, str(exc)) from None
+                synced = event.get("synced")
+                if synced is not None and synced > self._synced:
+                    self._synced = synced
                 state.apply(event, owned=True)
                 self._offset += len(raw) + 1
                 self._seq += 1
@@ -597,10 +609,15 @@ class JSONLStore:
             self._log = DurableLog(self._log_path(), lock_path=self._lock_path)
         sync = event["kind"] != "lease" or "reserve" in event
         if not sync:
+            # "synced" lets a reader after a power cut tell damage to this line's predecessors
+            # that the cut cannot explain (bytes already on disk) from what it can.
             event = {**event, "boot": current_boot_id()}
+            if self._synced:
+                event["synced"] = self._synced
         try:
             if self._artifact_at is not None:
                 _cut(self._log_path(), self._artifact_at)
+                self._synced = max(self._synced, self._artifact_at)
                 self._artifact_at = None
                 # The log must look at the file again rather than trust what it last wrote.
                 touch_epoch(self._lock_path)
@@ -610,6 +627,8 @@ class JSONLStore:
             self._broken = exc
             touch_epoch(self._lock_path)  # other instances here must re-read too
             raise
+        if sync:  # an fdatasync flushes the whole file as it stands
+            self._synced = max(self._synced, self._log.size)
         if written["seq"] == self._seq + 1:
             # We hold store.lock and had read the log to its end (a torn tail or power-cut
             # artifact ends where our offset is, and the append cut it there), so the line

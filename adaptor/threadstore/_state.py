@@ -308,6 +308,9 @@ def check_event(event: Mapping[str, Any]) -> None:
             raise ValueError("bad reserve in lease event")
         if not isinstance(event.get("boot", ""), str):
             raise ValueError("bad boot in lease event")
+        synced = event.get("synced", 0)
+        if type(synced) is not int or synced < 0:
+            raise ValueError("bad synced in lease event")
     elif kind == "finalize":
         records, bind = event.get("records"), event.get("bind")
         if not isinstance(records, list) or not records:
