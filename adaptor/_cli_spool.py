@@ -304,6 +304,8 @@ def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None
 @guarded
 def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> None:
     """Answer a pending question with OPTION (exit 5 as for approve)."""
+    if not option:
+        raise click.BadParameter("an answer needs an option (deny the question instead)", param_hint="OPTION")
     Client(home).answer(approval_id, option)
     _responded(approval_id, "answered", as_json)
 

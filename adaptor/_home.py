@@ -412,6 +412,8 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
         raise _Unusable(final=True)
     if not isinstance(response.get("text", ""), str):
         raise _Unusable(final=True)
+    if response["action"] == "answer" and not response.get("text"):
+        raise _Unusable(final=True)  # an answer needs an option (the CLI refuses it too)
     try:
         kind = _read(home.approvals_pending / f"{approval_id}.json").get("approval_kind")
     except (OSError, ValueError):

@@ -788,7 +788,11 @@ class RunPipeline:
         request_id = (
             request.request_id if request.request_id and attempt == 0 else f"{self.run_id}-dec-{number}"
         )
-        responder = Responder(request.kind, tuple(c.key for c in request.choices))
+        responder = Responder(
+            request.kind,
+            tuple(c.key for c in request.choices),
+            None if timeout is None else time.monotonic() + timeout,
+        )
         approval = ApprovalRequest(
             id=request_id,
             run_id=self.run_id,
@@ -831,12 +835,25 @@ class RunPipeline:
     ) -> Outcome:
         handler = self.options.on_approval
         if handler is not None:
+            # Expired at its deadline while the callback still runs, so that request.wait()
+            # and request.settled tell a callback waiting for a human that it is too late.
+            expiry = None
+            if timeout is not None:
+                expiry = threading.Timer(timeout, responder.expire, ("timed_out",))
+                expiry.daemon = True
+                expiry.start()
             try:
                 handler(approval)
+            except errors.ApprovalResolvedError:
+                # A response too late (or a second one): the outcome that won stands.
+                pass
             except Exception as exc:
                 responder.expire("aborted")
                 self.end(_Terminal("handler", "approval handler raised", cause=exc))
                 return Outcome("aborted")
+            finally:
+                if expiry is not None:
+                    expiry.cancel()
             outcome = responder.outcome
             if outcome is None and approval.deadline is not None and datetime.now(UTC) >= approval.deadline:
                 # A handler that waited out the deadline (a human who never answered).

@@ -7,6 +7,7 @@ Routing of a driver's decision request through the run policy lives in the run p
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
@@ -39,12 +40,17 @@ class Responder:
     """The single live responder shared by every copy of one approval request.
 
     The first settle wins; later responses raise ``ApprovalResolvedError``, or
-    ``ApprovalExpiredError`` when the SDK expired the request first.  Methods never block.
+    ``ApprovalExpiredError`` when the SDK expired the request first or ``expires`` (a
+    ``time.monotonic()`` instant) has passed: a response after the deadline never wins, even
+    when nothing expired the request yet.  Methods never block.
     """
 
-    def __init__(self, kind: str, choice_keys: tuple[str, ...]) -> None:
+    def __init__(
+        self, kind: str, choice_keys: tuple[str, ...], expires: float | None = None
+    ) -> None:
         self._kind = kind
         self._choice_keys = choice_keys
+        self._expires = expires
         self._lock = threading.Lock()
         self._settled = threading.Event()
         self._outcome: Outcome | None = None
@@ -67,11 +73,19 @@ class Responder:
             raise ApprovalKindMismatchError(
                 f"approval {request.id!r} is a {self._kind} request: approve() or deny() it"
             )
+        if not option:
+            raise ValueError(f"approval {request.id!r}: an answer needs an option (deny it instead)")
         choice = option if option in self._choice_keys else ""
         self._settle(request, Outcome("answered", choice=choice, text=option))
 
     def _settle(self, request: ApprovalRequest, outcome: Outcome) -> None:
         with self._lock:
+            if (
+                self._outcome is None
+                and self._expires is not None
+                and time.monotonic() >= self._expires
+            ):
+                self._expire_locked("timed_out")
             if self._expired:
                 raise ApprovalExpiredError(f"approval {request.id!r} expired before this response")
             if self._outcome is not None:
@@ -87,10 +101,14 @@ class Responder:
         """Expire the request unless a response already won; returns the winning outcome."""
         with self._lock:
             if self._outcome is None:
-                self._expired = True
-                self._outcome = Outcome(result, resolved_at=datetime.now(UTC))
-                self._settled.set()
+                self._expire_locked(result)
+            assert self._outcome is not None
             return self._outcome
+
+    def _expire_locked(self, result: Literal["timed_out", "aborted"]) -> None:
+        self._expired = True
+        self._outcome = Outcome(result, resolved_at=datetime.now(UTC))
+        self._settled.set()
 
     def wait(self, timeout: float | None) -> Outcome | None:
         """Wait for a response; None when ``timeout`` passed first.

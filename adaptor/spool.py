@@ -249,7 +249,10 @@ class Client:
         self._respond(approval_id, "deny", reason)
 
     def answer(self, approval_id: str, option: str) -> None:
-        """Answer a question with ``option``; raises like :meth:`approve`."""
+        """Answer a question with ``option``; raises like :meth:`approve`, and ``ValueError``
+        for an empty option (deny the question instead)."""
+        if not option:
+            raise ValueError("an answer needs an option (deny the question instead)")
         self._respond(approval_id, "answer", option)
 
     def _respond(self, approval_id: str, action: str, text: str = "") -> None:

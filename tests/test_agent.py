@@ -499,6 +499,64 @@ def test_expired_request_rejects_late_response() -> None:
     assert isinstance(info.value, adaptor.ApprovalResolvedError)
 
 
+def test_a_callback_waiting_for_a_human_is_told_at_the_deadline_and_late_answers_lose() -> None:
+    seen: list[tuple[bool, bool]] = []
+
+    def handler(req: events.ApprovalRequest) -> None:
+        req.wait(30)  # a human who never answers; the deadline (0.2 s) must end the wait
+        with pytest.raises(adaptor.ApprovalExpiredError):
+            req.approve()
+        seen.append((req.settled, req.wait(0) is not None))
+
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "went ahead"}]),
+        on_approval=handler,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.2)),
+    )
+    with pytest.raises(adaptor.ApprovalTimeoutError):
+        agent.run("go")
+    assert seen == [(True, True)]
+
+
+def test_a_callback_whose_late_answer_raises_times_the_attempt_out_not_the_run() -> None:
+    def handler(req: events.ApprovalRequest) -> None:
+        req.wait(30)
+        req.approve()  # too late: ApprovalExpiredError, not caught here
+
+    agent = adaptor.Agent(
+        ScriptedDriver([PERMISSION, {"text": "went ahead"}]),
+        on_approval=handler,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.2)),
+    )
+    with pytest.raises(adaptor.ApprovalTimeoutError):
+        agent.run("go")
+
+
+def test_a_response_after_the_deadline_loses_even_before_anything_expired_the_request() -> None:
+    from adaptor.approval import Responder
+
+    request = events.ApprovalRequest(id="a1", run_id="run_1", kind="permission")
+    responder = Responder("permission", (), expires=time.monotonic() - 1)
+    with pytest.raises(adaptor.ApprovalExpiredError):
+        responder.approve(request)
+    assert responder.outcome is not None and responder.outcome.result == "timed_out"
+    assert Responder("permission", (), expires=time.monotonic() + 60).outcome is None
+
+
+def test_an_empty_answer_is_refused_and_the_question_stays_open() -> None:
+    def handler(req: events.ApprovalRequest) -> None:
+        with pytest.raises(ValueError, match="needs an option"):
+            req.answer("")
+        req.answer("b")
+
+    agent = adaptor.Agent(
+        ScriptedDriver([QUESTION, {"text": "picked"}]),
+        on_approval=handler,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask")),
+    )
+    assert agent.run("go").text == "picked"
+
+
 def test_default_question_is_auto_rejected_without_consulting_the_handler() -> None:
     called: list[object] = []
     agent = adaptor.Agent(ScriptedDriver([QUESTION, {"text": "x"}]), on_approval=called.append)

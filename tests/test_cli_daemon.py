@@ -387,6 +387,19 @@ def test_answer_a_question_after_a_kind_mismatch(home: Home) -> None:
     assert mismatch.returncode == 5
     assert orjson.loads(mismatch.stdout)["error"]["code"] == "ErrApprovalKindMismatch"
     assert approval_id in [a["id"] for a in home.client.approvals()]  # still open
+    empty = home.cli("answer", approval_id, "")
+    assert empty.returncode == 2 and "needs an option" in empty.stderr
+    with pytest.raises(ValueError, match="needs an option"):
+        home.client.answer(approval_id, "")
+    # Written by hand, an empty answer is set aside like any response the CLI refuses.
+    response = home.root / "approvals" / "responses" / f"{approval_id}.json"
+    response.write_text('{"action": "answer", "text": ""}')
+    deadline = time.monotonic() + TIMEOUT
+    while response.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not response.exists()
+    assert list((home.root / "quarantine").glob(f"approval-response-{approval_id}-*"))
+    assert approval_id in [a["id"] for a in home.client.approvals()]  # still open
     assert home.cli("answer", approval_id, "blue").returncode == 0
     assert home.cli("wait", request_id).stdout == "answered\n"
 
