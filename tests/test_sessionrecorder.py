@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import logging
 import os
 import re
 import select
@@ -603,9 +604,61 @@ def test_sessions_pass_over_a_torn_tail_but_not_corruption(events_dir: Path) -> 
     lines = whole.splitlines(keepends=True)
     path.write_bytes(lines[0] + b"garbage\n" + lines[2])
     with _recorder(events_dir) as recorder:
+        # Left out of the listing (see the next test), still refused by a read.
+        assert recorder.sessions() == []
         with pytest.raises(sr.JSONLEventLogCorruptError) as corrupt:
-            recorder.sessions()
+            recorder.since("s")
         assert (corrupt.value.line, corrupt.value.why) == (2, "invalid json")
+
+
+def _damaged_tail(damage: str) -> tuple[list[bytes], int, str]:
+    """A log whose tail last_record() cannot pass over: its lines, the bad line, the why."""
+    if damage == "invalid json":
+        return [_line(1), b"{not json\n", _line(3)], 2, "invalid json"
+    if damage == "bad crc":
+        return [_line(1), _line(2).replace(b"text 2", b"text X"), _line(3)], 2, "bad crc"
+    # Well framed, so not a torn tail, but not a record either.
+    return [_line(1), _line(2), _line(3, recorded_at="nope")], 3, "bad recorded_at: 'nope'"
+
+
+@pytest.mark.parametrize("damage", ["invalid json", "bad crc", "bad recorded_at"])
+def test_sessions_leave_out_a_corrupt_log_and_list_the_rest(
+    events_dir: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _fill(events_dir, "a", 2)
+    _fill(events_dir, "c", 1)
+    lines, bad_line, why = _damaged_tail(damage)
+    (events_dir / "b.jsonl").write_bytes(b"".join(lines))
+    with _recorder(events_dir) as recorder:
+        with caplog.at_level(logging.WARNING, logger="hosttools.sessionrecorder"):
+            listed = recorder.sessions()
+        assert sorted((s.key, s.last_host_seq) for s in listed) == [("a", 2), ("c", 1)]
+        [warning] = caplog.records
+        assert (warning.levelno, warning.name) == (logging.WARNING, "hosttools.sessionrecorder")
+        message = warning.getMessage()
+        assert f"'b': its event log is corrupt at line {bad_line}: {why}" in message
+        assert "text" not in message  # the events' content stays out of the log
+        with pytest.raises(sr.JSONLEventLogCorruptError) as corrupt:
+            recorder.since("b")
+        assert (corrupt.value.key, corrupt.value.line, corrupt.value.why) == ("b", bad_line, why)
+
+
+def test_sessions_leave_out_a_log_that_cannot_be_read(
+    events_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _fill(events_dir, "a", 2)
+    lines, _, _ = _damaged_tail("invalid json")
+    (events_dir / "b.jsonl").write_bytes(b"".join(lines))
+    # The damage sends last_record() to a full replay, which takes the log's lock for a settled
+    # size; a lock that is a directory makes that an OSError (chmod 000 would, were we not root).
+    (events_dir / "b.jsonl.lock").mkdir()
+    with _recorder(events_dir) as recorder:
+        with caplog.at_level(logging.WARNING, logger="hosttools.sessionrecorder"):
+            assert [s.key for s in recorder.sessions()] == ["a"]
+        [warning] = caplog.records
+        assert "'b': its event log cannot be read: [Errno 21]" in warning.getMessage()
+        with pytest.raises(IsADirectoryError):
+            recorder.since("b")
 
 
 def test_sessions_read_long_lines_at_the_tail(events_dir: Path) -> None:

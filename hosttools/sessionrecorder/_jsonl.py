@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, NoReturn
@@ -31,6 +33,8 @@ from ._model import (
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+_log = logging.getLogger("hosttools.sessionrecorder")
 
 
 class _Retired(Exception):
@@ -573,7 +577,11 @@ class JSONLEventBackend:
             return make_record(written[SEQ_KEY], record.recorded_at, record.event)
 
     def sessions(self) -> list[SessionInfo]:
-        """Every key with at least one record, from each file's tail (no full replay)."""
+        """Every key with at least one record, from each file's tail (no full replay).
+
+        A key whose log cannot be read (corrupt, or an ``OSError``) is left out with a warning
+        on the ``hosttools.sessionrecorder`` logger; reading it (:meth:`load`) raises the error.
+        """
         with self._lock:
             self._check_open()
         try:
@@ -589,7 +597,7 @@ class JSONLEventBackend:
                 check_contained(key)
             except InvalidSessionKeyError:
                 continue
-            last = _format.last_record(entry.path, key)
+            last = _last_record_or_warn(entry.path, key)
             if last is not None:
                 infos.append(SessionInfo(key, last[0], last[1]))
         return infos
@@ -716,6 +724,26 @@ class JSONLEventBackend:
                     )
                     current.poison = _Failure.of(exc)
         return len(retired)
+
+
+def _last_record_or_warn(path: str, key: str) -> tuple[int, datetime] | None:
+    """:func:`_format.last_record`, or None with a warning when the log cannot be read.
+
+    One damaged or unreadable log must not hide every other session from a listing.  The
+    warning names the key, the line and the reason, never the events' content.
+    """
+    try:
+        return _format.last_record(path, key)
+    except JSONLEventLogCorruptError as exc:
+        _log.warning(
+            "sessions: left out %r: its event log is corrupt at line %d: %s",
+            key,
+            exc.line,
+            exc.why,
+        )
+    except OSError as exc:
+        _log.warning("sessions: left out %r: its event log cannot be read: %s", key, exc)
+    return None
 
 
 def _last_used(session: _Session) -> int:
