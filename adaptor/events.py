@@ -8,11 +8,14 @@ logs (``text.content``, ``notice.lifecycle``, ...).
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
+from adaptor import _nesting
 from adaptor.result import Usage
 
 if TYPE_CHECKING:
@@ -391,17 +394,68 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+_CONTAINERS = frozenset({dict, list})
+
+
+def _copy_json(value: Any) -> Any:
+    """``value`` with every dict and list in it copied; anything else is shared as it is.
+
+    Events are frozen but their dicts and lists are not, so neither a JSON object made from an
+    event nor one an event was made from may share them.  Exact, unlike an orjson round trip
+    (which measured ~25% faster on a 1 KB tool input, 2.2 against 2.9 us, but turns tuples into
+    lists, NaN into null and datetimes into strings, and stops at 254 levels).
+    """
+    try:
+        return _copy_containers(value)
+    except RecursionError:
+        return _nesting.copy(value)  # nested deeper than the stack: slower, without recursion
+
+
+def _copy_containers(value: Any) -> Any:
+    cls = type(value)
+    if cls is dict:
+        out = value.copy()  # the scalars in one C-level copy; only containers are revisited
+        for key, item in out.items():
+            if type(item) in _CONTAINERS:
+                out[key] = _copy_containers(item)
+        return out
+    if cls is list:
+        return [_copy_containers(item) if type(item) in _CONTAINERS else item for item in value]
+    return value
+
+
+def _container_fields(cls: type) -> frozenset[str]:
+    """The fields of an event class whose type admits a dict or a list (``Any`` does)."""
+    hints = typing.get_type_hints(cls, localns={"Responder": object})
+    return frozenset(f.name for f in dataclasses.fields(cls) if _admits_containers(hints[f.name]))
+
+
+def _admits_containers(hint: Any) -> bool:
+    if hint is Any or hint in _CONTAINERS or typing.get_origin(hint) in _CONTAINERS:
+        return True
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(map(_admits_containers, typing.get_args(hint)))
+    return False
+
+
 _Plan: TypeAlias = tuple[tuple[str, str, Callable[[Any], Any] | None], ...]
 # Per event class: (field name, JSON name, encoder) for every field to_json writes, so an event
-# costs one dict lookup instead of walking dataclasses.fields() and three tables.
+# costs one dict lookup instead of walking dataclasses.fields() and three tables.  A field that
+# may hold a dict or list is "encoded" by copying it; the others (all of a TextDelta's) are not
+# touched.
 _TO_JSON_PLANS: dict[type, _Plan] = {}
 
 
 def _to_json_plan(cls: type) -> _Plan:
     folded = _FOLDED_FIELD.get(cls)
     renamed = _JSON_NAMES.get(cls, {})
+    containers = _container_fields(cls)
     plan = tuple(
-        (f.name, renamed.get(f.name, f.name), _ENCODERS.get(f.name))
+        (
+            f.name,
+            renamed.get(f.name, f.name),
+            _ENCODERS.get(f.name, _copy_json if f.name in containers else None),
+        )
         for f in dataclasses.fields(cls)
         if f.name not in ("meta", "_responder") and f.name != folded
     )
@@ -410,7 +464,11 @@ def _to_json_plan(cls: type) -> _Plan:
 
 
 def to_json(event: Event) -> dict[str, Any]:
-    """The JSON object form of an event (used by audit logs, verdicts and ``--json``)."""
+    """The JSON object form of an event (used by audit logs, verdicts and ``--json``).
+
+    The object is the caller's: it shares no dict or list with the event, so changing it
+    cannot change the event that every other consumer sees.
+    """
     cls = type(event)
     plan = _TO_JSON_PLANS.get(cls)
     if plan is None:
@@ -425,6 +483,7 @@ def to_json(event: Event) -> dict[str, Any]:
 def from_json(obj: Mapping[str, Any]) -> Event:
     """Rebuild an event from :func:`to_json` output.  Raises ``ValueError`` on bad input.
 
+    The event shares no dict or list with ``obj``: changing ``obj`` later leaves it as it is.
     An ``ApprovalRequest`` read back has no live responder: answering it raises
     ``ApprovalUnavailableError``.
     """
@@ -456,7 +515,8 @@ def _from_json(obj: Mapping[str, Any]) -> Event:
             json_name = renamed.get(name, name)
             if json_name in obj:
                 decoder = _DECODERS.get(name)
-                kwargs[name] = decoder(obj[json_name]) if decoder else obj[json_name]
+                value = obj[json_name]
+                kwargs[name] = decoder(value) if decoder else _copy_json(value)
         if folded_name is not None:
             kwargs[folded_name] = folded_value
         meta = _meta_from_json(obj.get("meta") or {})
@@ -513,6 +573,7 @@ class _Recipe:
     fixed: dict[str, Any]  # the folded field's value, set last
     drop_kind: bool  # the JSON "kind" is not a field of the class
     factories: tuple[tuple[str, Callable[[], Any]], ...]
+    copied: tuple[str, ...]  # fields that may hold the JSON's dicts and lists: copied
 
 
 _META_TEMPLATE: dict[str, Any] = {
@@ -579,6 +640,8 @@ def _quick_from_json(kind: str, obj: dict[str, Any]) -> Event | None:
     fields["meta"] = meta
     if recipe.drop_kind:
         del fields["kind"]
+    for name in recipe.copied:
+        fields[name] = _copy_json(fields[name])
     for name, factory in recipe.factories:
         if fields[name] is _FACTORY:
             fields[name] = factory()
@@ -596,10 +659,10 @@ def _recipe(kind: str) -> _Recipe | None:
 def _adopt_from_json(kind: str, obj: dict[str, Any]) -> Event | None:
     """:func:`_quick_from_json` for an ``obj`` the caller hands over (a freshly parsed line).
 
-    The event takes ``obj`` (and its ``meta`` dict) as its own state instead of copying it, so
-    the caller must not use either again once an event is returned.  Only a complete object,
-    with exactly the keys to_json writes, qualifies; nothing is changed before that is known.
-    Returns None (``obj`` untouched) to ask :func:`from_json`.
+    The event takes ``obj`` (its ``meta`` dict, its dicts and lists) as its own state instead
+    of copying it, so the caller must not use any of them again once an event is returned.
+    Only a complete object, with exactly the keys to_json writes, qualifies; nothing is changed
+    before that is known.  Returns None (``obj`` untouched) to ask :func:`from_json`.
     """
     recipe = _RECIPES.get(kind, _UNSEEN)
     if recipe is _UNSEEN:
@@ -667,4 +730,5 @@ def _make_recipe(kind: str) -> _Recipe | None:
         fixed={folded_name: folded_value} if folded_name is not None else {},
         drop_kind="kind" not in template,
         factories=tuple(factories),
+        copied=tuple(sorted(_container_fields(cls))),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adaptor
-from adaptor import events
+from adaptor import _nesting, events
 from adaptor.result import (
     RawStreams,
     Result,
@@ -130,6 +131,94 @@ def test_every_event_roundtrips_through_json_bytes(event: Any) -> None:
     assert back == event
     assert back.meta == event.meta
     assert events.to_json(back) == obj
+
+
+def _containers(value: Any) -> list[Any]:
+    """Every dict and list in ``value``, itself included (without recursion: depth is free)."""
+    found: list[Any] = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict | list):
+            found.append(item)
+            pending.extend(item.values() if isinstance(item, dict) else item)
+    return found
+
+
+def _event_containers(event: Any) -> list[Any]:
+    return _containers([getattr(event, f.name) for f in dataclasses.fields(event)])[1:]
+
+
+def _scribble(value: Any) -> None:
+    """Change every dict and list in ``value`` in place, as a careless consumer might."""
+    for item in _containers(value):
+        if isinstance(item, dict):
+            item["scribbled"] = True
+        else:
+            item.append("scribbled")
+
+
+def _shared(a: list[Any], b: list[Any]) -> set[int]:
+    # Both sides are alive throughout, so equal ids are the same object.
+    return {id(x) for x in a} & {id(x) for x in b}
+
+
+# Every event class, each field that may hold a dict or a list holding some.
+CONTAINER_EVENTS: list[Any] = [
+    events.ToolCall(id="c", args={"path": "a", "edits": [{"old": "x"}]}, result=[{"ok": True}]),
+    events.ToolCall(id="c", phase="end", result={"rows": [[1, 2], []]}),
+    events.ToolResult(id="c", result={"content": [{"type": "text", "text": "t"}]}),
+    events.ToolResult(id="c", result=[1, [2]]),
+    events.ProcessInfo(kind="spawn", data={"argv": ["cli", "-p"], "env": {"names": ["A"]}}),
+    events.Notice(kind="transcript.item", data={"item": {"input": {"q": [1]}}}),
+    events.Dropped(count=2, by_kind={"text.content": 2}),
+    events.SubagentUpdate(agent="a", kind="finished", data={"result": {"files": ["x"]}}),
+    events.ApprovalRequest(id="r", details={"tool": {"input": {"cmd": ["rm", "x"]}}}),
+]
+
+
+@pytest.mark.parametrize("event", CONTAINER_EVENTS, ids=events.event_kind)
+def test_to_json_shares_no_container_with_the_event(event: Any) -> None:
+    before = repr(event)
+    out = events.to_json(event)
+    assert out == orjson.loads(orjson.dumps(out))  # JSON-shaped data is kept as it is
+    assert not _shared(_containers(out), _event_containers(event))
+    _scribble(out)
+    assert repr(event) == before
+    assert events.to_json(event) != out
+
+
+@pytest.mark.parametrize("path", ["fast", "general"])
+@pytest.mark.parametrize("event", CONTAINER_EVENTS, ids=events.event_kind)
+def test_from_json_shares_no_container_with_its_input(event: Any, path: str) -> None:
+    obj = orjson.loads(orjson.dumps(events.to_json(event)))
+    # A dict of the canonical shape takes from_json's shortcut; any other mapping does not.
+    back = events.from_json(obj if path == "fast" else MappingProxyType(obj))
+    assert back == event
+    assert not _shared(_containers(obj), _event_containers(back))
+    _scribble(obj)
+    assert back == event and repr(back) == repr(event)
+
+
+@settings(max_examples=200, deadline=None)
+@given(EVENTS)
+def test_no_event_shares_a_container_with_its_json(event: Any) -> None:
+    out = events.to_json(event)
+    assert not _shared(_containers(out), _event_containers(event))
+    back = events.from_json(out)
+    assert not _shared(_containers(out), _event_containers(back))
+    _scribble(out)
+    assert back == event
+
+
+def test_to_json_copies_what_nests_deeper_than_the_stack() -> None:
+    deep: list[Any] = []
+    for _ in range(49_999):
+        deep = [deep]  # 50,000 levels
+    event = events.ToolCall(id="c", args={"deep": deep})
+    copied = events.to_json(event)["args"]["deep"]
+    assert _nesting.deeper_than(copied, 49_999) and not _nesting.deeper_than(copied, 50_000)
+    assert not _shared(_containers(copied), _containers(deep))
 
 
 def test_kinds_fold_the_discriminating_field() -> None:
