@@ -430,6 +430,7 @@ def _execute(
             thread_store=store,
             on_approval=_terminal_approver(live),
             tools=tools,
+            skill_provider=config.skill_catalogue(),
         )
         stream = None
         try:

@@ -340,6 +340,7 @@ def build(
     on_approval: Callable[[adaptor.ApprovalRequest], None],
     tools: Mapping[str, Any],
     kept: KeptAgents | None = None,
+    skill_provider: skill.Provider | None = None,
 ) -> Call:
     """Map a validated request onto ``Agent(...)`` and ``run``/``thread(...).run`` options.
 
@@ -357,11 +358,15 @@ def build(
         selected_tools.append(tools[tool_name])
 
     def make_agent() -> adaptor.Agent:
-        return adaptor.Agent(driver, thread_store=thread_store, tools=selected_tools)
+        return adaptor.Agent(
+            driver, thread_store=thread_store, tools=selected_tools, skill_provider=skill_provider
+        )
 
     if kept is not None and driver.descriptor().process.persistent:
         # The key holds secrets (config env) only as a digest.
-        identity = [name, config, [[t, id(tools[t])] for t in request.get("tools") or ()], id(thread_store)]
+        identity = [
+            name, config, [[t, id(tools[t])] for t in request.get("tools") or ()], id(thread_store), id(skill_provider)
+        ]
         key = hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS, default=repr)).digest()
         agent, close = kept.checkout(key, make_agent)
     else:

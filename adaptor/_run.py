@@ -405,6 +405,17 @@ class RunPipeline:
         assert self.descriptor is not None
         skills = self._skills
         if skills and not self.descriptor.skills.supported:
+            required = [s for s in skills if s.required]
+            if required:
+                # A skill the run was told it needs must not be dropped with a warning.
+                raise _skill.SkillMaterializationError(
+                    required[0].key,
+                    _skill.runtime_name(required[0]),
+                    cause=RuntimeError(
+                        f"driver {self.descriptor.type!r} does not load skills "
+                        f"(required: {required[0].reason or 'no reason given'})"
+                    ),
+                )
             self.publish(
                 Notice(
                     kind="lifecycle",

@@ -61,6 +61,7 @@ __all__ = [
     "ArchiveSource",
     "Catalogue",
     "DirSource",
+    "Directories",
     "InlineSource",
     "Limits",
     "Provider",
@@ -341,6 +342,58 @@ class Set:
 
     def __repr__(self) -> str:
         return f"skill.Set({sorted(self._skills)!r})"
+
+
+class Directories:
+    """A catalogue of skill folders: ``skill.Directories(["/srv/skills", ...])``.
+
+    Each subdirectory of a catalogue directory is the skill :func:`dir` makes of it, under its
+    own name; a key found in several directories comes from the first (as ``PATH`` does).  The
+    directories are looked at on every call, so skills added or removed take effect at the next
+    run.  A key is looked up only as a plain directory name (no ``/``, not ``.`` or ``..``), so
+    a reference cannot reach outside the catalogue; a missing directory offers nothing.
+    """
+
+    def __init__(self, directories: Iterable[str | os.PathLike[str]]) -> None:
+        self._directories = tuple(os.fspath(d) for d in directories)
+        relative = [d for d in self._directories if not os.path.isabs(d)]
+        if relative:
+            raise ValueError(f"skill catalogue directories must be absolute: {', '.join(relative)}")
+
+    @property
+    def directories(self) -> tuple[str, ...]:
+        return self._directories
+
+    def get_skills(self, keys: Sequence[str]) -> Mapping[str, Skill]:
+        found: dict[str, Skill] = {}
+        for name in keys:
+            if name in found or not _plain_name(name):
+                continue
+            for directory in self._directories:
+                candidate = os.path.join(directory, name)
+                if os.path.isdir(candidate):
+                    found[name] = dir(candidate)
+                    break
+        return found
+
+    def catalogue(self) -> Sequence[Skill]:
+        offered: dict[str, Skill] = {}
+        for directory in self._directories:
+            try:
+                entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+            except OSError:  # missing, not a directory, unreadable: offers nothing
+                continue
+            for entry in entries:
+                if entry.name not in offered and _plain_name(entry.name) and entry.is_dir():
+                    offered[entry.name] = dir(entry.path)
+        return [offered[k] for k in sorted(offered)]
+
+    def __repr__(self) -> str:
+        return f"skill.Directories({list(self._directories)!r})"
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
 
 
 # --- resolution --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import click
 import orjson
 
-from adaptor import _home
+from adaptor import _home, skill
 from adaptor._cli_common import home_option, not_nan
 from adaptord import config as config_module
 
@@ -103,6 +104,12 @@ def check(config_path: str | None) -> None:
         config = config_module.load(config_path, required=config_path is not None)
         config.load_tools()
         click.echo(f"config: ok ({config.source or 'defaults; no config file'})")
+        catalogue = config.skill_catalogue()
+        for directory in catalogue.directories if catalogue else ():
+            # Not an error: the folder may be made after the config.
+            offered = len(skill.Directories([directory]).catalogue())
+            state = f"{offered} skill(s)" if os.path.isdir(directory) else "missing: offers nothing"
+            click.echo(f"skills: {directory} ({state})")
     except config_module.ConfigError as exc:
         click.echo(f"config: {exc}")
         ok = False

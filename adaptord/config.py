@@ -44,6 +44,7 @@ import orjson
 
 from adaptor._home import OWNER_VAR
 from adaptor.drivers import NAMES as DRIVER_NAMES
+from adaptor.skill import Directories
 
 if TYPE_CHECKING:
     from adaptor.tool import Definition
@@ -121,6 +122,10 @@ class DaemonConfig:
 
     def driver_defaults(self, name: str) -> dict[str, Any]:
         return dict(self.drivers.get(name, {}))
+
+    def skill_catalogue(self) -> Directories | None:
+        """The ``[skills] dirs`` as the catalogue requests' ``{"key": ...}`` skills come from."""
+        return Directories(self.skill_dirs) if self.skill_dirs else None
 
     def load_tools(self) -> dict[str, Any]:
         """Import every configured host tool (``module:attribute``)."""
@@ -209,6 +214,10 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     dirs = skills.get("dirs", []) if isinstance(skills, dict) else None
     if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{source}: skills.dirs must be a list of paths")
+    relative = [d for d in dirs if not os.path.isabs(d)]
+    if relative:
+        # Relative to what: the daemon's working directory is / under systemd.
+        raise ConfigError(f"{source}: skills.dirs must be absolute paths, not {', '.join(map(repr, relative))}")
     return DaemonConfig(
         workers=workers,
         grace=float(grace),

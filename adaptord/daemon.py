@@ -45,7 +45,7 @@ import filelock
 import orjson
 
 import adaptor
-from adaptor import _durable, _home, _nesting, _watch, errors, events
+from adaptor import _durable, _home, _nesting, _watch, errors, events, skill
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptord import _leftovers
@@ -216,6 +216,7 @@ class Daemon:
         self._idle = threading.Condition(self._lock)
         self._observer: Any = None
         self._tools: dict[str, Any] = {}
+        self._skills: skill.Directories | None = None
         self._kept = requests.KeptAgents()
         # Verdicts that could not be written (a full or failing disk), by request id, each
         # tried again every scan interval (under _lock).  Their requests stay claimed.
@@ -307,6 +308,7 @@ class Daemon:
         self._store = ReopeningStore(self.home.threads)
         self._stop_leftovers()
         self._tools = self.config.load_tools()
+        self._skills = self.config.skill_catalogue()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self._ensure_workers()
         try:
@@ -406,6 +408,7 @@ class Daemon:
         ]
         self.config = fresh
         self._tools = tools
+        self._skills = fresh.skill_catalogue()
         if unchanged:
             self.log("config reloaded", source=fresh.source, restart_needed_for=",".join(unchanged))
         else:
@@ -857,6 +860,7 @@ class Daemon:
                 on_approval=lambda req: self._route_approval(job, req),
                 tools=self._tools,
                 kept=self._kept,
+                skill_provider=self._skills,
             )
         except BaseException as exc:
             error = exc

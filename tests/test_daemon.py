@@ -1094,6 +1094,44 @@ def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, e
     assert all(fragment in serve.stderr for fragment in expected), serve.stderr
 
 
+def test_skill_catalogue_directories_serve_requests_naming_a_key(tmp_path: Path) -> None:
+    # [skills] dirs was parsed and then never used: every {"key": ...} skill was not found.
+    catalogue, missing = tmp_path / "skills", tmp_path / "no-such-folder"
+    for name in ("lint", "notes"):
+        (catalogue / name).mkdir(parents=True)
+        (catalogue / name / "SKILL.md").write_text(f"# {name}\n")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "SKILL.md").write_text("# not in the catalogue\n")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[skills]\ndirs = ["{catalogue}", "{missing}"]\n')
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"skills: {catalogue} (2 skill(s))" in check.stdout.splitlines()
+    assert f"skills: {missing} (missing: offers nothing)" in check.stdout.splitlines()
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    rid = proc.submit(script({"text": "staged"}, skills=[{"key": "notes"}, {"key": "lint"}]))
+    verdict = proc.verdict(rid)
+    assert verdict["ok"] is True, verdict["error"]
+    records = sr.EventRecorder(sr.JSONLEventBackend(proc.home.events)).since(rid)
+    spawns = [r.event for r in records if isinstance(r.event, events.ProcessInfo) and r.event.kind == "spawn"]
+    assert spawns[0].data["skills"] == ["lint", "notes"]
+    # A key is a folder name in the catalogue, never a path out of it.
+    for key in ("../outside", "absent"):
+        refused = proc.verdict(proc.submit(script({"text": "x"}, skills=[{"key": key}])))
+        assert refused["error"]["code"] == "ErrSkillNotFound", refused["error"]
+    assert proc.stop() == 0
+
+
+def test_relative_skill_catalogue_directories_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[skills]\ndirs = ["skills"]\n')
+    with pytest.raises(config_module.ConfigError, match="absolute"):
+        config_module.load(config, required=True)
+
+
 def test_a_misspelt_key_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('[drivers.script]\nsteps = [{text = "v1"}]\n')

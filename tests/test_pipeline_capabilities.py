@@ -234,6 +234,17 @@ def test_a_driver_without_skills_gets_a_warning_not_skills() -> None:
     assert driver.requests[-1].skills == () and driver.requests[-1].scratch_dir is None
 
 
+def test_a_required_skill_on_a_driver_without_skills_fails_before_the_run() -> None:
+    driver = recording({"skills": {"supported": False, "mode": "unsupported"}})
+    stream = adaptor.Agent(driver).stream(
+        "go", skills=[skill.inline("a", SKILL_MD), skill.require(skill.inline("b", SKILL_MD), "house rules")]
+    )
+    with pytest.raises(skill.SkillMaterializationError) as info:
+        stream.result()
+    assert info.value.key == "b" and "does not load skills" in str(info.value.cause)
+    assert driver.requests == []  # never entered
+
+
 def test_mcp_reaches_the_driver_normalized_and_call_sets_replace() -> None:
     driver = recording()
     agent = adaptor.Agent(driver, mcp=[mcp.stdio("files", "srv", env={"API_KEY": SECRET})])

@@ -419,3 +419,52 @@ def _source(tmp_path: Path, kind: str, files: Mapping[str, bytes]) -> Any:
     for name, data in files.items():
         (base / name).write_bytes(data)
     return skill.dir(base)
+
+
+# --- skill.Directories ------------------------------------------------------------------------
+
+
+def _skill_folder(base: Path, name: str) -> Path:
+    (base / name).mkdir(parents=True)
+    (base / name / "SKILL.md").write_text(f"# {name}\n")
+    return base / name
+
+
+def test_directories_offer_each_folder_under_its_name_the_first_directory_winning(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    lint = _skill_folder(first, "lint")
+    _skill_folder(second, "lint")
+    notes = _skill_folder(second, "notes")
+    catalogue = skill.Directories([first, second, tmp_path / "missing"])
+    found = catalogue.get_skills(["lint", "notes", "absent"])
+    assert found == {"lint": skill.dir(lint), "notes": skill.dir(notes)}
+    assert [s.key for s in catalogue.catalogue()] == ["lint", "notes"]
+    assert catalogue.catalogue()[0] == skill.dir(lint)
+    # Looked at on every call: a folder added later is offered at once.
+    _skill_folder(first, "later")
+    assert "later" in catalogue.get_skills(["later"])
+
+
+@pytest.mark.parametrize("key", ["../outside", "..", ".", "", "a/b", "/etc"])
+def test_directories_never_look_outside_for_a_key(tmp_path: Path, key: str) -> None:
+    _skill_folder(tmp_path, "outside")
+    (tmp_path / "catalogue" / "a" / "b").mkdir(parents=True)
+    assert skill.Directories([tmp_path / "catalogue"]).get_skills([key]) == {}
+
+
+def test_directories_must_be_absolute() -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        skill.Directories(["skills"])
+
+
+def test_a_run_resolves_its_key_references_in_the_directories(tmp_path: Path) -> None:
+    import adaptor
+    from adaptor.testing import ScriptedDriver
+
+    _skill_folder(tmp_path, "lint")
+    agent = adaptor.Agent(
+        ScriptedDriver([{"text": "ok"}]), skill_provider=skill.Directories([tmp_path])
+    )
+    assert agent.run("go", skills=[skill.key("lint")]).text == "ok"
+    with pytest.raises(skill.SkillNotFoundError):
+        agent.run("go", skills=[skill.key("../lint")])
