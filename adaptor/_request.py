@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 import adaptor
-from adaptor import _durable, _home, _nesting, mcp, skill
+from adaptor import _durable, _home, _nesting, mcp, policy, skill
 from adaptor.driver import Driver, InvalidDriverConfigError
 from adaptor.drivers import NAMES as DRIVERS
+from adaptor.errors import AdaptorError
 from adaptor.spool import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -332,6 +333,57 @@ class KeptAgents:
             agent.close(max(deadline - time.monotonic(), 0.0))
 
 
+def driver_config(request: Mapping[str, Any], driver_defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The driver config a run of ``request`` gets: its ``config`` over the daemon config's
+    table for its driver, ``env`` merged variable by variable."""
+    config = {**driver_defaults, **(request.get("config") or {})}
+    if isinstance(driver_defaults.get("env"), Mapping) or isinstance(request.get("config", {}).get("env"), Mapping):
+        config["env"] = {**(driver_defaults.get("env") or {}), **((request.get("config") or {}).get("env") or {})}
+    return config
+
+
+def preflight(request: Mapping[str, Any], *, driver_defaults: Mapping[str, Any]) -> None:
+    """Make the checks a run of ``request`` makes before it starts that depend on nothing but
+    the request and ``driver_defaults``; raise the error the run would fail with.
+
+    For a request made again and again from one template (an A2A agent's), where a problem
+    found at the first task would fail every task.  The checks are the run's own
+    (``RunPipeline._static_checks``), in its order; those depending on the moment of the run
+    (host tool definitions, the skill catalogue, the thread's stored state) are left to it.
+    """
+    name = str(request["driver"])
+    driver = make_driver(name, driver_config(request, driver_defaults))
+    try:
+        descriptor = driver.descriptor()
+        driver.validate_config(None)
+    except AdaptorError:
+        raise
+    except Exception as exc:
+        raise InvalidDriverConfigError(name, exc) from exc
+    run_policy = _policy(request.get("policy"))
+    approvals = policy.validate(run_policy, descriptor)
+    if isinstance(request.get("thread"), Mapping):
+        from adaptor import _thread, memory
+
+        _thread.prelaunch(adaptor.Agent(driver, thread_store=memory.Store()), descriptor)
+    mcp.validate(_mcp_servers(request.get("mcp")), descriptor, tools=bool(request.get("tools")))
+    _skills(request.get("skills"))
+    if request.get("schema") is not None:
+        from adaptor import schema
+
+        schema.compile_schema(request["schema"])
+        schema.negotiate(
+            descriptor,
+            ask_kinds=approvals.ask_kinds,
+            explicit_ask_kinds=policy.explicit_ask_kinds(run_policy),
+            streaming=True,
+        )
+    timeout = request.get("timeout")
+    if timeout is not None and timeout <= 0:
+        # The run would end at once with DeadlineExceededError, which does not say why.
+        raise InvalidRequestError([{"path": "/timeout", "message": "must be more than 0 seconds"}])
+
+
 def build(
     request: Mapping[str, Any],
     *,
@@ -346,9 +398,7 @@ def build(
 
     With ``kept``, a driver that keeps CLI processes between turns runs on a shared Agent.
     """
-    config = {**driver_defaults, **(request.get("config") or {})}
-    if isinstance(driver_defaults.get("env"), Mapping) or isinstance(request.get("config", {}).get("env"), Mapping):
-        config["env"] = {**(driver_defaults.get("env") or {}), **((request.get("config") or {}).get("env") or {})}
+    config = driver_config(request, driver_defaults)
     name = str(request["driver"])
     driver = make_driver(name, config)
     selected_tools = []

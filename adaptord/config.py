@@ -47,6 +47,7 @@ from adaptor.drivers import NAMES as DRIVER_NAMES
 from adaptor.skill import Directories
 
 if TYPE_CHECKING:
+    from adaptor.errors import AdaptorError
     from adaptor.tool import Definition
     from hosttools.a2adelegation import DelegationRequest, DelegationResult, RemoteAgentSpec
 
@@ -225,7 +226,7 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
         drivers={str(k): dict(v) for k, v in drivers.items()},
         tools=dict(tools),
         skill_dirs=tuple(dirs),
-        a2a=_parse_a2a(raw.get("a2a", {}), source, tools),
+        a2a=_parse_a2a(raw.get("a2a", {}), source, tools, drivers),
         source=source,
     )
 
@@ -252,11 +253,17 @@ def _check_driver_table(name: str, table: Mapping[str, Any], source: str) -> Non
         close = difflib.get_close_matches(name, DRIVER_NAMES, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"{where}: unknown driver{hint}; known: {', '.join(DRIVER_NAMES)}")
-    config_type = importlib.import_module(f"adaptor.drivers.{name}").Config
-    _refuse_unknown(table, [f.name for f in dataclasses.fields(config_type)], where)
+    _refuse_unknown(table, _config_fields(name), where)
 
 
-def _parse_a2a(raw: Any, source: str, tools: Mapping[str, str]) -> A2AConfig:
+def _config_fields(driver: str) -> list[str]:
+    """The keys a built-in driver's config takes: its ``Config`` fields."""
+    return [f.name for f in dataclasses.fields(importlib.import_module(f"adaptor.drivers.{driver}").Config)]
+
+
+def _parse_a2a(
+    raw: Any, source: str, tools: Mapping[str, str], drivers: Mapping[str, Mapping[str, Any]]
+) -> A2AConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: [a2a] must be a table")
     unknown = sorted(set(raw) - {"bearer_token", "bearer_token_env", "public_url", "agents", "remotes"})
@@ -283,7 +290,9 @@ def _parse_a2a(raw: Any, source: str, tools: Mapping[str, str]) -> A2AConfig:
     if not isinstance(agents, dict) or not all(isinstance(v, dict) for v in agents.values()):
         raise ConfigError(f"{source}: [a2a.agents.<name>] tables expected")
     return A2AConfig(
-        agents=tuple(_parse_agent(key, value, source, selectable) for key, value in agents.items()),
+        agents=tuple(
+            _parse_agent(key, value, source, selectable, drivers) for key, value in agents.items()
+        ),
         bearer_token=token,
         bearer_token_env=token_env,
         public_url=public_url,
@@ -291,7 +300,9 @@ def _parse_a2a(raw: Any, source: str, tools: Mapping[str, str]) -> A2AConfig:
     )
 
 
-def _parse_agent(key: str, raw: dict[str, Any], source: str, tools: set[str]) -> ExposedAgent:
+def _parse_agent(
+    key: str, raw: dict[str, Any], source: str, tools: set[str], drivers: Mapping[str, Mapping[str, Any]]
+) -> ExposedAgent:
     where = f"{source}: a2a.agents.{key}"
     if not _AGENT_KEY.fullmatch(key):
         raise ConfigError(f"{where}: the name must match [A-Za-z0-9_.-]{{1,64}}")
@@ -312,19 +323,31 @@ def _parse_agent(key: str, raw: dict[str, Any], source: str, tools: set[str]) ->
     if taken:
         raise ConfigError(f"{where}.request: {', '.join(taken)}: set by the bridge per message, not here")
     from adaptor import _request
+    from adaptor.errors import AdaptorError
     from adaptor.spool import InvalidRequestError
 
     # The same validation a spool request gets, so a bad template fails at start, not per task.
     try:
         _request.parse(orjson.dumps({**template, "prompt": "probe"}), "a2a-template")
     except InvalidRequestError as exc:
-        problems = "; ".join(f"{p['path'] or '/'}: {p['message']}" for p in exc.errors)
-        raise ConfigError(f"{where}.request: {problems}") from None
+        raise ConfigError(f"{where}.request: {_described(exc, [])}") from None
     except orjson.JSONEncodeError as exc:
         raise ConfigError(f"{where}.request: {exc}") from None
     missing = [name for name in template.get("tools") or () if name not in tools]
     if missing:
         raise ConfigError(f"{where}.request.tools: no host tool(s) {', '.join(map(repr, missing))}")
+    driver = str(template["driver"])
+    _refuse_unknown(template.get("config") or {}, _config_fields(driver), f"{where}.request.config")
+    # A task's request as the bridge makes it: with per-context threads it names a thread.
+    probe = {**template, "prompt": "probe"} | ({"thread": {"key": "probe"}} if threads == "per_context" else {})
+    defaults = drivers.get(driver, {})
+    try:
+        _request.preflight(probe, driver_defaults=defaults)
+    except AdaptorError as exc:
+        # The driver config checked is the template's over [drivers.<driver>]: the fault may be there.
+        merged = f" (over [drivers.{driver}])" if defaults else ""
+        problem = _described(exc, _request.secrets_of(probe, defaults))
+        raise ConfigError(f"{where}.request{merged}: {problem}") from None
     return ExposedAgent(
         key=key,
         request=template,
@@ -333,6 +356,18 @@ def _parse_agent(key: str, raw: dict[str, Any], source: str, tools: set[str]) ->
         skills=_parse_skills(raw.get("skills", []), f"{where}.skills"),
         threads=threads,
     )
+
+
+def _described(error: AdaptorError, secrets: list[str]) -> str:
+    """A request template's problem as config error text, with ``secrets`` redacted."""
+    from adaptor import _request
+    from adaptor.spool import InvalidRequestError
+
+    if isinstance(error, InvalidRequestError):
+        text = "; ".join(f"{p['path'] or '/'}: {p['message']}" for p in error.errors)
+    else:
+        text = str(error)
+    return _request.Redactor(secrets).text(text)
 
 
 def _parse_skills(raw: Any, where: str) -> tuple[Mapping[str, Any], ...]:

@@ -558,6 +558,83 @@ def test_bad_a2a_tables_are_refused(a2a_table: dict[str, Any], why: str) -> None
         config_module._parse({"a2a": a2a_table}, "t")
 
 
+def _agent(template: dict[str, Any], threads: str = "none") -> dict[str, Any]:
+    return {"agents": {"x": {"request": template, "threads": threads}}}
+
+
+# What a run checks before it starts, from the template alone, used to fail every task of the
+# agent (as each one ran); the config is refused at load instead, with the run's own reason.
+@pytest.mark.parametrize(
+    ("a2a_table", "why"),
+    [
+        (
+            _agent({"driver": "script", "config": {"stpes": []}}),
+            "a2a.agents.x.request.config: unknown setting(s): 'stpes' (did you mean 'steps'?)",
+        ),
+        (
+            _agent({"driver": "claude", "config": {"modle": "opus"}}),
+            "'modle' (did you mean 'model'?)",
+        ),
+        (
+            _agent({"driver": "claude", "config": {"permission_mode": "yolo"}}),
+            "a2a.agents.x.request: invalid configuration for driver 'claude': permission_mode",
+        ),
+        (_agent({"driver": "script", "timeout": 0}), "a2a.agents.x.request: /timeout: must be more than 0"),
+        (
+            _agent({"driver": "script", "policy": {"approvals": {"permission": "always"}}}),
+            "invalid policy value for Policy.Approvals.Permission: 'always'",
+        ),
+        (
+            _agent({"driver": "claude", "policy": {"sandbox": "read_only"}}),
+            "driver 'claude' cannot honour sandbox='read_only'",
+        ),
+        (
+            _agent({"driver": "command", "config": {"command": "true"}}, threads="per_context"),
+            "driver 'command' cannot resume sessions",
+        ),
+        (_agent({"driver": "script", "mcp": [{"name": "x"}]}), "mcp[0]: unknown field(s) name"),
+        (_agent({"driver": "script", "skills": [{"nmae": "x"}]}), "/skills/0: unknown skill field(s): nmae"),
+        (_agent({"driver": "script", "schema": {"type": "text"}}), "invalid output schema"),
+    ],
+    ids=[
+        "config-key", "config-key-claude", "config-value", "timeout", "policy-value",
+        "policy-capability", "threads", "mcp", "skills", "schema",
+    ],
+)
+def test_a_template_that_would_fail_every_task_is_refused(a2a_table: dict[str, Any], why: str) -> None:
+    with pytest.raises(config_module.ConfigError, match=re.escape(why)):
+        config_module._parse({"a2a": a2a_table}, "t")
+
+
+def test_a_template_is_checked_over_its_drivers_defaults() -> None:
+    raw: dict[str, Any] = {"a2a": _agent({"driver": "claude"}), "drivers": {"claude": {"permission_mode": "yolo"}}}
+    with pytest.raises(config_module.ConfigError, match=re.escape("a2a.agents.x.request (over [drivers.claude])")):
+        config_module._parse(raw, "t")
+    raw["a2a"]["agents"]["x"]["request"]["config"] = {"permission_mode": "plan"}
+    assert config_module._parse(raw, "t").a2a.agents[0].request["config"] == {"permission_mode": "plan"}
+
+
+def test_a_template_error_does_not_show_a_secret() -> None:
+    # A secret pasted into the wrong field is quoted by the policy check's message.
+    template = {"driver": "script", "config": {"env": {"API_KEY": SECRET}}, "policy": {"sandbox": SECRET}}
+    with pytest.raises(config_module.ConfigError) as refused:
+        config_module._parse({"a2a": _agent(template)}, "t")
+    assert "Policy.Sandbox: '<redacted>'" in str(refused.value) and SECRET not in str(refused.value)
+
+
+def test_a_template_a_task_can_run_is_accepted() -> None:
+    template = {
+        "driver": "claude",
+        "timeout": 900,
+        "policy": {"approvals": {"permission": "auto_reject"}},
+        "config": {"model": "opus", "env": {"ANTHROPIC_API_KEY": SECRET}},
+        "mcp": [{"key": "docs", "transport": "http", "url": "http://127.0.0.1:9/mcp"}],
+        "schema": {"type": "object"},
+    }
+    agent = config_module._parse({"a2a": _agent(template, threads="per_context")}, "t").a2a.agents[0]
+    assert agent.request == template
+
+
 def test_remotes_make_the_delegate_tool_selectable() -> None:
     remote = {"remotes": {"r": {"card_url": "http://127.0.0.1:9/card.json"}}}
     cfg = config_module._parse(

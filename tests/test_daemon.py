@@ -1072,10 +1072,17 @@ MISSPELT_CONFIGS = [
     ('[drivers.claud]\ncommand = "claude"\n', ["[drivers.claud]", "unknown driver", "did you mean 'claude'?"]),
     ('[drivers.nothing]\ncommand = "x"\n', ["[drivers.nothing]", "unknown driver", "known: claude, codex"]),
     ('[skills]\ndir = ["/srv/skills"]\n', ["[skills]", "'dir'", "did you mean 'dirs'?"]),
+    # An A2A agent's request template: its driver config was only checked when a task ran.
+    (
+        '[a2a.agents.r.request]\ndriver = "claude"\n[a2a.agents.r.request.config]\nmodle = "opus"\n',
+        ["a2a.agents.r.request.config", "'modle'", "did you mean 'model'?"],
+    ),
 ]
 
 
-@pytest.mark.parametrize("text,expected", MISSPELT_CONFIGS, ids=["claude", "script", "driver", "no-driver", "skills"])
+@pytest.mark.parametrize(
+    "text,expected", MISSPELT_CONFIGS, ids=["claude", "script", "driver", "no-driver", "skills", "a2a-template"]
+)
 def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, expected: list[str]) -> None:
     config = tmp_path / "config.toml"
     config.write_text(text)
@@ -1140,6 +1147,21 @@ def test_a_misspelt_key_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
     proc.signal(signal.SIGHUP)
     line = proc.wait_for_line("config reload failed")
     assert "'stpes' (did you mean 'steps'?)" in line
+    assert proc.verdict(proc.submit({"driver": "script", "prompt": "x"}))["result"]["text"] == "v1"
+    assert proc.stop() == 0
+
+
+def test_a_bad_a2a_template_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[drivers.script]\nsteps = [{text = "v1"}]\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    config.write_text(
+        '[drivers.script]\nsteps = [{text = "v2"}]\n'
+        '[a2a.agents.r.request]\ndriver = "script"\npolicy = { sandbox = "readonly" }\n'
+    )
+    proc.signal(signal.SIGHUP)
+    line = proc.wait_for_line("config reload failed")
+    assert "a2a.agents.r.request (over [drivers.script]): invalid policy value for Policy.Sandbox" in line
     assert proc.verdict(proc.submit({"driver": "script", "prompt": "x"}))["result"]["text"] == "v1"
     assert proc.stop() == 0
 
