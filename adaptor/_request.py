@@ -85,12 +85,25 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
             problems.append({"path": "/workspace", "message": "must be an absolute path"})
         elif not os.path.isdir(workspace):
             problems.append({"path": "/workspace", "message": "is not an existing directory"})
+    problems.extend(_relative_skill_paths(obj.get("skills")))
     if problems:
         # Schema messages quote the offending value, which may be a secret in the wrong shape.
         redactor = Redactor(secrets_of(obj))
         raise InvalidRequestError([{**p, "message": redactor.text(p["message"])} for p in problems])
     obj["id"] = request_id
     return obj
+
+
+def _relative_skill_paths(skills: Any) -> list[dict[str, str]]:
+    # Relative to the daemon's working directory (/ under systemd), not to anything the
+    # request's author could know: refused like a relative workspace.
+    return [
+        {"path": f"/skills/{position}/{source}", "message": "must be an absolute path"}
+        for position, entry in enumerate(skills if isinstance(skills, list) else ())
+        if isinstance(entry, dict)
+        for source in ("dir", "archive")
+        if isinstance(entry.get(source), str) and not os.path.isabs(entry[source])
+    ]
 
 
 _NOT_JSON = "invalid JSON"

@@ -208,6 +208,9 @@ def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:
         ("deep.json", b'{"driver": "script", "prompt": "x", "metadata": ' + b"[" * 1000 + b"]" * 1000 + b"}", ""),
         ("id-mismatch.json", orjson.dumps({"driver": "script", "prompt": "x", "id": "other"}), "must equal"),
         ("relative-ws.json", orjson.dumps({"driver": "script", "prompt": "x", "workspace": "rel/dir"}), "absolute"),
+        # Relative to the daemon's working directory, which the request's author cannot know.
+        ("relative-skill.json", orjson.dumps({"driver": "script", "prompt": "x", "skills": [{"dir": "skills/lint"}]}), "/skills/0/dir"),
+        ("relative-archive.json", orjson.dumps({"driver": "script", "prompt": "x", "skills": [{"key": "k", "archive": "k.zip"}]}), "/skills/0/archive"),
         ("bad-driver.json", orjson.dumps({"driver": "nope", "prompt": "x"}), "driver"),
     ],
 )
