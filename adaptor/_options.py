@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,14 +65,22 @@ class RunOptions:
             if value is UNSET:
                 continue
             if name == "skills":
-                changes["skills"] = self.skills + tuple(value or ())
+                changes["skills"] = self.skills + _sequence(value or (), "skills")
             elif name == "metadata":
                 changes["metadata"] = {**self.metadata, **_metadata(value)}
             elif name == "mcp":
-                changes["mcp"] = None if value is None else tuple(value)
+                changes["mcp"] = None if value is None else _sequence(value, "mcp")
             else:
                 changes[name] = value
         return dataclasses.replace(self, **changes)
+
+
+def _sequence(value: Any, name: str) -> tuple[Any, ...]:
+    # One skill or server passed bare would fail later as "not iterable", or (a Mapping) be
+    # taken apart into its keys.
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} takes a list, e.g. {name}=[...], not a {type(value).__name__}")
+    return tuple(value)
 
 
 def _metadata(value: Mapping[str, str] | None) -> dict[str, str]:
@@ -108,8 +116,8 @@ def defaults(
         instructions=instructions,
         append_system_prompt=append_system_prompt,
         metadata=_metadata(metadata),
-        skills=tuple(skills),
-        mcp=None if mcp is None else tuple(mcp),
+        skills=_sequence(skills, "skills"),
+        mcp=None if mcp is None else _sequence(mcp, "mcp"),
         on_approval=on_approval,
         spawn=spawn,
     )

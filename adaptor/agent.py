@@ -14,6 +14,7 @@ from adaptor._run import RunPipeline
 from adaptor._thread import DEFAULT_LEASE_RENEWAL, DEFAULT_LEASE_TTL, Thread, codec_name_of
 from adaptor.driver import Driver
 from adaptor.errors import AgentClosedError
+from adaptor.skill import Provider
 
 if TYPE_CHECKING:
     from adaptor._gateway import Gateway
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from adaptor.policy import Policy
     from adaptor.result import Result
     from adaptor.schema import SchemaOptions
-    from adaptor.skill import Provider
     from adaptor.stream import Stream
     from adaptor.tool import Definition
 
@@ -83,6 +83,11 @@ class Agent:
         # Construction does no I/O: tools are checked, and their gateway started, by the first
         # run that needs them.
         self.tools = tuple(tools)
+        if skill_provider is not None and not isinstance(skill_provider, Provider):
+            raise TypeError(
+                f"skill_provider needs a get_skills(keys) method, e.g. skill.Set({{...}}); "
+                f"got {type(skill_provider).__name__}"
+            )
         self.skill_provider = skill_provider
         self._gateway: Gateway | None = None
         self._gateway_lock = threading.Lock()

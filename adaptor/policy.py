@@ -95,6 +95,8 @@ def validate(policy: Policy | None, descriptor: Descriptor) -> EffectiveApproval
     """
     driver = descriptor.type
     policy = policy if policy is not None else Policy()
+    if not isinstance(policy, Policy):
+        raise InvalidPolicyError(driver, "Policy", type(policy).__name__)
     approvals = policy.approvals if policy.approvals is not None else ApprovalPolicy()
     if not isinstance(approvals, ApprovalPolicy):
         raise InvalidPolicyError(driver, "Policy.Approvals", type(approvals).__name__)

@@ -627,6 +627,19 @@ class _Deriver:
         properties: dict[str, Any] = {}
         required: list[str] = []
         if dataclasses.is_dataclass(cls):
+            declared = cls.__dataclass_fields__
+            init_only = [
+                name
+                for name, hint in hints.items()
+                if isinstance(hint, dataclasses.InitVar)
+                and declared[name].default is dataclasses.MISSING
+            ]
+            if init_only:
+                # Not a field: no schema could ask for it, yet the class cannot be built without.
+                raise TypeError(
+                    f"{where}: {cls.__name__} has InitVar field(s) {', '.join(init_only)}, "
+                    "which no JSON object can supply"
+                )
             for f in dataclasses.fields(cls):
                 if not f.init:  # computed in __post_init__: not part of the wire shape
                     continue
@@ -1043,8 +1056,10 @@ def _convert_fields(value: Any, cls: type, where: str, *, construct: bool) -> An
 
 
 def _convert_union(value: Any, arms: tuple[Any, ...], where: str) -> Any:
+    # An arm of the value's own type first: in ``float | int`` a 1 stays an int.
+    exact = [arm for arm in arms if arm is type(value)]
     problems: list[str] = []
-    for arm in arms:
+    for arm in exact + [arm for arm in arms if arm not in exact]:
         try:
             return _convert(value, arm, where)
         except ValueError as exc:

@@ -415,7 +415,11 @@ def resolve(selected: Iterable[object], provider: Provider | None) -> tuple[Skil
             continue
         _merge(chosen, replace(made, key=name))
     if provider is not None:
-        found = provider.get_skills(sorted(refs))
+        try:
+            found = provider.get_skills(sorted(refs))
+        except Exception as exc:
+            exc.add_note(f"raised by the Agent's skill_provider {provider!r}.get_skills()")
+            raise
         if not isinstance(found, Mapping):
             raise TypeError("skill_provider.get_skills() must return a mapping of key to skill")
         for name, item in found.items():

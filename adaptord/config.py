@@ -210,9 +210,10 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     if not isinstance(tools, dict) or not all(isinstance(v, str) for v in tools.values()):
         raise ConfigError(f"{source}: [tools] maps names to 'module:attribute' strings")
     skills = raw.get("skills", {})
-    if isinstance(skills, dict):
-        _refuse_unknown(skills, ("dirs",), f"{source}: [skills]")
-    dirs = skills.get("dirs", []) if isinstance(skills, dict) else None
+    if not isinstance(skills, dict):
+        raise ConfigError(f"{source}: [skills] must be a table (dirs = [...])")
+    _refuse_unknown(skills, ("dirs",), f"{source}: [skills]")
+    dirs = skills.get("dirs", [])
     if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{source}: skills.dirs must be a list of paths")
     relative = [d for d in dirs if not os.path.isabs(d)]

@@ -281,6 +281,13 @@ def test_invalid_policy_in_documented_order(policy: adaptor.Policy, field: str, 
     assert (err.driver, err.field, err.value) == ("script", field, value)
 
 
+def test_a_policy_that_is_not_a_policy_is_an_invalid_policy() -> None:
+    # A dict (the JSON shape) used to fail with an AttributeError from inside the run.
+    err = refused(adaptor.Agent(ScriptedDriver([{"text": "x"}])), policy={"sandbox": "read_only"})
+    assert isinstance(err, adaptor.InvalidPolicyError)
+    assert (err.field, err.value) == ("Policy", "dict")
+
+
 @pytest.mark.parametrize(
     ("override", "policy", "dimension"),
     [

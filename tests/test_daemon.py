@@ -1135,10 +1135,14 @@ def test_skill_catalogue_directories_serve_requests_naming_a_key(tmp_path: Path)
     assert proc.stop() == 0
 
 
-def test_relative_skill_catalogue_directories_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [('[skills]\ndirs = ["skills"]\n', "must be absolute"), ("skills = 5\n", r"\[skills\] must be a table")],
+)
+def test_skill_catalogue_settings_that_cannot_work_are_refused(tmp_path: Path, text: str, why: str) -> None:
     config = tmp_path / "config.toml"
-    config.write_text('[skills]\ndirs = ["skills"]\n')
-    with pytest.raises(config_module.ConfigError, match="absolute"):
+    config.write_text(text)
+    with pytest.raises(config_module.ConfigError, match=why):
         config_module.load(config, required=True)
 
 

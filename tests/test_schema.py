@@ -1014,6 +1014,42 @@ def test_convert_literal_and_union_rules() -> None:
     assert convert({**_sample_json(), "mode": 3.0}, Sample).mode == 3
 
 
+def test_convert_union_keeps_a_value_of_one_of_its_own_types() -> None:
+    # The arms were tried in declared order, so float | int made every 1 a 1.0.
+    float_or_int: Any = float | int
+    int_or_float: Any = int | float
+    int_or_bool: Any = int | bool
+    assert type(convert(1, float_or_int)) is int
+    assert type(convert(1.5, float_or_int)) is float
+    assert type(convert(1, int_or_float)) is int
+    assert convert(True, int_or_bool) is True
+
+
+def test_a_dataclass_needing_an_init_var_is_refused_as_a_tool_input() -> None:
+    # dataclasses.fields() leaves InitVars out: the schema could never ask for one, and no
+    # arguments could build the class.
+    @dataclass
+    class Scaled:
+        a: int
+        scale: dataclasses.InitVar[int]
+
+        def __post_init__(self, scale: int) -> None:
+            self.a *= scale
+
+    @dataclass
+    class Defaulted:
+        a: int
+        scale: dataclasses.InitVar[int] = 2
+
+        def __post_init__(self, scale: int) -> None:
+            self.a *= scale
+
+    with pytest.raises(TypeError, match="InitVar field.*scale"):
+        compile_schema(Scaled)
+    assert compile_schema(Defaulted).schema["properties"] == {"a": {"type": "integer"}}
+    assert convert({"a": 3}, Defaulted).a == 6
+
+
 def test_convert_tuple_length() -> None:
     with pytest.raises(ValueError, match="expected 2 items, got 3"):
         convert({**_sample_json(), "pair": [1, "a", 2]}, Sample)

@@ -468,3 +468,38 @@ def test_a_run_resolves_its_key_references_in_the_directories(tmp_path: Path) ->
     assert agent.run("go", skills=[skill.key("lint")]).text == "ok"
     with pytest.raises(skill.SkillNotFoundError):
         agent.run("go", skills=[skill.key("../lint")])
+
+
+def test_a_skill_provider_that_fails_is_named_in_the_error() -> None:
+    import adaptor
+    from adaptor.testing import ScriptedDriver
+
+    class Broken:
+        def get_skills(self, keys: Sequence[str]) -> Mapping[str, skill.Skill]:
+            raise RuntimeError("catalogue service down")
+
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]), skill_provider=Broken())
+    with pytest.raises(RuntimeError, match="catalogue service down") as info:
+        agent.run("go", skills=[skill.key("lint")])
+    assert any("skill_provider" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_a_skill_provider_without_get_skills_is_refused_at_construction() -> None:
+    import adaptor
+    from adaptor.testing import ScriptedDriver
+
+    with pytest.raises(TypeError, match="get_skills"):
+        adaptor.Agent(ScriptedDriver([]), skill_provider={"lint": skill.inline("lint", "x")})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["agent", "call"])
+def test_one_skill_passed_bare_is_a_clear_type_error(where: str) -> None:
+    import adaptor
+    from adaptor.testing import ScriptedDriver
+
+    one = skill.inline("style", "# style")
+    with pytest.raises(TypeError, match=r"skills takes a list, e\.g\. skills=\[\.\.\.\], not a Skill"):
+        if where == "agent":
+            adaptor.Agent(ScriptedDriver([]), skills=one)  # type: ignore[arg-type]
+        else:
+            adaptor.Agent(ScriptedDriver([])).stream("go", skills=one)
