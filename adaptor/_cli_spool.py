@@ -3,7 +3,9 @@ approve/deny/answer, threads, status."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -262,6 +264,15 @@ def approvals(as_json: bool, home: str | None) -> None:
             click.echo(f"    choices: {', '.join(map(str, choices))}")
 
 
+@contextlib.contextmanager
+def _text_argument(param_hint: str) -> Iterator[None]:
+    """A reason or answer no response file can carry is a usage error (exit 2), naming it."""
+    try:
+        yield
+    except _home.ResponseTextError as exc:
+        raise click.BadParameter(str(exc), param_hint=param_hint) from None
+
+
 def _responded(approval_id: str, action: str, as_json: bool) -> None:
     if as_json:
         emit_result({"id": approval_id, "action": action})
@@ -277,8 +288,9 @@ def _responded(approval_id: str, action: str, as_json: bool) -> None:
 def approve(approval_id: str, as_json: bool, home: str | None) -> None:
     """Approve a pending permission or plan-review request.
 
-    Exit 5 when another response won, the request expired, it is a question (answer it), or
-    there is no such request.
+    Exit 5 when another response won, the request expired (its deadline passed, its run
+    ended, or no adaptord serves the home), it is a question (answer it), or there is no such
+    request.
     """
     Client(home).approve(approval_id)
     _responded(approval_id, "approved", as_json)
@@ -291,8 +303,10 @@ def approve(approval_id: str, as_json: bool, home: str | None) -> None:
 @home_option
 @guarded
 def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None:
-    """Deny a pending request of any kind (exit 5 as for approve)."""
-    Client(home).deny(approval_id, reason)
+    """Deny a pending request of any kind (exit 5 as for approve; 2 when the reason is not
+    UTF-8 or longer than a response file holds, 64 KiB)."""
+    with _text_argument("--reason"):
+        Client(home).deny(approval_id, reason)
     _responded(approval_id, "denied", as_json)
 
 
@@ -303,10 +317,12 @@ def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None
 @home_option
 @guarded
 def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> None:
-    """Answer a pending question with OPTION (exit 5 as for approve)."""
+    """Answer a pending question with OPTION (exit 5 as for approve; 2 as for deny, or for an
+    empty OPTION)."""
     if not option:
         raise click.BadParameter("an answer needs an option (deny the question instead)", param_hint="OPTION")
-    Client(home).answer(approval_id, option)
+    with _text_argument("OPTION"):
+        Client(home).answer(approval_id, option)
     _responded(approval_id, "answered", as_json)
 
 

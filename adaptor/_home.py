@@ -16,7 +16,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -281,10 +281,17 @@ def request_cancel(home: Home, request_id: str) -> None:
 # --- approvals as files ---------------------------------------------------------------------------
 #
 # Exactly-once is decided under one lock (approvals.lock) by whoever acts first: a responder
-# (the CLI) writes responses/<id>.json; the daemon, at expiry, writes resolved/<id>.json with
-# result "expired".  A response file that exists always wins over a later expiry.
+# (the CLI) writes responses/<id>.json; the daemon hands it to the run that asked and writes
+# resolved/<id>.json with the outcome: the response's action, or "expired" when the run had
+# ended or timed the request out first; at expiry it writes "expired".  A response file that
+# exists wins over a later deadline, never over the end of the run that asked.
 
 APPROVAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+class ResponseTextError(ValueError):
+    """A reason or answer no response file can carry (not UTF-8, or too long): a usage error,
+    raised before anything is written."""
 
 
 def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dict[str, Any]:
@@ -292,12 +299,21 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
 
     Raises the approval responder errors: ``ApprovalUnavailableError`` (no such request),
     ``ApprovalResolvedError`` (another response won), ``ApprovalExpiredError`` (deadline or run
-    end came first), ``ApprovalKindMismatchError`` (wrong action for the kind; still open).
+    end came first; no daemon serving the home means the run has ended),
+    ``ApprovalKindMismatchError`` (wrong action for the kind; still open); and
+    ``ResponseTextError`` for a ``text`` the daemon could not act on.
     """
-    if action not in ("approve", "deny", "answer"):
+    if action not in _ACTIONS:
         raise ValueError(f"unknown approval action {action!r}")
     if not APPROVAL_ID.match(approval_id):
         raise ApprovalUnavailableError(f"no pending approval {approval_id!r}")
+    response = {
+        "id": approval_id,
+        "action": action,
+        "text": text,
+        "responded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    }
+    data = _response_bytes(response)
     with _durable.exclusive(home.approvals_lock):
         response_path = home.approvals_responses / f"{approval_id}.json"
         resolved_path = home.approvals_resolved / f"{approval_id}.json"
@@ -313,6 +329,11 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
             pending = _read(pending_path)
         except FileNotFoundError:
             raise ApprovalUnavailableError(f"no pending approval {approval_id!r}") from None
+        ended = _why_ended(home, pending)
+        if ended is not None:
+            # Written now, the response would be reported accepted and never acted on.
+            _mark_expired(home, approval_id)
+            raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response: {ended}")
         kind = pending.get("approval_kind")
         if action == "approve" and kind == "question":
             raise ApprovalKindMismatchError(
@@ -322,45 +343,118 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
             raise ApprovalKindMismatchError(
                 f"approval {approval_id!r} is a {kind} request: approve or deny it"
             )
-        response = {
-            "id": approval_id,
-            "action": action,
-            "text": text,
-            "responded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        }
-        _durable.atomic_write_json(response_path, response)
+        _durable.atomic_write(response_path, data)
         return response
 
 
-def take_response(home: Home, approval_id: str) -> dict[str, Any] | None:
-    """The daemon's side: consume a response if one was written, marking the request resolved."""
-    with _durable.exclusive(home.approvals_lock):
-        return _consume(home, approval_id)
+def _response_bytes(response: Mapping[str, Any]) -> bytes:
+    """The response file's content; ``ResponseTextError`` unless the daemon will act on it."""
+    text: str = response["text"]
+    what = "reason" if response["action"] == "deny" else "answer"
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:  # (a non-UTF-8 command-line argument, surrogate-escaped)
+        raise ResponseTextError(
+            f"the {what} is not valid UTF-8 (character {exc.start + 1} of {len(text)})"
+        ) from None
+    data = _durable.json_bytes(response)
+    if len(data) > RESPONSE_LIMIT:
+        encoded = len(orjson.dumps(text)) - 2  # the text as it stands in the file
+        room = RESPONSE_LIMIT - (len(data) - encoded)
+        raise ResponseTextError(
+            f"the {what} is too long: {len(text)} characters take {encoded} bytes in the "
+            f"response file, and at most {room} fit (a response file holds at most "
+            f"{RESPONSE_LIMIT} bytes; a character outside ASCII takes 2 to 4, a control "
+            "character up to 6)"
+        )
+    return data
 
 
-def expire(home: Home, approval_id: str) -> dict[str, Any] | None:
-    """Expire a pending approval, unless a response already won: then consume and return it."""
+def _why_ended(home: Home, pending: Mapping[str, Any]) -> str | None:
+    """Why the run that asked can no longer take a response, or ``None`` while it can."""
+    deadline = _deadline_of(pending)
+    if deadline is not None and datetime.now(UTC) >= deadline:
+        return f"its deadline {pending['deadline']} has passed"
+    # The daemon holds its lock for as long as it serves the home, and every run of a daemon
+    # ends with it: with no holder, the run that asked is gone (a kill -9, a crash).
+    if not daemon_running(home):
+        return "adaptord is not running for this home, so the run that asked has ended"
+    return None
+
+
+def _deadline_of(pending: Mapping[str, Any]) -> datetime | None:
+    value = pending.get("deadline")
+    if not isinstance(value, str):
+        return None
+    try:
+        deadline = datetime.fromisoformat(value)
+    except ValueError:
+        return None  # not written by the daemon: the daemon's own clock still applies
+    return deadline if deadline.tzinfo is not None else deadline.replace(tzinfo=UTC)
+
+
+def take_response(
+    home: Home, approval_id: str, apply: Callable[[dict[str, Any]], bool]
+) -> tuple[dict[str, Any], bool] | None:
+    """The daemon's side: hand a written response to the run (``apply``) and mark the request
+    resolved, or expired when ``apply`` says the run no longer took it.
+
+    Returns the response and whether it won, or ``None`` when none was written.  ``apply`` runs
+    under the approvals lock, so the resolved file always says what the run did.
+    """
     with _durable.exclusive(home.approvals_lock):
-        response = _consume(home, approval_id)
-        if response is None:
-            _durable.atomic_write_json(
-                home.approvals_resolved / f"{approval_id}.json",
-                {"id": approval_id, "result": "expired"},
-            )
-            _remove(home.approvals_pending / f"{approval_id}.json")
-        return response
+        return _consume(home, approval_id, apply)
+
+
+def expire(
+    home: Home, approval_id: str, apply: Callable[[dict[str, Any]], bool]
+) -> tuple[dict[str, Any], bool] | None:
+    """At the deadline: expire a pending approval, unless a response was written before it
+    (then as :func:`take_response`)."""
+    with _durable.exclusive(home.approvals_lock):
+        taken = _consume(home, approval_id, apply)
+        if taken is None:
+            _mark_expired(home, approval_id)
+        return taken
+
+
+def abandon(home: Home, approval_id: str) -> dict[str, Any] | None:
+    """The run that asked has ended: expire the approval whatever response was written.
+
+    Returns the response that came too late (removed, never acted on), for the audit log.
+    """
+    with _durable.exclusive(home.approvals_lock):
+        response_path = home.approvals_responses / f"{approval_id}.json"
+        try:
+            late: dict[str, Any] | None = _read_response(response_path, home, approval_id)
+        except FileNotFoundError:
+            late = None
+        except _Unusable:
+            late = None
+            _set_aside(home, response_path, approval_id)
+        _mark_expired(home, approval_id)
+        _remove(response_path)
+        return late
+
+
+def read_pending(home: Home, approval_id: str) -> dict[str, Any]:
+    """The ``approvals/pending/<id>.json`` object (raises ``OSError``/``ValueError``)."""
+    return _read(home.approvals_pending / f"{approval_id}.json")
 
 
 # A response file a person or a script wrote by hand is acted on only if it is a regular file
 # of at most RESPONSE_LIMIT bytes holding what the CLI would have written (_read_response).
 # Anything else is set aside in quarantine/ at once, and the request stays pending; only
 # invalid JSON younger than RESPONSE_SETTLE seconds is left for a writer that may be at it.
+# respond() refuses to write a larger file (ResponseTextError).
 RESPONSE_LIMIT = 64 * 1024
 RESPONSE_SETTLE = 2.0
 _ACTIONS = ("approve", "deny", "answer")
 
 
-def _consume(home: Home, approval_id: str) -> dict[str, Any] | None:
+def _consume(
+    home: Home, approval_id: str, apply: Callable[[dict[str, Any]], bool]
+) -> tuple[dict[str, Any], bool] | None:
     response_path = home.approvals_responses / f"{approval_id}.json"
     try:
         response = _read_response(response_path, home, approval_id)
@@ -370,13 +464,21 @@ def _consume(home: Home, approval_id: str) -> dict[str, Any] | None:
         if exc.final:
             _set_aside(home, response_path, approval_id)
         return None
+    won = apply(response)
     _durable.atomic_write_json(
         home.approvals_resolved / f"{approval_id}.json",
-        {"id": approval_id, "result": response.get("action")},
+        {"id": approval_id, "result": response.get("action") if won else "expired"},
     )
     _remove(home.approvals_pending / f"{approval_id}.json")
     _remove(response_path)
-    return response
+    return response, won
+
+
+def _mark_expired(home: Home, approval_id: str) -> None:
+    _durable.atomic_write_json(
+        home.approvals_resolved / f"{approval_id}.json", {"id": approval_id, "result": "expired"}
+    )
+    _remove(home.approvals_pending / f"{approval_id}.json")
 
 
 class _Unusable(Exception):

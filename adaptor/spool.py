@@ -239,18 +239,21 @@ class Client:
         """Approve a permission or plan-review request.
 
         Raises ``ApprovalResolvedError`` (another response won), ``ApprovalExpiredError``
-        (deadline or run end came first), ``ApprovalKindMismatchError`` (a question; it stays
-        open) or ``ApprovalUnavailableError`` (no such request).
+        (deadline or run end came first, or no daemon serves the home: its runs have ended),
+        ``ApprovalKindMismatchError`` (a question; it stays open) or
+        ``ApprovalUnavailableError`` (no such request).
         """
         self._respond(approval_id, "approve")
 
     def deny(self, approval_id: str, reason: str = "") -> None:
-        """Deny any kind of request; raises like :meth:`approve` (never a kind mismatch)."""
+        """Deny any kind of request; raises like :meth:`approve` (never a kind mismatch), and
+        ``ValueError``, writing nothing, for a ``reason`` that is not UTF-8 or too long for a
+        response file (64 KiB)."""
         self._respond(approval_id, "deny", reason)
 
     def answer(self, approval_id: str, option: str) -> None:
-        """Answer a question with ``option``; raises like :meth:`approve`, and ``ValueError``
-        for an empty option (deny the question instead)."""
+        """Answer a question with ``option``; raises like :meth:`deny`, and ``ValueError`` for
+        an empty option (deny the question instead)."""
         if not option:
             raise ValueError("an answer needs an option (deny the question instead)")
         self._respond(approval_id, "answer", option)

@@ -292,6 +292,9 @@ class Daemon:
             instance.release()
 
     def _serve_locked(self) -> int:
+        # Before the slower start-up below: while this daemon holds the home's lock, `adaptor
+        # approve` takes a pending approval's run for alive, and none of these runs is.
+        stale_approvals = self._expire_stale_approvals()
         self._daemon_log = LifecycleLog(
             self.home.events, _home.DAEMON_SESSION, emit=self._emit,
             on_error=lambda what, exc: self.log(
@@ -326,7 +329,8 @@ class Daemon:
             self.audit("daemon.started", workers=self.workers, pid=os.getpid())
             if a2a_url:
                 self.audit("a2a.listening", url=a2a_url, agents=",".join(a.key for a in self.config.a2a.agents))
-            self._expire_stale_approvals()
+            for fact in stale_approvals:
+                self.audit("approval.expired", **fact)
             self._recover()
             self._start_observer()
             self._scan()
@@ -932,37 +936,53 @@ class Daemon:
         pending = self.home.approvals_pending / f"{req.id}.json"
         _durable.atomic_write_json(pending, record)
         self.audit("approval.pending", job.id, approval_id=req.id, kind=req.kind)
+        self._wake_routes_when_settled(req)
+        hand_over = functools.partial(_hand_over, req)
         while True:
-            response = _home.take_response(self.home, req.id)
-            if response is not None:
-                self._apply_response(job, req, response)
+            if req.settled:  # the run ended or was cancelled: whatever was written came too late
+                late = _home.abandon(self.home, req.id)
+                self._audit_expired(job, req, _why_settled(req), late)
+                return
+            taken = _home.take_response(self.home, req.id, hand_over)
+            if taken is not None:
+                self._audit_taken(job, req, *taken)
                 return
             remaining = None if req.deadline is None else (req.deadline - datetime.now(UTC)).total_seconds()
-            if req.settled:  # the run ended or was cancelled
-                _home.expire(self.home, req.id)
-                return
             if remaining is not None and remaining <= 0:
-                response = _home.expire(self.home, req.id)
-                if response is not None:
-                    self._apply_response(job, req, response)
-                self.audit("approval.expired", job.id, approval_id=req.id)
+                taken = _home.expire(self.home, req.id, hand_over)
+                if taken is not None:  # written before the deadline
+                    self._audit_taken(job, req, *taken)
+                else:
+                    self.audit("approval.expired", job.id, approval_id=req.id, why="deadline")
                 return  # unresolved after the deadline: the SDK times the attempt out
             with self._approval_changed:
-                self._approval_changed.wait(_APPROVAL_POLL if remaining is None else min(remaining, _APPROVAL_POLL))
+                # Checked holding the condition: a settle's wake-up cannot slip in before the wait.
+                if not req.settled:
+                    self._approval_changed.wait(_APPROVAL_POLL if remaining is None else min(remaining, _APPROVAL_POLL))
 
-    def _apply_response(self, job: Job, req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> None:
-        action = response.get("action")
-        text = str(response.get("text") or "")
-        try:
-            if action == "approve":
-                req.approve()
-            elif action == "answer":
-                req.answer(text)
-            else:
-                req.deny(text)
-        except errors.ApprovalResolvedError:
-            pass  # the run ended in the meantime; its verdict says so
-        self.audit("approval.resolved", job.id, approval_id=req.id, action=str(action))
+    def _wake_routes_when_settled(self, req: adaptor.ApprovalRequest) -> None:
+        """Wake the routes as soon as ``req`` settles (the run's end expires it), so its pending
+        file is expired at once rather than at the next poll, still taking responses."""
+
+        def wait_then_wake() -> None:
+            req.wait()  # every request settles: answered, timed out, or expired by the run's end
+            with self._approval_changed:
+                self._approval_changed.notify_all()
+
+        threading.Thread(target=wait_then_wake, name=f"approval-{req.id}", daemon=True).start()
+
+    def _audit_taken(self, job: Job, req: adaptor.ApprovalRequest, response: Mapping[str, Any], won: bool) -> None:
+        if won:
+            self.audit("approval.resolved", job.id, approval_id=req.id, action=str(response.get("action")))
+        else:
+            self._audit_expired(job, req, _why_settled(req), response)
+
+    def _audit_expired(
+        self, job: Job, req: adaptor.ApprovalRequest, why: str, late: Mapping[str, Any] | None
+    ) -> None:
+        # A response the run no longer took is named, so the log says it was not acted on.
+        ignored = {"ignored_response": str(late.get("action"))} if late is not None else {}
+        self.audit("approval.expired", job.id, approval_id=req.id, why=why, **ignored)
 
     # -- cancellation ---------------------------------------------------------------------------
 
@@ -1246,16 +1266,30 @@ class Daemon:
 
     # -- crash recovery ------------------------------------------------------------------------
 
-    def _expire_stale_approvals(self) -> None:
-        """No run is live at start, so every pending approval left by a crash has expired."""
+    def _expire_stale_approvals(self) -> list[dict[str, Any]]:
+        """No run is live at start, so every pending approval left by a crash has expired,
+        whatever response was written for it meanwhile: the run that asked is gone.
+
+        Returns the audit facts, recorded once the audit log is open.
+        """
+        expired: list[dict[str, Any]] = []
         for entry in sorted(self.home.approvals_pending.glob("*.json")):
             approval_id = entry.name[: -len(".json")]
             try:
-                _home.expire(self.home, approval_id)
+                request_id = _home.read_pending(self.home, approval_id).get("request_id")
+            except (OSError, ValueError):
+                request_id = None
+            try:
+                late = _home.abandon(self.home, approval_id)
             except Exception as exc:
                 self.log("cannot expire a stale approval", approval_id=approval_id, error=type(exc).__name__)
                 continue
-            self.audit("approval.expired", None, approval_id=approval_id, why="daemon restart")
+            expired.append({
+                "request_id": request_id if _home.is_request_id(request_id) else None,
+                "approval_id": approval_id, "why": "daemon restart",
+                **({"ignored_response": str(late.get("action"))} if late is not None else {}),
+            })
+        return expired
 
     def _sweep_temp_files(self) -> None:
         """Remove half-written temp files a crash left next to verdicts and approvals."""
@@ -1381,6 +1415,29 @@ class Daemon:
                 self._idle.wait_for(lambda: not self._running, timeout=max(tail_ends - time.monotonic() - _KEPT_SHARE, 0.0))
         # CLI processes kept for the next turn of a thread stop with the daemon.
         self._kept.close(max(tail_ends - time.monotonic(), _KEPT_SHARE))
+
+
+def _hand_over(req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> bool:
+    """Give ``req`` a response read from its file; False when the run no longer takes it."""
+    action = response.get("action")
+    text = str(response.get("text") or "")
+    try:
+        if action == "approve":
+            req.approve()
+        elif action == "answer":
+            req.answer(text)
+        else:
+            req.deny(text)
+    except errors.ApprovalResolvedError:  # (and ApprovalExpiredError) the run settled it first
+        return False
+    return True
+
+
+def _why_settled(req: adaptor.ApprovalRequest) -> str:
+    """Why a request settled without a response: its deadline, else the end of its run."""
+    if req.deadline is not None and datetime.now(UTC) >= req.deadline:
+        return "deadline"
+    return "run ended"
 
 
 def _in_arrival_order(folder: Path) -> list[str]:

@@ -12,10 +12,12 @@ import json
 import os
 import pty
 import queue
+import re
 import signal
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -424,6 +426,53 @@ def test_answer_after_expiry_is_expired(home: Home) -> None:
     assert orjson.loads(late.stdout)["error"]["code"] == "ErrApprovalExpired"
 
 
+def test_a_reason_too_long_for_a_response_file_is_a_usage_error(home: Home) -> None:
+    # A reason over 64 KiB was written, then set aside by the daemon: "denied" (exit 0) while
+    # the request stayed open, and a later `approve` won too.
+    request_id = home.client.submit(
+        script(
+            QUESTION, {"text": "answered"}, policy={"approvals": {"question": "ask", "timeout": 60}}
+        )
+    )
+    approval_id = pending_approval(home, request_id)["id"]
+    too_long = home.cli("deny", approval_id, "--reason", "x" * 64 * 1024)
+    assert too_long.returncode == 2, too_long.stderr
+    assert "--reason" in too_long.stderr and "65536 bytes" in too_long.stderr
+    room = int(re.search(r"at most (\d+) fit", too_long.stderr)[1])  # type: ignore[index]
+    with pytest.raises(ValueError, match="too long"):
+        home.client.answer(approval_id, "x" * 64 * 1024)
+    assert list(home.root.joinpath("approvals", "responses").glob(f"{approval_id}*")) == []
+    assert home.cli("answer", approval_id, "blue").returncode == 0  # still open
+    assert home.cli("wait", request_id).stdout == "answered\n"
+
+    # The room the message names is exact: a reason that long is acted on.
+    request_id = home.client.submit(script(PERMISSION, policy={"approvals": {"timeout": 60}}))
+    denied = home.cli("deny", pending_approval(home, request_id)["id"], "--reason", "y" * room)
+    assert denied.returncode == 0, denied.stderr
+    with pytest.raises(errors.ApprovalDeniedError) as info:
+        home.client.wait(request_id, timeout=TIMEOUT)
+    assert info.value.details.get("text") == "y" * room
+
+
+def test_a_reason_or_answer_that_is_not_utf8_is_a_usage_error(home: Home) -> None:
+    # It ended in exit 70: "external TypeError: str is not valid UTF-8".
+    request_id = home.client.submit(
+        script(
+            QUESTION, {"text": "answered"}, policy={"approvals": {"question": "ask", "timeout": 60}}
+        )
+    )
+    approval_id = pending_approval(home, request_id)["id"]
+    answered = home.cli("answer", approval_id, "caf\udce9")  # the argument b"caf\xe9"
+    assert answered.returncode == 2, answered.stderr
+    assert "OPTION" in answered.stderr and "not valid UTF-8" in answered.stderr
+    denied = home.cli("deny", approval_id, "--reason", "\udcff")
+    assert denied.returncode == 2 and "--reason" in denied.stderr
+    with pytest.raises(ValueError, match="UTF-8"):
+        home.client.deny(approval_id, "caf\udce9")
+    assert home.cli("answer", approval_id, "blue").returncode == 0  # still open
+    assert home.cli("wait", request_id).stdout == "answered\n"
+
+
 # --- status, threads, secrets ---------------------------------------------------------------------
 
 
@@ -560,6 +609,58 @@ def test_approval_of_a_run_interrupted_by_a_crash_is_expired(tmp_path: Path) -> 
         assert orjson.loads(late.stdout)["error"]["code"] == "ErrApprovalExpired"
     finally:
         assert restarted.stop() == 0
+
+
+def _entered(root: Path, request_id: str) -> None:
+    state = root / "runs" / request_id / "state.json"
+    wait_until(lambda: orjson.loads(state.read_bytes()).get("entered"), "the run to be entered")
+
+
+def test_approve_after_the_daemon_was_killed_is_expired(tmp_path: Path) -> None:
+    # "approved" (exit 0) with no daemon left to act on it; the next start then counted that
+    # response as the winner.
+    root = tmp_path / "home"
+    daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
+    user = Home(root, daemon, tmp_path)
+    request_id = user.client.submit(script(PERMISSION, policy={"approvals": {"timeout": 600}}))
+    approval_id = pending_approval(user, request_id)["id"]
+    _entered(root, request_id)
+    daemon.kill9()
+    late = user.cli("approve", approval_id, "--json")
+    assert late.returncode == 5
+    assert orjson.loads(late.stdout)["error"]["code"] == "ErrApprovalExpired"
+    assert "adaptord is not running" in late.stderr
+    assert user.client.approvals() == []
+    resolved = orjson.loads((root / "approvals" / "resolved" / f"{approval_id}.json").read_bytes())
+    assert resolved["result"] == "expired"
+    assert user.cli("deny", approval_id).returncode == 5  # expired for good
+
+
+def test_approve_after_the_deadline_of_a_stopped_daemon_is_expired(tmp_path: Path) -> None:
+    # The pending file's deadline was not checked: with the daemon stopped (SIGSTOP) past it,
+    # `approve` said "approved" and the run went on to succeed.
+    root = tmp_path / "home"
+    daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
+    user = Home(root, daemon, tmp_path)
+    request_id = user.client.submit(
+        script(PERMISSION, {"text": "approved"}, policy={"approvals": {"timeout": 5}})
+    )
+    pending = pending_approval(user, request_id)
+    deadline = datetime.fromisoformat(pending["deadline"])
+    daemon.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")
+        late = user.cli("approve", pending["id"], "--json")
+    finally:
+        daemon.signal(signal.SIGCONT)
+    try:
+        assert late.returncode == 5, late.stderr
+        assert orjson.loads(late.stdout)["error"]["code"] == "ErrApprovalExpired"
+        assert "deadline" in late.stderr
+        with pytest.raises(errors.ApprovalTimeoutError):
+            user.client.wait(request_id, timeout=TIMEOUT)
+    finally:
+        assert daemon.stop() == 0
 
 
 def _inotify_open(pid: int) -> bool:

@@ -20,10 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import filelock
 import orjson
 import pytest
 
-from adaptor import _home, _nesting, errors, events
+from adaptor import _durable, _home, _nesting, errors, events
 from adaptor.driver import InvalidOutputSchemaError
 from adaptor.drivers import NAMES as DRIVER_NAMES
 from adaptor.spool import Client
@@ -940,13 +941,79 @@ def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: P
     os.mkfifo(home.approvals_responses / "ap-1.json")
     (home.approvals_responses / "ap-2.json").mkdir()
     (home.approvals_responses / "ap-2.json" / "inside").write_text("")
-    for approval_id in ("ap-1", "ap-2"):
-        assert _home.respond(home, approval_id, "approve")["action"] == "approve"
-        response = home.approvals_responses / f"{approval_id}.json"
-        assert orjson.loads(response.read_bytes())["action"] == "approve"
-        assert list(home.quarantine.glob(f"approval-response-{approval_id}-*"))
-        with pytest.raises(errors.ApprovalResolvedError):  # a usable response did win
-            _home.respond(home, approval_id, "deny")
+    # A stand-in for the daemon: with none serving the home, its runs have ended (expired).
+    serving = filelock.FileLock(str(home.daemon_lock), mode=0o600, thread_local=False)
+    with serving:
+        for approval_id in ("ap-1", "ap-2"):
+            assert _home.respond(home, approval_id, "approve")["action"] == "approve"
+            response = home.approvals_responses / f"{approval_id}.json"
+            assert orjson.loads(response.read_bytes())["action"] == "approve"
+            assert list(home.quarantine.glob(f"approval-response-{approval_id}-*"))
+            with pytest.raises(errors.ApprovalResolvedError):  # a usable response did win
+                _home.respond(home, approval_id, "deny")
+
+
+def _approval_facts(home: _home.Home, approval_id: str) -> list[dict[str, Any]]:
+    reader = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
+    return [_fact(r) for r in reader.since("adaptord") if _fact(r).get("approval_id") == approval_id]
+
+
+def test_a_response_the_ended_run_never_took_is_audited_as_expired(daemon: DaemonProcess) -> None:
+    # The route noticed the run's end only at its next poll: a response written meanwhile was
+    # taken, resolved/ said "approve" and the audit log "approval.resolved action=approve",
+    # though the cancelled run never got it.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"text": "never"},
+        policy={"approvals": {"timeout": 60}},
+    ))
+    approval_id = _pending_approval(daemon)
+    # Holding the approvals lock keeps the daemon from acting on the approval meanwhile.
+    with _durable.exclusive(daemon.home.approvals_lock):
+        _home.respond(daemon.home, approval_id, "approve")  # in time: the run still waits
+        _home.request_cancel(daemon.home, rid)
+        deadline = time.monotonic() + 60
+        while (daemon.home.cancels / rid).exists():  # removed once the run was cancelled
+            assert time.monotonic() < deadline, "the cancel was not applied"
+            time.sleep(0.01)
+    assert daemon.verdict(rid)["error"]["code"] == "ErrRunCancelled"
+    daemon.wait_for_line(f"verdict.written id={rid}")  # its approval's facts come before it
+    facts = _approval_facts(daemon.home, approval_id)
+    assert [f["phase"] for f in facts] == ["approval.pending", "approval.expired"], facts
+    assert facts[-1]["why"] == "run ended" and facts[-1]["ignored_response"] == "approve"
+    resolved = orjson.loads((daemon.home.approvals_resolved / f"{approval_id}.json").read_bytes())
+    assert resolved["result"] == "expired"
+    assert not (daemon.home.approvals_responses / f"{approval_id}.json").exists()
+    with pytest.raises(errors.ApprovalExpiredError):
+        _home.respond(daemon.home, approval_id, "deny")
+
+
+def test_a_restart_expires_a_dead_runs_approval_whatever_response_was_left(tmp_path: Path) -> None:
+    # The leftover response won: resolved/ said "approve" for a run that never got it, and the
+    # audit fact had no request id.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 600}},
+    ))
+    approval_id = _pending_approval(daemon)
+    state = daemon.home.run_state(rid)
+    deadline = time.monotonic() + 60
+    while not orjson.loads(state.read_bytes()).get("entered"):  # so the restart fails it
+        assert time.monotonic() < deadline, "the run was not entered"
+        time.sleep(0.02)
+    daemon.kill9()
+    _write_response(daemon, approval_id, b'{"action": "approve"}')  # a script's, as documented
+    restarted = DaemonProcess(tmp_path / "home").start()  # its stale approvals are audited before "ready"
+    try:
+        assert not restarted.verdict(rid)["ok"]
+        resolved = orjson.loads((daemon.home.approvals_resolved / f"{approval_id}.json").read_bytes())
+        assert resolved["result"] == "expired"
+        assert not (daemon.home.approvals_responses / f"{approval_id}.json").exists()
+        assert not (daemon.home.approvals_pending / f"{approval_id}.json").exists()
+        expired = _approval_facts(daemon.home, approval_id)[-1]
+        assert expired["phase"] == "approval.expired" and expired["request_id"] == rid
+        assert expired["why"] == "daemon restart" and expired["ignored_response"] == "approve"
+    finally:
+        assert restarted.stop() == 0
 
 
 def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
