@@ -43,6 +43,7 @@ from adaptor.events import (
     ApprovalRequest,
     Choice,
     Event,
+    EventMeta,
     Notice,
     RunFinished,
     RunStarted,
@@ -817,6 +818,14 @@ class RunPipeline:
             deadline=None if timeout is None else now + timedelta(seconds=timeout),
             attempt=attempt,
             _responder=responder,
+            # What a callback sees (and the daemon's pending file holds); sequence 0 until the
+            # event form publishes it, which numbers it like every event.
+            meta=EventMeta(
+                run_id=self.run_id,
+                thread_key=self.thread_key,
+                time=now,
+                turn_id=self.broker.turn_id if self.broker is not None else "",
+            ),
         )
         mode = self.approvals.mode(request.kind)
         self._notice_requested(approval, mode)

@@ -864,6 +864,9 @@ def test_approval_file_answered_by_a_responder(daemon: DaemonProcess) -> None:
     (entry,) = entries
     record = orjson.loads(entry.read_bytes())
     assert record["request_id"] == rid and record["approval_kind"] == "permission"
+    # The run's meta, not a blank one (run_id "", time 1970).
+    assert record["meta"]["run_id"] == record["run_id"] != ""
+    assert record["meta"]["time"] == record["created_at"]
     approval_id = entry.name[: -len(".json")]
     _home.respond(daemon.home, approval_id, "approve")
     with pytest.raises(errors.ApprovalResolvedError):
