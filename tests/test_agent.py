@@ -515,13 +515,8 @@ def test_a_callback_waiting_for_a_human_is_told_at_the_deadline_and_late_answers
             req.approve()
         seen.append((req.settled, req.wait(0) is not None))
 
-    agent = adaptor.Agent(
-        ScriptedDriver([PERMISSION, {"text": "went ahead"}]),
-        on_approval=handler,
-        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.2)),
-    )
     with pytest.raises(adaptor.ApprovalTimeoutError):
-        agent.run("go")
+        _asking_with_a_short_deadline(handler).run("go")
     assert seen == [(True, True)]
 
 
@@ -530,13 +525,16 @@ def test_a_callback_whose_late_answer_raises_times_the_attempt_out_not_the_run()
         req.wait(30)
         req.approve()  # too late: ApprovalExpiredError, not caught here
 
-    agent = adaptor.Agent(
+    with pytest.raises(adaptor.ApprovalTimeoutError):
+        _asking_with_a_short_deadline(handler).run("go")
+
+
+def _asking_with_a_short_deadline(handler: Any) -> adaptor.Agent:
+    return adaptor.Agent(
         ScriptedDriver([PERMISSION, {"text": "went ahead"}]),
         on_approval=handler,
         policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.2)),
     )
-    with pytest.raises(adaptor.ApprovalTimeoutError):
-        agent.run("go")
 
 
 def test_a_response_after_the_deadline_loses_even_before_anything_expired_the_request() -> None:
