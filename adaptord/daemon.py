@@ -48,6 +48,7 @@ import adaptor
 from adaptor import _durable, _home, _nesting, _watch, errors, events, skill
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
+from adaptor.threadstore import Query
 from adaptord import _leftovers
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
@@ -869,6 +870,9 @@ class Daemon:
         except BaseException as exc:
             error = exc
         else:
+            # Before the run can save anything: recovery tells from it whether a crash came
+            # after this turn was saved to its thread (then it must not run again).
+            thread_before = self._thread_mark(request)
             try:
                 stream = call.start()
                 job.stream = stream
@@ -878,7 +882,9 @@ class Daemon:
                 # before: the pickup waits for none of it.  The attempt is then made durable, so
                 # a crash from here on is an interrupted run, never a silent second one.
                 self._prepare_run_dir(job)
-                self._save_state(job, "running", started_at=started_at, session=session)
+                self._save_state(
+                    job, "running", started_at=started_at, session=session, thread_before=thread_before
+                )
                 self.audit("request.started", job.id, attempt=job.attempt)  # its line: state.json exists
                 self._sync_state(job)
                 if job.cancel_requested:
@@ -1336,27 +1342,37 @@ class Daemon:
         # run the SDK admitted (it has a run id) is treated as entered unless proven otherwise.
         entered = bool(state.get("entered") or state.get("run_ids") or state.get("run_id"))
         policy = state.get("on_interrupt", "fail")
-        self.audit("request.interrupted", request_id, attempt=attempt, entered=entered)
-        if policy == "requeue" and attempt < MAX_ATTEMPTS:
+        try:
+            request = orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
+            secrets = self._secrets_of(request)
+        except Exception:
+            request, secrets = None, []
+        thread_changed = entered and self._thread_changed(request, state)
+        self.audit(
+            "request.interrupted", request_id, attempt=attempt, entered=entered,
+            **({"thread_changed": True} if thread_changed else {}),
+        )
+        if policy == "requeue" and attempt < MAX_ATTEMPTS and not thread_changed:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
         run_id = state.get("run_id")
         if entered:
             details: dict[str, Any] = {"interrupted": True, "attempts": attempt}
+            message = "the daemon stopped while the run was in progress"
+            if thread_changed:
+                # Most likely this turn, saved just before the crash: running it again would
+                # send its prompt into the conversation twice.
+                details["thread_changed"] = True
+                message += "; its thread was saved after the run started, so it was not run again"
             error: BaseException = errors.RunError(
                 "infrastructure_error",
-                "the daemon stopped while the run was in progress",
+                message,
                 details=details,
                 result=adaptor.Result(run_id=run_id or ""),
             )
         else:
             error = errors.AdaptorError("the daemon stopped before the agent started")
         job: Job | None = None
-        try:
-            request = orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
-            secrets = self._secrets_of(request)
-        except Exception:
-            request, secrets = None, []
         if isinstance(request, dict):
             # The request copy is written again: the start did not sync it (a power loss may
             # have lost it); the verdict syncs it with the run folder.
@@ -1368,6 +1384,35 @@ class Daemon:
             request_id, run_id=run_id, result=result, error=error, received_at=received_at,
             started_at=state.get("started_at"), session=state.get("session"), secrets=secrets, job=job,
         )
+
+    def _thread_mark(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The thread's active record as the run starts (``{"id": None}``: none yet), for
+        :meth:`_thread_changed`; ``None`` for a request without a thread or a store that
+        cannot be read now."""
+        key = _thread_key(request)
+        if key is None:
+            return None
+        try:
+            record = self._store.resolve(Query(key=key))
+        except Exception:  # the run itself will report the store's problem
+            return None
+        if record is None:
+            return {"id": None}
+        return {"id": record.id, "updated_at": record.updated_at.isoformat()}
+
+    def _thread_changed(self, request: Any, state: Mapping[str, Any]) -> bool:
+        """Whether the interrupted run's thread was saved after it started (by the run itself,
+        unless another process wrote the key while the daemon was down)."""
+        before = state.get("thread_before")
+        key = _thread_key(request) if isinstance(request, Mapping) else None
+        if not isinstance(before, Mapping) or key is None:
+            return False  # not a thread run, or nothing known: as before
+        try:
+            record = self._store.resolve(Query(key=key))
+        except Exception:
+            return False
+        now = None if record is None else {"id": record.id, "updated_at": record.updated_at.isoformat()}
+        return now != (None if before.get("id") is None else dict(before))
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -1438,6 +1483,12 @@ def _why_settled(req: adaptor.ApprovalRequest) -> str:
     if req.deadline is not None and datetime.now(UTC) >= req.deadline:
         return "deadline"
     return "run ended"
+
+
+def _thread_key(request: Mapping[str, Any]) -> str | None:
+    thread = request.get("thread")
+    key = thread.get("key") if isinstance(thread, Mapping) else None
+    return key if isinstance(key, str) and key else None
 
 
 def _in_arrival_order(folder: Path) -> list[str]:

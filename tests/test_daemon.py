@@ -24,6 +24,7 @@ import filelock
 import orjson
 import pytest
 
+import adaptor
 from adaptor import _durable, _home, _nesting, errors, events
 from adaptor.driver import InvalidOutputSchemaError
 from adaptor.drivers import NAMES as DRIVER_NAMES
@@ -1344,6 +1345,58 @@ def test_crash_after_the_start_sync_is_an_interrupted_run(tmp_path: Path) -> Non
     assert verdict["run_id"] == "run_0123456789abcdef"
     assert verdict["received_at"] == "2026-12-02T10:00:00.000000Z"
     assert _lifecycle(home, "started").count("request.started") == 0  # not run again
+    assert proc.stop() == 0
+
+
+def _thread_mark(home: _home.Home, key: str) -> dict[str, Any]:
+    from adaptor.threadstore import JSONLStore, Query
+
+    with JSONLStore(home.threads) as store:
+        record = store.resolve(Query(key=key))
+    return {"id": None} if record is None else {"id": record.id, "updated_at": record.updated_at.isoformat()}
+
+
+def _started_turn(home: _home.Home, rid: str, key: str, thread_before: dict[str, Any]) -> None:
+    """What a kill -9 during a thread turn leaves: the claim and the started attempt's state."""
+    turn = script({"text": f"{rid} ran"}, thread={"key": key}, on_interrupt="requeue")
+    turn["config"]["session"] = "auto"
+    _claimed_only(home, rid, turn)
+    home.run_dir(rid).mkdir(parents=True)
+    home.run_state(rid).write_bytes(orjson.dumps({
+        "id": rid, "status": "running", "attempt": 1, "run_ids": [f"run_{rid}"], "run_id": f"run_{rid}",
+        "entered": True, "on_interrupt": "requeue", "received_at": "2026-12-02T10:00:00.000000Z",
+        "thread_before": thread_before,
+    }))
+
+
+def test_crash_after_a_thread_turn_was_saved_does_not_run_it_again(tmp_path: Path) -> None:
+    """Killed after the turn's save to its thread, before its verdict: requeued, the turn ran
+    again and its prompt went into the conversation twice."""
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    before = _thread_mark(home, "conversation")
+    # The interrupted turn's save, as it reached the store before the crash.
+    from adaptor.drivers import script as script_driver
+    from adaptor.threadstore import JSONLStore
+
+    agent = adaptor.Agent(
+        script_driver.Driver(script_driver.Config(steps=({"text": "saved"},), session="auto")),
+        thread_store=JSONLStore(home.threads),
+    )
+    agent.thread("conversation").run("the turn")
+    agent.close()
+    _started_turn(home, "saved-turn", "conversation", before)
+    # A turn whose crash came before any save runs again, as requeue asks.
+    _started_turn(home, "unsaved-turn", "other", _thread_mark(home, "other"))
+    proc = DaemonProcess(home.root).start()
+    verdict = proc.verdict("saved-turn")
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.RunError and err.details["interrupted"] is True
+    assert err.details["thread_changed"] is True and "not run again" in str(err)
+    assert proc.verdict("unsaved-turn")["result"]["text"] == "unsaved-turn ran"
+    proc.wait_for_line("verdict.written id=unsaved-turn")
+    assert "request.started" not in _lifecycle(home, "saved-turn")
+    assert _lifecycle(home, "unsaved-turn").count("request.started") == 1
     assert proc.stop() == 0
 
 
