@@ -376,7 +376,9 @@ def summary(event: events.Event) -> str:
         case events.RunStarted():
             return event.run_id
         case events.RunFinished():
-            return "ok" if not event.failed else clip(f"failed: {event.reason}: {event.message}")
+            if not event.failed:
+                return "ok"
+            return clip("failed: " + ": ".join(part for part in (event.reason, event.message) if part))
         case events.Dropped():
             return f"{event.count} dropped {compact(event.by_kind)}"
         case events.SubagentUpdate():

@@ -342,7 +342,11 @@ def threads(ctx: click.Context, home: str | None, as_json: bool) -> None:
 
 def _store_home(ctx: click.Context, home: str | None) -> Path:
     parent = (ctx.obj or {}).get("home") if home is None else home
-    return Client(parent).home
+    client = Client(parent)
+    if not (client.home / "threads").is_dir():
+        # A mistyped home must not look like a home whose conversations are gone.
+        client._require_spool()
+    return client.home
 
 
 def _open_store(root: Path) -> Any:
@@ -381,7 +385,12 @@ def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = N
     for record in records:
         state = record.get("state") or {}
         session = state.get("display_id") or state.get("resume_id") or "-"
-        click.echo(f"{record['key']}  {record['driver_type']}  {record['updated_at']}  {session}")
+        click.echo(f"{_shown(record['key'])}  {record['driver_type']}  {record['updated_at']}  {session}")
+
+
+def _shown(key: str) -> str:
+    # One line per thread: a key holding a newline (or a terminal escape) is shown JSON-quoted.
+    return key if key.isprintable() else orjson.dumps(key).decode()
 
 
 @threads.command("show")
@@ -400,6 +409,9 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
     from adaptor.threadstore import Query
     from adaptor.threadstore._types import record_to_json
 
+    if not key:
+        raise click.BadParameter("a thread key is never empty", param_hint="KEY")
+
     store = _open_store(_store_home(ctx, home))
     record = None
     if store is not None:
@@ -414,6 +426,8 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
     for name, value in obj.items():
         if isinstance(value, dict):
             value = orjson.dumps(value).decode()
+        elif isinstance(value, str):
+            value = _shown(value)
         click.echo(f"{name}: {value}")
 
 

@@ -27,7 +27,7 @@ import orjson
 
 import adaptor
 from adaptor import _durable, _home, _nesting, mcp, policy, skill
-from adaptor.driver import Driver, InvalidDriverConfigError
+from adaptor.driver import Descriptor, Driver, InvalidDriverConfigError
 from adaptor.drivers import NAMES as DRIVERS
 from adaptor.errors import AdaptorError
 from adaptor.spool import InvalidRequestError
@@ -366,13 +366,7 @@ def preflight(request: Mapping[str, Any], *, driver_defaults: Mapping[str, Any])
     """
     name = str(request["driver"])
     driver = make_driver(name, driver_config(request, driver_defaults))
-    try:
-        descriptor = driver.descriptor()
-        driver.validate_config(None)
-    except AdaptorError:
-        raise
-    except Exception as exc:
-        raise InvalidDriverConfigError(name, exc) from exc
+    descriptor = _descriptor(name, driver, validate=True)
     run_policy = _policy(request.get("policy"))
     approvals = policy.validate(run_policy, descriptor)
     if isinstance(request.get("thread"), Mapping):
@@ -425,7 +419,7 @@ def build(
             driver, thread_store=thread_store, tools=selected_tools, skill_provider=skill_provider
         )
 
-    if kept is not None and driver.descriptor().process.persistent:
+    if kept is not None and _descriptor(name, driver).process.persistent:
         # The key holds secrets (config env) only as a digest.
         identity = [
             name, config, [[t, id(tools[t])] for t in request.get("tools") or ()], id(thread_store), id(skill_provider)
@@ -467,6 +461,20 @@ def build(
             handle = agent.thread(key_name, resume_only=bool(thread.get("resume_only", False)))
         return Call(agent, lambda: handle.stream(prompt, **options), close)
     return Call(agent, lambda: agent.stream(prompt, **options), close)
+
+
+def _descriptor(name: str, driver: Driver, *, validate: bool = False) -> Descriptor:
+    """``driver.descriptor()`` (and, with ``validate``, its config check), a failure raised as
+    the run reports it: ``InvalidDriverConfigError`` (exit 3), never an external error."""
+    try:
+        descriptor = driver.descriptor()
+        if validate:
+            driver.validate_config(None)
+    except AdaptorError:
+        raise
+    except Exception as exc:
+        raise InvalidDriverConfigError(name, exc) from exc
+    return descriptor
 
 
 def _skills(raw: list[Any] | None) -> tuple[skill.Skill | skill.Ref, ...]:

@@ -28,3 +28,12 @@ def test_both_commands_print_help() -> None:
         proc = subprocess.run([command, "--help"], capture_output=True, text=True)
         assert proc.returncode == 0
         assert "Usage:" in proc.stdout
+
+
+def test_an_event_line_of_a_failure_without_a_reason_has_no_empty_field() -> None:
+    from adaptor import _cli_common, events
+
+    finished = events.RunFinished(run_id="run_1", failed=True, message="thread is busy")
+    assert _cli_common.summary(finished) == "failed: thread is busy"
+    finished = events.RunFinished(run_id="run_1", failed=True, reason="agent_error", message="boom")
+    assert _cli_common.summary(finished) == "failed: agent_error: boom"

@@ -512,6 +512,21 @@ def test_threads_list_and_show(home: Home) -> None:
     assert shown.returncode == 0 and orjson.loads(shown.stdout)["result"] == record
     missing = home.cli("threads", "show", "cli/threads/none")
     assert missing.returncode == errors.exit_code_for(errors.ThreadNotFoundError()) == 4
+    empty = home.cli("threads", "show", "")
+    assert empty.returncode == 2 and "never empty" in empty.stderr
+    # One line per thread, whatever the key holds.
+    home.client.run(threaded("two\nlines"), timeout=TIMEOUT)
+    lines = home.cli("threads").stdout.splitlines()
+    assert '"two\\nlines"' in [line.split("  ")[0] for line in lines]
+    assert not any(line.startswith("lines") for line in lines)
+
+
+def test_threads_of_a_home_that_does_not_exist_is_69_not_an_empty_list(home: Home, tmp_path: Path) -> None:
+    # A mistyped --home listed nothing (exit 0) and `show` said the conversation was gone.
+    env = {**home.env(), "ADAPTORD_HOME": str(tmp_path / "no-such-home")}
+    for args in (["threads"], ["threads", "list", "--json"], ["threads", "show", "k"]):
+        proc = subprocess.run(["adaptor", *args], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+        assert proc.returncode == 69, (args, proc.stdout, proc.stderr)
 
 
 def test_short_env_values_are_not_redacted_out_of_error_messages(home: Home, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import pytest
 
 import adaptor
 from adaptor import _durable, _home, _nesting, errors, events
+from adaptor import _request as requests
 from adaptor.driver import InvalidOutputSchemaError
 from adaptor.drivers import NAMES as DRIVER_NAMES
 from adaptor.spool import Client
@@ -1173,6 +1174,16 @@ def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, e
     )
     assert serve.returncode == 2 and "Traceback" not in serve.stderr
     assert all(fragment in serve.stderr for fragment in expected), serve.stderr
+
+
+def test_a_driver_config_its_descriptor_refuses_is_the_same_error_as_in_process(daemon: DaemonProcess) -> None:
+    # Through the daemon the descriptor was first built outside the run's checks: exit 70
+    # "external ValueError" instead of the InvalidDriverConfigError (exit 3) a program gets.
+    config = {"steps": [{"text": "x"}], "descriptor": {"sessions": {"bogus": 1}}}
+    with pytest.raises(adaptor.InvalidDriverConfigError):
+        adaptor.Agent(requests.make_driver("script", config)).run("x")
+    verdict = daemon.verdict(daemon.submit({"driver": "script", "prompt": "x", "config": config}))
+    assert verdict["error"]["code"] == "ErrInvalidDriverConfig" and verdict["exit_code"] == 3
 
 
 def test_skill_catalogue_directories_serve_requests_naming_a_key(tmp_path: Path) -> None:

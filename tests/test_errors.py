@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 import importlib
 import pickle
+import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -663,9 +666,36 @@ def test_mutated_wire_forms_never_yield_a_wrong_subclass(case: Case, mutation: d
 
 
 def test_docs_table_lists_every_identity() -> None:
-    from pathlib import Path
-
     text = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
     for case in CASES:
         assert f"`{case.code}`" in text, case.code
         assert case.cls.__name__ in text, case.cls.__name__
+
+
+@pytest.mark.parametrize(("codes", "status"), [([75, 75, 0], 0), ([75] * 5, 75), ([75, 1], 1), ([2], 2)])
+def test_the_documented_busy_retry_script_exits_as_it_says(
+    tmp_path: Path, codes: list[int], status: int
+) -> None:
+    # An `adaptor` that answers with `codes` in turn (and a `sleep` that does not wait) runs
+    # the retry loop of docs/errors.md as written.
+    text = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
+    script = re.search(r"```sh\n(for attempt in .*?)```", text, re.S)
+    assert script is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "codes").write_text("\n".join(map(str, codes)) + "\n")
+    fake = bin_dir / "adaptor"
+    fake.write_text(
+        f'#!/bin/sh\ncode=$(head -n 1 {tmp_path}/codes)\nsed -i 1d {tmp_path}/codes\nexit "$code"\n'
+    )
+    (bin_dir / "sleep").write_text("#!/bin/sh\nexit 0\n")
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    done = subprocess.run(
+        ["sh", "-c", script.group(1)],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == status, done.stderr
