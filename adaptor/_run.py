@@ -378,6 +378,16 @@ class RunPipeline:
         if self.thread is not None:
             self._thread_identity = (self._prelaunch[0], self._compatibility_fingerprint())
             self._plan_thread(self.thread)
+            restarted = None if self._plan is None else self._plan.restarted_because
+            if restarted is not None:
+                # Otherwise nothing tells the host its conversation's history was left behind.
+                self.publish(
+                    Notice(
+                        kind="lifecycle",
+                        text=f"starting a new session: the stored one does not fit ({restarted})",
+                        data={"phase": "thread.new_session", "reason": restarted},
+                    )
+                )
         self._raise_if_ended_before_entry()
         request = self._request()
         with self._lock:

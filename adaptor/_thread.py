@@ -160,6 +160,8 @@ class ThreadPlan:
     previous: Record | None = None  # the active record under the key, if any
     resumed: Record | None = None  # the record whose state the driver resumes
     session_mode: str = "continue_or_start"
+    # Why a thread with a conversation starts a new one (its stored session is incompatible).
+    restarted_because: str | None = None
 
     @property
     def state(self) -> SessionState | None:
@@ -299,6 +301,7 @@ def _plan_continue(plan_: ThreadPlan) -> None:
     if problem is not None:
         if only:
             raise errors.ThreadIncompatibleError(f"thread {spec.key!r}: {problem}")
+        plan_.restarted_because = problem
         return  # start fresh; the old record is archived only once the new one persists
     if record.state is None:
         raise errors.ThreadCheckpointMissingError(f"thread {spec.key!r} has no checkpoint")

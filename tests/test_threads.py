@@ -121,7 +121,10 @@ def test_fingerprint_guard(store: Any) -> None:
         agent.thread("k", resume_only=True).run("go", model="m2")
     assert store.resolve(Query(key="k")) == original  # untouched
     calls = len(driver.sessions)
-    agent.thread("k").run("go", model="m2")  # default mode starts fresh
+    stream = agent.thread("k").stream("go", model="m2")  # default mode starts fresh, and says so
+    notices = [e for e in stream if isinstance(e, adaptor.Notice) and e.data.get("phase") == "thread.new_session"]
+    stream.result()
+    assert len(notices) == 1 and "model" in notices[0].data["reason"]
     assert len(driver.sessions) == calls + 1
     assert driver.sessions[-1].state is None  # type: ignore[union-attr]
     fresh = store.resolve(Query(key="k"))

@@ -69,6 +69,7 @@ import re
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -226,11 +227,15 @@ class Driver(_cli.CliDriver[Config]):
         config = self._config_for(request)
         plan = _plan(config, request, persistent_allowed=not self._pool.closed)
         live = None
+        if not plan.fork:
+            # A process another Driver keeps for this session (its Agent's config differs by a
+            # value that leaves the thread compatible, a rotated API key say) would miss this
+            # turn in its in-memory conversation if a later turn of that Agent reused it.
+            _Pool.discard_elsewhere(plan.resume_id, self._pool)
         if plan.reusable:
             live = self._pool.take(plan.resume_id, plan.signature)
         elif not plan.fork:
-            # This turn continues the session in a new process: a process kept for it would
-            # miss the turn in its in-memory conversation if a later turn reused it.
+            # This turn continues the session in a new process: likewise for our own.
             self._pool.discard(plan.resume_id)
         if live is not None:
             sink.emit(Notice(kind="lifecycle", text="reusing the thread's claude process",
@@ -1132,12 +1137,29 @@ class _Parser:
 class _Pool:
     """Processes kept between thread turns, keyed by the session they last continued."""
 
+    # Every Driver's pool in this process, so a turn can stop the processes others keep for
+    # its session; weak, so a pool goes with its Driver.
+    _all: weakref.WeakSet[_Pool] = weakref.WeakSet()
+    _all_lock = threading.Lock()
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: dict[str, tuple[_Live, float]] = {}
         self._closed = False
         self._evictor: threading.Thread | None = None
         self._wake = threading.Event()
+        with _Pool._all_lock:
+            _Pool._all.add(self)
+
+    @classmethod
+    def discard_elsewhere(cls, session_id: str | None, own: _Pool) -> None:
+        """Stop the processes every other pool keeps for ``session_id``."""
+        if session_id is None:
+            return
+        with cls._all_lock:
+            others = [pool for pool in cls._all if pool is not own]
+        for pool in others:
+            pool.discard(session_id)
 
     @property
     def closed(self) -> bool:

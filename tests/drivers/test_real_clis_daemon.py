@@ -368,6 +368,30 @@ def test_claude_process_reused_across_thread_turns_through_the_daemon(
     assert_nothing_left(tmp_path, pid)
 
 
+def test_claude_turn_never_goes_to_a_process_that_missed_the_previous_one(
+    daemon: DaemonProcess,
+    home: Path,
+    anthropic: AnthropicMock,
+    claude_request: Callable[..., dict[str, Any]],
+) -> None:
+    # A rotated API key leaves the thread compatible but makes another kept Agent (and claude
+    # process pool): its second turn ran in a new process, and the third, with the first key
+    # again, went to the first turn's process, whose conversation lacked the second turn.
+    key = "real/claude/rotated"
+
+    def turn(prompt: str, api_key: str) -> adaptor.Result:
+        request = claude_request(prompt, thread={"key": key})
+        request["config"]["env"]["ANTHROPIC_API_KEY"] = api_key
+        return run_ok(home, request)[1]
+
+    first = turn("first question", "sk-ant-mock-key")
+    second = turn("second question", "sk-ant-rotated-key")
+    third = turn("third question", "sk-ant-mock-key")
+    assert first.metadata["session_id"] == second.metadata["session_id"] == third.metadata["session_id"]
+    assert third.metadata["process"] == "spawned"
+    assert "second question" in orjson.dumps(anthropic.messages()[-1]["messages"]).decode()
+
+
 @pytest.mark.parametrize("answer", ["approve", "deny"])
 def test_claude_permission_answered_through_the_cli(
     daemon: DaemonProcess,
