@@ -84,6 +84,14 @@ class Spec:
     stdin: bytes | Literal["closed", "driven"] = "closed"
     grace_period: float = 2.0
     shown_argv: Sequence[str] | None = None  # what the spawn event reports, if not ``argv``
+    # The run's mark (MARK_VAR's value), when the driver must hand it on itself to processes
+    # the CLI starts with an environment of its own making (codex's MCP servers); else new.
+    mark: str | None = None
+
+
+def new_mark() -> str:
+    """A fresh value for :data:`MARK_VAR`: what finds a run's processes that left its group."""
+    return secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -293,7 +301,7 @@ class Child:
         """Start ``spec`` and emit its ``process.spawn`` event; raises :class:`BinaryNotFound`."""
         binary = spec.argv[0]
         stdin: int = subprocess.DEVNULL if spec.stdin == "closed" else subprocess.PIPE
-        mark = secrets.token_hex(8)
+        mark = spec.mark or new_mark()
         try:
             proc = subprocess.Popen(
                 list(spec.argv),

@@ -26,7 +26,9 @@ that spawns the real Rust binary, which is why the runner stops the whole proces
   variable is named by ``bearer_token_env_var``; header values travel in the process
   environment under generated names (``env_http_headers``); a stdio server's ``env`` is
   written to a 0600 file in the run's private directory, which ``/bin/sh`` sources before
-  exec'ing the server (codex can only forward variables under their own names).  Every server
+  exec'ing the server (codex can only forward variables under their own names), with the
+  run's ``ADAPTOR_RUN_MARK``: codex starts each server in a session of its own, so only the
+  mark finds one that outlives a cancelled run.  Every server
   gets ``default_tools_approval_mode="approve"``: ``exec`` cannot ask, and a tool needing
   approval would otherwise always fail.  Required servers and the gateway are
   ``required = true``: codex then refuses to start without them.  SSE servers are not
@@ -201,12 +203,13 @@ class Driver(_cli.CliDriver[Config]):
                 schema_file = os.path.join(private, "output-schema.json")
                 with open(schema_file, "wb") as handle:
                     handle.write(plan.schema)
-            mcp_args, mcp_env = _mcp_overrides(plan.mcp, plan.required_mcp, private)
+            mark = _process.new_mark()
+            mcp_args, mcp_env = _mcp_overrides(plan.mcp, plan.required_mcp, private, mark)
             argv, shown = _argv(config, plan, schema_file, mcp_args)
             env, names = _process.child_env(*plan.env_layers, mcp_env)
             spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names,
                         cwd=plan.spawn_cwd, stdin=plan.prompt.encode(),
-                        grace_period=config.grace_period)
+                        grace_period=config.grace_period, mark=mark)
             return _cli.run_child(spec, sink, request, _Parser(sink, plan))
 
 
@@ -323,23 +326,26 @@ def _toml(value: str | bool | list[str] | Mapping[str, str]) -> str:
 
 
 def _mcp_overrides(
-    servers: tuple[MCPServerSpec, ...], required: frozenset[str], private: str
+    servers: tuple[MCPServerSpec, ...], required: frozenset[str], private: str, mark: str
 ) -> tuple[list[str], dict[str, str]]:
     """``-c mcp_servers.<key>...`` arguments and the environment they rely on (header values
-    under generated names).  A stdio server's env is written into ``private`` (see the module
-    docstring), which must outlive the process."""
+    under generated names).  A stdio server's env, with the run's ``mark``, is written into
+    ``private`` (see the module docstring), which must outlive the process."""
     args: list[str] = []
     env: dict[str, str] = {}
     for server in servers:
         settings: dict[str, str | bool | list[str] | dict[str, str]] = {}
         if server.transport == "stdio":
-            command, arguments = server.command, list(server.args)
-            if server.env:
-                fd, path = tempfile.mkstemp(prefix="mcp-env-", dir=private)  # created 0600
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    handle.writelines(f"export {name}={shlex.quote(value)}\n"
-                                      for name, value in server.env.items())
-                command, arguments = "/bin/sh", ["-c", _SOURCE_AND_EXEC, path, command, *arguments]
+            # codex starts each server in a session of its own and with only the variables it
+            # names: without the mark, a server that outlives a cancelled run is found by
+            # nothing (neither the group kill nor the mark sweep).
+            exported = {**server.env, _process.MARK_VAR: mark}
+            fd, path = tempfile.mkstemp(prefix="mcp-env-", dir=private)  # created 0600
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.writelines(f"export {name}={shlex.quote(value)}\n"
+                                  for name, value in exported.items())
+            command = "/bin/sh"
+            arguments = ["-c", _SOURCE_AND_EXEC, path, server.command, *server.args]
             settings.update(command=command, args=arguments)
         else:
             settings["url"] = server.url

@@ -122,7 +122,7 @@ def test_codex_gets_overrides_an_env_file_and_a_skills_catalogue(
     fake_exe: Callable[[str, str], str], tmp_path: Path
 ) -> None:
     command, seen = inspecting_cli(fake_exe, tmp_path, "codex-text", protocol=False,
-                                   env_names=("ADAPTOR_MCP_HEADER_1", "API_KEY"))
+                                   env_names=("ADAPTOR_MCP_HEADER_1", "API_KEY", "ADAPTOR_RUN_MARK"))
     driver = codex.Driver(codex.Config(command=command, home=str(tmp_path / "codex-home")))
     with adaptor.Agent(driver, workspace=str(tmp_path), mcp=SERVERS[:2],
                        skills=[skill.require(STYLE, "house rules")]) as agent:
@@ -145,7 +145,10 @@ def test_codex_gets_overrides_an_env_file_and_a_skills_catalogue(
         'mcp_servers.remote.default_tools_approval_mode="approve"',
     ]
     assert env_file["mode"] == "0o600"
-    assert env_file["content"] == "export API_KEY='it'\"'\"'s a $ecret'\n"
+    # The run's mark goes with the server's env: codex starts servers in sessions of their own
+    # and with only the variables it names, so nothing else finds one a cancel left running.
+    mark = inside["env"].pop("ADAPTOR_RUN_MARK")
+    assert env_file["content"] == f"export API_KEY='it'\"'\"'s a $ecret'\nexport ADAPTOR_RUN_MARK={mark}\n"
     assert not os.path.exists(env_file["path"])
     # The header value travels in the environment only; the server's env only in the file.
     assert inside["env"] == {"ADAPTOR_MCP_HEADER_1": SECRET, "API_KEY": None}

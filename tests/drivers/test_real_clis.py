@@ -438,6 +438,49 @@ def test_codex_cancel_mid_run(
     assert wait_until_gone(pgid) == []
 
 
+def _running(argument: str) -> list[int]:
+    """Live processes with ``argument`` among their command-line arguments."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.isdigit() and argument.encode() in args:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("env", [None, {"SERVER_SETTING": "x"}], ids=["plain", "with-env"])
+def test_codex_cancel_stops_its_stdio_mcp_servers(
+    codex_config: Callable[..., codex.Config],
+    openai: OpenAIMock,
+    workspace: str,
+    env: dict[str, str] | None,
+) -> None:
+    # codex starts each MCP server in a session of its own, with only the variables it names:
+    # neither the group kill nor the run-mark sweep found one, and it outlived the run.
+    unique = f"3600.{os.getpid()}{time.monotonic_ns() % 100000}"
+    openai.configure(delay=60.0)
+    server = adaptor.mcp.stdio("slow", "sleep", [unique], env=env)
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace, mcp=[server]) as agent:
+        stream = agent.stream("say hello slowly")
+        until = time.monotonic() + 30
+        while not _running(unique) and time.monotonic() < until:
+            time.sleep(0.05)
+        assert _running(unique), "codex never started the MCP server"
+        stream.cancel()
+        with pytest.raises(adaptor.RunCancelledError):
+            stream.result()
+    until = time.monotonic() + 15
+    while _running(unique) and time.monotonic() < until:
+        time.sleep(0.05)
+    left = _running(unique)
+    for pid in left:  # (not left to outlive the test run when this fails)
+        os.kill(pid, 9)
+    assert left == []
+
+
 def test_codex_conformance(codex_config: Callable[..., codex.Config]) -> None:
     conformance.run(lambda: codex.Driver(codex_config())).raise_for_failures()
 
