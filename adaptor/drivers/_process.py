@@ -465,6 +465,15 @@ class Child:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
+    @property
+    def quiet(self) -> bool:
+        """No stdout line is waiting to be read: a persistent child printed nothing after its
+        turn's terminal event (what it did print would be read as the next turn's)."""
+        with self._lines.mutex:
+            return not any(
+                isinstance(item, Line) and item.stream == "stdout" for item in self._lines.queue
+            )
+
     @contextlib.contextmanager
     def watch(self, cancelled: CancelSignal, deadline: float | None) -> Iterator[None]:
         """While inside, stop the group when ``cancelled`` is set or ``deadline`` passes."""

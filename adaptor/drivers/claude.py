@@ -1174,7 +1174,7 @@ class _Pool:
         if entry is None:
             return None
         live = entry[0]
-        if live.signature == signature and live.child.alive:
+        if live.signature == signature and live.child.alive and live.child.quiet:
             return live
         live.close()
         return None

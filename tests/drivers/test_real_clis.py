@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -193,6 +194,37 @@ def test_claude_thread_resume_reuse_and_restart(
     assert wait_until_gone(int(third.metadata["pid"])) == []
     restarted.close()
     assert wait_until_gone(int(changed.metadata["pid"])) == []
+
+
+def test_claude_output_after_a_turns_result_never_reaches_the_next_turn(
+    claude_bin: str,
+    claude_config: Callable[..., claude.Config],
+    workspace: str,
+    tmp_path: Path,
+) -> None:
+    # A kept process's reading stopped at the turn's result line: whatever the CLI printed
+    # after it was read as the next turn's, which then answered "late" and succeeded.
+    wrapper = tmp_path / "claude-then-more"
+    wrapper.write_text(
+        f"#!{sys.executable}\n"
+        "import subprocess, sys\n"
+        f"cli = subprocess.Popen([{claude_bin!r}, *sys.argv[1:]], stdout=subprocess.PIPE)\n"
+        "for line in cli.stdout:\n"
+        "    sys.stdout.buffer.write(line)\n"
+        "    if b'\"type\":\"result\"' in line:\n"
+        "        sys.stdout.buffer.write(b'{\"type\":\"assistant\",\"message\":{\"content\":'\n"
+        "                                b'[{\"type\":\"text\",\"text\":\"late\"}]}}\\n')\n"
+        "    sys.stdout.buffer.flush()\n"
+        "sys.exit(cli.wait())\n"
+    )
+    wrapper.chmod(0o755)
+    config = dataclasses.replace(claude_config(), command=str(wrapper))
+    with adaptor.Agent(claude.Driver(config), workspace=workspace, thread_store=Store()) as agent:
+        thread = agent.thread("chatty")
+        thread.run("first question")
+        second = thread.run("second question")
+    assert "late" not in second.text
+    assert second.metadata["process"] == "spawned"  # the chatty process was not reused
 
 
 def test_claude_fork(claude_config: Callable[..., claude.Config], workspace: str) -> None:
