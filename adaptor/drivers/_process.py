@@ -145,7 +145,12 @@ class CannotStart(Exception):
     @classmethod
     def binary(cls, binary: str, why: str) -> CannotStart:
         """Missing, or not executable: ``details.kind == "binary_not_found"`` (CLI exit 69)."""
-        message = f"{binary} not found on PATH" if why == "missing" else f"{binary}: {why}"
+        if why != "missing":
+            message = f"{binary}: {why}"
+        elif os.sep in binary:  # a path: PATH was never searched
+            message = f"{binary}: no such file"
+        else:
+            message = f"{binary} not found on PATH"
         return cls(message, {"kind": "binary_not_found", "binary": binary})
 
     @classmethod

@@ -146,6 +146,14 @@ def test_a_working_directory_that_cannot_be_used_says_why(tmp_path: Path) -> Non
         Child.start(_spec(["adaptor-no-such-binary"], cwd=str(tmp_path)), RecordingSink())
 
 
+def test_a_missing_binary_named_by_its_path_is_not_said_to_be_missing_from_path(tmp_path: Path) -> None:
+    missing = str(tmp_path / "bin" / "claude")
+    with pytest.raises(CannotStart) as caught:
+        Child.start(_spec([missing]), RecordingSink())
+    assert str(caught.value) == f"{missing}: no such file"
+    assert caught.value.details == {"kind": "binary_not_found", "binary": missing}
+
+
 @pytest.mark.parametrize("trigger", ["cancel", "deadline"])
 def test_cancel_and_deadline_kill_the_whole_group(fake_exe: FakeExe, trigger: str) -> None:
     exe = fake_exe("stubborn", STUBBORN)
