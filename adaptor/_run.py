@@ -644,8 +644,17 @@ class RunPipeline:
                 self.options.schema_options and self.options.schema_options.return_invalid
             )
             if not record.valid and not return_invalid:
+                problems = list(record.errors)
+                native = response.structured_output
+                if source == "native" and native is not None and not native.valid and native.errors:
+                    # The provider's own verdict first: the text judged here is then only what
+                    # the agent said instead (often why the value failed), so quote its start.
+                    problems = [*native.errors, *problems]
+                    said = " ".join(response.output.split())
+                    if said:
+                        problems.append(f"the agent's final text: {said[:300]}")
                 raise errors.PolicyViolationError(
-                    "structured output invalid: " + ("; ".join(record.errors) or "no value"),
+                    "structured output invalid: " + ("; ".join(problems) or "no value"),
                     details={"errors": list(record.errors)},
                     result=result,
                 )

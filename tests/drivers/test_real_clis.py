@@ -271,8 +271,14 @@ def test_claude_structured_output(
         tools = {t["name"] for t in anthropic.messages()[-1]["tools"]}
         assert "StructuredOutput" in tools
         anthropic.configure(structured={"name": 5})
-        with pytest.raises(adaptor.PolicyViolationError):
+        with pytest.raises(adaptor.PolicyViolationError) as caught:
             agent.run("give me structured data", schema=Item)
+    # Why, not only that the agent's closing words are not JSON ("invalid JSON (char 0)").
+    message = str(caught.value)
+    assert "the CLI returned no structured_output" in message
+    assert "the agent's final text: " in message
+    final_text = caught.value.result.text if caught.value.result else ""
+    assert " ".join(final_text.split())[:40] in message
 
 
 @pytest.mark.parametrize(
