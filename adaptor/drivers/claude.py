@@ -941,7 +941,7 @@ class _Parser:
                     self.open_tools.add(ident)
                     # The event and the transcript item each get their own copy; the decoded
                     # line is ours alone (orjson built it), so the item may keep it.
-                    args = _json_copy(tool_input) if isinstance(tool_input, dict) else None
+                    args = _nesting.copy_json(tool_input) if isinstance(tool_input, dict) else None
                     self.emit(_ToolCall(id=ident, name=name, args=args, phase="start"))
                 item(_Item(kind="tool_call", tool_use_id=ident, tool_name=name, input=tool_input))
                 self.final = []  # text before a tool call is not the final answer
@@ -1234,24 +1234,3 @@ class _Pool:
         grace = None if timeout is None else max(timeout, 0.0) / max(len(victims), 1)
         for live in victims:
             live.close(grace)
-
-
-# --- small helpers ------------------------------------------------------------------------------
-
-
-_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
-
-
-def _json_copy(value: Any) -> Any:
-    """A deep copy of a decoded JSON value (dicts, lists and immutable scalars only)."""
-    if type(value) is dict:
-        for item in value.values():
-            if type(item) not in _SCALARS:
-                break
-        else:
-            return value.copy()  # flat (most tool inputs): nothing below it to copy
-    try:
-        # Exact for what orjson decoded (its floats round-trip); done in C.
-        return _loads(orjson.dumps(value))
-    except orjson.JSONEncodeError:  # nested deeper than orjson writes (and Python's stack)
-        return _nesting.copy(value)
