@@ -166,8 +166,10 @@ class Home:
     def run_state(self, request_id: str) -> Path:
         return self.runs / request_id / "state.json"
 
-    def ensure(self) -> None:
-        for directory in (
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """Every folder of the layout below the root, each after its parent."""
+        leaves = (
             self.spool_tmp,
             self.spool_new,
             self.verdicts,
@@ -180,20 +182,29 @@ class Home:
             self.claimed,
             self.quarantine,
             self.cancels,
-        ):
+        )
+        found: dict[Path, None] = {}
+        for leaf in leaves:
+            for folder in (*reversed(leaf.relative_to(self.root).parents[:-1]), None):
+                found[leaf if folder is None else self.root / folder] = None
+        return tuple(found)
+
+    def ensure(self) -> None:
+        for directory in self.folders:
             _durable.ensure_dir(directory)
 
 
 def not_private(home: Home) -> str | None:
     """Why the home cannot be trusted with requests, or ``None``.
 
-    Whoever can write into it can make the daemon run commands as its own user: a home (or one
-    of the folders requests and answers arrive in) that another user owns or that is writable
-    by group or others is refused, not served.  Folders that do not exist yet are made 0700.
+    Whoever can write into it can make the daemon run commands as its own user: a home (or any
+    folder of its layout: a writable parent lets another user swap the folder for their own)
+    that another user owns or that is writable by group or others is refused, not served, and
+    so is a folder of the layout that is a symbolic link (the daemon would write through it).
+    Folders that do not exist yet are made 0700.
     """
     me = os.geteuid()
-    for path in (home.root, home.root / "spool", home.spool_tmp, home.spool_new, home.cancels,
-                 home.approvals_responses):
+    for path in (home.root, *home.folders):
         try:
             found = os.lstat(path) if path != home.root else os.stat(path)
         except OSError:  # missing, or not reachable: making the home reports that

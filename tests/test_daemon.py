@@ -1046,7 +1046,12 @@ def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     serve = [sys.executable, "-m", "adaptord", "serve", "--home", str(home)]
-    for path, mode in ((home, 0o777), (home, 0o770), (home / "spool" / "new", 0o733)):
+    # Every folder of the layout counts, parents too: with approvals/ writable, another user
+    # swapped responses/ for a folder of their own and approved a run.
+    for path, mode in (
+        (home, 0o777), (home, 0o770), (home / "spool" / "new", 0o733),
+        (home / "approvals", 0o777), (home / "control", 0o777), (home / "runs", 0o775),
+    ):
         path.mkdir(parents=True, exist_ok=True)
         os.chmod(path, mode)
         refused = subprocess.run(serve, capture_output=True, text=True, timeout=60)
@@ -1055,9 +1060,18 @@ def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:
         assert f"chmod go-w {path}" in refused.stderr
         assert not (home / "adaptord.lock").exists()  # nothing was served from it
         os.chmod(path, 0o700)
+    # A folder of the layout that is a symbolic link: the daemon would write through it.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (home / "runs").rmdir()
+    (home / "runs").symlink_to(elsewhere)
+    refused = subprocess.run(serve, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and f"{home / 'runs'} is a symbolic link" in refused.stderr
+    (home / "runs").unlink()
     proc = DaemonProcess(home).start()  # private now: served
     assert proc.verdict(proc.submit(script({"text": "served"})))["result"]["text"] == "served"
     assert proc.stop() == 0
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> None:
