@@ -397,6 +397,12 @@ def compact(value: Any) -> str:
         return clip(repr(value))
 
 
+# One line per event, and nothing an agent printed may drive the terminal (clear it, retitle
+# it, move the cursor): every control character but tab is shown escaped.
+_ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if code != 0x09}
+_ESCAPED |= {0x0A: "\\n", 0x0D: "\\r"}
+
+
 def clip(text: str, limit: int = 160) -> str:
-    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    text = text.translate(_ESCAPED)
     return text if len(text) <= limit else text[: limit - 1] + "…"

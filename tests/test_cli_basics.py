@@ -37,3 +37,13 @@ def test_an_event_line_of_a_failure_without_a_reason_has_no_empty_field() -> Non
     assert _cli_common.summary(finished) == "failed: thread is busy"
     finished = events.RunFinished(run_id="run_1", failed=True, reason="agent_error", message="boom")
     assert _cli_common.summary(finished) == "failed: agent_error: boom"
+
+
+def test_an_event_line_never_carries_a_terminal_control_sequence() -> None:
+    # Agent text reached the terminal as it was: a clear-screen or retitling sequence ran.
+    from adaptor import _cli_common, events
+
+    text = events.TextDelta(text="a\x1b]0;owned\x07b\x1b[2J\x01c\td\r\n\x9b")
+    line = _cli_common.summary(text)
+    assert line == "a\\x1b]0;owned\\x07b\\x1b[2J\\x01c\td\\r\\n\\x9b"
+    assert not any(ord(ch) < 0x20 and ch != "\t" or 0x7F <= ord(ch) < 0xA0 for ch in line)
