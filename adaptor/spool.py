@@ -539,8 +539,10 @@ class _LogReader:
     appended since the last one, strictly validated.
 
     Only complete lines are taken, so a record being appended is read on the next call.  A
-    replaced or shortened file (a repaired torn tail, a restored copy) is read again from its
-    start, skipping what was already returned.
+    replaced or shortened file holding the same history (a repaired torn tail, a restored
+    copy: the same first record) is read again from its start, skipping what was already
+    returned; one holding another history (the log was rotated or deleted, and a new one
+    began at ``host_seq`` 1) is read whole, as ``tail -F`` reads a new file.
     """
 
     def __init__(self, path: Path, *, after: int = 0) -> None:
@@ -550,6 +552,7 @@ class _LogReader:
         self._identity: tuple[int, int] | None = None
         self._offset = 0
         self._expected = 1
+        self._first: bytes | None = None  # the first line of the history returned so far
 
     def read(self) -> Iterator[EventRecord]:
         # Imported here: importing adaptor must not load the host tools.  The recorder has no
@@ -571,6 +574,10 @@ class _LogReader:
                 raise sessionrecorder.JSONLEventLogCorruptError(
                     log_format.key_of(self.path), self._expected, why=exc.why
                 ) from None
+            if self._expected == 1:
+                if self._first is not None and raw != self._first:
+                    self._after = 0  # another history: none of it was returned yet
+                self._first = raw
             self._offset += len(raw)
             self._expected += 1
             if record.host_seq > self._after:

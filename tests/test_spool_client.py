@@ -637,3 +637,40 @@ def test_a_submit_the_disk_refuses_leaves_nothing_in_the_way_of_a_retry(
     assert list(home.spool_tmp.iterdir()) == [] and list(home.spool_new.iterdir()) == []
     assert _home.submit(home, request) == "retry-1"  # not "already queued"
     assert [p.name for p in home.spool_new.iterdir()] == ["retry-1.json"]
+
+
+# --- following a log that is replaced ----------------------------------------------------------
+
+
+def _recorded(directory: Path, texts: list[str]) -> None:
+    from hosttools import sessionrecorder as sr
+
+    with sr.EventRecorder(sr.JSONLEventBackend(directory)) as recorder:
+        for text in texts:
+            recorder.record("followed", events.TextDelta(text=text))
+
+
+def test_a_follower_reads_a_new_log_whole_and_a_restored_copy_not_again(tmp_path: Path) -> None:
+    # A log rotated (or deleted) while followed began again at host_seq 1 in a new file, and
+    # the follower skipped every record up to the last one it had printed: they were lost.
+    from adaptor.spool import _LogReader
+
+    path = tmp_path / "followed.jsonl"
+    _recorded(tmp_path, ["a", "b", "c"])
+    reader = _LogReader(path)
+
+    def texts() -> list[str]:
+        return [getattr(r.event, "text", "") for r in reader.read()]
+
+    assert texts() == ["a", "b", "c"]
+    copy = path.read_bytes()
+    path.unlink()  # a restored copy of the same history: nothing is read twice
+    path.write_bytes(copy)
+    assert texts() == []
+    os.rename(path, tmp_path / "rotated.jsonl")
+    (tmp_path / "followed.jsonl.lock").unlink()
+    _recorded(tmp_path, ["new 1", "new 2"])
+    assert texts() == ["new 1", "new 2"]
+    _recorded(tmp_path, ["new 3", "new 4"])
+    assert texts() == ["new 3", "new 4"]
+    reader.close()
