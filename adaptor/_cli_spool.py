@@ -195,14 +195,21 @@ def events(
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of ID, --thread KEY and --file PATH")
     if request_id is not None:
-        records = _request_records(Client(home), request_id, follow=follow, since=since)
+        client = Client(home)
+        if follow and client.home.is_dir() and client.verdict(request_id) is None:
+            # As for wait: with nobody to run it, following would wait forever.
+            client._require_spool()
+            client._require_known(request_id)
+            require_daemon(client)
+        records = _request_records(client, request_id, follow=follow, since=since)
     elif thread_key is not None:
         client = Client(home)
         client._require_spool()
         session = _home.session_for_thread(thread_key)
-        records = _log_records(
-            client.home / "events" / f"{session}.jsonl", follow=follow, since=since
-        )
+        log = client.home / "events" / f"{session}.jsonl"
+        if not follow and not log.is_file():  # with -f its first run may be yet to come
+            raise errors.ThreadNotFoundError(f"no events recorded for thread key {thread_key!r}")
+        records = _log_records(log, follow=follow, since=since)
     else:
         assert log_file is not None
         path = Path(log_file).absolute()

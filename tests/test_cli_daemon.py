@@ -279,6 +279,21 @@ def test_wait_timeout_is_124_and_no_daemon_is_69(home: Home, tmp_path: Path) -> 
 # --- events -----------------------------------------------------------------------------------------
 
 
+def test_events_of_nothing_say_so(home: Home, tmp_path: Path) -> None:
+    # A mistyped thread key printed nothing and exited 0, like a thread with no events.
+    unknown = home.cli("events", "--thread", "no/such/key")
+    assert unknown.returncode == 4 and "no events recorded for thread key" in unknown.stderr
+    # Following a request no daemon will run waited forever, without a word.
+    stopped = DaemonProcess(tmp_path / "stopped-home").start()
+    assert stopped.stop() == 0
+    queued = Client(stopped.home.root).submit(script({"text": "never run"}))
+    env = {**home.env(), "ADAPTORD_HOME": str(stopped.home.root)}
+    follow = subprocess.run(
+        ["adaptor", "events", queued, "-f"], capture_output=True, text=True, env=env, timeout=TIMEOUT
+    )
+    assert follow.returncode == 69 and "not running" in follow.stderr
+
+
 def test_events_follow_a_live_run(home: Home) -> None:
     request_id = home.client.submit(
         script(PERMISSION, {"text": "after approval"}, policy={"approvals": {"timeout": 60}})
