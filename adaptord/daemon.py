@@ -1352,6 +1352,8 @@ class Daemon:
             "request.interrupted", request_id, attempt=attempt, entered=entered,
             **({"thread_changed": True} if thread_changed else {}),
         )
+        if entered:
+            self._record_interrupted(state, request)
         if policy == "requeue" and attempt < MAX_ATTEMPTS and not thread_changed:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
@@ -1384,6 +1386,25 @@ class Daemon:
             request_id, run_id=run_id, result=result, error=error, received_at=received_at,
             started_at=state.get("started_at"), session=state.get("session"), secrets=secrets, job=job,
         )
+
+    def _record_interrupted(self, state: Mapping[str, Any], request: Any) -> None:
+        """End the interrupted run's events with its ``run.finished``, so a reader of the audit
+        log (``tail -F | jq``, a follower) sees how it ended, as for every other run."""
+        run_id, session = state.get("run_id"), state.get("session")
+        if not isinstance(run_id, str) or not isinstance(session, str) or not session:
+            return
+        key = _thread_key(request) if isinstance(request, Mapping) else None
+        finished = events.RunFinished(
+            run_id=run_id,
+            failed=True,
+            reason="infrastructure_error",
+            message="the daemon stopped while the run was in progress",
+            meta=events.EventMeta(run_id=run_id, thread_key=key or "", time=datetime.now(UTC)),
+        )
+        try:
+            self._events.record(session, finished)
+        except Exception as exc:  # the verdict still says it; the log only misses its end
+            self.log("event not recorded", id=state.get("id"), error=f"{type(exc).__name__}: {exc}")
 
     def _thread_mark(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """The thread's active record as the run starts (``{"id": None}``: none yet), for

@@ -671,6 +671,10 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     err = errors.from_wire(verdict["error"])
     assert type(err) is errors.RunError and err.reason == "infrastructure_error"
     assert err.details["interrupted"] is True
+    # Its audit log ends as every run's does, with run.finished (it had no end at all).
+    ended = list(Client(home).events(failing))[-1]
+    assert isinstance(ended, events.RunFinished) and ended.failed
+    assert (ended.reason, ended.meta.run_id) == ("infrastructure_error", verdict["run_id"])
     # the requeued one runs again (second attempt) and is interrupted again below
     restarted.wait_for_line(f"request.started id={requeued} attempt=2")
     restarted.kill9()
