@@ -48,7 +48,7 @@ import adaptor
 from adaptor import _durable, _home, _nesting, _watch, errors, events, skill
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
-from adaptor.threadstore import Query
+from adaptor.threadstore import Query, Record
 from adaptord import _leftovers
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
@@ -1360,7 +1360,7 @@ class Daemon:
         run_id = state.get("run_id")
         if entered:
             details: dict[str, Any] = {"interrupted": True, "attempts": attempt}
-            message = "the daemon stopped while the run was in progress"
+            message = _INTERRUPTED
             if thread_changed:
                 # Most likely this turn, saved just before the crash: running it again would
                 # send its prompt into the conversation twice.
@@ -1398,7 +1398,7 @@ class Daemon:
             run_id=run_id,
             failed=True,
             reason="infrastructure_error",
-            message="the daemon stopped while the run was in progress",
+            message=_INTERRUPTED,
             meta=events.EventMeta(run_id=run_id, thread_key=key or "", time=datetime.now(UTC)),
         )
         try:
@@ -1417,9 +1417,7 @@ class Daemon:
             record = self._store.resolve(Query(key=key))
         except Exception:  # the run itself will report the store's problem
             return None
-        if record is None:
-            return {"id": None}
-        return {"id": record.id, "updated_at": record.updated_at.isoformat()}
+        return _record_mark(record)
 
     def _thread_changed(self, request: Any, state: Mapping[str, Any]) -> bool:
         """Whether the interrupted run's thread was saved after it started (by the run itself,
@@ -1432,8 +1430,7 @@ class Daemon:
             record = self._store.resolve(Query(key=key))
         except Exception:
             return False
-        now = None if record is None else {"id": record.id, "updated_at": record.updated_at.isoformat()}
-        return now != (None if before.get("id") is None else dict(before))
+        return _record_mark(record) != dict(before)
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -1504,6 +1501,16 @@ def _why_settled(req: adaptor.ApprovalRequest) -> str:
     if req.deadline is not None and datetime.now(UTC) >= req.deadline:
         return "deadline"
     return "run ended"
+
+
+_INTERRUPTED = "the daemon stopped while the run was in progress"
+
+
+def _record_mark(record: Record | None) -> dict[str, Any]:
+    """What tells one saved state of a thread from another (``{"id": None}``: none)."""
+    if record is None:
+        return {"id": None}
+    return {"id": record.id, "updated_at": record.updated_at.isoformat()}
 
 
 def _thread_key(request: Mapping[str, Any]) -> str | None:
