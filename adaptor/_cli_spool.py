@@ -97,17 +97,25 @@ def wait(request_id: str, timeout: float | None, as_json: bool, home: str | None
     write one, 2 for an unknown ID.
     """
     client = Client(home)
-    verdict = client.verdict(request_id) if client.home.is_dir() else None
+    verdict = _verdict_or_daemon(client, request_id)
     if verdict is None:
-        client._require_spool()
-        client._require_known(request_id)
-        require_daemon(client)
         say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
         with telling_when_the_daemon_stops(
             client, request_id, say, ctrl_c=f"stops waiting; `adaptor wait {request_id}` waits again"
         ):
             verdict = client._await_verdict(request_id, timeout)
     report_verdict(client, verdict, as_json=as_json)
+
+
+def _verdict_or_daemon(client: Client, request_id: str) -> dict[str, Any] | None:
+    """Request ID's verdict, or ``None`` once it is known that a daemon serves the home to
+    write it (an unknown ID, a missing spool, no daemon: each raises its own error)."""
+    verdict = client.verdict(request_id) if client.home.is_dir() else None
+    if verdict is None:
+        client._require_spool()
+        client._require_known(request_id)
+        require_daemon(client)
+    return verdict
 
 
 def report_verdict(
@@ -196,11 +204,8 @@ def events(
         raise click.UsageError("give exactly one of ID, --thread KEY and --file PATH")
     if request_id is not None:
         client = Client(home)
-        if follow and client.home.is_dir() and client.verdict(request_id) is None:
-            # As for wait: with nobody to run it, following would wait forever.
-            client._require_spool()
-            client._require_known(request_id)
-            require_daemon(client)
+        if follow:  # as for wait: with nobody to run it, following would wait forever
+            _verdict_or_daemon(client, request_id)
         records = _request_records(client, request_id, follow=follow, since=since)
     elif thread_key is not None:
         client = Client(home)
@@ -326,8 +331,6 @@ def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None
 def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> None:
     """Answer a pending question with OPTION (exit 5 as for approve; 2 as for deny, or for an
     empty OPTION)."""
-    if not option:
-        raise click.BadParameter("an answer needs an option (deny the question instead)", param_hint="OPTION")
     with _text_argument("OPTION"):
         Client(home).answer(approval_id, option)
     _responded(approval_id, "answered", as_json)

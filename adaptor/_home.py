@@ -294,8 +294,8 @@ def request_cancel(home: Home, request_id: str) -> None:
 # Exactly-once is decided under one lock (approvals.lock) by whoever acts first: a responder
 # (the CLI) writes responses/<id>.json; the daemon hands it to the run that asked and writes
 # resolved/<id>.json with the outcome: the response's action, or "expired" when the run had
-# ended or timed the request out first; at expiry it writes "expired".  A response file that
-# exists wins over a later deadline, never over the end of the run that asked.
+# ended or timed the request out first; when the run settles the request without a response
+# (its deadline, its end) the daemon abandons it, writing "expired" whatever was written.
 
 APPROVAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -362,6 +362,8 @@ def _response_bytes(response: Mapping[str, Any]) -> bytes:
     """The response file's content; ``ResponseTextError`` unless the daemon will act on it."""
     text: str = response["text"]
     what = "reason" if response["action"] == "deny" else "answer"
+    if response["action"] == "answer" and not text:
+        raise ResponseTextError("an answer needs an option (deny the question instead)")
     try:
         text.encode()
     except UnicodeEncodeError as exc:  # (a non-UTF-8 command-line argument, surrogate-escaped)
@@ -415,18 +417,6 @@ def take_response(
     """
     with _durable.exclusive(home.approvals_lock):
         return _consume(home, approval_id, apply)
-
-
-def expire(
-    home: Home, approval_id: str, apply: Callable[[dict[str, Any]], bool]
-) -> tuple[dict[str, Any], bool] | None:
-    """At the deadline: expire a pending approval, unless a response was written before it
-    (then as :func:`take_response`)."""
-    with _durable.exclusive(home.approvals_lock):
-        taken = _consume(home, approval_id, apply)
-        if taken is None:
-            _mark_expired(home, approval_id)
-        return taken
 
 
 def abandon(home: Home, approval_id: str) -> dict[str, Any] | None:

@@ -894,7 +894,7 @@ class RunPipeline:
                 if expiry is not None:
                     expiry.cancel()
             outcome = responder.outcome
-            if outcome is None and approval.deadline is not None and datetime.now(UTC) >= approval.deadline:
+            if outcome is None and responder.overdue:
                 # A handler that waited out the deadline (a human who never answered).
                 return responder.expire("timed_out")
             if outcome is None:

@@ -78,13 +78,14 @@ class Responder:
         choice = option if option in self._choice_keys else ""
         self._settle(request, Outcome("answered", choice=choice, text=option))
 
+    @property
+    def overdue(self) -> bool:
+        """Whether the deadline has passed (responses from now on lose)."""
+        return self._expires is not None and time.monotonic() >= self._expires
+
     def _settle(self, request: ApprovalRequest, outcome: Outcome) -> None:
         with self._lock:
-            if (
-                self._outcome is None
-                and self._expires is not None
-                and time.monotonic() >= self._expires
-            ):
+            if self._outcome is None and self.overdue:
                 self._expire_locked("timed_out")
             if self._expired:
                 raise ApprovalExpiredError(f"approval {request.id!r} expired before this response")

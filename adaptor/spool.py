@@ -254,8 +254,6 @@ class Client:
     def answer(self, approval_id: str, option: str) -> None:
         """Answer a question with ``option``; raises like :meth:`deny`, and ``ValueError`` for
         an empty option (deny the question instead)."""
-        if not option:
-            raise ValueError("an answer needs an option (deny the question instead)")
         self._respond(approval_id, "answer", option)
 
     def _respond(self, approval_id: str, action: str, text: str = "") -> None:

@@ -216,10 +216,10 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     dirs = skills.get("dirs", [])
     if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{source}: skills.dirs must be a list of paths")
-    relative = [d for d in dirs if not os.path.isabs(d)]
-    if relative:
-        # Relative to what: the daemon's working directory is / under systemd.
-        raise ConfigError(f"{source}: skills.dirs must be absolute paths, not {', '.join(map(repr, relative))}")
+    try:
+        Directories(dirs)  # relative to what: the daemon's working directory is / under systemd
+    except ValueError as exc:
+        raise ConfigError(f"{source}: skills.dirs: {exc}") from None
     return DaemonConfig(
         workers=workers,
         grace=float(grace),

@@ -945,7 +945,9 @@ class Daemon:
         self._wake_routes_when_settled(req)
         hand_over = functools.partial(_hand_over, req)
         while True:
-            if req.settled:  # the run ended or was cancelled: whatever was written came too late
+            # The SDK settles the request at its deadline too (this route is the run's
+            # on_approval callback): then, or once the run ended, a response comes too late.
+            if req.settled:
                 late = _home.abandon(self.home, req.id)
                 self._audit_expired(job, req, _why_settled(req), late)
                 return
@@ -953,18 +955,10 @@ class Daemon:
             if taken is not None:
                 self._audit_taken(job, req, *taken)
                 return
-            remaining = None if req.deadline is None else (req.deadline - datetime.now(UTC)).total_seconds()
-            if remaining is not None and remaining <= 0:
-                taken = _home.expire(self.home, req.id, hand_over)
-                if taken is not None:  # written before the deadline
-                    self._audit_taken(job, req, *taken)
-                else:
-                    self.audit("approval.expired", job.id, approval_id=req.id, why="deadline")
-                return  # unresolved after the deadline: the SDK times the attempt out
             with self._approval_changed:
                 # Checked holding the condition: a settle's wake-up cannot slip in before the wait.
                 if not req.settled:
-                    self._approval_changed.wait(_APPROVAL_POLL if remaining is None else min(remaining, _APPROVAL_POLL))
+                    self._approval_changed.wait(_APPROVAL_POLL)
 
     def _wake_routes_when_settled(self, req: adaptor.ApprovalRequest) -> None:
         """Wake the routes as soon as ``req`` settles (the run's end expires it), so its pending
@@ -986,9 +980,7 @@ class Daemon:
     def _audit_expired(
         self, job: Job, req: adaptor.ApprovalRequest, why: str, late: Mapping[str, Any] | None
     ) -> None:
-        # A response the run no longer took is named, so the log says it was not acted on.
-        ignored = {"ignored_response": str(late.get("action"))} if late is not None else {}
-        self.audit("approval.expired", job.id, approval_id=req.id, why=why, **ignored)
+        self.audit("approval.expired", job.id, approval_id=req.id, why=why, **_ignored(late))
 
     # -- cancellation ---------------------------------------------------------------------------
 
@@ -1292,8 +1284,7 @@ class Daemon:
                 continue
             expired.append({
                 "request_id": request_id if _home.is_request_id(request_id) else None,
-                "approval_id": approval_id, "why": "daemon restart",
-                **({"ignored_response": str(late.get("action"))} if late is not None else {}),
+                "approval_id": approval_id, "why": "daemon restart", **_ignored(late),
             })
         return expired
 
@@ -1423,14 +1414,9 @@ class Daemon:
         """Whether the interrupted run's thread was saved after it started (by the run itself,
         unless another process wrote the key while the daemon was down)."""
         before = state.get("thread_before")
-        key = _thread_key(request) if isinstance(request, Mapping) else None
-        if not isinstance(before, Mapping) or key is None:
-            return False  # not a thread run, or nothing known: as before
-        try:
-            record = self._store.resolve(Query(key=key))
-        except Exception:
-            return False
-        return _record_mark(record) != dict(before)
+        now = self._thread_mark(request) if isinstance(request, Mapping) else None
+        # Not a thread run, or nothing known then or now: as before.
+        return isinstance(before, Mapping) and now is not None and now != dict(before)
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -1494,6 +1480,11 @@ def _hand_over(req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> boo
     except errors.ApprovalResolvedError:  # (and ApprovalExpiredError) the run settled it first
         return False
     return True
+
+
+def _ignored(late: Mapping[str, Any] | None) -> dict[str, str]:
+    """The audit field naming a response the run never took, so the log says it was not acted on."""
+    return {} if late is None else {"ignored_response": str(late.get("action"))}
 
 
 def _why_settled(req: adaptor.ApprovalRequest) -> str:
