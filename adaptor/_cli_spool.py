@@ -157,8 +157,9 @@ def print_text(text: str) -> None:
 @click.option(
     "--file",
     "log_file",
-    type=click.Path(dir_okay=False),
-    help="Any session-recorder log (events/<session>.jsonl).",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Any session-recorder log (events/<session>.jsonl); - (stdin) or a pipe is read "
+    "once, to its end, -f or not.",
 )
 @click.option(
     "-f",
@@ -217,10 +218,16 @@ def events(
         records = _log_records(log, follow=follow, since=since)
     else:
         assert log_file is not None
-        path = Path(log_file).absolute()
-        if not follow and not path.is_file():  # with -f it may appear later, as for tail -F
-            raise click.BadParameter(f"no such file: {log_file}", param_hint="--file")
-        records = _log_records(path, follow=follow, since=since)
+        if log_file == "-":
+            records = _log_records(
+                Path("/dev/stdin"), follow=follow, since=since, stream=sys.stdin.buffer
+            )
+        else:
+            path = Path(log_file).absolute()
+            # With -f it may appear later, as for tail -F.  Not is_file(): a pipe is read too.
+            if not follow and not path.exists():
+                raise click.BadParameter(f"no such file: {log_file}", param_hint="--file")
+            records = _log_records(path, follow=follow, since=since)
     for record in records:
         if as_json:
             emit_json({"host_seq": record.host_seq, "event": to_json(record.event)})

@@ -517,9 +517,29 @@ def _request_records(
             reader.close()
 
 
-def _log_records(path: Path, *, follow: bool, since: int = 0) -> Iterator[EventRecord]:
+def _log_records(
+    path: Path, *, follow: bool, since: int = 0, stream: IO[bytes] | None = None
+) -> Iterator[EventRecord]:
     """Every ``EventRecord`` of one session log (``host_seq > since``); with ``follow``,
-    forever, like ``tail -F`` (the file may appear later or be replaced)."""
+    forever, like ``tail -F`` (the file may appear later or be replaced).
+
+    A ``stream`` (stdin; ``path`` then only names it in errors), or a ``path`` that is a pipe
+    or a device (``<(zcat x.jsonl.gz)``), is read once, to its end, ``follow`` or not: it
+    cannot be reopened, and once its writer has closed it nothing more can come.
+    """
+    from hosttools.sessionrecorder import _format as log_format
+
+    opened = None
+    if stream is None:
+        with contextlib.suppress(FileNotFoundError):  # with follow, it may appear later
+            stream = opened = log_format.open_stream(path)
+    if stream is not None:
+        try:
+            yield from _LogReader(path, after=since, stream=stream).read()
+        finally:
+            if opened is not None:
+                opened.close()
+        return
     reader = _LogReader(path, after=since)
     try:
         with _Wakeup(*((path.parent,) if follow else ())) as wake:
@@ -541,11 +561,15 @@ class _LogReader:
     copy: the same first record) is read again from its start, skipping what was already
     returned; one holding another history (the log was rotated or deleted, and a new one
     began at ``host_seq`` 1) is read whole, as ``tail -F`` reads a new file.
+
+    A ``stream`` (a pipe) is read where it stands, never reopened nor closed; ``path`` names
+    it in errors.
     """
 
-    def __init__(self, path: Path, *, after: int = 0) -> None:
+    def __init__(self, path: Path, *, after: int = 0, stream: IO[bytes] | None = None) -> None:
         self.path = path
         self._after = after
+        self._stream = stream
         self._file: IO[bytes] | None = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
@@ -559,10 +583,12 @@ class _LogReader:
         from hosttools import sessionrecorder
         from hosttools.sessionrecorder import _format as log_format
 
-        file = self._reopen()
+        file = self._stream  # a pipe has no offset to go back to: it is read where it stands
         if file is None:
-            return
-        file.seek(self._offset)
+            file = self._reopen()
+            if file is None:
+                return
+            file.seek(self._offset)
         for raw in iter(file.readline, b""):
             if not raw.endswith(b"\n"):
                 return  # being appended right now (or a torn tail the next writer cuts)

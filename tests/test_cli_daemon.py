@@ -349,6 +349,66 @@ def test_events_views_since_thread_and_file(home: Home) -> None:
     assert by_file == by_thread
 
 
+def test_events_read_a_log_through_a_pipe_or_stdin(tmp_path: Path) -> None:
+    # `--file -` and `--file <(zcat log.jsonl.gz)` were refused ("no such file", exit 2), while
+    # verify-log reads a pipe.  A pipe is read once, to its end, with -f as well.
+    from adaptor.events import TextDelta
+    from hosttools import sessionrecorder as sr
+
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path / "events")) as recorder:
+        for n in range(3):
+            recorder.record("sess", TextDelta(text=f"line {n}"))
+    log = tmp_path / "events" / "sess.jsonl"
+    by_path = subprocess.run(
+        ["adaptor", "events", "--file", str(log), "--json"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert by_path.returncode == 0 and len(json_lines(by_path.stdout)) == 3, by_path.stderr
+    commands = (
+        'adaptor events --file - --json "${@:2}" <"$1"',
+        'cat "$1" | adaptor events --file - --json "${@:2}"',
+        'adaptor events --file <(cat "$1") --json "${@:2}"',
+    )
+    for command in commands:
+        for follow in ([], ["-f"]):
+            piped = subprocess.run(
+                ["bash", "-c", command, "bash", str(log), *follow],
+                capture_output=True, text=True, timeout=TIMEOUT,
+            )
+            assert (piped.returncode, piped.stdout) == (0, by_path.stdout), (command, follow, piped.stderr)
+    later = subprocess.run(
+        ["adaptor", "events", "--file", "-", "--since", "2"],
+        input=log.read_text(), capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert [line.split()[0] for line in later.stdout.splitlines()] == ["3"], later.stderr
+
+    # Following a pipe prints each record as its line arrives, and ends when the writer closes it.
+    lines = log.read_text().splitlines(keepends=True)
+    with subprocess.Popen(
+        ["adaptor", "events", "--file", "-", "-f"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    ) as follower:
+        assert follower.stdin is not None and follower.stdout is not None
+        printed: queue.Queue[str] = queue.Queue()
+        output = follower.stdout
+
+        def read() -> None:
+            for line in output:
+                printed.put(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        try:
+            follower.stdin.write(lines[0])
+            follower.stdin.flush()
+            assert printed.get(timeout=TIMEOUT).endswith("line 0\n")  # while the pipe is open
+            follower.stdin.write("".join(lines[1:]))
+            follower.stdin.close()
+            assert follower.wait(timeout=TIMEOUT) == 0
+        finally:
+            follower.kill()
+    assert [printed.get(timeout=TIMEOUT).split()[-1] for _ in lines[1:]] == ["1", "2"]
+
+
 def test_head_ends_quietly(home: Home) -> None:
     request_id = home.client.submit(
         script(*({"text": f"line {n} " + "x" * 100} for n in range(400)))

@@ -532,6 +532,19 @@ def open_log(path: StrPath) -> IO[bytes]:
     return os.fdopen(fd, "rb", buffering=_BLOCK)
 
 
+def open_stream(path: StrPath) -> IO[bytes] | None:
+    """``path`` opened to be read once, as it comes, when it is a pipe or a device
+    (``<(zcat x.jsonl.gz)``, /dev/stdin); ``None`` when it is a regular file.
+
+    No writer of this format appends to a pipe, so there is no lock to wait for and nothing to
+    reopen; a regular file is opened with :func:`open_log`.  ``FileNotFoundError`` passes
+    through.
+    """
+    if stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    return open(path, "rb", buffering=_BLOCK)
+
+
 def settled_size(f: IO[bytes], path: StrPath) -> int | None:
     """The file's size at an instant when no DurableLog append was in flight.
 
@@ -743,10 +756,9 @@ def verify(path: StrPath) -> int:
     unlike writing); a pipe or device is read to its end.
     """
     name = os.fspath(path)
-    if not stat.S_ISREG(os.stat(name).st_mode):
-        # A pipe (``<(zcat x.jsonl.gz)``, /dev/stdin) or a device: read as it comes; no writer
-        # of this format appends to one.
-        with open(name, "rb", buffering=_BLOCK) as stream:
+    stream = open_stream(name)
+    if stream is not None:
+        with stream:
             return count_valid(stream, key_of(name), None)
     # A reader may follow a symlink (writers never do): the file it names is checked, under
     # that file's own writers' lock.
