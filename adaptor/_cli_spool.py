@@ -99,12 +99,20 @@ def wait(request_id: str, timeout: float | None, as_json: bool, home: str | None
     client = Client(home)
     verdict = _verdict_or_daemon(client, request_id)
     if verdict is None:
-        say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
-        with telling_when_the_daemon_stops(
-            client, request_id, say, ctrl_c=f"stops waiting; `adaptor wait {request_id}` waits again"
+        with _told_when_the_daemon_stops(
+            client, request_id, as_json, ctrl_c=f"stops waiting; `adaptor wait {request_id}` waits again"
         ):
             verdict = client._await_verdict(request_id, timeout)
     report_verdict(client, verdict, as_json=as_json)
+
+
+def _told_when_the_daemon_stops(
+    client: Client, request_id: str, as_json: bool, *, ctrl_c: str
+) -> contextlib.AbstractContextManager[None]:
+    """:func:`telling_when_the_daemon_stops` for a command that waits for a verdict: on
+    stderr, and not with --json (as documented for ``wait``)."""
+    say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+    return telling_when_the_daemon_stops(client, request_id, say, ctrl_c=ctrl_c)
 
 
 def _verdict_or_daemon(client: Client, request_id: str) -> dict[str, Any] | None:
@@ -194,7 +202,9 @@ def events(
     """Print the audit-log events of request ID, of a thread, or of a log file.
 
     One line per event (host_seq, time, kind, summary), or NDJSON with --json; each line is
-    flushed as it is written.  A host_seq from an earlier line resumes with --since.
+    flushed as it is written.  A host_seq from an earlier line resumes with --since.  ID -f
+    exits 69 when there is no verdict and no daemon to write one; a daemon that stops while it
+    follows is said on stderr, and it follows on until a restart writes the verdict, as wait does.
     """
     chosen = [
         name
@@ -203,10 +213,18 @@ def events(
     ]
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of ID, --thread KEY and --file PATH")
+    told: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if request_id is not None:
         client = Client(home)
-        if follow:  # as for wait: with nobody to run it, following would wait forever
-            _verdict_or_daemon(client, request_id)
+        # As for wait: with nobody to run it, following would wait forever (exit 69); a daemon
+        # that stops on the way is said, and following goes on until a restart writes the verdict.
+        if follow and _verdict_or_daemon(client, request_id) is None:
+            told = _told_when_the_daemon_stops(
+                client,
+                request_id,
+                as_json,
+                ctrl_c=f"stops following; `adaptor events {request_id} -f` follows again",
+            )
         records = _request_records(client, request_id, follow=follow, since=since)
     elif thread_key is not None:
         client = Client(home)
@@ -228,11 +246,12 @@ def events(
             if not follow and not path.exists():
                 raise click.BadParameter(f"no such file: {log_file}", param_hint="--file")
             records = _log_records(path, follow=follow, since=since)
-    for record in records:
-        if as_json:
-            emit_json({"host_seq": record.host_seq, "event": to_json(record.event)})
-        else:
-            click.echo(event_line(record.host_seq, record.recorded_at, record.event))
+    with told:
+        for record in records:
+            if as_json:
+                emit_json({"host_seq": record.host_seq, "event": to_json(record.event)})
+            else:
+                click.echo(event_line(record.host_seq, record.recorded_at, record.event))
 
 
 @click.command()

@@ -811,6 +811,41 @@ def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
     assert restarted.stop() == 0
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_events_follow_says_when_the_daemon_stops(tmp_path: Path) -> None:
+    # `events ID -f` followed a run whose daemon was killed in silence, as if the agent were
+    # only slow.  It says so, as `wait` does, and follows on until a restart gives the verdict.
+    config_home = tmp_path / "config"
+    config_home.mkdir()
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config_home), "ADAPTORD_HOME": str(tmp_path / "home")}
+    daemon = DaemonProcess(tmp_path / "home", env=env).start()
+    rid = daemon.submit(script({"text": "before"}, {"sleep": 120}))
+    daemon.wait_for_line(f"request.started id={rid}")
+    follower = subprocess.Popen(
+        ["adaptor", "events", rid, "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    said = _first_line(follower)
+    restarted = DaemonProcess(tmp_path / "home", env=env)
+    try:
+        assert follower.stdout is not None
+        assert "run.started" in follower.stdout.readline()  # it follows the live run
+        daemon.kill9()
+        line = said.get(timeout=TIMEOUT)
+        assert f"adaptord stopped; {rid} keeps its place" in line, line
+        assert f"`adaptor events {rid} -f` follows again" in line, line
+        restarted.start()
+        # The restart writes the interrupted run's verdict (and its run.finished): following ends.
+        assert follower.wait(timeout=TIMEOUT) == 0  # a few lines: the pipe cannot fill up
+        rest = follower.stdout.read()
+        assert rest.splitlines()[-1].split()[2] == "run.finished", rest
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+        daemon.kill_if_running()
+    assert restarted.stop() == 0
+
+
 def test_a_terminal_that_cannot_show_the_answer_still_gets_it_escaped(home: Home) -> None:
     # A latin-1 terminal and an agent answering with a check mark: the run succeeded.
     env = {**home.env(), "PYTHONIOENCODING": "latin-1"}
