@@ -186,7 +186,8 @@ def print_text(text: str) -> None:
     "--json",
     "as_json",
     is_flag=True,
-    help='NDJSON: one {"host_seq": N, "event": {...}} per line.',
+    help='NDJSON: one {"host_seq": N, "event": {...}} per line; a failure (a damaged log: '
+    'exit 70) ends it with the {"ok": false, "exit_code": N, "error": {...}} line.',
 )
 @home_option
 @guarded

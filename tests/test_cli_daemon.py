@@ -409,6 +409,31 @@ def test_events_read_a_log_through_a_pipe_or_stdin(tmp_path: Path) -> None:
     assert [printed.get(timeout=TIMEOUT).split()[-1] for _ in lines[1:]] == ["1", "2"]
 
 
+def test_events_json_of_a_damaged_log_ends_with_the_error_object(tmp_path: Path) -> None:
+    # errors.md: with --json a failure is {"ok": false, ...} on stdout, events included; the
+    # records before the bad line come first, and the object is told from them by its keys.
+    from adaptor.events import TextDelta
+    from hosttools import sessionrecorder as sr
+
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path / "events")) as recorder:
+        for n in range(4):
+            recorder.record("sess", TextDelta(text=f"line {n}"))
+    log = tmp_path / "events" / "sess.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b"line", b"LINE")  # keeps the old crc
+    log.write_bytes(b"".join(lines))
+    damaged = subprocess.run(
+        ["adaptor", "events", "--file", str(log), "--json"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    *records, last = json_lines(damaged.stdout)
+    assert damaged.returncode == 70 and [r["host_seq"] for r in records] == [1, 2]
+    assert last["ok"] is False and last["exit_code"] == 70 and "host_seq" not in last
+    error = errors.from_wire(last["error"])
+    assert isinstance(error, sr.JSONLEventLogCorruptError) and (error.key, error.line) == ("sess", 3)
+    assert "corrupt at line 3" in damaged.stderr
+
+
 def test_head_ends_quietly(home: Home) -> None:
     request_id = home.client.submit(
         script(*({"text": f"line {n} " + "x" * 100} for n in range(400)))
