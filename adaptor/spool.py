@@ -622,7 +622,9 @@ class _LogReader:
             self.close()
         if self._file is None:
             try:
-                self._file = log_format.open_log(self.path)
+                # The file a symlink names is read, as verify-log reads it (reading cannot be
+                # redirected into harm; only writers refuse links).
+                self._file = log_format.open_log(os.path.realpath(self.path))
             except FileNotFoundError:
                 return None
             opened = os.fstat(self._file.fileno())

@@ -409,6 +409,34 @@ def test_events_read_a_log_through_a_pipe_or_stdin(tmp_path: Path) -> None:
     assert [printed.get(timeout=TIMEOUT).split()[-1] for _ in lines[1:]] == ["1", "2"]
 
 
+def test_events_reads_the_log_a_symlink_names(tmp_path: Path) -> None:
+    # `events --file link.jsonl` failed with "Too many levels of symbolic links" (exit 70) where
+    # verify-log reads the file the link names; so did `--file /dev/stdin` redirected from a file.
+    from adaptor.events import TextDelta
+    from hosttools import sessionrecorder as sr
+
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path / "events")) as recorder:
+        for n in range(3):
+            recorder.record("sess", TextDelta(text=f"line {n}"))
+    log = tmp_path / "events" / "sess.jsonl"
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(log)
+    by_path = subprocess.run(
+        ["adaptor", "events", "--file", str(log), "--json"], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert by_path.returncode == 0 and len(json_lines(by_path.stdout)) == 3, by_path.stderr
+    by_link = subprocess.run(
+        ["adaptor", "events", "--file", str(link), "--json"], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert (by_link.returncode, by_link.stdout) == (0, by_path.stdout), by_link.stderr
+    with log.open("rb") as stdin:
+        by_stdin = subprocess.run(
+            ["adaptor", "events", "--file", "/dev/stdin", "--json"],
+            stdin=stdin, capture_output=True, text=True, timeout=TIMEOUT,
+        )
+    assert (by_stdin.returncode, by_stdin.stdout) == (0, by_path.stdout), by_stdin.stderr
+
+
 def test_events_json_of_a_damaged_log_ends_with_the_error_object(tmp_path: Path) -> None:
     # errors.md: with --json a failure is {"ok": false, ...} on stdout, events included; the
     # records before the bad line come first, and the object is told from them by its keys.
