@@ -438,6 +438,46 @@ def abandon(home: Home, approval_id: str) -> dict[str, Any] | None:
         return late
 
 
+# How long the outcome of an approval is kept in ``resolved/`` (by the file's mtime, the moment
+# it was resolved or expired): a response in that time still learns it came too late
+# (ApprovalResolvedError, ApprovalExpiredError); after it, the id is unknown
+# (ApprovalUnavailableError), as for an id that never existed.  A week outlasts a weekend
+# and a stale notification; the daemon prunes at start and hourly (adaptord.daemon).
+RESOLVED_KEPT_FOR = 7 * 24 * 3600.0
+
+
+def prune_resolved(home: Home) -> None:
+    """Remove the entries of ``approvals/resolved/`` last written more than
+    :data:`RESOLVED_KEPT_FOR` ago (a crash's leftover temporary files included).
+
+    Each is looked at again under the approvals lock before it goes, so :func:`respond`, which
+    reads the file under that lock, never finds it half gone; the listing is made outside the
+    lock, so responders are held up only by the removals.
+    """
+
+    def stale(path: str) -> bool:
+        try:
+            found = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        age = time.time() - found.st_mtime
+        return not stat.S_ISDIR(found.st_mode) and age > RESOLVED_KEPT_FOR
+
+    try:
+        with os.scandir(home.approvals_resolved) as entries:
+            candidates = [entry.path for entry in entries if stale(entry.path)]
+    except FileNotFoundError:
+        return
+    if not candidates:
+        return
+    with _durable.exclusive(home.approvals_lock):
+        for path in candidates:
+            if stale(path):  # (written again meanwhile: kept)
+                # Not synced: a removal a crash undoes is simply made again by the next prune.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+
 def read_pending(home: Home, approval_id: str) -> dict[str, Any]:
     """The ``approvals/pending/<id>.json`` object (raises ``OSError``/``ValueError``)."""
     return _read(home.approvals_pending / f"{approval_id}.json")

@@ -71,6 +71,9 @@ _KEPT_SHARE = 2.0
 """Of the tail, what is left at least for closing the CLI processes kept between turns."""
 _LEFTOVER_GRACE = 10.0
 """The longest a start waits for a killed predecessor's agents to stop on SIGTERM."""
+_PRUNE_INTERVAL = 3600.0
+"""Seconds between two prunes of ``approvals/resolved/`` (see _home.RESOLVED_KEPT_FOR); the first
+is made at the first turn of the main loop."""
 _FILE_DEPTH = 200
 """How deeply a value an agent made may nest in the run's files and audit log, where it sits a
 few levels down in a record or verdict: orjson encodes at most 254 levels."""
@@ -234,6 +237,7 @@ class Daemon:
         self._workers_short = False
         self._next_worker_try = 0.0  # monotonic; when a refused worker thread is tried again
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
+        self._next_prune = 0.0  # monotonic; when approvals/resolved/ is pruned next
 
     # -- logging and audit -------------------------------------------------------------------
 
@@ -351,6 +355,7 @@ class Daemon:
                 self._read_again()
                 self._retry_verdicts()
                 self._scan()
+                self._prune_resolved()
             _notify("STOPPING=1")
             self._drain()
             self._retry_verdicts(last=True)
@@ -981,6 +986,17 @@ class Daemon:
         self, job: Job, req: adaptor.ApprovalRequest, why: str, late: Mapping[str, Any] | None
     ) -> None:
         self.audit("approval.expired", job.id, approval_id=req.id, why=why, **_ignored(late))
+
+    def _prune_resolved(self) -> None:
+        """Every _PRUNE_INTERVAL: forget the outcomes of approvals settled long ago, so a daemon
+        that runs for months does not keep one file per approval it ever saw."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + _PRUNE_INTERVAL
+        try:
+            _home.prune_resolved(self.home)
+        except Exception as exc:  # a folder it cannot read is tried again next time
+            self.log("cannot prune resolved approvals", error=_os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__)
 
     # -- cancellation ---------------------------------------------------------------------------
 

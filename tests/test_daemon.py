@@ -1032,6 +1032,45 @@ def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
     assert list(daemon.home.approvals_pending.iterdir()) == []
 
 
+def test_resolved_approvals_are_forgotten_after_a_week_and_not_before(tmp_path: Path) -> None:
+    # approvals/resolved/ kept one file per approval for ever: a daemon serving for months
+    # grew it without bound.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    answered = daemon.submit(script({"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+                                    policy={"approvals": {"timeout": 60}}))
+    old = _pending_approval(daemon)
+    _home.respond(daemon.home, old, "approve")
+    assert daemon.verdict(answered)["ok"]
+    timed_out = daemon.submit(script({"approval": {"kind": "permission", "title": "y"}},
+                                     policy={"approvals": {"timeout": 0.3}}))
+    assert daemon.verdict(timed_out)["error"]["code"] == "ErrApprovalTimeout"
+    (recent,) = {p.name[: -len(".json")] for p in daemon.home.approvals_resolved.glob("*.json")} - {old}
+    assert daemon.stop() == 0
+    resolved = daemon.home.approvals_resolved
+    leftover = resolved / f"{old}.json.tmp-0123abcd"  # a crash's, next to the file it was for
+    leftover.write_bytes(b"{")
+    week = 7 * 24 * 3600
+    now = time.time()
+    for path, age in ((resolved / f"{old}.json", week + 60), (leftover, week + 60),
+                      (resolved / f"{recent}.json", week - 3600)):
+        os.utime(path, (now - age, now - age))
+    restarted = DaemonProcess(tmp_path / "home").start()  # it prunes at its main loop's first turn
+    try:
+        deadline = time.monotonic() + 60
+        while (resolved / f"{old}.json").exists() or leftover.exists():
+            assert time.monotonic() < deadline, f"not pruned: {sorted(p.name for p in resolved.iterdir())}"
+            time.sleep(0.05)
+        # Within the week a late response still learns why it came too late...
+        assert (resolved / f"{recent}.json").exists()
+        with pytest.raises(errors.ApprovalExpiredError):
+            _home.respond(restarted.home, recent, "approve")
+        # ... and after it the id is unknown, as one that never existed.
+        with pytest.raises(errors.ApprovalUnavailableError):
+            _home.respond(restarted.home, old, "deny")
+    finally:
+        assert restarted.stop() == 0
+
+
 def test_sd_notify_ready_and_stopping(tmp_path: Path) -> None:
     sock_path = str(tmp_path / "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
