@@ -1206,6 +1206,7 @@ class DurableLog:
         self._last_seq = 0
         self._repaired: list[RepairReport] = []
         self._found_size = -1
+        self._appended_at = -1
         self._suspect: OSError | None = None
         self._closed = False
         self._lock_entry: _Exclusive | None = None
@@ -1252,6 +1253,11 @@ class DurableLog:
         """The file's size when the last append took the lock, before any repair; -1 if that
         append failed before it could look (so it had not touched the file)."""
         return self._found_size
+
+    @property
+    def appended_at(self) -> int:
+        """Where the last successful append's batch begins in the file (-1 before the first)."""
+        return self._appended_at
 
     def append(self, obj: Mapping[str, Any], *, sync: bool | None = None) -> dict[str, Any]:
         """Append one record; returns it as written (with ``v``, the sequence field and ``crc``).
@@ -1405,6 +1411,7 @@ class DurableLog:
             if sync:
                 self._sync_or_roll_back(fd, before)
         self._seen_size = before + len(data)
+        self._appended_at = before
         self._last_seq += count
         if sync:
             self._durable_size = self._seen_size

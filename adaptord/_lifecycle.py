@@ -102,8 +102,9 @@ class LifecycleLog:
                 self._recorder.record(self._session, notice)
             self._backend.flush()
         except Exception as exc:  # the audit log must never take the daemon down
-            # A backend that failed may refuse every later append (a failed fsync poisons the
-            # key); the next batch starts afresh, re-checking the file's tail first.
+            # A backend that failed may refuse every later append (a failed fsync whose lines
+            # could not be cut away poisons the key); the next batch starts afresh,
+            # re-checking the file's tail first.
             self._drop_recorder()
             if not self._failing:  # a full disk fails every batch: one line, not hundreds
                 self._failing = True

@@ -1428,6 +1428,97 @@ def test_a_failed_sync_in_buffered_mode_poisons_and_is_reported_by_close(
     assert second.value is first.value
 
 
+def _fail_first_fsync_of(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[str]:
+    """Fail the next ``os.fsync`` of ``path`` (as a write-back error would), sync the rest;
+    lists the outcome of each of its fsyncs from now on."""
+    real = os.fsync
+    outcomes: list[str] = []
+
+    def once(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+            outcomes.append("failed" if not outcomes else "synced")
+            if outcomes == ["failed"]:
+                raise OSError(errno.EIO, "injected write-back failure")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", once)
+    return outcomes
+
+
+def test_a_failed_sync_in_buffered_mode_cuts_the_unsynced_lines_and_the_key_goes_on(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key refused every later append and read for the life of the backend, even once the
+    # disk was fine again: a daemon recorded no event of that thread's later runs until it was
+    # restarted.  And the lines whose sync failed stayed, though the disk may not have them.
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
+    recorder = sr.EventRecorder(backend)
+    path = events_dir / "t.jsonl"
+    recorder.record("t", _text(0))
+    backend.flush("t")
+    synced_size = path.stat().st_size
+    recorder.record("t", _text(1))
+    recorder.record("t", _text(2))
+    outcomes = _fail_first_fsync_of(monkeypatch, path)
+    with pytest.raises(OSError, match="injected write-back failure"):
+        backend.flush("t")
+    # The failed sync is not retried: the lines it covered are cut, the cut made durable.
+    assert outcomes == ["failed", "synced"]
+    assert path.stat().st_size == synced_size
+    assert backend.close_idle("t") == 1  # (as the daemon does after a run's verdict)
+    assert recorder.record("t", _text(3)).host_seq == 2
+    backend.flush("t")
+    assert [_text_of(r) for r in recorder.since("t")] == ["text 0", "text 3"]
+    assert sr.verify(path) == 2
+    recorder.close()
+
+
+@pytest.mark.parametrize("where", ["after", "among"])
+def test_a_failed_sync_does_not_cut_another_writers_lines(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
+    buffered = sr.EventRecorder(backend)
+    path = events_dir / "t.jsonl"
+    buffered.record("t", _text(0))
+    with _recorder(events_dir) as other:
+        other.record("t", _text(1))  # after this writer's unsynced line
+    if where == "among":
+        buffered.record("t", _text(2))  # the file ends with this writer's line again
+    size = path.stat().st_size
+    _fail_first_fsync_of(monkeypatch, path)
+    with pytest.raises(OSError, match="injected") as first:
+        backend.flush("t")
+    assert path.stat().st_size == size  # nothing cut: the key is poisoned instead
+    with pytest.raises(OSError) as later:
+        buffered.record("t", _text(3))
+    assert later.value is first.value
+    assert sr.verify(path) == (3 if where == "among" else 2)
+
+
+@pytest.mark.parametrize("next_use", ["record", "flush"])
+def test_an_evicted_keys_failed_sync_is_reported_once_to_its_next_use(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch, next_use: str
+) -> None:
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
+    recorder = sr.EventRecorder(backend)
+    path = events_dir / "t.jsonl"
+    recorder.record("t", _text(0))
+    backend.flush("t")
+    recorder.record("t", _text(1))
+    _fail_first_fsync_of(monkeypatch, path)
+    assert backend.close_idle("t") == 1  # its sync fails here, where nobody can be told
+    with pytest.raises(OSError, match="injected write-back failure"):
+        if next_use == "record":
+            recorder.record("t", _text(2))
+        else:
+            backend.flush("t")
+    assert recorder.record("t", _text(3)).host_seq == 2
+    backend.flush("t")  # reported once only
+    assert [_text_of(r) for r in recorder.since("t")] == ["text 0", "text 3"]
+    recorder.close()
+
+
 def test_buffered_mode_syncs_on_flush_of_all_or_named_keys_and_on_close(
     events_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

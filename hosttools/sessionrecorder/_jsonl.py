@@ -17,7 +17,14 @@ from typing import Any, Literal, NoReturn
 
 import orjson
 
-from adaptor._durable import CorruptLogError, DurableLog, RepairReport, ensure_dir, exclusive
+from adaptor._durable import (
+    CorruptLogError,
+    DurableLog,
+    RepairReport,
+    ensure_dir,
+    exclusive,
+    touch_epoch,
+)
 
 from . import _format
 from ._format import SEQ_KEY, SUFFIX, StrPath
@@ -140,7 +147,15 @@ class _Session:
     # reported to it (an fd opened after the error would never see it).
     _sync_fd: int | None = None
     _dirty: bool = False
+    # Buffered mode: where this key's lines written since its last good sync begin and end in
+    # the file; the start is None once another writer's lines sit between them (then they
+    # cannot be cut away alone, see _roll_back_unsynced).
+    _unsynced_from: int | None = None
+    _unsynced_end: int = -1
     poison: _Failure | None = None
+    # A failed sync nobody could be told of when it happened (an eviction's), its lines cut
+    # away: raised once, to the key's next append or flush.
+    owed: _Failure | None = None
     # The backend's list, shared by all its sessions so evicting one loses nothing.
     repairs: list[RepairReport] = field(default_factory=list)
     last_used: int = 0
@@ -158,12 +173,18 @@ class _Session:
         if self.poison is not None:
             self.poison.raise_()
 
+    def _pay_owed(self) -> None:
+        # Called holding the mutex, so the failure is reported exactly once.
+        owed, self.owed = self.owed, None
+        if owed is not None:
+            owed.raise_()
+
     # --- appending --------------------------------------------------------------------------
 
     def append(self, body: dict[str, Any]) -> dict[str, Any]:
         pending = _Pending(body)
         with self._mutex:
-            if self._state != "open" or self.poison is not None:
+            if self._state != "open" or self.poison is not None or self.owed is not None:
                 self._refuse()
             if self._writing:
                 wake = pending.wake = threading.Lock()
@@ -190,6 +211,7 @@ class _Session:
         if self._state == "closed":
             raise JSONLEventBackendClosedError()
         self.check_poison()
+        self._pay_owed()
         raise AssertionError("_refuse() called on an appendable session")
 
     def _await_turn(self, pending: _Pending, wake: threading.Lock) -> list[_Pending]:
@@ -347,6 +369,11 @@ class _Session:
         if log.repair_count != known_repairs:
             self.repairs.extend(log.repaired[known_repairs:])
         if not self.sync:
+            if not self._dirty:
+                self._unsynced_from = log.appended_at
+            elif log.appended_at != self._unsynced_end:
+                self._unsynced_from = None
+            self._unsynced_end = log.size
             self._dirty = True
             if self._sync_fd is None:
                 try:
@@ -401,23 +428,62 @@ class _Session:
     # --- syncing and closing ----------------------------------------------------------------
 
     def flush(self) -> None:
-        """Make buffered appends durable; a failure poisons the key (the data may be gone)."""
+        """Make buffered appends durable; a failure cuts them (or poisons the key) and raises."""
         with self._mutex:
             self._wait_idle()
             self._flush_locked()
 
     def _flush_locked(self) -> None:
         self.check_poison()
-        if not self._dirty or self._sync_fd is None:
-            return
+        if self._dirty and self._sync_fd is not None:
+            try:
+                os.fsync(self._sync_fd)
+            except OSError as exc:
+                # Never retried: the kernel may have dropped the dirty pages while reporting
+                # the error once, so a second fsync could "succeed" without the data.
+                self._roll_back_unsynced(exc)
+                raise
+            self._dirty = False
+        # After the sync, so what was written since the earlier failure is durable all the same.
+        self._pay_owed()
+
+    def _roll_back_unsynced(self, error: OSError) -> None:
+        """After a failed sync: cut this key's lines written since its last good sync, or
+        poison the key.
+
+        Those lines may never reach the disk (the kernel may have dropped them while reporting
+        the error once) and may even vanish from the page cache later, leaving a hole before
+        whatever is appended after them: corruption, which no reader skips.  Cut, the file ends where this key's last good sync left it and the
+        key goes on, like a synced append whose fsync failed (:meth:`_settle_rollback`); the
+        next append checks the tail afresh.  Only a run of this key's own lines reaching the
+        end of the file is cut: with another writer's lines among or after them, the key is
+        poisoned instead.
+        """
+        start, end = self._unsynced_from, self._unsynced_end
+        self._drop_log()
+        if start is not None and self._cut(start, end):
+            self._dirty = False
+        else:
+            self.poison = _Failure.of(error)
+
+    def _cut(self, start: int, end: int) -> bool:
+        """Truncate the file from ``start``, durably, if it still ends at ``end``."""
+        assert self._sync_fd is not None
         try:
-            os.fsync(self._sync_fd)
-        except OSError as exc:
-            # Never retried: the kernel may have dropped the dirty pages while reporting the
-            # error once, so a second fsync could "succeed" without the data.
-            self.poison = _Failure.of(exc)
-            raise
-        self._dirty = False
+            with exclusive(self.lock_path, linger=True):
+                fd = os.open(self.path, os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC)
+                try:
+                    found = os.fstat(fd)
+                    if found.st_size != end or not os.path.samestat(found, os.fstat(self._sync_fd)):
+                        return False
+                    os.ftruncate(fd, start)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                touch_epoch(self.lock_path)  # other logs of this process look at the file again
+        except OSError:
+            return False
+        return True
 
     def _wait_idle(self) -> None:
         # Called holding the mutex.
@@ -431,7 +497,13 @@ class _Session:
     def try_retire(self) -> bool:
         """Stop this object taking appends if it is idle; the caller must then :meth:`release`."""
         with self._mutex:
-            if self._writing or self._queue or self.poison is not None or self._state != "open":
+            if (
+                self._writing
+                or self._queue
+                or self.poison is not None
+                or self.owed is not None
+                or self._state != "open"
+            ):
                 return False
             self._state = "retired"
             return True
@@ -619,7 +691,8 @@ class JSONLEventBackend:
         file again on its next append.  For a process that is done with a key (a daemon after
         a request's verdict) or short of descriptors; this backend also does it by itself when
         opening a log fails for want of descriptors.  A failed sync is not raised here: the
-        key's next use reports it, as after an eviction.
+        key's next append or flush reports it once, as after an eviction (every later use,
+        when the key is poisoned; see :meth:`_Session._roll_back_unsynced`).
         """
         return self._retire(self._open_sessions(keys))
 
@@ -717,12 +790,16 @@ class JSONLEventBackend:
             try:
                 session.release()
             except OSError as exc:
-                # The key's buffered data may be lost: whoever writes the key next must hear it.
+                # The key's buffered lines were cut (or, when they could not be, may be lost):
+                # whoever writes the key next must hear it, once (for good when poisoned).
                 with self._lock:
                     current = self._sessions.setdefault(
                         session.key, self._new_session(session.key, session.path)
                     )
-                    current.poison = _Failure.of(exc)
+                    if session.poison is not None:
+                        current.poison = _Failure.of(exc)
+                    else:
+                        current.owed = _Failure.of(exc)
         return len(retired)
 
 
