@@ -267,6 +267,8 @@ class Daemon:
             kind="lifecycle",
             text=phase,
             data={"phase": phase, "request_id": request_id, **data},
+            # When the fact happened (the record's recorded_at is when its batch was written).
+            meta=events.EventMeta(time=datetime.now(UTC)),
         )
         line = self._line(phase, {"id": request_id, **{k: v for k, v in data.items() if isinstance(v, str | int | float)}})
         self._daemon_log.record(notice, line)

@@ -76,13 +76,18 @@ def test_success_verdict_side_files_and_audit_log(daemon: DaemonProcess) -> None
     assert sr.verify(daemon.home.root / verdict["events"]) == len(records)
     daemon.wait_for_line(f"verdict.written id={rid}")  # recorded before it is logged
     assert not (daemon.home.claimed / f"{rid}.json").exists()
-    lifecycle = [
-        _fact(r)["phase"]
+    facts = [
+        r
         for r in sr.EventRecorder(sr.JSONLEventBackend(daemon.home.events), key_validator=lambda k: None).since("adaptord")
         if _fact(r).get("request_id") == rid
     ]
+    lifecycle = [_fact(r)["phase"] for r in facts]
     assert lifecycle[0] == "request.received" and lifecycle[-1] == "verdict.written"
     assert "request.started" in lifecycle
+    # Each fact carries when it happened (it said 1970-01-01), no later than its record.
+    times = [r.event.meta.time for r in facts]
+    assert times == sorted(times) and times[0].year > 1970
+    assert all(r.event.meta.time <= r.recorded_at for r in facts)
 
 
 def test_run_error_verdict_rebuilds_the_same_exception(daemon: DaemonProcess) -> None:
