@@ -45,6 +45,31 @@ def _run_example(name: str, home: Path, **env: str) -> subprocess.CompletedProce
 
 
 @pytest.mark.slow
+def test_start_and_run_shell_example(tmp_path: Path) -> None:
+    # The README's quick start: `adaptord serve &` then `adaptor run` at once exited 69 (the
+    # daemon was not serving yet).  The example waits for it, runs, and stops it.
+    import os
+
+    config = tmp_path / "config"  # no user config file is read
+    config.mkdir()
+    proc = _run_example("start-and-run.sh", tmp_path / "home", XDG_CONFIG_HOME=str(config))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "hi\n"
+    assert _not_running(tmp_path / "home")  # the script stopped the daemon it started
+    assert os.listdir(tmp_path / "home" / "verdicts")  # the run went through the daemon
+
+
+def _not_running(home: Path) -> bool:
+    import os
+
+    status = subprocess.run(
+        ["adaptor", "status", "--home", str(home)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "ADAPTORD_HOME": str(home)},
+    )
+    return status.returncode == 69
+
+
+@pytest.mark.slow
 def test_submit_and_wait_shell_example(tmp_path: Path) -> None:
     daemon = _daemon(tmp_path)
     proc = _run_example("submit-and-wait.sh", daemon.home.root)

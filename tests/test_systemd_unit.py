@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import configparser
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from adaptord.daemon import _STOP_TAIL
@@ -25,3 +28,32 @@ def test_unit_is_a_notify_service_that_outlives_the_grace_period() -> None:
     assert float(service["TimeoutStopSec"]) > grace + _STOP_TAIL
     assert "69" in service["RestartPreventExitStatus"].split()
     assert parser["Install"]["WantedBy"] == "default.target"
+
+
+def _readme_install_commands() -> str:
+    """The README's systemd block up to its first systemctl command (which needs a session)."""
+    readme = (UNIT.parent.parent / "README.md").read_text()
+    block = readme.split("### systemd", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return block.split("systemctl", 1)[0]
+
+
+def test_the_readme_installs_a_unit_that_starts_the_installed_adaptord(tmp_path: Path) -> None:
+    # As written, the README's `cp` failed on a fresh account (no ~/.config/systemd/user) and
+    # the unit's ExecStart named ~/.local/bin/adaptord, which a venv install does not make.
+    adaptord = shutil.which("adaptord")
+    assert adaptord is not None
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", _readme_install_commands()],
+        cwd=UNIT.parent.parent, env={**os.environ, "HOME": str(tmp_path)}, check=True, timeout=60,
+    )
+    installed = tmp_path / ".config" / "systemd" / "user" / "adaptord.service"
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment, method-assign]
+    parser.read(installed)
+    program = parser["Service"]["ExecStart"].split()[0]
+    assert os.path.samefile(program, adaptord) and os.access(program, os.X_OK)
+    if shutil.which("systemd-analyze") is not None:
+        verify = subprocess.run(
+            ["systemd-analyze", "verify", str(installed)], capture_output=True, text=True, timeout=60
+        )
+        assert verify.returncode == 0, verify.stderr
