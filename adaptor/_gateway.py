@@ -30,11 +30,14 @@ import secrets
 import socket
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from adaptor.driver._spi import MCPServerSpec, ToolsEndpoint
 from adaptor.mcp import RESERVED_ENV_PREFIX, RESERVED_KEY
 from adaptor.tool import GENERIC_FAILURE, CallOutcome, Definition, InvalidDefinitionError, log
+
+if TYPE_CHECKING:
+    import anyio
 
 __all__ = ["Gateway", "require_sdk"]
 
@@ -50,6 +53,16 @@ _MAX_HANDLER_THREADS: Final = 256
 _TOO_MANY_RUNNING: Final = (
     "this call was not run: the host has too many tool calls still running; try again later"
 )
+# What close() answers the calls still in flight with, and the calls that arrive while it runs.
+_CLOSED_WHILE_RUNNING: Final = CallOutcome(
+    text="the host closed its tool server before this call finished; "
+    "the tool may still be running, its result is lost",
+    is_error=True,
+)
+_CLOSED_BEFORE_RUNNING: Final = CallOutcome(
+    text="this call was not run: the host closed its tool server", is_error=True
+)
+_CLOSED_BODY: Final = b"the tool server is closed"
 _SDK_MODULES: Final = (
     "mcp.types",
     "mcp.server.lowlevel",
@@ -99,6 +112,10 @@ class Gateway:
         self._max_handler_threads = max_handler_threads
         self._handler_threads = 0
         self._handler_threads_lock = threading.Lock()
+        # Touched only on the gateway's loop: what close() must end before the server stops.
+        self._stopping = False
+        self._answers: set[asyncio.Future[CallOutcome]] = set()
+        self._exchanges: set[_Exchange] = set()
 
     @property
     def env(self) -> dict[str, str]:
@@ -119,16 +136,36 @@ class Gateway:
             return self._endpoint
 
     def close(self, timeout: float = 5.0) -> None:
+        """Stop serving and wait up to ``timeout`` seconds for the server's thread to end.
+
+        Every request in flight gets an answer first (``_stop``), a call still running its
+        handler an error result, so none is cut off or waits out uvicorn's graceful timeout.
+        """
         with self._lock:
             self._closed = True
             server, loop, thread = self._server, self._loop, self._thread
             self._endpoint = None
         if server is None or loop is None or thread is None:
             return
-        # uvicorn reads should_exit on its own loop; set it there.
         with contextlib.suppress(RuntimeError):  # the loop already ended
-            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+            loop.call_soon_threadsafe(self._stop, server)
         thread.join(max(timeout, 0.0))
+
+    def _stop(self, server: Any) -> None:
+        """On the gateway's loop: end every request in flight, then let uvicorn stop.
+
+        uvicorn gives the requests in flight its graceful timeout, then cancels them and logs
+        each as an error with a traceback.  So a call still waiting on its handler is answered
+        now (the handler cannot be stopped: it runs on, and its late answer is dropped), a
+        request whose body is still coming is refused, and a response that lasts until the
+        client leaves is ended.
+        """
+        self._stopping = True
+        for answer in self._answers:
+            _settle(answer, _CLOSED_WHILE_RUNNING)
+        for exchange in self._exchanges:
+            exchange.stop()
+        server.should_exit = True  # uvicorn reads it on this loop
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -209,7 +246,8 @@ class Gateway:
         )
         return StreamableHTTPSessionManager(
             app=server,
-            # Stateless JSON: every call stands alone, so nothing lingers for close() to drain.
+            # Stateless JSON: every call stands alone, so nothing but the calls in flight (and an
+            # idle GET stream) lingers for close() to end.
             stateless=True,
             json_response=True,
             security_settings=TransportSecuritySettings(
@@ -235,7 +273,17 @@ class Gateway:
             if not hmac.compare_digest(presented, expected):
                 await _plain(send, 401, b"unauthorized", [(b"www-authenticate", b"Bearer")])
                 return
-            await manager.handle_request(scope, receive, send)
+            if self._stopping:
+                await _plain(send, 503, _CLOSED_BODY, [(b"connection", b"close")])
+                return
+            exchange = _Exchange(receive, send)
+            self._exchanges.add(exchange)
+            try:
+                with exchange.scope:
+                    await manager.handle_request(scope, exchange.receive, exchange.send)
+            finally:
+                self._exchanges.discard(exchange)
+            await exchange.finish()
 
         return app
 
@@ -287,9 +335,11 @@ class Gateway:
 
         The thread counts against the bound until the handler returns, whatever became of the
         request.  A client that gives up is not noticed here (stateless JSON), so its request
-        waits on and the answer is dropped; a request cancelled on this side (the server
-        shutting down) stops waiting at once.
+        waits on and the answer is dropped; when the gateway closes, ``_stop`` answers the call
+        at once and the handler's answer is dropped too.
         """
+        if self._stopping:
+            return _CLOSED_BEFORE_RUNNING
         if not self._claim_handler_thread():
             return _too_many_running(
                 definition, f"{self._max_handler_threads} handler threads are still running"
@@ -314,7 +364,11 @@ class Gateway:
         except RuntimeError:  # no thread to spare (a task limit): the same answer as the bound
             self._release_handler_thread()
             return _too_many_running(definition, "no handler thread could be started")
-        return await answer
+        self._answers.add(answer)
+        try:
+            return await answer
+        finally:
+            self._answers.discard(answer)
 
     def _claim_handler_thread(self) -> bool:
         with self._handler_threads_lock:
@@ -326,6 +380,66 @@ class Gateway:
     def _release_handler_thread(self) -> None:
         with self._handler_threads_lock:
             self._handler_threads -= 1
+
+
+class _Exchange:
+    """One authenticated request in flight, tracked so that ``Gateway._stop`` can end it cleanly.
+
+    ``receive`` and ``send`` wrap the server's to know where the request stands.  Stopped while
+    the client is still sending the body, the request is cancelled (``scope``) and refused with
+    ``503``.  Stopped after that, a wait for a further message (only a response that lasts until
+    the client leaves waits so: the GET event stream) gets ``http.disconnect``, and a response
+    left unfinished is ended.  A call waiting on its handler is answered by ``_stop`` itself.
+    """
+
+    def __init__(self, receive: _Receive, send: _Send) -> None:
+        import anyio
+
+        self._receive, self._send = receive, send
+        self.scope = anyio.CancelScope()
+        self._listening: anyio.CancelScope | None = None
+        self._body_read = False
+        self._stopped = False
+        self._started = False
+        self._ended = False
+
+    def stop(self) -> None:
+        self._stopped = True
+        if not self._body_read:
+            self.scope.cancel()
+        elif self._listening is not None:
+            self._listening.cancel()
+
+    async def receive(self) -> MutableMapping[str, Any]:
+        import anyio
+
+        if not self._stopped:
+            self._listening = listening = anyio.CancelScope()
+            try:
+                with listening:
+                    message = await self._receive()
+                    if message["type"] != "http.request" or not message.get("more_body", False):
+                        self._body_read = True
+                    return message
+            finally:
+                self._listening = None
+        return {"type": "http.disconnect"}  # to the application, the server is going away
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self._started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self._ended = True
+        await self._send(message)
+
+    async def finish(self) -> None:
+        """Complete the response ``stop()`` cut short; any other request is left as it is."""
+        if not self._stopped:
+            return
+        if not self._started:
+            await _plain(self._send, 503, _CLOSED_BODY, [(b"connection", b"close")])
+        elif not self._ended:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _too_many_running(definition: Definition, why: str) -> CallOutcome:

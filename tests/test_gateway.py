@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 import threading
@@ -417,3 +418,89 @@ def test_a_call_past_the_bound_of_running_handlers_is_an_error_result_at_once(
     finally:
         blocked.release.set()
         gw.close()
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_close_answers_a_call_in_flight_and_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # uvicorn waited out its graceful timeout for the call, then cancelled it and logged
+    # "Exception in ASGI application" with a traceback: the daemon's journal got one every time
+    # an Agent with a stuck tool call was closed.
+    blocked = Blocked()
+    gw = blocked.gateway()
+    outcome: list[Any] = []
+
+    def caller() -> None:
+        try:
+            outcome.append(call(gw, "blocked", {}))
+        except BaseException as exc:  # the assertions below show what it was
+            outcome.append(exc)
+
+    worker = threading.Thread(target=caller)
+    try:
+        worker.start()
+        assert blocked.wait_entered(1)
+        gw.close()
+        worker.join(30)
+        assert _errors(caplog) == []
+        result = outcome[0]
+        assert not isinstance(result, BaseException), repr(result)
+        assert result.is_error is True
+        assert result.content[0].text == (
+            "the host closed its tool server before this call finished; "
+            "the tool may still be running, its result is lost"
+        )
+        assert gw._handler_threads == 1  # the handler cannot be stopped: it still counts
+        blocked.release.set()  # its late answer goes nowhere, quietly
+        wait_handler_threads(gw, 0)
+        assert _errors(caplog) == []
+    finally:
+        blocked.release.set()
+        gw.close()
+        worker.join(30)
+
+
+def _read_until(sock: socket.socket, marker: bytes | None) -> bytes:
+    """What the server sent up to ``marker``, or until it closed the connection (``None``)."""
+    data = b""
+    while marker is None or marker not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_close_ends_a_request_still_sending_its_body_and_an_open_event_stream(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw = Blocked().gateway()
+    server = gw.start().server
+    port = int(server.url.split(":")[-1].split("/")[0])
+    token = gw.env[server.bearer_token_env]
+    head = f"Host: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+    with (
+        socket.create_connection(("127.0.0.1", port), 30) as sending,
+        socket.create_connection(("127.0.0.1", port), 30) as streaming,
+    ):
+        # "100 Continue" comes once the server reads the body: the request is in flight.
+        sending.sendall(
+            f"POST /mcp HTTP/1.1\r\n{head}Content-Type: application/json\r\n"
+            "Accept: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
+        assert b" 100 " in _read_until(sending, b"\r\n\r\n")
+        sending.sendall(b'{"jsonrpc": ')
+        # A stateless server has nothing to send on this stream: it lasts until the client goes.
+        streaming.sendall(f"GET /mcp HTTP/1.1\r\n{head}Accept: text/event-stream\r\n\r\n".encode())
+        opened = _read_until(streaming, b"\r\n\r\n")
+        assert opened.startswith(b"HTTP/1.1 200") and b"text/event-stream" in opened
+        gw.close()
+        refused, ended = _read_until(sending, None), _read_until(streaming, None)
+    assert _errors(caplog) == []
+    assert refused.startswith(b"HTTP/1.1 503")
+    assert refused.endswith(b"the tool server is closed\r\n0\r\n\r\n")
+    assert ended.endswith(b"0\r\n\r\n")  # the last chunk: the stream was ended, not cut

@@ -3,6 +3,7 @@ real tool gateway, and the skills, MCP servers and tools its spawn event lists."
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -67,6 +68,32 @@ def test_a_cancelled_run_abandons_a_slow_call() -> None:
         with pytest.raises(adaptor.RunCancelledError):
             stream.result()
         release.set()
+
+
+def test_closing_the_agent_with_a_call_still_running_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The gateway's server waited out its graceful timeout for the abandoned call, then logged
+    # it as an error with a traceback: in the daemon's journal on every such close.
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(value: object) -> str:
+        entered.set()
+        release.wait(60)
+        return "late"
+
+    agent = adaptor.Agent(steps({"name": "stuck"}), tools=[tool.define("stuck", "waits", stuck)])
+    try:
+        stream = agent.stream("go")
+        assert entered.wait(30)
+        stream.cancel()
+        with pytest.raises(adaptor.RunCancelledError):
+            stream.result()
+        agent.close()
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    finally:
+        release.set()
+        agent.close()
 
 
 @pytest.mark.parametrize(
