@@ -37,6 +37,7 @@ except ImportError:  # not POSIX: waiting polls with filelock's own attempts onl
 __all__ = [
     "CorruptLogError",
     "DurableLog",
+    "ForeignFileError",
     "RepairReport",
     "atomic_write",
     "atomic_write_json",
@@ -124,13 +125,33 @@ def fsync_dir(path: _StrPath) -> None:
         os.close(fd)
 
 
-def ensure_dir(path: _StrPath, *, durable: bool = True) -> Path:
+class ForeignFileError(OSError):
+    """Something the writer did not make stands where it writes a file or folder of its own: a
+    symbolic link, a file with another name (a hard link), or not a regular file at all.
+
+    Refused rather than written through: writing through it would change a file elsewhere.
+    An ``OSError``, so a caller that knows only disk errors still stops; unlike most of them,
+    trying again does not help while the thing stays there.
+    """
+
+
+def ensure_dir(path: _StrPath, *, durable: bool = True, follow_links: bool = True) -> Path:
     """Create ``path`` and any missing parents with mode ``0o700``.
 
     Each directory this call creates has its parent fsynced, so the new entry survives a crash;
-    with ``durable=False`` the caller syncs the parent later (:func:`sync_paths`).
+    with ``durable=False`` the caller syncs the parent later (:func:`sync_paths`).  With
+    ``follow_links=False``, a symbolic link at ``path`` itself is refused
+    (:class:`ForeignFileError`): for folders whose files the caller writes as its own.
     """
     target = Path(path)
+    if not follow_links:
+        try:
+            found = os.lstat(target)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISLNK(found.st_mode):
+                raise ForeignFileError(errno.ELOOP, "is a symbolic link, not a folder", str(target))
     missing: list[Path] = []
     probe = Path(os.path.abspath(target))
     while not probe.is_dir():
@@ -242,15 +263,42 @@ class SyncBatch:
         empty file is only created: it has no content to sync, and its creation is made
         durable with its folder's entries (journaling filesystems commit a new inode with
         its entry), so the folder must be in the batch.
+
+        In place, only a file of the writer's own is written: a symbolic link, a file with
+        another name (a hard link) or a FIFO at ``path`` raises :class:`ForeignFileError`, and
+        is left as it was.
         """
         flags = os.O_WRONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
-        if not data and not exclusive:
+        if exclusive:
+            fd = os.open(path, flags | os.O_EXCL, 0o600)
+        else:
+            if not data:
+                try:
+                    os.close(os.open(path, flags | os.O_EXCL, 0o600))
+                    return
+                except FileExistsError:
+                    pass  # an earlier writer's: truncated and synced like any other
+            # Not O_TRUNC: nothing is emptied before it is known to be the writer's own.
+            # O_NONBLOCK: a FIFO is refused (ENXIO) instead of waited on.
             try:
-                os.close(os.open(path, flags | os.O_EXCL, 0o600))
-                return
-            except FileExistsError:
-                pass  # an earlier writer's: truncated and synced like any other
-        fd = os.open(path, flags | (os.O_EXCL if exclusive else os.O_TRUNC), 0o600)
+                fd = os.open(path, flags | os.O_NONBLOCK, 0o600)
+            except OSError as exc:
+                # A symbolic link; a folder; a FIFO nobody reads (or a socket).
+                if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    what = "is a symbolic link" if exc.errno == errno.ELOOP else "is not a regular file"
+                    raise ForeignFileError(exc.errno, what, os.fspath(path)) from None
+                raise
+            try:
+                found = os.fstat(fd)
+                if not stat.S_ISREG(found.st_mode):
+                    raise ForeignFileError(errno.EINVAL, "is not a regular file", os.fspath(path))
+                if found.st_nlink != 1:
+                    raise ForeignFileError(errno.EMLINK, "has another name (a hard link)", os.fspath(path))
+                if found.st_size:
+                    os.ftruncate(fd, 0)
+            except BaseException:
+                os.close(fd)
+                raise
         self._descriptors.append(fd)
         _write_all(fd, data)
         self._start_writeback()
@@ -261,6 +309,10 @@ class SyncBatch:
             self._descriptors.append(os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC))
         except FileNotFoundError:
             return
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return  # replaced by a symbolic link since: nothing of the writer's is there
+            raise
         self._start_writeback()
 
     def add_directory(self, path: _StrPath) -> None:

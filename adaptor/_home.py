@@ -160,6 +160,17 @@ class Home:
     def verdict(self, request_id: str) -> Path:
         return self.verdicts / f"{request_id}.json"
 
+    def has_verdict(self, request_id: str) -> bool:
+        """Whether the request's verdict was written: a regular file at its name.
+
+        Anything else there (a symbolic link, a folder) is not one: the daemon moves it to
+        ``quarantine/`` when it writes the request's verdict, never writing through it.
+        """
+        try:
+            return stat.S_ISREG(os.lstat(self.verdict(request_id)).st_mode)
+        except OSError:
+            return False
+
     def run_dir(self, request_id: str) -> Path:
         return self.runs / request_id
 
@@ -254,7 +265,7 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
     if not home.spool_tmp.is_dir() or not home.spool_new.is_dir():
         raise FileNotFoundError(f"no adaptord spool under {home.root}")
-    if home.verdict(request_id).exists():
+    if home.has_verdict(request_id):
         raise FileExistsError(f"request {request_id!r} already has a verdict")
     tmp = home.spool_tmp / f"{request_id}.json"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

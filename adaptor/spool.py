@@ -172,6 +172,10 @@ class Client:
             verdict = _read_object(self._home.verdict(request_id))
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None  # a symbolic link is no verdict: the daemon replaces it with one
+            raise
         return verdict
 
     def wait(self, request_id: str, timeout: float | None = None) -> Result:

@@ -606,8 +606,14 @@ class Daemon:
             self._quarantine(source, name, request_id, f"larger than {_home.MAX_REQUEST_BYTES} bytes")
             return None
         claimed = self.home.claimed / name
-        if self.home.verdict(request_id).exists() or claimed.exists():
+        if self.home.has_verdict(request_id) or os.path.lexists(claimed):
+            # (Also the spool name a crash left next to its claim: another name of that file.)
             self._quarantine(source, name, None, "a request with this id was already received")
+            return None
+        if info.st_nlink > 1 and not self._only_staged(source, info):
+            # Another name outside the spool: changing the file (its mode, below) would change
+            # that one too, and its content is not the submitter's to hand over alone.
+            self._quarantine(source, name, request_id, "the file has another name outside the spool (a hard link)")
             return None
         # link + unlink rather than rename: watchdog holds an unpaired move-out event for half a
         # second and every later event on the watch queues behind it, which would delay the
@@ -622,6 +628,21 @@ class Daemon:
             with contextlib.suppress(OSError):  # it may hold secrets: only the owner reads it
                 os.chmod(claimed, 0o600, follow_symlinks=False)
         return request_id, claimed
+
+    def _only_staged(self, source: Path, info: os.stat_result) -> bool:
+        """Whether the other name of a spool entry is the one it was staged under in
+        ``spool/tmp/`` (its writer links it into ``spool/new/``, then removes that one), so
+        the file is the spool's alone."""
+        if info.st_nlink == 2:
+            with contextlib.suppress(OSError), os.scandir(self.home.spool_tmp) as staged:
+                for entry in staged:
+                    if entry.inode() == info.st_ino and entry.stat(follow_symlinks=False).st_dev == info.st_dev:
+                        return True
+        # The staged name may have gone since the entry was looked at.
+        try:
+            return os.lstat(source).st_nlink == 1
+        except OSError:
+            return False
 
     def _accept(
         self, request_id: str, claimed: Path, *, attempt: int, received_at: str,
@@ -715,7 +736,7 @@ class Daemon:
             self.log("cannot quarantine a spool entry", name=repr(name), error=str(exc))
             return
         self.audit("request.quarantined", request_id, why=why, file=target.name)
-        if request_id is not None and not self.home.verdict(request_id).exists():
+        if request_id is not None and not self.home.has_verdict(request_id):
             self._reject(request_id, InvalidRequestError([{"path": "", "message": why}]), _now())
 
     def _reject(self, request_id: str, error: InvalidRequestError, received_at: str) -> None:
@@ -829,7 +850,7 @@ class Daemon:
         except Exception as exc:  # a bug here must not lose the request: it still gets a verdict
             secrets = self._secrets_of(job.request)
             self.log("worker failed", id=job.id, error=requests.Redactor(secrets).text(f"{type(exc).__name__}: {exc}"))
-            if not self.home.verdict(job.id).exists():
+            if not self.home.has_verdict(job.id):
                 with contextlib.suppress(Exception):
                     self._write_verdict(
                         job.id, run_id=None, result=None, error=exc, received_at=job.received_at,
@@ -855,6 +876,10 @@ class Daemon:
         if job.cancel_requested or self._cancel_marked(job):
             # Cancelled between its dispatch and now: its agent must not start.
             self._cancel_unstarted(job)
+            return
+        refused = self._link_in_the_way(job.id)
+        if refused is not None:
+            self._reject(job.id, InvalidRequestError([{"path": "", "message": refused}]), job.received_at)
             return
         request = self._whole_request(job)
         secrets = self._secrets_of(request)
@@ -917,6 +942,31 @@ class Daemon:
             job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
             started_at=started_at, session=session, secrets=secrets, job=job, flush_events=True,
         )  # the claimed copy is removed with the verdict
+
+    def _link_in_the_way(self, request_id: str) -> str | None:
+        """Why the request cannot start: a link where its run folder or its verdict goes (or a
+        file where its run folder goes), or ``None``.
+
+        The daemon writes a request's files only as its own, so nothing runs; its rejection
+        verdict is written once the link at the verdict's name is moved aside.
+        """
+        run_dir = self.home.run_dir(request_id)
+        for path in (run_dir, self.home.verdict(request_id)):
+            try:
+                found = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(found.st_mode):
+                what = "a symbolic link"
+            elif path is run_dir and not stat.S_ISDIR(found.st_mode):
+                what = "not a folder"
+            else:
+                continue
+            return (
+                f"{path.relative_to(self.home.root)} is {what}; the daemon writes a request's files "
+                "only where it made them (remove it, or submit under another id)"
+            )
+        return None
 
     def _secrets_of(self, request: Mapping[str, Any]) -> list[str]:
         """The request's secret values and those its driver gets from the daemon config."""
@@ -1117,11 +1167,14 @@ class Daemon:
         batch = _durable.SyncBatch()
         try:
             try:
-                result_json = self._write_side_files(request_id, result, redactor, job, batch)
+                result_json, refused = self._write_side_files(request_id, result, redactor, job, batch)
             except (RecursionError, orjson.JSONEncodeError):
                 # The result holds a value nested too deeply to write (see _record): the side
                 # files, written again over the same paths, keep a bounded copy of it.
-                result_json = self._write_side_files(request_id, result, redactor, job, batch, bound=True)
+                result_json, refused = self._write_side_files(request_id, result, redactor, job, batch, bound=True)
+            if refused is not None:
+                # Trying again would find the same link: the verdict is written now, and says so.
+                error = self._files_refused(request_id, refused, error, result)
             # Files written earlier without fsync (the request copy, when the start's sync did
             # not happen).
             for path in job.unsynced if job is not None else ():
@@ -1156,6 +1209,7 @@ class Daemon:
                 "finished_at": _now(),
             }
             data = orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+            self._set_aside_foreign_verdict(request_id)
             written = _durable.write_once(
                 self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id), synced_with=batch
             )
@@ -1181,21 +1235,16 @@ class Daemon:
     def _write_side_files(
         self, request_id: str, result: adaptor.Result | None, redactor: requests.Redactor,
         job: Job | None, batch: _durable.SyncBatch, *, bound: bool = False,
-    ) -> dict[str, Any] | None:
-        """The run's side files, written into ``batch``; the verdict's ``result`` (None: none).
+    ) -> tuple[dict[str, Any] | None, _durable.ForeignFileError | None]:
+        """The run's side files, written into ``batch``; the verdict's ``result`` (None: none),
+        and what stood in the way of writing them (a link: the result then names no files).
 
         With ``bound``, values nested deeper than :data:`_FILE_DEPTH` are cut there.
         """
         if result is None:
-            return None
+            return None, None
         run_dir = self.home.run_dir(request_id)
-        # Written in place, no rename: only this verdict will point at them, and it is
-        # written after they are durable (see _durable.SyncBatch.write).
-        if job is None or not job.run_dir_ready:
-            _durable.ensure_dir(run_dir, durable=False)
         raw = result.raw()
-        for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
-            batch.write(run_dir / name, redactor.text(text).encode())
         value = result.to_json()
         full = redactor.value(_nesting.copy(value, depth=_FILE_DEPTH) if bound else value)
         full["raw"] = {
@@ -1203,19 +1252,62 @@ class Daemon:
             "stderr": f"runs/{request_id}/stderr",
             "terminal": None if raw.terminal is None else f"runs/{request_id}/terminal.json",
         }
-        if raw.terminal is not None:
-            terminal: Any = {"event": raw.terminal.event, "json": raw.terminal.json}
-            terminal = redactor.value(_nesting.copy(terminal, depth=_FILE_DEPTH) if bound else terminal)
-            batch.write(run_dir / "terminal.json", _durable.json_bytes(terminal))
-        batch.write(run_dir / "transcript.json", _durable.json_bytes(full.pop("transcript")))
-        summary = {**full, "transcript": f"runs/{request_id}/transcript.json"}
-        batch.write(run_dir / "result.json", _durable.json_bytes(summary))
-        return {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
+        summary = {key: full[key] for key in ("text", "summary", "model", "provider", "usage", "metadata", "structured", "raw")}
+        try:
+            # Written in place, no rename: only this verdict will point at them, and it is
+            # written after they are durable (see _durable.SyncBatch.write).
+            if job is None or not job.run_dir_ready:
+                _durable.ensure_dir(run_dir, durable=False, follow_links=False)
+            for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
+                batch.write(run_dir / name, redactor.text(text).encode())
+            if raw.terminal is not None:
+                terminal: Any = {"event": raw.terminal.event, "json": raw.terminal.json}
+                terminal = redactor.value(_nesting.copy(terminal, depth=_FILE_DEPTH) if bound else terminal)
+                batch.write(run_dir / "terminal.json", _durable.json_bytes(terminal))
+            batch.write(run_dir / "transcript.json", _durable.json_bytes(full.pop("transcript")))
+            batch.write(run_dir / "result.json", _durable.json_bytes({**full, "transcript": f"runs/{request_id}/transcript.json"}))
+        except _durable.ForeignFileError as exc:
+            return {**summary, "raw": {"stdout": None, "stderr": None, "terminal": None}}, exc
+        return summary, None
+
+    def _files_refused(
+        self, request_id: str, refused: _durable.ForeignFileError, error: BaseException | None,
+        result: adaptor.Result | None,
+    ) -> errors.RunError:
+        """The outcome of a run whose files met a link the daemon did not make: an
+        infrastructure failure (the run's own outcome, if a failure, is its cause)."""
+        where = os.path.relpath(refused.filename, self.home.root) if refused.filename else f"runs/{request_id}"
+        self.audit("run.files_refused", request_id, path=where, why=refused.strerror)
+        return errors.RunError(
+            "infrastructure_error",
+            f"the run's files were not written: {where} {refused.strerror}, and the daemon "
+            "writes a run's files only where it made them",
+            details={"path": where},
+            result=result,
+            cause=error,
+        )
+
+    def _set_aside_foreign_verdict(self, request_id: str) -> None:
+        """Move whatever is at the verdict's name and is not a regular file (a symbolic link)
+        to ``quarantine/``: it is no verdict, and the verdict is never written through it."""
+        path = self.home.verdict(request_id)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                return  # a verdict: write_once keeps it
+        except FileNotFoundError:
+            return
+        target = self.home.quarantine / f"{time.time_ns()}-verdict-{request_id}.json"
+        _durable.ensure_dir(self.home.quarantine)  # (a cleanup script may have removed it)
+        try:
+            os.rename(path, target)
+        except FileNotFoundError:
+            return  # gone meanwhile
+        self.audit("verdict.set_aside", request_id, file=target.name)
 
     def _prepare_run_dir(self, job: Job) -> None:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
         run_dir = self.home.run_dir(job.id)
-        _durable.ensure_dir(run_dir, durable=False)
+        _durable.ensure_dir(run_dir, durable=False, follow_links=False)
         copy = requests.redacted_request(self._whole_request(job))
         _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
         job.unsynced.append(run_dir / "request.json")
@@ -1268,7 +1360,7 @@ class Daemon:
     ) -> None:
         path = self.home.run_state(request_id)
         if not folder_exists:
-            _durable.ensure_dir(path.parent, durable=False)
+            _durable.ensure_dir(path.parent, durable=False, follow_links=False)
         if merge:
             with contextlib.suppress(OSError, ValueError):
                 state = {**_durable.read_json(path), **state}
@@ -1331,7 +1423,7 @@ class Daemon:
         if not name.endswith(".json") or not _home.REQUEST_ID.match(request_id):
             self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
             return
-        if self.home.verdict(request_id).exists():
+        if self.home.has_verdict(request_id):
             self._cleanup_claim(request_id)  # crashed between the verdict and the cleanup
             return
         try:

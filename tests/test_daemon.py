@@ -29,7 +29,7 @@ from adaptor import _durable, _home, _nesting, errors, events
 from adaptor import _request as requests
 from adaptor.driver import InvalidOutputSchemaError
 from adaptor.drivers import NAMES as DRIVER_NAMES
-from adaptor.spool import Client
+from adaptor.spool import Client, InvalidRequestError
 from adaptord import config as config_module
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
@@ -252,6 +252,92 @@ def test_hostile_entries_are_quarantined(daemon: DaemonProcess, tmp_path: Path) 
     assert any(n.endswith("..weird.json") for n in quarantined)
     assert list(new.iterdir()) == []
     assert outside.exists()  # a symlink target is never touched
+
+
+def test_a_hard_linked_request_is_rejected_and_its_file_left_alone(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # A request file in spool/new/ that is another name of a file outside the spool was run as
+    # the daemon's own, and chmodded to 0600: the file outside changed mode.
+    outside = tmp_path / "elsewhere.json"
+    content = orjson.dumps(script({"text": "ran"}))
+    outside.write_bytes(content)
+    outside.chmod(0o644)
+    os.link(outside, daemon.home.spool_new / "hardlinked.json")
+    verdict = daemon.verdict("hardlinked")
+    assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", verdict
+    assert "another name outside the spool (a hard link)" in verdict["error"]["message"]
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o644 and outside.read_bytes() == content
+    assert list(daemon.home.spool_new.iterdir()) == []
+    # Still named in spool/tmp/, where its writer staged it (`ln` without the `rm`, or the
+    # moment between the two): the spool's own file, so it runs.
+    staged = daemon.home.spool_tmp / "staged.json"
+    staged.write_bytes(orjson.dumps(script({"text": "staged"})))
+    os.link(staged, daemon.home.spool_new / "staged.json")
+    assert daemon.verdict("staged")["result"]["text"] == "staged"
+
+
+def test_a_symlinked_run_folder_is_never_written_through(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # runs/<id> a symbolic link to a folder elsewhere: the run's request copy, state and side
+    # files were all written there.  Now nothing runs: the request is rejected.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (daemon.home.runs / "linked").symlink_to(elsewhere)
+    rid = daemon.submit(script({"text": "x"}, id="linked"))
+    verdict = daemon.verdict(rid)
+    assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", verdict
+    assert "runs/linked is a symbolic link" in verdict["error"]["message"]
+    assert verdict["run_id"] is None and verdict["result"] is None
+    assert list(elsewhere.iterdir()) == []
+    assert daemon.verdict(daemon.submit(script({"text": "still here"})))["ok"]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link", "fifo"])
+def test_a_link_among_a_run_s_files_fails_the_run_and_is_never_written_through(
+    daemon: DaemonProcess, tmp_path: Path, kind: str
+) -> None:
+    # A side file planted in runs/<id>/ before the run: a symbolic link deferred the verdict
+    # forever (ELOOP at every retry), a hard link had the file outside emptied and written, a
+    # FIFO held the worker forever.  Now the run's verdict is written at once, as an
+    # infrastructure failure naming the file.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    planted = daemon.home.runs / "planted" / "stdout"
+    planted.parent.mkdir(mode=0o700)
+    if kind == "symlink":
+        planted.symlink_to(victim)
+    elif kind == "hard link":
+        os.link(victim, planted)
+    else:
+        os.mkfifo(planted)
+    rid = daemon.submit(script({"stdout": "out"}, {"text": "done"}, id="planted"))
+    verdict = daemon.verdict(rid)
+    assert (verdict["ok"], verdict["exit_code"]) == (False, 1), verdict
+    assert verdict["error"]["code"] == "RunError" and verdict["error"]["reason"] == "infrastructure_error"
+    assert verdict["error"]["details"] == {"path": "runs/planted/stdout"}
+    assert verdict["result"]["text"] == "done"  # what the run said is kept; no file is named
+    assert verdict["result"]["raw"] == {"stdout": None, "stderr": None, "terminal": None}
+    with pytest.raises(errors.RunError) as info:
+        Client(daemon.home.root).wait(rid, timeout=60)
+    assert info.value.reason == "infrastructure_error" and info.value.result is not None
+    assert victim.read_bytes() == b"precious\n"
+    assert daemon.verdict(daemon.submit(script({"text": "still here"})))["ok"]
+    assert not any("verdict.deferred" in line for line in daemon.lines)
+
+
+def test_a_symlink_at_a_verdict_s_name_is_moved_aside_for_the_verdict(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # verdicts/<id>.json planted as a symbolic link: the verdict could never be linked into
+    # place, so the request never got one, and reading it was an untyped ELOOP (exit 70).
+    nowhere = tmp_path / "nowhere.json"
+    (daemon.home.verdicts / "named.json").symlink_to(nowhere)
+    client = Client(daemon.home.root)
+    assert client.verdict("named") is None  # a link is no verdict
+    rid = daemon.submit(script({"text": "x"}, id="named"))
+    with pytest.raises(InvalidRequestError) as info:
+        client.wait(rid, timeout=60)
+    assert "verdicts/named.json is a symbolic link" in str(info.value)
+    assert not (daemon.home.verdicts / "named.json").is_symlink()
+    assert not nowhere.exists()
+    moved = [p for p in daemon.home.quarantine.iterdir() if p.name.endswith("-verdict-named.json")]
+    assert len(moved) == 1 and moved[0].readlink() == nowhere
 
 
 def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:

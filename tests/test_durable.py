@@ -1135,6 +1135,40 @@ def test_a_new_empty_file_is_only_created_and_an_old_one_is_truncated_and_synced
     assert (tmp_path / "stdout").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.parametrize("kind", ["symlink", "hard link", "fifo", "folder"])
+def test_a_file_written_in_place_is_never_one_the_writer_did_not_make(tmp_path: Path, kind: str) -> None:
+    # The daemon writes a run's side files in place.  A symbolic link there made it defer the
+    # verdict forever (ELOOP every retry); a hard link was emptied and written, changing the
+    # file's other name outside the home; a FIFO held the worker waiting for a reader forever.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    folder = _durable.ensure_dir(tmp_path / "runs" / "r1")
+    planted = folder / "stdout"
+    if kind == "symlink":
+        planted.symlink_to(victim)
+    elif kind == "hard link":
+        os.link(victim, planted)
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    else:
+        planted.mkdir()
+    before = os.lstat(planted)
+    with _durable.SyncBatch([folder]) as batch:
+        with pytest.raises(_durable.ForeignFileError) as info:
+            batch.write(planted, b"the run's output")
+        assert info.value.filename == str(planted)
+        batch.write(folder / "stderr", b"")  # the batch goes on with the writer's own files
+    assert victim.read_bytes() == b"precious\n"
+    after = os.lstat(planted)
+    assert (after.st_ino, after.st_mode, after.st_size) == (before.st_ino, before.st_mode, before.st_size)
+    # A run folder that is a link is refused as well (its files would land where it points).
+    linked = tmp_path / "runs" / "r2"
+    linked.symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(_durable.ForeignFileError):
+        _durable.ensure_dir(linked, durable=False, follow_links=False)
+    assert _durable.ensure_dir(linked) == linked  # followed unless asked not to
+
+
 def test_deferred_writes_are_complete_files_and_sync_paths_skips_missing(tmp_path: Path) -> None:
     folder = _durable.ensure_dir(tmp_path / "runs" / "r1", durable=False)
     _durable.atomic_write_json(folder / "state.json", {"b": 1, "a": [1]}, durable=False)
