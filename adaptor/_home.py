@@ -2,8 +2,9 @@
 its clients (request submission, cancel requests, approvals as files).
 
 Public layout (scripts may rely on it): ``spool/tmp``, ``spool/new``, ``verdicts/<id>.json``,
-``events/<session>.jsonl``, ``runs/<id>/``, ``threads/``, ``approvals/pending/<id>.json``.
-Everything else here is internal.
+``events/<session>.jsonl``, ``runs/<id>/``, ``threads/``, ``approvals/pending/<id>.json``, and
+``workspace/``, where the runs of requests naming no workspace work.  Everything else here is
+internal.
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ def is_request_id(value: object) -> TypeGuard[str]:
     """Whether ``value`` can name a request: it matches :data:`REQUEST_ID` and is not the
     daemon's own session name (its audit log is ``events/adaptord.jsonl``)."""
     return isinstance(value, str) and REQUEST_ID.match(value) is not None and value != DAEMON_SESSION
+
+
+def request_id_in_name(name: str) -> str | None:
+    """The request id a spool entry's name carries, or ``None`` when it carries none.
+
+    ``<id>.json`` carries ``id``; so, for a rejection verdict that tells its writer what went
+    wrong, does a name that misses only the suffix's spelling: ``<id>.JSON`` (any letter
+    case), or the bare ``<id>``.  Any other name is taken whole (``notes.txt`` carries
+    ``notes.txt``): the only id a stray file can stand for is one its name spells out.
+    """
+    stem = name[: -len(".json")] if name.lower().endswith(".json") else name
+    return stem if is_request_id(stem) else None
 
 
 def default_home() -> Path:
@@ -124,6 +137,13 @@ class Home:
     def approvals_pending(self) -> Path:
         return self.root / "approvals" / "pending"
 
+    @cached_property
+    def workspace(self) -> Path:
+        """The working directory of every run whose request names none (and whose driver
+        config names no ``cwd``): private to the home, one for all of them, so that the turns
+        of a thread keep one directory (CLIs keep their sessions per directory)."""
+        return self.root / "workspace"
+
     # internal
     @cached_property
     def claimed(self) -> Path:
@@ -188,6 +208,7 @@ class Home:
             self.runs,
             self.threads,
             self.approvals_pending,
+            self.workspace,
             self.approvals_responses,
             self.approvals_resolved,
             self.claimed,

@@ -360,12 +360,15 @@ class Client:
         )
         if any(os.path.lexists(place) for place in places):
             return True
-        # A hostile entry is moved aside (as "<time_ns>-<its name>") before its rejection
-        # verdict is written.  The whole name must be the id's: "team-a-42.json" is not
-        # request 42's, and waiting for it would wait for a verdict that never comes.
+        # A misnamed entry ("abc.JSON", "abc") is renamed from spool/new/ into quarantine/ (as
+        # "<time_ns>-<its name>"), as a hostile one is, before its rejection verdict is
+        # written.  Its whole name must carry the id, as the daemon reads it: "team-a-42.json"
+        # is not request 42's, and waiting for it would wait for a verdict that never comes.
+        if any(_home.request_id_in_name(path.name) == request_id for path in _listing(home.spool_new)):
+            return True
         for path in _listing(home.quarantine):
             stamp, _, original = path.name.partition("-")
-            if original == name and stamp.isdigit():
+            if stamp.isdigit() and _home.request_id_in_name(original) == request_id:
                 return True
         return False
 

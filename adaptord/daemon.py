@@ -590,9 +590,12 @@ class Daemon:
     def _take(self, name: str) -> tuple[str, Path] | None:
         """Link a valid spool entry into claimed/ (not yet synced); quarantine anything else."""
         source = self.home.spool_new / name
-        request_id = name[: -len(".json")] if name.endswith(".json") else None
-        if not _home.is_request_id(request_id):
+        request_id = _home.request_id_in_name(name)
+        if request_id is None:
             self._quarantine(source, name, None, "the name is not <id>.json with a valid id")
+            return None
+        if name != f"{request_id}.json":
+            self._quarantine(source, name, request_id, f"the file name must be {request_id}.json, not {name}")
             return None
         try:
             info = os.lstat(source)
@@ -727,6 +730,8 @@ class Daemon:
             self._dispatch()
 
     def _quarantine(self, source: Path, name: str, request_id: str | None, why: str) -> None:
+        """Move a spool entry aside; with ``request_id`` (the id its name carries), give that
+        id a rejection verdict, unless the id is another request's."""
         target = self.home.quarantine / f"{time.time_ns()}-{name[:150] or 'unnamed'}"
         try:
             os.rename(source, target)
@@ -735,9 +740,25 @@ class Daemon:
         except OSError as exc:
             self.log("cannot quarantine a spool entry", name=repr(name), error=str(exc))
             return
+        if request_id is not None and self._id_in_use(request_id):
+            # A verdict here would be a second one for that request, or would take the id from
+            # it: a request has exactly one verdict, its own.
+            self.audit("request.quarantined", None, why=why, file=target.name, id_in_use=request_id)
+            return
         self.audit("request.quarantined", request_id, why=why, file=target.name)
-        if request_id is not None and not self.home.has_verdict(request_id):
-            self._reject(request_id, InvalidRequestError([{"path": "", "message": why}]), _now())
+        if request_id is not None:
+            problem = f"{why}; the file was moved to quarantine/{target.name}"
+            self._reject(request_id, InvalidRequestError([{"path": "", "message": problem}]), _now())
+
+    def _id_in_use(self, request_id: str) -> bool:
+        """Whether a request with this id has a verdict, is claimed (queued, running, read
+        again, its verdict deferred) or is on its way in through the spool."""
+        name = f"{request_id}.json"
+        places = (
+            self.home.verdict(request_id), self.home.claimed / name,
+            self.home.spool_new / name, self.home.spool_tmp / name,
+        )
+        return any(os.path.lexists(place) for place in places)
 
     def _reject(self, request_id: str, error: InvalidRequestError, received_at: str) -> None:
         self._write_verdict(
@@ -882,6 +903,7 @@ class Daemon:
             self._reject(job.id, InvalidRequestError([{"path": "", "message": refused}]), job.received_at)
             return
         request = self._whole_request(job)
+        self._default_workspace(request)  # before the request copy is written: it says so
         secrets = self._secrets_of(request)
         redactor = requests.Redactor(secrets)
         session = requests.session_of(request)
@@ -967,6 +989,22 @@ class Daemon:
                 "only where it made them (remove it, or submit under another id)"
             )
         return None
+
+    def _default_workspace(self, request: dict[str, Any]) -> None:
+        """Give a request that names no working directory the home's ``workspace/``.
+
+        Left to the SDK, its agent would work in the daemon's own directory (``/`` under
+        systemd), outside the home.  A ``cwd`` in its driver config (the request's or the
+        daemon config's) is the directory it names, as in-process.
+        """
+        if request.get("workspace") is not None:
+            return
+        defaults = self.config.driver_defaults(str(request["driver"]))
+        if requests.driver_config(request, defaults).get("cwd") is not None:
+            return
+        request["workspace"] = str(self.home.workspace)
+        with contextlib.suppress(OSError):  # removed by hand, say; else the run says what is wrong
+            _durable.ensure_dir(self.home.workspace, durable=False)
 
     def _secrets_of(self, request: Mapping[str, Any]) -> list[str]:
         """The request's secret values and those its driver gets from the daemon config."""
@@ -1477,6 +1515,8 @@ class Daemon:
             error = errors.AdaptorError("the daemon stopped before the agent started")
         job: Job | None = None
         if isinstance(request, dict):
+            with contextlib.suppress(Exception):  # the copy names its workspace, as the start's did
+                self._default_workspace(request)
             # The request copy is written again: the start did not sync it (a power loss may
             # have lost it); the verdict syncs it with the run folder.
             job = Job(id=request_id, request=request, received_at=received_at, attempt=attempt, state=dict(state))

@@ -23,10 +23,13 @@ class DaemonProcess:
     # Every daemon a test starts, so a failing test cannot leave one running (see conftest).
     started: list[DaemonProcess] = []
 
-    def __init__(self, home: Path, *args: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, home: Path, *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         self.home = _home.Home.at(home)
         self.args = args
         self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -44,6 +47,7 @@ class DaemonProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=self.env,
+            cwd=self.cwd,
         )
         DaemonProcess.started.append(self)
         self._reader = threading.Thread(target=self._read, daemon=True)

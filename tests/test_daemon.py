@@ -340,6 +340,47 @@ def test_a_symlink_at_a_verdict_s_name_is_moved_aside_for_the_verdict(daemon: Da
     assert len(moved) == 1 and moved[0].readlink() == nowhere
 
 
+def test_a_request_without_workspace_runs_in_the_homes_workspace(tmp_path: Path) -> None:
+    # It ran in the daemon's own working directory (/ under systemd), outside its home.
+    started_in = tmp_path / "daemon-cwd"
+    started_in.mkdir()
+    configured = tmp_path / "configured"
+    configured.mkdir()
+    pwd = tmp_path / "pwd.sh"
+    pwd.write_text("#!/bin/sh\npwd -P\n")
+    pwd.chmod(0o755)
+    daemon = DaemonProcess(tmp_path / "home", cwd=started_in).start()
+    workspace = daemon.home.root / "workspace"
+
+    def ran_in(**config: Any) -> tuple[str, dict[str, Any]]:
+        rid = daemon.submit({"driver": "command", "config": {"command": str(pwd), **config}, "prompt": "x"})
+        verdict = daemon.verdict(rid)
+        assert verdict["ok"], verdict["error"]
+        return verdict["result"]["text"], orjson.loads((daemon.home.run_dir(rid) / "request.json").read_bytes())
+
+    text, copy = ran_in()
+    assert text == os.path.realpath(workspace) != os.path.realpath(started_in)
+    assert copy["workspace"] == str(workspace)  # the request copy says where it ran
+    assert stat.S_IMODE(os.lstat(workspace).st_mode) == 0o700
+    # A cwd in the driver config is where it runs, as in-process.
+    text, copy = ran_in(cwd=str(configured))
+    assert text == os.path.realpath(configured) and copy.get("workspace") is None
+    shutil.rmtree(workspace)  # cleaned up by hand: made again for the next run
+    text, _ = ran_in()
+    assert text == os.path.realpath(workspace)
+    assert daemon.stop() == 0
+    # Part of the layout: a symbolic link there is refused like any other.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    shutil.rmtree(workspace)
+    workspace.symlink_to(elsewhere)
+    refused = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(daemon.home.root)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert refused.returncode == 2 and f"{workspace} is a symbolic link" in refused.stderr
+
+
 def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:
     request = script(
         {"stdout": f"leaking {SECRET} to stdout"},

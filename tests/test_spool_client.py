@@ -569,6 +569,91 @@ def test_a_quarantined_name_that_ends_like_an_id_is_not_that_request(home: Home,
     assert home.cli("wait", "42", "--timeout", "1").returncode == 2
 
 
+def _handled(home: Home) -> None:
+    """Return once the daemon has handled every spool entry dropped so far: a probe dropped
+    after them is claimed after them, each entry's verdict (if any) written before."""
+    assert home.client.wait(home.client.submit(script({"text": "probe"})), timeout=TIMEOUT).text == "probe"
+
+
+def test_a_misnamed_spool_file_gets_a_verdict_under_the_id_its_name_carries(home: Home) -> None:
+    # "abc3" and "abc2.JSON" were quarantined without a verdict: `adaptor wait abc3` said
+    # "no request 'abc3'" (exit 2), and nothing told their writer what was wrong.
+    body = orjson.dumps(script({"text": "never runs"}))
+    verdicts_before = set(os.listdir(home.root / "verdicts"))
+    for name in ("abc3", "abc2.JSON", ".hidden", "a b"):
+        home.daemon.drop(name, body)
+    for rid, name in (("abc3", "abc3"), ("abc2", "abc2.JSON")):
+        waited = home.cli("wait", rid, "--timeout", "30")
+        assert waited.returncode == 2, waited.stderr
+        assert f"the file name must be {rid}.json, not {name}" in waited.stderr
+        with pytest.raises(InvalidRequestError) as caught:
+            home.client.wait(rid, timeout=TIMEOUT)
+        moved = re.search(r"moved to quarantine/(\S+)$", caught.value.errors[0]["message"])
+        assert moved is not None and moved[1].endswith(f"-{name}"), caught.value.errors
+        assert (home.root / "quarantine" / moved[1]).read_bytes() == body  # kept as it came
+        verdict = home.client.verdict(rid)
+        assert verdict is not None and verdict["run_id"] is None and verdict["exit_code"] == 2
+    _handled(home)
+    # No usable id in the name: set aside, and nothing else.
+    quarantined = os.listdir(home.root / "quarantine")
+    assert all(any(q.endswith(f"-{name}") for q in quarantined) for name in (".hidden", "a b"))
+    added = set(os.listdir(home.root / "verdicts")) - verdicts_before
+    assert {"abc3.json", "abc2.json"} <= added and len(added) == 3  # and the probe's
+    # The id is taken now, as by any verdict: a proper file with it is a duplicate.
+    written = (home.root / "verdicts" / "abc3.json").read_bytes()
+    with pytest.raises(FileExistsError):
+        home.client.submit({**script({"text": "x"}), "id": "abc3"})
+    home.daemon.drop("abc3.json", body)
+    _handled(home)
+    assert (home.root / "verdicts" / "abc3.json").read_bytes() == written
+    assert any(q.endswith("-abc3.json") for q in os.listdir(home.root / "quarantine"))
+
+
+def test_a_spool_entry_never_gets_a_verdict_for_another_requests_id(home: Home, tmp_path: Path) -> None:
+    # A symlink "<id>.json" dropped while request <id> ran got a rejection verdict under that
+    # id: the run's own verdict was then never written, and its claimed copy was removed.
+    running = home.client.submit(
+        script(QUESTION, {"text": "answered"}, policy={"approvals": {"question": "ask", "timeout": 60}})
+    )
+    pending = pending_approval(home, running)
+    finished = home.client.submit(script({"text": "finished"}))
+    home.client.wait(finished, timeout=TIMEOUT)
+    finished_verdict = (home.root / "verdicts" / f"{finished}.json").read_bytes()
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(orjson.dumps(script({"text": "stray"})))
+    for rid in (running, finished):
+        home.daemon.drop(rid, b"{}")
+        home.daemon.drop(f"{rid}.JSON", b"{}")
+        os.symlink(target, home.root / "spool" / "new" / f"{rid}.json")
+    _handled(home)
+    assert home.client.verdict(running) is None  # still running, its verdict still to come
+    home.client.answer(pending["id"], "red")
+    assert home.client.wait(running, timeout=TIMEOUT).text == "answered"
+    assert (home.root / "verdicts" / f"{finished}.json").read_bytes() == finished_verdict
+    quarantined = os.listdir(home.root / "quarantine")
+    for rid in (running, finished):
+        for name in (rid, f"{rid}.JSON", f"{rid}.json"):
+            assert any(q.endswith(f"-{name}") for q in quarantined), name
+
+
+def test_a_misnamed_file_leaves_its_id_to_a_request_waiting_in_the_spool(tmp_path: Path) -> None:
+    # "twice" (misnamed) came before "twice.json" while no daemon ran: its verdict would have
+    # taken the id, and the proper request behind it would have been refused as a duplicate.
+    daemon = DaemonProcess(tmp_path / "home")
+    daemon.home.ensure()
+    daemon.drop("twice.json", orjson.dumps(script({"text": "ran"})))
+    daemon.drop("twice", b"{}")
+    new = daemon.home.spool_new
+    # Arrival order is ctime order, then mtime: "twice" is the older of the two.
+    os.utime(new / "twice", ns=(1, 1))
+    os.utime(new / "twice.json", ns=(2**62, 2**62))
+    daemon.start()
+    verdict = daemon.verdict("twice")
+    assert daemon.stop() == 0
+    assert verdict["ok"] and verdict["result"]["text"] == "ran", verdict
+    assert any(q.name.endswith("-twice") for q in daemon.home.quarantine.iterdir())
+
+
 def test_status(home: Home) -> None:
     request_id = home.client.submit(script({"text": "x"}))
     home.client.wait(request_id, timeout=TIMEOUT)

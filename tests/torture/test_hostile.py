@@ -84,12 +84,13 @@ def test_random_names_are_claimed_or_quarantined(daemon: DaemonProcess, name: st
     probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
     assert daemon.verdict(probe)["result"]["text"] == "alive"
     assert not (daemon.home.spool_new / name).exists()
-    # Not dropped silently: a name carrying an id got that id's verdict, any other is kept in
-    # quarantine/ as it came.
-    request_id = name[: -len(".json")] if name.endswith(".json") else ""
-    if _home.REQUEST_ID.match(request_id):
+    # Not dropped silently: a name carrying an id ("<id>.json", and misnamed "<id>.JSON" or
+    # "<id>") got that id's verdict (or found it taken), any other name but "<id>.json" is kept
+    # in quarantine/ as it came.
+    request_id = _home.request_id_in_name(name)
+    if request_id is not None:
         assert daemon.verdict(request_id)["id"] == request_id
-    else:
+    if name != f"{request_id}.json":
         assert any(p.name.endswith(f"-{name[:150]}") for p in daemon.home.quarantine.iterdir()), name
 
 
