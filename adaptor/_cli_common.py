@@ -4,27 +4,45 @@ reports (``--json`` shape on stdout, human text on stderr) and one-line event su
 from __future__ import annotations
 
 import functools
+import io
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
 import orjson
 
 from adaptor import _home, errors, events
-from adaptor.spool import Client, SpoolNotFoundError, UnknownRequestError, WaitTimeoutError
+from adaptor.spool import (
+    Client,
+    SpoolNotFoundError,
+    UnknownRequestError,
+    WaitTimeoutError,
+    _read_state,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 EXIT_UNAVAILABLE = 69
 EXIT_WAIT_TIMEOUT = 124
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+# Exits by a signal, 128 + its number as shells report them: not outcomes, so not in the
+# spec's table (errors.EXIT_CODES), but printed with it by `adaptor exit-codes`.
+SIGNAL_EXITS: tuple[tuple[int, str], ...] = (
+    (128 + signal.SIGHUP, "SIGHUP (the terminal closed): as SIGTERM"),
+    (EXIT_INTERRUPTED, "Ctrl-C (SIGINT): stopped (adaptor run cancels its request first)"),
+    (128 + signal.SIGTERM, "SIGTERM (kill, timeout): stopped (adaptor run cancels its request first)"),
+)
 
 
 class DaemonNotRunningError(Exception):
@@ -46,7 +64,7 @@ def _home_named(ctx: click.Context, param: click.Parameter, flag: str | None) ->
     if not variable:
         return flag
     if flag is not None and _home.Home.at(flag).root != _home.Home.at(variable).root:
-        click.echo(f"{ctx.find_root().info_name}: ADAPTORD_HOME={variable} takes precedence over --home {flag}", err=True)
+        echo(f"{ctx.find_root().info_name}: ADAPTORD_HOME={variable} takes precedence over --home {flag}", err=True)
     return variable
 
 
@@ -85,11 +103,12 @@ def telling_when_the_daemon_stops(
     client: Client, request_id: str, say: Callable[[str], None], *, ctrl_c: str
 ) -> Iterator[None]:
     """While the body waits for ``request_id``'s verdict, ``say`` when the daemon stops serving
-    the home, and when it serves again.  ``ctrl_c`` says what an interrupt would do.
+    the home (and what its next start will do with the request), and when it serves again.
+    ``ctrl_c`` says what an interrupt would do.
 
-    The wait goes on either way: the request keeps its place and the next start serves it, as
-    a supervisor restarting the daemon expects.  Without a word, a person at the terminal
-    could not tell a stopped daemon from a slow agent.
+    The wait goes on either way: the next start runs a queued request and gives an interrupted
+    one its verdict (or runs it again), as a supervisor restarting the daemon expects.  Without
+    a word, a person at the terminal could not tell a stopped daemon from a slow agent.
     """
     home = _home.Home.at(client.home)
     done = threading.Event()
@@ -107,10 +126,7 @@ def telling_when_the_daemon_stops(
             if serving:
                 say("adaptor: adaptord serves again")
             else:
-                say(
-                    f"adaptor: adaptord stopped; {request_id} keeps its place and runs when the "
-                    f"daemon starts again (Ctrl-C {ctrl_c})"
-                )
+                say(f"adaptor: adaptord stopped; {_after_restart(home, request_id)} (Ctrl-C {ctrl_c})")
 
     watcher = threading.Thread(target=watch, name="adaptor-daemon-watch", daemon=True)
     try:
@@ -125,14 +141,123 @@ def telling_when_the_daemon_stops(
         watcher.join(timeout=1)
 
 
+def _after_restart(home: _home.Home, request_id: str) -> str:
+    """What the daemon's next start does with ``request_id``, said as the daemon stops.
+
+    A queued request runs then; a running one was interrupted, and the restart gives it its
+    verdict unless it asked to run again: the rule the daemon's recovery follows.
+    """
+    if home.verdict(request_id).exists():
+        return f"{request_id} has its verdict"
+    state = {}
+    if not (home.spool_new / f"{request_id}.json").exists():  # else not claimed, or handed back
+        state = _read_state(home, request_id)
+    try:
+        outcome = _home.after_restart(state)
+    except (TypeError, ValueError):  # an attempt count that is no number: nothing to promise
+        return f"{request_id} waits for the daemon's next start"
+    if outcome == "queued":
+        return f"{request_id} keeps its place and runs when the daemon starts again"
+    if outcome == "requeue":
+        unless = ", unless its thread was saved meanwhile" if isinstance(state.get("thread_before"), Mapping) else ""
+        return (
+            f"{request_id} was running: the next start runs it again (on_interrupt requeue, "
+            f"attempt {int(state['attempt']) + 1} of {_home.MAX_ATTEMPTS}{unless})"
+        )
+    why = "on_interrupt fail" if state.get("on_interrupt", "fail") != "requeue" else "its attempts are used up"
+    return f"{request_id} was running and does not run again ({why}): the next start gives it its verdict (interrupted)"
+
+
 # --- output -------------------------------------------------------------------------------------
+
+
+def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:
+    """Print ``text`` on stdout (or stderr): every line of text ``adaptor`` prints goes through
+    here (JSON goes through :func:`emit_json`, and ``run``'s live view draws on the terminal).
+
+    To a pipe or a file the text goes out as it is, byte for byte (``click.echo`` alone strips
+    ANSI escapes there, so an answer captured with ``$(adaptor run ...)`` lost them).  On a
+    terminal, the control characters of :func:`shown` are escaped: whatever an agent wrote
+    (an answer, an approval's title, an error message) cannot drive the terminal.
+    """
+    stream = sys.stderr if err else sys.stdout
+    if stream is not None and stream.isatty():  # None: started with it closed
+        text = shown(text)
+    click.echo(text, err=err, nl=nl, color=True)  # color=True: strip nothing
+
+
+def shown(text: str) -> str:
+    """``text`` for a terminal: every control character but newline and tab escaped
+    (``\\x1b``, ``\\r``), as in an event line (:func:`clip`), which also escapes the newline."""
+    return text.translate(_ESCAPED_IN_TEXT)
+
+
+class _Stdout(io.FileIO):
+    """The descriptor under ``sys.stdout`` once :func:`guard_stdout` ran: whatever writes to
+    stdout (``echo``, ``emit_json``, ``run``'s live text, click's own help) meets a refusal here."""
+
+    def __init__(self, replaced: IO[str]) -> None:
+        super().__init__(replaced.fileno(), "w", closefd=False)
+        self._replaced = replaced  # it owns the descriptor: collected, it would close it
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+        except OSError as exc:
+            _cannot_write(exc)
+
+
+def guard_stdout() -> None:
+    """Route every write to stdout through :class:`_Stdout`, so that output that cannot be
+    written ends the command one way, whichever command wrote it and wherever: quietly with 0
+    when the reader went away (``| head``), and otherwise (a full disk) reported once on stderr
+    with exit 70.  Click's own handling would exit 1, the code of a ``RunError``."""
+    stream = sys.stdout
+    try:
+        stream.flush()
+        raw = _Stdout(stream)
+    except (AttributeError, OSError, ValueError):
+        return  # not a descriptor (an embedding host's stream): left as it is
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(raw),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=bool(stream.line_buffering),
+        write_through=bool(getattr(stream, "write_through", False)),
+    )
+
+
+def _quiet_broken_pipe() -> NoReturn:
+    """The reader went away: end quietly, with 0."""
+    _stdout_to_devnull()
+    sys.exit(0)
+
+
+def _cannot_write(exc: OSError) -> NoReturn:
+    _stdout_to_devnull()
+    with suppress(OSError):  # stderr may be gone too: the exit code still says it
+        echo(f"adaptor: cannot write the output: {exc.strerror or exc}", err=True)
+    sys.exit(errors.exit_code_for(exc))
+
+
+def _stdout_to_devnull() -> None:
+    # Whatever is still to be written (a `finally`, the interpreter's final flush) goes
+    # nowhere: no second report, no "Exception ignored ... BrokenPipeError".
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
 
 
 def emit_json(obj: Any) -> None:
     """One JSON document and a newline on stdout, flushed (scripts read it line by line).
 
-    A stdout that refuses it (a full disk) raises ``OSError`` on to ``adaptor.cli.main``,
-    which reports it once; reporting it as JSON here would only fail again.
+    A stdout that refuses it ends the command in :class:`_Stdout`, as for any other output.
     """
     sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
     sys.stdout.buffer.flush()
@@ -284,15 +409,15 @@ def fail(
                 **extra,
             }
         )
-    click.echo(f"adaptor: {describe(exc, secret_values)}", err=True)
+    echo(f"adaptor: {describe(exc, secret_values)}", err=True)
     sys.exit(code)
 
 
 def guarded(func: Callable[P, R]) -> Callable[P, R]:
     """Turn whatever a command raises into its documented exit code and report.
 
-    Ctrl-C exits 130 without a traceback; a closed stdout (``| head``) ends the command
-    quietly with 0.
+    Ctrl-C exits 130 without a traceback.  (Output that cannot be written never gets here:
+    :class:`_Stdout` ends the command.)
     """
 
     @functools.wraps(func)
@@ -303,8 +428,6 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
             raise
         except KeyboardInterrupt as stop:
             interrupted(bool(kwargs.get("as_json")), stop, **_about(kwargs))
-        except BrokenPipeError:
-            quiet_broken_pipe()
         except Exception as exc:
             fail(exc, as_json=bool(kwargs.get("as_json")), **_about(kwargs))
 
@@ -322,19 +445,6 @@ def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> 
     if value is not None and value != value:
         raise click.BadParameter("nan is not a number of seconds", ctx=ctx, param=param)
     return value
-
-
-def quiet_broken_pipe() -> NoReturn:
-    # The reader went away.  Point stdout at /dev/null so the interpreter's final flush does
-    # not raise a second time and print "Exception ignored ... BrokenPipeError".
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-    finally:
-        os.close(devnull)
-    sys.exit(0)
 
 
 # --- events as one line each --------------------------------------------------------------------
@@ -401,6 +511,8 @@ def compact(value: Any) -> str:
 # it, move the cursor): every control character but tab is shown escaped.
 _ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if code != 0x09}
 _ESCAPED |= {0x0A: "\\n", 0x0D: "\\r"}
+# Text of many lines (an answer) keeps its newlines.
+_ESCAPED_IN_TEXT = {code: escaped for code, escaped in _ESCAPED.items() if code != 0x0A}
 
 
 def clip(text: str, limit: int = 160) -> str:

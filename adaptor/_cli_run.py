@@ -21,6 +21,7 @@ from adaptor import _home, drivers, errors, events
 from adaptor._cli_common import (
     StopSignal,
     compact,
+    echo,
     emit_result,
     fail,
     guarded,
@@ -28,6 +29,7 @@ from adaptor._cli_common import (
     interrupted,
     not_nan,
     require_daemon,
+    shown,
     stopping_like_ctrl_c,
     telling_when_the_daemon_stops,
 )
@@ -353,7 +355,7 @@ def _run_through_daemon(
                 live.event(event)
     except KeyboardInterrupt as stop:
         client.cancel(request_id)
-        click.echo(f"\nadaptor: cancelled {request_id}{_by(stop)}", err=True)
+        echo(f"\nadaptor: cancelled {request_id}{_by(stop)}", err=True)
         interrupted(as_json, stop, id=request_id)
     verdict = client.verdict(request_id)
     assert verdict is not None  # following ends only once the verdict exists
@@ -447,7 +449,7 @@ def _execute(
         except KeyboardInterrupt as stop:
             if stream is not None:
                 stream.cancel()
-            click.echo(f"\nadaptor: cancelled{_by(stop)}", err=True)
+            echo(f"\nadaptor: cancelled{_by(stop)}", err=True)
             interrupted(as_json, stop, id=request_id)
         finally:
             call.close(10.0)
@@ -472,12 +474,12 @@ def _terminal_approver(live: Live) -> Callable[[events.ApprovalRequest], None]:
             request.deny("nobody to ask: adaptor run --no-daemon without a terminal")
             return
         with live.prompting():
-            click.echo(f"? {request.kind}: {request.title or request.source}", err=True)
+            echo(f"? {request.kind}: {request.title or request.source}", err=True)
             try:
                 if request.kind == "question":
                     keys = [choice.key for choice in request.choices]
                     if keys:
-                        click.echo(f"  choices: {', '.join(keys)}", err=True)
+                        echo(f"  choices: {', '.join(keys)}", err=True)
                     reply = _ask("  answer (empty: deny): ", request)
                     if reply:
                         request.answer(reply)
@@ -490,7 +492,7 @@ def _terminal_approver(live: Live) -> Callable[[events.ApprovalRequest], None]:
                     elif reply is not None and (reason := _ask("  reason: ", request)) is not None:
                         request.deny(reason)
             except errors.ApprovalResolvedError:
-                click.echo("  too late: the request was already settled", err=True)
+                echo("  too late: the request was already settled", err=True)
 
     return handler
 
@@ -503,12 +505,12 @@ def _ask(prompt: str, request: events.ApprovalRequest) -> str | None:
     after the cancel.  So the terminal is polled, and a request cancelled, timed out or
     answered elsewhere ends the wait.
     """
-    click.echo(prompt, err=True, nl=False)
+    echo(prompt, err=True, nl=False)
     while not request.settled:
         readable, _, _ = select.select([sys.stdin], [], [], _PROMPT_POLL)
         if readable:
             return sys.stdin.readline().strip()  # "" at the end of input: no answer
-    click.echo("", err=True)
+    echo("", err=True)
     return None
 
 
@@ -589,13 +591,13 @@ class Live:
                 case events.RunStarted():
                     self._phase = "running"
                 case events.TextDelta(phase="content") if self.stream_text and event.text:
-                    self._write(sys.stdout, event.text)
+                    self._write(sys.stdout, shown(event.text))  # a terminal: as echo() shows it
                     self._text_shown = True
                 case events.TextDelta(phase="end") if self.stream_text and not self._at_line_start:
                     self._write(sys.stdout, "\n")
                 case events.ToolCall(phase="start") if self.stream_text:
                     args = compact(event.args)
-                    self._line(sys.stdout, _dim(f"⚙ {event.name} {args}".rstrip()))
+                    self._line(sys.stdout, _dim(f"⚙ {shown(event.name)} {args}".rstrip()))
                 case events.Notice(kind="approval.requested") if self.hints:
                     self._approval_hint(event.data)
                 case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):

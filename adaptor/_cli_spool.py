@@ -16,6 +16,7 @@ from adaptor import _home, errors
 from adaptor._cli_common import (
     EXIT_UNAVAILABLE,
     DaemonNotRunningError,
+    echo,
     emit_json,
     emit_result,
     event_line,
@@ -52,9 +53,9 @@ def submit(file: IO[bytes], home: str | None) -> None:
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     client = Client(home)
     request_id = submit_request(client, request)
-    click.echo(request_id)
+    echo(request_id)
     if not _home.daemon_running(_home.Home.at(client.home)):
-        click.echo(f"adaptor: queued; adaptord is not running for {client.home}", err=True)
+        echo(f"adaptor: queued; adaptord is not running for {client.home}", err=True)
 
 
 def submit_request(client: Client, request: dict[str, Any]) -> str:
@@ -111,7 +112,7 @@ def _told_when_the_daemon_stops(
 ) -> contextlib.AbstractContextManager[None]:
     """:func:`telling_when_the_daemon_stops` for a command that waits for a verdict: on
     stderr, and not with --json (as documented for ``wait``)."""
-    say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+    say = (lambda text: None) if as_json else (lambda text: echo(text, err=True))
     return telling_when_the_daemon_stops(client, request_id, say, ctrl_c=ctrl_c)
 
 
@@ -155,8 +156,9 @@ def report_verdict(
 
 
 def print_text(text: str) -> None:
+    """A run's answer, ending with a newline: to a pipe or a file, its text byte for byte."""
     if text:
-        click.echo(text if text.endswith("\n") else text + "\n", nl=False)
+        echo(text if text.endswith("\n") else text + "\n", nl=False)
 
 
 @click.command()
@@ -252,7 +254,7 @@ def events(
             if as_json:
                 emit_json({"host_seq": record.host_seq, "event": to_json(record.event)})
             else:
-                click.echo(event_line(record.host_seq, record.recorded_at, record.event))
+                echo(event_line(record.host_seq, record.recorded_at, record.event))
 
 
 @click.command()
@@ -265,9 +267,9 @@ def cancel(request_id: str, home: str | None) -> None:
     Its verdict then says CancelledError (it never started) or RunCancelledError.
     """
     if Client(home).cancel(request_id):
-        click.echo(f"adaptor: cancel requested for {request_id}", err=True)
+        echo(f"adaptor: cancel requested for {request_id}", err=True)
     else:
-        click.echo(f"adaptor: {request_id} already has a verdict", err=True)
+        echo(f"adaptor: {request_id} already has a verdict", err=True)
 
 
 # --- approvals ----------------------------------------------------------------------------------
@@ -294,13 +296,13 @@ def approvals(as_json: bool, home: str | None) -> None:
         kind = request.get("approval_kind", "")
         line = f"{request.get('id')}  {kind}  request {request.get('request_id')}"
         if request.get("title"):
-            line += f"  {request['title']}"
+            line += f"  {_shown(str(request['title']))}"  # the agent's words: on one line
         if request.get("deadline"):
             line += f"  (until {request['deadline']})"
-        click.echo(line)
+        echo(line)
         choices = [c.get("key") for c in request.get("choices") or () if isinstance(c, dict)]
         if choices:
-            click.echo(f"    choices: {', '.join(map(str, choices))}")
+            echo(f"    choices: {', '.join(_shown(str(choice)) for choice in choices)}")
 
 
 @contextlib.contextmanager
@@ -316,7 +318,7 @@ def _responded(approval_id: str, action: str, as_json: bool) -> None:
     if as_json:
         emit_result({"id": approval_id, "action": action})
     else:
-        click.echo(f"{action}: {approval_id}")
+        echo(f"{action}: {approval_id}")
 
 
 @click.command()
@@ -400,7 +402,7 @@ def _open_store(root: Path) -> Any:
     is_flag=True,
     help="Print the outcome object; its result is the active records.",
 )
-@click.option("--home", type=click.Path(file_okay=False), help="As for `adaptor threads`.")
+@home_option
 @click.pass_context
 @guarded
 def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = None) -> None:
@@ -422,12 +424,13 @@ def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = N
     for record in records:
         state = record.get("state") or {}
         session = state.get("display_id") or state.get("resume_id") or "-"
-        click.echo(f"{_shown(record['key'])}  {record['driver_type']}  {record['updated_at']}  {session}")
+        echo(f"{_shown(record['key'])}  {record['driver_type']}  {record['updated_at']}  {_shown(str(session))}")
 
 
-def _shown(key: str) -> str:
-    # One line per thread: a key holding a newline (or a terminal escape) is shown JSON-quoted.
-    return key if key.isprintable() else orjson.dumps(key).decode()
+def _shown(text: str) -> str:
+    # One line per item: a key or title holding a newline (or a terminal escape) is shown
+    # JSON-quoted, to a pipe too (--json has it as it is).
+    return text if text.isprintable() else orjson.dumps(text).decode()
 
 
 @threads.command("show")
@@ -438,7 +441,7 @@ def _shown(key: str) -> str:
     is_flag=True,
     help="Print the outcome object; its result is the record.",
 )
-@click.option("--home", type=click.Path(file_okay=False), help="As for `adaptor threads`.")
+@home_option
 @click.pass_context
 @guarded
 def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) -> None:
@@ -465,7 +468,7 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
             value = orjson.dumps(value).decode()
         elif isinstance(value, str):
             value = _shown(value)
-        click.echo(f"{name}: {value}")
+        echo(f"{name}: {value}")
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -484,7 +487,9 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
 def status(as_json: bool, home: str | None) -> None:
     """The daemon and its queue; exit 0 while it runs, 69 when it does not."""
     client = Client(home)
-    info = client.status()
+    info, problem = client._status()
+    if problem is not None:  # as `adaptord status` says it: running, details unknown
+        echo(f"adaptor: {problem}", err=True)
     if as_json:
         if info["running"]:
             emit_result(info)
@@ -493,20 +498,26 @@ def status(as_json: bool, home: str | None) -> None:
             emit_result(info, exit_code=EXIT_UNAVAILABLE, error=errors.to_wire(down))
     else:
         if info["running"]:
-            click.echo(
-                f"adaptord running for {info['home']} (pid {info['pid']}, "
-                f"{info['workers']} workers, since {info['started_at']})"
-            )
+            known = [
+                text
+                for value, text in (
+                    (info["pid"], f"pid {info['pid']}"),
+                    (info["workers"], f"{info['workers']} workers"),
+                    (info["started_at"], f"since {info['started_at']}"),
+                )
+                if value is not None
+            ]
+            echo(f"adaptord running for {info['home']}" + (f" ({', '.join(known)})" if known else ""))
         else:
-            click.echo(f"adaptord not running for {info['home']}")
-        click.echo(f"queued: {len(info['queued'])}  running: {len(info['in_progress'])}")
+            echo(f"adaptord not running for {info['home']}")
+        echo(f"queued: {len(info['queued'])}  running: {len(info['in_progress'])}")
         for request_id in info["in_progress"]:
-            click.echo(f"  running  {request_id}")
+            echo(f"  running  {request_id}")
         for request_id in info["queued"]:
-            click.echo(f"  queued   {request_id}")
+            echo(f"  queued   {request_id}")
         if info["recent"]:
-            click.echo("recent verdicts:")
+            echo("recent verdicts:")
         for verdict in info["recent"]:
             outcome = "ok" if verdict["ok"] else f"exit {verdict['exit_code']} {verdict['code']}"
-            click.echo(f"  {verdict['finished_at']}  {verdict['id']}  {outcome}")
+            echo(f"  {verdict['finished_at']}  {verdict['id']}  {outcome}")
     sys.exit(0 if info["running"] else EXIT_UNAVAILABLE)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 import filelock
 import orjson
@@ -264,6 +264,47 @@ def daemon_running(home: Home) -> bool:
         return True
     probe.release()
     return False
+
+
+def daemon_state(home: Home) -> dict[str, Any]:
+    """What the serving daemon says of itself in ``adaptord.json`` (pid, workers, started_at,
+    ...); ``{}`` when there is no such file (a daemon that could not write it serves anyway).
+
+    Raises ``ValueError``, its message naming the file, when the file is there but cannot be
+    read or holds no JSON object.
+    """
+    path = home.daemon_state
+    try:
+        state = _durable.read_json(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:  # orjson's decode error is a ValueError
+        raise ValueError(f"{path} is unreadable ({exc}); pid and details unknown") from exc
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is unreadable (not a JSON object); pid and details unknown")
+    return state
+
+
+MAX_ATTEMPTS = 3
+"""How many runs a request with ``on_interrupt: "requeue"`` gets in all, interrupted ones included."""
+
+
+def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "verdict"]:
+    """What the next daemon start does with a claimed request without a verdict, from its run
+    state (``runs/<id>/state.json``; ``{}`` when it has none):
+
+    ``"queued"``: it never started, so it queues again; ``"requeue"``: an interrupted run with
+    ``on_interrupt: "requeue"`` and attempts left runs again (unless its thread was saved after
+    it started: the daemon checks that, and then gives it its verdict); ``"verdict"``: an
+    interrupted run gets its failure verdict.  The daemon's recovery decides by this, and
+    ``adaptor`` tells a waiting user from it what the restart will do.
+    """
+    attempt = int(state.get("attempt") or 0)
+    if state.get("status") in (None, "queued") or attempt == 0:
+        return "queued"
+    if state.get("on_interrupt", "fail") == "requeue" and attempt < MAX_ATTEMPTS:
+        return "requeue"
+    return "verdict"
 
 
 # --- submitting -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 import click
 
 from adaptor import _cli_run, _cli_spool, errors
-from adaptor._cli_common import emit_json, emit_result, quiet_broken_pipe
+from adaptor._cli_common import SIGNAL_EXITS, echo, emit_json, emit_result, guard_stdout
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,12 +28,13 @@ def cli() -> None:
     "--json", "as_json", is_flag=True, help="Print the outcome object; its result is the table."
 )
 def exit_codes(as_json: bool) -> None:
-    """Print the exit codes every adaptor command uses."""
+    """Print the exit codes every adaptor command uses, then the exits by a signal."""
+    table = (*errors.EXIT_CODES, *SIGNAL_EXITS)
     if as_json:
-        emit_result([{"exit_code": code, "meaning": meaning} for code, meaning in errors.EXIT_CODES])
+        emit_result([{"exit_code": code, "meaning": meaning} for code, meaning in table])
         return
-    for code, meaning in errors.EXIT_CODES:
-        click.echo(f"{code:>4}  {meaning}")
+    for code, meaning in table:
+        echo(f"{code:>4}  {meaning}")
 
 
 @cli.command("verify-log")
@@ -103,17 +104,17 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
             emit_result(checked, exit_code=code, error=errors.to_wire(failure))
     else:
         if repaired is not None:
-            click.echo(
+            echo(
                 f"repaired: cut a torn line {repaired['line']} "
                 f"({repaired['dropped_bytes']} bytes at offset {repaired['offset']})"
             )
         if failure is None:
-            click.echo(f"ok: {records} records")
+            echo(f"ok: {records} records")
         elif isinstance(failure, sessionrecorder.JSONLEventLogCorruptError):
             hint = " (--repair cuts it)" if failure.why.startswith("torn tail") else ""
-            click.echo(f"corrupt: {file} line {failure.line}: {failure.why}{hint}", err=True)
+            echo(f"corrupt: {file} line {failure.line}: {failure.why}{hint}", err=True)
         else:
-            click.echo(f"error: {file}: {failure}", err=True)
+            echo(f"error: {file}: {failure}", err=True)
     if failure is not None:
         sys.exit(errors.exit_code_for(failure))
 
@@ -138,9 +139,12 @@ del _command
 def main() -> None:
     if sys.stdout is None:  # started with stdout closed (`>&-`): as good as /dev/null
         sys.stdout = open(os.devnull, "w")
+    # Output that cannot be written (a closed pipe, a full disk) ends the command there, before
+    # click's own handling (exit 1) or a command's error report could see it.
+    guard_stdout()
     _tolerate_narrow_encodings()
     # Not click's standalone mode: a usage error must still honour --json (the error object
-    # on stdout, exit 2), and a closed pipe must end quietly with 0 rather than click's 1.
+    # on stdout, exit 2).
     try:
         code = cli.main(prog_name="adaptor", standalone_mode=False)
     except click.ClickException as exc:
@@ -149,13 +153,8 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except click.Abort:
-        click.echo("Aborted!", err=True)
+        echo("Aborted!", err=True)
         sys.exit(1)
-    except BrokenPipeError:
-        quiet_broken_pipe()
-    except OSError as exc:  # what reaches here is stdout refusing the output (a full disk)
-        click.echo(f"adaptor: cannot write the output: {exc.strerror or exc}", err=True)
-        sys.exit(errors.exit_code_for(exc))
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -271,17 +271,27 @@ class Client:
 
         ``{"home", "running", "pid", "started_at", "workers", "queued": [ids],
         "in_progress": [ids], "recent": [{"id", "ok", "exit_code", "code", "finished_at"}]}``;
-        ``pid``, ``started_at`` and ``workers`` are ``None`` while no daemon runs, ``recent``
-        holds the latest verdicts, newest first.
+        ``pid``, ``started_at`` and ``workers`` are ``None`` while no daemon runs (or when its
+        ``adaptord.json`` is damaged), ``recent`` holds the latest verdicts, newest first.  A
+        home that does not exist yet has no daemon; a file in its place raises
+        :class:`SpoolNotFoundError`.
         """
+        return self._status()[0]
+
+    def _status(self) -> tuple[dict[str, Any], str | None]:
+        """:meth:`status`, and why the daemon's own details are unknown when its state file
+        cannot be read (``None`` when nothing is wrong)."""
         home = self._home
-        running = home.root.is_dir() and _home.daemon_running(home)
+        if os.path.lexists(home.root) and not home.root.is_dir():
+            raise SpoolNotFoundError(home.root)
+        running = _home.daemon_running(home)
         info: dict[str, Any] = {}
+        problem = None
         if running:
             try:
-                info = _read_object(home.daemon_state)
-            except (OSError, ValueError):
-                info = {}
+                info = _home.daemon_state(home)
+            except ValueError as exc:
+                problem = str(exc)
         queued = _request_ids(home.spool_new)
         in_progress: list[str] = []
         for request_id in _request_ids(home.claimed):
@@ -299,7 +309,7 @@ class Client:
             "queued": sorted(queued),
             "in_progress": sorted(in_progress),
             "recent": self._recent_verdicts(),
-        }
+        }, problem
 
     def _recent_verdicts(self) -> list[dict[str, Any]]:
         entries: list[tuple[int, str]] = []

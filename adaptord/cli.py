@@ -81,13 +81,9 @@ def status(home: str | None, as_json: bool) -> None:
     info: dict[str, object] = {}
     if running:
         try:
-            state = orjson.loads(paths.daemon_state.read_bytes())
-        except FileNotFoundError:  # a daemon that could not write it (full disk) serves anyway
-            state = {}
-        except (OSError, orjson.JSONDecodeError) as exc:
-            click.echo(f"adaptord: {paths.daemon_state} is unreadable ({exc}); pid and details unknown", err=True)
-            state = {}
-        info = state if isinstance(state, dict) else {}
+            info = _home.daemon_state(paths)
+        except ValueError as exc:
+            click.echo(f"adaptord: {exc}", err=True)
     if as_json:
         click.echo(orjson.dumps({**info, "running": running, "home": str(paths.root)}).decode())
     else:

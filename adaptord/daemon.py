@@ -58,7 +58,6 @@ from hosttools import sessionrecorder as sr
 if TYPE_CHECKING:
     from adaptord.a2a_bridge import Bridge, Listen
 
-MAX_ATTEMPTS = 3
 _CLAIM_BATCH = 256
 """Spool entries claimed per fsync of ``claimed/`` when many arrive at once."""
 _APPROVAL_POLL = 0.25
@@ -1470,17 +1469,19 @@ class Daemon:
             state = {}
         received_at = state.get("received_at") or _claimed_at(claimed)
         attempt = int(state.get("attempt") or 0)
-        if state.get("status") in (None, "queued") or attempt == 0:
+        outcome = _home.after_restart(state)  # `adaptor wait` tells its user from the same rule
+        if outcome == "queued":
             self.log("recovered a queued request", id=request_id)
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
-        self._interrupted(request_id, claimed, state, attempt, received_at)
+        self._interrupted(request_id, claimed, state, attempt, received_at, requeue=outcome == "requeue")
 
-    def _interrupted(self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str) -> None:
+    def _interrupted(
+        self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str, *, requeue: bool
+    ) -> None:
         # The driver-entry fact is recorded by the event consumer, which can lag the driver: a
         # run the SDK admitted (it has a run id) is treated as entered unless proven otherwise.
         entered = bool(state.get("entered") or state.get("run_ids") or state.get("run_id"))
-        policy = state.get("on_interrupt", "fail")
         try:
             request = orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
             secrets = self._secrets_of(request)
@@ -1493,7 +1494,7 @@ class Daemon:
         )
         if entered:
             self._record_interrupted(state, request)
-        if policy == "requeue" and attempt < MAX_ATTEMPTS and not thread_changed:
+        if requeue and not thread_changed:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
         run_id = state.get("run_id")

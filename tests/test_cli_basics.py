@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 
-from adaptor import errors
+from adaptor import _cli_common, errors
 
 
 def test_exit_codes_table_matches_the_taxonomy() -> None:
     proc = subprocess.run(["adaptor", "exit-codes"], capture_output=True, text=True, check=True)
     lines = proc.stdout.splitlines()
-    assert [int(line.split()[0]) for line in lines] == [0, 1, 2, 3, 4, 5, 69, 70, 75, 124]
+    # The spec's table, then the exits by a signal (128 + its number).
+    assert [int(line.split()[0]) for line in lines] == [0, 1, 2, 3, 4, 5, 69, 70, 75, 124, 129, 130, 143]
     assert "ThreadBusyError" in lines[8]
+    assert [line.split()[1] for line in lines[10:]] == ["SIGHUP", "Ctrl-C", "SIGTERM"]
 
     as_json = subprocess.run(
         ["adaptor", "exit-codes", "--json"], capture_output=True, text=True, check=True
@@ -20,7 +22,7 @@ def test_exit_codes_table_matches_the_taxonomy() -> None:
     outcome = json.loads(as_json.stdout)
     assert outcome["ok"] is True and outcome["exit_code"] == 0
     rows = outcome["result"]
-    assert [(r["exit_code"], r["meaning"]) for r in rows] == list(errors.EXIT_CODES)
+    assert [(r["exit_code"], r["meaning"]) for r in rows] == [*errors.EXIT_CODES, *_cli_common.SIGNAL_EXITS]
 
 
 def test_both_commands_print_help() -> None:

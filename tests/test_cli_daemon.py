@@ -69,6 +69,52 @@ def test_run_prints_only_the_result_text_when_piped(home: Home) -> None:
     assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
 
 
+ANSWER_WITH_ESCAPES = "b\x1b[31mred\nline2"
+
+
+def test_a_piped_answer_is_the_result_text_byte_for_byte(home: Home) -> None:
+    # click.echo stripped ANSI escapes from whatever was not a terminal: `$(adaptor run ...)`
+    # got "bred", while --json and the verdict kept the text.
+    config = steps({"text": ANSWER_WITH_ESCAPES})
+    for extra in ([], ["--no-daemon"]):
+        ran = home.cli("run", "--driver", "script", "--config", config, *extra, "go")
+        assert (ran.returncode, ran.stdout) == (0, ANSWER_WITH_ESCAPES + "\n"), (extra, ran.stderr)
+    request_id = home.client.submit(script({"text": ANSWER_WITH_ESCAPES}))
+    waited = home.cli("wait", request_id)
+    assert (waited.returncode, waited.stdout) == (0, ANSWER_WITH_ESCAPES + "\n"), waited.stderr
+
+
+def test_a_terminal_shows_the_answer_with_its_control_characters_escaped(home: Home) -> None:
+    # On a terminal the agent's escapes ran (here: red from then on), streamed or printed.
+    request_id = home.client.submit(script({"text": ANSWER_WITH_ESCAPES}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    for args in (("run", "--driver", "script", "--config", steps({"text": ANSWER_WITH_ESCAPES}), "go"), ("wait", request_id)):
+        terminal = _Terminal(*args, env={**home.env(), "TERM": "xterm"})
+        try:
+            assert terminal.proc.wait(TIMEOUT) == 0
+            terminal.wait_for("line2")
+        finally:
+            terminal.close()
+        assert b"b\\x1b[31mred\r\nline2" in terminal.seen, terminal.seen  # the tty's own \r\n
+        assert b"\x1b[31m" not in terminal.seen, terminal.seen
+
+
+def test_approvals_show_an_agent_title_on_one_line(home: Home) -> None:
+    # A title holding a newline broke the one-line listing; its escapes were stripped to a
+    # pipe and ran on a terminal.
+    title = "edit main.py\n\x1b[2Jnow"
+    request_id = home.client.submit(
+        script({"approval": {"kind": "permission", "title": title}}, {"text": "ok"}, policy={"approvals": {"timeout": 60}})
+    )
+    approval_id = pending_approval(home, request_id)["id"]
+    try:
+        listed = [line for line in home.cli("approvals").stdout.splitlines() if approval_id in line]
+        assert len(listed) == 1 and f"  {orjson.dumps(title).decode()}  " in listed[0], listed
+    finally:
+        home.client.approve(approval_id)
+    assert home.client.wait(request_id, timeout=TIMEOUT).text == "ok"
+
+
 def test_run_json_shapes(home: Home) -> None:
     ok = home.cli("run", "--driver", "script", "--config", steps({"text": "hi"}), "--json", "go")
     out = orjson.loads(ok.stdout)
@@ -462,6 +508,32 @@ def test_events_json_of_a_damaged_log_ends_with_the_error_object(tmp_path: Path)
     assert "corrupt at line 3" in damaged.stderr
 
 
+def test_a_reader_that_is_gone_ends_every_command_quietly(home: Home, tmp_path: Path) -> None:
+    # Click's own broken-pipe handling exited 1 (a RunError's code) for exit-codes, verify-log
+    # and --help; the commands that caught it themselves exited 0.
+    request_id = home.client.submit(threaded("gone-reader", {"text": "answered"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    log = tmp_path / "copy.jsonl"  # a finished log: the daemon writes none of it any more
+    log.write_bytes((home.root / "events" / f"{_home.session_for_thread('gone-reader')}.jsonl").read_bytes())
+    run = ["run", "--driver", "script", "--config", steps({"text": "hi"})]
+    commands = [
+        ["exit-codes"], ["exit-codes", "--json"], ["--help"], ["--version"], ["verify-log", str(log)],
+        ["verify-log", "--json", str(log)], ["status"], ["approvals", "--json"], ["threads"],
+        ["threads", "show", "gone-reader"], ["events", "--file", str(log)], ["events", request_id, "--json"],
+        ["wait", request_id], [*run, "go"], [*run, "--json", "go"], [*run, "--no-daemon", "go"],
+    ]
+    for command in commands:
+        reading, writing = os.pipe()
+        os.close(reading)  # the reader exited before the first byte
+        try:
+            proc = subprocess.run(
+                ["adaptor", *command], stdout=writing, stderr=subprocess.PIPE, env=home.env(), timeout=TIMEOUT
+            )
+        finally:
+            os.close(writing)
+        assert (proc.returncode, proc.stderr) == (0, b""), (command, proc.returncode, proc.stderr[-500:])
+
+
 def test_head_ends_quietly(home: Home) -> None:
     request_id = home.client.submit(
         script(*({"text": f"line {n} " + "x" * 100} for n in range(400)))
@@ -625,6 +697,38 @@ def test_status_is_0_while_the_daemon_runs_and_69_when_not(home: Home, tmp_path:
     assert down_json.returncode == 69 and stopped["ok"] is False and stopped["exit_code"] == 69
     assert "not running" in stopped["error"]["message"]
     assert stopped["result"]["running"] is False and stopped["result"]["pid"] is None
+
+
+def test_status_of_a_file_for_a_home_is_69_as_for_every_other_command(tmp_path: Path) -> None:
+    # status exited 70 (NotADirectoryError: .../spool/new) where approvals and wait said 69.
+    not_a_home = tmp_path / "file"
+    not_a_home.write_text("")
+    said = {}
+    for command in (["status"], ["status", "--json"], ["approvals"], ["wait", "x"], ["threads", "show", "k"]):
+        proc = subprocess.run(
+            ["adaptor", *command, "--home", str(not_a_home)], capture_output=True, text=True, timeout=TIMEOUT
+        )
+        assert proc.returncode == 69, (command, proc.stderr)
+        said[command[0], "--json" in command] = proc.stderr.strip()
+    assert said["status", False] == said["approvals", False] == said["wait", False] != ""
+    assert said["status", False].startswith(f"adaptor: no adaptord spool under {not_a_home}")
+
+
+def test_status_of_a_damaged_daemon_state_says_it_is_unreadable(tmp_path: Path) -> None:
+    # It printed "pid None, None workers, since None" and nothing on stderr.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    try:
+        daemon.home.daemon_state.write_bytes(b'{"pid": 12')
+        home = ["--home", str(daemon.home.root)]
+        ours = subprocess.run(["adaptor", "status", *home], capture_output=True, text=True, timeout=TIMEOUT)
+        theirs = subprocess.run(["adaptord", "status", *home], capture_output=True, text=True, timeout=TIMEOUT)
+    finally:
+        assert daemon.stop() == 0
+    assert ours.returncode == theirs.returncode == 0, ours.stderr
+    assert ours.stdout.splitlines()[0] == f"adaptord running for {daemon.home.root}"
+    assert "None" not in ours.stdout
+    assert ours.stderr == theirs.stderr.replace("adaptord: ", "adaptor: ", 1)
+    assert f"{daemon.home.daemon_state} is unreadable" in ours.stderr
 
 
 def test_threads_list_and_show(home: Home) -> None:
@@ -847,8 +951,12 @@ def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
         wait_until(lambda: _inotify_open(run.pid) and _inotify_open(wait.pid), "both clients waiting")
         daemon.kill9()
         # Each client says so within a few seconds, then keeps waiting for the next start,
-        # whose verdict (the run was interrupted) it then reports.
-        stopped = f"adaptord stopped; {rid} keeps its place"
+        # whose verdict (the run was interrupted) it then reports.  It said "keeps its place
+        # and runs when the daemon starts again": a running request is not run again.
+        stopped = (
+            f"adaptord stopped; {rid} was running and does not run again (on_interrupt fail): "
+            "the next start gives it its verdict (interrupted)"
+        )
         said = {client.pid: _first_line(client) for client in (run, wait)}
         for client, ctrl_c in ((run, "Ctrl-C stops waiting and cancels it"), (wait, f"`adaptor wait {rid}` waits again")):
             line = said[client.pid].get(timeout=TIMEOUT)
@@ -860,6 +968,49 @@ def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
             if client.poll() is None:
                 client.kill()
                 client.wait()
+        daemon.kill_if_running()
+    assert restarted.stop() == 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_the_daemon_stop_notice_says_what_the_next_start_does(tmp_path: Path) -> None:
+    # A queued request runs at the next start; a running one with on_interrupt requeue runs
+    # again (the one that fails is above).
+    config_home = tmp_path / "config"
+    config_home.mkdir()
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config_home), "ADAPTORD_HOME": str(tmp_path / "home")}
+    daemon = DaemonProcess(tmp_path / "home", "--workers", "1", env=env).start()
+    again = daemon.submit(script({"sleep": 120}, on_interrupt="requeue"))
+    daemon.wait_for_line(f"request.started id={again}")
+    queued = daemon.submit(script({"text": "ran after the restart"}))
+    daemon.wait_for_line(f"request.queued id={queued}")  # claimed: the one worker is busy
+    waits = {
+        rid: subprocess.Popen(["adaptor", "wait", rid], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for rid in (again, queued)
+    }
+    said = {rid: _first_line(wait) for rid, wait in waits.items()}
+    restarted = DaemonProcess(tmp_path / "home", "--workers", "1", env=env)
+    try:
+        wait_until(lambda: all(_inotify_open(wait.pid) for wait in waits.values()), "both clients waiting")
+        daemon.kill9()
+        line = said[again].get(timeout=TIMEOUT)
+        assert (
+            f"adaptord stopped; {again} was running: the next start runs it again "
+            "(on_interrupt requeue, attempt 2 of 3) (Ctrl-C" in line
+        ), line
+        line = said[queued].get(timeout=TIMEOUT)
+        assert f"adaptord stopped; {queued} keeps its place and runs when the daemon starts again" in line, line
+        restarted.start()
+        restarted.wait_for_line(f"request.started id={again}")  # as said: it runs again
+        Client(tmp_path / "home").cancel(again)
+        assert waits[again].wait(timeout=TIMEOUT) == 1  # RunCancelledError
+        assert waits[queued].wait(timeout=TIMEOUT) == 0
+        assert waits[queued].communicate(timeout=TIMEOUT)[0] == "ran after the restart\n"
+    finally:
+        for wait in waits.values():
+            if wait.poll() is None:
+                wait.kill()
+                wait.wait()
         daemon.kill_if_running()
     assert restarted.stop() == 0
 
@@ -884,7 +1035,7 @@ def test_events_follow_says_when_the_daemon_stops(tmp_path: Path) -> None:
         assert "run.started" in follower.stdout.readline()  # it follows the live run
         daemon.kill9()
         line = said.get(timeout=TIMEOUT)
-        assert f"adaptord stopped; {rid} keeps its place" in line, line
+        assert f"adaptord stopped; {rid} was running and does not run again" in line, line
         assert f"`adaptor events {rid} -f` follows again" in line, line
         restarted.start()
         # The restart writes the interrupted run's verdict (and its run.finished): following ends.
@@ -1001,13 +1152,25 @@ def test_run_no_daemon_asks_on_the_terminal_and_ctrl_c_at_the_question_cancels(h
         terminal.close()
 
 
-def test_an_output_that_cannot_be_written_is_reported_once_with_exit_70(home: Home) -> None:
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_an_output_that_cannot_be_written_is_reported_once_with_exit_70(home: Home, tmp_path: Path) -> None:
+    # status, threads, events and run reported it as "adaptor: OSError: [Errno 28] ...".
+    request_id = home.client.submit(threaded("full-disk", {"text": "answered"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    log = tmp_path / "copy.jsonl"
+    log.write_bytes((home.root / "events" / f"{_home.session_for_thread('full-disk')}.jsonl").read_bytes())
     run = ["adaptor", "run", "--driver", "script", "--config", steps({"text": "hi"})]
+    commands = (
+        ["adaptor", "exit-codes"], ["adaptor", "exit-codes", "--json"], [*run, "--json", "go"], [*run, "go"],
+        [*run, "--no-daemon", "go"], ["adaptor", "status"], ["adaptor", "threads"], ["adaptor", "threads", "--json"],
+        ["adaptor", "events", "--file", str(log)], ["adaptor", "events", request_id], ["adaptor", "wait", request_id],
+        ["adaptor", "verify-log", str(log)], ["adaptor", "approvals", "--json"], ["adaptor", "--help"],
+    )
     with open("/dev/full", "wb") as full:
-        for command in (["adaptor", "exit-codes"], ["adaptor", "exit-codes", "--json"], [*run, "--json", "go"]):
+        for command in commands:
             proc = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, env=home.env(), timeout=TIMEOUT)
             assert proc.returncode == 70, (command, proc.stderr)
-            assert proc.stderr.decode().strip() == "adaptor: cannot write the output: No space left on device"
+            assert proc.stderr.decode().strip() == "adaptor: cannot write the output: No space left on device", command
     closed = subprocess.run([*run, "go"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=home.env(),
                             timeout=TIMEOUT, pass_fds=(), preexec_fn=lambda: os.close(1))
     assert (closed.returncode, closed.stderr) == (0, b"")  # stdout closed: as good as /dev/null
