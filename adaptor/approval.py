@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
+from adaptor import _waiting
 from adaptor.errors import (
     ApprovalExpiredError,
     ApprovalKindMismatchError,
@@ -117,7 +118,7 @@ class Responder:
         The run pipeline expires every open request when the run is cancelled or ends, so
         waiting on the request alone also covers cancellation.
         """
-        self._settled.wait(timeout)
+        _waiting.wait_event(self._settled, timeout)
         return self._outcome
 
     @property

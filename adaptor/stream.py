@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from adaptor import _waiting
 from adaptor.events import (
     Dropped,
     Event,
@@ -168,7 +169,7 @@ class Broker:
             while True:
                 with self._cond:
                     while not self._queue and not self._finished:
-                        self._cond.wait()
+                        _waiting.wait_condition(self._cond)
                     if not self._queue:
                         return
                     event = self._queue.popleft()
@@ -198,7 +199,7 @@ class Broker:
                     self._cond.notify_all()
                 if self._finished:
                     return
-                self._cond.wait()
+                _waiting.wait_condition(self._cond)
 
     @property
     def finished(self) -> bool:
@@ -243,7 +244,7 @@ class Stream:
     def result(self) -> Result:
         if self._broker is not None:
             self._broker.drain_unread()
-        self._done.wait()
+        _waiting.wait_event(self._done)
         if self._error is not None:
             # From the traceback it was settled with, so one error raised again and again
             # (a host polling result()) does not grow a longer traceback each time.
@@ -272,5 +273,5 @@ class Stream:
         except BaseException:
             if not self._done.is_set():
                 self.cancel()
-                self._done.wait(_STOP_WAIT)
+                _waiting.wait_event(self._done, _STOP_WAIT)
             raise

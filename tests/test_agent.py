@@ -1088,6 +1088,54 @@ def test_ctrl_c_while_run_waits_cancels_the_run_and_stops_its_process(tmp_path: 
     assert not marker.exists()
 
 
+_INTERRUPTED_FROM_ANOTHER_THREAD = """
+import os, signal, sys, threading, time
+import adaptor
+from adaptor.drivers import command
+
+pid_file, marker, waiting = sys.argv[1:]
+script = f"echo $$ > {pid_file}; sleep 30; : > {marker}"
+agent = adaptor.Agent(command.Driver(command.Config("/bin/sh", extra_args=("-c", script))))
+
+def interrupt_from_here_once_started():
+    while not (os.path.exists(pid_file) and open(pid_file).read().strip()):
+        time.sleep(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # handled on this thread
+
+threading.Thread(target=interrupt_from_here_once_started, daemon=True).start()
+try:
+    if waiting == "run":
+        agent.run("go")
+    else:
+        stream = agent.stream("go")
+        try:
+            for _ in stream:
+                pass
+        finally:
+            stream.cancel()
+except KeyboardInterrupt:
+    print("interrupted")
+agent.close()
+"""
+
+
+@pytest.mark.parametrize("waiting", ["run", "iterating"])
+def test_a_signal_handled_on_another_thread_still_interrupts_the_main_threads_wait(
+    tmp_path: Any, waiting: str
+) -> None:
+    # The kernel may hand a process's SIGINT (or adaptor run's SIGTERM) to any thread, and one
+    # may land just before the main thread blocks: CPython then runs the handler only when the
+    # main thread next executes bytecode.  A main thread blocked until the run's next event slept
+    # through Ctrl-C until the agent was done (`adaptor run --no-daemon` ignored a SIGTERM).
+    marker = tmp_path / "side-effect"
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_FROM_ANOTHER_THREAD, str(tmp_path / "pid"), str(marker), waiting],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.stdout == "interrupted\n", proc.stderr
+    assert not marker.exists()  # interrupted while the agent slept, not once it was done
+
+
 def test_a_nan_timeout_is_refused_not_no_deadline() -> None:
     agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]))
     with pytest.raises(ValueError, match="nan"):
