@@ -86,6 +86,10 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         elif not os.path.isdir(workspace):
             problems.append({"path": "/workspace", "message": "is not an existing directory"})
     problems.extend(_relative_skill_paths(obj.get("skills")))
+    config = obj.get("config")
+    if isinstance(config, dict) and isinstance(config.get("cwd"), str) and not os.path.isabs(config["cwd"]):
+        # The working directory in place of a workspace: refused for the same reason.
+        problems.append({"path": "/config/cwd", "message": "must be an absolute path"})
     if problems:
         # Schema messages quote the offending value, which may be a secret in the wrong shape.
         redactor = Redactor(secrets_of(obj))

@@ -219,6 +219,8 @@ def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:
         # Relative to the daemon's working directory, which the request's author cannot know.
         ("relative-skill.json", orjson.dumps({"driver": "script", "prompt": "x", "skills": [{"dir": "skills/lint"}]}), "/skills/0/dir"),
         ("relative-archive.json", orjson.dumps({"driver": "script", "prompt": "x", "skills": [{"key": "k", "archive": "k.zip"}]}), "/skills/0/archive"),
+        # The working directory in place of a workspace: relative to the daemon's, as above.
+        ("relative-cwd.json", orjson.dumps({"driver": "command", "prompt": "x", "config": {"command": "/bin/true", "cwd": "rel"}}), "/config/cwd"),
         ("bad-driver.json", orjson.dumps({"driver": "nope", "prompt": "x"}), "driver"),
     ],
 )
