@@ -255,6 +255,24 @@ def _check_driver_table(name: str, table: Mapping[str, Any], source: str) -> Non
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"{where}: unknown driver{hint}; known: {', '.join(DRIVER_NAMES)}")
     _refuse_unknown(table, _config_fields(name), where)
+    from adaptor import _request
+    from adaptor.errors import AdaptorError
+
+    # A value the driver refuses (env = {A = 1}, grace_period = -1, a bad permission_mode)
+    # would fail every run that uses the table, each with ErrInvalidDriverConfig: check the
+    # table as a request giving no config of its own gets it.  A field the table may leave to
+    # each request (the command driver's command) is stood in for.
+    module = importlib.import_module(f"adaptor.drivers.{name}")
+    missing = {
+        f.name: "probe" for f in dataclasses.fields(module.Config)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    probe = {"driver": name, "prompt": "probe"}
+    defaults = {**missing, **table}
+    try:
+        _request.preflight(probe, driver_defaults=defaults)
+    except AdaptorError as exc:
+        raise ConfigError(f"{where}: {_described(exc, _request.secrets_of(probe, defaults))}") from None
 
 
 def _config_fields(driver: str) -> list[str]:

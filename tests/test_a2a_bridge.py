@@ -607,11 +607,18 @@ def test_a_template_that_would_fail_every_task_is_refused(a2a_table: dict[str, A
 
 
 def test_a_template_is_checked_over_its_drivers_defaults() -> None:
-    raw: dict[str, Any] = {"a2a": _agent({"driver": "claude"}), "drivers": {"claude": {"permission_mode": "yolo"}}}
+    template: dict[str, Any] = {"driver": "claude", "policy": {"sandbox": "readonly"}}
+    raw: dict[str, Any] = {"a2a": _agent(template), "drivers": {"claude": {"permission_mode": "plan"}}}
     with pytest.raises(config_module.ConfigError, match=re.escape("a2a.agents.x.request (over [drivers.claude])")):
         config_module._parse(raw, "t")
-    raw["a2a"]["agents"]["x"]["request"]["config"] = {"permission_mode": "plan"}
-    assert config_module._parse(raw, "t").a2a.agents[0].request["config"] == {"permission_mode": "plan"}
+    del template["policy"]
+    template["config"] = {"permission_mode": "default"}
+    assert config_module._parse(raw, "t").a2a.agents[0].request["config"] == {"permission_mode": "default"}
+    # A default the driver refuses fails every run that takes it: refused at its own table,
+    # even where a template overrides it.
+    raw["drivers"]["claude"]["permission_mode"] = "yolo"
+    with pytest.raises(config_module.ConfigError, match=re.escape("t: [drivers.claude]: invalid configuration")):
+        config_module._parse(raw, "t")
 
 
 def test_a_template_error_does_not_show_a_secret() -> None:

@@ -1419,6 +1419,44 @@ def test_skill_catalogue_settings_that_cannot_work_are_refused(tmp_path: Path, t
         config_module.load(config, required=True)
 
 
+# A [drivers.<name>] value of the wrong type or out of range was accepted by `adaptord check`,
+# `serve` and a reload; then every run using the table failed with ErrInvalidDriverConfig.
+BAD_DRIVER_VALUES = [
+    (f'[drivers.claude]\nenv = {{API_KEY = "{SECRET}", DEBUG = 1}}\n', "env: the value of DEBUG must be a string"),
+    (f'[drivers.claude]\ncommand = 5\nenv = {{API_KEY = "{SECRET}"}}\n', "command: expected a non-empty string"),
+    ('[drivers.codex]\ngrace_period = -1.0\n', "grace_period: expected a finite number"),
+    ('[drivers.script]\nsteps = [{txet = "x"}]\n', "steps[0]: unknown step 'txet'"),
+    (f'[drivers.command]\nextra_args = "-c"\nenv = {{T = "{SECRET}"}}\n', "extra_args: expected a list of strings"),
+]
+
+
+@pytest.mark.parametrize("text,why", BAD_DRIVER_VALUES, ids=["env", "command", "grace", "steps", "args"])
+def test_a_driver_table_value_the_driver_refuses_is_refused_at_load(tmp_path: Path, text: str, why: str) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 2, check.stdout + check.stderr
+    (reported,) = [line for line in check.stdout.splitlines() if line.startswith("config:")]
+    table = text.splitlines()[0]
+    assert table in reported and why in reported, reported
+    assert SECRET not in check.stdout + check.stderr
+    serve = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home"), "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert serve.returncode == 2 and why in serve.stderr and SECRET not in serve.stderr, serve.stderr
+
+
+def test_a_driver_table_may_leave_a_required_field_to_each_request(tmp_path: Path) -> None:
+    # The command driver has no default command: a table giving only env is complete per request.
+    config = tmp_path / "config.toml"
+    config.write_text('[drivers.command]\nenv = {GREETING = "hi"}\n')
+    assert config_module.load(config, required=True).drivers["command"] == {"env": {"GREETING": "hi"}}
+
+
 def test_a_misspelt_key_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('[drivers.script]\nsteps = [{text = "v1"}]\n')
@@ -1447,13 +1485,19 @@ def test_a_bad_a2a_template_on_reload_keeps_the_old_config(tmp_path: Path) -> No
 
 
 def test_every_driver_config_field_is_accepted_in_the_config_file(tmp_path: Path) -> None:
-    # The accepted keys are each driver's Config fields, the keys a request's "config" takes.
+    # The accepted keys are each driver's Config fields, the keys a request's "config" takes
+    # (each with a value of its type: the values are checked too).
+    values = {
+        "env": "{}", "extra_args": "[]", "steps": "[]", "descriptor": "{}", "grace_period": "1",
+        "idle_timeout": "60", "max_turns": "3", "session": '"auto"', "cwd": '"/tmp"',
+        "config_dir": '"/tmp"', "home": '"/tmp"', "command": '"x"',
+    }
     tables = []
     for name in DRIVER_NAMES:
         fields = dataclasses.fields(importlib.import_module(f"adaptor.drivers.{name}").Config)
-        tables.append(f"[drivers.{name}]\n" + "".join(f'{f.name} = "x"\n' for f in fields))
+        tables.append(f"[drivers.{name}]\n" + "".join(f'{f.name} = {values.get(f.name, chr(34) * 2)}\n' for f in fields))
     config = tmp_path / "config.toml"
-    config.write_text("".join(tables).replace('env = "x"', "env = {}"))
+    config.write_text("".join(tables))
     loaded = config_module.load(config, required=True)
     assert sorted(loaded.drivers) == sorted(DRIVER_NAMES)
 
