@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +52,7 @@ from adaptor.threadstore import Query, Record
 from adaptord import _leftovers
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
-from adaptord.config import DaemonConfig
+from adaptord.config import A2AConfig, DaemonConfig
 from hosttools import sessionrecorder as sr
 
 if TYPE_CHECKING:
@@ -179,6 +179,12 @@ class Job:
     prompt_left_on_disk: bool = False
 
 
+def _served(a2a: A2AConfig) -> A2AConfig:
+    """What ``--a2a`` serves of an ``[a2a]`` table: all but the remotes, which are the
+    delegation tool's and change at a reload."""
+    return replace(a2a, remotes=())
+
+
 class Daemon:
     def __init__(
         self,
@@ -195,6 +201,10 @@ class Daemon:
         self.config = config
         self.workers = workers or config.workers
         self.grace = config.grace if grace is None else grace
+        # What the command line set wins over the file, at a reload as at the next start.
+        self._set_on_command_line = {
+            key for key, value in (("workers", workers), ("grace", grace)) if value is not None
+        }
         self.config_path = config_path
         self.a2a = a2a
         self._bridge: Bridge | None = None
@@ -411,19 +421,24 @@ class Daemon:
             error = str(exc) if isinstance(exc, config_module.ConfigError) else f"{type(exc).__name__}: {exc}"
             self.log("config reload failed; keeping the old config", error=error)
             return
-        # The workers are started and the drain's grace fixed at start (the command line may
-        # set both): a changed value in the file waits for the next start, and says so.
-        unchanged = [
-            key for key in ("workers", "grace")
-            if getattr(fresh, key) != getattr(self.config, key)
-        ]
+        # The workers are started, the drain's grace and the served A2A agents fixed at start:
+        # a file value that differs from the one in effect waits for the next start, and the
+        # line says so; one the command line sets is never the file's.  Compared with what is
+        # in effect, not with the file's previous text, which may never have taken effect.
+        in_effect = {"workers": self.workers, "grace": self.grace}
+        differing = [key for key, value in in_effect.items() if getattr(fresh, key) != value]
+        restart = [key for key in differing if key not in self._set_on_command_line]
+        if self._bridge is not None and _served(fresh.a2a) != _served(self._bridge.config):
+            restart.append("a2a")
         self.config = fresh
         self._tools = tools
         self._skills = fresh.skill_catalogue()
-        if unchanged:
-            self.log("config reloaded", source=fresh.source, restart_needed_for=",".join(unchanged))
-        else:
-            self.log("config reloaded", source=fresh.source)
+        self.log(
+            "config reloaded",
+            source=fresh.source,
+            restart_needed_for=",".join(restart) or None,
+            command_line_keeps=",".join(key for key in differing if key in self._set_on_command_line) or None,
+        )
 
     # -- A2A (--a2a) ---------------------------------------------------------------------------
 

@@ -83,6 +83,23 @@ class DaemonProcess:
                     raise AssertionError(f"no log line containing {needle!r}; got:\n" + "\n".join(self.lines))
                 self._changed.wait(min(remaining, 0.5))
 
+    def reload(self, config: Path, text: str, timeout: float = READY_TIMEOUT) -> str:
+        """Write ``text`` to ``config``, SIGHUP the daemon, and return its next reload line."""
+        with self._changed:
+            seen = sum("config reload" in line for line in self.lines)
+        config.write_text(text)
+        self.signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                reloads = [line for line in self.lines if "config reload" in line]
+                if len(reloads) > seen:
+                    return reloads[seen]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError("no reload line; got:\n" + "\n".join(self.lines))
+                self._changed.wait(min(remaining, 0.5))
+
     def _pending(self) -> bool:
         return False
 

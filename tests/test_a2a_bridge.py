@@ -382,6 +382,21 @@ def test_serve_refuses_to_start(tmp_path: Path, config: str, listen: str, why: s
     assert not proc.home.daemon_state.exists()  # nothing was started
 
 
+def test_a_reload_that_changes_the_served_agents_says_they_wait_for_a_restart(tmp_path: Path) -> None:
+    # Served agents are fixed at start; a reload changing them said only "config reloaded".
+    # The remotes (the delegation tool's) change at once and need nothing.
+    agent = '[a2a.agents.echo.request]\ndriver = "script"\n'
+    remote = '[a2a.remotes.r]\ncard_url = "http://127.0.0.1:9/agents/{}/.well-known/agent-card.json"\n'
+    config = tmp_path / "config.toml"
+    config.write_text(agent + remote.format("one"))
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--a2a", "127.0.0.1:0").start()
+    proc.wait_for_line("a2a.listening url=")
+    assert "restart_needed_for" not in proc.reload(config, agent + remote.format("two"))
+    changed = proc.reload(config, '[a2a.agents.echo]\ndescription = "new"\n' + agent + remote.format("two"))
+    assert changed.startswith("adaptord: config reloaded") and "restart_needed_for=a2a" in changed, changed
+    assert proc.stop() == 0
+
+
 # --- two daemons --------------------------------------------------------------------------------
 
 

@@ -1330,6 +1330,23 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     assert "Traceback" not in check.stderr
 
 
+def test_a_reload_says_what_waits_for_a_restart_by_what_is_in_effect(tmp_path: Path) -> None:
+    # The reload compared the file with its previous text, not with what the daemon runs: a
+    # second reload of workers = 8 said nothing though 4 workers still ran, and going back to
+    # 4 asked for a restart that would change nothing.  A value the command line sets was
+    # said to need a restart, which keeps the command line's.
+    config = tmp_path / "config.toml"
+    config.write_text("")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "5").start()
+    assert "restart_needed_for=workers " in proc.reload(config, "workers = 8\n") + " "
+    assert "restart_needed_for=workers " in proc.reload(config, "workers = 8\nscan_interval = 1\n") + " "
+    back = proc.reload(config, "workers = 4\n")
+    assert back.startswith("adaptord: config reloaded") and "restart_needed_for" not in back, back
+    kept = proc.reload(config, "grace = 7\n")
+    assert "command_line_keeps=grace" in kept and "restart_needed_for" not in kept, kept
+    assert proc.stop() == 0
+
+
 # A typo inside [skills] or [drivers.<name>] was accepted and the setting silently did nothing;
 # an unknown driver name too.  Each is refused, naming the table, the key and the likely one.
 MISSPELT_CONFIGS = [
