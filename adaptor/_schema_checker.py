@@ -54,6 +54,10 @@ _JUDGES: dict[str, tuple[str, str]] = {
 _HEADER = struct.Struct("!I")
 _KEEP_IDLE = 4  # children kept for reuse; more concurrent checks start more, then close them
 _ALARM_MARGIN = 1.0  # a child's own limit: the parent's, plus this
+# How long a new child may take to start (interpreter, imports) before it says it is ready.
+# Not part of a check's limit: on a busy machine a start can take seconds, and a valid output
+# must not be declared too costly to check because its checker was slow to start.
+_START_LIMIT = 60.0
 
 
 class CheckTimeout(Exception):
@@ -155,8 +159,22 @@ class _Child:
         assert self.process.stdin is not None and self.process.stdout is not None
         self._stdin: IO[bytes] = self.process.stdin
         self._stdout = self.process.stdout.fileno()
+        self._ready = False
+
+    def wait_ready(self) -> None:
+        """Wait for the child's ready frame (an empty one, sent once its imports are done)."""
+        if self._ready:
+            return
+        try:
+            frame = self._read(_HEADER.size, time.monotonic() + _START_LIMIT)
+        except CheckTimeout:
+            raise Unavailable(f"the schema checker did not start within {_START_LIMIT:g}s") from None
+        if _HEADER.unpack(frame) != (0,):
+            raise _Gone("schema checker sent something else than its ready frame")
+        self._ready = True
 
     def ask(self, payload: bytes, timeout: float) -> dict[str, Any]:
+        self.wait_ready()  # the check's time starts once the child can check
         try:
             self._stdin.write(_HEADER.pack(len(payload)) + payload)
             self._stdin.flush()
@@ -236,8 +254,12 @@ def _start_one() -> None:
     child: _Child | None = None
     try:
         child = _Child()
+        child.wait_ready()
     except Unavailable:
-        pass  # the check itself will try again, then validate in process
+        if child is not None:
+            child.kill()
+            child = None
+        # the check itself will try again, then validate in process
     finally:
         with _guard:
             _warming = False
@@ -288,6 +310,12 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     # leave this child checking for hours.  The kernel's alarm ends it (SIGALRM's default
     # action) shortly after the parent would have given up, whatever the check is doing.
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    # The judges' modules (jsonschema with them) are imported before the ready frame: a check's
+    # limit then counts checking only.
+    for module, _ in _JUDGES.values():
+        importlib.import_module(module)
+    replies.write(_HEADER.pack(0))
+    replies.flush()
     validators: dict[bytes, Any] = {}
     while True:
         header = requests.read(_HEADER.size)

@@ -705,6 +705,18 @@ def test_a_frozen_application_checks_in_process(monkeypatch: pytest.MonkeyPatch)
     assert adaptor._schema_checker._idle == []  # no child was started
 
 
+def test_a_checkers_start_does_not_count_against_the_checks_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The limit ran from the moment the request was sent to a child just started, so its
+    # interpreter and jsonschema imports (a second or more on a busy machine) counted: a valid
+    # output was "too costly to check".  A child is ready once it says so; only checking counts.
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    try:
+        out = compile_schema(_PATTERNED).validate_text('{"name": "fine"}', "native", timeout=0.25)
+        assert out.valid, out.errors
+    finally:
+        adaptor._schema_checker._close_idle()
+
+
 def test_warm_starts_one_checker_ahead_of_need(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
     try:
