@@ -177,6 +177,9 @@ class Job:
     unrecorded: int = 0
     # A long prompt is not kept while the request waits (see _accept): read again at its start.
     prompt_left_on_disk: bool = False
+    # The run's secret values, fixed at its start with the config it runs with: a reload during
+    # the run (a rotated key in [drivers.x] env) must not take the old value out of redaction.
+    secrets: list[str] | None = None
 
 
 def _served(a2a: A2AConfig) -> A2AConfig:
@@ -883,7 +886,7 @@ class Daemon:
         try:
             self._execute(job)
         except Exception as exc:  # a bug here must not lose the request: it still gets a verdict
-            secrets = self._secrets_of(job.request)
+            secrets = self._job_secrets(job)
             self.log("worker failed", id=job.id, error=requests.Redactor(secrets).text(f"{type(exc).__name__}: {exc}"))
             if not self.home.has_verdict(job.id):
                 with contextlib.suppress(Exception):
@@ -917,8 +920,12 @@ class Daemon:
             self._reject(job.id, InvalidRequestError([{"path": "", "message": refused}]), job.received_at)
             return
         request = self._whole_request(job)
-        self._default_workspace(request)  # before the request copy is written: it says so
-        secrets = self._secrets_of(request)
+        # One look at the config (a reload may replace it at any moment): the run's driver
+        # table, and with it its secrets, are those it runs with.
+        defaults = self.config.driver_defaults(str(request["driver"]))
+        tools, skills = self._tools, self._skills
+        self._default_workspace(request, defaults)  # before the request copy is written: it says so
+        secrets = job.secrets = requests.secrets_of(request, defaults)
         redactor = requests.Redactor(secrets)
         session = requests.session_of(request)
         started_at = _now()
@@ -928,12 +935,12 @@ class Daemon:
         try:
             call = requests.build(
                 request,
-                driver_defaults=self.config.driver_defaults(str(request["driver"])),
+                driver_defaults=defaults,
                 thread_store=self._store,
                 on_approval=lambda req: self._route_approval(job, req),
-                tools=self._tools,
+                tools=tools,
                 kept=self._kept,
-                skill_provider=self._skills,
+                skill_provider=skills,
             )
         except BaseException as exc:
             error = exc
@@ -1004,7 +1011,7 @@ class Daemon:
             )
         return None
 
-    def _default_workspace(self, request: dict[str, Any]) -> None:
+    def _default_workspace(self, request: dict[str, Any], defaults: Mapping[str, Any]) -> None:
         """Give a request that names no working directory the home's ``workspace/``.
 
         Left to the SDK, its agent would work in the daemon's own directory (``/`` under
@@ -1013,7 +1020,6 @@ class Daemon:
         """
         if request.get("workspace") is not None:
             return
-        defaults = self.config.driver_defaults(str(request["driver"]))
         if requests.driver_config(request, defaults).get("cwd") is not None:
             return
         request["workspace"] = str(self.home.workspace)
@@ -1023,6 +1029,10 @@ class Daemon:
     def _secrets_of(self, request: Mapping[str, Any]) -> list[str]:
         """The request's secret values and those its driver gets from the daemon config."""
         return requests.secrets_of(request, self.config.driver_defaults(str(request.get("driver", ""))))
+
+    def _job_secrets(self, job: Job) -> list[str]:
+        """The secrets of a job's run: those it started with, once it started."""
+        return job.secrets if job.secrets is not None else self._secrets_of(job.request)
 
     def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
         try:
@@ -1044,7 +1054,7 @@ class Daemon:
 
     def _route_approval(self, job: Job, req: adaptor.ApprovalRequest) -> None:
         """The ``on_approval`` handler of daemon runs: a pending file answered by the CLI."""
-        redactor = requests.Redactor(self._secrets_of(job.request))
+        redactor = requests.Redactor(self._job_secrets(job))
         # The tool input in its details is the agent's, which may nest too deeply to write.
         record = redactor.value(_nesting.copy(events.to_json(req), depth=_FILE_DEPTH))
         record["request_id"] = job.id
@@ -1532,7 +1542,7 @@ class Daemon:
         job: Job | None = None
         if isinstance(request, dict):
             with contextlib.suppress(Exception):  # the copy names its workspace, as the start's did
-                self._default_workspace(request)
+                self._default_workspace(request, self.config.driver_defaults(str(request["driver"])))
             # The request copy is written again: the start did not sync it (a power loss may
             # have lost it); the verdict syncs it with the run folder.
             job = Job(id=request_id, request=request, received_at=received_at, attempt=attempt, state=dict(state))

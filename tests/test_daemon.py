@@ -1347,6 +1347,33 @@ def test_a_reload_says_what_waits_for_a_restart_by_what_is_in_effect(tmp_path: P
     assert proc.stop() == 0
 
 
+def test_a_reload_during_a_run_keeps_the_runs_own_secrets_redacted(tmp_path: Path) -> None:
+    # The run's secrets were looked up again in the config at each later redaction: after a
+    # reload that rotated a key in [drivers.x] env, the run's approval file showed the old key.
+    old_key, new_key = "sk-old-0123456789abcdef", "sk-new-0123456789abcdef"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[drivers.script]\nenv = {{TOKEN = "{old_key}"}}\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    rid = proc.submit(script(
+        {"approval": {"kind": "permission", "title": "first"}},
+        {"approval": {"kind": "permission", "title": f"uses {old_key}"}},
+        {"text": "done"},
+        policy={"approvals": {"timeout": 60}},
+    ))
+    first = _pending_approval(proc)
+    proc.reload(config, f'[drivers.script]\nenv = {{TOKEN = "{new_key}"}}\n')
+    _home.respond(proc.home, first, "approve")
+    deadline = time.monotonic() + 60
+    while not (later := [p for p in proc.home.approvals_pending.glob("*.json") if p.stem != first]):
+        assert time.monotonic() < deadline, "no second approval"
+        time.sleep(0.02)
+    pending = later[0].read_text()
+    assert old_key not in pending and "uses <redacted>" in pending, pending
+    _home.respond(proc.home, later[0].stem, "approve")
+    assert proc.verdict(rid)["ok"]
+    assert proc.stop() == 0
+
+
 # A typo inside [skills] or [drivers.<name>] was accepted and the setting silently did nothing;
 # an unknown driver name too.  Each is refused, naming the table, the key and the likely one.
 MISSPELT_CONFIGS = [
