@@ -98,8 +98,16 @@ def check(config_path: str | None) -> None:
     ok = True
     try:
         config = config_module.load(config_path, required=config_path is not None)
-        config.load_tools()
-        click.echo(f"config: ok ({config.source or 'defaults; no config file'})")
+        invalid = config_module.invalid_tools(config.load_tools())
+        source = config.source or "defaults; no config file"
+        if invalid:
+            # The daemon serves with such a tool, and every request selecting it fails (exit 3).
+            click.echo(f"config: loads, but requests selecting these tools would fail ({source}):")
+            for name, why in invalid.items():
+                click.echo(f"tools.{name}: not a valid tool: {why}")
+            ok = False
+        else:
+            click.echo(f"config: ok ({source})")
         catalogue = config.skill_catalogue()
         for directory in catalogue.directories if catalogue else ():
             # Not an error: the folder may be made after the config.

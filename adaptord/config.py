@@ -153,6 +153,23 @@ class DaemonConfig:
         return loaded
 
 
+def invalid_tools(tools: Mapping[str, Any]) -> dict[str, str]:
+    """Why each loaded ``[tools]`` entry that is not a valid tool definition is not one.
+
+    Such an entry loads (a request selecting it then fails with the SDK's own
+    ``ErrInvalidDefinition``, as in-process); ``adaptord check`` reports it and ``serve`` warns.
+    """
+    from adaptor.tool import InvalidDefinitionError, check_catalogue
+
+    problems: dict[str, str] = {}
+    for name, obj in tools.items():
+        try:
+            check_catalogue([obj])
+        except InvalidDefinitionError as exc:
+            problems[name] = str(exc).replace("tools[0] is", "it is", 1)
+    return problems
+
+
 def delegation_tool(remotes: tuple[RemoteAgentSpec, ...]) -> Definition:
     """``delegate_to_agent`` over ``remotes`` as an ``adaptor.tool`` definition.
 

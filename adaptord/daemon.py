@@ -330,6 +330,7 @@ class Daemon:
         self._store = ReopeningStore(self.home.threads)
         self._stop_leftovers()
         self._tools = self.config.load_tools()
+        self._warn_invalid_tools(self._tools)
         self._skills = self.config.skill_catalogue()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self._ensure_workers()
@@ -403,6 +404,12 @@ class Daemon:
     def _stopping(self) -> bool:
         return self._stop_signalled or self._stop.is_set()
 
+    def _warn_invalid_tools(self, tools: Mapping[str, Any]) -> None:
+        from adaptord import config as config_module
+
+        for name, why in config_module.invalid_tools(tools).items():
+            self.log("not a valid tool: requests selecting it fail with ErrInvalidDefinition", tool=name, why=why)
+
     def _on_signal(self, signum: int, frame: object) -> None:
         # No lock may be taken here.  The handler runs in the main thread between any two of
         # its bytecodes, perhaps while that thread holds the very lock (a threading.Event's,
@@ -436,6 +443,7 @@ class Daemon:
         self.config = fresh
         self._tools = tools
         self._skills = fresh.skill_catalogue()
+        self._warn_invalid_tools(tools)
         self.log(
             "config reloaded",
             source=fresh.source,

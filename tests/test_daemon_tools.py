@@ -9,6 +9,8 @@ same against the mock Anthropic server.  Refusals keep the SDK's own error ident
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,24 @@ def test_claude_calls_a_configured_tool(daemon: DaemonProcess, tmp_path: Path) -
     results = [e for e in recorded if isinstance(e, events.ToolResult)]
     assert call.name == "mcp__adaptor__add"
     assert [(r.id, r.result, r.is_error) for r in results] == [(call.id, '{"total":42}', False)]
+
+
+def test_check_reports_a_tool_entry_that_is_no_tool_and_serve_warns(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # `adaptord check` said "config: ok" for a [tools] entry every request selecting it fails
+    # with (a definition without a description, a plain function): it reports each, exit 2.
+    config = tmp_path / "check.toml"
+    config.write_text('[tools]\nadd = "tests.host_tools:add"\n'
+                      'undescribed = "tests.host_tools:undescribed"\n'
+                      'plain = "os.path:join"\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    checked = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert checked.returncode == 2, checked.stdout
+    lines = checked.stdout.splitlines()
+    assert any(line.startswith("tools.undescribed: not a valid tool: ") for line in lines), lines
+    assert any(line.startswith("tools.plain: not a valid tool: it is a function") for line in lines), lines
+    assert not any(line.startswith("tools.add:") for line in lines), lines
+    # The daemon serving the fixture's config (with `undescribed`) said so at its start.
+    assert any("not a valid tool" in line and "tool=undescribed" in line for line in daemon.lines), daemon.lines
