@@ -185,7 +185,9 @@ class Client:
         ``RunError``'s ``result`` is the rebuilt Result, whose ``raw()`` and ``transcript()``
         are read back from ``runs/<id>/``.  ``timeout`` (seconds, ``None``: no limit) bounds
         this wait only, not the run: :class:`WaitTimeoutError` when it passes first.  Raises
-        :class:`UnknownRequestError` for an id never submitted here.
+        :class:`UnknownRequestError` for an id never submitted here, and while waiting
+        :class:`SpoolNotFoundError` or :class:`UnknownRequestError` when the home, or the
+        queued request's file, is removed: nothing could write the verdict any more.
         """
         return self._outcome(self._await_verdict(request_id, timeout))
 
@@ -198,7 +200,8 @@ class Client:
 
         Without ``follow``: what is recorded now.  With it, like ``tail -F``: keeps reading
         (the log may not exist yet while the request is queued) until the verdict exists and
-        the log is drained.  Approval requests read back cannot be answered through the event;
+        the log is drained, or raises as :meth:`wait` does when the home or the request is
+        removed meanwhile.  Approval requests read back cannot be answered through the event;
         use :meth:`approve` and friends.
         """
         for record in _request_records(self, request_id, follow=follow):
@@ -387,6 +390,12 @@ class Client:
         if not self._known(request_id):
             raise UnknownRequestError(request_id, self._home.root)
 
+    def _require_present(self, request_id: str) -> None:
+        # Re-checked while waiting: a home deleted (or a queued file removed) under a waiter
+        # leaves nothing that could ever write the verdict, and waiting on would last forever.
+        self._require_spool()
+        self._require_known(request_id)
+
     def _await_verdict(self, request_id: str, timeout: float | None) -> dict[str, Any]:
         if timeout is not None and timeout != timeout:
             raise ValueError("timeout must be a number of seconds or None, not nan")
@@ -402,6 +411,7 @@ class Client:
                 verdict = self.verdict(request_id)
                 if verdict is not None:
                     return verdict
+                self._require_present(request_id)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise WaitTimeoutError(request_id, timeout or 0.0)
@@ -528,6 +538,7 @@ def _request_records(
                             yield record
                 if finished or not follow:
                     return
+                client._require_present(request_id)
                 wake.wait(_EVENTS_POLL)
     finally:
         if reader is not None:

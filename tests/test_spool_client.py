@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -532,6 +533,56 @@ def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
     assert nowhere.status()["running"] is False
     with pytest.raises(ValueError, match="nan"):
         home.client.wait("never-submitted", timeout=float("nan"))
+
+
+def _waiters(client: Client, request_id: str) -> dict[str, BaseException | None]:
+    """``wait`` and ``events(follow=True)`` on the request, each in a thread; what each raised."""
+    outcome: dict[str, BaseException | None] = {}
+
+    def watch(name: str, call: Callable[[], Any]) -> None:
+        try:
+            call()
+            outcome[name] = None
+        except BaseException as exc:
+            outcome[name] = exc
+
+    threads = [
+        threading.Thread(target=watch, args=("wait", lambda: client.wait(request_id, TIMEOUT))),
+        threading.Thread(
+            target=watch, args=("events", lambda: list(client.events(request_id, follow=True)))
+        ),
+    ]
+    for thread in threads:
+        thread.daemon = True  # the old code followed forever
+        thread.start()
+    return outcome
+
+
+def _settled(outcome: dict[str, BaseException | None]) -> dict[str, type | None]:
+    wait_until(lambda: {"wait", "events"} <= outcome.keys(), "both waiters to return", TIMEOUT + 5)
+    return {name: type(outcome[name]) for name in ("wait", "events")}
+
+
+@pytest.mark.parametrize("removed", ["home", "request"])
+def test_waiting_ends_when_nothing_can_write_the_verdict(tmp_path: Path, removed: str) -> None:
+    # A home deleted (or a queued file removed) under a waiter: wait slept to its timeout and
+    # blamed the run ("it may still be running"); with no timeout, and events(follow=True),
+    # forever.
+    daemonless = _home.Home.at(tmp_path / "home")  # its daemon stopped; the request queued
+    daemonless.ensure()
+    client = Client(daemonless.root)
+    request_id = client.submit(script({"text": "never runs"}))
+    outcome = _waiters(client, request_id)
+    # Let both get into their loops; had they not, their first look raises the same (so no
+    # timing is asserted), only the test would not cover the waiting itself.
+    time.sleep(0.5)
+    if removed == "home":
+        shutil.rmtree(daemonless.root)
+        expected: type = SpoolNotFoundError
+    else:
+        (daemonless.spool_new / f"{request_id}.json").unlink()
+        expected = UnknownRequestError
+    assert _settled(outcome) == {"wait": expected, "events": expected}
 
 
 def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
