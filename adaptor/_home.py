@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import math
 import os
 import re
 import secrets
@@ -314,8 +315,12 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     """Drop ``request`` into the spool: write under ``spool/tmp``, fsync, link into ``spool/new``.
 
     Returns the request id (minted when the request has none).  Raises ``FileExistsError`` when a
-    request with that id is already queued.
+    request with that id is already queued, ``TypeError`` when ``request`` is no mapping and
+    ``ValueError`` for a NaN or infinity in it.
     """
+    # dict() would take a list of pairs as a request, and fail on a str with its own riddle.
+    if not isinstance(request, Mapping):
+        raise TypeError(f"a request is a mapping (the JSON object), not {type(request).__name__}")
     body = dict(request)
     request_id = body.get("id")
     if request_id is None:
@@ -325,6 +330,8 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
         raise ValueError(f"invalid request id {request_id!r}")
     body.setdefault("format", REQUEST_FORMAT)
     data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+    if b"null" in data:  # only then can a NaN have been written; dumps refused cycles already
+        _require_finite(body)
     if not home.spool_tmp.is_dir() or not home.spool_new.is_dir():
         raise FileNotFoundError(f"no adaptord spool under {home.root}")
     if home.has_verdict(request_id):
@@ -346,6 +353,20 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
         os.unlink(tmp)
     _durable.fsync_dir(home.spool_new)
     return request_id
+
+
+def _require_finite(request: Mapping[str, Any]) -> None:
+    """Refuse what JSON cannot hold: orjson writes NaN and infinities as ``null``, so
+    ``"timeout": nan`` (a ``ValueError`` in-process) would run with no deadline at all."""
+    pending: list[tuple[str, Any]] = [("", request)]
+    while pending:  # iterative: a request may nest deeper than the stack
+        where, value = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"request value at {where or '/'} is {value!r}, which JSON cannot hold")
+        if isinstance(value, Mapping):
+            pending.extend((f"{where}/{key}", item) for key, item in value.items())
+        elif isinstance(value, list | tuple):
+            pending.extend((f"{where}/{index}", item) for index, item in enumerate(value))
 
 
 def request_cancel(home: Home, request_id: str) -> None:

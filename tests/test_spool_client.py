@@ -585,6 +585,24 @@ def test_waiting_ends_when_nothing_can_write_the_verdict(tmp_path: Path, removed
     assert _settled(outcome) == {"wait": expected, "events": expected}
 
 
+def test_submit_refuses_what_is_no_json_object(tmp_path: Path) -> None:
+    # A list of pairs was queued as if it were a dict, a str failed with dict()'s riddle, and
+    # a NaN or infinity was written as null: "timeout": nan ran with no deadline at all (an
+    # in-process run refuses that timeout with ValueError).
+    daemonless = _home.Home.at(tmp_path / "home")
+    daemonless.ensure()
+    client = Client(daemonless.root)
+    for request in ([("driver", "script"), ("prompt", "go")], '{"driver": "script"}', None):
+        with pytest.raises(TypeError, match="a request is a mapping"):
+            client.submit(request)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at /timeout is nan"):
+        client.submit(script({"text": "x"}, timeout=float("nan")))
+    with pytest.raises(ValueError, match="at /config/steps/0/sleep is inf"):
+        client.submit(script({"sleep": float("inf")}))
+    assert list(daemonless.spool_new.iterdir()) == []
+    assert client.submit(script({"text": "x"}, model=None))  # null itself is fine
+
+
 def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
     # "adaptord" (docs: reserved) was accepted at submit; the daemon then quarantined the file
     # without a verdict, and `adaptor run --id adaptord` waited forever.
