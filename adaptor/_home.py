@@ -456,6 +456,8 @@ def _response_bytes(response: Mapping[str, Any]) -> bytes:
     """The response file's content; ``ResponseTextError`` unless the daemon will act on it."""
     text: str = response["text"]
     what = "reason" if response["action"] == "deny" else "answer"
+    if not isinstance(text, str):  # (an AttributeError from .encode() below, else)
+        raise TypeError(f"the {what} must be a str, not {type(text).__name__}")
     if response["action"] == "answer" and not text:
         raise ResponseTextError("an answer needs an option (deny the question instead)")
     try:

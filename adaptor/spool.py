@@ -257,7 +257,7 @@ class Client:
     def deny(self, approval_id: str, reason: str = "") -> None:
         """Deny any kind of request; raises like :meth:`approve` (never a kind mismatch), and
         ``ValueError``, writing nothing, for a ``reason`` that is not UTF-8 or too long for a
-        response file (64 KiB)."""
+        response file (64 KiB), ``TypeError`` for one that is no ``str``."""
         self._respond(approval_id, "deny", reason)
 
     def answer(self, approval_id: str, option: str) -> None:
@@ -399,8 +399,13 @@ class Client:
         self._require_known(request_id)
 
     def _await_verdict(self, request_id: str, timeout: float | None) -> dict[str, Any]:
-        if timeout is not None and timeout != timeout:
-            raise ValueError("timeout must be a number of seconds or None, not nan")
+        # Checked first: a verdict already there must not hide the mistake until a slow run.
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+                kind = type(timeout).__name__
+                raise TypeError(f"timeout must be a number of seconds or None, not {kind}")
+            if timeout != timeout:
+                raise ValueError("timeout must be a number of seconds or None, not nan")
         self._require_spool()
         verdict = self.verdict(request_id)
         if verdict is not None:

@@ -603,6 +603,20 @@ def test_submit_refuses_what_is_no_json_object(tmp_path: Path) -> None:
     assert client.submit(script({"text": "x"}, model=None))  # null itself is fine
 
 
+def test_wrong_argument_types_are_type_errors_whatever_the_files_hold(home: Home) -> None:
+    # timeout="5" was taken while the verdict existed and failed a slow run's wait with
+    # "'>' not supported"; a reason or option that is no str raised AttributeError.
+    request_id = home.client.submit(script({"text": "x"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    for timeout in ("5", True):
+        with pytest.raises(TypeError, match="timeout must be a number of seconds or None"):
+            home.client.wait(request_id, timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="the reason must be a str, not int"):
+        home.client.deny("some-approval", reason=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="the answer must be a str, not NoneType"):
+        home.client.answer("some-approval", None)  # type: ignore[arg-type]
+
+
 def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
     # "adaptord" (docs: reserved) was accepted at submit; the daemon then quarantined the file
     # without a verdict, and `adaptor run --id adaptord` waited forever.
