@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterable
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver
+from watchdog.observers.api import BaseObserver, ObservedWatch
 
-__all__ = ["start_observer"]
+__all__ = ["hints", "start_observer"]
 
 
 def start_observer(
@@ -68,3 +69,74 @@ def _quiet_watchdog_stop_race() -> None:
     logger = logging.getLogger("watchdog.observers.inotify")
     if _stop_race_filter not in logger.filters:
         logger.addFilter(_stop_race_filter)
+
+
+class _Fanout(FileSystemEventHandler):
+    """Sets the event of every waiter on one directory."""
+
+    def __init__(self) -> None:
+        self.waiters: frozenset[threading.Event] = frozenset()  # replaced, never mutated
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        for waiter in self.waiters:
+            waiter.set()
+
+
+class _Hints:
+    """One watchdog observer for every wait of the process, started once, never stopped.
+
+    An observer per wait (as before) cost three threads each time, and watchdog leaks an
+    observer's inotify instance when it is stopped before its reader thread first reads
+    (about one wait in 200 under load): a service making many waits ran out of the user's
+    inotify instances (128 by default), for itself, the daemon and the user's editors alike.
+    A directory's watch is dropped once nobody waits on it, so a deleted home keeps none.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        # A forked child has none of the parent's threads (its lock may even be held by one).
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._observer: BaseObserver | None = None
+        self._watches: dict[str, tuple[ObservedWatch, _Fanout]] = {}
+
+    def add(self, directories: list[str], waiter: threading.Event) -> list[str]:
+        """Watch ``directories`` for ``waiter``; the ones now watched (maybe none)."""
+        watching: list[str] = []
+        with self._lock:
+            if self._observer is None or not self._observer.is_alive():
+                self._observer, self._watches = None, {}
+                try:
+                    self._observer = start_observer(FileSystemEventHandler(), ())
+                except (OSError, RuntimeError):
+                    return []  # no thread to spare: polling only
+            for directory in directories:
+                entry = self._watches.get(directory)
+                if entry is None:
+                    fanout = _Fanout()
+                    try:
+                        watch = self._observer.schedule(fanout, directory, recursive=False)
+                    except (OSError, RuntimeError):
+                        continue  # the inotify limits, or the directory went away: polling
+                    entry = self._watches[directory] = (watch, fanout)
+                entry[1].waiters = entry[1].waiters | {waiter}
+                watching.append(directory)
+        return watching
+
+    def remove(self, directories: list[str], waiter: threading.Event) -> None:
+        with self._lock:
+            for directory in directories:
+                entry = self._watches.get(directory)
+                if entry is None:
+                    continue  # the observer was replaced meanwhile
+                watch, fanout = entry
+                fanout.waiters = fanout.waiters - {waiter}
+                if not fanout.waiters and self._observer is not None:
+                    del self._watches[directory]
+                    with contextlib.suppress(Exception):  # its emitter died with its directory
+                        self._observer.unschedule(watch)
+
+
+hints = _Hints()

@@ -678,35 +678,25 @@ class _LogReader:
 
 
 class _Wakeup:
-    """A watchdog observer on some directories whose only job is to cut a wait short.
+    """Cuts a wait short when something changes in some directories.
 
     Only a hint: callers re-check their condition after every :meth:`wait` and bound each wait,
     so a missed or impossible watch (inotify limits, network filesystems) only makes them
-    slower.  With no directories it is a plain bounded sleep.
+    slower.  With no directories it is a plain bounded sleep.  Every wakeup in the process
+    shares one observer (``adaptor._watch.hints``).
     """
 
     def __init__(self, *directories: Path) -> None:
         self._directories = directories
         self._changed = threading.Event()
-        self._observer: Any = None
+        self._watching: list[str] = []
 
     def __enter__(self) -> _Wakeup:
-        directories = [directory for directory in self._directories if directory.is_dir()]
-        if not directories:
-            return self
-        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        directories = [os.fspath(d) for d in self._directories if d.is_dir()]
+        if directories:
+            from adaptor import _watch  # (loads watchdog)
 
-        from adaptor import _watch
-
-        changed = self._changed
-
-        class Hint(FileSystemEventHandler):
-            def on_any_event(self, event: FileSystemEvent) -> None:
-                changed.set()
-
-        # The inotify limits, or no thread to spare (RuntimeError): polling only.
-        with contextlib.suppress(OSError, RuntimeError):
-            self._observer = _watch.start_observer(Hint(), directories)
+            self._watching = _watch.hints.add(directories, self._changed)
         return self
 
     def wait(self, timeout: float) -> None:
@@ -719,10 +709,11 @@ class _Wakeup:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        observer, self._observer = self._observer, None
-        if observer is not None:
-            observer.stop()
-            observer.join(timeout=2)
+        watching, self._watching = self._watching, []
+        if watching:
+            from adaptor import _watch
+
+            _watch.hints.remove(watching, self._changed)
 
 
 # --- small file helpers -------------------------------------------------------------------------

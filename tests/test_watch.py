@@ -54,3 +54,43 @@ def test_a_refused_start_leaves_no_thread_or_descriptor(tmp_path: Path, refusal:
         assert info.value.errno == errno.EMFILE
     assert set(threading.enumerate()) == threads
     assert _inotify_descriptors() == descriptors
+
+
+def test_client_waits_share_one_watch_and_leak_no_inotify_instance(tmp_path: Path) -> None:
+    # Each wait started and stopped an observer of its own; watchdog leaks the inotify
+    # instance of one stopped before its reader first read (here 1 to 30 in 600): a service
+    # making many waits used up the user's inotify instances (128 by default).
+    from adaptor.spool import _Wakeup
+
+    stop = threading.Event()
+
+    def busy() -> None:  # a home where runs are writing
+        count = 0
+        while not stop.is_set():
+            (tmp_path / f"f{count % 5}").write_text("x")
+            count += 1
+
+    with _Wakeup(tmp_path):  # the process's one instance, if none was made yet
+        pass
+    before = _inotify_descriptors(), threading.active_count()
+    writer = threading.Thread(target=busy)
+    writer.start()
+    try:
+        for _ in range(600):
+            with _Wakeup(tmp_path):
+                # No observer of its own (its threads were four), only the directory's
+                # emitter: the leak needs a stop before the reader's first read, so counting
+                # descriptors alone would leave this test to luck.
+                assert threading.active_count() <= before[1] + 2  # (the writer, the emitter)
+    finally:
+        stop.set()
+        writer.join()
+    assert (_inotify_descriptors(), threading.active_count()) == before
+
+    # Two waiters on one directory are both woken; the watch outlives neither.
+    with _Wakeup(tmp_path) as first, _Wakeup(tmp_path) as second:
+        (tmp_path / "change").write_text("x")
+        assert first._changed.wait(30) and second._changed.wait(30)
+    with _Wakeup(tmp_path) as third:
+        (tmp_path / "again").write_text("x")
+        assert third._changed.wait(30)
