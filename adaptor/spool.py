@@ -194,8 +194,18 @@ class Client:
         return self._outcome(self._await_verdict(request_id, timeout))
 
     def run(self, request: Mapping[str, Any], timeout: float | None = None) -> Result:
-        """:meth:`submit` then :meth:`wait` (``timeout`` bounds the wait, as there)."""
-        return self.wait(self.submit(request), timeout)
+        """:meth:`submit` then :meth:`wait` (``timeout`` bounds the wait, as there).
+
+        Interrupted while it waits (Ctrl-C), it cancels the request before the exception goes
+        on, as ``Agent.run`` and ``adaptor run`` do: the caller never learnt its id.
+        """
+        request_id = self.submit(request)
+        try:
+            return self.wait(request_id, timeout)
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):  # (gone with its home, say): the ^C goes on
+                self.cancel(request_id)
+            raise
 
     def events(self, request_id: str, follow: bool = False) -> Iterator[Event]:
         """The events of the request's run(s), in order, read from its audit log.

@@ -9,6 +9,7 @@ exits with the documented code.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 import re
@@ -474,6 +475,30 @@ def test_cancel_while_queued_is_cancelled_error(home: Home) -> None:
     with pytest.raises(errors.RunCancelledError):
         home.client.wait(holder, timeout=TIMEOUT)
     assert home.client.cancel(holder) is False  # already has its verdict
+
+
+def test_ctrl_c_in_run_cancels_the_request(home: Home) -> None:
+    # Client.run left the request running in the daemon, its id never returned to the caller;
+    # Agent.run and `adaptor run` cancel theirs on Ctrl-C.
+    running_before = set(home.client.status()["in_progress"])
+    started: list[str] = []
+
+    def interrupt_once_running() -> None:
+        started.extend(
+            wait_until(
+                lambda: set(home.client.status()["in_progress"]) - running_before,
+                "the request to start",
+            )
+        )
+        _thread.interrupt_main()
+
+    interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        home.client.run(script({"text": "started"}, {"sleep": 60}), timeout=TIMEOUT)
+    interrupter.join()
+    with pytest.raises(errors.RunCancelledError):
+        home.client.wait(started[0], timeout=TIMEOUT)
 
 
 # --- waiting, unknown ids, missing spool ----------------------------------------------------------
