@@ -1394,6 +1394,16 @@ MISSPELT_CONFIGS = [
     "text,expected", MISSPELT_CONFIGS, ids=["claude", "script", "driver", "no-driver", "skills", "a2a-template"]
 )
 def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, expected: list[str]) -> None:
+    reported, check, serve = _refused_by_check_and_serve(tmp_path, text)
+    assert all(fragment in reported for fragment in expected), reported
+    assert all(fragment in serve.stderr for fragment in expected), serve.stderr
+
+
+def _refused_by_check_and_serve(
+    tmp_path: Path, text: str
+) -> tuple[str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """``adaptord check`` and ``adaptord serve`` of a config file holding ``text``, both of which
+    must refuse it (exit 2, no traceback): check's ``config:`` line and both processes."""
     config = tmp_path / "config.toml"
     config.write_text(text)
     check = subprocess.run(
@@ -1402,13 +1412,12 @@ def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, e
     )
     assert check.returncode == 2, check.stdout + check.stderr
     (reported,) = [line for line in check.stdout.splitlines() if line.startswith("config:")]
-    assert all(fragment in reported for fragment in expected), reported
     serve = subprocess.run(
         [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home"), "--config", str(config)],
         capture_output=True, text=True, timeout=60,
     )
-    assert serve.returncode == 2 and "Traceback" not in serve.stderr
-    assert all(fragment in serve.stderr for fragment in expected), serve.stderr
+    assert serve.returncode == 2 and "Traceback" not in serve.stderr, serve.stderr
+    return reported, check, serve
 
 
 def test_a_driver_config_its_descriptor_refuses_is_the_same_error_as_in_process(daemon: DaemonProcess) -> None:
@@ -1476,22 +1485,11 @@ BAD_DRIVER_VALUES = [
 
 @pytest.mark.parametrize("text,why", BAD_DRIVER_VALUES, ids=["env", "command", "grace", "steps", "args"])
 def test_a_driver_table_value_the_driver_refuses_is_refused_at_load(tmp_path: Path, text: str, why: str) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(text)
-    check = subprocess.run(
-        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert check.returncode == 2, check.stdout + check.stderr
-    (reported,) = [line for line in check.stdout.splitlines() if line.startswith("config:")]
+    reported, check, serve = _refused_by_check_and_serve(tmp_path, text)
     table = text.splitlines()[0]
     assert table in reported and why in reported, reported
     assert SECRET not in check.stdout + check.stderr
-    serve = subprocess.run(
-        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home"), "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert serve.returncode == 2 and why in serve.stderr and SECRET not in serve.stderr, serve.stderr
+    assert why in serve.stderr and SECRET not in serve.stderr, serve.stderr
 
 
 def test_a_driver_table_may_leave_a_required_field_to_each_request(tmp_path: Path) -> None:
