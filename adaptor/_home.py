@@ -181,6 +181,19 @@ class Home:
     def verdict(self, request_id: str) -> Path:
         return self.verdicts / f"{request_id}.json"
 
+    def places(self, request_id: str) -> tuple[Path, ...]:
+        """Every name a request with this id may have on its way, in the order it moves
+        (spool, claimed, run folder, verdict); each move makes the next before leaving the last.
+        """
+        name = f"{request_id}.json"
+        return (
+            self.spool_tmp / name,
+            self.spool_new / name,
+            self.claimed / name,
+            self.run_dir(request_id),
+            self.verdict(request_id),
+        )
+
     def has_verdict(self, request_id: str) -> bool:
         """Whether the request's verdict was written: a regular file at its name.
 

@@ -375,15 +375,7 @@ class Client:
         creates the next place before leaving the last, so a request in flight is never missed.
         """
         home = self._home
-        name = f"{request_id}.json"
-        places = (
-            home.spool_tmp / name,
-            home.spool_new / name,
-            home.claimed / name,
-            home.run_dir(request_id),
-            home.verdict(request_id),
-        )
-        if any(os.path.lexists(place) for place in places):
+        if any(os.path.lexists(place) for place in home.places(request_id)):
             return True
         # A misnamed entry ("abc.JSON", "abc") is renamed from spool/new/ into quarantine/ (as
         # "<time_ns>-<its name>"), as a hostile one is, before its rejection verdict is

@@ -776,14 +776,9 @@ class Daemon:
             self._reject(request_id, InvalidRequestError([{"path": "", "message": problem}]), _now())
 
     def _id_in_use(self, request_id: str) -> bool:
-        """Whether a request with this id has a verdict, is claimed (queued, running, read
-        again, its verdict deferred) or is on its way in through the spool."""
-        name = f"{request_id}.json"
-        places = (
-            self.home.verdict(request_id), self.home.claimed / name,
-            self.home.spool_new / name, self.home.spool_tmp / name,
-        )
-        return any(os.path.lexists(place) for place in places)
+        """Whether a request with this id is on its way in through the spool, claimed (queued,
+        running, read again, its verdict deferred), has a run folder or a verdict."""
+        return any(os.path.lexists(place) for place in self.home.places(request_id))
 
     def _reject(self, request_id: str, error: InvalidRequestError, received_at: str) -> None:
         self._write_verdict(
