@@ -279,9 +279,8 @@ def _check_driver_table(name: str, table: Mapping[str, Any], source: str) -> Non
     # would fail every run that uses the table, each with ErrInvalidDriverConfig: check the
     # table as a request giving no config of its own gets it.  A field the table may leave to
     # each request (the command driver's command) is stood in for.
-    module = importlib.import_module(f"adaptor.drivers.{name}")
     missing = {
-        f.name: "probe" for f in dataclasses.fields(module.Config)
+        f.name: "probe" for f in dataclasses.fields(_config_class(name))
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     }
     probe = {"driver": name, "prompt": "probe"}
@@ -292,9 +291,14 @@ def _check_driver_table(name: str, table: Mapping[str, Any], source: str) -> Non
         raise ConfigError(f"{where}: {_described(exc, _request.secrets_of(probe, defaults))}") from None
 
 
+def _config_class(driver: str) -> Any:
+    """A built-in driver's ``Config`` dataclass."""
+    return importlib.import_module(f"adaptor.drivers.{driver}").Config
+
+
 def _config_fields(driver: str) -> list[str]:
     """The keys a built-in driver's config takes: its ``Config`` fields."""
-    return [f.name for f in dataclasses.fields(importlib.import_module(f"adaptor.drivers.{driver}").Config)]
+    return [f.name for f in dataclasses.fields(_config_class(driver))]
 
 
 def _parse_a2a(
