@@ -1445,19 +1445,26 @@ def _fail_first_fsync_of(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[st
     return outcomes
 
 
+def _one_synced_line_then_one_not(
+    events_dir: Path,
+) -> tuple[sr.JSONLEventBackend, sr.EventRecorder, Path]:
+    """A buffered backend whose key ``t`` holds "text 0", flushed, then "text 1", not."""
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
+    recorder = sr.EventRecorder(backend)
+    recorder.record("t", _text(0))
+    backend.flush("t")
+    recorder.record("t", _text(1))
+    return backend, recorder, events_dir / "t.jsonl"
+
+
 def test_a_failed_sync_in_buffered_mode_cuts_the_unsynced_lines_and_the_key_goes_on(
     events_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The key refused every later append and read for the life of the backend, even once the
     # disk was fine again: a daemon recorded no event of that thread's later runs until it was
     # restarted.  And the lines whose sync failed stayed, though the disk may not have them.
-    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
-    recorder = sr.EventRecorder(backend)
-    path = events_dir / "t.jsonl"
-    recorder.record("t", _text(0))
-    backend.flush("t")
-    synced_size = path.stat().st_size
-    recorder.record("t", _text(1))
+    backend, recorder, path = _one_synced_line_then_one_not(events_dir)
+    synced_size = len(path.read_bytes().splitlines(keepends=True)[0])
     recorder.record("t", _text(2))
     outcomes = _fail_first_fsync_of(monkeypatch, path)
     with pytest.raises(OSError, match="injected write-back failure"):
@@ -1500,12 +1507,7 @@ def test_a_failed_sync_does_not_cut_another_writers_lines(
 def test_an_evicted_keys_failed_sync_is_reported_once_to_its_next_use(
     events_dir: Path, monkeypatch: pytest.MonkeyPatch, next_use: str
 ) -> None:
-    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
-    recorder = sr.EventRecorder(backend)
-    path = events_dir / "t.jsonl"
-    recorder.record("t", _text(0))
-    backend.flush("t")
-    recorder.record("t", _text(1))
+    backend, recorder, path = _one_synced_line_then_one_not(events_dir)
     _fail_first_fsync_of(monkeypatch, path)
     assert backend.close_idle("t") == 1  # its sync fails here, where nobody can be told
     with pytest.raises(OSError, match="injected write-back failure"):
