@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import threading
 from collections.abc import Iterable
 
@@ -18,7 +19,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
-__all__ = ["hints", "start_observer"]
+__all__ = ["hints", "start_observer", "stop_observer"]
 
 
 def start_observer(
@@ -45,13 +46,44 @@ def start_observer(
         observer.daemon = True
         observer.start()
     except BaseException:
-        # stop() also stops the thread that reads the inotify descriptor, and closes it.
-        with contextlib.suppress(Exception):
-            observer.stop()
-            if observer.is_alive():
-                observer.join(timeout=2)
+        stop_observer(observer)
         raise
     return observer
+
+
+def stop_observer(observer: BaseObserver, timeout: float = 2) -> None:
+    """Stop ``observer`` and its threads, and close its inotify instance.
+
+    watchdog (7.x) closes the instance from its reader thread when that thread is reading; one
+    stopped before it first read (a refused start, or a stop just after a start: about one
+    in four) leaves the instance and its wake-up pipe open for the life of the process.  A
+    daemon retrying a refused watch every few seconds used up its descriptors that way.
+    """
+    reader = getattr(observer, "_inotify_fd", None)  # watchdog's InotifyFD, if it made one
+    pipe = _still_open_pipe(reader)
+    with contextlib.suppress(Exception):
+        observer.stop()
+        if observer.is_alive():
+            observer.join(timeout=timeout)
+    if pipe is not None and reader is not None and not reader.is_alive():
+        fd, inode = pipe
+        # The pipe still being the one read before the stop (its inode is unique while it is
+        # open) means the reader closed nothing; a number reused since is someone else's.
+        if _still_open_pipe(reader) == (fd, inode):
+            with contextlib.suppress(Exception):
+                reader._close_resources()
+
+
+def _still_open_pipe(reader: object) -> tuple[int, int] | None:
+    """The reader's wake-up pipe (descriptor, inode) while it is open, else None."""
+    fd = getattr(reader, "_kill_r", None)
+    if not isinstance(fd, int) or not hasattr(reader, "_close_resources"):
+        return None
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return (fd, info.st_ino) if stat.S_ISFIFO(info.st_mode) else None
 
 
 class _StopRaceFilter(logging.Filter):

@@ -533,9 +533,7 @@ class Daemon:
     def _stop_observer(self) -> None:
         observer, self._observer = self._observer, None
         if observer is not None:
-            with contextlib.suppress(Exception):
-                observer.stop()
-                observer.join(timeout=2)
+            _watch.stop_observer(observer)
 
     # -- claiming ------------------------------------------------------------------------------
 

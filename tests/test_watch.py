@@ -45,9 +45,12 @@ def test_a_started_observer_reports_changes(tmp_path: Path) -> None:
 def test_a_refused_start_leaves_no_thread_or_descriptor(tmp_path: Path, refusal: str) -> None:
     threads, descriptors = set(threading.enumerate()), _inotify_descriptors()
     if refusal == "watch":  # the instance is taken; adding a watch fails
-        with pytest.raises(OSError) as info:
-            start_observer(_Seen(), [tmp_path, tmp_path / "gone"])
-        assert info.value.errno == errno.ENOENT
+        # watchdog left the instance open about one time in four (its reader had not read
+        # yet): forty tries make a leak certain to show.
+        for _ in range(40):
+            with pytest.raises(OSError) as info:
+                start_observer(_Seen(), [tmp_path, tmp_path / "gone"])
+            assert info.value.errno == errno.ENOENT
     else:
         with InotifyHog(), pytest.raises(OSError) as info:
             start_observer(_Seen(), [tmp_path])
