@@ -291,6 +291,16 @@ def raw_sse_route(path: str, frames: Sequence[str]) -> BaseRoute:
     return Route(path, endpoint, methods=["POST"])
 
 
+def raw_json_route(path: str, body: Any) -> BaseRoute:
+    """A raw route answering POST with ``body`` as its JSON document, verbatim."""
+    from starlette.routing import Route
+
+    async def endpoint(_: Any) -> Response:
+        return Response(json.dumps(body), media_type="application/json")
+
+    return Route(path, endpoint, methods=["POST"])
+
+
 # --- serving in a thread ------------------------------------------------------------------------
 
 

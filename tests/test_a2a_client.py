@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -357,6 +358,37 @@ def test_a_malformed_event_is_a_protocol_error(token_env: str, frame: str) -> No
         assert err.raw is not None and "<redacted>" in err.raw
     rebuilt = errors.from_wire(err.to_wire())
     assert isinstance(rebuilt, a2a.ProtocolError) and rebuilt.raw == err.raw
+
+
+@pytest.mark.parametrize("code", [-32603, -32000], ids=["internal-error", "unknown-code"])
+@pytest.mark.parametrize("op", ["send", "send_stream"])
+def test_a_remote_error_echoing_the_token_does_not_carry_it(
+    token_env: str, code: int, op: str
+) -> None:
+    # The remote answers with an error whose text holds the bare token: ProtocolError.raw was
+    # redacted, but the SDK exception behind it (its cause) kept the token for the wire form,
+    # tracebacks and logs.
+    error = {"code": code, "message": f"denied {TOKEN}", "data": {"seen": TOKEN}}
+    body = {"jsonrpc": "2.0", "id": "1", "error": error}
+    routes = [srv.raw_json_route("/bad", body), srv.raw_sse_route("/bad-sse", [json.dumps(body)])]
+    with srv.scripted_server(extra_routes=routes) as running:
+        path = "/bad" if op == "send" else "/bad-sse"
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path=path))
+        auth = a2a.BearerTokenFromEnv(token_env)
+        with a2a.Client(card=card, auth=auth, trusted_origins=[running.base_url]) as c:
+            with pytest.raises(a2a.ProtocolError) as caught:
+                if op == "send":
+                    c.send("echo x")
+                else:
+                    list(c.send_stream("echo x"))
+    err = caught.value
+    assert err.__cause__ is not None
+    shown = [_wire_text(err), "".join(traceback.format_exception(err))]
+    node: BaseException | None = err
+    while node is not None:
+        shown += [str(node), repr(node)]
+        node = node.__cause__
+    assert all(TOKEN not in text for text in shown), shown
 
 
 # --- stream recovery after the server is killed ------------------------------------------------

@@ -716,6 +716,7 @@ class Client:
         except asyncio.CancelledError:
             raise
         except TaskNotCancelableError as exc:
+            _scrub_chain(exc, self._secrets())
             task = await self._get_task("cancel_task", task_id, timeout)
             if task.state.terminal:
                 return task
@@ -1216,11 +1217,42 @@ _CREDENTIAL_PATTERNS = (
 def _raw(value: Any, secrets: tuple[str, ...]) -> str:
     """``value`` as bounded text with credentials removed (for ``ProtocolError.raw``)."""
     text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, _REDACTED)
+    text = _redact(text, secrets)
     for pattern, replacement in _CREDENTIAL_PATTERNS:
         text = pattern.sub(replacement, text)
     return text if len(text) <= _RAW_LIMIT else text[:_RAW_LIMIT] + "...(truncated)"
+
+
+def _scrub_chain(exc: BaseException, secrets: tuple[str, ...]) -> None:
+    """Remove ``secrets`` from the text of the SDK exceptions behind ``exc``, in place.
+
+    They become the cause chain of the error raised to the caller, which its wire form,
+    tracebacks and logs show; a remote agent that echoes the credential in an error message
+    (or a URL carrying one) must not put it there.
+    """
+    if not secrets:
+        return
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen and len(seen) < 100:
+        seen.add(id(node))
+        if not isinstance(node, AdaptorError):
+            node.args = tuple(_redact(a, secrets) if isinstance(a, str) else a for a in node.args)
+            message = getattr(node, "message", None)
+            if isinstance(message, str):
+                with contextlib.suppress(AttributeError):
+                    node.message = _redact(message, secrets)  # type: ignore[attr-defined]
+            data = getattr(node, "data", None)
+            if data is not None and _redact(repr(data), secrets) != repr(data):
+                with contextlib.suppress(AttributeError):
+                    node.data = None  # type: ignore[attr-defined]
+        node = node.__cause__ or node.__context__
+
+
+def _redact(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, _REDACTED)
+    return text
 
 
 def _chained(err: BaseException, cause: BaseException) -> BaseException:
@@ -1239,6 +1271,7 @@ def _map_error(
 
     if isinstance(exc, AdaptorError):
         return exc
+    _scrub_chain(exc, secrets)
     malformed = "malformed event" if stream else "malformed response"
     if isinstance(exc, sdk.TaskNotFoundError):
         return NotFoundError(f"A2A {op}: task not found", cause=exc)
