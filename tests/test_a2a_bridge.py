@@ -8,6 +8,7 @@ import json
 import re
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -673,3 +674,38 @@ def test_remotes_make_the_delegate_tool_selectable() -> None:
     taken = config_module._parse({"a2a": remote, "tools": {"delegate_to_agent": "os:getcwd"}}, "t")
     with pytest.raises(config_module.ConfigError, match="taken"):
         taken.load_tools()
+
+
+# A remote's value of the wrong type crashed `adaptord check`/`serve` with a traceback (a number
+# as card_url), was read character by character (a string for trusted_origins or policy), or was
+# taken for its truthiness (require_streaming = "no" meant yes); each is a config error now.
+@pytest.mark.parametrize(
+    ("remote", "why"),
+    [
+        ({"card_url": 5}, "card_url must be a URL string"),
+        ({"card": "not a card"}, "card must be an agent card"),
+        ({"display_name": 5}, "display_name must be a string"),
+        ({"trusted_origins": "https://box.example"}, "trusted_origins must be a list of origin URL strings"),
+        ({"trusted_origins": [1]}, "trusted_origins must be a list of origin URL strings"),
+        ({"policy": "fast"}, "policy must be a table of Policy fields"),
+        ({"policy": {"require_streaming": "no"}}, "Policy.require_streaming must be true or false"),
+        ({"policy": {"allow_input_required": "false"}}, "Policy.allow_input_required must be true or false"),
+    ],
+    ids=["card-url", "card", "display-name", "origins-string", "origins-number", "policy", "streaming", "input"],
+)
+def test_a_remote_value_of_the_wrong_type_is_refused(remote: dict[str, Any], why: str) -> None:
+    table = {"card_url": "https://box.example/.well-known/agent-card.json", **remote}
+    with pytest.raises(config_module.ConfigError, match=re.escape(f"t: a2a.remotes.r: {why}")):
+        config_module._parse({"a2a": {"remotes": {"r": table}}}, "t")
+
+
+def test_check_reports_a_remote_of_the_wrong_type(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[a2a.remotes.r]\ncard_url = 5\n")
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=WAIT,
+    )
+    assert check.returncode == 2, check.stderr
+    assert "a2a.remotes.r: card_url must be a URL string" in check.stdout + check.stderr
+    assert "Traceback" not in check.stderr

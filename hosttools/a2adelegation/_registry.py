@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptor.clients.a2a import Auth, BearerTokenFromEnv, origin_of
+from adaptor.clients.a2a import AgentCard, Auth, BearerTokenFromEnv, origin_of
 
 _KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -40,6 +40,10 @@ class Policy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"Policy.{name} must be a positive integer")
+        # Truthiness would read require_streaming = "no" (a config file's string) as yes.
+        for name in ("require_streaming", "allow_input_required"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Policy.{name} must be true or false")
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,26 @@ class RemoteAgentSpec:
         if self.card_url is None and self.card is None:
             raise ValueError(f"agent {self.key!r} needs a card_url or a card")
         if self.card_url is not None:
+            if not isinstance(self.card_url, str):
+                raise ValueError("card_url must be a URL string")
             origin_of(self.card_url)
+        if self.card is not None and not isinstance(self.card, Mapping | AgentCard):
+            raise ValueError("card must be an agent card (a mapping or an a2a.AgentCard)")
+        for name in ("display_name", "description"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string")
+        if self.auth is not None and not isinstance(self.auth, Auth):
+            raise ValueError("auth must provide headers() (e.g. BearerTokenFromEnv)")
+        # A lone string would otherwise be taken one character at a time.
+        if isinstance(self.trusted_origins, str | bytes) or not all(
+            isinstance(origin, str) for origin in self.trusted_origins
+        ):
+            raise ValueError("trusted_origins must be a list of origin URL strings")
         object.__setattr__(self, "trusted_origins", tuple(self.trusted_origins))
         for origin in self.trusted_origins:
             origin_of(origin)
+        if not isinstance(self.policy, Policy):
+            raise ValueError("policy must be a Policy")
 
     @property
     def name(self) -> str:
@@ -96,6 +116,11 @@ class RemoteAgentSpec:
         if unknown:
             raise ValueError(f"unknown agent spec keys: {sorted(unknown)}")
         policy_obj = obj.get("policy") or {}
+        if not isinstance(policy_obj, Mapping):
+            raise ValueError("policy must be a table of Policy fields")
+        trusted = obj.get("trusted_origins", ())
+        if not isinstance(trusted, list | tuple):
+            raise ValueError("trusted_origins must be a list of origin URL strings")
         policy_fields = set(Policy.__dataclass_fields__)
         if set(policy_obj) - policy_fields:
             raise ValueError(f"unknown policy keys: {sorted(set(policy_obj) - policy_fields)}")
@@ -107,7 +132,7 @@ class RemoteAgentSpec:
             display_name=obj.get("display_name", ""),
             description=obj.get("description", ""),
             auth=BearerTokenFromEnv(token_env) if token_env else None,
-            trusted_origins=tuple(obj.get("trusted_origins", ())),
+            trusted_origins=tuple(trusted),
             policy=Policy(**policy_obj),
         )
 
