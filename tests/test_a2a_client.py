@@ -223,6 +223,56 @@ def test_subscribing_to_a_finished_task_is_unsupported(client: a2a.Client) -> No
         list(client.subscribe(task.id))
 
 
+# A caller's wrong argument used to surface as the remote's fault (get_task(123): "malformed
+# response"), as "bad argument type for built-in operation", or as a TimeoutError (timeout=-1).
+@pytest.mark.parametrize(
+    ("call", "error", "names"),
+    [
+        (lambda c: c.get_task(123), TypeError, "task id must be a str"),
+        (lambda c: c.cancel_task(123), TypeError, "task id must be a str"),
+        (lambda c: c.subscribe(123), TypeError, "task id must be a str"),
+        (lambda c: c.send("echo x", 5), TypeError, "context_id must be a str"),
+        (lambda c: c.send("echo x", task_id=5), TypeError, "task_id must be a str"),
+        (lambda c: c.send_stream("echo x", 5), TypeError, "context_id must be a str"),
+        (lambda c: c.send(None), TypeError, "text must be a str"),
+        (lambda c: c.get_task("t", timeout=-1), ValueError, "timeout must be positive"),
+        (lambda c: c.cancel_task("t", timeout="1"), TypeError, "timeout must be a number"),
+    ],
+    ids=[
+        "get-id", "cancel-id", "subscribe-id", "context", "task", "stream-context", "text",
+        "negative-timeout", "string-timeout",
+    ],
+)
+def test_a_wrong_argument_is_named_and_sends_nothing(
+    call: Any, error: type[Exception], names: str
+) -> None:
+    log = srv.HeaderLog()
+    with srv.scripted_server(header_log=log) as running, a2a.Client(running.card_url) as c:
+        c.agent_card()
+        with pytest.raises(error, match=names):
+            call(c)
+        assert [path for path, _ in log.seen] == [srv.CARD_PATH]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"agent_card_url": 123}, TypeError, "agent_card_url must be a str"),
+        ({"trusted_origins": "http://127.0.0.1:1"}, TypeError, "trusted_origins must be a list"),
+        ({"trusted_origins": [1]}, TypeError, "trusted_origins must be a list"),
+        ({"timeout": True}, TypeError, "timeout must be a number"),
+        ({"timeout": "5"}, TypeError, "timeout must be a number"),
+    ],
+    ids=["url", "origins-string", "origins-number", "timeout-bool", "timeout-string"],
+)
+def test_a_wrong_client_option_is_named(
+    kwargs: dict[str, Any], error: type[Exception], names: str
+) -> None:
+    options = {"agent_card_url": "http://127.0.0.1:1/.well-known/agent-card.json", **kwargs}
+    with pytest.raises(error, match=names):
+        a2a.Client(**options)
+
+
 def test_close_is_idempotent_and_final(server: srv.Running) -> None:
     c = a2a.Client(server.card_url)
     stream = c.send_stream("hang")

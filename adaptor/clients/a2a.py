@@ -432,8 +432,14 @@ class Client:
             raise ValueError("Client needs an agent_card_url or a card")
         if auth is not None and not isinstance(auth, Auth):
             raise TypeError("auth must provide headers() (e.g. BearerTokenFromEnv)")
-        if timeout is not None and timeout <= 0:
-            raise ValueError("timeout must be positive or None")
+        if agent_card_url is not None and not isinstance(agent_card_url, str):
+            raise TypeError(f"agent_card_url must be a str, not {type(agent_card_url).__name__}")
+        # A lone string would otherwise be read as one origin per character.
+        if isinstance(trusted_origins, str | bytes) or not all(
+            isinstance(origin, str) for origin in trusted_origins
+        ):
+            raise TypeError("trusted_origins must be a list of origin URL strings")
+        _check_timeout("timeout", timeout)
         trusted = {origin_of(origin) for origin in trusted_origins}
         if agent_card_url is not None:
             trusted.add(origin_of(agent_card_url))
@@ -479,12 +485,14 @@ class Client:
         By default the remote answers when the task is final; with ``return_immediately`` it
         answers at once and the caller polls ``get_task``.
         """
+        _check_message(text, context_id, task_id)
         return self._run(self._send(text, context_id, task_id, return_immediately))
 
     def send_stream(
         self, text: str, context_id: str | None = None, *, task_id: str | None = None
     ) -> EventStream:
         """SendStreamingMessage; ``UnsupportedError`` when the card does not offer streaming."""
+        _check_message(text, context_id, task_id)
         session = self._run(self._ready())
         if not session.card.streaming:
             raise UnsupportedError("A2A send_stream: the remote agent does not support streaming")
@@ -496,8 +504,7 @@ class Client:
 
     def subscribe(self, task_id: str) -> EventStream:
         """SubscribeToTask: the events of a running task from now on."""
-        if not task_id:
-            raise ValueError("subscribe needs a task id")
+        _check_task_id("subscribe", task_id)
         session = self._run(self._ready())
         if not session.card.streaming:
             raise UnsupportedError("A2A subscribe: the remote agent does not support streaming")
@@ -510,14 +517,14 @@ class Client:
 
     def get_task(self, task_id: str, *, timeout: float | None = None) -> Task:
         """GetTask; ``NotFoundError`` when the remote does not know the task."""
-        if not task_id:
-            raise ValueError("get_task needs a task id")
+        _check_task_id("get_task", task_id)
+        _check_timeout("timeout", timeout)
         return self._run(self._get_task("get_task", task_id, timeout))
 
     def cancel_task(self, task_id: str, *, timeout: float | None = None) -> Task:
         """CancelTask; a task that is already terminal is returned as it is."""
-        if not task_id:
-            raise ValueError("cancel_task needs a task id")
+        _check_task_id("cancel_task", task_id)
+        _check_timeout("timeout", timeout)
         return self._run(self._cancel_task(task_id, timeout))
 
     def close(self) -> None:
@@ -1033,6 +1040,34 @@ async def _aclose_quietly(iterator: AsyncIterator[Any]) -> None:
             await aclose()
 
 
+# -- argument checks: a caller's wrong argument is a TypeError or ValueError naming it, never an
+# error blamed on the remote agent (a task id of 123 came back as a "malformed response").
+
+
+def _check_message(text: object, context_id: object, task_id: object) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, not {type(text).__name__}")
+    for name, value in (("context_id", context_id), ("task_id", task_id)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
+
+
+def _check_task_id(op: str, task_id: object) -> None:
+    if not isinstance(task_id, str | type(None)):
+        raise TypeError(f"{op}: the task id must be a str, not {type(task_id).__name__}")
+    if not task_id:
+        raise ValueError(f"{op} needs a task id")
+
+
+def _check_timeout(name: str, timeout: object) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"{name} must be a number of seconds or None, not {type(timeout).__name__}")
+    if not timeout > 0:  # NaN too
+        raise ValueError(f"{name} must be positive or None")
+
+
 def _split_card_url(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     base = f"{parts.scheme}://{parts.netloc}"
@@ -1055,8 +1090,6 @@ def _message_request(
     from a2a.types import Part as ProtoPart
     from a2a.types import Role, SendMessageConfiguration, SendMessageRequest
 
-    if not isinstance(text, str):
-        raise TypeError("text must be a str")
     message = ProtoMessage(
         message_id=uuid.uuid4().hex,
         role=Role.ROLE_USER,
