@@ -39,6 +39,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -323,6 +324,13 @@ def _parse_a2a(
             origin_of(public_url if isinstance(public_url, str) else "")
         except ValueError:
             raise ConfigError(f"{source}: a2a.public_url must be an absolute http(s) URL") from None
+        parts = urlsplit(public_url)
+        # The URL goes into every public card, the log and adaptord.json: a password in it would
+        # be published (and a query or fragment would end up before each card's path).
+        if "@" in parts.netloc or parts.query or parts.fragment or public_url.endswith(("?", "#")):
+            raise ConfigError(
+                f"{source}: a2a.public_url must be a base URL without user:password@, query or fragment"
+            )
         public_url = public_url.rstrip("/")
     remotes = _parse_remotes(raw.get("remotes", {}), source)
     selectable = set(tools) | ({DELEGATE_TOOL} if remotes else set())

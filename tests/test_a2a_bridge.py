@@ -709,3 +709,31 @@ def test_check_reports_a_remote_of_the_wrong_type(tmp_path: Path) -> None:
     assert check.returncode == 2, check.stderr
     assert "a2a.remotes.r: card_url must be a URL string" in check.stdout + check.stderr
     assert "Traceback" not in check.stderr
+
+
+# public_url is advertised in every card (public, no token needed), logged, and kept in
+# adaptord.json: a user:password@ in it was published as it was, and a query ended up in front
+# of each card's path ("...?x=1/agents/echo").
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://admin:pw-9f8e7d@box.example:8443",
+        "https://pw-9f8e7d@box.example",
+        "https://box.example/?token=pw-9f8e7d",
+        "https://box.example/#pw-9f8e7d",
+    ],
+    ids=["user-password", "user", "query", "fragment"],
+)
+def test_a_public_url_with_credentials_or_a_query_is_refused(url: str) -> None:
+    with pytest.raises(config_module.ConfigError, match="public_url must be a base URL") as caught:
+        config_module._parse({"a2a": {"public_url": url}}, "t")
+    assert "pw-9f8e7d" not in str(caught.value)
+
+
+def test_a_public_url_with_a_path_is_the_cards_base() -> None:
+    parsed = config_module._parse(
+        {"a2a": {"public_url": "https://box.example:8443/a2a/", "agents": {"echo": {"request": {"driver": "script"}}}}},
+        "t",
+    ).a2a
+    card = a2a_bridge.agent_card(parsed.agents[0], str(parsed.public_url), bearer=False)
+    assert card.supported_interfaces[0].url == "https://box.example:8443/a2a/agents/echo"
