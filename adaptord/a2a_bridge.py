@@ -145,6 +145,52 @@ def _default_log(fact: str, **fields: Any) -> None:
     _log.warning("%s %s", fact, " ".join(f"{k}={v}" for k, v in fields.items()))
 
 
+# The libraries serving the bridge log through Python logging, which the daemon does not
+# configure: their records reached stderr through logging's last-resort handler, as bare text
+# and multi-line tracebacks (a malformed request from any caller printed one), some quoting
+# what the caller sent.
+_SERVER_LOGGERS = ("a2a", "uvicorn")
+_LOGGED_MESSAGE_LIMIT = 200
+
+
+class _OneLineLog(logging.Handler):
+    """Routes the server libraries' warnings and errors into the daemon's log, one line each:
+    ``a2a.server_log level=... logger=... message='<first line>' error=<exception type>``."""
+
+    def __init__(self, log: Log) -> None:
+        super().__init__(logging.WARNING)
+        self._log = log
+        self._saved: list[tuple[logging.Logger, bool]] = []
+
+    def install(self) -> None:
+        for name in _SERVER_LOGGERS:
+            logger = logging.getLogger(name)
+            self._saved.append((logger, logger.propagate))
+            logger.addHandler(self)
+            logger.propagate = False
+
+    def uninstall(self) -> None:
+        saved, self._saved = self._saved, []
+        for logger, propagate in saved:
+            logger.removeHandler(self)
+            logger.propagate = propagate
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            lines = record.getMessage().strip().splitlines()
+            fields: dict[str, Any] = {
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                # Quoted: the text may hold what a caller sent, newlines included.
+                "message": repr(lines[0][:_LOGGED_MESSAGE_LIMIT] if lines else ""),
+            }
+            if record.exc_info and record.exc_info[0] is not None:
+                fields["error"] = record.exc_info[0].__name__
+            self._log("a2a.server_log", **fields)
+        except Exception:
+            self.handleError(record)
+
+
 # --- where to listen ------------------------------------------------------------------------------
 
 
@@ -839,6 +885,7 @@ class Bridge:
         self._cancel_wait = cancel_wait
         self._log = log
         self._server: ServerThread | None = None
+        self._server_log: _OneLineLog | None = None
 
     def card_url(self, key: str) -> str:
         return self.url + card_path(key)
@@ -868,10 +915,14 @@ class Bridge:
                 await handler.aclose()
 
         self._server = ServerThread(app, sock, name="adaptord-a2a", before_stop=drain)
+        if self._log is not _default_log:  # which logs through Python logging itself
+            self._server_log = _OneLineLog(self._log)
+            self._server_log.install()
         try:
             self._server.start()
         except RuntimeError as exc:
-            self._server = None
+            self._server = None  # it stopped itself
+            self.stop()
             raise ConfigError(f"--a2a {self.listen}: {exc}") from None
         return self.url
 
@@ -879,3 +930,6 @@ class Bridge:
         server, self._server = self._server, None
         if server is not None:
             server.stop()
+        server_log, self._server_log = self._server_log, None
+        if server_log is not None:
+            server_log.uninstall()

@@ -737,3 +737,25 @@ def test_a_public_url_with_a_path_is_the_cards_base() -> None:
     ).a2a
     card = a2a_bridge.agent_card(parsed.agents[0], str(parsed.public_url), bearer=False)
     assert card.supported_interfaces[0].url == "https://box.example:8443/a2a/agents/echo"
+
+
+def test_a_malformed_call_is_one_prefixed_log_line(tmp_path: Path) -> None:
+    # The a2a-sdk logged a caller's malformed request through Python logging, which reached the
+    # daemon's stderr as bare text and a multi-line traceback quoting what the caller sent.
+    config = tmp_path / "config.toml"
+    config.write_text('[a2a.agents.echo.request]\ndriver = "script"\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--a2a", "127.0.0.1:0").start()
+    try:
+        match = re.search(r"url=(\S+)", proc.wait_for_line("a2a.listening url="))
+        assert match is not None
+        rpc = f"{match.group(1)}/agents/echo"
+        bad_params = {
+            "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": 5}]}},
+        }
+        assert httpx.post(rpc, content=b"{not json\nxyzzy").json()["error"]["code"] == -32700
+        assert httpx.post(rpc, json=bad_params).json()["error"]["code"] == -32602
+        proc.wait_for_line("adaptord: a2a.server_log level=error")
+    finally:
+        assert proc.stop() == 0
+    assert [line for line in proc.lines if not line.startswith("adaptord: ")] == []
