@@ -268,8 +268,6 @@ def _build_request(
         raise click.UsageError(
             "--driver is required (or $ADAPTOR_DRIVER, or a --request file naming one)"
         )
-    # The daemon runs elsewhere; an agent started from a shell works where the shell is.
-    request.setdefault("workspace", os.getcwd())
     key, resume_only, fork_from = thread
     if key is not None:
         request["thread"] = {"key": key, "resume_only": resume_only, "fork_from": fork_from}
@@ -288,6 +286,10 @@ def _build_request(
         # so a numeric-looking one cannot end up quoted in a schema error.
         value = raw if key_path[0] == "env" else _json_or_text(raw)
         _put(config, key_path, value)
+    if "cwd" not in config:
+        # The daemon runs elsewhere; an agent started from a shell works where the shell is,
+        # unless the run names its directory (a workspace would win over the config's cwd).
+        request.setdefault("workspace", os.getcwd())
     for item in env_items:
         name, sep, value = item.partition("=")
         if not sep:

@@ -99,6 +99,23 @@ def test_a_terminal_shows_the_answer_with_its_control_characters_escaped(home: H
         assert b"\x1b[31m" not in terminal.seen, terminal.seen
 
 
+def test_run_keeps_the_directory_its_config_names(home: Home, tmp_path: Path) -> None:
+    # `adaptor run` filled in the shell's directory as the workspace even when the run named
+    # its own with a config cwd, and a workspace wins over a config cwd: `pwd` said the shell's.
+    named = tmp_path / "named"
+    named.mkdir()
+    request_file = tmp_path / "request.json"
+    request_file.write_text(json.dumps({"config": {"command": "pwd", "cwd": str(named)}}))
+    ways = (["--config", "command=pwd", "--config", f"cwd={named}"], ["--request", str(request_file)])
+    for way in ways:
+        for extra in ([], ["--no-daemon"]):
+            ran = home.cli("run", "--driver", "command", *way, *extra, "go")
+            assert (ran.returncode, ran.stdout) == (0, f"{named}\n"), (way, extra, ran.stderr)
+    # Without one, the shell's directory, as before.
+    ran = home.cli("run", "--driver", "command", "--config", "command=pwd", "go")
+    assert (ran.returncode, ran.stdout) == (0, f"{os.getcwd()}\n"), ran.stderr
+
+
 def test_approvals_show_an_agent_title_on_one_line(home: Home) -> None:
     # A title holding a newline broke the one-line listing; its escapes were stripped to a
     # pipe and ran on a terminal.
