@@ -423,7 +423,7 @@ class Client:
                 self._require_present(request_id)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise WaitTimeoutError(request_id, timeout or 0.0)
+                    raise WaitTimeoutError(request_id, max(timeout or 0.0, 0.0))
                 wake.wait(_VERDICT_POLL if remaining is None else min(_VERDICT_POLL, remaining))
 
     def _outcome(self, verdict: Mapping[str, Any]) -> Result:

@@ -510,6 +510,10 @@ def test_wait_timeout_is_not_an_outcome(home: Home) -> None:
         home.client.wait(request_id, timeout=0.2)
     assert isinstance(info.value, TimeoutError) and not isinstance(info.value, errors.AdaptorError)
     assert info.value.request_id == request_id
+    # A negative timeout looks once, as threading's waits do; it said "after -1s".
+    with pytest.raises(WaitTimeoutError, match=r"after 0s") as info:
+        home.client.wait(request_id, timeout=-1)
+    assert info.value.timeout == 0
     home.client.cancel(request_id)
     with pytest.raises(errors.RunCancelledError):
         home.client.wait(request_id, timeout=TIMEOUT)
