@@ -301,6 +301,16 @@ def raw_json_route(path: str, body: Any) -> BaseRoute:
     return Route(path, endpoint, methods=["POST"])
 
 
+def status_route(path: str, status_code: int, body: str = "server failure") -> BaseRoute:
+    """A raw route answering every POST with ``status_code`` and a plain-text ``body``."""
+    from starlette.routing import Route
+
+    async def endpoint(_: Any) -> Response:
+        return Response(body, status_code=status_code, media_type="text/plain")
+
+    return Route(path, endpoint, methods=["POST"])
+
+
 # --- serving in a thread ------------------------------------------------------------------------
 
 

@@ -237,10 +237,12 @@ def test_subscribing_to_a_finished_task_is_unsupported(client: a2a.Client) -> No
         (lambda c: c.send(None), TypeError, "text must be a str"),
         (lambda c: c.get_task("t", timeout=-1), ValueError, "timeout must be positive"),
         (lambda c: c.cancel_task("t", timeout="1"), TypeError, "timeout must be a number"),
+        (lambda c: c.send_stream("echo x").next_event("1"), TypeError, "timeout must be a number"),
+        (lambda c: c.send_stream("echo x").next_event(float("nan")), ValueError, "timeout"),
     ],
     ids=[
         "get-id", "cancel-id", "subscribe-id", "context", "task", "stream-context", "text",
-        "negative-timeout", "string-timeout",
+        "negative-timeout", "string-timeout", "next-event-string", "next-event-nan",
     ],
 )
 def test_a_wrong_argument_is_named_and_sends_nothing(
@@ -370,6 +372,97 @@ def test_same_origin_redirects_keep_the_authorization_header(token_env: str) -> 
         with a2a.Client(home.card_url, auth=a2a.BearerTokenFromEnv(token_env)) as c:
             assert c.send("echo kept").text == "echo: kept"
     assert log.authorizations("/") == [f"Bearer {TOKEN}"]
+
+
+def test_a_missing_token_is_unauthorized_and_not_its_own_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The auth's own UnauthorizedError was re-raised "from" itself: a cause chain that loops.
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    log = srv.HeaderLog()
+    with srv.scripted_server(bearer_token=TOKEN, header_log=log) as running:
+        auth = a2a.BearerTokenFromEnv(TOKEN_ENV)
+        caught: list[a2a.UnauthorizedError] = []
+        with a2a.Client(running.card_url, auth=auth) as c:
+            for call in (c.agent_card, lambda: c.get_task("t"), lambda: c.cancel_task("t")):
+                with pytest.raises(a2a.UnauthorizedError) as missing:
+                    call()
+                caught.append(missing.value)
+        monkeypatch.setenv(TOKEN_ENV, TOKEN)
+        with a2a.Client(running.card_url, auth=auth) as c:
+            c.agent_card()
+            monkeypatch.delenv(TOKEN_ENV)
+            with pytest.raises(a2a.UnauthorizedError) as missing:
+                list(c.send_stream("echo x"))
+            caught.append(missing.value)
+    assert log.authorizations("/") == []  # nothing was sent without the token
+    for err in caught:
+        assert err.__cause__ is None and err.cause is None
+        assert TOKEN_ENV in str(err)
+        assert err.to_wire()["cause"] is None
+
+
+# --- server failures and remote errors ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 507])
+@pytest.mark.parametrize("op", ["send", "send_stream"])
+def test_a_server_failure_is_a_connection_error_naming_the_status(status: int, op: str) -> None:
+    # A 500 was a ProtocolError ("unexpected HTTP status"), which delegation reports as a
+    # malformed response that is not worth retrying, while 502-504 were a ConnectionError.
+    route = srv.status_route("/failing", status)
+    with srv.scripted_server(extra_routes=[route]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/failing"))
+        with a2a.Client(card=card) as c, pytest.raises(ConnectionError) as caught:
+            if op == "send":
+                c.send("echo x")
+            else:
+                list(c.send_stream("echo x"))
+    assert f"HTTP {status}" in str(caught.value)
+
+
+def test_http_501_is_unsupported() -> None:
+    route = srv.status_route("/unimplemented", 501)
+    with srv.scripted_server(extra_routes=[route]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/unimplemented"))
+        with a2a.Client(card=card) as c, pytest.raises(a2a.UnsupportedError, match="HTTP 501"):
+            c.send("echo x")
+
+
+@pytest.mark.parametrize("op", ["send", "send_stream"])
+def test_a_server_defined_json_rpc_error_is_the_remotes_answer(token_env: str, op: str) -> None:
+    # A valid error answer whose code the a2a-sdk has no class for was "malformed response".
+    error = {"code": -32050, "message": f"queue full ({TOKEN})"}
+    body = {"jsonrpc": "2.0", "id": "1", "error": error}
+    routes = [srv.raw_json_route("/err", body), srv.raw_sse_route("/err-sse", [json.dumps(body)])]
+    with srv.scripted_server(extra_routes=routes) as running:
+        path = "/err" if op == "send" else "/err-sse"
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path=path))
+        auth = a2a.BearerTokenFromEnv(token_env)
+        with a2a.Client(card=card, auth=auth, trusted_origins=[running.base_url]) as c:
+            with pytest.raises(a2a.ProtocolError) as caught:
+                if op == "send":
+                    c.send("echo x")
+                else:
+                    list(c.send_stream("echo x"))
+    err = caught.value
+    assert (err.op, err.reason) == (op, "remote error -32050")
+    assert err.raw == "queue full (<redacted>)"
+    assert TOKEN not in _wire_text(err)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [{"code": "busy", "message": "not a number"}, {"code": None, "message": "no code"}],
+    ids=["string-code", "null-code"],
+)
+def test_a_json_rpc_error_without_an_integer_code_is_malformed(error: dict[str, Any]) -> None:
+    route = srv.raw_json_route("/err", {"jsonrpc": "2.0", "id": "1", "error": error})
+    with srv.scripted_server(extra_routes=[route]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/err"))
+        with a2a.Client(card=card) as c, pytest.raises(a2a.ProtocolError) as caught:
+            c.send("echo x")
+    assert caught.value.reason == "malformed response"
 
 
 # --- malformed traffic -------------------------------------------------------------------------

@@ -220,6 +220,18 @@ def test_a_stream_that_cannot_open(server: srv.Running) -> None:
     assert "stream.unavailable" in updates.kinds()
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_remote_answering_http_500_is_unavailable_and_retryable(streaming: bool) -> None:
+    # It was protocol_error ("malformed response"), not retryable, unlike a 503.
+    with srv.scripted_server(extra_routes=[srv.status_route("/failing", 500)]) as running:
+        card = srv.agent_card(running.base_url, rpc_path="/failing", streaming=streaming)
+        spec = d.RemoteAgentSpec("failing", card=srv.card_json(card), policy=FAST)
+        with _delegator(spec) as delegator:
+            err = _fails(delegator, d.DelegationRequest("failing", "echo x"))
+    assert err.code == "agent_unavailable" and err.retryable
+    assert "HTTP 500" in str(err.cause)
+
+
 @pytest.mark.parametrize(
     ("prompt", "code", "remote_status", "retryable"),
     [

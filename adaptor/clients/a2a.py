@@ -82,7 +82,9 @@ class InvalidAgentCardError(AdaptorError):
 
 
 class ProtocolError(AdaptorError):
-    """A malformed response, part or event.  ``raw`` is sanitized: it never holds credentials."""
+    """A malformed response, part or event, or an error answer from the remote that no other
+    class covers (``reason`` names it: ``internal_error``, ``remote error -32000``).  ``raw`` is
+    sanitized: it never holds credentials."""
 
     code = "a2a.ErrProtocol"
     default_message = "A2A protocol error"
@@ -414,7 +416,8 @@ class Client:
     ``timeout`` bounds each unary request (``send`` waits for the remote task unless
     ``return_immediately``, so size it for that); streams have no read timeout, bound them with
     ``EventStream.next_event(timeout)``.  Transport failures raise builtin ``ConnectionError``
-    and ``TimeoutError``; everything else is one of this module's errors.
+    and ``TimeoutError``, and so does a remote that answers HTTP 5xx (but 501), 408 or 429:
+    ``ConnectionError`` naming the status.  Everything else is one of this module's errors.
 
     Thread-safe; the SDK runs on one private event-loop thread per client.  ``close()`` it.
     """
@@ -617,7 +620,9 @@ class Client:
             base, path = _split_card_url(self._card_url)
             kwargs = {} if self._timeout is None else {"timeout": self._timeout}
             return await A2ACardResolver(http, base, path).get_agent_card(http_kwargs=kwargs)
-        except asyncio.CancelledError:
+        except (AdaptorError, asyncio.CancelledError):
+            # Ours already (the auth's own UnauthorizedError): raising it "from" itself made it
+            # its own cause.
             raise
         except Exception as exc:
             raise self._map("agent_card", exc) from exc
@@ -705,7 +710,7 @@ class Client:
             proto = await session.unary.get_task(
                 GetTaskRequest(id=task_id), context=self._call_context(timeout)
             )
-        except asyncio.CancelledError:
+        except (AdaptorError, asyncio.CancelledError):
             raise
         except Exception as exc:
             raise self._map(op, exc) from exc
@@ -720,7 +725,7 @@ class Client:
             proto = await session.unary.cancel_task(
                 CancelTaskRequest(id=task_id), context=self._call_context(timeout)
             )
-        except asyncio.CancelledError:
+        except (AdaptorError, asyncio.CancelledError):
             raise
         except TaskNotCancelableError as exc:
             _scrub_chain(exc, self._secrets())
@@ -744,7 +749,7 @@ class Client:
                 except StopAsyncIteration:
                     dropped = ConnectionError(f"A2A {op}: the stream ended before a final event")
                     break
-                except asyncio.CancelledError:
+                except (AdaptorError, asyncio.CancelledError):
                     raise
                 except Exception as exc:
                     mapped = self._map(op, exc, stream=True)
@@ -867,9 +872,10 @@ class EventStream(Iterator[StreamEvent]):
         return self._done
 
     def next_event(self, timeout: float | None = None) -> StreamEvent | None:
-        """The next event, or None when none arrived within ``timeout`` or the stream has
-        ended (``ended`` tells which).  After a timeout the stream stays usable and the next
-        call keeps waiting for the same event.  One consumer at a time."""
+        """The next event, or None when none arrived within ``timeout`` seconds (0 polls) or
+        the stream has ended (``ended`` tells which).  After a timeout the stream stays usable
+        and the next call keeps waiting for the same event.  One consumer at a time."""
+        _check_wait("timeout", timeout)
         with self._lock:
             if self._done:
                 return None
@@ -1060,12 +1066,19 @@ def _check_task_id(op: str, task_id: object) -> None:
 
 
 def _check_timeout(name: str, timeout: object) -> None:
+    _check_wait(name, timeout)
+    if isinstance(timeout, int | float) and not timeout > 0:  # NaN too
+        raise ValueError(f"{name} must be positive or None")
+
+
+def _check_wait(name: str, timeout: object) -> None:
+    """A wait's bound in seconds: 0 or less polls, NaN is refused."""
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise TypeError(f"{name} must be a number of seconds or None, not {type(timeout).__name__}")
-    if not timeout > 0:  # NaN too
-        raise ValueError(f"{name} must be positive or None")
+    if timeout != timeout:
+        raise ValueError(f"{name} must be a number of seconds, not NaN")
 
 
 def _split_card_url(url: str) -> tuple[str, str]:
@@ -1230,6 +1243,9 @@ def _stream_event(op: str, response: pb.StreamResponse, secrets: tuple[str, ...]
 # -- errors
 
 _REDACTED = "<redacted>"
+# How the SDK words a JSON-RPC error whose code it has no class for (it keeps no other trace of
+# the code); a code that is not an integer makes the answer malformed.
+_REMOTE_RPC_ERROR = re.compile(r"JSON-RPC Error (-?\d+): (.*)", re.DOTALL)
 _RAW_LIMIT = 2048
 _CREDENTIAL_PATTERNS = (
     (
@@ -1330,6 +1346,12 @@ def _map_error(
             return _chained(TimeoutError(f"A2A {op}: timed out"), exc)
         if isinstance(cause, httpx.RequestError):
             return _chained(ConnectionError(f"A2A {op}: connection failed or dropped"), exc)
+        remote = _REMOTE_RPC_ERROR.fullmatch(exc.message) if cause is None else None
+        if remote is not None:
+            # A well-formed JSON-RPC error whose code the SDK has no class for (a server-defined
+            # -32000, say): the remote's answer, not a malformed one.
+            code, message = remote.groups()
+            return ProtocolError(op, f"remote error {code}", exc, _raw(message, secrets))
         return ProtocolError(op, malformed, exc, _raw(str(exc), secrets))
     if isinstance(exc, sdk.A2AError):
         reason = sdk.A2A_ERROR_REASONS.get(type(exc), type(exc).__name__).lower()
@@ -1350,7 +1372,11 @@ def _map_status(
 ) -> BaseException:
     if status in (401, 403):
         return UnauthorizedError(f"A2A {op}: HTTP {status}", cause=exc)
-    if status in (408, 429, 502, 503, 504):
+    if status == 501:
+        return UnsupportedError(f"A2A {op}: not supported by the remote agent (HTTP 501)", cause=exc)
+    # A 5xx is the server failing (or a gateway in front of it), whatever its body says: the
+    # request may succeed later, like a timeout or a throttled one.
+    if status in (408, 429) or 500 <= status <= 599:
         return _chained(ConnectionError(f"A2A {op}: remote agent unavailable (HTTP {status})"), exc)
     return ProtocolError(op, f"unexpected HTTP status {status}", exc, _raw(str(exc), secrets))
 
