@@ -406,9 +406,11 @@ class ServerThread:
         name: str,
         before_stop: Callable[[], Coroutine[Any, Any, object]] | None = None,
         graceful_timeout: int = 5,
+        log: Log = _default_log,
     ) -> None:
         self.sock = sock
         self._before_stop = before_stop
+        self._log = log
         self._started = threading.Event()
         self._ok = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -434,8 +436,8 @@ class ServerThread:
 
         try:
             asyncio.run(main())
-        except Exception:
-            _log.exception("the A2A server thread failed")
+        except Exception as exc:
+            self._log("a2a.server_failed", error=repr(exc))
         finally:
             self._started.set()  # a server that died early must not leave start() waiting
 
@@ -598,7 +600,9 @@ def thread_key(agent: str, context_id: str) -> str:
     return f"a2a/{agent}/{context_id}"
 
 
-def _follow(spool: SpoolClient, request_id: str, post: Callable[[str | _Outcome], None]) -> None:
+def _follow(
+    spool: SpoolClient, request_id: str, post: Callable[[str | _Outcome], None], log: Log
+) -> None:
     """In a daemon thread: the run's text as its audit log records it, then its outcome.
 
     A thread of its own rather than the loop's executor: a run left unfinished by a stopping
@@ -610,7 +614,7 @@ def _follow(spool: SpoolClient, request_id: str, post: Callable[[str | _Outcome]
             if isinstance(event, events.TextDelta) and event.phase == "content" and event.text:
                 post(event.text)
     except Exception as exc:  # progress is best effort; the verdict below is what counts
-        _log.warning("a2a: cannot follow the events of %s: %r", request_id, exc)
+        log("a2a: cannot follow a request's events", id=request_id, error=repr(exc))
     try:
         post(_Outcome(result=spool.wait(request_id)))
     except Exception as exc:
@@ -731,7 +735,7 @@ class SpoolExecutor(AgentExecutor):
 
         threading.Thread(
             target=_follow,
-            args=(self.spool, request_id, post),
+            args=(self.spool, request_id, post, self._log),
             name=f"adaptord-a2a-{request_id}",
             daemon=True,
         ).start()
@@ -914,7 +918,9 @@ class Bridge:
             for handler in handlers:
                 await handler.aclose()
 
-        self._server = ServerThread(app, sock, name="adaptord-a2a", before_stop=drain)
+        self._server = ServerThread(
+            app, sock, name="adaptord-a2a", before_stop=drain, log=self._log
+        )
         if self._log is not _default_log:  # which logs through Python logging itself
             self._server_log = _OneLineLog(self._log)
             self._server_log.install()

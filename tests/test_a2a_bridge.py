@@ -4,6 +4,7 @@ official client (``adaptor.clients.a2a``), and two daemons chained through ``del
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -759,3 +760,38 @@ def test_a_malformed_call_is_one_prefixed_log_line(tmp_path: Path) -> None:
     finally:
         assert proc.stop() == 0
     assert [line for line in proc.lines if not line.startswith("adaptord: ")] == []
+
+
+def test_the_bridges_own_failures_are_one_daemon_fact_each(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two went to the "adaptord.a2a" Python logger instead of the daemon's log: unprefixed on
+    # the daemon's stderr, and the server thread's as a multi-line traceback.
+    from adaptord.daemon import Daemon
+
+    facts: list[tuple[str, dict[str, Any]]] = []
+
+    def log(fact: str, **fields: Any) -> None:
+        facts.append((fact, fields))
+
+    # A run whose events cannot be followed (here: no spool at all).
+    posted: list[Any] = []
+    a2a_bridge._follow(spool.Client(tmp_path / "no-home"), "r-1", posted.append, log)
+    assert len(posted) == 1 and posted[0].error is not None  # the outcome still arrives
+    # A server thread that dies (here: its socket was closed under it).
+    sock = a2a_bridge.listening_socket(a2a_bridge.Listen("127.0.0.1", 0))
+    sock.close()
+    from starlette.applications import Starlette
+
+    server = a2a_bridge.ServerThread(Starlette(), sock, name="doomed", log=log)
+    with contextlib.suppress(RuntimeError):
+        server.start()
+    server.stop()
+    assert [fact for fact, _ in facts] == [
+        "a2a: cannot follow a request's events", "a2a.server_failed"
+    ]
+    assert facts[0][1]["id"] == "r-1"
+    for fact, fields in facts:
+        line = Daemon._line(fact, fields)
+        assert line.startswith("adaptord: ") and "\n" not in line, line
+    assert [r for r in caplog.records if r.name.startswith("adaptord")] == []
