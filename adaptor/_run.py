@@ -8,6 +8,7 @@ the Result gathered so far.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import secrets as _secrets
@@ -51,7 +52,7 @@ from adaptor.events import (
 )
 from adaptor.policy import EffectiveApprovals, explicit_ask_kinds, validate
 from adaptor.result import Result, TranscriptItem
-from adaptor.stream import Broker, Stream
+from adaptor.stream import _STOP_WAIT, Broker, Stream
 
 if TYPE_CHECKING:
     from adaptor._options import RunOptions
@@ -162,6 +163,49 @@ class _RunThreads:
 _run_threads = _RunThreads()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_run_threads.reset)
+
+
+class _Unsettled:
+    """The runs admitted and not settled yet, which the interpreter's exit stops.
+
+    Their threads are daemon threads, which an exiting interpreter just abandons: a program
+    ending while a run goes on (an exception out of its ``for event in stream`` loop, a
+    ``sys.exit``) would leave the agent CLI running on its own, still changing the workspace,
+    its answer read by nobody.  At exit each such run is cancelled, and the exit waits up to
+    :data:`~adaptor.stream._STOP_WAIT` seconds in all for them to stop, as ``run()`` does when
+    interrupted.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every run: a forked child has none of their threads to wait for."""
+        self._lock = threading.Lock()
+        self._runs: set[RunPipeline] = set()
+
+    def add(self, run: RunPipeline) -> None:
+        with self._lock:
+            self._runs.add(run)
+
+    def discard(self, run: RunPipeline) -> None:
+        with self._lock:
+            self._runs.discard(run)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            runs = list(self._runs)
+        for run in runs:
+            run.cancel()
+        deadline = time.monotonic() + _STOP_WAIT
+        for run in runs:
+            run.stream._done.wait(max(deadline - time.monotonic(), 0.0))
+
+
+_unsettled = _Unsettled()
+atexit.register(_unsettled.stop_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unsettled.reset)
 
 
 def _no_thread(error: RuntimeError) -> RuntimeError:
@@ -288,6 +332,7 @@ class RunPipeline:
             self.run_id, self.thread_key, self.host.event_buffer, self.host.blocking_events
         )
         self.stream._broker = self.broker
+        _unsettled.add(self)
         self.broker.publish(RunStarted(run_id=self.run_id))
         try:
             if self.timeout is not None:
@@ -362,6 +407,7 @@ class RunPipeline:
         else:
             result_for_event = result
         self.stream._settle(result, error)
+        _unsettled.discard(self)
         assert self.broker is not None
         self.broker.finish(lambda: self._run_finished(result_for_event, error))
         self.host._unregister(self)

@@ -1162,3 +1162,50 @@ peek = iter(stream)
 assert isinstance(next(peek), events.RunStarted)
 print(stream.result().transcript()[-1].text)
 """
+
+
+_LEAVES_MID_STREAM = """
+import sys
+import adaptor
+from adaptor.drivers import command
+
+pid_file, how = sys.argv[1:]
+script = f"echo $$ > {pid_file}; echo started; sleep 60"
+agent = adaptor.Agent(command.Driver(command.Config("/bin/sh", extra_args=("-c", script))))
+stream = agent.stream("go")
+for event in stream:
+    if isinstance(event, adaptor.TextDelta) and "started" in event.text:
+        break
+if how == "raise":
+    raise RuntimeError("the host's own code failed mid-stream")
+sys.exit(3)  # the program ends with its run still going
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie nobody reaped is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            line = stat.read()
+    except FileNotFoundError:
+        return False
+    return line[line.rfind(b")") + 2 :].split()[0] != b"Z"
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_program_that_ends_with_its_run_going_stops_the_agent_process(tmp_path: Any, how: str) -> None:
+    # Run threads are daemon threads: a program leaving while a run went on (an exception out
+    # of its `for event in stream` loop, a sys.exit) left the agent CLI running on its own,
+    # still working in the workspace with nobody to read its answer.
+    pid_file = tmp_path / "pid"
+    proc = subprocess.run(
+        [sys.executable, "-c", _LEAVES_MID_STREAM, str(pid_file), how],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == (1 if how == "raise" else 3), proc.stderr
+    pid = int(pid_file.read_text())
+    try:
+        assert not _running(pid)
+    finally:
+        if _running(pid):  # (the agent's process group: its `sleep` too)
+            os.killpg(pid, signal.SIGKILL)
