@@ -15,6 +15,7 @@ from adaptor._thread import DEFAULT_LEASE_RENEWAL, DEFAULT_LEASE_TTL, Thread, co
 from adaptor.driver import Driver
 from adaptor.errors import AgentClosedError
 from adaptor.skill import Provider
+from adaptor.threadstore import Store
 
 if TYPE_CHECKING:
     from adaptor._gateway import Gateway
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
     from adaptor.tool import Definition
 
 __all__ = ["Agent", "Runner", "Thread"]
+
+
+def _kind_of(value: object) -> str:
+    if isinstance(value, type):
+        return f"the class {value.__qualname__}"
+    return f"a {type(value).__name__}"
 
 
 class Runner(Protocol):
@@ -59,7 +66,7 @@ class Agent:
         mcp: Sequence[Any] | None = None,
         on_approval: Callable[[ApprovalRequest], None] | None = None,
         spawn: bool = False,
-        thread_store: Any = None,
+        thread_store: Store | None = None,
         tools: Sequence[Definition] = (),
         skill_provider: Provider | None = None,
         event_buffer: int = 1024,
@@ -69,12 +76,27 @@ class Agent:
     ) -> None:
         if driver is None:
             raise TypeError("Agent needs a driver, e.g. Agent(claude.Driver(claude.Config()))")
+        if isinstance(driver, type):
+            # Its methods are there, unbound: the mistake would show only at the first run.
+            raise TypeError(
+                f"Agent needs a driver object, not the class {driver.__module__}."
+                f"{driver.__qualname__}: pass an instance, {driver.__qualname__}(...)"
+            )
         for method in ("descriptor", "validate_config", "run"):
             if not callable(getattr(driver, method, None)):
                 raise TypeError(f"driver {driver!r} has no {method}() method")
         self.driver = driver
         self.event_buffer = event_buffer if event_buffer > 0 else 1024
         self.blocking_events = blocking_events
+        if thread_store is not None and (
+            isinstance(thread_store, type) or not isinstance(thread_store, Store)
+        ):
+            # A directory passed as is would fail every thread run, after it started, in the
+            # store's first call.
+            raise TypeError(
+                "thread_store takes a store, e.g. adaptor.threadstore.JSONLStore(directory) or "
+                f"adaptor.memory.Store(); got {_kind_of(thread_store)}"
+            )
         self.thread_store = thread_store
         if lease_ttl <= 0 or lease_renewal <= 0:
             raise ValueError("lease_ttl and lease_renewal must be positive")

@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 import adaptor
+import adaptor.memory
 import adaptor.schema
 from adaptor import _run, events
 from adaptor.driver import Descriptor, Request, Response
 from adaptor.testing import ScriptedDriver
+from adaptor.threadstore import JSONLStore
 
 PERMISSION = {"approval": {"kind": "permission", "title": "write main.py"}}
 QUESTION = {"approval": {"kind": "question", "title": "which one?", "choices": ["a", "b"]}}
@@ -381,6 +383,19 @@ def test_programmer_errors_raise_immediately() -> None:
         agent.run("go", modle="typo")
     with pytest.raises(TypeError):
         agent.run(None)  # type: ignore[arg-type]
+
+
+def test_a_driver_class_or_something_not_a_store_is_refused_at_construction(tmp_path: Any) -> None:
+    # The class instead of a driver made an Agent whose every run failed as an
+    # InvalidDriverConfigError of a driver named "builtins"; a directory given as the store
+    # failed every thread run, after its RunStarted, with "AttributeError: 'str' object has no
+    # attribute 'acquire_lease'".
+    with pytest.raises(TypeError, match=r"ScriptedDriver\(\.\.\.\)"):
+        adaptor.Agent(ScriptedDriver)  # type: ignore[arg-type]
+    for store in (str(tmp_path), JSONLStore, adaptor.memory):  # a path, a class, a module
+        with pytest.raises(TypeError, match="thread_store takes a store"):
+            adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=store)  # type: ignore[arg-type]
+    adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=JSONLStore(tmp_path / "threads"))
 
 
 def test_call_options_never_change_agent_defaults() -> None:
