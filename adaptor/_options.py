@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -71,8 +73,52 @@ class RunOptions:
             elif name == "mcp":
                 changes["mcp"] = None if value is None else _sequence(value, "mcp")
             else:
-                changes[name] = value
+                changes[name] = _checked(name, value)
         return dataclasses.replace(self, **changes)
+
+
+def _checked(name: str, value: Any) -> Any:
+    """``value`` as the option ``name`` takes it, else a TypeError saying what it takes.
+
+    Taken as it came, a value of the wrong type failed deep inside the run, after it started
+    (a dict as ``schema_options``), at the first approval (an ``on_approval`` that cannot be
+    called), or not at all (a ``model`` of 5 came back in ``Result.model``).
+    """
+    if value is None or name == "policy":  # (a policy is checked when the run starts)
+        return value
+    if name == "timeout":
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"timeout takes a number of seconds or None, not {_kind(value)}")
+        if value != value:
+            # NaN compares false with everything: it would have meant "no deadline".
+            raise ValueError("timeout must be a number of seconds or None, not nan")
+        return value if isinstance(value, int | float) else float(value)  # (numpy, Fraction)
+    if name == "workspace":
+        if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
+            raise TypeError(f"workspace takes a path (str or os.PathLike) or None, not {_kind(value)}")
+        return os.fspath(value)  # drivers, checkpoints and fingerprints see text only
+    if name in ("model", "instructions", "append_system_prompt"):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} takes a str or None, not {_kind(value)}")
+    elif name == "on_approval":
+        if not callable(value):
+            raise TypeError(
+                "on_approval takes a callable(ApprovalRequest) or None, e.g. adaptor.approve_all, "
+                f"not {_kind(value)}"
+            )
+    elif name == "schema_options":
+        from adaptor.schema import SchemaOptions
+
+        if not isinstance(value, SchemaOptions):
+            raise TypeError(
+                f"schema_options takes adaptor.SchemaOptions(...) or None, not {_kind(value)}"
+            )
+    return value
+
+
+def _kind(value: object) -> str:
+    # The type only: a misplaced value may be a secret.
+    return f"a {type(value).__name__}"
 
 
 def _sequence(value: Any, name: str) -> tuple[Any, ...]:
@@ -96,7 +142,7 @@ def _metadata(value: Mapping[str, str] | None) -> dict[str, str]:
 
 def defaults(
     *,
-    workspace: str | None,
+    workspace: str | os.PathLike[str] | None,
     model: str | None,
     timeout: float | None,
     policy: Policy | None,
@@ -109,15 +155,15 @@ def defaults(
     spawn: bool,
 ) -> RunOptions:
     return RunOptions(
-        workspace=workspace,
-        model=model,
-        timeout=timeout,
+        workspace=_checked("workspace", workspace),
+        model=_checked("model", model),
+        timeout=_checked("timeout", timeout),
         policy=policy,
-        instructions=instructions,
-        append_system_prompt=append_system_prompt,
+        instructions=_checked("instructions", instructions),
+        append_system_prompt=_checked("append_system_prompt", append_system_prompt),
         metadata=_metadata(metadata),
         skills=_sequence(skills, "skills"),
         mcp=None if mcp is None else _sequence(mcp, "mcp"),
-        on_approval=on_approval,
+        on_approval=_checked("on_approval", on_approval),
         spawn=spawn,
     )

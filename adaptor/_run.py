@@ -289,9 +289,6 @@ class RunPipeline:
         self._fresh_session = False
         self.run_id = new_run_id()
         self.started = time.monotonic()
-        if options.timeout is not None and options.timeout != options.timeout:
-            # NaN compares false with everything: it would have meant "no deadline".
-            raise ValueError("timeout must be a number of seconds or None, not nan")
         # A deadline beyond any real run (e.g. 1e40 s from a config file) is no deadline at all;
         # datetime and timer arithmetic would overflow on it.
         self.timeout = options.timeout if options.timeout is None or options.timeout < _FOREVER else None

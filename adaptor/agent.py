@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -55,7 +56,7 @@ class Agent:
         self,
         driver: Driver,
         *,
-        workspace: str | None = None,
+        workspace: str | os.PathLike[str] | None = None,
         model: str | None = None,
         timeout: float | None = None,
         policy: Policy | None = None,

@@ -398,6 +398,50 @@ def test_a_driver_class_or_something_not_a_store_is_refused_at_construction(tmp_
     adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=JSONLStore(tmp_path / "threads"))
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("timeout", "30", "timeout takes a number of seconds"),  # (from a config file, unparsed)
+        ("timeout", True, "timeout takes a number of seconds"),
+        ("on_approval", "approve", "on_approval takes a callable"),
+        ("schema_options", {"return_invalid": True}, r"schema_options takes adaptor\.SchemaOptions"),
+        ("model", 5, "model takes a str"),
+        ("instructions", ["be brief"], "instructions takes a str"),
+        ("workspace", 5, "workspace takes a path"),
+    ],
+)
+def test_an_option_of_the_wrong_type_is_a_type_error_at_once(option: str, value: Any, says: str) -> None:
+    # They were taken as they came: a timeout of "30" failed with "'<' not supported between
+    # instances of 'str' and 'float'", a dict as schema_options with an AttributeError after
+    # the run started, a non-callable on_approval only at the run's first approval (as an
+    # AgentFailedError), and a model of 5 came back as Result.model == 5.
+    if option != "schema_options":  # (a call-only option)
+        with pytest.raises(TypeError, match=says):
+            adaptor.Agent(ScriptedDriver([{"text": "x"}]), **{option: value})
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]))
+    with pytest.raises(TypeError, match=says):
+        agent.stream("go", **{option: value})
+    with pytest.raises(TypeError, match=says):
+        agent.thread("k").stream("go", **{option: value})
+
+
+def test_a_path_workspace_reaches_the_driver_as_text(tmp_path: Any) -> None:
+    # A pathlib.Path went to the driver as it was: the script driver's checkpoint then held a
+    # Path, and every thread turn failed with "did not prove a resumable checkpoint".
+    agent = adaptor.Agent(
+        ScriptedDriver([{"text": "x"}], session="auto"),
+        thread_store=adaptor.memory.Store(),
+        workspace=tmp_path,
+    )
+    agent.thread("k").run("go")
+    assert agent.thread("k").checkpoint().state.data["cwd"] == str(tmp_path)
+    # The same folder given as text is the same workspace: the conversation goes on.
+    stream = agent.thread("k").stream("again", workspace=str(tmp_path))
+    notices = [e for e in stream if isinstance(e, events.Notice)]
+    stream.result()
+    assert not [n for n in notices if n.data.get("phase") == "thread.new_session"]
+
+
 def test_call_options_never_change_agent_defaults() -> None:
     seen: list[Request] = []
 
