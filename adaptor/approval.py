@@ -67,6 +67,7 @@ class Responder:
         self._settle(request, Outcome("approved"))
 
     def deny(self, request: ApprovalRequest, reason: str = "") -> None:
+        _require_text(request, "deny(reason)", reason)
         self._settle(request, Outcome("rejected", text=reason))
 
     def answer(self, request: ApprovalRequest, option: str) -> None:
@@ -74,6 +75,7 @@ class Responder:
             raise ApprovalKindMismatchError(
                 f"approval {request.id!r} is a {self._kind} request: approve() or deny() it"
             )
+        _require_text(request, "answer(option)", option)
         if not option:
             raise ValueError(f"approval {request.id!r}: an answer needs an option (deny it instead)")
         choice = option if option in self._choice_keys else ""
@@ -124,6 +126,13 @@ class Responder:
     @property
     def outcome(self) -> Outcome | None:
         return self._outcome
+
+
+def _require_text(request: ApprovalRequest, what: str, value: object) -> None:
+    # Checked before anything settles, so the request stays open for a proper response: the
+    # value goes to the agent CLI, the resolved notice and ApprovalDeniedError.details as text.
+    if not isinstance(value, str):
+        raise TypeError(f"approval {request.id!r}: {what} takes a str, not a {type(value).__name__}")
 
 
 def approve_all(request: ApprovalRequest) -> None:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -619,6 +620,34 @@ def test_an_empty_answer_is_refused_and_the_question_stays_open() -> None:
         policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask")),
     )
     assert agent.run("go").text == "picked"
+
+
+def test_a_response_that_is_not_text_is_a_type_error_and_the_request_stays_open() -> None:
+    # deny(5) and answer(5) were taken: the agent was sent the int as its reason or answer, and
+    # the resolved notice and ApprovalDeniedError.details["text"] carried it.
+    def handler(req: events.ApprovalRequest) -> None:
+        wrong: list[Callable[[], None]] = [
+            lambda: req.deny(None),  # type: ignore[arg-type]
+            lambda: req.deny(b"no"),  # type: ignore[arg-type]
+            (lambda: req.answer(5)) if req.kind == "question" else (lambda: req.deny(5)),  # type: ignore[arg-type]
+        ]
+        for respond in wrong:
+            with pytest.raises(TypeError, match="takes a str"):
+                respond()
+        if req.kind == "question":
+            req.answer("b")
+        else:
+            req.approve()
+
+    agent = adaptor.Agent(
+        ScriptedDriver([QUESTION, PERMISSION, {"text": "went on"}]),
+        on_approval=handler,
+        policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask")),
+    )
+    stream = agent.stream("go")
+    resolved = [e.data for e in stream if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
+    assert stream.result().text == "went on"
+    assert [(r["result"], r["choice"]) for r in resolved] == [("answered", "b"), ("approved", "")]
 
 
 def test_default_question_is_auto_rejected_without_consulting_the_handler() -> None:
