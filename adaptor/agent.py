@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from adaptor import _options
 from adaptor._options import RunOptions
@@ -37,8 +37,9 @@ def _kind_of(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
+@runtime_checkable
 class Runner(Protocol):
-    """Anything that runs prompts: ``Agent`` and ``Thread``."""
+    """Anything that runs prompts: ``Agent`` and ``Thread``.  ``isinstance`` works with it."""
 
     def run(self, prompt: str, **options: Any) -> Result: ...
     def stream(self, prompt: str, **options: Any) -> Stream: ...

@@ -443,6 +443,15 @@ def test_a_path_workspace_reaches_the_driver_as_text(tmp_path: Any) -> None:
     assert not [n for n in notices if n.data.get("phase") == "thread.new_session"]
 
 
+def test_agent_and_thread_are_runners_at_runtime() -> None:
+    # adaptor.Runner is what a host's helpers take (as run_as does); isinstance() with it
+    # raised "Instance and class checks can only be used with @runtime_checkable protocols".
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=adaptor.memory.Store())
+    assert isinstance(agent, adaptor.Runner)
+    assert isinstance(agent.thread("k"), adaptor.Runner)
+    assert not isinstance(agent.stream("go"), adaptor.Runner)
+
+
 def test_call_options_never_change_agent_defaults() -> None:
     seen: list[Request] = []
 
