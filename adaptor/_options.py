@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adaptor import _waiting
 from adaptor.policy import Policy
 
 if TYPE_CHECKING:
@@ -87,17 +87,16 @@ def _checked(name: str, value: Any) -> Any:
     if value is None or name == "policy":  # (a policy is checked when the run starts)
         return value
     if name == "timeout":
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"timeout takes a number of seconds or None, not {_kind(value)}")
-        if value != value:
-            # NaN compares false with everything: it would have meant "no deadline".
-            raise ValueError("timeout must be a number of seconds or None, not nan")
-        return value if isinstance(value, int | float) else float(value)  # (numpy, Fraction)
+        return _waiting.seconds("timeout", value)
     if name == "workspace":
         if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
             raise TypeError(f"workspace takes a path (str or os.PathLike) or None, not {_kind(value)}")
         return os.fspath(value)  # drivers, checkpoints and fingerprints see text only
-    if name in ("model", "instructions", "append_system_prompt"):
+    if name == "spawn":
+        if not isinstance(value, bool):
+            # Truthiness would read spawn="no" (a config file's string) as yes.
+            raise TypeError(f"spawn takes True or False, not {_kind(value)}")
+    elif name in ("model", "instructions", "append_system_prompt"):
         if not isinstance(value, str):
             raise TypeError(f"{name} takes a str or None, not {_kind(value)}")
     elif name == "on_approval":
@@ -165,5 +164,5 @@ def defaults(
         skills=_sequence(skills, "skills"),
         mcp=None if mcp is None else _sequence(mcp, "mcp"),
         on_approval=_checked("on_approval", on_approval),
-        spawn=spawn,
+        spawn=_checked("spawn", spawn),
     )

@@ -11,6 +11,7 @@ between two of them.  Other threads wait as asked: no signal handler can run on 
 
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from typing import Final
@@ -41,3 +42,20 @@ def wait_event(event: threading.Event, timeout: float | None = None) -> bool:
                 return event.is_set()
         if event.wait(step):
             return True
+
+
+def seconds(name: str, value: object) -> float | None:
+    """``value`` as the seconds (or ``None``) an argument called ``name`` takes.
+
+    A string from a config file, a ``bool`` or an object is a :class:`TypeError` naming the
+    argument (not ``'<' not supported ...`` from deep inside, after something started); NaN,
+    which compares false with everything and so would mean "no limit", a :class:`ValueError`.
+    The type only is named: a misplaced value may be a secret.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
+    if value != value:
+        raise ValueError(f"{name} must be a number of seconds or None, not nan")
+    return value if isinstance(value, int | float) else float(value)  # (numpy, Fraction)

@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from adaptor import _options
+from adaptor import _options, _waiting
 from adaptor._options import RunOptions
 from adaptor._run import RunPipeline
 from adaptor._thread import DEFAULT_LEASE_RENEWAL, DEFAULT_LEASE_TTL, Thread, codec_name_of
@@ -88,7 +88,12 @@ class Agent:
             if not callable(getattr(driver, method, None)):
                 raise TypeError(f"driver {driver!r} has no {method}() method")
         self.driver = driver
+        if isinstance(event_buffer, bool) or not isinstance(event_buffer, int):
+            raise TypeError(f"event_buffer takes a number of events, not {_kind_of(event_buffer)}")
         self.event_buffer = event_buffer if event_buffer > 0 else 1024
+        if not isinstance(blocking_events, bool):
+            # Truthiness would read blocking_events="no" as yes.
+            raise TypeError(f"blocking_events takes True or False, not {_kind_of(blocking_events)}")
         self.blocking_events = blocking_events
         if thread_store is not None and (
             isinstance(thread_store, type) or not isinstance(thread_store, Store)
@@ -100,10 +105,12 @@ class Agent:
                 f"adaptor.memory.Store(); got {_kind_of(thread_store)}"
             )
         self.thread_store = thread_store
-        if lease_ttl <= 0 or lease_renewal <= 0:
+        ttl = _waiting.seconds("lease_ttl", lease_ttl)
+        renewal = _waiting.seconds("lease_renewal", lease_renewal)
+        if ttl is None or renewal is None or ttl <= 0 or renewal <= 0:
             raise ValueError("lease_ttl and lease_renewal must be positive")
-        self.lease_ttl = float(lease_ttl)
-        self.lease_renewal = float(lease_renewal)
+        self.lease_ttl = float(ttl)
+        self.lease_renewal = float(renewal)
         # Construction does no I/O: tools are checked, and their gateway started, by the first
         # run that needs them.
         self.tools = tuple(tools)
@@ -192,13 +199,18 @@ class Agent:
         Idempotent.  Drivers with persistent processes get ``close_processes(timeout)``; then
         the tool gateway, if a run started one, is shut down.
         """
+        # Checked first: a wrong one found after the runs were cancelled left the agent half
+        # closed (refusing runs, its CLI processes and gateway still up).
+        limit = _waiting.seconds("timeout", timeout)
+        if limit is None:
+            raise TypeError("close(timeout) takes a number of seconds, not None")
         with self._lock:
             first = not self._closed
             self._closed = True
             active = list(self._active)
         for run in active:
             run.cancel()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit
         with self._idle:
             while self._active:
                 remaining = deadline - time.monotonic()

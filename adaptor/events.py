@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
-from adaptor import _nesting
+from adaptor import _nesting, _waiting
 from adaptor.result import Usage
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ class ApprovalRequest(_Event):
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the request is settled by anyone (a response, its deadline, the run's
         end); True when settled.  Useful for hosts that route approvals themselves."""
-        return self._live().wait(timeout) is not None
+        return self._live().wait(_waiting.seconds("timeout", timeout)) is not None
 
     @property
     def settled(self) -> bool:

@@ -35,7 +35,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
-from adaptor import _durable, _home, errors
+from adaptor import _durable, _home, _waiting, errors
 from adaptor.errors import AdaptorError
 from adaptor.events import Event
 from adaptor.result import Result
@@ -402,12 +402,7 @@ class Client:
 
     def _await_verdict(self, request_id: str, timeout: float | None) -> dict[str, Any]:
         # Checked first: a verdict already there must not hide the mistake until a slow run.
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-                kind = type(timeout).__name__
-                raise TypeError(f"timeout must be a number of seconds or None, not {kind}")
-            if timeout != timeout:
-                raise ValueError("timeout must be a number of seconds or None, not nan")
+        timeout = _waiting.seconds("timeout", timeout)
         self._require_spool()
         verdict = self.verdict(request_id)
         if verdict is not None:

@@ -402,8 +402,8 @@ def test_a_driver_class_or_something_not_a_store_is_refused_at_construction(tmp_
 @pytest.mark.parametrize(
     ("option", "value", "says"),
     [
-        ("timeout", "30", "timeout takes a number of seconds"),  # (from a config file, unparsed)
-        ("timeout", True, "timeout takes a number of seconds"),
+        ("timeout", "30", "timeout must be a number of seconds"),  # (from a config file, unparsed)
+        ("timeout", True, "timeout must be a number of seconds"),
         ("on_approval", "approve", "on_approval takes a callable"),
         ("schema_options", {"return_invalid": True}, r"schema_options takes adaptor\.SchemaOptions"),
         ("model", 5, "model takes a str"),
@@ -424,6 +424,37 @@ def test_an_option_of_the_wrong_type_is_a_type_error_at_once(option: str, value:
         agent.stream("go", **{option: value})
     with pytest.raises(TypeError, match=says):
         agent.thread("k").stream("go", **{option: value})
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error", "says"),
+    [
+        ("event_buffer", "5", TypeError, "event_buffer takes a number of events"),
+        ("blocking_events", "no", TypeError, "blocking_events takes True or False"),
+        ("spawn", "no", TypeError, "spawn takes True or False"),
+        ("lease_ttl", "300", TypeError, "lease_ttl must be a number of seconds"),
+        ("lease_renewal", float("nan"), ValueError, "lease_renewal must be a number of seconds"),
+    ],
+)
+def test_a_construction_option_of_the_wrong_type_is_refused(
+    option: str, value: Any, error: type[Exception], says: str
+) -> None:
+    # "no" (a config file's string) was read as yes; "5" and "300" failed later with
+    # "'>' not supported ..."; a NaN lease passed the "must be positive" check.
+    with pytest.raises(error, match=says):
+        adaptor.Agent(ScriptedDriver([{"text": "x"}]), **{option: value})
+
+
+def test_close_with_a_wrong_timeout_leaves_the_agent_open() -> None:
+    # It was found only after the runs were cancelled and the agent marked closed.
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]))
+    for wrong, error in (("10", TypeError), (None, TypeError), (float("nan"), ValueError)):
+        with pytest.raises(error, match="timeout"):
+            agent.close(wrong)  # type: ignore[arg-type]
+        assert not agent.closed
+    assert agent.run("go").text == "x"
+    agent.close(5)
+    assert agent.closed
 
 
 def test_a_path_workspace_reaches_the_driver_as_text(tmp_path: Any) -> None:

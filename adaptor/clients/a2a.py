@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
+from adaptor import _waiting
 from adaptor.errors import AdaptorError
 
 if TYPE_CHECKING:
@@ -1073,12 +1074,7 @@ def _check_timeout(name: str, timeout: object) -> None:
 
 def _check_wait(name: str, timeout: object) -> None:
     """A wait's bound in seconds: 0 or less polls, NaN is refused."""
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"{name} must be a number of seconds or None, not {type(timeout).__name__}")
-    if timeout != timeout:
-        raise ValueError(f"{name} must be a number of seconds, not NaN")
+    _waiting.seconds(name, timeout)
 
 
 def _split_card_url(url: str) -> tuple[str, str]:
