@@ -924,8 +924,9 @@ class RunPipeline:
                 expiry = threading.Timer(timeout, responder.expire, ("timed_out",))
                 expiry.daemon = True
                 expiry.start()
+            returned: object = None
             try:
-                handler(approval)
+                returned = handler(approval)
             except errors.ApprovalResolvedError:
                 # A response too late (or a second one): the outcome that won stands.
                 pass
@@ -942,7 +943,11 @@ class RunPipeline:
                 return responder.expire("timed_out")
             if outcome is None:
                 responder.expire("aborted")
-                self.end(_Terminal("handler", "approval handler returned without resolving the request"))
+                why = "approval handler returned without resolving the request"
+                if callable(returned):
+                    # on_approval=deny_all: the factory itself, which returns the handler.
+                    why += " (it returned a function: pass a handler factory called, e.g. deny_all(\"why\"))"
+                self.end(_Terminal("handler", why))
                 return Outcome("aborted")
             return outcome
         bound = None if timeout is None else time.monotonic() + timeout

@@ -803,6 +803,10 @@ def test_handler_that_raises_or_does_not_resolve_fails_the_run() -> None:
     with pytest.raises(adaptor.AgentFailedError, match="without resolving"):
         adaptor.Agent(ScriptedDriver([PERMISSION]), on_approval=lambda req: None).run("go")
 
+    # deny_all is a factory: passed uncalled, it returns the handler and resolves nothing.
+    with pytest.raises(adaptor.AgentFailedError, match=r"it returned a function.*deny_all\("):
+        adaptor.Agent(ScriptedDriver([PERMISSION]), on_approval=adaptor.deny_all).run("go")  # type: ignore[arg-type]
+
 
 # --- backpressure -------------------------------------------------------------------------------
 
