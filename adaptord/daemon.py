@@ -1583,6 +1583,11 @@ class Daemon:
             return None
         try:
             record = self._store.resolve(Query(key=key))
+        except _durable.CorruptLogError as exc:
+            # The store says it once and then reads its files as they stand: the run goes on
+            # with them (mended by hand, or still damaged and failing), so say it here.
+            self.log("thread store damaged or changed by hand; reading it afresh", error=exc)
+            return None
         except Exception:  # the run itself will report the store's problem
             return None
         return _record_mark(record)

@@ -29,7 +29,9 @@ from adaptor import _durable, _home, _nesting, errors, events
 from adaptor import _request as requests
 from adaptor.driver import InvalidOutputSchemaError
 from adaptor.drivers import NAMES as DRIVER_NAMES
+from adaptor.drivers import script as script_driver
 from adaptor.spool import Client, InvalidRequestError
+from adaptor.threadstore import JSONLStore
 from adaptord import config as config_module
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
@@ -203,6 +205,34 @@ def test_thread_runs_share_one_audit_log(daemon: DaemonProcess) -> None:
     assert verdict["events"] == f"events/{_home.session_for_thread('tenant/7')}.jsonl"
     records = sr.verify(daemon.home.root / verdict["events"])
     assert records > 0
+
+
+def test_a_thread_store_cleared_by_hand_is_served_without_a_restart(daemon: DaemonProcess) -> None:
+    # The daemon's store went on from what it had read: once its log was removed (or a backup
+    # put back) every thread run failed with exit 70 ("appended line did not read back")
+    # until adaptord was restarted, and each of them left a lease behind in the new file.
+    def turn(key: str) -> dict[str, Any]:
+        return daemon.verdict(daemon.submit(
+            {"driver": "script", "prompt": "go", "thread": {"key": key},
+             "config": {"steps": [{"text": "ok"}], "session": "auto"}}
+        ))
+
+    assert turn("by-hand")["ok"]
+    threads = daemon.home.root / "threads"
+    # Taken, so that the daemon takes it anew (as after any pause) rather than lingering on.
+    with filelock.FileLock(str(threads / "store.lock"), thread_local=False):
+        (threads / "log-000001.jsonl").unlink()
+    verdicts = [turn("by-hand") for _ in range(2)]
+    assert all(v["ok"] for v in verdicts), [v["error"] for v in verdicts]
+    daemon.wait_for_line("thread store damaged or changed by hand; reading it afresh")
+    store = JSONLStore(threads)
+    agent = adaptor.Agent(script_driver.Driver(script_driver.Config(steps=({"text": "mine"},), session="auto")),
+                          thread_store=store, workspace=str(daemon.home.root / "workspace"))
+    try:
+        assert agent.thread("by-hand").run("go").text == "mine"  # no lease left behind
+    finally:
+        agent.close()
+        store.close()
 
 
 @pytest.mark.parametrize(

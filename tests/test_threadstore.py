@@ -943,6 +943,47 @@ def test_torn_tail_is_ignored_then_repaired_and_corruption_is_reported(tmp_path:
     assert info.value.line == 2
 
 
+def test_an_instance_reads_the_files_afresh_after_reporting_them_changed_under_it(
+    tmp_path: Path,
+) -> None:
+    # A long-lived instance (the daemon's) whose files were restored from a backup or removed
+    # failed every later call ("log shrank", "appended line did not read back") until the
+    # process was restarted, while any new process read the store fine; and its appends after
+    # a removal left leases in the new file that nobody would release.
+    directory = tmp_path / "threads"
+    log = directory / "log-000001.jsonl"
+    store = JSONLStore(directory)
+    first = start(store, "r1", "k")
+    backup = log.read_bytes()
+    start(store, "r2", "k2")
+
+    def changed_by_hand() -> None:
+        # A person's edit takes longer than the store's lock lingers; let it go now.
+        _durable.release_lingering(directory / "store.lock")
+
+    log.write_bytes(backup)  # restored in place: an acknowledged finalize is gone
+    changed_by_hand()
+    with pytest.raises(CorruptLogError, match="shrank"):
+        store.resolve(Query(key="k2"))
+    # Said once; then the files as they stand, as a new instance reads them.
+    assert store.resolve(Query(key="k2")) is None
+    assert store.resolve(Query(key="k")) == first
+    start(store, "r3", "k3")
+
+    log.unlink()  # the store cleared by hand
+    changed_by_hand()
+    with pytest.raises(CorruptLogError, match="removed or replaced"):
+        store.acquire_lease("key:k4", "o", 60)
+    assert not log.exists()  # nothing appended to a file this instance had not read
+    lease = store.acquire_lease("key:k4", "o", 60)
+    assert store.resolve(Query(key="k")) is None
+    store.release_lease(lease)
+    store.close()
+    with JSONLStore(directory) as fresh:
+        assert fresh.resolve(Query(key="k3")) is None
+        fresh.acquire_lease("key:k4", "other", 60)  # released: no lease left behind
+
+
 def test_missing_snapshot_with_later_logs_is_corruption_not_an_empty_store(tmp_path: Path) -> None:
     directory = tmp_path / "threads"
     with JSONLStore(directory) as store:

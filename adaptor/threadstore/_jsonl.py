@@ -243,6 +243,9 @@ class JSONLStore:
         # claimed so by a line another writer stamped (see _commit).
         self._synced = 0
         self._broken: OSError | None = None
+        # The last refresh found the files not as this instance left them (damage, a log
+        # removed or replaced, acknowledged lines gone): the next one reads them from scratch.
+        self._reread = False
         self._closed = False
         self._epoch = -1  # lock_epoch() when the files were last known as read
         self.lines_read = 0  # log lines parsed by this instance, for cost checks
@@ -340,16 +343,28 @@ class JSONLStore:
             self._refuse_if_closed()  # another thread may have closed it while this one waited
             # Unchanged epoch: this process held the flock throughout since our last look
             # and no other instance here wrote, so the files are as we left them.
-            if lock_epoch(self._lock_path) != self._epoch:
-                self._refresh()
-                self._epoch = lock_epoch(self._lock_path)
-            yield
+            try:
+                if self._reread or lock_epoch(self._lock_path) != self._epoch:
+                    self._refresh()
+                    self._epoch = lock_epoch(self._lock_path)
+                yield
+            except CorruptLogError:
+                # Said once, then the files are read as they stand, as a new instance reads
+                # them: still damaged, the next call says so again; mended (a backup restored,
+                # the store moved aside) they are served.  Holding on to what this instance
+                # had read failed every later call of a long-lived process (the daemon) until
+                # it was restarted, while every other process read the store fine.
+                self._reread = True
+                raise
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
             raise ValueError(f"{self!r} is closed")
 
     def _refresh(self) -> None:
+        if self._reread:
+            self._reread = False
+            self._restart()
         try:
             on_disk = os.stat(self._snapshot_path, follow_symlinks=False)
         except FileNotFoundError:
@@ -363,9 +378,32 @@ class JSONLStore:
             on_disk, os.fstat(self._snapshot_fd)
         ):
             self._follow_snapshot()
+        if not self._following_log():
+            # Only a compaction retires a log, and it replaces the snapshot first (followed
+            # above).  Reading on from the old file would hide what is at the path now, and
+            # an append would start that file at a sequence its readers refuse.
+            raise CorruptLogError(self._log_path(), 1, "the log was removed or replaced")
         if self._ahead and not self._confirm_ahead():
             self._restart()
         self._read_log()
+
+    def _following_log(self) -> bool:
+        """Whether the file at the log's path is the one this instance has read."""
+        if self._log_fd is None:
+            if not self._offset:
+                return True  # none of it applied yet: it is read from its start
+            # Only written through the log so far: _read_log checks that the file at the path
+            # still holds what we applied (not shorter, our lines followed by good ones).
+            try:
+                self._log_fd = os.open(self._log_path(), _READ_FLAGS)
+            except FileNotFoundError:
+                return False
+            return True
+        try:
+            on_disk = os.stat(self._log_path(), follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return os.path.samestat(on_disk, os.fstat(self._log_fd))
 
     # --- reading ahead without the lock ---------------------------------------------------------
 
