@@ -230,6 +230,8 @@ def events(
             )
         records = _request_records(client, request_id, follow=follow, since=since)
     elif thread_key is not None:
+        if not thread_key:  # no run can have one: -f would wait forever
+            raise click.BadParameter("a thread key is never empty", param_hint="--thread")
         client = Client(home)
         client._require_spool()
         session = _home.session_for_thread(thread_key)
@@ -424,13 +426,22 @@ def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = N
     for record in records:
         state = record.get("state") or {}
         session = state.get("display_id") or state.get("resume_id") or "-"
-        echo(f"{_shown(record['key'])}  {record['driver_type']}  {record['updated_at']}  {_shown(str(session))}")
+        echo(f"{_shown_key(record['key'])}  {record['driver_type']}  {record['updated_at']}  {_shown(str(session))}")
 
 
 def _shown(text: str) -> str:
     # One line per item: a key or title holding a newline (or a terminal escape) is shown
     # JSON-quoted, to a pipe too (--json has it as it is).
     return text if text.isprintable() else orjson.dumps(text).decode()
+
+
+def _shown_key(key: str) -> str:
+    """A thread key as a listing's first column: JSON-quoted also when, shown as it is, it
+    would not read back as itself (a blank end, the two spaces that separate the columns, a
+    leading quote that makes it look quoted already)."""
+    if key != key.strip() or "  " in key or key.startswith('"'):
+        return orjson.dumps(key).decode()
+    return _shown(key)
 
 
 @threads.command("show")
@@ -466,6 +477,8 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
     for name, value in obj.items():
         if isinstance(value, dict):
             value = orjson.dumps(value).decode()
+        elif name == "key":
+            value = _shown_key(value)
         elif isinstance(value, str):
             value = _shown(value)
         echo(f"{name}: {value}")

@@ -770,6 +770,28 @@ def test_threads_list_and_show(home: Home) -> None:
     assert not any(line.startswith("lines") for line in lines)
 
 
+def test_threads_quote_a_key_that_would_not_read_back_as_itself(home: Home) -> None:
+    # Shown as they are, " " was a blank column, "a  b" split into two columns, and a key
+    # that starts with a quote looked like another key shown JSON-quoted.
+    odd = [" cli/quote/padded ", "cli/quote/two  spaces", '"cli/quote/quoted"', '"cli/quote/nl\\n"']
+    plain = "cli/quote/plain key"
+    for key in (*odd, plain):
+        home.client.run(threaded(key), timeout=TIMEOUT)
+    lines = home.cli("threads").stdout.splitlines()
+    for key in odd:
+        assert any(line.startswith(orjson.dumps(key).decode() + "  script  ") for line in lines), (key, lines)
+    assert any(line.startswith(plain + "  script  ") for line in lines)
+    shown = home.cli("threads", "show", odd[0]).stdout.splitlines()
+    assert 'key: " cli/quote/padded "' in shown
+
+
+def test_events_of_an_empty_thread_key_is_a_usage_error(home: Home) -> None:
+    # With -f it waited forever for a log no run can write; without, it said exit 4.
+    for args in (["--thread", ""], ["--thread", "", "-f"]):
+        proc = home.cli("events", *args, timeout=TIMEOUT)
+        assert proc.returncode == 2 and "never empty" in proc.stderr, (args, proc.stderr)
+
+
 def test_threads_of_a_home_that_does_not_exist_is_69_not_an_empty_list(home: Home, tmp_path: Path) -> None:
     # A mistyped --home listed nothing (exit 0) and `show` said the conversation was gone.
     env = {**home.env(), "ADAPTORD_HOME": str(tmp_path / "no-such-home")}
