@@ -347,14 +347,23 @@ def _run_through_daemon(
     client._require_spool()
     # Without a daemon nothing would ever write the verdict this command waits for.
     require_daemon(client)
+    from hosttools.sessionrecorder import JSONLEventLogCorruptError
+
     request_id = submit_request(client, request)
     live.label = request_id
     try:
         with live, telling_when_the_daemon_stops(
             client, request_id, live.note, ctrl_c="stops waiting and cancels it"
         ):
-            for event in client.events(request_id, follow=True):
-                live.event(event)
+            try:
+                for event in client.events(request_id, follow=True):
+                    live.event(event)
+            except JSONLEventLogCorruptError as exc:
+                # The log is only the live view; the verdict is the outcome.  A thread's log
+                # holds its earlier turns too, and a damaged line among them cost every later
+                # turn its answer (exit 70 though the run succeeded).
+                live.stop_following(f"adaptor: cannot show the run's events ({exc}); waiting for its verdict")
+                client._await_verdict(request_id, None)
     except KeyboardInterrupt as stop:
         client.cancel(request_id)
         echo(f"\nadaptor: cancelled {request_id}{_by(stop)}", err=True)
@@ -604,6 +613,12 @@ class Live:
                     self._approval_hint(event.data)
                 case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):
                     self._text_lost = True
+
+    def stop_following(self, why: str) -> None:
+        """The events can no longer be read: say why; the text is printed whole at the end."""
+        with self._lock:
+            self._text_lost = True
+        self.note(why)
 
     def note(self, text: str) -> None:
         """A line for the person at the terminal, on stderr (nothing with ``--quiet``/``--json``)."""

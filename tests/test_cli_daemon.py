@@ -69,6 +69,23 @@ def test_run_prints_only_the_result_text_when_piped(home: Home) -> None:
     assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
 
 
+def test_a_damaged_line_in_a_threads_audit_log_does_not_cost_a_later_turn_its_answer(home: Home) -> None:
+    # `run` follows the run's events in the thread's log, which holds every earlier turn: a
+    # bad line there ended it with exit 70 and no answer, though the verdict said ok.
+    def turn(text: str) -> subprocess.CompletedProcess[str]:
+        return home.cli("run", "--driver", "script", "--config", steps({"text": text}),
+                        "--config", "session=auto", "--thread", "cli/damaged-log", "go")
+
+    assert turn("first").returncode == 0
+    log = home.root / "events" / f"{_home.session_for_thread('cli/damaged-log')}.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    lines[2] = b"X" * len(lines[2])
+    log.write_bytes(b"\n".join(lines))
+    second = turn("second")
+    assert (second.returncode, second.stdout) == (0, "second\n"), second.stderr
+    assert "cannot show the run's events" in second.stderr and "line 3" in second.stderr
+
+
 ANSWER_WITH_ESCAPES = "b\x1b[31mred\nline2"
 
 
