@@ -287,6 +287,9 @@ class RunPipeline:
         self._leased_at = 0.0
         self._released = threading.Event()
         self._fresh_session = False
+        # The agent's session this run ended in, as its driver's checkpoint names it: the
+        # thread_id of RunFinished, so a log tells which session each turn ran in.
+        self._session_id = ""
         self.run_id = new_run_id()
         self.started = time.monotonic()
         # A deadline beyond any real run (e.g. 1e40 s from a config file) is no deadline at all;
@@ -636,6 +639,9 @@ class RunPipeline:
 
     def _verdict(self, response: Response | None, driver_error: BaseException | None) -> Result:
         result = self._result(response)
+        checkpoint = None if response is None else response.checkpoint
+        if checkpoint is not None and checkpoint.state is not None:
+            self._session_id = checkpoint.state.resume_id
         if response is not None and response.timed_out and self.deadline is not None:
             # The driver was given this run's deadline and stopped its process when it passed,
             # which can happen just before this pipeline's own timer fires: the same deadline.
@@ -778,6 +784,7 @@ class RunPipeline:
             reason = error.reason
         return RunFinished(
             run_id=self.run_id,
+            thread_id=self._session_id,
             usage=None if result is None else result.usage,
             failed=error is not None,
             reason=reason,

@@ -521,3 +521,31 @@ def test_states_go_through_the_drivers_session_codec(store: Any) -> None:
         agent.thread("fresh").run("five")
     assert errors.matches(caught.value, adaptor.ThreadCheckpointMissingError)
     assert store.resolve(Query(key="fresh")) is None
+
+
+def test_run_finished_names_the_session_each_turn_ran_in(store: Any) -> None:
+    # thread_id was "" in every run.finished: an audit log could not tell which agent session
+    # a turn ran in (resumed, forked, or started afresh).
+    agent, _ = agent_with(store)
+    thread = agent.thread("k")
+
+    def finished(stream: adaptor.Stream) -> events.RunFinished:
+        last = list(stream)[-1]
+        stream.result()
+        assert isinstance(last, events.RunFinished)
+        return last
+
+    first = finished(thread.stream("go"))
+    record = store.resolve(Query(key="k"))
+    assert record is not None and record.state is not None
+    assert first.thread_id == record.state.resume_id != ""
+    assert finished(thread.stream("again")).thread_id == first.thread_id  # resumed
+    forked = finished(thread.fork("k/fork").stream("branch"))
+    branch = store.resolve(Query(key="k/fork"))
+    assert branch is not None and branch.state is not None
+    assert forked.thread_id == branch.state.resume_id != first.thread_id
+    # No session to name: a driver that made no checkpoint.
+    plain = adaptor.Agent(ScriptedDriver([{"text": "x"}]))
+    assert finished(plain.stream("go")).thread_id == ""
+    agent.close()
+    plain.close()
