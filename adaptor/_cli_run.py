@@ -269,6 +269,8 @@ def _build_request(
             "--driver is required (or $ADAPTOR_DRIVER, or a --request file naming one)"
         )
     key, resume_only, fork_from = thread
+    if resume_only and fork_from is not None:
+        raise click.UsageError("--resume-only and --fork-from cannot go together: a fork starts a new thread")
     if key is not None:
         request["thread"] = {"key": key, "resume_only": resume_only, "fork_from": fork_from}
     elif resume_only or fork_from is not None:

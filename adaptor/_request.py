@@ -86,6 +86,10 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         elif not os.path.isdir(workspace):
             problems.append({"path": "/workspace", "message": "is not an existing directory"})
     problems.extend(_relative_skill_paths(obj.get("skills")))
+    thread = obj.get("thread")
+    if isinstance(thread, dict) and thread.get("resume_only") is True and thread.get("fork_from"):
+        # Silently ignored before: a fork always makes a new thread, it resumes nothing.
+        problems.append({"path": "/thread/resume_only", "message": "cannot be true with fork_from (a fork starts a new thread)"})
     config = obj.get("config")
     if isinstance(config, dict) and isinstance(config.get("cwd"), str) and not os.path.isabs(config["cwd"]):
         # The working directory in place of a workspace: refused for the same reason.

@@ -198,6 +198,16 @@ NO_DAEMON_CASES = {
 }
 
 
+def test_resume_only_with_fork_from_is_a_usage_error(home: Home) -> None:
+    # --resume-only was silently ignored: a fork always starts a new thread.
+    for extra in ([], ["--no-daemon"]):
+        ran = home.cli(
+            "run", "--driver", "script", "--config", steps({"text": "x"}),
+            "--thread", "k", "--resume-only", "--fork-from", "p", *extra, "go",
+        )
+        assert ran.returncode == 2 and "cannot go together" in ran.stderr, (extra, ran.stderr)
+
+
 @pytest.mark.parametrize("name", list(NO_DAEMON_CASES))
 def test_run_no_daemon_matches_the_daemon(home: Home, tmp_path: Path, name: str) -> None:
     args, expected = NO_DAEMON_CASES[name]

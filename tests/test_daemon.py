@@ -252,6 +252,8 @@ def test_a_thread_store_cleared_by_hand_is_served_without_a_restart(daemon: Daem
         # The working directory in place of a workspace: relative to the daemon's, as above.
         ("relative-cwd.json", orjson.dumps({"driver": "command", "prompt": "x", "config": {"command": "/bin/true", "cwd": "rel"}}), "/config/cwd"),
         ("bad-driver.json", orjson.dumps({"driver": "nope", "prompt": "x"}), "driver"),
+        # resume_only was silently ignored: a fork always starts a new thread.
+        ("resume-fork.json", orjson.dumps({"driver": "script", "prompt": "x", "thread": {"key": "k", "resume_only": True, "fork_from": "p"}}), "/thread/resume_only"),
     ],
 )
 def test_hostile_files_get_rejection_verdicts(daemon: DaemonProcess, name: str, content: bytes, why: str) -> None:
