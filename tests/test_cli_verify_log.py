@@ -183,3 +183,19 @@ def test_help_documents_the_exit_codes() -> None:
     assert proc.returncode == 0
     assert "exits 70" in " ".join(proc.stdout.split())
     assert "--repair" in proc.stdout and "--json" in proc.stdout
+
+
+def test_a_thread_store_log_is_named_as_such_not_called_corrupt(tmp_path: Path) -> None:
+    # Its lines are framed with a crc too: it was "corrupt ... line 1: missing host_seq", exit
+    # 70, as if a healthy store were damaged.
+    import adaptor
+    from adaptor.drivers import script
+    from adaptor.threadstore import JSONLStore
+
+    store = JSONLStore(tmp_path / "threads")
+    driver = script.Driver(script.Config(steps=({"text": "x"},), session="auto"))
+    adaptor.Agent(driver, thread_store=store).thread("k").run("go")
+    store.close()
+    checked = _adaptor(str(tmp_path / "threads" / "log-000001.jsonl"))
+    assert checked.returncode == 2, checked.stderr
+    assert "thread-store log" in checked.stderr and "corrupt" not in checked.stderr
