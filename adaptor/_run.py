@@ -754,7 +754,7 @@ class RunPipeline:
             )
         if terminal.kind == "deadline":
             return errors.RunDeadlineExceededError(
-                f"run deadline of {self.timeout or 0:g}s exceeded",
+                f"run deadline of {self.timeout or 0:g}s exceeded" + _last_error(result),
                 # As the active-execution budget does: callers (the A2A bridge's limit_ms)
                 # can say which limit ran out without parsing the message.
                 details={} if self.timeout is None else {"limit": self.timeout},
@@ -763,8 +763,10 @@ class RunPipeline:
             )
         if terminal.kind == "budget":
             assert self._budget is not None
+            limit = self._budget.limit
             return errors.ActiveExecutionTimeoutError(
-                self._budget.limit, details={"limit": self._budget.limit}, result=result
+                limit, f"active execution budget of {limit:g}s exhausted" + _last_error(result),
+                details={"limit": limit}, result=result,
             )
         if terminal.kind == "approval_denied":
             return errors.ApprovalDeniedError(terminal.message, details=terminal.details, result=result)
@@ -1041,6 +1043,13 @@ def _response(request_id: str, outcome: Outcome) -> DecisionResponse:
     return DecisionResponse(
         request_id=request_id, result=outcome.result, choice=outcome.choice, text=outcome.text
     )
+
+
+def _last_error(result: Result) -> str:
+    """The agent's last reported error, for the message of a run a time limit ended: a CLI that
+    retries a bad key or a rate limit until then has said nothing else about why."""
+    said = " ".join(str(result.metadata.get("last_error") or "").split())
+    return f"; the agent's last error: {said[:300]}" if said else ""
 
 
 def _describe_exit(response: Response) -> str:

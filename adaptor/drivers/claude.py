@@ -110,6 +110,7 @@ from adaptor.drivers._lines import (
     NullSink,
     Protocol,
     as_dict,
+    as_int,
     as_list,
     as_str,
     lean,
@@ -707,6 +708,9 @@ class _Parser:
         self.assistant_lines = 0
         self.denials: list[Any] = []
         self.mcp_unavailable: dict[str, str] = {}  # required server -> status the CLI reported
+        # The CLI's latest retried API failure: all a run that its deadline ends while the CLI
+        # backs off (a bad key, a rate limit) can say about why it never answered.
+        self.last_error = ""
 
     @property
     def terminal_seen(self) -> bool:
@@ -838,9 +842,11 @@ class _Parser:
         elif subtype == "api_retry":
             meta = {k: event.get(k) for k in ("attempt", "max_retries", "retry_delay_ms",
                                               "error_status", "error")}
-            self._item(kind="system", subtype="api_retry", metadata=meta,
-                       text=f"API request failed ({event.get('error')}); retry "
-                            f"{event.get('attempt')} of {event.get('max_retries')}")
+            http = as_int(event.get("error_status"))
+            why = as_str(event.get("error")) or "unknown"
+            self.last_error = (f"API request failed ({why}{f', HTTP {http}' if http else ''});"
+                               f" retry {event.get('attempt')} of {event.get('max_retries')}")
+            self._item(kind="system", subtype="api_retry", metadata=meta, text=self.last_error)
         elif subtype == "permission_denied":
             self._item(kind="system", subtype="permission_denied",
                        text=as_str(event.get("message")) or "permission denied",
@@ -1072,6 +1078,8 @@ class _Parser:
             metadata["permission_denials"] = _nesting.dumps(self.denials).decode()
         if self.version:
             metadata["claude_code_version"] = self.version
+        if self.last_error:
+            metadata["last_error"] = self.last_error
         if self.protocol.malformed:
             metadata["protocol"] = "malformed"
         summary = as_str((result or {}).get("result")) if self.succeeded else ""

@@ -4,6 +4,7 @@ argv, stdin protocol, approvals, sessions, policy and conformance without the re
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -189,6 +190,37 @@ def test_claude_api_error_is_classified(fake_cli: MakeFake, tmp_path: Path) -> N
     assert caught.value.details["kind"] == "rate_limit"
     assert caught.value.details["retryable"] is True
     assert "429" in str(caught.value)
+
+
+@pytest.mark.parametrize("limit", ["timeout", "budget"])
+def test_claude_retrying_until_the_deadline_says_why(
+    fake_exe: Callable[[str, str], str], tmp_path: Path, limit: str
+) -> None:
+    # With the CLI's default retries a bad key or a rate limit is retried for minutes: the
+    # run's timeout ended it with only "run deadline of 3s exceeded", the 401 nowhere.
+    retry = {"type": "system", "subtype": "api_retry", "attempt": 2, "max_retries": 10,
+             "retry_delay_ms": 1100, "error_status": 401, "error": "authentication_failed"}
+    exe = fake_exe("claude-retrying", f"""
+        import sys, time
+        print('{{"type":"system","subtype":"init","session_id":"s1","model":"m"}}', flush=True)
+        print({json.dumps(json.dumps(retry))}, flush=True)
+        time.sleep(60)
+        """)
+    config = claude.Config(command=exe, config_dir=str(tmp_path / "profile"))
+    expected: type[adaptor.RunError] = adaptor.RunDeadlineExceededError
+    options: dict[str, Any] = {"timeout": 3}
+    said = "run deadline of 3s exceeded"
+    if limit == "budget":
+        expected = adaptor.ActiveExecutionTimeoutError
+        options = {"policy": adaptor.Policy(active_execution_timeout=3)}
+        said = "active execution budget of 3s exhausted"
+    with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
+        with pytest.raises(expected) as caught:
+            agent.run("say hello", **options)
+    last = "API request failed (authentication_failed, HTTP 401); retry 2 of 10"
+    assert str(caught.value) == f"{said}; the agent's last error: {last}"
+    assert caught.value.result is not None
+    assert caught.value.result.metadata["last_error"] == last
 
 
 def test_claude_capabilities_are_honest(fake_cli: MakeFake, tmp_path: Path) -> None:

@@ -299,6 +299,22 @@ def test_claude_http_errors(
     assert str(status) in str(caught.value)
 
 
+def test_claude_bad_key_retried_until_the_deadline_says_why(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The CLI's default retries (ten, backed off) outlast a short timeout: the deadline error
+    # said nothing of the 401 the CLI kept getting.
+    config = claude_config()
+    env = {k: v for k, v in config.env.items() if k != "CLAUDE_CODE_MAX_RETRIES"}
+    anthropic.configure(status=401)
+    with adaptor.Agent(claude.Driver(dataclasses.replace(config, env=env)),
+                       workspace=workspace) as agent:
+        with pytest.raises(adaptor.RunDeadlineExceededError) as caught:
+            agent.run("say hello", timeout=6)
+    assert "the agent's last error: API request failed (authentication_failed, HTTP 401)" in str(
+        caught.value)
+
+
 def test_claude_unreachable_server(claude_config: Callable[..., claude.Config], workspace: str) -> None:
     config = claude_config(base_url=f"http://127.0.0.1:{closed_port()}")
     with adaptor.Agent(claude.Driver(config), workspace=workspace) as agent:
@@ -451,6 +467,7 @@ def test_codex_unreachable_server_ends_with_the_run_timeout(
             stream.result()
     assert caught.value.result is not None
     assert "network" in caught.value.result.metadata.get("last_error", "")
+    assert "the agent's last error: " in str(caught.value)
     assert wait_until_gone(spawned_pid(events)) == []
 
 
