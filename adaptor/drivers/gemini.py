@@ -33,7 +33,8 @@ Failures: an error ``result`` is an ``agent_error`` classified from the API erro
 (``"code": 401`` / ``UNAUTHENTICATED`` → ``auth``; 429 / ``RESOURCE_EXHAUSTED`` →
 ``rate_limit``; 5xx and "fetch failed" → ``provider_unavailable``).  For API errors the CLI
 exits with the HTTP status truncated to 8 bits (401 → 145), which also identifies the status
-when the message does not.  Gemini retries 5xx and network errors with backoff for minutes; its
+when the message does not.  Exit 41 without a result is the CLI's own authentication failure
+(no ``GEMINI_API_KEY``, an auth method not selected): ``auth`` too.  Gemini retries 5xx and network errors with backoff for minutes; its
 ``general.maxAttempts`` / ``general.retryFetchErrors`` settings or the run's ``timeout`` bound
 that.
 
@@ -103,6 +104,9 @@ _AUTH = re.compile(r"UNAUTHENTICATED|PERMISSION_DENIED|api key not valid|invalid
                    r"unauthori[sz]ed", re.IGNORECASE)
 _RATE_LIMIT = re.compile(r"RESOURCE_EXHAUSTED|quota|rate limit|too many requests", re.IGNORECASE)
 # "API Error: terminated" and the rest: undici's words for a response body cut mid-way.
+# The CLI's FatalAuthenticationError (0.61.0): no key for the selected auth method, or none
+# selected; it exits before any request, with no result.
+_EXIT_AUTH: Final = 41
 _LOOP_DETECTED = re.compile(r"\bloop detected\b", re.IGNORECASE)
 _UNAVAILABLE = re.compile(r"\bINTERNAL\b|\bUNAVAILABLE\b|overloaded|fetch failed|ECONNREFUSED|"
                           r"ECONNRESET|ETIMEDOUT|ENOTFOUND|EAI_AGAIN|API Error: terminated|"
@@ -414,8 +418,11 @@ class _Parser:
 
 
 def _died(died: RunFailure) -> RunFailure:
-    """A death whose last words quote a provider error is that error."""
+    """A death whose last words quote a provider error, or the CLI's own authentication exit,
+    is that error."""
     kind, status = _kind_of(died.message, None)
+    if not kind and died.details.get("exit_code") == _EXIT_AUTH:
+        kind = "auth"
     if not kind:
         return died
     return provider_failure(died.message, kind, provider_status=status, **died.details)

@@ -11,6 +11,7 @@ false`` make API and network failures come back at once instead of after minutes
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -90,6 +91,23 @@ def test_replay_api_error_and_dead_process() -> None:
     assert response.failure is not None
     assert response.failure.message.startswith(
         "gemini ended without a result (exit code 1): Unknown arguments: bogus-flag")
+
+
+@pytest.mark.parametrize("stderr", [
+    b"When using Gemini API, you must specify the GEMINI_API_KEY environment variable.\n"
+    b"Update your environment and try again (no reload needed if using .env)!\n",
+    b"Invalid auth method selected.\n",
+])
+def test_the_clis_own_authentication_exit_is_auth(stderr: bytes) -> None:
+    # No key (or no auth method) makes the CLI exit 41 before any request, with no result: an
+    # agent_error with no kind, where claude's and codex's missing key are "auth".
+    response = gemini.replay(b"", stderr, 41)
+    assert response.failure is not None and response.failure.code == "agent_error"
+    assert dict(response.failure.details) == {"kind": "auth", "retryable": False, "exit_code": 41}
+    assert response.failure.message.startswith("gemini ended without a result (exit code 41): ")
+    # Exit 41 is the CLI's; another status with the same words stays unclassified.
+    response = gemini.replay(b"", stderr, 1)
+    assert response.failure is not None and "kind" not in response.failure.details
 
 
 def test_a_turn_the_cli_stopped_as_a_loop_is_not_a_success() -> None:
@@ -328,6 +346,21 @@ def test_real_error_status(
     assert (details["kind"], details["provider_status"]) == (kind, status)
     assert details["exit_code"] == status & 0xFF  # the CLI exits with the HTTP status
     assert f"mock error {status}" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_real_missing_api_key_is_auth(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+) -> None:
+    config = gemini_config(model=MODEL)
+    env = {k: v for k, v in config.env.items() if k != "GEMINI_API_KEY"}
+    with adaptor.Agent(gemini.Driver(dataclasses.replace(config, env=env)),
+                       workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert (caught.value.details["kind"], caught.value.details["retryable"]) == ("auth", False)
+    assert "GEMINI_API_KEY" in str(caught.value)
+    assert mock.requests == []  # refused before any request
 
 
 @pytest.mark.slow
