@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,6 +50,14 @@ _RETRYABLE: Final = frozenset({"rate_limit", "provider_unavailable"})
 
 # How much of a bad line a diagnostic may quote: enough to recognise it, never a whole payload.
 _QUOTE: Final = 80
+
+# Terminal escapes (colours and cursor moves, titles and links) some CLIs print even to a pipe:
+# quoted in a message they are noise in a log, and cut short they leave a terminal coloured.
+_ESCAPES: Final = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[0-Z\\-_])"
+)
+# The words of a line that says why a process stopped, among banners and backtraces.
+_REASON: Final = re.compile(r"error|panic|fatal", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -171,9 +180,12 @@ class Protocol:
         text = data.decode("utf-8", "replace").rstrip()
         if text:
             self.item(TranscriptItem(kind="stderr", text=text))
-            # The CLI's own last word on why it stopped, ignoring backtrace noise.
-            if "error" in text.lower() or not self.stderr_reason:
-                self.stderr_reason = text
+            # The CLI's own last word on why it stopped, ignoring backtrace noise and lines of
+            # pure decoration (a crash report's "=====" rule).
+            reason = _ESCAPES.sub("", text).strip() if "\x1b" in text else text.strip()
+            if any(c.isalnum() for c in reason) and (not self.stderr_reason
+                                                     or _REASON.search(reason)):
+                self.stderr_reason = reason
 
     def died(self, cli: str, how: str, **details: Any) -> RunFailure:
         """The failure of a process that ended without its terminal event."""

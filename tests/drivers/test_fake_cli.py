@@ -223,6 +223,31 @@ def test_claude_retrying_until_the_deadline_says_why(
     assert caught.value.result.metadata["last_error"] == last
 
 
+def test_claude_crash_report_names_the_crash(
+    fake_exe: Callable[[str, str], str], tmp_path: Path
+) -> None:
+    # The real claude (a Bun executable) killed by SIGSEGV prints a crash report whose first
+    # line is a rule of "=": the message quoted that rule as the reason.
+    report = ["=" * 60, "Bun v1.4.6 (358d8293c) Linux x64", "",
+              "panic(main thread): Segmentation fault at address 0x3F42",
+              "oh no: Bun has crashed. This indicates a bug in Bun, not your code.",
+              " https://bun.report/1.4.6/la1358d829kgggggBugogCg965wD4"]
+    stderr = "\n".join(report) + "\n"
+    exe = fake_exe("claude-crashing", f"""
+        import os, signal, sys
+        sys.stderr.write({stderr!r})
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+        """)
+    config = claude.Config(command=exe, config_dir=str(tmp_path / "profile"))
+    with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert str(caught.value) == ("claude ended without a result (killed by signal 11): "
+                                 "panic(main thread): Segmentation fault at address 0x3F42")
+    assert caught.value.details == {"exit_code": None, "signal": 11}
+
+
 def test_claude_capabilities_are_honest(fake_cli: MakeFake, tmp_path: Path) -> None:
     with claude_agent(fake_cli("claude-text", stdin_protocol=True), tmp_path) as agent:
         with pytest.raises(adaptor.PolicyCapabilityUnsupportedError):

@@ -110,6 +110,19 @@ def test_the_clis_own_authentication_exit_is_auth(stderr: bytes) -> None:
     assert response.failure is not None and "kind" not in response.failure.details
 
 
+def test_a_coloured_refusal_is_quoted_without_its_escapes() -> None:
+    # The CLI colours its refusal of an untrusted directory even on a pipe; the message quoted
+    # the escape and, cut at 300 characters before the reset, left a terminal red.
+    why = ("Gemini CLI is not running in a trusted directory. To proceed, either use "
+           "`--skip-trust`, set the `GEMINI_CLI_TRUST_WORKSPACE=true` environment variable, or "
+           "trust this directory in interactive mode. For more details, see "
+           "https://geminicli.com/docs/cli/trusted-folders/#headless-and-automated-environments")
+    response = gemini.replay(b"", f"\x1b[31m{why}\x1b[39m\n".encode(), 55)
+    assert response.failure is not None
+    assert response.failure.message == f"gemini ended without a result (exit code 55): {why[:300]}"
+    assert response.transcript[0].text == f"\x1b[31m{why}\x1b[39m"  # the transcript keeps it
+
+
 def test_a_turn_the_cli_stopped_as_a_loop_is_not_a_success() -> None:
     # Gemini CLI cuts a turn it judges looping (a long repetitive answer), warns, and still
     # ends with status "success": the driver passed the cut answer off as the whole one.
