@@ -307,12 +307,13 @@ def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
                 terminal: bool,
                 died: Callable[[RunFailure], RunFailure] | None = None) -> RunFailure | None:
     """A run's failure, in the order every CLI driver decides it: what the CLI ``reported``
-    (its error terminal), a malformed stream, nothing for the host's own cancel or deadline,
-    a process that ended without its ``terminal`` (``died`` may refine the plain verdict) and
-    an unclean exit."""
+    (its error terminal), a malformed stream (unless a signal ended the process before its
+    terminal: see :func:`killed_early`), nothing for the host's own cancel or deadline, a
+    process that ended without its ``terminal`` (``died`` may refine the plain verdict) and an
+    unclean exit."""
     if reported is not None:
         return reported
-    if protocol.malformed:
+    if protocol.malformed and not killed_early(exit_, terminal=terminal):
         return malformed(cli, protocol)
     if exit_.cancelled or exit_.timed_out:
         return None  # the host's cancellation or deadline keeps its own identity
@@ -323,6 +324,14 @@ def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
     if not exit_.clean:
         return exited_unsuccessfully(cli, exit_)
     return None
+
+
+def killed_early(exit_: Exit, *, terminal: bool) -> bool:
+    """Whether a signal the host did not send ended the process before its terminal event (a
+    crash, the OOM killer, a ``kill``): that death is the failure, more specific than the
+    malformed stream it leaves, whose last line it may have cut in half."""
+    return (not terminal and exit_.signal is not None
+            and not (exit_.cancelled or exit_.timed_out))
 
 
 def malformed(cli: str, protocol: LineProtocol) -> RunFailure:

@@ -1101,7 +1101,7 @@ class _Parser:
         if result is not None and not (result.get("subtype") == "success"
                                        and result.get("is_error") is not True):
             return self._provider_failure(result)
-        if self.protocol.malformed:
+        if self.protocol.malformed and not _cli.killed_early(exit_, terminal=result is not None):
             return _cli.malformed("claude", self.protocol)
         if exit_.cancelled or exit_.timed_out:
             return None  # the host's cancellation or deadline keeps its own identity

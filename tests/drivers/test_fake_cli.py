@@ -15,7 +15,7 @@ import pytest
 import adaptor
 from adaptor import _nesting, errors
 from adaptor.driver import Request, StandardSessionCodec
-from adaptor.drivers import claude, codex
+from adaptor.drivers import claude, codex, gemini
 from adaptor.events import ProcessInfo, ToolCall
 from adaptor.memory import Store
 from adaptor.testing import conformance
@@ -246,6 +246,29 @@ def test_claude_crash_report_names_the_crash(
     assert str(caught.value) == ("claude ended without a result (killed by signal 11): "
                                  "panic(main thread): Segmentation fault at address 0x3F42")
     assert caught.value.details == {"exit_code": None, "signal": 11}
+
+
+@pytest.mark.parametrize("module", [claude, codex, gemini], ids=lambda m: m.TYPE)
+def test_a_cli_killed_mid_line_fails_by_its_signal(
+    fake_exe: Callable[[str, str], str], tmp_path: Path, module: Any
+) -> None:
+    # Killed (the OOM killer, a crash) while writing a line: the run failed as "printed a
+    # malformed stream" over the torn line, and the signal was nowhere in the error.
+    exe = fake_exe("torn", """
+        import os, signal, sys
+        sys.stdout.write('{"type":"assistant","message":{"content":[{"type":"te')
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        """)
+    config = module.Config(command=exe)
+    with adaptor.Agent(module.Driver(config), workspace=str(tmp_path)) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    cli = os.path.basename(module.Config().command)
+    assert str(caught.value) == f"{cli} ended without a result (killed by signal 9)"
+    assert caught.value.details == {"exit_code": None, "signal": 9}
+    assert caught.value.result is not None
+    assert caught.value.result.metadata["protocol"] == "malformed"  # still said, and no checkpoint
 
 
 def test_claude_capabilities_are_honest(fake_cli: MakeFake, tmp_path: Path) -> None:
