@@ -429,10 +429,9 @@ def test_http_501_is_unsupported() -> None:
             c.send("echo x")
 
 
-@pytest.mark.parametrize("op", ["send", "send_stream"])
-def test_a_server_defined_json_rpc_error_is_the_remotes_answer(token_env: str, op: str) -> None:
-    # A valid error answer whose code the a2a-sdk has no class for was "malformed response".
-    error = {"code": -32050, "message": f"queue full ({TOKEN})"}
+def _protocol_error_for(error: dict[str, Any], token_env: str, op: str) -> a2a.ProtocolError:
+    """What ``op`` raises when the remote answers the JSON-RPC ``error`` (as a body or an SSE
+    event), called with the bearer token in ``token_env``."""
     body = {"jsonrpc": "2.0", "id": "1", "error": error}
     routes = [srv.raw_json_route("/err", body), srv.raw_sse_route("/err-sse", [json.dumps(body)])]
     with srv.scripted_server(extra_routes=routes) as running:
@@ -445,7 +444,13 @@ def test_a_server_defined_json_rpc_error_is_the_remotes_answer(token_env: str, o
                     c.send("echo x")
                 else:
                     list(c.send_stream("echo x"))
-    err = caught.value
+    return caught.value
+
+
+@pytest.mark.parametrize("op", ["send", "send_stream"])
+def test_a_server_defined_json_rpc_error_is_the_remotes_answer(token_env: str, op: str) -> None:
+    # A valid error answer whose code the a2a-sdk has no class for was "malformed response".
+    err = _protocol_error_for({"code": -32050, "message": f"queue full ({TOKEN})"}, token_env, op)
     assert (err.op, err.reason) == (op, "remote error -32050")
     assert err.raw == "queue full (<redacted>)"
     assert TOKEN not in _wire_text(err)
@@ -511,20 +516,9 @@ def test_a_remote_error_echoing_the_token_does_not_carry_it(
     # The remote answers with an error whose text holds the bare token: ProtocolError.raw was
     # redacted, but the SDK exception behind it (its cause) kept the token for the wire form,
     # tracebacks and logs.
-    error = {"code": code, "message": f"denied {TOKEN}", "data": {"seen": TOKEN}}
-    body = {"jsonrpc": "2.0", "id": "1", "error": error}
-    routes = [srv.raw_json_route("/bad", body), srv.raw_sse_route("/bad-sse", [json.dumps(body)])]
-    with srv.scripted_server(extra_routes=routes) as running:
-        path = "/bad" if op == "send" else "/bad-sse"
-        card = srv.card_json(srv.agent_card(running.base_url, rpc_path=path))
-        auth = a2a.BearerTokenFromEnv(token_env)
-        with a2a.Client(card=card, auth=auth, trusted_origins=[running.base_url]) as c:
-            with pytest.raises(a2a.ProtocolError) as caught:
-                if op == "send":
-                    c.send("echo x")
-                else:
-                    list(c.send_stream("echo x"))
-    err = caught.value
+    err = _protocol_error_for(
+        {"code": code, "message": f"denied {TOKEN}", "data": {"seen": TOKEN}}, token_env, op
+    )
     assert err.__cause__ is not None
     shown = [_wire_text(err), "".join(traceback.format_exception(err))]
     node: BaseException | None = err
