@@ -21,7 +21,8 @@
 ``dict`` (draft 2020-12, local references only), compiled by :func:`adaptor.schema.compile_schema`.
 ``input`` must describe a JSON object; ``None`` means "no arguments".  The handler is a plain
 (synchronous) callable taking one argument: an instance of the ``input`` type (a ``dict`` for a
-JSON Schema or ``None`` input).  It may be called from several threads at once.  Its return
+JSON Schema or ``None`` input); one that cannot be called with one positional argument is an
+invalid definition.  It may be called from several threads at once.  Its return
 value is JSON-encoded (dataclasses and pydantic models included) and, with an ``output``,
 validated; a ``str`` result without an ``output`` reaches the model as plain text.
 
@@ -493,6 +494,7 @@ def _check_fields(
         raise InvalidDefinitionError(f"{label}: the handler is not callable")
     if inspect.iscoroutinefunction(handler):
         raise InvalidDefinitionError(f"{label}: the handler must be a plain function, not async")
+    _check_arity(handler, label)
     if title is not None and not isinstance(title, str):
         raise InvalidDefinitionError(f"{label}: title must be a string")
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
@@ -503,6 +505,25 @@ def _check_fields(
             raise InvalidDefinitionError(f"{label}: {hint.name} must be True, False or None")
     if annotations.read_only and annotations.destructive:
         raise InvalidDefinitionError(f"{label}: a tool cannot be both read_only and destructive")
+
+
+def _check_arity(handler: Callable[..., Any], label: str) -> None:
+    """Refuse a handler that cannot be called with the one input argument.
+
+    Otherwise the tool is served and every call fails with the generic message, the cause
+    only in a warning log.
+    """
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return  # no introspectable signature (some builtins): the call itself will tell
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise InvalidDefinitionError(
+            f"{label}: the handler must take exactly one positional argument (the input), "
+            f"not {signature}"
+        ) from None
 
 
 def _compile(schema: object, where: str) -> CompiledSchema:

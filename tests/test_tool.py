@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import subprocess
 import sys
@@ -120,6 +121,10 @@ BAD_DEFINITIONS: list[tuple[str, dict[str, Any]]] = [
     ("empty description", {"description": "  "}),
     ("handler not callable", {"handler": 3}),
     ("async handler", {"handler": _async_handler}),
+    # Served, these fail every call with the generic message: refused up front instead.
+    ("handler without a parameter", {"handler": lambda: "x"}),
+    ("handler with two required parameters", {"handler": lambda a, b: "x"}),
+    ("handler with keyword-only input", {"handler": lambda *, v: v}),
     ("read_only and destructive", {"read_only": True, "destructive": True}),
     ("non-bool hint", {"idempotent": 1}),
     ("empty revision", {"revision": " "}),
@@ -149,6 +154,21 @@ def test_invalid_definitions_are_kept_not_raised(what: str, change: dict[str, An
         d.invoke("{}")
     with pytest.raises(tool.InvalidDefinitionError):
         tool.check_catalogue([d])
+
+
+class _CallableObject:
+    def __call__(self, value: Any) -> Any:
+        return value
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [lambda v, extra=1: v, lambda *args: args[0], _CallableObject(), functools.partial(
+        lambda prefix, v: v, "p"), len],
+    ids=["default", "varargs", "callable object", "partial", "builtin"],
+)
+def test_handlers_callable_with_one_argument_are_accepted(handler: Any) -> None:
+    assert tool.define("t", "d", handler).problem is None
 
 
 def test_schema_problems_join_their_cause() -> None:
