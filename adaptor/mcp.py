@@ -129,13 +129,14 @@ class Server:
     def __repr__(self) -> str:
         parts = [f"key={self.key!r}", f"transport={self.transport!r}"]
         if self.command or self.args:
-            parts += [f"command={self.command!r}", f"args={list(self.args)!r}"]
+            args = list(self.args) if isinstance(self.args, tuple | list) else self.args
+            parts += [f"command={self.command!r}", f"args={args!r}"]
         if self.env:
-            parts.append(f"env=<{', '.join(sorted(map(str, self.env)))}>")
+            parts.append(f"env=<{_names(self.env)}>")
         if self.url:
             parts.append(f"url={self.url!r}")
         if self.headers:
-            parts.append(f"headers=<{', '.join(sorted(map(str, self.headers)))}>")
+            parts.append(f"headers=<{_names(self.headers)}>")
         if self.bearer_token_env:
             parts.append(f"bearer_token_env={self.bearer_token_env!r}")
         if self.required:
@@ -157,8 +158,8 @@ def stdio(
         key=key,
         transport="stdio",
         command=command,
-        args=tuple(args),
-        env=dict(env or {}),
+        args=_kept_sequence(args),
+        env=_kept_mapping(env),
         required=required,
         required_reason=required_reason,
     )
@@ -203,11 +204,34 @@ def _remote(
         key=key,
         transport=transport,
         url=url,
-        headers=dict(headers or {}),
+        headers=_kept_mapping(headers),
         bearer_token_env=bearer_token_env or "",
         required=required,
         required_reason=required_reason,
     )
+
+
+def _names(values: object) -> str:
+    """The names of an env or headers mapping; never its values, whatever it holds."""
+    if not isinstance(values, Mapping):
+        return f"not a mapping: {type(values).__name__}"
+    return ", ".join(sorted(map(str, values)))
+
+
+def _kept_sequence(value: Iterable[str]) -> Sequence[str]:
+    """``value`` as a tuple, or as given when it is no list: ``tuple("--flag")`` would be six
+    one-letter arguments, so a string is kept for validation to refuse."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return value
+    return tuple(value)
+
+
+def _kept_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    """A copy of ``value``, or ``value`` as given when it is no mapping: ``dict(["AB"])`` would
+    be ``{"A": "B"}``, so a list is kept for validation to refuse."""
+    if value is None:
+        return {}
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def from_json(obj: object, *, where: str = "mcp") -> Server:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -111,6 +112,31 @@ def test_invalid_declarations(what: str, server: Any) -> None:
         mcp.validate([server], ALL)
     assert caught.value.code == "ErrInvalidMCPConfig"
     assert SECRET not in str(caught.value)
+    repr(server)  # works for an invalid declaration too (a log line may show it)
+
+
+MISTYPED: list[tuple[str, Callable[[], mcp.Server]]] = [
+    # The constructors made these six one-letter arguments and {"A": "B"}, and the run went on,
+    # or failed with dict()'s "dictionary update sequence element #0 has length 1".
+    ("stdio args a string", lambda: mcp.stdio("a", "c", "--flag")),
+    ("stdio env a list of letter pairs", lambda: mcp.stdio("a", "c", env=["AB"])),  # type: ignore[arg-type]
+    ("http headers a string", lambda: mcp.http("a", "http://x", "X-Key: v")),  # type: ignore[arg-type]
+    ("sse headers a list of pairs", lambda: mcp.sse("a", "http://x", [("X", "v")])),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize("what,make", MISTYPED, ids=[m[0] for m in MISTYPED])
+def test_constructors_keep_mistyped_values_for_validation_to_refuse(
+    what: str, make: Callable[[], mcp.Server]
+) -> None:
+    with pytest.raises(mcp.InvalidMCPConfigError, match="must be a list of strings|must map names"):
+        mcp.validate([make()], ALL)
+
+
+def test_secret_values_of_a_list_given_as_env_stay_out_of_the_repr() -> None:
+    server = mcp.stdio("a", "c", env=[("TOKEN", SECRET)])  # type: ignore[arg-type]
+    assert SECRET not in repr(server)
+    assert "env=<not a mapping: list>" in repr(server)
 
 
 def test_urls_with_hosts_and_ports_in_range_are_accepted() -> None:
