@@ -58,6 +58,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -331,6 +332,13 @@ class Definition:
                 f"tool {self.name!r} returned a {type(result).__name__} that is not JSON: {exc}",
                 cause=exc,
             ) from exc
+        # orjson writes NaN and the infinities as null: the model would be told a value that
+        # is not the handler's.  Only a result with a null can hold one, so only that is walked.
+        where = _non_finite(result, "$") if b"null" in raw else None
+        if where is not None:
+            raise InvalidOutputError(
+                f"tool {self.name!r} returned a float that is not JSON (NaN or infinity) at {where}"
+            )
         plain = orjson.loads(raw)
         if self._output is not None:
             from adaptor._schema_checker import CheckTimeout
@@ -550,6 +558,32 @@ def _encode_default(value: Any) -> Any:
     if callable(dump):  # a pydantic model: its JSON mode is the contract its author wrote
         return dump(mode="json")
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _non_finite(value: Any, path: str, depth: int = 0) -> str | None:
+    """Where ``value`` holds a NaN or an infinity that orjson would write as null, if anywhere.
+
+    Follows what orjson encodes natively (dicts, lists, tuples, dataclasses); orjson refuses
+    nesting past 255 levels before this is called.  A pydantic model is encoded by its own JSON
+    mode, whose choice for these floats stands.
+    """
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if depth > 255:
+        return None
+    if isinstance(value, dict):
+        items: Iterable[tuple[object, Any]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{path}[{key!r}]", depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _parse_arguments(arguments: str | bytes | Mapping[str, Any] | None) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import subprocess
 import sys
 import textwrap
@@ -389,6 +390,32 @@ def test_invalid_output(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(tool.InvalidOutputError):
         unencodable.invoke({})
     assert unencodable.call({}).text == tool.GENERIC_FAILURE
+
+
+@dataclass
+class _Stats:
+    mean: float
+    counts: list[int]
+
+
+@pytest.mark.parametrize(
+    ("result", "where"),
+    [(float("nan"), "$"), ({"mean": float("inf")}, "$['mean']"),
+     ([1.0, (2.0, float("-inf"))], "$[1][1]"), (_Stats(float("nan"), [1, None]), "$['mean']")],  # type: ignore[list-item]
+    ids=["nan", "inf in a dict", "-inf in a tuple in a list", "nan in a dataclass"],
+)
+def test_non_finite_floats_are_invalid_output_not_null(result: Any, where: str) -> None:
+    # orjson writes them as null: the model was told "mean": null, the handler's value lost.
+    d = tool.define("t", "d", lambda v: result)
+    with pytest.raises(tool.InvalidOutputError, match=r"NaN or infinity\) at " + re.escape(where)):
+        d.invoke({})
+    assert d.call({}).text == tool.GENERIC_FAILURE
+
+
+def test_nulls_and_finite_floats_still_encode() -> None:
+    value = {"a": None, "b": [1.5, None, -0.0], "c": _Stats(2.5, [])}
+    assert orjson.loads(tool.define("t", "d", lambda v: value).invoke({})) == {
+        "a": None, "b": [1.5, None, -0.0], "c": {"mean": 2.5, "counts": []}}
 
 
 def test_pydantic_results_encode() -> None:
