@@ -16,8 +16,8 @@ order, first problem wins (no events are emitted for a refusal):
    match ``[A-Za-z0-9][A-Za-z0-9_-]{0,63}`` and must not be ``"adaptor"`` (the Agent's own tool
    server); the transport must be ``stdio``, ``http`` or ``sse``; ``stdio`` needs a command and
    takes no URL, headers or bearer variable; ``http``/``sse`` need an absolute ``http(s)`` URL
-   with a host, no whitespace and a port (if given) from 1 to 65535, and take no command, args
-   or env; env and bearer variable names are environment variable names; no field a CLI
+   with a host, no whitespace and a port (if given) from 1 to 65535, take no command, args
+   or env, and no two header names that differ only in case; env and bearer variable names are environment variable names; no field a CLI
    expands ``${VAR}`` in (command, args, URL, env, header values, bearer variable) may name
    the tool gateway's ``ADAPTOR_TOOLS_TOKEN_*`` variable;
 2. the driver declares no MCP support → :class:`MCPUnsupportedError`;
@@ -364,6 +364,14 @@ def _normalize(server: Server, where: str) -> MCPServerSpec:
             raise InvalidMCPConfigError(
                 f"{where}: bearer_token_env must be an environment variable name"
             )
+        folded: dict[str, str] = {}
+        for header in headers:
+            other = folded.setdefault(header.lower(), header)
+            if other != header:
+                # Header names ignore case: which value the CLI sends would be its choice.
+                raise InvalidMCPConfigError(
+                    f"{where}: headers {other!r} and {header!r} are one header (names ignore case)"
+                )
         if any(name.lower() == "authorization" for name in headers) and bearer:
             raise InvalidMCPConfigError(
                 f"{where}: give either an Authorization header or bearer_token_env, not both"

@@ -78,6 +78,7 @@ INVALID: list[tuple[str, Any]] = [
     ("header with newline", mcp.http("a", "http://x", headers={"X": "a\r\nInjected: 1"})),
     ("bad header name", mcp.http("a", "http://x", headers={"Bad Header": "v"})),
     ("bad bearer name", mcp.http("a", "http://x", bearer_token_env="not a name")),
+    ("one header twice in two cases", mcp.http("a", "http://x", {"X-Key": SECRET, "x-key": "b"})),
     ("bearer and authorization", mcp.http("a", "http://x", {"authorization": "x"}, "T")),
     ("args not strings", mcp.Server(key="a", transport="stdio", command="c", args=(1,))),  # type: ignore[arg-type]
     ("args a string", mcp.Server(key="a", transport="stdio", command="c", args="abc")),
