@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import math
 import os
 import re
 import secrets
@@ -28,7 +27,7 @@ from typing import Any, Literal, TypeGuard
 import filelock
 import orjson
 
-from adaptor import _durable
+from adaptor import _durable, _nesting
 from adaptor.errors import (
     ApprovalExpiredError,
     ApprovalKindMismatchError,
@@ -371,15 +370,10 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
 def _require_finite(request: Mapping[str, Any]) -> None:
     """Refuse what JSON cannot hold: orjson writes NaN and infinities as ``null``, so
     ``"timeout": nan`` (a ``ValueError`` in-process) would run with no deadline at all."""
-    pending: list[tuple[str, Any]] = [("", request)]
-    while pending:  # iterative: a request may nest deeper than the stack
-        where, value = pending.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"request value at {where or '/'} is {value!r}, which JSON cannot hold")
-        if isinstance(value, Mapping):
-            pending.extend((f"{where}/{key}", item) for key, item in value.items())
-        elif isinstance(value, list | tuple):
-            pending.extend((f"{where}/{index}", item) for index, item in enumerate(value))
+    found = _nesting.non_finite_at(request)
+    if found is not None:
+        where, value = found
+        raise ValueError(f"request value at {where or '/'} is {value!r}, which JSON cannot hold")
 
 
 def request_cancel(home: Home, request_id: str) -> None:

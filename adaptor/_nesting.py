@@ -7,11 +7,14 @@ counts arrays and objects: ``[]`` and ``{"a": 1}`` are one level, ``[[]]`` two.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
-__all__ = ["copy", "copy_json", "deeper_than", "dumps"]
+__all__ = ["copy", "copy_json", "deeper_than", "dumps", "non_finite_at"]
 
 _ORJSON_DEPTH = 254  # the deepest orjson writes
 
@@ -26,6 +29,31 @@ def deeper_than(value: Any, limit: int) -> bool:
         children = node.values() if isinstance(node, dict) else node
         pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return False
+
+
+def non_finite_at(value: Any) -> tuple[str, float] | None:
+    """The JSON pointer (``""`` for ``value`` itself) and the value of a NaN or an infinity in
+    ``value``, if it holds one: orjson writes them as ``null``, so a value that is not the one
+    given would be stored or sent.  Follows what orjson encodes natively: mappings, lists,
+    tuples and dataclass instances."""
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:  # iterative: a value from outside may nest deeper than the stack
+        where, node = pending.pop()
+        if isinstance(node, float):
+            if not math.isfinite(node):
+                return where, node
+            continue
+        items: Iterable[tuple[object, Any]]
+        if isinstance(node, Mapping):
+            items = node.items()
+        elif isinstance(node, list | tuple):
+            items = enumerate(node)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            items = ((f.name, getattr(node, f.name)) for f in dataclasses.fields(node))
+        else:
+            continue
+        pending.extend((f"{where}/{key}", item) for key, item in items)
+    return None
 
 
 def copy(value: Any, *, depth: int | None = None) -> Any:

@@ -58,7 +58,6 @@ import dataclasses
 import inspect
 import json
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -66,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
 import orjson
 
-from adaptor import errors
+from adaptor import _nesting, errors
 from adaptor.errors import AdaptorError
 
 if TYPE_CHECKING:
@@ -334,10 +333,11 @@ class Definition:
             ) from exc
         # orjson writes NaN and the infinities as null: the model would be told a value that
         # is not the handler's.  Only a result with a null can hold one, so only that is walked.
-        where = _non_finite(result, "$") if b"null" in raw else None
-        if where is not None:
+        non_finite = _nesting.non_finite_at(result) if b"null" in raw else None
+        if non_finite is not None:
+            where, value = non_finite
             raise InvalidOutputError(
-                f"tool {self.name!r} returned a float that is not JSON (NaN or infinity) at {where}"
+                f"tool {self.name!r} returned {value!r}, which JSON cannot hold, at {where or '/'}"
             )
         plain = orjson.loads(raw)
         if self._output is not None:
@@ -558,32 +558,6 @@ def _encode_default(value: Any) -> Any:
     if callable(dump):  # a pydantic model: its JSON mode is the contract its author wrote
         return dump(mode="json")
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _non_finite(value: Any, path: str, depth: int = 0) -> str | None:
-    """Where ``value`` holds a NaN or an infinity that orjson would write as null, if anywhere.
-
-    Follows what orjson encodes natively (dicts, lists, tuples, dataclasses); orjson refuses
-    nesting past 255 levels before this is called.  A pydantic model is encoded by its own JSON
-    mode, whose choice for these floats stands.
-    """
-    if isinstance(value, float):
-        return None if math.isfinite(value) else path
-    if depth > 255:
-        return None
-    if isinstance(value, dict):
-        items: Iterable[tuple[object, Any]] = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-    else:
-        return None
-    for key, item in items:
-        found = _non_finite(item, f"{path}[{key!r}]", depth + 1)
-        if found is not None:
-            return found
-    return None
 
 
 def _parse_arguments(arguments: str | bytes | Mapping[str, Any] | None) -> Any:
