@@ -487,12 +487,10 @@ def _terminal_approver(live: Live) -> Callable[[events.ApprovalRequest], None]:
             request.deny("nobody to ask: adaptor run --no-daemon without a terminal")
             return
         with live.prompting():
-            echo(f"? {request.kind}: {request.title or request.source}", err=True)
+            keys = [choice.key for choice in request.choices]
+            echo(_asking(request.kind, request.title or request.source, keys), err=True)
             try:
                 if request.kind == "question":
-                    keys = [choice.key for choice in request.choices]
-                    if keys:
-                        echo(f"  choices: {', '.join(keys)}", err=True)
                     reply = _ask("  answer (empty: deny): ", request)
                     if reply:
                         request.answer(reply)
@@ -508,6 +506,15 @@ def _terminal_approver(live: Live) -> Callable[[events.ApprovalRequest], None]:
                 echo("  too late: the request was already settled", err=True)
 
     return handler
+
+
+def _asking(kind: str, title: str, choices: Sequence[str]) -> str:
+    """What an approval asks, as ``run`` shows it (on this terminal, or as the hint for a
+    daemon run's): its kind and title, and a question's choices on a line of their own."""
+    text = f"? {kind}: {title}"
+    if kind == "question" and choices:
+        text += f"\n  choices: {', '.join(choices)}"
+    return text
 
 
 def _ask(prompt: str, request: events.ApprovalRequest) -> str | None:
@@ -612,7 +619,7 @@ class Live:
                     args = compact(event.args)
                     self._line(sys.stdout, _dim(f"⚙ {shown(event.name)} {args}".rstrip()))
                 case events.Notice(kind="approval.requested") if self.hints:
-                    self._approval_hint(event.data)
+                    self._approval_hint(event)
                 case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):
                     self._text_lost = True
 
@@ -630,17 +637,24 @@ class Live:
             self._clear_spinner()
             self._line(sys.stderr, text)
 
-    def _approval_hint(self, data: dict[str, Any]) -> None:
+    def _approval_hint(self, notice: events.Notice) -> None:
+        data = notice.data
         if data.get("default_result") != "ask" or not self.daemon:
             return  # settled by policy, or asked on this terminal
-        approval_id, kind = data.get("request_id"), data.get("kind")
+        approval_id, kind = data.get("request_id"), str(data.get("kind"))
         how = (
             f"adaptor answer {approval_id} OPTION"
             if kind == "question"
             else f"adaptor approve {approval_id}"
         )
+        # What is asked, as in-process runs ask it: without it the person who must decide
+        # saw only the id and had to list the approvals elsewhere to learn what it was about.
+        choices = [str(key) for key in data.get("choices") or ()]
+        asked = _asking(kind, notice.text or str(data.get("source") or ""), choices)
+        if sys.stderr.isatty():
+            asked = shown(asked)  # the agent's words: they cannot drive the terminal
         self._phase = "waiting for approval"
-        self._line(sys.stderr, f"? {kind} {approval_id}: {how} | adaptor deny {approval_id}")
+        self._line(sys.stderr, f"{asked}\n  {how} | adaptor deny {approval_id}")
 
     @contextmanager
     def prompting(self) -> Iterator[None]:

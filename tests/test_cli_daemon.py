@@ -622,6 +622,23 @@ def test_approve_from_another_process_and_the_exactly_once_errors(home: Home) ->
     assert orjson.loads(unknown.stdout)["error"]["code"] == "ErrApprovalUnavailable"
 
 
+def test_run_shows_what_an_approval_asks_and_how_to_answer_it(home: Home) -> None:
+    # The hint of a daemon run named only the kind and the id: the person who had to decide
+    # learnt neither what the agent wanted to do nor a question's choices from it.
+    ran = home.cli(
+        "run", "--driver", "script",
+        "--config", steps(PERMISSION, QUESTION, {"text": "went on"}),
+        "--policy-question", "ask", "--policy-approval-timeout", "0.5",
+        "--policy-on-timeout", "continue", "go",
+    )
+    assert (ran.returncode, ran.stdout) == (0, "went on\n"), ran.stderr
+    hints = [line for line in ran.stderr.splitlines() if line.startswith(("?", "  "))]
+    assert hints[0] == "? permission: edit main.py"
+    assert re.fullmatch(r"  adaptor approve (\S+) \| adaptor deny \1", hints[1]), hints
+    assert hints[2:4] == ["? question: which one?", "  choices: red, blue"]
+    assert re.fullmatch(r"  adaptor answer (\S+) OPTION \| adaptor deny \1", hints[4]), hints
+
+
 def test_answer_a_question_after_a_kind_mismatch(home: Home) -> None:
     request_id = home.client.submit(
         script(
