@@ -294,6 +294,12 @@ def approvals(as_json: bool, home: str | None) -> None:
     if as_json:
         emit_result(pending)
         return
+    if not _home.daemon_running(_home.Home.at(client.home)):
+        echo(
+            f"adaptor: adaptord is not running for {client.home}: the runs that asked have "
+            "ended, so no approval can be answered",
+            err=True,
+        )
     for request in pending:
         kind = request.get("approval_kind", "")
         line = f"{request.get('id')}  {kind}  request {request.get('request_id')}"

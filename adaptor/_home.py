@@ -443,8 +443,14 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
             raise ApprovalUnavailableError(f"no pending approval {approval_id!r}") from None
         ended = _why_ended(home, pending)
         if ended is not None:
-            # Written now, the response would be reported accepted and never acted on.
-            _mark_expired(home, approval_id)
+            # Written now, the response would be reported accepted and never acted on.  The
+            # pending file stays for the daemon, which expires it when the run ends or, for a
+            # run a crash ended, at its next start: either way with the outcome in the audit
+            # log, which a responder cannot write.  Listings leave it out meanwhile.
+            _durable.atomic_write_json(
+                home.approvals_resolved / f"{approval_id}.json",
+                {"id": approval_id, "result": "expired"},
+            )
             raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response: {ended}")
         kind = pending.get("approval_kind")
         if action == "approve" and kind == "question":
@@ -486,15 +492,34 @@ def _response_bytes(response: Mapping[str, Any]) -> bytes:
     return data
 
 
+def answerable(home: Home, pending: Mapping[str, Any]) -> bool:
+    """Whether a response to ``pending`` (a pending file's object) could still win, as far as
+    the files tell: not settled, its deadline not passed.  Whether a daemon serves the home,
+    which every run needs too, is the caller's to ask once for a whole listing."""
+    approval_id = pending.get("id")
+    if not isinstance(approval_id, str) or not APPROVAL_ID.match(approval_id):
+        return False
+    if (home.approvals_resolved / f"{approval_id}.json").exists():
+        return False  # expired by a responder; the daemon removes the file when it audits it
+    return _past_deadline(pending) is None
+
+
 def _why_ended(home: Home, pending: Mapping[str, Any]) -> str | None:
     """Why the run that asked can no longer take a response, or ``None`` while it can."""
-    deadline = _deadline_of(pending)
-    if deadline is not None and datetime.now(UTC) >= deadline:
-        return f"its deadline {pending['deadline']} has passed"
+    past = _past_deadline(pending)
+    if past is not None:
+        return past
     # The daemon holds its lock for as long as it serves the home, and every run of a daemon
     # ends with it: with no holder, the run that asked is gone (a kill -9, a crash).
     if not daemon_running(home):
         return "adaptord is not running for this home, so the run that asked has ended"
+    return None
+
+
+def _past_deadline(pending: Mapping[str, Any]) -> str | None:
+    deadline = _deadline_of(pending)
+    if deadline is not None and datetime.now(UTC) >= deadline:
+        return f"its deadline {pending['deadline']} has passed"
     return None
 
 

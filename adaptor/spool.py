@@ -236,13 +236,18 @@ class Client:
     # -- approvals -----------------------------------------------------------------------------
 
     def approvals(self) -> list[dict[str, Any]]:
-        """The open approval requests, oldest first.
+        """The open approval requests, oldest first: those a response could still win.
 
         Each is the ``approvals/pending/<id>.json`` object: the ``ApprovalRequest``'s JSON
         form (``id``, ``run_id``, ``approval_kind``, ``title``, ``choices``, ``details``,
-        ``deadline``, ...) plus the spool ``request_id``.
+        ``deadline``, ...) plus the spool ``request_id``.  A pending file whose deadline has
+        passed, or that a response already found expired, is left out until the daemon
+        removes it, and so is every one while no daemon serves the home (the runs that asked
+        have ended; its next start expires them).
         """
         self._require_spool()
+        if not _home.daemon_running(self._home):
+            return []
         found: list[tuple[str, str, dict[str, Any]]] = []
         for path in _listing(self._home.approvals_pending):
             if path.name.startswith(".") or not path.name.endswith(".json"):
@@ -251,6 +256,8 @@ class Client:
                 pending = _read_object(path)
             except (OSError, ValueError):
                 continue  # resolved (removed) while we listed, or not ours to read
+            if not _home.answerable(self._home, pending):
+                continue
             found.append((str(pending.get("created_at") or ""), path.name, pending))
         return [pending for _, _, pending in sorted(found, key=lambda entry: entry[:2])]
 

@@ -1191,6 +1191,48 @@ def test_a_restart_expires_a_dead_runs_approval_whatever_response_was_left(tmp_p
         assert restarted.stop() == 0
 
 
+def test_an_approval_a_response_expired_while_the_daemon_was_down_is_audited_and_not_listed(
+    tmp_path: Path,
+) -> None:
+    # A response after a crash expired the approval and removed its pending file itself, so
+    # the restart found nothing to expire: the audit log said "approval.pending" and never how
+    # it ended.  And while the daemon was down, `adaptor approvals` listed it as open though
+    # every response to it was refused.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 600}},
+    ))
+    approval_id = _pending_approval(daemon)
+    client = Client(daemon.home.root)
+    assert [a["id"] for a in client.approvals()] == [approval_id]
+    state = daemon.home.run_state(rid)
+    deadline = time.monotonic() + 60
+    while not orjson.loads(state.read_bytes()).get("entered"):  # so the restart fails it
+        assert time.monotonic() < deadline, "the run was not entered"
+        time.sleep(0.02)
+    daemon.kill9()
+    assert client.approvals() == []
+    listed = subprocess.run(
+        [sys.executable, "-m", "adaptor", "approvals", "--home", str(daemon.home.root)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (listed.returncode, listed.stdout) == (0, ""), listed.stderr
+    assert "adaptord is not running" in listed.stderr
+    with pytest.raises(errors.ApprovalExpiredError):
+        client.approve(approval_id)
+    restarted = DaemonProcess(tmp_path / "home").start()  # its stale approvals are audited before "ready"
+    try:
+        assert not restarted.verdict(rid)["ok"]
+        facts = _approval_facts(daemon.home, approval_id)
+        assert [fact["phase"] for fact in facts] == ["approval.pending", "approval.expired"]
+        assert facts[-1]["request_id"] == rid and "ignored_response" not in facts[-1]
+        assert not (daemon.home.approvals_pending / f"{approval_id}.json").exists()
+        with pytest.raises(errors.ApprovalExpiredError):
+            client.deny(approval_id)  # expired for good
+    finally:
+        assert restarted.stop() == 0
+
+
 def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
     rid = daemon.submit(script({"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 0.3}}))
     verdict = daemon.verdict(rid)
