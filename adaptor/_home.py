@@ -535,16 +535,21 @@ def _deadline_of(pending: Mapping[str, Any]) -> datetime | None:
 
 
 def take_response(
-    home: Home, approval_id: str, apply: Callable[[dict[str, Any]], bool]
+    home: Home,
+    approval_id: str,
+    apply: Callable[[dict[str, Any]], bool],
+    refused: Callable[[str, str], None] | None = None,
 ) -> tuple[dict[str, Any], bool] | None:
     """The daemon's side: hand a written response to the run (``apply``) and mark the request
     resolved, or expired when ``apply`` says the run no longer took it.
 
-    Returns the response and whether it won, or ``None`` when none was written.  ``apply`` runs
-    under the approvals lock, so the resolved file always says what the run did.
+    Returns the response and whether it won, or ``None`` when none was written or the one
+    written was set aside; ``refused(why, quarantined_name)`` is then told why, so the person
+    who wrote it by hand can learn it.  ``apply`` runs under the approvals lock, so the
+    resolved file always says what the run did.
     """
     with _durable.exclusive(home.approvals_lock):
-        return _consume(home, approval_id, apply)
+        return _consume(home, approval_id, apply, refused)
 
 
 def abandon(home: Home, approval_id: str) -> dict[str, Any] | None:
@@ -622,7 +627,10 @@ _ACTIONS = ("approve", "deny", "answer")
 
 
 def _consume(
-    home: Home, approval_id: str, apply: Callable[[dict[str, Any]], bool]
+    home: Home,
+    approval_id: str,
+    apply: Callable[[dict[str, Any]], bool],
+    refused: Callable[[str, str], None] | None,
 ) -> tuple[dict[str, Any], bool] | None:
     response_path = home.approvals_responses / f"{approval_id}.json"
     try:
@@ -631,7 +639,9 @@ def _consume(
         return None
     except _Unusable as exc:
         if exc.final:
-            _set_aside(home, response_path, approval_id)
+            name = _set_aside(home, response_path, approval_id)
+            if refused is not None:
+                refused(exc.why, name)
         return None
     won = apply(response)
     _durable.atomic_write_json(
@@ -653,9 +663,10 @@ def _mark_expired(home: Home, approval_id: str) -> None:
 class _Unusable(Exception):
     """A response file that cannot be acted on; ``final`` once waiting cannot mend it."""
 
-    def __init__(self, final: bool) -> None:
-        super().__init__()
+    def __init__(self, final: bool, why: str) -> None:
+        super().__init__(why)
         self.final = final
+        self.why = why
 
 
 def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
@@ -669,7 +680,9 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise
     except (OSError, ValueError):  # a symlink (ELOOP), a FIFO, a directory, too large, ...
-        raise _Unusable(final=True) from None
+        raise _Unusable(
+            final=True, why=f"not a regular file of at most {RESPONSE_LIMIT} bytes"
+        ) from None
     try:
         response = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -678,13 +691,16 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
             young = time.time() - os.lstat(path).st_mtime < RESPONSE_SETTLE
         except OSError:
             young = False
-        raise _Unusable(final=not young) from None
+        raise _Unusable(final=not young, why="not valid JSON") from None
     if not isinstance(response, dict) or response.get("action") not in _ACTIONS:
-        raise _Unusable(final=True)
+        raise _Unusable(
+            final=True, why='not a JSON object whose "action" is approve, deny or answer'
+        )
     if not isinstance(response.get("text", ""), str):
-        raise _Unusable(final=True)
+        raise _Unusable(final=True, why='its "text" is not a string')
     if response["action"] == "answer" and not response.get("text"):
-        raise _Unusable(final=True)  # an answer needs an option (the CLI refuses it too)
+        # an answer needs an option (the CLI refuses it too)
+        raise _Unusable(final=True, why='an answer needs a non-empty "text"')
     try:
         kind = _read(home.approvals_pending / f"{approval_id}.json").get("approval_kind")
     except (OSError, ValueError):
@@ -693,7 +709,8 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
     if (action == "approve" and kind == "question") or (
         action == "answer" and kind not in (None, "question")
     ):
-        raise _Unusable(final=True)  # the CLI refuses these and leaves the request open
+        # the CLI refuses these and leaves the request open
+        raise _Unusable(final=True, why=f"{action} does not fit a {kind} request")
     return response
 
 
@@ -711,16 +728,20 @@ def _holds_response(home: Home, path: Path, approval_id: str) -> bool:
     return True
 
 
-def _set_aside(home: Home, path: Path, approval_id: str) -> None:
+def _set_aside(home: Home, path: Path, approval_id: str) -> str:
+    """Move a response file to ``quarantine/``; returns the name it has there ("" when it
+    could not be moved, and was removed or left to be looked at again)."""
     target = home.quarantine / f"approval-response-{approval_id}-{secrets.token_hex(4)}"
     try:
         _durable.ensure_dir(home.quarantine)  # (a home no daemon has served yet lacks it)
         os.rename(path, target)
     except FileNotFoundError:
-        pass
+        return ""
     except OSError:
         with contextlib.suppress(OSError):  # (left in place, it is looked at again next time)
             os.unlink(path)
+        return ""
+    return target.name
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -1071,7 +1071,7 @@ class Daemon:
                 late = _home.abandon(self.home, req.id)
                 self._audit_expired(job, req, _why_settled(req), late)
                 return
-            taken = _home.take_response(self.home, req.id, hand_over)
+            taken = _home.take_response(self.home, req.id, hand_over, functools.partial(self._refused, job, req))
             if taken is not None:
                 self._audit_taken(job, req, *taken)
                 return
@@ -1079,6 +1079,11 @@ class Daemon:
                 # Checked holding the condition: a settle's wake-up cannot slip in before the wait.
                 if not req.settled:
                     self._approval_changed.wait(_APPROVAL_POLL)
+
+    def _refused(self, job: Job, req: adaptor.ApprovalRequest, why: str, quarantined: str) -> None:
+        """A response file written by hand was set aside (the request stays pending): said in
+        the log and the audit log, or whoever wrote it only saw the request stay open."""
+        self.audit("approval.response_refused", job.id, approval_id=req.id, why=why, quarantined=quarantined)
 
     def _wake_routes_when_settled(self, req: adaptor.ApprovalRequest) -> None:
         """Wake the routes as soon as ``req`` settles (the run's end expires it), so its pending

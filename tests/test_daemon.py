@@ -1104,6 +1104,24 @@ def test_hand_written_and_hostile_response_files(daemon: DaemonProcess, tmp_path
         _home.respond(daemon.home, approval_id, "deny")
 
 
+def test_a_response_file_set_aside_is_said_in_the_logs(daemon: DaemonProcess) -> None:
+    # It was moved to quarantine/ without a word: whoever wrote it by hand only saw the
+    # request stay pending, with nothing in the log or the audit log to say why.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+        policy={"approvals": {"timeout": 120}},
+    ))
+    approval_id = _pending_approval(daemon)
+    _write_response(daemon, approval_id, b'{"action": "approved"}')
+    _set_aside(daemon, approval_id)
+    (fact,) = [f for f in _approval_facts(daemon.home, approval_id) if f["phase"] == "approval.response_refused"]
+    assert fact["request_id"] == rid and "approve, deny or answer" in fact["why"]
+    assert (daemon.home.quarantine / fact["quarantined"]).read_bytes() == b'{"action": "approved"}'
+    daemon.wait_for_line(f"approval.response_refused id={rid} approval_id={approval_id}")
+    _write_response(daemon, approval_id, b'{"action": "approve"}')
+    assert daemon.verdict(rid)["ok"]
+
+
 def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: Path) -> None:
     # It took any file there for a winning response: "already resolved" while the request
     # was still open (for good with no daemon to set the file aside).
