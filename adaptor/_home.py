@@ -10,6 +10,7 @@ internal.
 from __future__ import annotations
 
 import base64
+import codecs
 import contextlib
 import hashlib
 import os
@@ -431,11 +432,15 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
         resolved_path = home.approvals_resolved / f"{approval_id}.json"
         if resolved_path.exists():
             resolved = _read(resolved_path)
-            if resolved.get("result") == "expired":
+            result = resolved.get("result")
+            if result == "expired":
                 raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response")
-            raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved")
+            how = f" ({_RESOLVED_AS[result]})" if result in _RESOLVED_AS else ""
+            raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved{how}")
         if _holds_response(home, response_path, approval_id):
-            raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved")
+            raise ApprovalResolvedError(
+                f"approval {approval_id!r} was already resolved (a response is being handed over)"
+            )
         pending_path = home.approvals_pending / f"{approval_id}.json"
         try:
             pending = _read(pending_path)
@@ -624,6 +629,8 @@ def read_pending(home: Home, approval_id: str) -> dict[str, Any]:
 RESPONSE_LIMIT = 64 * 1024
 RESPONSE_SETTLE = 2.0
 _ACTIONS = ("approve", "deny", "answer")
+# A resolved file's result (the winning response's action) as the outcome's own word.
+_RESOLVED_AS = {"approve": "approved", "deny": "rejected", "answer": "answered"}
 
 
 def _consume(
@@ -684,7 +691,8 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
             final=True, why=f"not a regular file of at most {RESPONSE_LIMIT} bytes"
         ) from None
     try:
-        response = orjson.loads(data)
+        # Windows editors and PowerShell's Out-File start UTF-8 text with a byte-order mark.
+        response = orjson.loads(data.removeprefix(codecs.BOM_UTF8))
     except orjson.JSONDecodeError:
         # Perhaps still being written by a script that does not rename into place.
         try:

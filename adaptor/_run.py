@@ -974,9 +974,12 @@ class RunPipeline:
         timed_out = outcome.result == "timed_out"
         word = "timed out" if timed_out else "rejected"
         if exhausted and attempt >= self.approvals.max_retries and attempt > 0:
-            message = f"approval {word} exhausted retries ({attempt + 1} attempts)"
+            message = f"approval {word} {attempt + 1} times: retries exhausted"
         else:
             message = f"approval {word}: kind={approval.kind} source={approval.source}"
+        if outcome.text:
+            # The reason given to deny(), which the person reading the error wants first.
+            message += f"; reason: {_one_line(outcome.text)}"
         details: dict[str, Any] = {"kind": approval.kind, "source": approval.source,
                                    "request_id": approval.id, "attempts": attempt + 1}
         if outcome.text:
@@ -1045,11 +1048,16 @@ def _response(request_id: str, outcome: Outcome) -> DecisionResponse:
     )
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    said = " ".join(text.split())
+    return said if len(said) <= limit else said[:limit] + "..."
+
+
 def _last_error(result: Result) -> str:
     """The agent's last reported error, for the message of a run a time limit ended: a CLI that
     retries a bad key or a rate limit until then has said nothing else about why."""
-    said = " ".join(str(result.metadata.get("last_error") or "").split())
-    return f"; the agent's last error: {said[:300]}" if said else ""
+    said = _one_line(str(result.metadata.get("last_error") or ""))
+    return f"; the agent's last error: {said}" if said else ""
 
 
 def _describe_exit(response: Response) -> str:

@@ -93,7 +93,9 @@ class Responder:
             if self._expired:
                 raise ApprovalExpiredError(f"approval {request.id!r} expired before this response")
             if self._outcome is not None:
-                raise ApprovalResolvedError(f"approval {request.id!r} was already resolved")
+                raise ApprovalResolvedError(
+                    f"approval {request.id!r} was already resolved ({self._outcome.result})"
+                )
             self._outcome = Outcome(
                 outcome.result, outcome.choice, outcome.text, datetime.now(UTC)
             )

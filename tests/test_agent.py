@@ -575,7 +575,8 @@ def test_question_answer_kind_mismatch_and_late_responses() -> None:
     assert stream.result().text == "picked"
     resolved = [e for e in evs if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
     assert resolved[0].data["result"] == "answered" and resolved[0].data["choice"] == "b"
-    with pytest.raises(adaptor.ApprovalResolvedError):
+    # It said only "already resolved": how is what the second responder needs to know.
+    with pytest.raises(adaptor.ApprovalResolvedError, match=r"already resolved \(answered\)"):
         captured[0].answer("a")
 
 
@@ -774,7 +775,7 @@ def test_retry_exhaustion_aborts() -> None:
     with pytest.raises(adaptor.ApprovalDeniedError) as info:
         agent.run("go")
     assert info.value.details["attempts"] == 3
-    assert "exhausted retries" in str(info.value)
+    assert str(info.value) == "approval rejected 3 times: retries exhausted; reason: denied by policy"
 
 
 def test_retry_unsupported_warns_once_and_aborts() -> None:

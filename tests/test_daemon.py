@@ -1046,6 +1046,8 @@ def test_approval_file_answered_by_a_responder(daemon: DaemonProcess) -> None:
     verdict = daemon.verdict(rid)
     assert verdict["ok"] and verdict["result"]["text"] == "edited"
     assert not entry.exists()
+    with pytest.raises(errors.ApprovalResolvedError, match=r"already resolved \(approved\)"):
+        _home.respond(daemon.home, approval_id, "deny")
 
 
 def _pending_approval(daemon: DaemonProcess) -> str:
@@ -1118,7 +1120,8 @@ def test_a_response_file_set_aside_is_said_in_the_logs(daemon: DaemonProcess) ->
     assert fact["request_id"] == rid and "approve, deny or answer" in fact["why"]
     assert (daemon.home.quarantine / fact["quarantined"]).read_bytes() == b'{"action": "approved"}'
     daemon.wait_for_line(f"approval.response_refused id={rid} approval_id={approval_id}")
-    _write_response(daemon, approval_id, b'{"action": "approve"}')
+    # With the byte-order mark Windows editors write: it was set aside too.
+    _write_response(daemon, approval_id, b'\xef\xbb\xbf{"action": "approve"}')
     assert daemon.verdict(rid)["ok"]
 
 
