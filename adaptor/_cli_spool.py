@@ -308,9 +308,32 @@ def approvals(as_json: bool, home: str | None) -> None:
         if request.get("deadline"):
             line += f"  (until {request['deadline']})"
         echo(line)
-        choices = [c.get("key") for c in request.get("choices") or () if isinstance(c, dict)]
-        if choices:
-            echo(f"    choices: {', '.join(_shown(str(choice)) for choice in choices)}")
+        for choice_line in _choice_lines(request.get("choices")):
+            echo(choice_line)
+
+
+def _choice_lines(raw: object) -> list[str]:
+    """A question's choices under its listing line: their keys on one line, or one choice a
+    line with its label and description when they say more than the key."""
+    choices = [
+        (str(c.get("key") or ""), str(c.get("label") or ""), str(c.get("description") or ""))
+        for c in (raw if isinstance(raw, list) else ())
+        if isinstance(c, dict)
+    ]
+    if not choices:
+        return []
+    if all(label in ("", key) and not description for key, label, description in choices):
+        return [f"    choices: {', '.join(_shown(key) for key, _, _ in choices)}"]
+    width = max(len(_shown(key)) for key, _, _ in choices)
+    lines = ["    choices:"]
+    for key, label, description in choices:
+        line = f"      {_shown(key):<{width}}"
+        if label and label != key:
+            line += f"  {_shown(label)}"
+        if description:
+            line += f" - {_shown(description)}"
+        lines.append(line.rstrip())
+    return lines
 
 
 @contextlib.contextmanager

@@ -149,6 +149,30 @@ def test_approvals_show_an_agent_title_on_one_line(home: Home) -> None:
     assert home.client.wait(request_id, timeout=TIMEOUT).text == "ok"
 
 
+def test_approvals_show_what_each_choice_means(home: Home) -> None:
+    # Only the keys were shown: "choices: pg, lite", the labels and descriptions in --json only.
+    choices = [
+        {"key": "pg", "label": "PostgreSQL", "description": "a server"},
+        {"key": "lite", "label": "SQLite", "description": "one file"},
+    ]
+    request_id = home.client.submit(
+        script({"approval": {"kind": "question", "title": "which database?", "choices": choices}},
+               {"text": "ok"}, policy={"approvals": {"timeout": 60, "question": "ask"}})
+    )
+    approval_id = pending_approval(home, request_id)["id"]
+    try:
+        listed = home.cli("approvals").stdout.splitlines()
+        at = next(i for i, line in enumerate(listed) if approval_id in line)
+        assert listed[at + 1 : at + 4] == [
+            "    choices:",
+            "      pg    PostgreSQL - a server",
+            "      lite  SQLite - one file",
+        ], listed
+    finally:
+        home.client.answer(approval_id, "pg")
+    assert home.client.wait(request_id, timeout=TIMEOUT).text == "ok"
+
+
 def test_run_json_shapes(home: Home) -> None:
     ok = home.cli("run", "--driver", "script", "--config", steps({"text": "hi"}), "--json", "go")
     out = orjson.loads(ok.stdout)
