@@ -67,11 +67,11 @@ class RunOptions:
             if value is UNSET:
                 continue
             if name == "skills":
-                changes["skills"] = self.skills + _sequence(value or (), "skills")
+                changes["skills"] = self.skills + sequence(value or (), "skills")
             elif name == "metadata":
                 changes["metadata"] = {**self.metadata, **_metadata(value)}
             elif name == "mcp":
-                changes["mcp"] = None if value is None else _sequence(value, "mcp")
+                changes["mcp"] = None if value is None else sequence(value, "mcp")
             else:
                 changes[name] = _checked(name, value)
         return dataclasses.replace(self, **changes)
@@ -120,7 +120,7 @@ def _kind(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _sequence(value: Any, name: str) -> tuple[Any, ...]:
+def sequence(value: Any, name: str) -> tuple[Any, ...]:
     # One skill or server passed bare would fail later as "not iterable", or (a Mapping) be
     # taken apart into its keys.
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
@@ -161,8 +161,8 @@ def defaults(
         instructions=_checked("instructions", instructions),
         append_system_prompt=_checked("append_system_prompt", append_system_prompt),
         metadata=_metadata(metadata),
-        skills=_sequence(skills, "skills"),
-        mcp=None if mcp is None else _sequence(mcp, "mcp"),
+        skills=sequence(skills, "skills"),
+        mcp=None if mcp is None else sequence(mcp, "mcp"),
         on_approval=_checked("on_approval", on_approval),
         spawn=_checked("spawn", spawn),
     )

@@ -113,7 +113,7 @@ class Agent:
         self.lease_renewal = float(renewal)
         # Construction does no I/O: tools are checked, and their gateway started, by the first
         # run that needs them.
-        self.tools = tuple(tools)
+        self.tools = () if tools is None else _options.sequence(tools, "tools")
         if skill_provider is not None and not isinstance(skill_provider, Provider):
             raise TypeError(
                 f"skill_provider needs a get_skills(keys) method, e.g. skill.Set({{...}}); "

@@ -209,6 +209,9 @@ def dir(path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = No
 
 def inline(key: str, skill_md: str, *, metadata: Mapping[str, str] | None = None) -> Skill:
     """A skill whose only file is ``SKILL.md`` with the text ``skill_md``."""
+    if not isinstance(skill_md, str):
+        # Found only when a run wrote the file, as a SkillMaterializationError.
+        raise TypeError(f"skill.inline: skill_md takes the text of SKILL.md (a str), not a {type(skill_md).__name__}")
     return Skill(key, InlineSource(skill_md), metadata=dict(metadata or {}))
 
 

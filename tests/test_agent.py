@@ -434,6 +434,8 @@ def test_an_option_of_the_wrong_type_is_a_type_error_at_once(option: str, value:
         ("spawn", "no", TypeError, "spawn takes True or False"),
         ("lease_ttl", "300", TypeError, "lease_ttl must be a number of seconds"),
         ("lease_renewal", float("nan"), ValueError, "lease_renewal must be a number of seconds"),
+        # One tool, not a list: "'Definition' object is not iterable".
+        ("tools", adaptor.tool.define("t", "d", lambda v: 1), TypeError, "tools takes a list"),
     ],
 )
 def test_a_construction_option_of_the_wrong_type_is_refused(

@@ -84,6 +84,9 @@ def test_constructors(tmp_path: Path) -> None:
     r = skill.require(skill.key("notes"), "tenant policy")
     assert r == skill.Ref("notes", required=True, reason="tenant policy")
     assert skill.require(i, "why").required
+    # Not text: it failed only when a run wrote SKILL.md (AttributeError: no 'encode').
+    with pytest.raises(TypeError, match="skill_md takes the text of SKILL.md"):
+        skill.inline("style", 5)  # type: ignore[arg-type]
 
 
 def test_from_json() -> None:
