@@ -386,12 +386,12 @@ def preflight(request: Mapping[str, Any], *, driver_defaults: Mapping[str, Any])
     if request.get("schema") is not None:
         from adaptor import schema
 
-        schema.compile_schema(request["schema"])
         schema.negotiate(
             descriptor,
             ask_kinds=approvals.ask_kinds,
             explicit_ask_kinds=policy.explicit_ask_kinds(run_policy),
             streaming=True,
+            schema=schema.compile_schema(request["schema"]),
         )
     timeout = request.get("timeout")
     if timeout is not None and timeout <= 0:

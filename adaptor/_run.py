@@ -385,6 +385,7 @@ class RunPipeline:
                 ask_kinds=self.approvals.ask_kinds,
                 explicit_ask_kinds=explicit_ask_kinds(self.options.policy),
                 streaming=True,
+                schema=self.compiled,
             )
         if self.timeout is not None and self.timeout <= 0:
             raise errors.DeadlineExceededError()

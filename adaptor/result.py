@@ -221,7 +221,8 @@ class Result:
 
         With a schema it never falls back to ``text``: invalid or missing output raises
         :class:`DecodeError` naming the validation errors.  ``type_`` (a dataclass,
-        TypedDict or pydantic model) converts the value.
+        TypedDict or pydantic model) converts the value; one it does not fit raises
+        :class:`DecodeError` too, naming the first mismatch.
         """
         if self.structured is not None:
             if not self.structured.valid:
@@ -238,9 +239,14 @@ class Result:
                 raise DecodeError(f"result text is not JSON: {exc}") from exc
         if type_ is None:
             return value
-        from adaptor.schema import convert
+        from adaptor.schema import _type_name, convert
 
-        return convert(value, type_)
+        try:
+            return convert(value, type_)
+        except ValueError as exc:
+            # One class for "no usable value": ``except DecodeError`` must not let a value of
+            # the wrong shape through as a bare ValueError.
+            raise DecodeError(f"cannot decode into {_type_name(type_)}: {exc}") from exc
 
     def to_json(self) -> dict[str, Any]:
         return {

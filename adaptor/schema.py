@@ -847,6 +847,7 @@ def negotiate(
     ask_kinds: frozenset[str],
     explicit_ask_kinds: frozenset[str],
     streaming: bool,
+    schema: CompiledSchema | None = None,
 ) -> Mechanism:
     """Pick ``"native"`` if eligible, else ``"prompt_validate"``, else refuse.
 
@@ -855,7 +856,11 @@ def negotiate(
     named as such in the refusal reason).  A mechanism is eligible when the descriptor
     offers it, it works with streaming if ``streaming``, and — when its HITL matrix
     (``native_hitl`` / ``prompt_validate_hitl``) is not ``None`` — every effective ask kind is
-    ``True`` in the matrix and ``run_policy_caps`` supports ``ask`` for that kind.
+    ``True`` in the matrix and ``run_policy_caps`` supports ``ask`` for that kind.  Native
+    enforcement also needs ``schema``'s root to be ``{"type": "object"}`` when it is given:
+    the CLIs hand the schema to the provider as a tool's input schema (Anthropic) or a strict
+    response format (OpenAI), which take nothing else, so a ``list[Point]`` or a bare
+    ``{"properties": ...}`` could never come back natively.
 
     A ``None`` matrix means the driver declares no interaction between the mechanism and
     approvals, so no ask kind restricts it here (whether the driver can ask at all is the
@@ -884,6 +889,9 @@ def negotiate(
             effective,
             frozenset(explicit_ask_kinds),
             streaming,
+            object_root=mechanism != "native"
+            or schema is None
+            or schema.schema.get("type") == "object",
         )
         if not problems:
             return mechanism
@@ -899,10 +907,14 @@ def _ineligibility(
     effective: frozenset[str],
     explicit: frozenset[str],
     streaming: bool,
+    *,
+    object_root: bool,
 ) -> list[str]:
     if not offered:
         return ["not offered by the driver"]
     problems: list[str] = []
+    if not object_root:
+        problems.append('needs a schema whose root is {"type": "object"}')
     if streaming and not works_with_streaming:
         problems.append("does not work with the streaming transport")
     if matrix is not None:

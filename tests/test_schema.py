@@ -894,6 +894,22 @@ def test_streaming_restriction() -> None:
     )
 
 
+def test_native_needs_an_object_root() -> None:
+    def pick(schema: object, descriptor: Descriptor) -> str:
+        return negotiate(descriptor, ask_kinds=frozenset(), explicit_ask_kinds=frozenset(),
+                         streaming=False, schema=compile_schema(schema))
+
+    assert pick({"type": "object"}, _descriptor()) == "native"
+    for not_an_object in (list[Point], int, {"properties": {"x": {"type": "integer"}}}):
+        assert pick(not_an_object, _descriptor()) == "prompt_validate"
+    with pytest.raises(StructuredOutputUnsupportedError) as info:
+        pick({"type": "array"}, _descriptor(prompt_validate=False))
+    assert info.value.reason == (
+        'native: needs a schema whose root is {"type": "object"}; '
+        "prompt_validate: not offered by the driver"
+    )
+
+
 def test_unsupported_when_neither_is_offered() -> None:
     with pytest.raises(StructuredOutputUnsupportedError) as info:
         _negotiate(_descriptor(native=False, prompt_validate=False))
@@ -1182,8 +1198,19 @@ def test_run_as_explicit_schema_wins() -> None:
 def test_run_as_decode_errors_propagate() -> None:
     with pytest.raises(DecodeError, match=r"\$\.x: bad"):
         run_as(_Runner(_structured(None, valid=False)), "p", Point)
-    with pytest.raises(ValueError, match="missing field"):
+    with pytest.raises(DecodeError, match=r"cannot decode into .*Point: \$: missing field"):
         run_as(_Runner(_structured({"x": 1})), "p", Point)
+
+
+def test_decode_into_a_type_the_value_does_not_fit_is_a_decode_error() -> None:
+    # It was a bare ValueError, which ``except DecodeError`` let through.
+    result = Result(run_id="r1", structured=_structured({"x": 1, "y": 2}))
+    with pytest.raises(DecodeError, match=r"into list\[int\]: \$: expected array, got object"):
+        result.decode(list[int])
+    with pytest.raises(DecodeError) as info:
+        Result(run_id="r2", text='{"x": "one", "y": 2}').decode(Point)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert str(info.value).endswith("$.x: expected number, got string")
 
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import sys
 import time
@@ -279,6 +280,21 @@ def test_claude_structured_output(
     assert "the agent's final text: " in message
     final_text = caught.value.result.text if caught.value.result else ""
     assert " ".join(final_text.split())[:40] in message
+
+
+def test_claude_structured_output_whose_root_is_not_an_object(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The CLI turns --json-schema into a tool's input schema, which is always an object: a
+    # list[Item] asked for natively failed every time ("root: must be array").
+    items = [{"name": "a", "count": 1}, {"name": "b", "count": 2}]
+    anthropic.configure(structured=items, text=json.dumps(items))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        result = agent.run("list them", schema=list[Item])
+    assert result.decode(list[Item]) == [Item("a", 1), Item("b", 2)]
+    assert result.structured is not None and result.structured.source == "prompt_validate"
+    request = anthropic.messages()[-1]
+    assert "StructuredOutput" not in {t["name"] for t in request.get("tools") or ()}
 
 
 @pytest.mark.parametrize(
