@@ -70,6 +70,9 @@ _DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _ASK_KINDS = ("permission", "plan_review", "question")
 # jsonschema messages embed a repr of the offending instance, which can be the whole output.
 _MAX_MESSAGE = 500
+# Errors kept per output: an array of 100,000 wrong items made as many errors, and a 4 MB
+# exception message, verdict and log line out of them.
+_MAX_ERRORS = 20
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,10 @@ def _errors_in_process(
             "$: validation went deeper than Python's recursion limit allows; the output "
             "is nested too deeply to be checked against this schema"
         ], validator
-    return [_describe(error) for error in found], validator
+    described = [_describe(error) for error in found[:_MAX_ERRORS]]
+    if len(found) > _MAX_ERRORS:
+        described.append(f"… and {len(found) - _MAX_ERRORS} more errors")
+    return described, validator
 
 
 # --- compile ------------------------------------------------------------------------------------

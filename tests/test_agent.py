@@ -939,6 +939,20 @@ def test_output_nested_too_deeply_is_a_policy_violation_not_a_crash() -> None:
             agent.run("nest", schema={"type": "array"})
 
 
+def test_output_with_many_errors_keeps_the_first_twenty() -> None:
+    # 100,000 wrong items made 100,000 errors: a 4 MB message, verdict and log line.
+    agent = agent_with_output(["x"] * 5000)
+    with pytest.raises(adaptor.PolicyViolationError) as info:
+        agent.run("count", schema={"type": "array", "items": {"type": "integer"}})
+    structured = info.value.result.structured if info.value.result else None
+    assert structured is not None and len(structured.errors) == 21
+    assert structured.errors[0] == "$[0]: 'x' is not of type 'integer'"
+    assert structured.errors[19].startswith("$[19]: ")
+    assert structured.errors[-1] == "… and 4980 more errors"
+    assert info.value.details["errors"] == list(structured.errors)
+    assert len(str(info.value)) < 1000
+
+
 def agent_with_output(value: object) -> adaptor.Agent:
     return adaptor.Agent(ScriptedDriver([{"output_json": value}]))
 
