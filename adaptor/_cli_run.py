@@ -33,7 +33,7 @@ from adaptor._cli_common import (
     stopping_like_ctrl_c,
     telling_when_the_daemon_stops,
 )
-from adaptor._cli_spool import print_text, report_verdict, submit_request
+from adaptor._cli_spool import note_invalid_output, print_text, report_verdict, submit_request
 from adaptor.spool import Client, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -372,7 +372,9 @@ def _run_through_daemon(
         interrupted(as_json, stop, id=request_id)
     verdict = client.verdict(request_id)
     assert verdict is not None  # following ends only once the verdict exists
-    report_verdict(client, verdict, as_json=as_json, text_shown=live.text_complete)
+    report_verdict(
+        client, verdict, as_json=as_json, text_shown=live.text_complete, quiet=not live.hints
+    )
 
 
 def _run_in_process(
@@ -410,8 +412,11 @@ def _run_in_process(
     assert result is not None
     if as_json:
         emit_result(summary, id=request_id)
-    elif not live.text_complete:
-        print_text(redactor.text(result.text))
+    else:
+        if not live.text_complete:
+            print_text(redactor.text(result.text))
+        if live.hints:
+            note_invalid_output(summary)
 
 
 def _execute(

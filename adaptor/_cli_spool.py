@@ -128,7 +128,12 @@ def _verdict_or_daemon(client: Client, request_id: str) -> dict[str, Any] | None
 
 
 def report_verdict(
-    client: Client, verdict: dict[str, Any], *, as_json: bool, text_shown: bool = False
+    client: Client,
+    verdict: dict[str, Any],
+    *,
+    as_json: bool,
+    text_shown: bool = False,
+    quiet: bool = False,
 ) -> None:
     """Print a verdict's outcome as ``run``/``wait`` do and exit with its exit code."""
     request_id = verdict.get("id")
@@ -150,9 +155,22 @@ def report_verdict(
         )
     if as_json:
         emit_result(result_json, id=request_id)
-    elif not text_shown:
-        print_text(result.text)
+    else:
+        if not text_shown:
+            print_text(result.text)
+        if not quiet:
+            note_invalid_output(result_json)
     sys.exit(0)
+
+
+def note_invalid_output(summary: Any) -> None:
+    """Say on stderr that a run kept by ``return_invalid`` printed output that failed its
+    schema: exit 0 and the text alone look like a valid answer.  ``summary`` is a verdict's
+    ``result`` object (secrets already redacted)."""
+    structured = summary.get("structured") if isinstance(summary, dict) else None
+    if isinstance(structured, dict) and structured.get("valid") is False:
+        problems = "; ".join(str(e) for e in structured.get("errors") or ()) or "no value"
+        echo(f"adaptor: the structured output is invalid (kept by return_invalid): {problems}", err=True)
 
 
 def print_text(text: str) -> None:

@@ -253,6 +253,25 @@ def test_run_no_daemon_matches_the_daemon(home: Home, tmp_path: Path, name: str)
         assert plain[0].stdout == plain[1].stdout and plain[0].returncode == plain[1].returncode
 
 
+def test_run_says_when_return_invalid_kept_invalid_output(home: Home, tmp_path: Path) -> None:
+    # Exit 0 and the text alone looked like a valid answer.
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps({
+        "prompt": "go", "driver": "script", "config": {"steps": [{"output_json": {"a": "x"}}]},
+        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        "schema_options": {"return_invalid": True},
+    }))
+    for extra in ([], ["--no-daemon"]):
+        ran = home.cli("run", "--request", str(request), *extra)
+        assert ran.returncode == 0 and ran.stdout == '{"a":"x"}\n', (extra, ran.stderr)
+        assert ran.stderr.splitlines()[-1] == (
+            "adaptor: the structured output is invalid (kept by return_invalid): "
+            "$.a: 'x' is not of type 'integer'"
+        ), extra
+        quiet = home.cli("run", "--request", str(request), "--quiet", *extra)
+        assert quiet.returncode == 0 and "invalid" not in quiet.stderr, extra
+
+
 def test_run_on_a_terminal_streams_text_and_tool_lines(home: Home) -> None:
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
