@@ -66,6 +66,8 @@ _STOP_TAIL = 15.0
 The systemd unit's TimeoutStopSec (60) is above the default grace (30) plus this."""
 _CANCEL_WAIT = 8.0
 """Of the tail, what cancelled runs get to stop by themselves (their SIGTERM, grace_period, SIGKILL)."""
+_DRAIN_SLICE = 0.2
+"""Seconds between two looks for a second stop signal while the drain waits for running work."""
 _KEPT_SHARE = 2.0
 """Of the tail, what is left at least for closing the CLI processes kept between turns."""
 _LEFTOVER_GRACE = 10.0
@@ -166,6 +168,8 @@ class Job:
     keys: tuple[str, ...] = ()
     stream: adaptor.Stream | None = None
     cancel_requested: bool = False
+    # Cancelled by the drain (its grace ran out, or a second signal): its verdict says so.
+    stopped_by_drain: bool = False
     run_ids: list[str] = field(default_factory=list)
     # runs/<id>/state.json as last written: kept here so no write has to read it back first.
     state: dict[str, Any] = field(default_factory=dict)
@@ -216,6 +220,8 @@ class Daemon:
         self._stop = threading.Event()
         # Set by the signal handler; the main loop turns them into _stop and a reload.
         self._stop_signalled = False
+        # Stop signals seen: a second one during the drain ends its grace at once.
+        self._stop_signals = 0
         self._reload_signalled = False
         self._lock = threading.Lock()
         # The schedule (under _lock): jobs that may start now, the line of jobs on each thread
@@ -419,6 +425,7 @@ class Daemon:
             self._reload_signalled = True
         else:
             self._stop_signalled = True
+            self._stop_signals += 1
         self._wake.set()
 
     def _reload_config(self) -> None:
@@ -979,6 +986,8 @@ class Daemon:
                 with contextlib.suppress(OSError):  # the verdict says what went wrong
                     self._save_state(job, "running", started_at=started_at, session=session)
             self.audit("request.started", job.id, attempt=job.attempt)
+        if isinstance(error, errors.RunCancelledError) and job.stopped_by_drain:
+            error = self._stopped_by_drain(error)
         if isinstance(error, errors.RunError):
             result = error.result
         run_id = job.run_ids[-1] if job.run_ids else None
@@ -986,6 +995,17 @@ class Daemon:
             job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
             started_at=started_at, session=session, secrets=secrets, job=job, flush_events=True,
         )  # the claimed copy is removed with the verdict
+
+    def _stopped_by_drain(self, error: errors.RunCancelledError) -> errors.RunCancelledError:
+        """The verdict of a run the daemon's stop cancelled: not to be taken for an
+        ``adaptor cancel`` (the request may be worth submitting again)."""
+        why = "signalled again" if self._stop_signals >= 2 else f"the run outlasted its --grace of {self.grace:g} s"
+        return errors.RunCancelledError(
+            f"run cancelled: adaptord stopped ({why})",
+            details={**error.details, "daemon_stopped": True},
+            result=error.result,
+            cause=error.cause,
+        )
 
     def _link_in_the_way(self, request_id: str) -> str | None:
         """Why the request cannot start: a link where its run folder or its verdict goes (or a
@@ -1626,11 +1646,21 @@ class Daemon:
                     job.state["status"] = "requeued"
                     self._write_state_raw(job.id, job.state)
         self.log("draining", running=len(self._running), grace=self.grace)
+        # The handler takes no lock (see _on_signal), so it cannot wake this wait: the wait
+        # looks for a second signal between short slices.
+        grace_ends = time.monotonic() + self.grace
         with self._idle:
-            self._idle.wait_for(lambda: not self._running, timeout=self.grace)
+            while self._running and self._stop_signals < 2:
+                left = grace_ends - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(min(left, _DRAIN_SLICE))
             running = list(self._running.values())
+        if running and self._stop_signals >= 2:
+            self.log("signalled again; cancelling running work now", running=len(running))
         for job in running:
             job.cancel_requested = True
+            job.stopped_by_drain = True
             if job.stream is not None:
                 job.stream.cancel()
         # From here the drain is bounded by _STOP_TAIL whatever the requests ask for, so that

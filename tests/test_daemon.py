@@ -790,6 +790,34 @@ def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:
     assert verdict["error"]["code"] == "ErrRunCancelled" and verdict["exit_code"] == 1
 
 
+def test_a_run_the_drain_cancels_says_the_daemon_stopped(tmp_path: Path) -> None:
+    # Its verdict read "run cancelled", as after `adaptor cancel`: nothing said the daemon's
+    # stop did it, so the request looked withdrawn rather than worth submitting again.
+    proc = DaemonProcess(tmp_path / "home", "--grace", "0.2").start()
+    rid = proc.submit(script({"text": "started"}, {"sleep": 60}))
+    proc.wait_for_line(f"request.started id={rid}")
+    assert proc.stop() == 0
+    error = errors.from_wire(orjson.loads(proc.home.verdict(rid).read_bytes())["error"])
+    assert type(error) is errors.RunCancelledError and error.details["daemon_stopped"] is True
+    assert error.message == "run cancelled: adaptord stopped (the run outlasted its --grace of 0.2 s)"
+
+
+def test_a_second_stop_signal_ends_the_drain_grace(tmp_path: Path) -> None:
+    # An operator's second Ctrl-C (or SIGTERM) during a long grace was ignored: the daemon sat
+    # silent until the grace ran out.  Now it cancels running work at once.
+    proc = DaemonProcess(tmp_path / "home", "--grace", "3600").start()
+    rid = proc.submit(script({"text": "started"}, {"sleep": 3600}))
+    proc.wait_for_line(f"request.started id={rid}")
+    proc.signal(signal.SIGINT)
+    proc.wait_for_line("draining running=1")
+    proc.signal(signal.SIGINT)
+    proc.wait_for_line("signalled again; cancelling running work now running=1")
+    verdict = proc.verdict(rid)
+    assert verdict["error"]["code"] == "ErrRunCancelled"
+    assert verdict["error"]["message"] == "run cancelled: adaptord stopped (signalled again)"
+    assert proc.proc is not None and proc.proc.wait(timeout=60) == 0
+
+
 def test_a_run_that_outlasts_its_cancel_is_killed_within_the_drain(tmp_path: Path) -> None:
     # An agent ignoring SIGTERM, with a grace_period longer than any stop timeout: the drain
     # waited 30 s for it, then exited without its verdict and left it running in the workspace.
