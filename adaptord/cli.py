@@ -47,7 +47,7 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
     try:
         config = config_module.load(config_path, required=config_path is not None)
     except config_module.ConfigError as exc:
-        click.echo(f"adaptord: {exc}", err=True)
+        click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
         sys.exit(2)
     listen = None
     if a2a_listen is not None:
@@ -60,13 +60,13 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
             listen = a2a_bridge.Listen.parse(a2a_listen)
             a2a_bridge.check(listen, config.a2a)
         except ValueError as exc:
-            click.echo(f"adaptord: {exc}", err=True)
+            click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
             sys.exit(2)
     daemon = Daemon(_home.Home.at(home), config, workers=workers, grace=grace, config_path=config_path, a2a=listen)
     try:
         code = daemon.serve()
     except config_module.ConfigError as exc:
-        click.echo(f"adaptord: {exc}", err=True)
+        click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
         sys.exit(2)
     sys.exit(code)
 
@@ -83,7 +83,7 @@ def status(home: str | None, as_json: bool) -> None:
         try:
             info = _home.daemon_state(paths)
         except ValueError as exc:
-            click.echo(f"adaptord: {exc}", err=True)
+            click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
     if as_json:
         click.echo(orjson.dumps({**info, "running": running, "home": str(paths.root)}).decode())
     else:
@@ -92,7 +92,7 @@ def status(home: str | None, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
 def check(config_path: str | None) -> None:
     """Validate the config file and report which agent CLIs are on PATH, with versions."""
     ok = True
@@ -115,7 +115,7 @@ def check(config_path: str | None) -> None:
             state = f"{offered} skill(s)" if os.path.isdir(directory) else "missing: offers nothing"
             click.echo(f"skills: {directory} ({state})")
     except config_module.ConfigError as exc:
-        click.echo(f"config: {exc}")
+        click.echo(config_module.one_line(f"config: {exc}"))
         ok = False
         config = config_module.DaemonConfig()
     for driver, binary in DRIVER_BINARIES.items():

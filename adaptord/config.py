@@ -65,6 +65,13 @@ class ConfigError(ValueError):
     """The configuration file is unreadable or has a bad value; names the file and key."""
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks shown as ``\\n``: each fact the daemon logs (and each item
+    ``adaptord check`` reports) stays one line, for journald and grep, whatever an exception's
+    message holds (a host tool's module may raise one of several lines)."""
+    return "\\n".join(text.splitlines())
+
+
 @dataclass(frozen=True)
 class ExposedAgent:
     """A local agent that ``adaptord serve --a2a`` serves: its card and its request template."""
@@ -143,8 +150,9 @@ class DaemonConfig:
             # Any failure of the module's own code (a SyntaxError, a relative name, an error it
             # raises at import) is this config's problem, not the daemon's end.
             except (Exception, SystemExit) as exc:
+                where = f"{self.source}: " if self.source else ""
                 raise ConfigError(
-                    f"tools.{name}: cannot load {target!r}: {type(exc).__name__}: {exc}"
+                    f"{where}tools.{name}: cannot load {target!r}: {type(exc).__name__}: {exc}"
                 ) from exc
             loaded[name] = obj
         if self.a2a.remotes:

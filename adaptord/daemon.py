@@ -52,7 +52,7 @@ from adaptor.threadstore import Query, Record
 from adaptord import _leftovers
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
-from adaptord.config import A2AConfig, DaemonConfig
+from adaptord.config import A2AConfig, DaemonConfig, one_line
 from hosttools import sessionrecorder as sr
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class Daemon:
     @staticmethod
     def _line(fact: str, fields: Mapping[str, Any]) -> str:
         extra = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-        return f"adaptord: {fact}" + (f" {extra}" if extra else "")
+        return one_line(f"adaptord: {fact}" + (f" {extra}" if extra else ""))
 
     def log(self, fact: str, **fields: Any) -> None:
         self._emit(self._line(fact, fields))

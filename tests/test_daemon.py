@@ -1408,6 +1408,32 @@ def test_every_file_of_the_home_is_private(daemon: DaemonProcess) -> None:
     assert exposed == []
 
 
+def test_a_failure_of_several_lines_is_one_log_line_naming_the_config(tmp_path: Path) -> None:
+    # A host tool module raising a message of several lines split the reload's fact over
+    # several stderr lines (journald records each as its own, unprefixed entry), and the
+    # fact did not say which file was at fault.
+    config = tmp_path / "config.toml"
+    config.write_text("workers = 2\n")
+    (tmp_path / "multiline_tool_module.py").write_text("raise ValueError('first line\\nsecond line')\n")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), cwd=tmp_path).start()
+    line = proc.reload(config, '[tools]\nx = "multiline_tool_module:tool"\n')
+    assert line == (
+        f"adaptord: config reload failed; keeping the old config error={config}: tools.x: cannot load "
+        "'multiline_tool_module:tool': ValueError: first line\\nsecond line"
+    )
+    assert proc.stop() == 0
+    assert all(line.startswith("adaptord: ") for line in proc.lines), proc.lines
+    for command in (["serve", "--home", str(tmp_path / "other")], ["check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "adaptord", *command, "--config", str(config)],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )
+        assert done.returncode == 2
+        reported = [line for line in (done.stdout + done.stderr).splitlines() if "cannot load" in line]
+        assert len(reported) == 1 and reported[0].endswith("ValueError: first line\\nsecond line"), done
+        assert "second line" not in (done.stdout + done.stderr).replace(reported[0], "")
+
+
 def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('[drivers.script]\nsteps = [{text = "from config v1"}]\n')
