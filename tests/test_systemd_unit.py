@@ -6,6 +6,7 @@ import configparser
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from adaptord.daemon import _STOP_TAIL
@@ -28,6 +29,27 @@ def test_unit_is_a_notify_service_that_outlives_the_grace_period() -> None:
     assert float(service["TimeoutStopSec"]) > grace + _STOP_TAIL
     assert "69" in service["RestartPreventExitStatus"].split()
     assert parser["Install"]["WantedBy"] == "default.target"
+
+
+def test_the_unit_does_not_restart_a_daemon_that_cannot_start_as_configured(tmp_path: Path) -> None:
+    # A config typo (exit 2) was restarted every RestartSec, slower than systemd's start
+    # limit notices: the same error in the journal every few seconds, forever.  Like a second
+    # instance (69), it needs a person before another start can help.
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment, method-assign]
+    parser.read(UNIT)
+    prevented = parser["Service"]["RestartPreventExitStatus"].split()
+    config = tmp_path / "config.toml"
+    config.write_text("workerz = 2\n")
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir(mode=0o777)
+    unsafe.chmod(0o777)
+    for args in (["--config", str(config), "--home", str(tmp_path / "home")], ["--home", str(unsafe)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "adaptord", "serve", *args], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "ADAPTORD_HOME": ""},
+        )
+        assert str(done.returncode) in prevented, (done.returncode, done.stderr)
 
 
 def _readme_install_commands() -> str:
