@@ -309,6 +309,10 @@ class Daemon:
         except OSError as exc:  # a read-only or missing filesystem, no permission: no spool
             self.log("cannot use the home", home=self.home.root, error=_os_error_text(exc))
             return 69
+        # The predecessor's pid and start time: `status` would show them as this daemon's
+        # until it writes its own, once serving (its start may take seconds: leftovers, tools).
+        with contextlib.suppress(OSError):
+            os.unlink(self.home.daemon_state)
         try:
             # Every process this daemon starts carries the mark; see _stop_leftovers.
             with _leftovers.marking(_leftovers.owner_mark(self.home.root)):
@@ -350,8 +354,6 @@ class Daemon:
                 )
             except OSError as exc:  # a full disk: serve anyway, and give the claimed their verdicts
                 self.log("cannot write the daemon state", error=_os_error_text(exc))
-                with contextlib.suppress(OSError):  # a predecessor's would name the wrong pid
-                    os.unlink(self.home.daemon_state)
             self.audit("daemon.started", workers=self.workers, pid=os.getpid())
             if a2a_url:
                 self.audit("a2a.listening", url=a2a_url, agents=",".join(a.key for a in self.config.a2a.agents))

@@ -790,6 +790,42 @@ def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:
     assert verdict["error"]["code"] == "ErrRunCancelled" and verdict["exit_code"] == 1
 
 
+def test_status_never_shows_the_previous_daemons_pid_while_a_new_one_starts(tmp_path: Path) -> None:
+    # Until the new daemon wrote its state (after stopping leftovers and importing its host
+    # tools, which may take a while), `adaptord status` said "running (pid N)" with the pid
+    # of the daemon before it, long gone: one to kill by mistake once reused.
+    home = tmp_path / "home"
+    first = DaemonProcess(home).start()
+    old_pid = _home.daemon_state(first.home)["pid"]
+    assert first.stop() == 0
+    gate, importing = tmp_path / "gate", tmp_path / "importing"
+    gate.touch()
+    (tmp_path / "gated_tool_module.py").write_text(
+        "import os, time\n"
+        f"open({str(importing)!r}, 'w').close()\n"
+        f"while os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n"
+        "tool = None\n"
+    )
+    config = tmp_path / "config.toml"
+    config.write_text('[tools]\ngated = "gated_tool_module:tool"\n')
+    second = DaemonProcess(home, "--config", str(config), cwd=tmp_path).start(wait_ready=False)
+    deadline = time.monotonic() + 60
+    while not importing.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert importing.exists()
+    status = subprocess.run(
+        [sys.executable, "-m", "adaptord", "status", "--home", str(home), "--json"],
+        capture_output=True, timeout=60,
+    )
+    assert status.returncode == 0
+    assert orjson.loads(status.stdout).get("pid") != old_pid
+    gate.unlink()
+    second.wait_for_line("adaptord: ready")
+    assert second.proc is not None
+    assert _home.daemon_state(second.home)["pid"] == second.proc.pid
+    assert second.stop() == 0
+
+
 def test_a_run_the_drain_cancels_says_the_daemon_stopped(tmp_path: Path) -> None:
     # Its verdict read "run cancelled", as after `adaptor cancel`: nothing said the daemon's
     # stop did it, so the request looked withdrawn rather than worth submitting again.
