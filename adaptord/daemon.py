@@ -321,6 +321,19 @@ class Daemon:
             instance.release()
 
     def _serve_locked(self) -> int:
+        # From the first moment to the last: a SIGHUP or SIGTERM during the start-up (stopping
+        # a predecessor's leftovers, importing host tools) killed the daemon without a word,
+        # and one during the last clean-up skipped closing the logs.  Set early, they are
+        # acted on once serving (a stop then drains at once).
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        try:
+            return self._serve_signalled()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._wake.close()
+
+    def _serve_signalled(self) -> int:
         # Before the slower start-up below: while this daemon holds the home's lock, `adaptor
         # approve` takes a pending approval's run for alive, and none of these runs is.
         stale_approvals = self._expire_stale_approvals()
@@ -342,7 +355,6 @@ class Daemon:
         self._tools = self.config.load_tools()
         self._warn_invalid_tools(self._tools)
         self._skills = self.config.skill_catalogue()
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self._ensure_workers()
         try:
             a2a_url = self._start_bridge()
@@ -386,8 +398,6 @@ class Daemon:
             return 0
         finally:
             self._stop_bridge()  # after the drain: open A2A tasks get their runs' verdicts first
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             self._stop_observer()
             for _ in self._worker_threads:
                 self._jobs.put(None)
@@ -396,7 +406,6 @@ class Daemon:
             self._store.close()
             with contextlib.suppress(Exception):
                 self._daemon_log.close()
-            self._wake.close()
 
     def _stop_leftovers(self) -> None:
         """Stop the agents a killed predecessor left running (see :mod:`adaptord._leftovers`).

@@ -790,6 +790,26 @@ def test_sigterm_after_grace_cancels(tmp_path: Path) -> None:
     assert verdict["error"]["code"] == "ErrRunCancelled" and verdict["exit_code"] == 1
 
 
+def _daemon_importing_a_gated_tool(tmp_path: Path) -> tuple[DaemonProcess, Path]:
+    """A daemon held in its start-up (importing a host tool) until the returned gate is removed."""
+    gate, importing = tmp_path / "gate", tmp_path / "importing"
+    gate.touch()
+    (tmp_path / "gated_start_module.py").write_text(
+        "import os, time\n"
+        f"open({str(importing)!r}, 'w').close()\n"
+        f"while os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n"
+        "tool = None\n"
+    )
+    config = tmp_path / "config.toml"
+    config.write_text('[tools]\ngated = "gated_start_module:tool"\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), cwd=tmp_path).start(wait_ready=False)
+    deadline = time.monotonic() + 60
+    while not importing.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert importing.exists()
+    return proc, gate
+
+
 def test_status_never_shows_the_previous_daemons_pid_while_a_new_one_starts(tmp_path: Path) -> None:
     # Until the new daemon wrote its state (after stopping leftovers and importing its host
     # tools, which may take a while), `adaptord status` said "running (pid N)" with the pid
@@ -798,21 +818,7 @@ def test_status_never_shows_the_previous_daemons_pid_while_a_new_one_starts(tmp_
     first = DaemonProcess(home).start()
     old_pid = _home.daemon_state(first.home)["pid"]
     assert first.stop() == 0
-    gate, importing = tmp_path / "gate", tmp_path / "importing"
-    gate.touch()
-    (tmp_path / "gated_tool_module.py").write_text(
-        "import os, time\n"
-        f"open({str(importing)!r}, 'w').close()\n"
-        f"while os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n"
-        "tool = None\n"
-    )
-    config = tmp_path / "config.toml"
-    config.write_text('[tools]\ngated = "gated_tool_module:tool"\n')
-    second = DaemonProcess(home, "--config", str(config), cwd=tmp_path).start(wait_ready=False)
-    deadline = time.monotonic() + 60
-    while not importing.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert importing.exists()
+    second, gate = _daemon_importing_a_gated_tool(tmp_path)
     status = subprocess.run(
         [sys.executable, "-m", "adaptord", "status", "--home", str(home), "--json"],
         capture_output=True, timeout=60,
@@ -824,6 +830,22 @@ def test_status_never_shows_the_previous_daemons_pid_while_a_new_one_starts(tmp_
     assert second.proc is not None
     assert _home.daemon_state(second.home)["pid"] == second.proc.pid
     assert second.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_during_the_start_up_is_acted_on_once_serving(tmp_path: Path, sig: int) -> None:
+    # The handlers were set only after the start-up: a SIGHUP (a reload) while host tools
+    # were imported killed the daemon silently (exit 129), a SIGTERM with no drain (-15).
+    proc, gate = _daemon_importing_a_gated_tool(tmp_path)
+    assert proc.proc is not None
+    proc.proc.send_signal(sig)
+    gate.unlink()
+    if sig == signal.SIGHUP:
+        proc.wait_for_line("adaptord: ready")
+        assert proc.verdict(proc.submit(script({"text": "still serving"})))["ok"]
+        assert proc.stop() == 0
+    else:
+        assert proc.proc.wait(timeout=60) == 0
 
 
 def test_a_run_the_drain_cancels_says_the_daemon_stopped(tmp_path: Path) -> None:
