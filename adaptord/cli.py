@@ -119,10 +119,18 @@ def check(config_path: str | None) -> None:
         ok = False
         config = config_module.DaemonConfig()
     for driver, binary in DRIVER_BINARIES.items():
-        command = str(config.driver_defaults(driver).get("command") or binary)
+        configured = config.driver_defaults(driver).get("command")
+        command = str(configured or binary)
         path = shutil.which(command)
         if path is None:
-            click.echo(f"{driver}: {command} not found on PATH")
+            missing = "is not an executable file" if os.sep in command else "not found on PATH"
+            if configured:
+                # Named in the config, unlike a CLI merely not installed: every run of this
+                # driver would fail (exit 69), so the config is not ok.
+                click.echo(f"{driver}: {command} {missing} (drivers.{driver}.command: every {driver} run would fail)")
+                ok = False
+            else:
+                click.echo(f"{driver}: {command} {missing}")
             continue
         try:
             proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)

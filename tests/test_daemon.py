@@ -1535,6 +1535,15 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     )
     assert check.returncode == 2 and "RuntimeError: at import" in check.stderr + check.stdout
     assert "Traceback" not in check.stderr
+    # A driver command the config names that is not there: every run of it would fail (69),
+    # and check said "not found on PATH" of an absolute path, exit 0.
+    config.write_text('[drivers.claude]\ncommand = "/no/such/claude"\n')
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert check.returncode == 2, check.stdout
+    assert "claude: /no/such/claude is not an executable file (drivers.claude.command" in check.stdout
 
 
 def test_a_reload_says_what_waits_for_a_restart_by_what_is_in_effect(tmp_path: Path) -> None:
