@@ -1049,9 +1049,32 @@ def _checked(
         offset += len(raw)
 
 
-def _open_for_read(path: _StrPath, flags: int = os.O_RDONLY) -> IO[bytes]:
-    fd = os.open(path, flags | _O_NOFOLLOW | _O_CLOEXEC)
+def open_for_read(path: _StrPath, flags: int = os.O_RDONLY) -> IO[bytes]:
+    """A log opened to be read (``flags`` may add write access, for a repair).
+
+    Only a regular file is opened: a symbolic link at ``path`` or anything else standing
+    there (a FIFO, a folder, a socket) raises :class:`ForeignFileError`.  ``O_NONBLOCK``
+    makes a FIFO one of those instead of an ``open`` (or a read) that waits forever for a
+    writer nobody will start.  ``FileNotFoundError`` passes through.
+    """
+    try:
+        fd = os.open(path, flags | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise _foreign(exc.errno, path) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _foreign(errno.EINVAL, path)
+    except BaseException:
+        os.close(fd)
+        raise
     return os.fdopen(fd, "rb", buffering=_BLOCK)
+
+
+def _foreign(code: int, path: _StrPath) -> ForeignFileError:
+    what = "is a symbolic link" if code == errno.ELOOP else "is not a regular file"
+    return ForeignFileError(code, what, os.fspath(path))
 
 
 def scan(
@@ -1068,7 +1091,7 @@ def scan(
     """
     name = os.fspath(path)
     try:
-        f = _open_for_read(name)
+        f = open_for_read(name)
     except FileNotFoundError:
         return
     with f:
@@ -1100,7 +1123,7 @@ def inspect_tail(
     """
     name = os.fspath(path)
     try:
-        f = _open_for_read(name)
+        f = open_for_read(name)
     except FileNotFoundError:
         return None
     with f:
@@ -1118,7 +1141,7 @@ def repair(path: _StrPath, *, seq_key: str = "seq", start_seq: int = 1) -> Repai
         return None  # don't create a lock file next to a log that does not exist
     with exclusive(name + ".lock"):
         try:
-            f = _open_for_read(name, os.O_RDWR)
+            f = open_for_read(name, os.O_RDWR)
         except FileNotFoundError:
             return None
         with f:
@@ -1422,7 +1445,21 @@ class DurableLog:
         try:
             fd = os.open(self._path, flags | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            fd = os.open(self._path, flags)
+            try:
+                fd = os.open(self._path, flags)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise _foreign(exc.errno, self._path) from None
+                raise
+            # O_RDWR opens a FIFO without waiting, but every later step (the tail check's
+            # read, a rollback's reopen) would wait forever on it: refuse it, and any other
+            # file that is not regular, before touching it.
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode):
+                os.close(fd)
+                raise _foreign(errno.EINVAL, self._path) from None
+            self._fd = fd
+            return fd, found.st_size
         else:
             try:
                 fsync_dir(os.path.dirname(os.path.abspath(self._path)))

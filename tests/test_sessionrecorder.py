@@ -708,6 +708,60 @@ def test_a_symlinked_log_is_not_followed(events_dir: Path, tmp_path: Path) -> No
     assert sr.verify(events_dir / "s.jsonl") == 1
 
 
+_FIFO_AS_LOG = """
+import errno, json, sys
+from adaptor import events
+from hosttools import sessionrecorder as sr
+recorder = sr.EventRecorder(sr.JSONLEventBackend(sys.argv[1]))
+outcomes = []
+for step in (lambda: recorder.record("s", events.TextDelta(text="x")), lambda: recorder.since("s")):
+    try:
+        step()
+        outcomes.append("ok")
+    except OSError as exc:
+        outcomes.append(errno.errorcode[exc.errno] + ": " + exc.strerror)
+print(json.dumps(outcomes))
+"""
+
+
+def test_a_fifo_in_place_of_a_log_is_refused_not_waited_on(events_dir: Path) -> None:
+    # A FIFO at <key>.jsonl hung record() (its rollback reopened the FIFO read-only, waiting
+    # for a writer) and since() (the same open) forever; a daemon's run would never end.
+    events_dir.mkdir(parents=True)
+    os.mkfifo(events_dir / "s.jsonl")
+    proc = subprocess.run(
+        [sys.executable, "-c", _FIFO_AS_LOG, str(events_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert orjson.loads(proc.stdout) == ["EINVAL: is not a regular file"] * 2
+    assert stat.S_ISFIFO(os.lstat(events_dir / "s.jsonl").st_mode)
+
+
+def test_repair_follows_a_symlink_and_refuses_a_pipe(tmp_path: Path) -> None:
+    # verify() follows a symlink, but repair() of the same path failed with "[Errno 40] Too
+    # many levels of symbolic links"; and repair() of a pipe read it to its end first (so
+    # nothing was left to check) and then went on as if it were a file.
+    log = _fill(tmp_path / "logs", "r", 3)
+    whole = log.read_bytes()
+    log.write_bytes(whole[:-7])
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(log)
+    report = sr.repair(link)
+    assert report is not None and report.path == str(log)
+    assert link.is_symlink() and sr.verify(log) == 2
+    reading, writing = os.pipe()
+    try:
+        with os.fdopen(writing, "wb") as sink:
+            sink.write(log.read_bytes())
+        with pytest.raises(OSError) as info:
+            sr.repair(f"/proc/self/fd/{reading}")
+        assert info.value.errno == errno.EINVAL
+        assert os.read(reading, 1 << 20) == log.read_bytes()  # not consumed
+    finally:
+        os.close(reading)
+
+
 def test_verify_reads_a_pipe(tmp_path: Path) -> None:
     # `adaptor verify-log <(zcat x.jsonl.gz)`: the log arrives through a pipe.
     log = _fill(tmp_path / "logs", "p", 3)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import io
 import os
 import stat
@@ -45,8 +46,6 @@ SEQ_KEY = "host_seq"
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
 
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _BLOCK = 64 * 1024
 # Marks a reason as a crash artifact that repair() may cut; see replay().
 _TORN = "torn tail: "
@@ -527,9 +526,9 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
 
 
 def open_log(path: StrPath) -> IO[bytes]:
-    """Open for reading without following a symlink (``FileNotFoundError`` passes through)."""
-    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
-    return os.fdopen(fd, "rb", buffering=_BLOCK)
+    """Open a regular file for reading, never through a symlink nor waiting on a FIFO
+    (:func:`adaptor._durable.open_for_read`; ``FileNotFoundError`` passes through)."""
+    return _durable.open_for_read(path)
 
 
 def open_stream(path: StrPath) -> IO[bytes] | None:
@@ -774,9 +773,24 @@ def repair(path: StrPath) -> RepairReport | None:
     ``host_seq``), which is what a crash mid-append leaves, is cut, under the writers' lock.
     Any other problem, including a well-framed last line that is not a valid record, raises
     :class:`JSONLEventLogCorruptError` and leaves the file untouched.  A missing file is
-    ``None``.
+    ``None``.  As with :func:`verify`, a symlink is followed: the file it names is repaired.
+    A pipe, a device or a folder cannot be cut: it raises ``OSError`` (``EINVAL``) at once,
+    without reading it.
     """
     name = os.fspath(path)
+    # Looked at through the path as given: realpath() cannot name a pipe (/dev/stdin gives
+    # "/proc/.../pipe:[123]", which does not exist).
+    try:
+        mode = os.stat(name).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        # verify() would read a pipe to its end (it is gone then) and the cut would fail.
+        raise _durable.ForeignFileError(
+            errno.EINVAL, "is not a regular file: only a regular file can be repaired", name
+        )
+    # The file a symlink names, as verify() checks it: the user named that file.
+    name = os.path.realpath(name)
     key = key_of(name)
     try:
         verify(name)
