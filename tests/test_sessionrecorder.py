@@ -157,6 +157,31 @@ def test_since_is_strictly_greater_and_ascending(env: Env) -> None:
             recorder.since("s", -1)
 
 
+def test_wrong_types_are_named_and_refused(env: Env) -> None:
+    # since("s", 1.5) and since("s", True) read as cursors 1.5 and 1, since("s", "2") and
+    # tail(r, "s", "3") failed with "'<' not supported between instances of 'str' and 'int'",
+    # and record("s", "hello") with "must be called with a dataclass type or instance".
+    with env.recorder() as recorder:
+        for i in range(3):
+            recorder.record("s", _text(i))
+        calls: list[tuple[Callable[[], object], str]] = [
+            (lambda: recorder.since("s", 1.5), "after_host_seq must be an int, not float"),  # type: ignore[arg-type]
+            (lambda: recorder.since("s", True), "after_host_seq must be an int, not bool"),
+            (lambda: recorder.iter_since("s", "2"), "after_host_seq must be an int, not str"),  # type: ignore[arg-type]
+            (lambda: sr.tail(recorder, "s", "3"), "n must be an int, not str"),  # type: ignore[arg-type]
+            (lambda: sr.range_(recorder, "s", 0, 2.0), "to must be an int, not float"),  # type: ignore[arg-type]
+            (lambda: sr.range_(recorder, "s", None, 2), "after must be an int, not NoneType"),  # type: ignore[arg-type]
+            (lambda: recorder.record("s", "hello"), "event must be an adaptor.events event, not str"),  # type: ignore[arg-type]
+            (lambda: recorder.record("s", None), "event must be an adaptor.events event, not NoneType"),  # type: ignore[arg-type]
+        ]
+        for call, message in calls:
+            with pytest.raises(TypeError) as info:
+                call()
+            assert str(info.value) == message
+        assert _seqs(recorder.since("s")) == [1, 2, 3]  # nothing was recorded
+        assert _seqs(sr.range_(recorder, "s", 1, 2)) == [2]
+
+
 def test_tail_and_range(env: Env) -> None:
     with env.recorder() as recorder:
         for i in range(6):

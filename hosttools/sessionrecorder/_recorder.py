@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 import threading
 from collections.abc import Callable, Generator, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
 
-from adaptor.events import ApprovalRequest, Event
+from adaptor.events import ApprovalRequest, Event, _Event
 
 from ._model import (
     EventBackend,
@@ -81,6 +82,9 @@ class EventRecorder:
             self._check_key(key)
             self._remember_key(key)
         self._check_open()
+        if not isinstance(event, _Event):
+            # Said here: the encoder deep down would only say "must be called with a dataclass".
+            raise TypeError(f"event must be an adaptor.events event, not {type(event).__name__}")
         moment = self._clock()
         if moment.tzinfo is not UTC:
             if moment.tzinfo is None:
@@ -104,6 +108,7 @@ class EventRecorder:
         """
         self._check_key(key)
         self._check_open()
+        after_host_seq = _cursor("after_host_seq", after_host_seq)
         if after_host_seq < 0:
             raise ValueError(f"after_host_seq must be >= 0, not {after_host_seq}")
         return _after(self._backend.load(key), after_host_seq)
@@ -178,8 +183,16 @@ def _after(records: Iterable[EventRecord], after: int) -> Generator[EventRecord,
             close()
 
 
+def _cursor(name: str, value: int) -> int:
+    # A host_seq or a count is an integer: "3" or 2.5 must not be compared (or sliced) as one.
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return operator.index(value)
+
+
 def tail(recorder: EventRecorder, key: str, n: int) -> list[EventRecord]:
     """The last ``n`` records of ``key`` (fewer if it has fewer), ascending."""
+    n = _cursor("n", n)
     if n < 0:
         raise ValueError(f"n must be >= 0, not {n}")
     records = recorder.iter_since(key)
@@ -195,7 +208,8 @@ def range_(recorder: EventRecorder, key: str, after: int, to: int) -> list[Event
     Reading stops at ``to``: lines past it are not read, so damage there goes unnoticed here
     (it is never skipped within the range returned).
     """
-    records = recorder.iter_since(key, after)
+    to = _cursor("to", to)
+    records = recorder.iter_since(key, _cursor("after", after))
     out: list[EventRecord] = []
     try:
         for record in records:
