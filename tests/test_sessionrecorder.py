@@ -551,7 +551,13 @@ def test_relative_directory_is_resolved_at_construction(
     assert (tmp_path / "events" / "s.jsonl").exists()
 
 
-@pytest.mark.parametrize("key", ["", ".", "..", "../x", "a/b", "a\\b", "/etc/x", "a\0b", "x/.."])
+# The last three are keys no file name can hold: "<key>.jsonl.lock" over 255 bytes (UTF-8),
+# or not encodable.  They failed with a bare OSError ("File name too long") or a
+# UnicodeEncodeError, some after creating the directory, and since() of some answered [].
+@pytest.mark.parametrize(
+    "key",
+    ["", ".", "..", "../x", "a/b", "a\\b", "/etc/x", "a\0b", "x/..", "k" * 245, "é" * 123, "\ud800"],
+)
 def test_containment_cannot_be_replaced(tmp_path: Path, key: str) -> None:
     events = tmp_path / "events"
     recorder = _recorder(events, key_validator=lambda key: None)
@@ -561,6 +567,16 @@ def test_containment_cannot_be_replaced(tmp_path: Path, key: str) -> None:
         recorder.since(key)
     recorder.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_longest_key_a_file_name_holds_is_recorded(events_dir: Path) -> None:
+    key = "k" * 244  # its lock file's name, "<key>.jsonl.lock", is 255 bytes
+    with _recorder(events_dir, key_validator=lambda key: None) as recorder:
+        assert recorder.record(key, _text(0)).host_seq == 1
+        assert _seqs(recorder.since(key)) == [1]
+        assert [info.key for info in recorder.sessions()] == [key]
+    with pytest.raises(sr.InvalidSessionKeyError, match="too long to name a file: 245 bytes, at most 244"):
+        sr.check_contained(key + "k")
 
 
 def test_records_are_visible_to_tail_f_as_they_happen(events_dir: Path) -> None:

@@ -124,11 +124,17 @@ def default_key_validator(key: str) -> None:
         )
 
 
+# The longest key whose lock file, ``<key>.jsonl.lock``, fits a file name (255 bytes on every
+# common filesystem), counted in the bytes the filesystem sees (UTF-8 here).
+_MAX_KEY_BYTES = 255 - len(".jsonl.lock")
+
+
 def check_contained(key: str) -> None:
     """The JSONL backend's own check: ``<dir>/<key>.jsonl`` must name a file inside ``dir``.
 
     It runs whatever validator the recorder was given, so a permissive validator cannot turn a
-    key into a path outside the directory.
+    key into a path outside the directory, nor into a name no file can have (longer than
+    244 bytes encoded, or not encodable at all).
     """
     if not isinstance(key, str):
         raise InvalidSessionKeyError(f"session key must be a string, not {type(key).__name__}")
@@ -140,3 +146,16 @@ def check_contained(key: str) -> None:
         or os.path.basename(key) != key
     ):
         raise InvalidSessionKeyError(f"session key {_shown(key)} cannot name a file")
+    # A key a file name cannot hold failed deep in open() with a bare OSError (or a
+    # UnicodeEncodeError), after since() had answered [] for some of those same keys.
+    try:
+        size = len(os.fsencode(key))
+    except UnicodeEncodeError:
+        raise InvalidSessionKeyError(
+            f"session key {_shown(key)} cannot name a file: it cannot be encoded"
+        ) from None
+    if size > _MAX_KEY_BYTES:
+        raise InvalidSessionKeyError(
+            f"session key {_shown(key)} is too long to name a file: {size} bytes, "
+            f"at most {_MAX_KEY_BYTES}"
+        )
