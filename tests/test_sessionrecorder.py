@@ -182,6 +182,21 @@ def test_wrong_types_are_named_and_refused(env: Env) -> None:
         assert _seqs(sr.range_(recorder, "s", 1, 2)) == [2]
 
 
+def test_constructor_arguments_of_the_wrong_type_are_refused(tmp_path: Path) -> None:
+    # sync_on_append="no" was read as yes (it synced), max_open_files="3" failed at the first
+    # append with "'<' not supported", and a directory given to EventRecorder in place of a
+    # backend was an AttributeError at the first record().
+    with pytest.raises(TypeError, match="sync_on_append must be True or False, not str"):
+        sr.JSONLEventBackend(tmp_path, "no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_open_files must be an int, not str"):
+        sr.JSONLEventBackend(tmp_path, max_open_files="3")  # type: ignore[arg-type]
+    for wrong in (str(tmp_path), sr.JSONLEventBackend):
+        with pytest.raises(TypeError, match="backend must be an event backend"):
+            sr.EventRecorder(wrong)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="clock must be callable"):
+        sr.EventRecorder(sr.MemoryEventBackend(), clock="now")  # type: ignore[arg-type]
+
+
 def test_tail_and_range(env: Env) -> None:
     with env.recorder() as recorder:
         for i in range(6):

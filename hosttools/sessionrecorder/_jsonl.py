@@ -567,6 +567,11 @@ class JSONLEventBackend:
         *,
         max_open_files: int = 64,
     ) -> None:
+        # Truthiness would read sync_on_append="no" as yes; "3" failed as "'<' not supported".
+        if not isinstance(sync_on_append, bool):
+            raise TypeError(f"sync_on_append must be True or False, not {type(sync_on_append).__name__}")
+        if isinstance(max_open_files, bool) or not isinstance(max_open_files, int):
+            raise TypeError(f"max_open_files must be an int, not {type(max_open_files).__name__}")
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")
         self._directory = os.path.abspath(os.fspath(directory))

@@ -56,6 +56,14 @@ class EventRecorder:
         *,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
+        if isinstance(backend, type) or not isinstance(backend, EventBackend):
+            # A directory given as is failed at the first record(), as an AttributeError.
+            raise TypeError(
+                "backend must be an event backend, e.g. JSONLEventBackend(directory) or "
+                f"MemoryEventBackend(), not {type(backend).__name__}"
+            )
+        if not callable(clock):
+            raise TypeError(f"clock must be callable, not {type(clock).__name__}")
         self._backend = backend
         self._validate = key_validator or default_key_validator
         # Keys the default validator accepted already: checking one again is a set lookup.
