@@ -143,10 +143,17 @@ class CannotStart(Exception):
         self.details = dict(details)
 
     @classmethod
-    def binary(cls, binary: str, why: str) -> CannotStart:
-        """Missing, or not executable: ``details.kind == "binary_not_found"`` (CLI exit 69)."""
+    def binary(cls, binary: str, why: str, cwd: str | None = None) -> CannotStart:
+        """Missing, or not executable: ``details.kind == "binary_not_found"`` (CLI exit 69).
+        ``cwd``: the directory the child was started in."""
         if why != "missing":
             message = f"{binary}: {why}"
+        elif os.sep in binary and not os.path.isabs(binary) and cwd is not None:
+            # exec resolves it from the child's directory (the workspace), not from the
+            # caller's: say where it was looked for, or "./review.sh: no such file" reads as
+            # a lie to someone who has ./review.sh right there.
+            message = (f"{binary}: no such file in {os.path.abspath(cwd)} (a relative command"
+                       " is found from the run's working directory)")
         elif os.sep in binary:  # a path: PATH was never searched
             message = f"{binary}: no such file"
         else:
@@ -325,7 +332,7 @@ class Child:
                 problem = _CWD_PROBLEMS.get(exc.errno or 0, exc.strerror or "cannot be used")
                 raise CannotStart.workspace(binary, spec.cwd, problem) from exc
             if isinstance(exc, FileNotFoundError):
-                raise CannotStart.binary(binary, "missing") from exc
+                raise CannotStart.binary(binary, "missing", spec.cwd) from exc
             if isinstance(exc, PermissionError):
                 raise CannotStart.binary(binary, "not executable") from exc
             raise

@@ -152,6 +152,26 @@ def test_binary_not_found_and_config(tmp_path: Path) -> None:
         command.Config.from_dict({"command": "x", "args": []})
 
 
+def test_a_relative_command_is_found_from_the_workspace_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "review.sh"
+    script.write_text("#!/bin/sh\necho reviewed\n")
+    script.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(tmp_path)
+    with adaptor.Agent(command.Driver(command.Config("./review.sh")), workspace=str(work)) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("x")
+    # It said "./review.sh: no such file" with ./review.sh right there in the caller's directory.
+    assert caught.value.details == {"kind": "binary_not_found", "binary": "./review.sh"}
+    assert str(caught.value) == (f"./review.sh: no such file in {work} (a relative command is "
+                                 "found from the run's working directory)")
+    with adaptor.Agent(command.Driver(command.Config("../review.sh")), workspace=str(work)) as agent:
+        assert agent.run("x").text == "reviewed"
+
+
 def test_replay_keeps_a_partial_last_line() -> None:
     response = command.replay(b"one\ntwo", b"warn\n", 0)
     assert response.output == "one\ntwo" and response.failure is None
