@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
 
 from adaptor import _nesting
 from adaptor.driver import (
@@ -275,15 +275,37 @@ def response(exit_: Exit, protocol: LineProtocol, stdout: str | bytes, stderr: s
 # --- failures -------------------------------------------------------------------------------------
 
 
+# An HTTP status quoted in an error message: after a word that says so ("status 503", "HTTP
+# 429", "API Error: 401", "code": 500), or before its reason phrase ("503 Service
+# Unavailable").  A bare number is not one: "parse error at line 512" or "exceeded 401 tokens"
+# made deterministic failures retryable (or "auth") when any 4xx/5xx-looking number counted.
+_HTTP_STATUS: Final = re.compile(
+    r"""(?:\b(?:status|http(?:/[\d.]+)?|error|code)\b["']?\s*[:=]?\s*)([45]\d\d)\b"""
+    r"|\b([45]\d\d)\s+(?:unauthori[sz]ed|forbidden|too many requests|internal server error|"
+    r"bad gateway|service unavailable|gateway time-?out)\b",
+    re.IGNORECASE,
+)
+
+
+def quoted_status(message: str) -> int | None:
+    """The HTTP status an error message quotes (see ``_HTTP_STATUS``), if any."""
+    found = _HTTP_STATUS.search(message)
+    return None if found is None else int(found.group(1) or found.group(2))
+
+
 @dataclass(frozen=True)
 class FailureShapes:
-    """How a CLI words the provider failures it reports, checked in this order."""
+    """How a CLI words the provider failures it reports, checked in this order, after the HTTP
+    status the message quotes (:func:`quoted_status`)."""
 
     auth: re.Pattern[str]
     rate_limit: re.Pattern[str]
     unavailable: re.Pattern[str]
 
     def kind(self, message: str) -> FailureKind:
+        status = quoted_status(message)
+        if status is not None and status_kind(status):
+            return status_kind(status)
         if self.auth.search(message):
             return "auth"
         if self.rate_limit.search(message):

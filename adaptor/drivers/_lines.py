@@ -18,7 +18,7 @@ import dataclasses
 import io
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
@@ -37,6 +37,7 @@ __all__ = [
     "as_list",
     "as_str",
     "decode",
+    "died_as",
     "lean",
     "line_text",
     "provider_failure",
@@ -204,12 +205,23 @@ def provider_failure(message: str, kind: FailureKind, **details: Any) -> RunFail
     ``kind`` is ``auth``, ``rate_limit`` or ``provider_unavailable`` when recognised (the last
     two are ``retryable``); ``details`` carry the provider's own code and status.
     """
-    out: dict[str, Any] = {k: v for k, v in details.items() if v is not None}
+    return _classified(message or "the provider reported an error", kind, {}, details)
+
+
+def died_as(died: RunFailure, kind: FailureKind, **provider: Any) -> RunFailure:
+    """The failure of a process that ended without its terminal event (:meth:`Protocol.died`)
+    whose last words name a provider failure: classified, with its ``exit_code`` and ``signal``
+    kept even when ``None`` (drivers.md promises both keys for every such death)."""
+    return _classified(died.message, kind, died.details, provider)
+
+
+def _classified(message: str, kind: FailureKind, fixed: Mapping[str, Any],
+                optional: Mapping[str, Any]) -> RunFailure:
+    out: dict[str, Any] = {**fixed, **{k: v for k, v in optional.items() if v is not None}}
     if kind:
         out["kind"] = kind
         out["retryable"] = kind in _RETRYABLE
-    return RunFailure(code="agent_error", message=message or "the provider reported an error",
-                      details=out)
+    return RunFailure(code="agent_error", message=message, details=out)
 
 
 def _type_of(event: dict[str, Any] | None) -> str:

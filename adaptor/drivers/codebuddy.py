@@ -85,6 +85,7 @@ from adaptor.drivers._lines import (
     as_dict,
     as_list,
     as_str,
+    died_as,
     provider_failure,
 )
 from adaptor.drivers._process import Child, Exit, Line, Spec
@@ -129,10 +130,10 @@ _RESUME_REJECTED = re.compile(
 )
 # How messages without an API status word the failure.
 _FAILURES: Final = _cli.FailureShapes(
-    auth=re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|not logged in|authentication|"
+    auth=re.compile(r"unauthori[sz]ed|forbidden|not logged in|authentication|"
                     r"invalid api key", re.IGNORECASE),
-    rate_limit=re.compile(r"\b429\b|too many requests|rate limit|quota", re.IGNORECASE),
-    unavailable=re.compile(r"\b5\d\d\b|overloaded|unavailable|internal server error|"
+    rate_limit=re.compile(r"too many requests|rate limit|quota", re.IGNORECASE),
+    unavailable=re.compile(r"overloaded|unavailable|internal server error|"
                            r"connection (refused|failed|error)|ECONNREFUSED|fetch failed",
                            re.IGNORECASE),
 )
@@ -750,12 +751,25 @@ class _Parser:
     def _died(self, died: RunFailure) -> RunFailure:
         # An `error` frame before the end says more than the exit.
         if self.provider_error:
-            return _classify(as_str(self.provider_error.get("message")),
-                             self.provider_error.get("status"), **died.details)
-        return _classify(died.message, None, **died.details)
+            died = RunFailure(code=died.code,
+                              message=as_str(self.provider_error.get("message"))
+                              or died.message,
+                              details=died.details)
+            kind, code = _kind(died.message, self.provider_error.get("status"))
+        else:
+            kind, code = _kind(died.message, None)
+        return died_as(died, kind, provider_status=code)
 
 
 def _classify(message: str, status: Any, **details: Any) -> RunFailure:
-    code = status if isinstance(status, int) and not isinstance(status, bool) else None
-    kind: FailureKind = _FAILURES.kind(message) if code is None else _cli.status_kind(code)
+    kind, code = _kind(message, status)
     return provider_failure(message, kind, provider_status=code, **details)
+
+
+def _kind(message: str, status: Any) -> tuple[FailureKind, int | None]:
+    """The failure class and HTTP status of an error: the status the CLI reported, else the
+    one its message quotes, else its words."""
+    code = status if isinstance(status, int) and not isinstance(status, bool) else None
+    if code is None:
+        return _FAILURES.kind(message), _cli.quoted_status(message)
+    return _cli.status_kind(code), code

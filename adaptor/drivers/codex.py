@@ -126,11 +126,11 @@ _RESUME_REJECTED = re.compile(
     re.IGNORECASE,
 )
 _FAILURES: Final = _cli.FailureShapes(
-    auth=re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|missing environment variable|"
+    auth=re.compile(r"unauthori[sz]ed|forbidden|missing environment variable|"
                     r"invalid api key|incorrect api key|not logged in", re.IGNORECASE),
-    rate_limit=re.compile(r"\b429\b|too many requests|rate limit", re.IGNORECASE),
+    rate_limit=re.compile(r"too many requests|rate limit", re.IGNORECASE),
     unavailable=re.compile(
-        r"\b5\d\d\b|high demand|overloaded|internal server error|service unavailable|"
+        r"high demand|overloaded|internal server error|service unavailable|"
         r"bad gateway|stream disconnected|connection failed|waiting for network|"
         r"error sending request|connection refused",
         re.IGNORECASE,

@@ -69,6 +69,7 @@ from adaptor.drivers._lines import (
     as_dict,
     as_list,
     as_str,
+    died_as,
     provider_failure,
 )
 from adaptor.drivers._process import Exit, Line, Spec
@@ -94,11 +95,12 @@ _RESUME_REJECTED = re.compile(
 )
 # The CLI's vocabulary for failures it reports on stderr or in an error result.
 _FAILURES: Final = _cli.FailureShapes(
-    auth=re.compile(r"\b40[13]\b|unauthori[sz]ed|forbidden|authentication required|"
-                    r"not (logged in|authenticated)|\blogin\b|invalid api key|CURSOR_API_KEY",
+    auth=re.compile(r"unauthori[sz]ed|forbidden|authentication required|"
+                    r"not (logged in|authenticated)|please log ?in|\brun\W+\S*\s*login\b|"
+                    r"invalid api key|CURSOR_API_KEY",
                     re.IGNORECASE),
-    rate_limit=re.compile(r"\b429\b|too many requests|rate limit|usage limit", re.IGNORECASE),
-    unavailable=re.compile(r"\b5\d\d\b|overloaded|unavailable|internal server error|"
+    rate_limit=re.compile(r"too many requests|rate limit|usage limit", re.IGNORECASE),
+    unavailable=re.compile(r"overloaded|unavailable|internal server error|"
                            r"connection (refused|failed|reset)|network error|ECONNREFUSED|"
                            r"ETIMEDOUT|fetch failed", re.IGNORECASE),
 )
@@ -372,6 +374,10 @@ class _Parser:
     # -- the Response --
 
     @property
+    def _error_result(self) -> bool:
+        return self.result is not None and self.result.get("is_error") is True
+
+    @property
     def succeeded(self) -> bool:
         return (self.result is not None and self.result.get("is_error") is False
                 and not self.protocol.malformed)
@@ -387,7 +393,11 @@ class _Parser:
         checkpoint = None
         if failure is None and exit_.clean and self.succeeded:
             checkpoint = _cli.checkpoint(self.session_id, self.plan.cwd)
-        output = "".join(self.text) or as_str((self.result or {}).get("result"))
+        # The terminal's text stands in for deltas only on success: an error terminal's text
+        # is the failure's message, not an answer.
+        output = "".join(self.text) or (as_str((self.result or {}).get("result"))
+                                        if self.result is not None and not self._error_result
+                                        else "")
         metadata: dict[str, str] = {}
         if self.session_id:
             metadata["session_id"] = self.session_id
@@ -409,12 +419,16 @@ class _Parser:
                                 terminal=result is not None, died=self._died)
 
     def _died(self, died: RunFailure) -> RunFailure:
-        message = f"{died.message} ({self.other_result})" if self.other_result else died.message
-        return _classify(message, **died.details)
+        if self.other_result:
+            died = RunFailure(code=died.code, message=f"{died.message} ({self.other_result})",
+                              details=died.details)
+        return died_as(died, _FAILURES.kind(died.message),
+                       provider_status=_cli.quoted_status(died.message))
 
 
 def _classify(message: str, **details: Any) -> RunFailure:
-    return provider_failure(message, _FAILURES.kind(message), **details)
+    return provider_failure(message, _FAILURES.kind(message),
+                            provider_status=_cli.quoted_status(message), **details)
 
 
 def _text_of(content: Any) -> str:

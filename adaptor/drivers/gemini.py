@@ -70,6 +70,7 @@ from adaptor.drivers._lines import (
     as_dict,
     as_int,
     as_str,
+    died_as,
     provider_failure,
 )
 from adaptor.drivers._process import Exit, Line, Spec
@@ -425,7 +426,7 @@ def _died(died: RunFailure) -> RunFailure:
         kind = "auth"
     if not kind:
         return died
-    return provider_failure(died.message, kind, provider_status=status, **died.details)
+    return died_as(died, kind, provider_status=status)
 
 
 def _kind_of(message: str, exit_code: int | None) -> tuple[FailureKind, int | None]:

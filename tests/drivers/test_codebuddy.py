@@ -216,9 +216,27 @@ def test_error_frame_malformed_and_missing_terminal(make_agent: MakeAgent) -> No
     assert caught.value.details["kind"] == "protocol"
     with make_agent("no_terminal") as agent, pytest.raises(adaptor.AgentFailedError) as caught:
         agent.run("hi")
-    assert caught.value.details == {"exit_code": 2}
+    assert caught.value.details == {"exit_code": 2, "signal": None}
     assert "fatal: stream closed" in str(caught.value)
     assert caught.value.result is not None and caught.value.result.text == "Half an"
+
+
+@pytest.mark.parametrize(("stderr", "kind"), [
+    # Numbers that only look like HTTP statuses made a deterministic failure retryable or auth.
+    ("Error: config parse error at line 512", None),
+    ("Error: tool output exceeded 401 tokens", None),
+    ("API Error: 429 rate limited", "rate_limit"),
+])
+def test_a_death_is_classified_by_what_it_says_and_keeps_both_keys(
+        fake_exe: Callable[[str, str], str], stderr: str, kind: str | None) -> None:
+    exe = fake_exe("codebuddy", f"import sys\nsys.stderr.write({stderr!r})\nsys.exit(1)\n")
+    with adaptor.Agent(codebuddy.Driver(codebuddy.Config(command=exe))) as agent, \
+            pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("hi")
+    details = caught.value.details
+    assert details.get("kind") == kind
+    assert details.get("provider_status") == (429 if kind else None)
+    assert (details["exit_code"], details["signal"]) == (1, None)
 
 
 def test_refused_resume_and_fork(make_agent: MakeAgent) -> None:

@@ -128,6 +128,56 @@ def test_missing_terminal_error_terminal_and_login(make_agent: MakeAgent) -> Non
     assert caught.value.details["kind"] == "auth"
 
 
+# A CLI that prints nothing and dies with $DIE_WITH on stderr.
+DIES = """\
+import os, sys
+sys.stdin.read()
+sys.stderr.write(os.environ["DIE_WITH"] + "\\n")
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize(("stderr", "kind"), [
+    # Numbers that only look like HTTP statuses made a deterministic failure retryable or auth.
+    ("Error: config parse error at line 512", None),
+    ("Error: tool output exceeded 401 tokens", None),
+    ("Error: could not open login.txt", None),
+    ("Error: 503 Service Unavailable", "provider_unavailable"),
+    ("Error: request failed with status 429", "rate_limit"),
+    ("Error: Please run 'cursor-agent login' first", "auth"),
+])
+def test_a_death_is_classified_by_what_it_says_and_keeps_both_keys(
+        fake_exe: Callable[[str, str], str], stderr: str, kind: str | None) -> None:
+    exe = fake_exe("cursor-agent", DIES)
+    with adaptor.Agent(cursor.Driver(cursor.Config(command=exe, env={"DIE_WITH": stderr}))) \
+            as agent, pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("hi")
+    details = caught.value.details
+    assert details.get("kind") == kind
+    assert details.get("retryable") == (None if kind is None else kind != "auth")
+    # drivers.md: a CLI that ends without its terminal has both keys, like claude's and codex's.
+    assert (details["exit_code"], details["signal"]) == (1, None)
+
+
+def test_an_error_terminal_is_no_answer(fake_exe: Callable[[str, str], str]) -> None:
+    # Its text stood in for the missing deltas: the failed run's result.text was the error.
+    exe = fake_exe("cursor-agent", """\
+        import sys
+        sys.stdin.read()
+        print('{"type":"system","subtype":"init","session_id":"s"}')
+        print('{"type":"result","subtype":"success","is_error":true,'
+              '"result":"Invalid API key provided","session_id":"s"}')
+        sys.exit(1)
+    """)
+    with adaptor.Agent(cursor.Driver(cursor.Config(command=exe))) as agent, \
+            pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("hi")
+    assert caught.value.result is not None and caught.value.result.text == ""
+    assert str(caught.value) == ("cursor terminal result reported an error: "
+                                 "Invalid API key provided")
+    assert caught.value.details["kind"] == "auth"
+
+
 def test_other_events_are_kept_as_system_items(make_agent: MakeAgent) -> None:
     with make_agent("thinking") as agent:
         result = agent.run("think")

@@ -103,7 +103,8 @@ def test_the_clis_own_authentication_exit_is_auth(stderr: bytes) -> None:
     # agent_error with no kind, where claude's and codex's missing key are "auth".
     response = gemini.replay(b"", stderr, 41)
     assert response.failure is not None and response.failure.code == "agent_error"
-    assert dict(response.failure.details) == {"kind": "auth", "retryable": False, "exit_code": 41}
+    assert dict(response.failure.details) == {"kind": "auth", "retryable": False, "exit_code": 41,
+                                              "signal": None}
     assert response.failure.message.startswith("gemini ended without a result (exit code 41): ")
     # Exit 41 is the CLI's; another status with the same words stays unclassified.
     response = gemini.replay(b"", stderr, 1)
