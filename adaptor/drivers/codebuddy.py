@@ -16,8 +16,8 @@ CodeBuddy prints Claude Code's stream-json envelope (``system``/``init``, ``stre
 two transports:
 
 - **Headless** (no approval needs an answer): ``--print --output-format stream-json --verbose
-  [--include-partial-messages]`` with **the prompt as the last argv element** (the spawn event
-  shows a placeholder).  ``--permission-mode`` is ``Config.permission_mode``, else
+  [--include-partial-messages]`` with **the prompt as the last argv element**, after ``--``
+  (the spawn event shows a placeholder).  ``--permission-mode`` is ``Config.permission_mode``, else
   ``bypassPermissions`` for permission ``auto_approve``, else ``default``.  Native structured
   output uses ``--print --output-format json --json-schema SCHEMA`` instead: one JSON result.
 - **Control** (permission, plan review or question set to ``ask``/``auto_reject``):
@@ -336,8 +336,10 @@ def _argv(config: Config, plan: _Plan) -> tuple[list[str], list[str]]:
     argv += config.extra_args
     shown += config.extra_args
     if not plan.control:
-        argv.append(plan.prompt)
-        shown.append(f"<prompt: {len(plan.prompt)} characters>")
+        # "--" ends the options: a prompt starting with "-" (a markdown list, "--help") was
+        # parsed as a flag, and the run failed with an unknown option or did something else.
+        argv += ["--", plan.prompt]
+        shown += ["--", f"<prompt: {len(plan.prompt)} characters>"]
     return argv, shown
 
 

@@ -4,7 +4,8 @@
 Started as ``fake_codebuddy.py [codebuddy args...]``.  The transport follows the argv like the
 real CLI's would:
 
-- ``--print --output-format stream-json`` (headless): the prompt is the last argument; with
+- ``--print --output-format stream-json`` (headless): the prompt is the last argument (options
+  are parsed like commander.js does: an unknown one before ``--`` fails with exit 1); with
   ``--include-partial-messages`` every text block is also streamed as ``stream_event`` deltas;
 - ``--print --output-format json --json-schema S``: one pretty-printed result object with
   ``structured_output`` (``$FAKE_STRUCTURED``, JSON) over several lines;
@@ -59,7 +60,11 @@ def main(argv: list[str]) -> int:
             "subtype": "success", "request_id": init.get("request_id"), "response": {}}})
         prompt = str(read().get("message", {}).get("content", ""))
     else:
-        prompt = argv[-1]
+        positional = _positional(argv)
+        if isinstance(positional, str):  # like commander.js, which CodeBuddy's CLI is built on
+            print(f"error: unknown option '{positional}'", file=sys.stderr)
+            return 1
+        prompt = positional[-1] if positional else ""
     _record("prompt", prompt)
 
     if resume is not None and resume not in os.environ.get("FAKE_KNOWN_SESSIONS", "").split(","):
@@ -158,6 +163,31 @@ def _end(control: bool, code: int) -> int:
     if control:
         _record("stdin-rest", sys.stdin.read())  # stays up until the host closes stdin
     return code
+
+
+_VALUED = frozenset({"--output-format", "--input-format", "--json-schema", "--resume",
+                     "--permission-mode", "--model", "--effort", "--max-turns",
+                     "--append-system-prompt"})
+_SWITCHES = frozenset({"--print", "--verbose", "--include-partial-messages"})
+
+
+def _positional(argv: list[str]) -> list[str] | str:
+    """The positional arguments, or the first unknown option: everything after ``--`` is
+    positional, anything else starting with ``-`` must be a known option."""
+    positional: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            return positional + list(args)
+        if arg.startswith("-") and len(arg) > 1:
+            flag = arg.split("=", 1)[0]
+            if flag in _VALUED and "=" not in arg:
+                next(args, None)
+            elif flag not in _VALUED and flag not in _SWITCHES:
+                return arg
+        else:
+            positional.append(arg)
+    return positional
 
 
 def _record(kind: str, value: Any) -> None:

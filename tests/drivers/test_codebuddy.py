@@ -65,7 +65,8 @@ def test_headless_streaming_argv_and_resume(make_agent: MakeAgent, fake: FakeCLI
     argv = records(fake, "argv")[0]
     assert argv == ["--print", "--output-format", "stream-json", "--verbose",
                     "--include-partial-messages", "--permission-mode", "default",
-                    "--model", "glm-5.2-ioa", "--effort", "high", "Be brief.\n\nSay hello"]
+                    "--model", "glm-5.2-ioa", "--effort", "high", "--",
+                    "Be brief.\n\nSay hello"]
     assert spawn_argv(events)[-1] == "<prompt: 20 characters>"  # the prompt stays out of events
     assert result.text == "Hello from CodeBuddy."
     assert (result.provider, result.model) == ("codebuddy", "glm-5.2-ioa")
@@ -237,6 +238,17 @@ def test_a_death_is_classified_by_what_it_says_and_keeps_both_keys(
     assert details.get("kind") == kind
     assert details.get("provider_status") == (429 if kind else None)
     assert (details["exit_code"], details["signal"]) == (1, None)
+
+
+def test_a_prompt_that_starts_with_a_dash_is_the_prompt(make_agent: MakeAgent,
+                                                        fake: FakeCLI) -> None:
+    # It travels as the last argument: without "--" the CLI took "- fix..." for an option.
+    prompt = "- fix the login bug\n- add a test"
+    with make_agent() as agent:
+        result = agent.run(prompt)
+    assert records(fake, "prompt") == [prompt]
+    assert result.text
+    assert records(fake, "argv")[0][-2:] == ["--", prompt]
 
 
 def test_refused_resume_and_fork(make_agent: MakeAgent) -> None:
