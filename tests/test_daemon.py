@@ -15,7 +15,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -1269,20 +1269,32 @@ def test_a_response_the_ended_run_never_took_is_audited_as_expired(daemon: Daemo
         _home.respond(daemon.home, approval_id, "deny")
 
 
-def test_a_restart_expires_a_dead_runs_approval_whatever_response_was_left(tmp_path: Path) -> None:
-    # The leftover response won: resolved/ said "approve" for a run that never got it, and the
-    # audit fact had no request id.
+def _killed_while_an_approval_waits(
+    tmp_path: Path, listed: Callable[[Client], list[str]] | None = None
+) -> tuple[DaemonProcess, str, str]:
+    """A daemon kill -9ed while a run (entered, so a restart fails it) waits for an approval:
+    the daemon, the request id and the approval id.  ``listed`` sees the listing before the
+    kill, which must be exactly that approval."""
     daemon = DaemonProcess(tmp_path / "home").start()
     rid = daemon.submit(script(
         {"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 600}},
     ))
     approval_id = _pending_approval(daemon)
+    if listed is not None:
+        assert listed(Client(daemon.home.root)) == [approval_id]
     state = daemon.home.run_state(rid)
     deadline = time.monotonic() + 60
     while not orjson.loads(state.read_bytes()).get("entered"):  # so the restart fails it
         assert time.monotonic() < deadline, "the run was not entered"
         time.sleep(0.02)
     daemon.kill9()
+    return daemon, rid, approval_id
+
+
+def test_a_restart_expires_a_dead_runs_approval_whatever_response_was_left(tmp_path: Path) -> None:
+    # The leftover response won: resolved/ said "approve" for a run that never got it, and the
+    # audit fact had no request id.
+    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
     _write_response(daemon, approval_id, b'{"action": "approve"}')  # a script's, as documented
     restarted = DaemonProcess(tmp_path / "home").start()  # its stale approvals are audited before "ready"
     try:
@@ -1305,19 +1317,10 @@ def test_an_approval_a_response_expired_while_the_daemon_was_down_is_audited_and
     # the restart found nothing to expire: the audit log said "approval.pending" and never how
     # it ended.  And while the daemon was down, `adaptor approvals` listed it as open though
     # every response to it was refused.
-    daemon = DaemonProcess(tmp_path / "home").start()
-    rid = daemon.submit(script(
-        {"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 600}},
-    ))
-    approval_id = _pending_approval(daemon)
+    daemon, rid, approval_id = _killed_while_an_approval_waits(
+        tmp_path, listed=lambda client: [a["id"] for a in client.approvals()]
+    )
     client = Client(daemon.home.root)
-    assert [a["id"] for a in client.approvals()] == [approval_id]
-    state = daemon.home.run_state(rid)
-    deadline = time.monotonic() + 60
-    while not orjson.loads(state.read_bytes()).get("entered"):  # so the restart fails it
-        assert time.monotonic() < deadline, "the run was not entered"
-        time.sleep(0.02)
-    daemon.kill9()
     assert client.approvals() == []
     listed = subprocess.run(
         [sys.executable, "-m", "adaptor", "approvals", "--home", str(daemon.home.root)],
