@@ -7,13 +7,11 @@ approvals, approve/deny/answer, threads, status) and ``_cli_run`` (run); exit co
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import sys
 
 import click
-import orjson
 
 from adaptor import _cli_run, _cli_spool, errors
 from adaptor._cli_common import SIGNAL_EXITS, echo, emit_json, emit_result, guard_stdout
@@ -72,7 +70,9 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     regular = stat.S_ISREG(os.stat(file).st_mode)
     if regular:
         file = os.path.realpath(file)
-        if _is_thread_store_log(file):
+        from adaptor.threadstore._jsonl import is_store_log
+
+        if is_store_log(file):
             raise click.BadParameter(
                 "this is a thread-store log (threads/log-*.jsonl), not a session-recorder event "
                 "log; `adaptor threads` reads the store, which checks its own files",
@@ -125,18 +125,6 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
             echo(f"error: {file}: {failure}", err=True)
     if failure is not None:
         sys.exit(errors.exit_code_for(failure))
-
-
-def _is_thread_store_log(file: str) -> bool:
-    # Its lines have a crc too, but a "seq" and a store operation instead of a "host_seq": it
-    # was reported as corrupt at line 1 (exit 70), as if damaged.
-    with contextlib.suppress(OSError, ValueError), open(file, "rb") as handle:
-        first = orjson.loads(handle.readline(1 << 20))
-        return (
-            isinstance(first, dict) and "host_seq" not in first and isinstance(first.get("seq"), int)
-            and first.get("kind") in ("lease", "finalize")
-        )
-    return False
 
 
 for _command in (

@@ -80,6 +80,7 @@ from adaptor._durable import (
     ensure_dir,
     exclusive,
     lock_epoch,
+    open_for_read,
     release_lingering,
     touch_epoch,
     unframe,
@@ -176,6 +177,18 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed event: {exc}") from None
     return event
+
+
+def is_store_log(path: str) -> bool:
+    """Whether the regular file at ``path`` begins as a store log does: its first line one of
+    this store's events (a session-recorder log is framed with a crc too)."""
+    try:
+        with open_for_read(path) as f:
+            event = unframe(f.readline(1 << 20))
+        check_event(event)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return event.get("v") == _VERSION and type(event.get("seq")) is int
 
 
 def _power_cut_suffix(lines: list[bytes], damage_at: int) -> bool:
