@@ -452,10 +452,7 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
             # pending file stays for the daemon, which expires it when the run ends or, for a
             # run a crash ended, at its next start: either way with the outcome in the audit
             # log, which a responder cannot write.  Listings leave it out meanwhile.
-            _durable.atomic_write_json(
-                home.approvals_resolved / f"{approval_id}.json",
-                {"id": approval_id, "result": "expired"},
-            )
+            _write_resolved(home, approval_id, "expired")
             raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response: {ended}")
         kind = pending.get("approval_kind")
         if action == "approve" and kind == "question":
@@ -651,20 +648,22 @@ def _consume(
                 refused(exc.why, name)
         return None
     won = apply(response)
-    _durable.atomic_write_json(
-        home.approvals_resolved / f"{approval_id}.json",
-        {"id": approval_id, "result": response.get("action") if won else "expired"},
-    )
+    _write_resolved(home, approval_id, str(response.get("action")) if won else "expired")
     _remove(home.approvals_pending / f"{approval_id}.json")
     _remove(response_path)
     return response, won
 
 
 def _mark_expired(home: Home, approval_id: str) -> None:
-    _durable.atomic_write_json(
-        home.approvals_resolved / f"{approval_id}.json", {"id": approval_id, "result": "expired"}
-    )
+    _write_resolved(home, approval_id, "expired")
     _remove(home.approvals_pending / f"{approval_id}.json")
+
+
+def _write_resolved(home: Home, approval_id: str, result: str) -> None:
+    """Record how an approval ended: the winning response's action, or ``expired``."""
+    _durable.atomic_write_json(
+        home.approvals_resolved / f"{approval_id}.json", {"id": approval_id, "result": result}
+    )
 
 
 class _Unusable(Exception):
