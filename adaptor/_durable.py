@@ -279,19 +279,8 @@ class SyncBatch:
                 except FileExistsError:
                     pass  # an earlier writer's: truncated and synced like any other
             # Not O_TRUNC: nothing is emptied before it is known to be the writer's own.
-            # O_NONBLOCK: a FIFO is refused (ENXIO) instead of waited on.
+            fd, found = _open_regular(path, flags)
             try:
-                fd = os.open(path, flags | os.O_NONBLOCK, 0o600)
-            except OSError as exc:
-                # A symbolic link; a folder; a FIFO nobody reads (or a socket).
-                if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                    what = "is a symbolic link" if exc.errno == errno.ELOOP else "is not a regular file"
-                    raise ForeignFileError(exc.errno, what, os.fspath(path)) from None
-                raise
-            try:
-                found = os.fstat(fd)
-                if not stat.S_ISREG(found.st_mode):
-                    raise ForeignFileError(errno.EINVAL, "is not a regular file", os.fspath(path))
                 if found.st_nlink != 1:
                     raise ForeignFileError(errno.EMLINK, "has another name (a hard link)", os.fspath(path))
                 if found.st_size:
@@ -1057,24 +1046,30 @@ def open_for_read(path: _StrPath, flags: int = os.O_RDONLY) -> IO[bytes]:
     makes a FIFO one of those instead of an ``open`` (or a read) that waits forever for a
     writer nobody will start.  ``FileNotFoundError`` passes through.
     """
-    try:
-        fd = os.open(path, flags | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise _foreign(exc.errno, path) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _foreign(errno.EINVAL, path)
-    except BaseException:
-        os.close(fd)
-        raise
+    fd, _ = _open_regular(path, flags)
     return os.fdopen(fd, "rb", buffering=_BLOCK)
 
 
-def _foreign(code: int, path: _StrPath) -> ForeignFileError:
-    what = "is a symbolic link" if code == errno.ELOOP else "is not a regular file"
-    return ForeignFileError(code, what, os.fspath(path))
+def _open_regular(path: _StrPath, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
+    """Open ``path`` only if a regular file is (or, with ``O_CREAT``, comes to be) there:
+    the descriptor and its stat.  A symbolic link, a folder, a FIFO or a socket raises
+    :class:`ForeignFileError` and is left as it was; ``O_NONBLOCK`` refuses a FIFO (``ENXIO``,
+    or the type check) instead of waiting on it, and changes nothing for a regular file."""
+    try:
+        fd = os.open(path, flags | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            what = "is a symbolic link" if exc.errno == errno.ELOOP else "is not a regular file"
+            raise ForeignFileError(exc.errno, what, os.fspath(path)) from None
+        raise
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise ForeignFileError(errno.EINVAL, "is not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, found
 
 
 def scan(
@@ -1445,19 +1440,9 @@ class DurableLog:
         try:
             fd = os.open(self._path, flags | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            try:
-                fd = os.open(self._path, flags)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise _foreign(exc.errno, self._path) from None
-                raise
-            # O_RDWR opens a FIFO without waiting, but every later step (the tail check's
-            # read, a rollback's reopen) would wait forever on it: refuse it, and any other
-            # file that is not regular, before touching it.
-            found = os.fstat(fd)
-            if not stat.S_ISREG(found.st_mode):
-                os.close(fd)
-                raise _foreign(errno.EINVAL, self._path) from None
+            # A FIFO would make every later step (the tail check's read, a rollback's reopen)
+            # wait forever: refused, like any file that is not regular, before it is touched.
+            fd, found = _open_regular(self._path, flags)
             self._fd = fd
             return fd, found.st_size
         else:
