@@ -603,9 +603,8 @@ class _Parser:
 
 
 def _classify(message: str, **details: Any) -> RunFailure:
-    status = re.search(r"\b([45]\d\d)\b", message)
     return provider_failure(message, _FAILURES.kind(message),
-                            provider_status=int(status.group(1)) if status else None, **details)
+                            provider_status=_cli.quoted_status(message), **details)
 
 
 def _tool_call(itype: str, item: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

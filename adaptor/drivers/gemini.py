@@ -96,11 +96,6 @@ _RESUME_REJECTED = re.compile(
     r"error resuming session|invalid session identifier|no previous sessions found",
     re.IGNORECASE,
 )
-# Only numbers the API or the CLI present as a status: stderr also holds timestamps and pids.
-_STATUS_IN_MESSAGE = re.compile(
-    r'"code"\s*:\s*([45]\d\d)\b|\b(?:status|error)(?:\s+code)?\s*:?\s*([45]\d\d)\b',
-    re.IGNORECASE,
-)
 _AUTH = re.compile(r"UNAUTHENTICATED|PERMISSION_DENIED|api key not valid|invalid api key|"
                    r"unauthori[sz]ed", re.IGNORECASE)
 _RATE_LIMIT = re.compile(r"RESOURCE_EXHAUSTED|quota|rate limit|too many requests", re.IGNORECASE)
@@ -436,8 +431,8 @@ def _kind_of(message: str, exit_code: int | None) -> tuple[FailureKind, int | No
     API errors the CLI calls ``process.exit(status)``, which the OS truncates to 8 bits, so
     exit 144-255 after an ``[API Error`` stands for HTTP 400-511.
     """
-    found = _STATUS_IN_MESSAGE.search(message)
-    status: int | None = int(found.group(1) or found.group(2)) if found else None
+    # Only numbers the API or the CLI present as a status: stderr also holds timestamps and pids.
+    status = _cli.quoted_status(message)
     if status is None and exit_code is not None and 144 <= exit_code <= 255 \
             and "[API Error" in message:
         status = exit_code + 256

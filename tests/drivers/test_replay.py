@@ -378,3 +378,19 @@ def test_mangled_transcripts_never_crash_or_checkpoint_wrongly(
         # Only mangling that left a well-formed stream may still checkpoint: e.g. a truncated
         # line that happens to stay valid JSON, or a duplicate of a non-terminal event.
         assert response.failure is None
+
+
+@pytest.mark.parametrize(
+    ("said", "kind", "status"),
+    [
+        ("config parse error at line 512", None, None),  # a line number, not a status
+        ("unexpected status 503 Service Unavailable", "provider_unavailable", 503),
+    ],
+)
+def test_codex_death_takes_only_a_quoted_status(said: str, kind: str | None, status: int | None) -> None:
+    # Any 4xx/5xx-looking number became provider_status (and, before the kinds were mended,
+    # the kind): "line 512" read as a server failure.
+    stdout = orjson.dumps({"type": "error", "message": said}) + b"\n"
+    failure = codex.replay(stdout, b"", 1).failure
+    assert failure is not None
+    assert (failure.details.get("kind"), failure.details.get("provider_status")) == (kind, status)
