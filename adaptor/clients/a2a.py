@@ -876,7 +876,7 @@ class EventStream(Iterator[StreamEvent]):
         """The next event, or None when none arrived within ``timeout`` seconds (0 polls) or
         the stream has ended (``ended`` tells which).  After a timeout the stream stays usable
         and the next call keeps waiting for the same event.  One consumer at a time."""
-        _check_wait("timeout", timeout)
+        _waiting.seconds("timeout", timeout)  # 0 or less polls; NaN is refused
         with self._lock:
             if self._done:
                 return None
@@ -1067,14 +1067,9 @@ def _check_task_id(op: str, task_id: object) -> None:
 
 
 def _check_timeout(name: str, timeout: object) -> None:
-    _check_wait(name, timeout)
-    if isinstance(timeout, int | float) and not timeout > 0:  # NaN too
+    seconds = _waiting.seconds(name, timeout)
+    if seconds is not None and seconds <= 0:
         raise ValueError(f"{name} must be positive or None")
-
-
-def _check_wait(name: str, timeout: object) -> None:
-    """A wait's bound in seconds: 0 or less polls, NaN is refused."""
-    _waiting.seconds(name, timeout)
 
 
 def _split_card_url(url: str) -> tuple[str, str]:
