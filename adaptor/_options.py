@@ -90,33 +90,36 @@ def _checked(name: str, value: Any) -> Any:
         return _waiting.seconds("timeout", value)
     if name == "workspace":
         if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
-            raise TypeError(f"workspace takes a path (str or os.PathLike) or None, not {_kind(value)}")
+            raise TypeError(f"workspace takes a path (str or os.PathLike) or None, not {kind_of(value)}")
         return os.fspath(value)  # drivers, checkpoints and fingerprints see text only
     if name == "spawn":
         if not isinstance(value, bool):
             # Truthiness would read spawn="no" (a config file's string) as yes.
-            raise TypeError(f"spawn takes True or False, not {_kind(value)}")
+            raise TypeError(f"spawn takes True or False, not {kind_of(value)}")
     elif name in ("model", "instructions", "append_system_prompt"):
         if not isinstance(value, str):
-            raise TypeError(f"{name} takes a str or None, not {_kind(value)}")
+            raise TypeError(f"{name} takes a str or None, not {kind_of(value)}")
     elif name == "on_approval":
         if not callable(value):
             raise TypeError(
                 "on_approval takes a callable(ApprovalRequest) or None, e.g. adaptor.approve_all, "
-                f"not {_kind(value)}"
+                f"not {kind_of(value)}"
             )
     elif name == "schema_options":
         from adaptor.schema import SchemaOptions
 
         if not isinstance(value, SchemaOptions):
             raise TypeError(
-                f"schema_options takes adaptor.SchemaOptions(...) or None, not {_kind(value)}"
+                f"schema_options takes adaptor.SchemaOptions(...) or None, not {kind_of(value)}"
             )
     return value
 
 
-def _kind(value: object) -> str:
-    # The type only: a misplaced value may be a secret.
+def kind_of(value: object) -> str:
+    """What a wrong argument is, for its TypeError: the type only (a misplaced value may be a
+    secret), or the class itself when a class was passed for an instance."""
+    if isinstance(value, type):
+        return f"the class {value.__qualname__}"
     return f"a {type(value).__name__}"
 
 

@@ -31,12 +31,6 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "Runner", "Thread"]
 
 
-def _kind_of(value: object) -> str:
-    if isinstance(value, type):
-        return f"the class {value.__qualname__}"
-    return f"a {type(value).__name__}"
-
-
 @runtime_checkable
 class Runner(Protocol):
     """Anything that runs prompts: ``Agent`` and ``Thread``.  ``isinstance`` works with it."""
@@ -89,11 +83,11 @@ class Agent:
                 raise TypeError(f"driver {driver!r} has no {method}() method")
         self.driver = driver
         if isinstance(event_buffer, bool) or not isinstance(event_buffer, int):
-            raise TypeError(f"event_buffer takes a number of events, not {_kind_of(event_buffer)}")
+            raise TypeError(f"event_buffer takes a number of events, not {_options.kind_of(event_buffer)}")
         self.event_buffer = event_buffer if event_buffer > 0 else 1024
         if not isinstance(blocking_events, bool):
             # Truthiness would read blocking_events="no" as yes.
-            raise TypeError(f"blocking_events takes True or False, not {_kind_of(blocking_events)}")
+            raise TypeError(f"blocking_events takes True or False, not {_options.kind_of(blocking_events)}")
         self.blocking_events = blocking_events
         if thread_store is not None and (
             isinstance(thread_store, type) or not isinstance(thread_store, Store)
@@ -102,7 +96,7 @@ class Agent:
             # store's first call.
             raise TypeError(
                 "thread_store takes a store, e.g. adaptor.threadstore.JSONLStore(directory) or "
-                f"adaptor.memory.Store(); got {_kind_of(thread_store)}"
+                f"adaptor.memory.Store(); got {_options.kind_of(thread_store)}"
             )
         self.thread_store = thread_store
         ttl = _waiting.seconds("lease_ttl", lease_ttl)
