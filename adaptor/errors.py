@@ -518,6 +518,15 @@ def exit_code_for(err: BaseException) -> int:
     """The ``adaptor`` CLI exit code for an error outcome."""
     if isinstance(err, RunError) and err.details.get("kind") == "binary_not_found":
         return 69
+    if (
+        isinstance(err, RunError)
+        and err.reason == "infrastructure_error"
+        and isinstance(err.__cause__, _ThreadError)
+    ):
+        # A thread failure found after the driver was entered (checkpoint missing, lease lost,
+        # fork target taken) must be a RunError to keep the run's Result, but what a script
+        # has to act on is the thread's state: the table files it under 4, not 1.
+        return type(err.__cause__).exit_code
     if isinstance(err, AdaptorError):
         return type(err).exit_code
     return 70

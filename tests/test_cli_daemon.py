@@ -219,6 +219,10 @@ NO_DAEMON_CASES = {
         ],
         4,
     ),
+    # A thread failure found after the agent ran is a RunError (it keeps the Result) whose
+    # cause is the thread error; errors.md files it under thread state: it exited 1.
+    "checkpoint_missing": (["--config", steps({"text": "x"}), "--thread", "cli/no-session"], 4),
+    "deadline_before_entry": (["--config", steps({"text": "x"}), "--timeout", "0"], 70),
 }
 
 

@@ -407,6 +407,31 @@ CASES: dict[str, Case] = {
     ),
 }
 
+# The exit code errors.md gives each case, written out: computed with errors.exit_code_for, as
+# below, a wrong mapping there would agree with itself (checkpoint missing exited 1, not 4).
+SPEC_EXIT_CODES = {
+    **dict.fromkeys(
+        ("agent_failed", "unknown_reason", "approval_denied", "approval_timeout",
+         "policy_violation", "deadline", "active_budget"),
+        1,
+    ),
+    "invalid_request": 2,
+    **dict.fromkeys(
+        ("invalid_policy", "capability", "decision_mode", "driver_config", "output_schema",
+         "structured_unsupported"),
+        3,
+    ),
+    **dict.fromkeys(
+        ("thread_not_found", "thread_exists", "thread_incompatible", "resume_rejected",
+         "checkpoint_missing"),
+        4,
+    ),
+}
+
+
+def test_every_case_has_the_exit_code_of_the_spec() -> None:
+    assert SPEC_EXIT_CODES.keys() == CASES.keys()
+
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_error_rebuilt_as_in_process(home: Home, tmp_path: Path, name: str) -> None:
@@ -427,9 +452,10 @@ def test_error_rebuilt_as_in_process(home: Home, tmp_path: Path, name: str) -> N
     assert case.check(remote)
     verdict = home.client.verdict(request_id)
     assert verdict is not None and verdict["exit_code"] == errors.exit_code_for(local)
+    assert verdict["exit_code"] == SPEC_EXIT_CODES[name]
 
     waited = home.cli("wait", request_id, "--json")
-    assert waited.returncode == errors.exit_code_for(local), waited.stderr
+    assert waited.returncode == SPEC_EXIT_CODES[name], waited.stderr
     out = orjson.loads(waited.stdout)
     assert out["ok"] is False and out["exit_code"] == waited.returncode
     assert out["error"] == verdict["error"]

@@ -273,6 +273,7 @@ def test_success_without_checkpoint_persists_nothing(store: Any) -> None:
     assert type(info.value) is adaptor.RunError
     assert info.value.reason == "infrastructure_error"
     assert errors.matches(info.value, adaptor.ThreadCheckpointMissingError)
+    assert errors.exit_code_for(info.value) == 4  # thread state, not a business failure (1)
     assert info.value.result is not None and info.value.result.text == "no session id"
     assert store.resolve(Query(key="k")) is None
 
@@ -311,6 +312,7 @@ def test_lease_loss_aborts_without_persisting() -> None:
     assert info.value.reason == "infrastructure_error"
     assert errors.matches(info.value, adaptor.ThreadLeaseLostError)
     assert errors.matches(info.value, LeaseLostError)
+    assert errors.exit_code_for(info.value) == 4
     assert store.resolve(Query(key="k")) is None
 
 
