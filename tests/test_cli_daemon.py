@@ -24,8 +24,11 @@ from typing import Any
 import orjson
 import pytest
 
-from adaptor import _home, errors
+import adaptor
+from adaptor import _home, errors, events
+from adaptor.drivers import script as script_driver
 from adaptor.spool import Client
+from adaptor.threadstore import JSONLStore
 from tests.daemon_harness import DaemonProcess
 from tests.test_spool_client import (
     PERMISSION,
@@ -255,6 +258,47 @@ def test_run_no_daemon_matches_the_daemon(home: Home, tmp_path: Path, name: str)
             for extra in ([], ["--no-daemon"])
         ]
         assert plain[0].stdout == plain[1].stdout and plain[0].returncode == plain[1].returncode
+
+
+def test_a_thread_another_process_is_running_exits_75_both_ways(home: Home) -> None:
+    # The one exit code a retrying script needs (75: try again later) had no run behind it:
+    # another owner, here this test's own Agent on the daemon's thread store, holds the lease.
+    holder = adaptor.Agent(
+        script_driver.Driver(
+            script_driver.Config(steps=({"text": "holding"}, {"sleep": 60}), session="auto")
+        ),
+        thread_store=JSONLStore(home.root / "threads"),
+    )
+    stream = holder.thread("cli/busy").stream("hold it")
+    try:
+        for event in stream:
+            if isinstance(event, events.TextDelta) and event.phase == "end":
+                break
+        for extra in ([], ["--no-daemon"]):
+            ran = home.cli(
+                "run", "--driver", "script", "--config", steps({"text": "x"}),
+                "--config", "session=auto", "--thread", "cli/busy", "--json", *extra, "go",
+            )
+            out = orjson.loads(ran.stdout)
+            assert (ran.returncode, out["exit_code"]) == (75, 75), (extra, ran.stderr)
+            assert out["error"]["code"] == "ErrThreadBusy", extra
+            assert out["error"]["cause"]["code"] == "threadstore.ErrBusy", extra
+    finally:
+        stream.cancel()
+        with contextlib.suppress(errors.RunCancelledError):
+            stream.result()
+        holder.close()
+
+
+def test_an_agent_cli_that_is_not_installed_exits_69_both_ways(home: Home, tmp_path: Path) -> None:
+    # Only errors.exit_code_for was asked about it; now the CLI, through the daemon and in-process.
+    missing = str(tmp_path / "no-such-claude")
+    for extra in ([], ["--no-daemon"]):
+        ran = home.cli("run", "--driver", "claude", "--config", f"command={missing}", "--json", *extra, "go")
+        out = orjson.loads(ran.stdout)
+        assert (ran.returncode, out["exit_code"]) == (69, 69), (extra, ran.stderr)
+        assert out["error"]["code"] == "RunError" and out["error"]["reason"] == "infrastructure_error"
+        assert out["error"]["details"] == {"kind": "binary_not_found", "binary": missing}, extra
 
 
 def test_run_says_when_return_invalid_kept_invalid_output(home: Home, tmp_path: Path) -> None:

@@ -133,6 +133,46 @@ def test_fingerprint_guard(store: Any) -> None:
     assert archived is not None and archived.status == "archived"
 
 
+@dataclasses.dataclass(frozen=True)
+class _HookedConfig:
+    model: str
+    hooks: dict[str, Any]
+
+
+class _Hooked(Recording):
+    """A host's own driver whose config holds a callable: no stable session fingerprint."""
+
+    def __init__(self, config: _HookedConfig) -> None:
+        super().__init__([{"text": "ran"}], session="auto")
+        self.config = config
+
+    def session_config_fingerprint(self) -> str:
+        from adaptor.driver import canonical_fingerprint
+
+        return canonical_fingerprint("hooked/v1", self.config, root="HookedConfig")
+
+
+def test_a_config_that_cannot_be_fingerprinted_is_incompatible_naming_no_value(store: Any) -> None:
+    # errors.md: SessionConfigFingerprintError is the cause inside ThreadIncompatibleError and
+    # names the Python shape only; until now only a hand-built instance was ever checked.
+    secret = "sk-hooked-Zq81secretvalue"
+    # A key of the map is where the callable sits: the path must not name it.
+    driver = _Hooked(_HookedConfig(model=secret, hooks={secret: lambda text: text}))
+    with pytest.raises(adaptor.ThreadIncompatibleError) as caught:
+        adaptor.Agent(driver, thread_store=store).thread("k").run("go")
+    assert driver.sessions == [] and store.resolve(Query(key="k")) is None
+    assert errors.exit_code_for(caught.value) == 4
+    cause = errors.find(caught.value, adaptor.driver.SessionConfigFingerprintError)
+    assert cause is not None and caught.value.cause is cause
+    assert (cause.path, cause.type, cause.kind) == ("HookedConfig.hooks{}", "function", "callable")
+    wire = errors.to_wire(caught.value)
+    assert secret not in str(wire) and secret not in str(caught.value) + str(cause)
+    rebuilt = errors.from_wire(wire)
+    assert type(rebuilt) is adaptor.ThreadIncompatibleError
+    again = errors.find(rebuilt, adaptor.driver.SessionConfigFingerprintError)
+    assert again is not None and again.fields() == cause.fields()
+
+
 def test_schema_is_not_part_of_the_fingerprint(store: Any) -> None:
     agent, driver = agent_with(store, [{"output_json": {"a": 1}}])
     agent.thread("k").run("start")
