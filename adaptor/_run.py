@@ -593,7 +593,16 @@ class RunPipeline:
         if terminal.kind == "deadline":
             raise errors.DeadlineExceededError()
         if terminal.kind == "budget" and self._budget is not None:
-            raise errors.ActiveExecutionTimeoutError(self._budget.limit)
+            # The budget counts from before staging and the lease, so it can run out first.
+            # The identity stays the policy's (not the host's DeadlineExceededError), and as
+            # every RunError it carries a Result: an empty one, nothing ran.
+            limit = self._budget.limit
+            raise errors.ActiveExecutionTimeoutError(
+                limit,
+                f"active execution budget of {limit:g}s exhausted before the agent started",
+                details={"limit": limit},
+                result=self._result(None),
+            )
         if terminal.kind == "lease_lost" and terminal.cause is not None:
             raise terminal.cause
         raise errors.CancelledError()

@@ -386,6 +386,27 @@ def test_cancel_before_driver_entry_is_plain_cancelled() -> None:
     assert evs[-1].failed
 
 
+def test_a_budget_spent_before_driver_entry_is_still_a_run_error_with_a_result() -> None:
+    # The active-execution budget starts before the lease is taken.  Spent there, it raised
+    # ActiveExecutionTimeoutError with result None: `except adaptor.RunError as e:
+    # e.result.text` crashed, and the daemon wrote a RunError verdict with "result": null.
+    store = GatedStore()
+    driver = Recording([{"text": "x"}], session="auto")
+    policy = adaptor.Policy(active_execution_timeout=0.05)
+    stream = adaptor.Agent(driver, thread_store=store).thread("k").stream("go", policy=policy)
+    assert store.entered.wait(10)
+    opener = threading.Timer(1.0, store.gate.set)  # long after the budget's timer fired
+    opener.start()
+    with pytest.raises(adaptor.ActiveExecutionTimeoutError) as info:
+        stream.result()
+    opener.join()
+    assert driver.sessions == []
+    result = info.value.result
+    assert result is not None and result.text == "" and result.run_id == stream.run_id
+    assert info.value.limit == 0.05 and info.value.details == {"limit": 0.05}
+    assert errors.exit_code_for(info.value) == 1
+
+
 def test_deadline_before_driver_entry_is_plain_deadline_exceeded() -> None:
     store = GatedStore()
     driver = Recording([{"text": "x"}], session="auto")
