@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 import orjson
 
-from adaptor import _home, drivers, errors, events
+from adaptor import _home, _redact, drivers, errors, events
 from adaptor._cli_common import (
     StopSignal,
     compact,
@@ -37,7 +37,6 @@ from adaptor._cli_spool import note_invalid_output, print_text, report_verdict, 
 from adaptor.spool import Client, InvalidRequestError
 
 if TYPE_CHECKING:
-    from adaptor import _request as requests
     from adaptor.result import Result
     from adaptord.config import DaemonConfig
 
@@ -393,7 +392,7 @@ def _run_in_process(
         fail(exc, as_json=as_json, exit_code=2, secrets=requests.secrets_of(request), id=request_id)
     # The env of the config's table for this driver reaches the agent too.
     secrets = requests.secrets_of(request, config.driver_defaults(str(request.get("driver", ""))))
-    redactor = requests.Redactor(secrets)
+    redactor = _redact.Redactor(secrets)
     result: Result | None = None
     error: Exception | None = None
     try:
@@ -426,7 +425,7 @@ def _execute(
     config: DaemonConfig,
     home: str | None,
     live: Live,
-    redactor: requests.Redactor,
+    redactor: _redact.Redactor,
     as_json: bool,
 ) -> Result:
     """What a daemon worker does with the request, in this process: the Result, or raises."""

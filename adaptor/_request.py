@@ -12,7 +12,6 @@ import hashlib
 import importlib
 import json
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -27,6 +26,7 @@ import orjson
 
 import adaptor
 from adaptor import _durable, _home, _nesting, mcp, policy, skill
+from adaptor._redact import MIN_SECRET_LENGTH, REDACTED, Redactor
 from adaptor.driver import Descriptor, Driver, InvalidDriverConfigError
 from adaptor.drivers import NAMES as DRIVERS
 from adaptor.errors import AdaptorError
@@ -35,9 +35,7 @@ from adaptor.spool import InvalidRequestError
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
 
-REDACTED = "<redacted>"
 MAX_DEPTH = 64
-MIN_SECRET_LENGTH = 6
 
 
 @cache
@@ -182,65 +180,6 @@ def _leaves(value: Any, into: list[str]) -> None:
         into.append(value)
     elif value is not None and not isinstance(value, bool):
         into.append(str(value))
-
-
-class Redactor:
-    """Replaces known secret values in text and JSON values with ``<redacted>``."""
-
-    def __init__(self, secrets: list[str]) -> None:
-        # Values this short ("1", "true", a port) are configuration, not credentials, and
-        # replacing them everywhere would destroy timestamps and numbers in every record.
-        kept = [s for s in secrets if len(s) >= MIN_SECRET_LENGTH]
-        forms = {form for s in kept for form in _forms(s)}
-        # Longest first: a secret that contains another is replaced whole.
-        self.secrets = sorted(forms, key=len, reverse=True)
-
-    def __bool__(self) -> bool:
-        return bool(self.secrets)
-
-    def text(self, value: str) -> str:
-        for secret in self.secrets:
-            value = value.replace(secret, REDACTED)
-        return value
-
-    def value(self, value: Any) -> Any:
-        if not self.secrets:
-            return value
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, list):
-            return [self.value(v) for v in value]
-        if isinstance(value, dict):
-            return {self.text(str(k)): self.value(v) for k, v in value.items()}
-        return value
-
-
-def _forms(secret: str) -> set[str]:
-    """Every text ``secret`` may show up as in what an agent prints or a log holds."""
-    # Output is cut into lines (one event, one transcript item each): a key of several lines
-    # (a PEM block) must go from each of them too.
-    pieces = {secret}
-    if "\n" in secret or "\r" in secret:
-        pieces.update(
-            part for line in secret.splitlines() for part in (line, line.strip())
-            if len(part) >= MIN_SECRET_LENGTH
-        )
-    # Inside JSON held in a string (a tool's result, a payload an agent prints) a value with
-    # quotes, backslashes, control or non-ASCII characters appears escaped, and serializers
-    # differ: upper-case hex (Java's), "\/" (PHP's), "<", ">" and "&" as \u escapes (Go's).
-    forms: set[str] = set()
-    for piece in pieces:
-        plain = json.dumps(piece, ensure_ascii=False)[1:-1]
-        ascii_only = json.dumps(piece, ensure_ascii=True)[1:-1]
-        escaped = {plain, ascii_only, _UNICODE_ESCAPE.sub(lambda m: m[0].upper(), ascii_only)}
-        escaped |= {form.replace("/", "\\/") for form in escaped}
-        escaped |= {form.translate(_HTML_SAFE) for form in escaped}
-        forms |= {piece, *escaped}
-    return forms
-
-
-_UNICODE_ESCAPE = re.compile(r"(?<=\\u)[0-9a-f]{4}")
-_HTML_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 
 
 def redacted_request(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from adaptor import _thread, errors
 from adaptor import mcp as _mcp
 from adaptor import skill as _skill
 from adaptor import tool as _tool
+from adaptor._redact import Redactor, redact_error
 from adaptor.approval import Outcome, Responder
 from adaptor.driver import (
     DecisionRequest,
@@ -319,6 +320,10 @@ class RunPipeline:
         self._resolved_skills: tuple[ResolvedSkill, ...] = ()
         self._endpoint: ToolsEndpoint | None = None
         self._tool_env: Mapping[str, str] = {}
+        # The run's secrets (see _secrets_of) and what replaces them in everything the run
+        # hands out: its events, its Result and its error.
+        self._secrets: list[str] = []
+        self._redactor = _NO_SECRETS
 
     # -- phases ------------------------------------------------------------------------------
 
@@ -326,6 +331,7 @@ class RunPipeline:
         try:
             self._static_checks()
         except BaseException as exc:  # refused before admission: no events at all
+            redact_error(exc, self._redactor)
             self.stream._settle(None, exc)
             return self.stream
         self.broker = Broker(
@@ -387,6 +393,8 @@ class RunPipeline:
                 streaming=True,
                 schema=self.compiled,
             )
+        self._secrets = _secrets_of(driver, descriptor.type, self._mcp)
+        self._redactor = Redactor(self._secrets)
         if self.timeout is not None and self.timeout <= 0:
             raise errors.DeadlineExceededError()
         self.host._register(self)
@@ -403,6 +411,10 @@ class RunPipeline:
         self._finish(result, error)
 
     def _finish(self, result: Result | None, error: BaseException | None) -> None:
+        if error is not None:
+            # Its message may quote the agent (a provider's 401 quoting the key), and so may a
+            # cause from anywhere; the Result it carries is redacted already.
+            redact_error(error, self._redactor)
         if isinstance(error, errors.RunError):
             result_for_event = error.result
         else:
@@ -499,6 +511,8 @@ class RunPipeline:
                 # close() cancelled this run first: report that, as for any pre-entry cancel.
                 self._raise_if_ended_before_entry()
                 raise
+            # The gateway's token reaches the agent's environment like a key.
+            self._redactor = Redactor([*self._secrets, *self._tool_env.values()])
 
     def _compatibility_fingerprint(self) -> str:
         assert self.descriptor is not None
@@ -516,7 +530,9 @@ class RunPipeline:
     def _call_driver(self, request: Request) -> tuple[Response | None, BaseException | None]:
         sink = _Sink(self)
         try:
-            return self.host.driver.run(request, sink), None
+            response = self.host.driver.run(request, sink)
+            # Output, raw streams, transcript, failure: the Result and the error are made of it.
+            return self._redactor.value(response), None
         except BaseException as exc:
             return None, exc
         finally:
@@ -847,10 +863,12 @@ class RunPipeline:
 
     def publish(self, event: Event, *, deadline: float | None = None) -> bool:
         assert self.broker is not None
-        return self.broker.publish(event, deadline=deadline)
+        return self.broker.publish(self._redactor.value(event), deadline=deadline)
 
     def decide(self, request: DecisionRequest) -> DecisionResponse:
         """Route one driver decision through the policy; see ``adaptor.approval``."""
+        # Before the handler sees it: a tool's input may hold a key the agent read.
+        request = self._redactor.value(request)
         attempt = 0
         while True:
             outcome, approval = self._ask(request, attempt)
@@ -1036,6 +1054,29 @@ class RunPipeline:
                 },
             )
         )
+
+
+_NO_SECRETS = Redactor(())
+
+
+def _secrets_of(driver: Driver, driver_type: str, servers: Sequence[MCPServerSpec]) -> list[str]:
+    """The values a run hands its agent that no event, Result or error may show: those the
+    driver names (its config's env, the credentials its CLI inherits), and the env values,
+    headers and bearer tokens of the run's MCP servers."""
+    values: list[str] = []
+    named = getattr(driver, "secret_values", None)
+    if callable(named):
+        try:
+            values.extend(str(v) for v in named())
+        except Exception as exc:  # built from bad configuration, like a descriptor
+            raise InvalidDriverConfigError(driver_type, exc) from exc
+    for server in servers:
+        values.extend(server.env.values())
+        values.extend(server.headers.values())
+        token = os.environ.get(server.bearer_token_env) if server.bearer_token_env else None
+        if token:
+            values.append(token)
+    return values
 
 
 def _approval_data(approval: ApprovalRequest) -> dict[str, Any]:

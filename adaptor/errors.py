@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from adaptor._redact import REDACTED, Redactor
+
 if TYPE_CHECKING:
     from adaptor.result import Result
 
@@ -534,7 +536,6 @@ def exit_code_for(err: BaseException) -> int:
 
 # --- the wire codec ---------------------------------------------------------------------------
 
-_REDACTED = "<redacted>"
 # Credentials that commonly leak into foreign exception text (HTTP clients, subprocess errors).
 _CREDENTIAL_PATTERNS = (
     re.compile(r"(?i)\b(authorization\s*[:=]\s*)(bearer|basic|token)?\s*[^\s,;'\"]+"),
@@ -547,13 +548,11 @@ _CREDENTIAL_PATTERNS = (
 )
 
 
-def _scrub(text: str, secrets: tuple[str, ...], *, foreign: bool) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, _REDACTED)
+def _scrub(text: str, redactor: Redactor, *, foreign: bool) -> str:
+    text = redactor.text(text)
     if foreign:
         for pattern in _CREDENTIAL_PATTERNS:
-            text = pattern.sub(lambda m: m.group(1) + _REDACTED, text)
+            text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
     return text
 
 
@@ -582,17 +581,18 @@ def _type_name(err: BaseException) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _encode_one(err: BaseException, secrets: tuple[str, ...]) -> dict[str, Any]:
+def _encode_one(err: BaseException, redactor: Redactor) -> dict[str, Any]:
     if isinstance(err, AdaptorError) and not isinstance(err, ExternalError):
+        fields = err.fields() if type(err)._fields else dict(err.__dict__.get("_wire_fields", {}))
         obj: dict[str, Any] = {
             "code": err.wire_code,
             "type": err.wire_type,
-            "message": _scrub(err.message, secrets, foreign=False),
-            "fields": err.fields() if type(err)._fields else dict(err.__dict__.get("_wire_fields", {})),
+            "message": _scrub(err.message, redactor, foreign=False),
+            "fields": redactor.value(fields),
         }
         if isinstance(err, RunError):
             obj["reason"] = err.reason
-            obj["details"] = _jsonable(err.details)
+            obj["details"] = redactor.value(_jsonable(err.details))
         return obj
     if isinstance(err, ExternalError):
         type_name, message = err.type_name, err.message
@@ -601,7 +601,7 @@ def _encode_one(err: BaseException, secrets: tuple[str, ...]) -> dict[str, Any]:
     return {
         "code": "external",
         "type": type_name,
-        "message": _scrub(message, secrets, foreign=True),
+        "message": _scrub(message, redactor, foreign=True),
         "fields": {},
     }
 
@@ -610,18 +610,19 @@ def to_wire(err: BaseException, *, secrets: Iterable[str] = ()) -> dict[str, Any
     """The wire form of ``err`` and its cause chain (at most ``FIND_NODE_LIMIT`` deep).
 
     Only the class identity, message, typed fields and, for RunErrors, reason and details are
-    written.  Every value in ``secrets`` is replaced in messages, and credential-looking text in
-    foreign exception messages is redacted.
+    written.  Every value in ``secrets`` (of at least ``MIN_SECRET_LENGTH`` characters, in any of
+    its escaped forms) is replaced in messages, fields and details, and credential-looking text
+    in foreign exception messages is redacted.
     """
-    secret_values = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
-    head = _encode_one(err, secret_values)
+    redactor = Redactor(secrets)
+    head = _encode_one(err, redactor)
     tail = head
     seen = {id(err)}
     node = _next_cause(err)
     depth = 1
     while node is not None and id(node) not in seen and depth < FIND_NODE_LIMIT:
         seen.add(id(node))
-        encoded = _encode_one(node, secret_values)
+        encoded = _encode_one(node, redactor)
         tail["cause"] = encoded
         tail = encoded
         node = _next_cause(node)

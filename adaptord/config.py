@@ -416,14 +416,14 @@ def _parse_agent(
 
 def _described(error: AdaptorError, secrets: list[str]) -> str:
     """A request template's problem as config error text, with ``secrets`` redacted."""
-    from adaptor import _request
+    from adaptor import _redact
     from adaptor.spool import InvalidRequestError
 
     if isinstance(error, InvalidRequestError):
         text = "; ".join(f"{p['path'] or '/'}: {p['message']}" for p in error.errors)
     else:
         text = str(error)
-    return _request.Redactor(secrets).text(text)
+    return _redact.Redactor(secrets).text(text)
 
 
 def _parse_skills(raw: Any, where: str) -> tuple[Mapping[str, Any], ...]:

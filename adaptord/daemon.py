@@ -45,7 +45,7 @@ import filelock
 import orjson
 
 import adaptor
-from adaptor import _durable, _home, _nesting, _watch, errors, events, skill
+from adaptor import _durable, _home, _nesting, _redact, _watch, errors, events, skill
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import Query, Record
@@ -115,7 +115,7 @@ class _Wakeup:
                 os.close(fd)
 
 
-def _as_recorded(event: events.Event, redactor: requests.Redactor, *, bound: bool) -> events.Event:
+def _as_recorded(event: events.Event, redactor: _redact.Redactor, *, bound: bool) -> events.Event:
     """``event`` as the audit log keeps it: secrets redacted, with ``bound`` nesting cut."""
     if not redactor and not bound:
         return event
@@ -906,7 +906,7 @@ class Daemon:
             self._execute(job)
         except Exception as exc:  # a bug here must not lose the request: it still gets a verdict
             secrets = self._job_secrets(job)
-            self.log("worker failed", id=job.id, error=requests.Redactor(secrets).text(f"{type(exc).__name__}: {exc}"))
+            self.log("worker failed", id=job.id, error=_redact.Redactor(secrets).text(f"{type(exc).__name__}: {exc}"))
             if not self.home.has_verdict(job.id):
                 with contextlib.suppress(Exception):
                     self._write_verdict(
@@ -945,7 +945,7 @@ class Daemon:
         tools, skills = self._tools, self._skills
         self._default_workspace(request, defaults)  # before the request copy is written: it says so
         secrets = job.secrets = requests.secrets_of(request, defaults)
-        redactor = requests.Redactor(secrets)
+        redactor = _redact.Redactor(secrets)
         session = requests.session_of(request)
         started_at = _now()
         job.attempt += 1
@@ -1066,7 +1066,7 @@ class Daemon:
         """The secrets of a job's run: those it started with, once it started."""
         return job.secrets if job.secrets is not None else self._secrets_of(job.request)
 
-    def _record(self, session: str, event: events.Event, redactor: requests.Redactor, job: Job) -> None:
+    def _record(self, session: str, event: events.Event, redactor: _redact.Redactor, job: Job) -> None:
         try:
             try:
                 self._events.record(session, _as_recorded(event, redactor, bound=False))
@@ -1086,7 +1086,7 @@ class Daemon:
 
     def _route_approval(self, job: Job, req: adaptor.ApprovalRequest) -> None:
         """The ``on_approval`` handler of daemon runs: a pending file answered by the CLI."""
-        redactor = requests.Redactor(self._job_secrets(job))
+        redactor = _redact.Redactor(self._job_secrets(job))
         # The tool input in its details is the agent's, which may nest too deeply to write.
         record = redactor.value(_nesting.copy(events.to_json(req), depth=_FILE_DEPTH))
         record["request_id"] = job.id
@@ -1261,7 +1261,7 @@ class Daemon:
         (one sync for all their entries), and only then does the verdict appear.  ``job`` is
         the request's in-memory job when there is one (its state is then not read back).
         """
-        redactor = requests.Redactor(secrets)
+        redactor = _redact.Redactor(secrets)
         run_dir = self.home.run_dir(request_id)
         batch = _durable.SyncBatch()
         try:
@@ -1332,7 +1332,7 @@ class Daemon:
                 self._write_state_raw(request_id, done, merge=True)
 
     def _write_side_files(
-        self, request_id: str, result: adaptor.Result | None, redactor: requests.Redactor,
+        self, request_id: str, result: adaptor.Result | None, redactor: _redact.Redactor,
         job: Job | None, batch: _durable.SyncBatch, *, bound: bool = False,
     ) -> tuple[dict[str, Any] | None, _durable.ForeignFileError | None]:
         """The run's side files, written into ``batch``; the verdict's ``result`` (None: none),

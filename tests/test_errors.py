@@ -585,6 +585,18 @@ def test_explicit_secrets_are_redacted_everywhere() -> None:
     assert "S3CR3T-VALUE" not in text
 
 
+def test_explicit_secrets_are_redacted_from_details_and_in_their_escaped_forms() -> None:
+    # Details were written as they were, and only the raw form of a value was looked for: a
+    # message quoting JSON the agent printed shows a key with a quote in it escaped.
+    secret = 'pa"ss-S3CR3T'
+    said = orjson.dumps({"key": secret}).decode()  # {"key":"pa\"ss-S3CR3T"}
+    err = errors.AgentFailedError(f"agent said {said}", details={"stderr": f"key={secret}"})
+    assert secret not in str(err)
+    wire = errors.to_wire(err, secrets=[secret])
+    assert "S3CR3T" not in orjson.dumps(wire).decode()
+    assert wire["details"] == {"stderr": "key=<redacted>"}
+
+
 # --- property tests -------------------------------------------------------------------------
 
 _text = st.text(max_size=40)

@@ -1,13 +1,15 @@
-"""The daemon's redaction of secret values: raw, and as JSON text holding them shows them."""
+"""The redaction of secret values: raw, and as JSON text holding them shows them."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adaptor._request import MIN_SECRET_LENGTH, REDACTED, Redactor
+from adaptor._redact import MIN_SECRET_LENGTH, REDACTED, Redactor
+from adaptor.events import ToolCall
 
 # Every character the redacted texts below are made of: a secret (in each of its forms) with
 # one character outside this set can only be found in them if a copy was missed.
@@ -78,3 +80,26 @@ def test_the_json_escapes_of_other_serializers_are_replaced_too() -> None:
         '"contrase\\u00f1a\\/t\\u0026m\\u003cx\\u003e"',
     ):
         assert redactor.text(text) == f'"{REDACTED}"', text
+
+
+def test_values_nested_deeper_than_the_stack_are_redacted() -> None:
+    secret = "sk-deep-0123456789"
+    deep: Any = [secret, {"k": secret}]
+    for _ in range(5000):
+        deep = [deep]
+    event = ToolCall(id="c1", name="Write", args={"deep": deep, "plain": secret})
+    redacted = Redactor([secret]).value(event)
+    assert redacted.args is not None and redacted.args["plain"] == REDACTED
+    node = redacted.args["deep"]
+    for _ in range(5000):
+        (node,) = node
+    assert node == [REDACTED, {"k": REDACTED}]
+
+
+def test_a_value_without_secrets_is_handed_back_as_it_is() -> None:
+    # The run pipeline redacts every event: one holding no secret must cost no copy.
+    event = ToolCall(id="c1", name="Write", args={"path": "notes.txt", "lines": ["x", ("y", 1)]})
+    assert Redactor(["sk-not-in-it-123"]).value(event) is event
+    changed = Redactor(["notes.txt"]).value(event)
+    assert changed is not event and changed.args == {"path": REDACTED, "lines": ["x", ("y", 1)]}
+    assert event.args == {"path": "notes.txt", "lines": ["x", ("y", 1)]}  # the original is untouched

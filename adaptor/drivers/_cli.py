@@ -80,6 +80,9 @@ class CliDriver(Generic[C]):
     _fingerprint_domain: ClassVar[str]
     # Config fields a resumed conversation depends on; the names of ``env`` always count.
     _fingerprint_fields: ClassVar[tuple[str, ...]]
+    # The variables holding the CLI's credentials (API keys, tokens): their inherited values
+    # are secrets of the run, as its config's env values are.
+    _credentials: ClassVar[tuple[str, ...]] = ()
     _config_type: type[C]
 
     def __init__(self, config: C | Mapping[str, Any] | None = None) -> None:
@@ -96,6 +99,10 @@ class CliDriver(Generic[C]):
 
     def session_codec(self) -> SessionCodec:
         return StandardSessionCodec(self._type)
+
+    def secret_values(self) -> list[str]:
+        """Values no event, result or error of a run may show (SPI, optional)."""
+        return _process.secret_values(self._config.env, self._credentials)
 
     def session_config_fingerprint(self) -> str:
         c = self._config

@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
@@ -254,6 +254,17 @@ def child_env(*layers: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
         env.update(layer)
         names.update(layer)
     return env, sorted(names)
+
+
+def secret_values(env: Mapping[str, str], credentials: Iterable[str] = ()) -> list[str]:
+    """What a driver's ``secret_values()`` returns: every value of its config's ``env`` (where
+    keys are given; which of them are secret cannot be told apart) and the values of the
+    ``credentials`` variables its CLI reads that this process's environment holds, which the
+    child inherits.  Other inherited variables are not secrets: the SDK would otherwise have
+    to treat PATH and HOME like keys."""
+    values = [v for v in env.values() if isinstance(v, str)]
+    values += [os.environ[name] for name in credentials if os.environ.get(name)]
+    return values
 
 
 def make_private_dir(prefix: str) -> str:

@@ -176,6 +176,8 @@ class Driver(_cli.CliDriver[Config]):
     _config_type = Config
     _fingerprint_domain = "claude/config/v1"
     _fingerprint_fields = ("cwd", "extra_args", "model", "permission_mode", "config_dir")
+    # Read by claude 2.1.332 (found in its binary): an API key, a bearer token, an OAuth token.
+    _credentials = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 
     def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
         super().__init__(config)

@@ -162,6 +162,9 @@ class Driver(_cli.CliDriver[Config]):
     _config_type = Config
     _fingerprint_domain = "codebuddy/config/v1"
     _fingerprint_fields = ("cwd", "extra_args", "model", "effort", "permission_mode", "max_turns")
+    # The API key and OAuth token variables CodeBuddy Code's documentation names (its
+    # "identity and access management" page; no binary was at hand to check).
+    _credentials = ("CODEBUDDY_API_KEY", "CODEBUDDY_AUTH_TOKEN")
 
     def descriptor(self) -> Descriptor:
         every_mode = HumanDecisionSupport(ask=True, auto_approve=True, auto_reject=True)

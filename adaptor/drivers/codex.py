@@ -158,6 +158,9 @@ class Driver(_cli.CliDriver[Config]):
     _config_type = Config
     _fingerprint_domain = "codex/config/v1"
     _fingerprint_fields = ("cwd", "extra_args", "model", "home")
+    # Read by codex 0.171.0 (found in its binary).  A custom provider's ``env_key`` names a
+    # variable of its own choosing: given in ``env``, its value is a secret like every other.
+    _credentials = ("OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_ACCESS_TOKEN")
 
     def descriptor(self) -> Descriptor:
         return Descriptor(

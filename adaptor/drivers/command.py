@@ -81,6 +81,10 @@ class Driver:
         c = self._config if config is None else _as_config(config)
         _process.check_common(c.command, c.env, c.extra_args, c.cwd, c.grace_period)
 
+    def secret_values(self) -> list[str]:
+        """Values no event, result or error of a run may show (SPI, optional)."""
+        return _process.secret_values(self._config.env)
+
     def run(self, request: Request, sink: EventSink) -> Response:
         config = self._config if request.config is None else _as_config(request.config)
         self.validate_config(config)

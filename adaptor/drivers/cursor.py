@@ -122,6 +122,8 @@ class Driver(_cli.CliDriver[Config]):
     _config_type = Config
     _fingerprint_domain = "cursor/config/v1"
     _fingerprint_fields = ("cwd", "extra_args", "model", "mode")
+    # The key cursor-agent's own "not authenticated" message tells users to set.
+    _credentials = ("CURSOR_API_KEY",)
 
     def descriptor(self) -> Descriptor:
         return Descriptor(

@@ -133,6 +133,8 @@ class Driver(_cli.CliDriver[Config]):
     _config_type = Config
     _fingerprint_domain = "gemini/config/v1"
     _fingerprint_fields = ("cwd", "extra_args", "model", "approval_mode", "home")
+    # Read by gemini 0.61.0 (found in its bundle): the two API keys and a Cloud access token.
+    _credentials = ("GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_CLOUD_ACCESS_TOKEN")
 
     def descriptor(self) -> Descriptor:
         return Descriptor(

@@ -163,6 +163,11 @@ class Driver:
         """Check ``config`` (``None``: the captured one); raise ``TypeError``/``ValueError``."""
         _validate(self._config if config is None else _as_config(config))
 
+    def secret_values(self) -> list[str]:
+        """Values no event, result or error of a run may show (SPI, optional): ``env``'s,
+        as a process driver's, so tests can script an agent that prints them."""
+        return _process.secret_values(self._config.env)
+
     def session_codec(self) -> SessionCodec | None:
         """The session codec, or ``None`` when the descriptor overrides turn resume off."""
         if not self.descriptor().sessions.supports_resume:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
 import textwrap
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
+import adaptor
+from adaptor import errors, events
 from adaptor.drivers import claude, codex
 from tests.drivers.mock_anthropic import AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
@@ -118,6 +122,25 @@ def fake_exe(tmp_path: Path) -> Callable[[str, str], str]:
         return str(path)
 
     return make
+
+
+def shown(evs: list[adaptor.Event], error: BaseException | None, result: adaptor.Result | None) -> str:
+    """Everything the run handed out, as text: every event, the error and each link of its
+    chain (str, repr, attributes, traceback), its wire form, the Result with its raw streams."""
+    parts = [orjson.dumps([events.to_json(e) for e in evs]).decode()]
+    if error is not None:
+        parts += traceback.format_exception(error)
+        parts.append(json.dumps(errors.to_wire(error)))
+        node: BaseException | None = error
+        while node is not None:
+            parts += [str(node), repr(node), repr(node.args), repr(vars(node))]
+            node = node.__cause__ or node.__context__
+        if isinstance(error, errors.RunError) and result is None:
+            result = error.result
+    if result is not None:
+        raw = result.raw()
+        parts += [orjson.dumps(result.to_json()).decode(), raw.stdout, raw.stderr, repr(raw.terminal)]
+    return "\n".join(parts)
 
 
 def group_members(pgid: int) -> list[int]:

@@ -7,7 +7,8 @@ described in ``shared/reference/real-clis.md`` §3.2.
 
 The reply depends only on the request and :attr:`AnthropicMock.scenario`:
 
-- an error ``status`` answers every request with that status and an Anthropic error body;
+- an error ``status`` answers every request with that status and an Anthropic error body,
+  which with ``quote_key`` quotes the request's ``x-api-key`` back (as real providers' 401s do);
 - when the last user turn carries a ``tool_result``, the reply is the text
   ``"Tool result was: <result>"`` (so a scripted tool turn always ends);
 - else ``structured`` (when the request offers the ``StructuredOutput`` tool) or ``tool`` makes
@@ -44,6 +45,7 @@ class Scenario:
     tool: tuple[str, dict[str, Any]] | None = None
     structured: Any = None
     status: int | None = None
+    quote_key: bool = False
     delay: float = 0.0
     truncate: bool = False
     usage: dict[str, int] = field(
@@ -78,10 +80,10 @@ class AnthropicMock(MockServer):
         scenario = self.scenario
         if scenario.status is not None:
             kind = _ERROR_TYPES.get(scenario.status, "api_error")
-            reply.json(
-                scenario.status,
-                {"type": "error", "error": {"type": kind, "message": f"mock {kind}"}},
-            )
+            message = f"mock {kind}"
+            if scenario.quote_key:
+                message = f"Incorrect API key provided: {request['headers'].get('x-api-key', '')}"
+            reply.json(scenario.status, {"type": "error", "error": {"type": kind, "message": message}})
             return
         body = request["body"] or {}
         blocks = self._answer(scenario, body)

@@ -71,11 +71,13 @@ def test_claude_argv_stdin_and_env(fake_cli: MakeFake, tmp_path: Path) -> None:
     assert "sk-test-secret" not in repr(result.to_json())
 
 
-def test_claude_tool_input_nested_deeper_than_python_recurses(tmp_path: Path) -> None:
+@pytest.mark.parametrize("env", [{}, {"ANTHROPIC_API_KEY": "sk-test-secret"}])
+def test_claude_tool_input_nested_deeper_than_python_recurses(tmp_path: Path, env: dict[str, str]) -> None:
     # The parser's copy of the input and the transcript item's to_json recursed: the run
-    # failed with a RecursionError wrapped as an infrastructure error.
+    # failed with a RecursionError wrapped as an infrastructure error.  With a secret, the
+    # run's redaction walks the input too.
     exe = claude_with_deep_input(tmp_path, 1000)
-    config = claude.Config(command=exe, config_dir=str(tmp_path / "profile"))
+    config = claude.Config(command=exe, config_dir=str(tmp_path / "profile"), env=env)
     with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
         stream = agent.stream("Write hello.txt")
         calls = [e for e in stream if isinstance(e, ToolCall) and e.args is not None]

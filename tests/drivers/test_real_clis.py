@@ -25,7 +25,7 @@ from adaptor.drivers import claude, codex
 from adaptor.events import Notice, ProcessInfo, TextDelta
 from adaptor.memory import Store
 from adaptor.testing import conformance
-from tests.drivers.conftest import group_members
+from tests.drivers.conftest import group_members, shown
 from tests.drivers.mock_anthropic import AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
 
@@ -313,6 +313,33 @@ def test_claude_http_errors(
     assert caught.value.details["retryable"] is retryable
     assert caught.value.details.get("provider_status") == status
     assert str(status) in str(caught.value)
+
+
+@pytest.mark.parametrize("given", ["config", "inherited"])
+def test_claude_a_key_the_provider_quotes_back_is_shown_nowhere(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    monkeypatch: pytest.MonkeyPatch, given: str,
+) -> None:
+    # A 401 quoting the key ("Incorrect API key provided: sk-..."), which claude prints in its
+    # assistant text and result: the key reached the events, the error, its wire form and the
+    # raw streams, whether given in the driver config's env or inherited from this process.
+    key = "sk-ant-api03-quoted-back-0123456789"
+    config = claude_config()
+    env = {k: v for k, v in config.env.items() if k != "ANTHROPIC_API_KEY"}
+    if given == "config":
+        env["ANTHROPIC_API_KEY"] = key
+    else:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    anthropic.configure(status=401, quote_key=True)
+    with adaptor.Agent(claude.Driver(dataclasses.replace(config, env=env)),
+                       workspace=workspace) as agent:
+        stream = agent.stream("say hello")
+        events = list(stream)
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            stream.result()
+    assert anthropic.logged("/v1/messages")[-1]["headers"]["x-api-key"] == key
+    assert "Incorrect API key provided: <redacted>" in str(caught.value)
+    assert key not in shown(events, caught.value, None)
 
 
 def test_claude_bad_key_retried_until_the_deadline_says_why(

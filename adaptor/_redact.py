@@ -1,0 +1,227 @@
+"""Secret values shown as ``<redacted>``: the one redactor of the run pipeline, the daemon's
+records and ``adaptor run``.
+
+Which values are secrets is decided elsewhere (a run's driver config env and inherited
+credentials, a request's env and MCP headers); this module only finds them, in every form
+they may take in what an agent prints, and replaces them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping
+from functools import lru_cache
+from typing import Any, TypeVar
+
+REDACTED = "<redacted>"
+MIN_SECRET_LENGTH = 6
+
+_T = TypeVar("_T")
+
+
+class Redactor:
+    """Replaces known secret values in text and values with ``<redacted>``.
+
+    :meth:`value` walks strings, lists, tuples, mappings and dataclass instances (events,
+    results, driver responses) and returns the very object it was given when nothing in it
+    changed, so a run without secrets in its output pays for the walk only.
+    """
+
+    __slots__ = ("secrets",)
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        # Values this short ("1", "true", a port) are configuration, not credentials, and
+        # replacing them everywhere would destroy timestamps and numbers in every record.
+        kept = frozenset(s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LENGTH)
+        self.secrets: tuple[str, ...] = _all_forms(kept) if kept else ()
+
+    def __bool__(self) -> bool:
+        return bool(self.secrets)
+
+    def text(self, value: str) -> str:
+        for secret in self.secrets:
+            value = value.replace(secret, REDACTED)
+        return value
+
+    def value(self, value: _T) -> _T:
+        """``value`` with every secret replaced: the same object when it holds none."""
+        if not self.secrets:
+            return value
+        try:
+            redacted: _T = self._value(value)
+        except RecursionError:
+            # An agent's JSON (tool arguments) may nest deeper than the stack.
+            redacted = self._deep(value)
+        return redacted
+
+    def _value(self, value: Any) -> Any:
+        cls = type(value)
+        kind = _KINDS.get(cls)
+        if kind is None:
+            kind = _kind_of(cls)
+        if kind is _SCALAR:
+            return value
+        if kind is _TEXT:
+            # An exact str comes back as the same object from replace() when nothing matched.
+            return self.text(value) if cls is str else self._str(value)
+        if kind is _MAPPING:
+            return self._mapping(value, self._value)
+        if kind is _LIST:
+            items = [self._value(v) for v in value]
+            return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+        if kind is _TUPLE:
+            items = [self._value(v) for v in value]
+            return tuple(items) if any(a is not b for a, b in zip(items, value, strict=True)) else value
+        return self._dataclass(value, self._value)
+
+    def _str(self, value: str) -> str:
+        redacted = self.text(value)
+        # A str subclass (an enum member) is kept unless a secret really was in it.
+        return value if redacted == value else redacted
+
+    def _mapping(self, value: Mapping[Any, Any], walk: Callable[[Any], Any]) -> Mapping[Any, Any]:
+        changed = False
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            new_key = self._str(key) if isinstance(key, str) else key
+            new_item = walk(item)
+            changed = changed or new_key is not key or new_item is not item
+            out[new_key] = new_item
+        return out if changed else value
+
+    def _dataclass(self, value: Any, walk: Callable[[Any], Any]) -> Any:
+        changes = {}
+        cls: type = type(value)
+        names = _FIELDS.get(cls)
+        if names is None:
+            # Fields set by __init__ only: dataclasses.replace refuses the others.
+            names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+        for name in names:
+            item = getattr(value, name)
+            new_item = walk(item)
+            if new_item is not item:
+                changes[name] = new_item
+        return dataclasses.replace(value, **changes) if changes else value
+
+    def _deep(self, value: Any) -> Any:
+        """:meth:`_value` for values nested deeper than the stack: JSON arrays and objects are
+        walked without recursion (always copied), anything else as :meth:`_value` does."""
+        if isinstance(value, dict | list):
+            return self._json_iteratively(value)
+        if isinstance(value, str):
+            return self._str(value)
+        if isinstance(value, Mapping):
+            return self._mapping(value, self._deep)
+        if type(value) is tuple:
+            return tuple(self._deep(v) for v in value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return self._dataclass(value, self._deep)
+        return value
+
+    def _json_iteratively(self, value: dict[Any, Any] | list[Any]) -> Any:
+        root: dict[Any, Any] | list[Any] = {} if isinstance(value, dict) else []
+        pending: list[tuple[Any, Any]] = [(value, root)]
+        while pending:
+            source, target = pending.pop()
+            items = source.items() if isinstance(source, dict) else enumerate(source)
+            for key, child in items:
+                if isinstance(child, dict | list):
+                    copied: Any = {} if isinstance(child, dict) else []
+                    pending.append((child, copied))
+                else:
+                    copied = self._value(child)
+                if isinstance(target, dict):
+                    target[self._str(key) if isinstance(key, str) else key] = copied
+                else:
+                    target.append(copied)
+        return root
+
+
+# How _value treats a type, found once per type: a run's events are of a dozen types.
+_SCALAR, _TEXT, _MAPPING, _LIST, _TUPLE, _DATACLASS = range(6)
+_KINDS: dict[type, int] = {t: _SCALAR for t in (int, float, bool, type(None), bytes)}
+_KINDS.update({str: _TEXT, dict: _MAPPING, list: _LIST, tuple: _TUPLE})
+
+
+def _kind_of(cls: type) -> int:
+    if issubclass(cls, str):
+        kind = _TEXT
+    elif issubclass(cls, Mapping):
+        kind = _MAPPING
+    elif issubclass(cls, list):
+        kind = _LIST
+    elif dataclasses.is_dataclass(cls):
+        kind = _DATACLASS
+    else:  # numbers, datetimes, enums, a tuple subclass (a named tuple: not rebuilt), ...
+        kind = _SCALAR
+    _KINDS[cls] = kind
+    return kind
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+@lru_cache(maxsize=64)
+def _all_forms(secrets: frozenset[str]) -> tuple[str, ...]:
+    # Cached: every run of an Agent has the same secrets, and a daemon's requests mostly share
+    # its config's.  Longest first: a secret that contains another is replaced whole.
+    return tuple(sorted({form for s in secrets for form in _forms(s)}, key=len, reverse=True))
+
+
+def _forms(secret: str) -> set[str]:
+    """Every text ``secret`` may show up as in what an agent prints or a log holds."""
+    import json  # here: the SDK's errors import this module, and most runs have no secrets
+
+    # Output is cut into lines (one event, one transcript item each): a key of several lines
+    # (a PEM block) must go from each of them too.
+    pieces = {secret}
+    if "\n" in secret or "\r" in secret:
+        pieces.update(
+            part for line in secret.splitlines() for part in (line, line.strip())
+            if len(part) >= MIN_SECRET_LENGTH
+        )
+    # Inside JSON held in a string (a tool's result, a payload an agent prints) a value with
+    # quotes, backslashes, control or non-ASCII characters appears escaped, and serializers
+    # differ: upper-case hex (Java's), "\/" (PHP's), "<", ">" and "&" as \u escapes (Go's).
+    forms: set[str] = set()
+    for piece in pieces:
+        plain = json.dumps(piece, ensure_ascii=False)[1:-1]
+        ascii_only = json.dumps(piece, ensure_ascii=True)[1:-1]
+        escaped = {plain, ascii_only, _UNICODE_ESCAPE.sub(lambda m: m[0].upper(), ascii_only)}
+        escaped |= {form.replace("/", "\\/") for form in escaped}
+        escaped |= {form.translate(_HTML_SAFE) for form in escaped}
+        forms |= {piece, *escaped}
+    return forms
+
+
+_UNICODE_ESCAPE = re.compile(r"(?<=\\u)[0-9a-f]{4}")
+_HTML_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def redact_error(error: BaseException, redactor: Redactor) -> None:
+    """Replace the secrets in ``error`` and its cause chain, in place: messages, ``args``,
+    details, the Result a RunError carries, notes."""
+    if not redactor:
+        return
+    from adaptor import errors
+
+    for node in errors._walk(error):
+        try:
+            args = redactor.value(node.args)
+            if args is not node.args:
+                node.args = args
+            for name, item in list(vars(node).items()):
+                if isinstance(item, BaseException):
+                    continue  # the chain's next link: reached by the walk
+                new_item = redactor.value(item)
+                if new_item is not item:
+                    setattr(node, name, new_item)
+            if isinstance(node, OSError):
+                # What its str() shows, held outside args and __dict__.
+                for name in ("strerror", "filename", "filename2"):
+                    item = getattr(node, name)
+                    if isinstance(item, str) and redactor.text(item) != item:
+                        setattr(node, name, redactor.text(item))
+        except (AttributeError, TypeError):
+            continue  # a foreign exception whose attributes cannot be set: its type stays visible

@@ -1,0 +1,155 @@
+"""Secrets an agent prints back are shown nowhere by an in-process run.
+
+A provider's 401 quotes the key it was given ("Incorrect API key provided: sk-..."), and the
+CLI prints it: it reached the stderr/stdout events, the error's message, the Result's raw
+streams and text, the error's wire form and ``adaptor run --no-daemon``.  The secrets of a run
+are its driver config's ``env`` values, the credential variables its CLI inherits from this
+process, and its MCP servers' env values and headers (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import adaptor
+from adaptor import events
+from adaptor.drivers import command, script
+from tests.drivers.conftest import shown
+
+SECRET = "sk-proj-Zq81xVt0KEY0000secret"
+
+# A CLI that fails at once the way a real one does on a bad key: quoting it on both streams.
+_FAKE_CLI = """#!/bin/sh
+for name in {names}; do
+  eval "value=\\$$name"
+  if [ -n "$value" ]; then
+    echo "Incorrect API key provided: $value"
+    echo "401 Unauthorized: Incorrect API key provided: $value" >&2
+  fi
+done
+exit 1
+"""
+
+
+def fake_cli(tmp_path: Path, *names: str) -> str:
+    path = tmp_path / "fake-cli"
+    path.write_text(_FAKE_CLI.format(names=" ".join(names)))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def run(agent: adaptor.Agent, **options: Any) -> tuple[list[adaptor.Event], BaseException | None, adaptor.Result | None]:
+    stream = agent.stream("go", **options)
+    evs = list(stream)
+    try:
+        return evs, None, stream.result()
+    except Exception as exc:
+        return evs, exc, None
+
+
+@pytest.mark.parametrize(
+    ("driver", "variable"),
+    [
+        ("claude", "ANTHROPIC_API_KEY"),
+        ("claude", "ANTHROPIC_AUTH_TOKEN"),
+        ("codex", "OPENAI_API_KEY"),
+        ("codex", "CODEX_API_KEY"),
+        ("gemini", "GEMINI_API_KEY"),
+        ("gemini", "GOOGLE_API_KEY"),
+        ("cursor", "CURSOR_API_KEY"),
+        ("codebuddy", "CODEBUDDY_API_KEY"),
+    ],
+)
+def test_a_credential_inherited_from_the_environment_and_quoted_back_is_shown_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver: str, variable: str
+) -> None:
+    monkeypatch.setenv(variable, SECRET)
+    module = importlib.import_module(f"adaptor.drivers.{driver}")
+    config = module.Config(command=fake_cli(tmp_path, variable))
+    with adaptor.Agent(module.Driver(config), workspace=str(tmp_path)) as agent:
+        evs, error, result = run(agent)
+    assert isinstance(error, adaptor.AgentFailedError)
+    assert "Incorrect API key provided: <redacted>" in str(error)  # the CLI did quote it
+    assert SECRET not in shown(evs, error, result)
+
+
+def test_a_config_env_value_quoted_back_is_shown_nowhere(tmp_path: Path) -> None:
+    # A name no driver knows (codex's custom providers pick their own, like MOCK_API_KEY):
+    # every value of the config's env is a secret.
+    config = command.Config(command=fake_cli(tmp_path, "MY_PROVIDER_KEY"), env={"MY_PROVIDER_KEY": SECRET})
+    with adaptor.Agent(command.Driver(config), workspace=str(tmp_path)) as agent:
+        evs, error, result = run(agent)
+    assert error is not None and "<redacted>" in str(error)
+    assert SECRET not in shown(evs, error, result)
+
+
+def test_other_inherited_variables_are_not_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the credential variables the CLI reads: the rest of the environment (paths, a
+    # proxy, a locale) would otherwise vanish from every message.
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    monkeypatch.setenv("SOME_SETTING", "a-plain-setting-value")
+    module = importlib.import_module("adaptor.drivers.claude")
+    config = module.Config(command=fake_cli(tmp_path, "ANTHROPIC_API_KEY", "SOME_SETTING"))
+    with adaptor.Agent(module.Driver(config), workspace=str(tmp_path)) as agent:
+        evs, error, result = run(agent)
+    everything = shown(evs, error, result)
+    assert SECRET not in everything and "a-plain-setting-value" in everything
+
+
+def test_every_kind_of_output_is_redacted(tmp_path: Path) -> None:
+    # What a model echoes lands everywhere: text, reasoning, tool arguments and results,
+    # raw lines, approval requests (which the handler sees too), the failure's details.
+    key = SECRET + "\u00e9"  # JSON printed ASCII-only shows it escaped: sk-...secret\u00e9
+    nested = {"headers": {"Authorization": f"Bearer {key}"}, "list": [key]}
+    steps = (
+        {"text": f"the key is {key}"},
+        {"thinking": f"I found {key} in .env"},
+        {"tool_call": {"name": "Bash", "args": {"command": f"curl -H 'x-api-key: {key}'"},
+                       "result": nested}},
+        {"stdout": f"raw {key}"},
+        {"stderr": json.dumps({"echo": key}, ensure_ascii=True)},
+        {"approval": {"kind": "permission", "title": f"run with {key}?"}},
+        {"output_json": {"key": key}},
+        {"fail": {"code": "auth", "message": f"bad key {key}", "details": {"key": key}}},
+    )
+    config = script.Config(steps=steps, env={"API_KEY": key})
+    seen: list[adaptor.ApprovalRequest] = []
+
+    def approve(request: adaptor.ApprovalRequest) -> None:
+        seen.append(request)
+        request.approve()
+
+    with adaptor.Agent(script.Driver(config), on_approval=approve) as agent:
+        evs, error, result = run(agent)
+    assert isinstance(error, adaptor.RunError) and error.details == {"key": "<redacted>"}
+    assert error.result is not None and error.result.text == '{"key":"<redacted>"}'
+    kinds = {events.event_kind(e).split(".")[0] for e in evs}
+    assert {"text", "thinking", "tool_call", "tool_result", "process", "notice"} <= kinds
+    assert seen and seen[0].title == "run with <redacted>?"
+    assert SECRET not in shown(evs, error, result) + repr([events.to_json(r) for r in seen])
+
+
+def test_adaptor_run_no_daemon_shows_no_inherited_credential(tmp_path: Path) -> None:
+    request = {"driver": "claude", "prompt": "go", "workspace": str(tmp_path),
+               "config": {"command": fake_cli(tmp_path, "ANTHROPIC_API_KEY")}}
+    env = {**os.environ, "ANTHROPIC_API_KEY": SECRET, "XDG_CONFIG_HOME": str(tmp_path / "config"),
+           "ADAPTORD_HOME": str(tmp_path / "home")}
+    outputs = []
+    for extra in ([], ["--json"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "adaptor", "run", "--no-daemon", "--request", "-", *extra],
+            input=json.dumps(request), capture_output=True, text=True, env=env, timeout=120,
+        )
+        assert proc.returncode == 1, proc.stderr
+        outputs += [proc.stdout, proc.stderr]
+    assert all(SECRET not in text for text in outputs)
+    assert "Incorrect API key provided: <redacted>" in outputs[1]
