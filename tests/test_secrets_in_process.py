@@ -23,6 +23,7 @@ import pytest
 import adaptor
 from adaptor import events
 from adaptor.drivers import command, script
+from tests.daemon_harness import DaemonProcess
 from tests.drivers.conftest import shown
 
 SECRET = "sk-proj-Zq81xVt0KEY0000secret"
@@ -153,3 +154,18 @@ def test_adaptor_run_no_daemon_shows_no_inherited_credential(tmp_path: Path) -> 
         outputs += [proc.stdout, proc.stderr]
     assert all(SECRET not in text for text in outputs)
     assert "Incorrect API key provided: <redacted>" in outputs[1]
+
+
+def test_a_credential_in_the_daemons_environment_reaches_no_file_of_its_home(tmp_path: Path) -> None:
+    # The daemon runs its requests through the same pipeline: a key its agents inherit from
+    # the daemon's own environment (a unit's Environment=) is redacted like a config's.
+    daemon = DaemonProcess(tmp_path / "home", env={"ANTHROPIC_API_KEY": SECRET}).start()
+    rid = daemon.submit({"driver": "claude", "prompt": "go", "workspace": str(tmp_path),
+                         "config": {"command": fake_cli(tmp_path, "ANTHROPIC_API_KEY")}})
+    verdict = daemon.verdict(rid)
+    assert daemon.stop() == 0
+    assert "Incorrect API key provided: <redacted>" in verdict["error"]["message"]
+    for path in daemon.home.root.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    assert all(SECRET not in line for line in daemon.lines)
