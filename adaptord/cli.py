@@ -71,6 +71,11 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
     sys.exit(code)
 
 
+# `status --json` prints each of these always, null where it does not apply (no daemon, a
+# damaged adaptord.json, no A2A listener): scripts doing `jq .pid` read one shape.
+_STATUS_FIELDS = ("pid", "started_at", "workers", "version", "a2a_url")
+
+
 @cli.command()
 @home_option
 @click.option("--json", "as_json", is_flag=True)
@@ -85,9 +90,11 @@ def status(home: str | None, as_json: bool) -> None:
         except ValueError as exc:
             click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
     if as_json:
-        click.echo(orjson.dumps({**info, "running": running, "home": str(paths.root)}).decode())
+        report = {"running": running, "home": str(paths.root), **{key: info.get(key) for key in _STATUS_FIELDS}}
+        click.echo(orjson.dumps(report).decode())
     else:
-        click.echo(f"adaptord {'running' if running else 'not running'} for {paths.root}" + (f" (pid {info.get('pid')})" if info else ""))
+        pid = info.get("pid")
+        click.echo(f"adaptord {'running' if running else 'not running'} for {paths.root}" + (f" (pid {pid})" if pid else ""))
     sys.exit(0 if running else 69)
 
 

@@ -515,6 +515,23 @@ def test_status_reports_the_daemon(daemon: DaemonProcess, tmp_path: Path) -> Non
     assert idle.returncode == 69
 
 
+def test_status_json_has_one_shape_running_or_not(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # A stopped daemon's report lacked pid, workers, ...: `jq .pid` scripts met two shapes.
+    def report(home: Path) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "adaptord", "status", "--json", "--home", str(home)], capture_output=True, text=True, timeout=60
+        )
+        parsed: dict[str, Any] = orjson.loads(proc.stdout)
+        return parsed
+
+    assert daemon.proc is not None
+    running = report(daemon.home.root)
+    idle = report(tmp_path / "nothing")
+    assert list(idle) == list(running)
+    assert running["running"] is True and running["pid"] == daemon.proc.pid and running["workers"] == 4
+    assert idle == {"running": False, "home": str(tmp_path / "nothing"), **{key: None for key in list(running)[2:]}}
+
+
 def test_adaptord_home_takes_precedence_over_the_flag_and_says_so(daemon: DaemonProcess, tmp_path: Path) -> None:
     # daemon.md: ADAPTORD_HOME, else --home.  The flag won before, against the spec.
     elsewhere = str(tmp_path / "elsewhere")
@@ -544,7 +561,8 @@ def test_status_of_a_damaged_daemon_state_is_running_without_details(tmp_path: P
     proc.home.daemon_state.write_bytes(b'{"pid": 12')
     status = subprocess.run([sys.executable, "-m", "adaptord", "status", "--json", "--home", str(proc.home.root)], capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "Traceback" not in status.stderr
-    assert orjson.loads(status.stdout) == {"running": True, "home": str(proc.home.root)}
+    fields = ("pid", "started_at", "workers", "version", "a2a_url")
+    assert orjson.loads(status.stdout) == {"running": True, "home": str(proc.home.root), **dict.fromkeys(fields)}
     assert "is unreadable" in status.stderr
     assert proc.stop() == 0
 
