@@ -49,6 +49,8 @@ __all__ = [
     "inspect_tail",
     "lock_epoch",
     "lock_for",
+    "may_be_torn",
+    "not_torn",
     "read_json",
     "release_lingering",
     "repair",
@@ -996,6 +998,22 @@ def _parse(raw: bytes, seq_key: str, expected: int | None) -> dict[str, Any]:
     return record
 
 
+def may_be_torn(raw: bytes) -> bool:
+    """Whether a bad last line (``raw``, at least its first byte) can be what a crash mid-append
+    left: a prefix of one of our records (each is a JSON object, so it begins with ``{``), the
+    zeros a power cut leaves where unsynced data was, or a bare newline.
+
+    Any other tail was never written by a DurableLog: a stray text file at the log's path, a
+    note someone appended.  Cutting it would destroy their data, so it is corruption instead.
+    """
+    return raw[:1] in (b"{", b"\x00", b"\n")
+
+
+def not_torn(why: str) -> str:
+    """The reason given for a bad last line that :func:`may_be_torn` refuses (corruption)."""
+    return f"{why}; not a torn record of this log (it does not begin as one does), so it is kept"
+
+
 def _preview(raw: bytes) -> str:
     return raw[:_PREVIEW_BYTES].decode("utf-8", errors="replace")[:_PREVIEW_CHARS]
 
@@ -1009,7 +1027,7 @@ class _Bad:
     line: int
     offset: int
     why: str
-    last: bool
+    torn: bool  # the last line, and may_be_torn(): a crash artifact, not corruption
     head: bytes
 
 
@@ -1031,7 +1049,9 @@ def _checked(
         try:
             record = _parse(raw, seq_key, expected)
         except ValueError as exc:
-            yield line_no, _Bad(line_no, offset, str(exc), not upcoming, raw[:_PREVIEW_BYTES])
+            torn = not upcoming and may_be_torn(raw)
+            why = str(exc) if torn or upcoming else not_torn(str(exc))
+            yield line_no, _Bad(line_no, offset, why, torn, raw[:_PREVIEW_BYTES])
             return
         yield line_no, record
         expected += 1
@@ -1092,7 +1112,7 @@ def scan(
     with f:
         for line_no, item in _checked(f, seq_key, start_seq):
             if isinstance(item, _Bad):
-                if item.last and not strict:
+                if item.torn and not strict:
                     return
                 raise CorruptLogError(name, item.line, item.why)
             yield line_no, item
@@ -1101,7 +1121,7 @@ def scan(
 def _find_torn(f: IO[bytes], path: str, seq_key: str, start_seq: int) -> RepairReport | None:
     for _, item in _checked(f, seq_key, start_seq):
         if isinstance(item, _Bad):
-            if not item.last:
+            if not item.torn:
                 raise CorruptLogError(path, item.line, item.why)
             size = os.fstat(f.fileno()).st_size
             return RepairReport(path, item.offset, size - item.offset, _preview(item.head))
@@ -1193,7 +1213,8 @@ def _check_tail(fd: int, size: int, path: str, seq_key: str) -> tuple[int, Repai
     """Return ``(last_good_seq, torn)`` from the last two lines only.
 
     The line before the last must be valid (else :class:`CorruptLogError`); the last line is a
-    torn tail if it is unterminated or fails JSON, crc or sequence checks.
+    torn tail if it is unterminated or fails JSON, crc or sequence checks, and
+    :func:`may_be_torn` (else :class:`CorruptLogError` too).
     """
     if size == 0:
         return 0, None
@@ -1212,12 +1233,15 @@ def _check_tail(fd: int, size: int, path: str, seq_key: str) -> tuple[int, Repai
         raw = _pread_exact(fd, size - last_start, last_start)
         try:
             _parse(raw, seq_key, prev_seq + 1)
-        except ValueError:
-            pass
+        except ValueError as exc:
+            why = str(exc)
         else:
             return prev_seq + 1, None
     else:
         raw = _pread_exact(fd, min(size - last_start, _PREVIEW_BYTES), last_start)
+        why = "unterminated last line"
+    if not may_be_torn(raw):
+        raise CorruptLogError(path, _line_number(fd, last_start), not_torn(why))
     return prev_seq, RepairReport(path, last_start, size - last_start, _preview(raw))
 
 

@@ -634,7 +634,8 @@ def test_scan_start_seq(log_path: Path) -> None:
     [
         (b'{"seq":4', "unterminated last line"),
         (b"\n", "empty line"),
-        (b"garbage\n", "invalid json"),
+        (b'{"seq":4,"i"\n', "invalid json"),
+        (b"\x00" * 40, "unterminated last line"),  # what a power cut leaves of unsynced data
     ],
 )
 def test_torn_tail_strict_lenient_inspect_and_repair(log_path: Path, tail: bytes, why: str) -> None:
@@ -652,6 +653,27 @@ def test_torn_tail_strict_lenient_inspect_and_repair(log_path: Path, tail: bytes
     assert log_path.read_bytes() == good
     assert repair(log_path) is None
     _assert_seqs(log_path, 3)
+
+
+@pytest.mark.parametrize("records", [0, 3])
+@pytest.mark.parametrize("tail", [b"my notes", b"my notes\n", b"[1, 2]\n"])
+def test_a_last_line_that_is_no_record_of_ours_is_corruption_never_cut(
+    log_path: Path, records: int, tail: bytes
+) -> None:
+    # A stray text file at the log's path (or a note appended to a log) was emptied by the
+    # next writer or repair() as if a crash had torn it: a torn write begins as a record does.
+    if records:
+        _write_log(log_path, records)
+    before = (log_path.read_bytes() if records else b"") + tail
+    log_path.write_bytes(before)
+    for check in (lambda: list(scan(log_path)), lambda: list(scan(log_path, strict=False)),
+                  lambda: inspect_tail(log_path), lambda: repair(log_path),
+                  lambda: DurableLog(log_path).append({"i": "new"})):
+        with pytest.raises(CorruptLogError) as info:
+            check()
+        assert info.value.line == records + 1
+        assert "not a torn record of this log" in info.value.why
+    assert log_path.read_bytes() == before
 
 
 def test_empty_line_in_the_middle_is_corruption(log_path: Path) -> None:
@@ -742,11 +764,11 @@ def test_repair_preview_is_bounded(log_path: Path) -> None:
     _write_log(log_path, 1)
     good = log_path.stat().st_size
     with log_path.open("ab") as f:
-        f.write("é".encode() * 10_000)
+        f.write(b'{"' + "é".encode() * 10_000)
     report = repair(log_path)
     assert report is not None
-    assert (report.offset, report.dropped_bytes) == (good, 20_000)
-    assert report.dropped_preview == "é" * 200
+    assert (report.offset, report.dropped_bytes) == (good, 20_002)
+    assert report.dropped_preview == '{"' + "é" * 198
 
 
 # --- properties ------------------------------------------------------------------------------

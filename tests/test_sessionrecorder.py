@@ -1021,6 +1021,24 @@ def test_repair_cuts_a_badly_framed_last_line(events_dir: Path, tail: bytes) -> 
     assert sr.verify(path) == 2
 
 
+@pytest.mark.parametrize("text", [b"my notes, no newline", b"my notes\n"])
+def test_a_stray_one_line_file_at_a_keys_path_is_corruption_and_kept(events_dir: Path, text: bytes) -> None:
+    # repair() and the first record() under the key emptied such a file as if a crash had torn
+    # its only line: a torn write is a prefix of one of our records, which this is not.
+    events_dir.mkdir(parents=True)
+    path = events_dir / "notes.jsonl"
+    path.write_bytes(text)
+    attempts: list[Callable[[], object]] = [lambda: sr.repair(path), lambda: sr.verify(path)]
+    with _recorder(events_dir) as recorder:
+        attempts += [lambda: recorder.record("notes", _text(0)), lambda: list(recorder.since("notes"))]
+        for attempt in attempts:
+            with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+                attempt()
+            assert (info.value.key, info.value.line) == ("notes", 1)
+            assert not info.value.why.startswith("torn") and "not a torn record" in info.value.why
+    assert path.read_bytes() == text
+
+
 def test_repair_refuses_corruption_before_the_tail(events_dir: Path) -> None:
     events_dir.mkdir(parents=True)
     path = events_dir / "s.jsonl"
@@ -1145,8 +1163,12 @@ def _reference(data: bytes) -> tuple[list[sr.EventRecord], tuple[int, str] | Non
             try:
                 records.append(_format.decode(raw, line))
             except _format._LineError as exc:
-                torn = exc.framing and line == len(raws)
-                return records, (line, f"torn tail: {exc.why}" if torn else exc.why)
+                if not (exc.framing and line == len(raws)):
+                    return records, (line, exc.why)
+                # A crash leaves a prefix of a record, zeros or a bare newline; nothing else.
+                if raw[:1] in (b"{", b"\x00", b"\n"):
+                    return records, (line, f"torn tail: {exc.why}")
+                return records, (line, _durable.not_torn(exc.why))
     return records, None
 
 

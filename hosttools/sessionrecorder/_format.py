@@ -9,7 +9,6 @@ line for a torn tail.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import errno
 import io
@@ -639,7 +638,7 @@ def _line_by_line(
                 record = decode(line, expected + index)
             except _LineError as exc:
                 is_last = index == last and not more
-                return records, _corrupt(key, expected + index, exc, is_last=is_last)
+                return records, _corrupt(key, expected + index, exc, is_last=is_last, raw=line)
         records.append(record)
     return records, None
 
@@ -664,13 +663,18 @@ def count_valid(f: IO[bytes], key: str, limit: int | None) -> int:
                     decode(line, expected)
                 except _LineError as exc:
                     is_last = expected - first == len(lines) - 1 and not more
-                    raise _corrupt(key, expected, exc, is_last=is_last) from None
+                    raise _corrupt(key, expected, exc, is_last=is_last, raw=line) from None
             expected += 1
     return expected - 1
 
 
-def _corrupt(key: str, line: int, exc: _LineError, *, is_last: bool) -> JSONLEventLogCorruptError:
-    why = _TORN + exc.why if exc.framing and is_last else exc.why
+def _corrupt(
+    key: str, line: int, exc: _LineError, *, is_last: bool, raw: bytes
+) -> JSONLEventLogCorruptError:
+    why = exc.why
+    if exc.framing and is_last:
+        # The same verdict as the writer's: only what a crash can leave is a torn tail.
+        why = _TORN + why if _durable.may_be_torn(raw) else _durable.not_torn(why)
     return JSONLEventLogCorruptError(key, line, why=why)
 
 
@@ -724,8 +728,12 @@ def last_record(path: str, key: str) -> tuple[int, datetime] | None:
             if len(lines) == 2:
                 found = _framed(lines[0], None)
             if lines:
-                with contextlib.suppress(_LineError):
+                try:
                     found = _framed(lines[-1], found[SEQ_KEY] + 1 if found else 1)
+                except _LineError:
+                    if not _durable.may_be_torn(lines[-1]):
+                        raise  # corruption: the strict replay below names it
+            return None if found is None else (found[SEQ_KEY], _recorded_at(found))
             return None if found is None else (found[SEQ_KEY], _recorded_at(found))
         except _LineError:
             pass
@@ -770,8 +778,9 @@ def repair(path: StrPath) -> RepairReport | None:
     """Cut a torn tail from the log at ``path``; return what was cut, or ``None``.
 
     Only a last line whose framing is broken (unterminated, bad JSON or crc, wrong
-    ``host_seq``), which is what a crash mid-append leaves, is cut, under the writers' lock.
-    Any other problem, including a well-framed last line that is not a valid record, raises
+    ``host_seq``) and that :func:`adaptor._durable.may_be_torn` (what a crash mid-append
+    leaves), is cut, under the writers' lock.  Any other problem, including a well-framed last
+    line that is not a valid record or a line that is no record of ours at all, raises
     :class:`JSONLEventLogCorruptError` and leaves the file untouched.  A missing file is
     ``None``.  As with :func:`verify`, a symlink is followed: the file it names is repaired.
     A pipe, a device or a folder cannot be cut: it raises ``OSError`` (``EINVAL``) at once,
