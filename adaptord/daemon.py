@@ -48,6 +48,7 @@ import adaptor
 from adaptor import _durable, _home, _nesting, _redact, _watch, errors, events, skill
 from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
+from adaptor.threadstore import CorruptLogError as StoreCorruptLogError
 from adaptor.threadstore import Query, Record
 from adaptord import _leftovers
 from adaptord._lifecycle import LifecycleLog
@@ -1619,7 +1620,7 @@ class Daemon:
             return None
         try:
             record = self._store.resolve(Query(key=key))
-        except _durable.CorruptLogError as exc:
+        except StoreCorruptLogError as exc:
             # The store says it once and then reads its files as they stand: the run goes on
             # with them (mended by hand, or still damaged and failing), so say it here.
             self.log("thread store damaged or changed by hand; reading it afresh", error=exc)

@@ -235,6 +235,30 @@ def test_a_thread_store_cleared_by_hand_is_served_without_a_restart(daemon: Daem
         store.close()
 
 
+def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon: DaemonProcess) -> None:
+    # The verdict (and `adaptor run` and repr) named the internal adaptor._durable.CorruptLogError.
+    request = {"driver": "script", "prompt": "go", "thread": {"key": "damaged"},
+               "config": {"steps": [{"text": "ok"}], "session": "auto"}}
+    assert daemon.verdict(daemon.submit(request))["ok"]
+    log = daemon.home.root / "threads" / "log-000001.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"kind"', b'"kinD"', 1)  # the crc no longer matches
+    # A damaged copy put in its place (a new file, so the daemon reads it from the start),
+    # under the lock, so that the daemon takes it anew and looks at the files again.
+    with filelock.FileLock(str(log.parent / "store.lock"), thread_local=False):
+        log.with_name("copy").write_bytes(b"".join(lines))
+        log.with_name("copy").replace(log)
+    verdict = daemon.verdict(daemon.submit(request))
+    assert verdict["exit_code"] == 70, verdict
+    error = verdict["error"]
+    assert (error["code"], error["type"]) == ("external", "adaptor.threadstore.CorruptLogError")
+    assert error["message"] == f"{log}:2: bad crc"  # the file and its line
+    with JSONLStore(log.parent) as store, pytest.raises(adaptor.threadstore.CorruptLogError) as info:
+        store.resolve(adaptor.threadstore.Query(key="damaged"))
+    assert type(info.value) is adaptor.threadstore.CorruptLogError
+    assert (info.value.path, info.value.line) == (str(log), 2)
+
+
 @pytest.mark.parametrize(
     ("name", "content", "why"),
     [

@@ -11,6 +11,7 @@ Two implementations share one state machine and pass one contract suite:
 
 from __future__ import annotations
 
+from adaptor import _durable
 from adaptor.errors import AdaptorError
 
 _Str = (str,)
@@ -51,10 +52,16 @@ class AlreadyExistsError(AdaptorError):
         super().__init__(f"key {key!r} already has an active record")
 
 
+class CorruptLogError(_durable.CorruptLogError):
+    """A store file is damaged where no crash explains it: ``path``, 1-based ``line``, ``why``.
+
+    Not a Thread error (errors.md lists none for it): an infrastructure failure, which the
+    wire form writes as ``external`` with this public name as its ``type``.  Every store
+    call raises this class, never the durable layer's base class it specializes.
+    """
+
+
 # Imported after the error classes: the submodules raise them and import them from here.
-# A damaged store file (a bad line where no crash explains it) is reported with the durable
-# layer's own error, exported here so that callers can catch it by a public name.
-from adaptor._durable import CorruptLogError  # noqa: E402
 from adaptor.threadstore._jsonl import JSONLStore  # noqa: E402
 from adaptor.threadstore._types import (  # noqa: E402
     FinalizeRequest,

@@ -73,6 +73,7 @@ from typing import Any
 
 import orjson
 
+from adaptor import threadstore as _public
 from adaptor._durable import (
     CorruptLogError,
     DurableLog,
@@ -225,7 +226,7 @@ class JSONLStore:
 
     Every call takes ``store.lock`` (blocking, no timeout; it is held for one small read or
     one append).  The store keeps a few file descriptors open; :meth:`close` them when done.
-    Corruption that a crash cannot explain raises :class:`adaptor._durable.CorruptLogError`;
+    Corruption that a crash cannot explain raises :class:`adaptor.threadstore.CorruptLogError`;
     a failed write or fsync raises ``OSError`` and makes this instance refuse further writes
     (open a new one to re-read the files and carry on).
     """
@@ -361,14 +362,18 @@ class JSONLStore:
                     self._refresh()
                     self._epoch = lock_epoch(self._lock_path)
                 yield
-            except CorruptLogError:
+            except CorruptLogError as exc:
                 # Said once, then the files are read as they stand, as a new instance reads
                 # them: still damaged, the next call says so again; mended (a backup restored,
                 # the store moved aside) they are served.  Holding on to what this instance
                 # had read failed every later call of a long-lived process (the daemon) until
                 # it was restarted, while every other process read the store fine.
                 self._reread = True
-                raise
+                if isinstance(exc, _public.CorruptLogError):
+                    raise
+                # The durable layer's class is internal: callers (and the wire's ``type``)
+                # see the store's public one, with the same path, line and reason.
+                raise _public.CorruptLogError(exc.path, exc.line, exc.why) from None
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
