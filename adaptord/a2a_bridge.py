@@ -395,7 +395,8 @@ class ServerThread:
     ``start`` waits for the app's lifespan startup so a broken app fails loudly instead of
     serving nothing.  ``stop`` first runs ``before_stop`` on the server's loop (e.g. draining
     the A2A handlers, whose open SSE streams would otherwise hold uvicorn's graceful shutdown
-    until its timeout), then stops uvicorn and closes the socket.
+    until its timeout), then stops uvicorn and closes the socket.  A server that ends on its
+    own once started (uvicorn raised, or returned) sets :attr:`died` and calls ``on_death``.
     """
 
     def __init__(
@@ -407,12 +408,17 @@ class ServerThread:
         before_stop: Callable[[], Coroutine[Any, Any, object]] | None = None,
         graceful_timeout: int = 5,
         log: Log = _default_log,
+        on_death: Callable[[], None] = lambda: None,
     ) -> None:
         self.sock = sock
         self._before_stop = before_stop
         self._log = log
+        self._on_death = on_death
         self._started = threading.Event()
         self._ok = False
+        self._stopping = False
+        # Why the server ended although nobody stopped it; None while it serves (or was stopped).
+        self.died: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         config = uvicorn.Config(
             _StartupProbe(app, self._on_startup),
@@ -434,12 +440,17 @@ class ServerThread:
             self._loop = asyncio.get_running_loop()
             await self._server.serve(sockets=[self.sock])
 
+        why = "the server stopped serving by itself"
         try:
             asyncio.run(main())
-        except Exception as exc:
-            self._log("a2a.server_failed", error=repr(exc))
+        except BaseException as exc:  # SystemExit too: how uvicorn ends a failed startup
+            why = repr(exc)
+            self._log("a2a.server_failed", error=why)
         finally:
             self._started.set()  # a server that died early must not leave start() waiting
+        if self._ok and not self._stopping:
+            self.died = why
+            self._on_death()
 
     def start(self, timeout: float = 15.0) -> None:
         self._thread.start()
@@ -448,6 +459,7 @@ class ServerThread:
             raise RuntimeError("the A2A server did not start")
 
     def stop(self, timeout: float = 15.0) -> None:
+        self._stopping = True
         loop = self._loop
         if self._before_stop is not None and loop is not None and self._thread.is_alive():
             with contextlib.suppress(Exception):
@@ -880,6 +892,7 @@ class Bridge:
         stopping: Callable[[], bool] = lambda: False,
         cancel_wait: float = CANCEL_WAIT,
         log: Log = _default_log,
+        on_death: Callable[[], None] = lambda: None,
     ) -> None:
         self.home = home
         self.config = config
@@ -888,11 +901,18 @@ class Bridge:
         self._stopping = stopping
         self._cancel_wait = cancel_wait
         self._log = log
+        self._on_death = on_death
         self._server: ServerThread | None = None
         self._server_log: _OneLineLog | None = None
 
     def card_url(self, key: str) -> str:
         return self.url + card_path(key)
+
+    @property
+    def died(self) -> str | None:
+        """Why the server ended after start-up although :meth:`stop` was not called, or None."""
+        server = self._server
+        return None if server is None else server.died
 
     def start(self) -> str:
         """Bind, serve, and return the base URL; ``ConfigError`` when it must not or cannot."""
@@ -919,7 +939,7 @@ class Bridge:
                 await handler.aclose()
 
         self._server = ServerThread(
-            app, sock, name="adaptord-a2a", before_stop=drain, log=self._log
+            app, sock, name="adaptord-a2a", before_stop=drain, log=self._log, on_death=self._on_death
         )
         if self._log is not _default_log:  # which logs through Python logging itself
             self._server_log = _OneLineLog(self._log)

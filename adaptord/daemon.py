@@ -71,6 +71,9 @@ _DRAIN_SLICE = 0.2
 """Seconds between two looks for a second stop signal while the drain waits for running work."""
 _KEPT_SHARE = 2.0
 """Of the tail, what is left at least for closing the CLI processes kept between turns."""
+EXIT_A2A_DIED = 70
+"""The exit after the ``--a2a`` listener died while serving: an internal failure (errors.md's
+70), which the systemd unit's ``Restart=on-failure`` restarts, unlike 69 and 2."""
 _LEFTOVER_GRACE = 10.0
 """The longest a start waits for a killed predecessor's agents to stop on SIGTERM."""
 _PRUNE_INTERVAL = 3600.0
@@ -378,9 +381,18 @@ class Daemon:
             self._daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
             _notify("READY=1\nSTATUS=serving")
             self.log("ready", home=self.home.root, workers=self.workers)
+            listener_died = None
             while True:
                 self._wake.wait(_REREAD_INTERVAL if self._being_written else self.config.scan_interval)
                 if self._stop_signalled:
+                    self._stop.set()
+                    break
+                listener_died = self._bridge.died if self._bridge is not None else None
+                if listener_died is not None:
+                    # Serving on without the listener it was started with would leave A2A
+                    # callers refused with nobody told; a non-zero exit makes a supervisor
+                    # (systemd's Restart=on-failure) start it again, listener included.
+                    self.audit("a2a.died", error=listener_died, then="stopping", exit_code=EXIT_A2A_DIED)
                     self._stop.set()
                     break
                 if self._reload_signalled:
@@ -396,7 +408,7 @@ class Daemon:
             self._drain()
             self._retry_verdicts(last=True)
             self.audit("daemon.stopped")
-            return 0
+            return 0 if listener_died is None else EXIT_A2A_DIED
         finally:
             self._stop_bridge()  # after the drain: open A2A tasks get their runs' verdicts first
             self._stop_observer()
@@ -481,7 +493,9 @@ class Daemon:
             return None
         from adaptord.a2a_bridge import Bridge
 
-        self._bridge = Bridge(self.home, self.config.a2a, self.a2a, stopping=self._stopping, log=self.log)
+        self._bridge = Bridge(
+            self.home, self.config.a2a, self.a2a, stopping=self._stopping, log=self.log, on_death=self._wake.set
+        )
         return self._bridge.start()
 
     def _stop_bridge(self) -> None:

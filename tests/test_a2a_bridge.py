@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -27,6 +28,7 @@ from adaptor import errors, spool
 from adaptor.clients import a2a
 from adaptord import a2a_bridge
 from adaptord import config as config_module
+from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 
 slow = pytest.mark.slow
@@ -397,6 +399,54 @@ def test_a_reload_that_changes_the_served_agents_says_they_wait_for_a_restart(tm
     changed = proc.reload(config, '[a2a.agents.echo]\ndescription = "new"\n' + agent + remote.format("two"))
     assert changed.startswith("adaptord: config reloaded") and "restart_needed_for=a2a" in changed, changed
     assert proc.stop() == 0
+
+
+# Loaded by every Python process whose PYTHONPATH leads with its folder: once the trigger file
+# exists, uvicorn's main loop raises in the daemon's A2A server thread, as a crash would.
+_LISTENER_CRASH = """
+import os
+import pathlib
+
+_trigger = os.environ.get("ADAPTOR_TEST_A2A_CRASH")
+if _trigger:
+    import uvicorn.server
+
+    _tick = uvicorn.server.Server.on_tick
+
+    async def _on_tick(self, counter):
+        if pathlib.Path(_trigger).exists():
+            raise RuntimeError("injected: the A2A server loop failed")
+        return await _tick(self, counter)
+
+    uvicorn.server.Server.on_tick = _on_tick
+"""
+
+
+def test_a_listener_that_dies_stops_the_daemon_with_a_restartable_exit(tmp_path: Path) -> None:
+    # The daemon served on without its A2A listener and said nothing: callers were refused
+    # while systemd (Restart=on-failure) saw a healthy service.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_LISTENER_CRASH)
+    trigger = tmp_path / "crash-now"
+    config = tmp_path / "config.toml"
+    config.write_text('[a2a.agents.echo.request]\ndriver = "script"\n')
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    proc = DaemonProcess(
+        tmp_path / "home", "--config", str(config), "--a2a", "127.0.0.1:0",
+        env={"PYTHONPATH": path, "ADAPTOR_TEST_A2A_CRASH": str(trigger)},
+    ).start()
+    url = re.search(r"url=(\S+)", proc.wait_for_line("a2a.listening url="))
+    assert url is not None
+    assert httpx.get(url.group(1) + "/.well-known/agent-card.json", timeout=WAIT).status_code == 200
+    trigger.touch()
+    died = proc.wait_for_line("adaptord: a2a.died ")
+    assert "injected: the A2A server loop failed" in died and "then=stopping exit_code=70" in died
+    assert proc.stop() == 70
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(proc.home.events))
+    phases = [getattr(record.event, "data", {}).get("phase") for record in recorder.since("adaptord")]
+    recorder.close()
+    assert phases.index("a2a.died") < phases.index("daemon.stopped"), phases
 
 
 # --- two daemons --------------------------------------------------------------------------------
