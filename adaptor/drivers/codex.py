@@ -128,7 +128,14 @@ _RESUME_REJECTED = re.compile(
 _FAILURES: Final = _cli.FailureShapes(
     auth=re.compile(r"unauthori[sz]ed|forbidden|missing environment variable|"
                     r"invalid api key|incorrect api key|not logged in", re.IGNORECASE),
-    rate_limit=re.compile(r"too many requests|rate limit", re.IGNORECASE),
+    # OpenAI's 429 insufficient_quota, which codex 0.171.0 reports as "Quota exceeded. Check
+    # your plan and billing details." without the status: a 429 like any other, as the other
+    # drivers class their providers' quota errors (never a disk quota, an OS error).
+    rate_limit=re.compile(
+        r"too many requests|rate limit|(?<!disk )quota exceeded|exceeded your current quota|"
+        r"insufficient_quota",
+        re.IGNORECASE,
+    ),
     unavailable=re.compile(
         r"high demand|overloaded|internal server error|service unavailable|"
         r"bad gateway|stream disconnected|connection failed|waiting for network|"

@@ -6,7 +6,8 @@ JSON response).  codex reaches it through a custom ``model_provider`` whose ``ba
 
 The reply depends only on the request and :attr:`OpenAIMock.scenario`:
 
-- an error ``status`` answers every request with that status and an OpenAI error body;
+- an error ``status`` answers every request with that status and an OpenAI error body
+  (``error``, when given, is that body's ``error`` object, e.g. OpenAI's insufficient_quota);
 - when the request's last input item is a tool output, the reply is the text
   ``"Tool output was: <output>"``;
 - else a requested ``text.format`` JSON schema gets ``structured`` (JSON-encoded text),
@@ -35,6 +36,7 @@ class Scenario:
     shell: str | None = None
     structured: Any = None
     status: int | None = None
+    error: dict[str, Any] | None = None
     delay: float = 0.0
     usage: dict[str, int] = field(
         default_factory=lambda: {"input_tokens": 20, "cached_tokens": 4, "output_tokens": 6}
@@ -67,11 +69,9 @@ class OpenAIMock(MockServer):
             return
         scenario = self.scenario
         if scenario.status is not None:
-            reply.json(
-                scenario.status,
-                {"error": {"message": f"mock error {scenario.status}", "type": "mock_error",
-                           "code": str(scenario.status)}},
-            )
+            error = scenario.error or {"message": f"mock error {scenario.status}", "type": "mock_error",
+                                       "code": str(scenario.status)}
+            reply.json(scenario.status, {"error": error})
             return
         body = request["body"] or {}
         item = self._answer(scenario, body)

@@ -499,6 +499,23 @@ def test_codex_http_errors(
     assert caught.value.details["retryable"] is retryable
 
 
+def test_codex_insufficient_quota_is_a_rate_limit(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    # OpenAI's 429 insufficient_quota (codex says "Quota exceeded. Check your plan and billing
+    # details.") was an unclassified agent_error; the other drivers class quota as rate_limit.
+    openai.configure(status=429, error={
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+        "type": "insufficient_quota", "param": None, "code": "insufficient_quota",
+    })
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert "quota" in caught.value.message.lower()
+    assert caught.value.details["kind"] == "rate_limit"
+    assert caught.value.details["retryable"] is True
+
+
 def test_codex_unreachable_server_ends_with_the_run_timeout(
     codex_config: Callable[..., codex.Config], workspace: str
 ) -> None:
