@@ -96,11 +96,16 @@ def new_mark() -> str:
 
 @dataclass(frozen=True)
 class Line:
-    """One line of output (bytes, newline stripped); ``partial`` when the stream ended first."""
+    """One line of output (bytes, newline stripped); ``partial`` when the stream ended first.
+
+    ``ending`` is what followed ``data`` in the stream (``\n``, ``\r\n``, or nothing for a
+    partial line): parsers read ``data``, the captured raw streams keep every byte.
+    """
 
     stream: StreamName
     data: bytes
     partial: bool = False
+    ending: bytes = b"\n"
 
     @property
     def text(self) -> str:
@@ -433,7 +438,10 @@ class Child:
                     if tail:
                         pieces.append(tail)
                     for data in complete:
-                        self._lines.put(Line(stream, data.removesuffix(b"\r")))
+                        if data.endswith(b"\r"):
+                            self._lines.put(Line(stream, data[:-1], ending=b"\r\n"))
+                        else:
+                            self._lines.put(Line(stream, data))
                 if ready:
                     continue
                 # Quiet pipes: if the leader is gone, whoever still holds them is a leftover of
@@ -455,7 +463,7 @@ class Child:
     def _put_partial(self, stream: StreamName, pieces: list[bytes]) -> None:
         """Queue what was read after a stream's last newline, if anything, as a partial line."""
         if pieces:
-            self._lines.put(Line(stream, b"".join(pieces), partial=True))
+            self._lines.put(Line(stream, b"".join(pieces), partial=True, ending=b""))
             pieces.clear()
 
     def lines(self, sink: EventSink) -> Iterator[Line]:
@@ -469,7 +477,7 @@ class Child:
                 self._lines.put(_EOF)  # later calls see the end too
                 return
             assert isinstance(item, Line)
-            raw = item.data if item.partial else item.data + b"\n"
+            raw = item.data + item.ending
             with self._capture_lock:
                 (self._capture.stdout if item.stream == "stdout" else self._capture.stderr).extend(raw)
             sink.emit(ProcessInfo(kind=item.stream, text=raw.decode("utf-8", "replace")))

@@ -115,7 +115,7 @@ def replay(
         for raw in lines:
             parser.feed(Line(stream, raw))  # type: ignore[arg-type]
         if tail:
-            parser.feed(Line(stream, tail, partial=True))  # type: ignore[arg-type]
+            parser.feed(Line(stream, tail, partial=True, ending=b""))  # type: ignore[arg-type]
     exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
     return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
 
@@ -150,7 +150,8 @@ class _Parser:
         if line.stream == "stderr":
             self.protocol.feed_stderr(line.data)
             return
-        text = line.text if line.partial else line.text + "\n"
+        # Its stdout is the answer: the text events carry its bytes as they are, \r\n included.
+        text = (line.data + line.ending).decode("utf-8", "replace")
         if not text:
             return
         if not self.started:

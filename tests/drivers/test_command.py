@@ -42,6 +42,19 @@ def agent_for(path: str, tmp_path: Path, **fields: object) -> adaptor.Agent:
                          workspace=str(tmp_path))
 
 
+def test_raw_streams_keep_carriage_returns_byte_for_byte(tmp_path: Path) -> None:
+    # The line reader dropped the \r of every \r\n: raw_streams showed "a\nb\rc".
+    path = script(tmp_path, "crlf.sh", "cat >/dev/null\nprintf 'a\\r\\nb\\rc'\nprintf 'x\\r\\ny\\rz\\r\\n' >&2\n")
+    with agent_for(path, tmp_path) as agent:
+        stream = agent.stream("go")
+        deltas = "".join(e.text for e in stream.events() if isinstance(e, TextDelta))
+        result = stream.result()
+    assert result.raw().stdout == "a\r\nb\rc"
+    assert result.raw().stderr == "x\r\ny\rz\r\n"
+    # The answer is its stdout as printed, live as in replay.
+    assert result.text == deltas == command.replay(b"a\r\nb\rc").output == "a\r\nb\rc"
+
+
 def test_stdin_prompt_stdout_answer_and_line_deltas(tmp_path: Path) -> None:
     # Upper-cases the prompt and adds a second line naming the working directory.
     path = script(tmp_path, "shout.sh", 'tr a-z A-Z\necho\necho "in $(basename "$PWD")" >&2\n'
