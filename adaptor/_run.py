@@ -532,7 +532,12 @@ class RunPipeline:
         try:
             response = self.host.driver.run(request, sink)
             # Output, raw streams, transcript, failure: the Result and the error are made of it.
-            return self._redactor.value(response), None
+            # Not the checkpoint: it goes back to the driver to resume, and a session id that
+            # happens to equal an env value must still name the session.
+            if self._redactor:
+                shown = self._redactor.value(dataclasses.replace(response, checkpoint=None))
+                response = dataclasses.replace(shown, checkpoint=response.checkpoint)
+            return response, None
         except BaseException as exc:
             return None, exc
         finally:

@@ -4,7 +4,7 @@ A provider's 401 quotes the key it was given ("Incorrect API key provided: sk-..
 CLI prints it: it reached the stderr/stdout events, the error's message, the Result's raw
 streams and text, the error's wire form and ``adaptor run --no-daemon``.  The secrets of a run
 are its driver config's ``env`` values, the credential variables its CLI inherits from this
-process, and its MCP servers' env values and headers (docs/security.md).
+process, and its MCP servers' env values and headers (docs/drivers.md, "Secrets").
 """
 
 from __future__ import annotations
@@ -169,3 +169,21 @@ def test_a_credential_in_the_daemons_environment_reaches_no_file_of_its_home(tmp
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
     assert all(SECRET not in line for line in daemon.lines)
+
+
+def test_a_session_id_equal_to_a_secret_still_resumes_its_session() -> None:
+    # Redaction is for what a run hands out; the checkpoint goes back to the driver, and a
+    # thread whose session id happened to equal an env value must still resume that session.
+    from adaptor.memory import Store
+
+    session = "session-also-in-env-42"
+    driver = script.Driver(
+        script.Config(steps=({"text": "hello"},), session=session, env={"LABEL": session})
+    )
+    store = Store()
+    with adaptor.Agent(driver, thread_store=store) as agent:
+        first = agent.thread("t").run("one")
+        second = agent.thread("t").run("two")
+        record = agent.thread("t").checkpoint()
+    assert session not in json.dumps(first.to_json()) + json.dumps(second.to_json())
+    assert record.state.resume_id == session

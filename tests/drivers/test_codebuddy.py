@@ -38,13 +38,16 @@ def fake(fake_exe: Callable[[str, str], str], tmp_path: Path) -> FakeCLI:
 
 
 @pytest.fixture
-def make_agent(fake: FakeCLI, tmp_path: Path) -> MakeAgent:
+def make_agent(fake: FakeCLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MakeAgent:
     def make(scenario: str = "text", *, known: str = "", env: dict[str, str] | None = None,
              config: dict[str, Any] | None = None, **options: Any) -> adaptor.Agent:
+        # The fake's controls are inherited, not config env: every config env value is a
+        # secret of the run, and the session id or scenario name would show as <redacted>.
         child_env = {"FAKE_SCENARIO": scenario, "FAKE_RECORD": str(tmp_path / "record.jsonl"),
                      "FAKE_SESSION_ID": SESSION, "FAKE_KNOWN_SESSIONS": known, **(env or {})}
-        driver = codebuddy.Driver(codebuddy.Config(command=fake.path, env=child_env,
-                                                   **(config or {})))
+        for name, value in child_env.items():
+            monkeypatch.setenv(name, value)
+        driver = codebuddy.Driver(codebuddy.Config(command=fake.path, **(config or {})))
         return adaptor.Agent(driver, workspace=str(tmp_path), **options)
 
     return make

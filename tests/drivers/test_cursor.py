@@ -37,12 +37,16 @@ def workspace(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def make_agent(fake: FakeCLI, tmp_path: Path, workspace: str) -> MakeAgent:
+def make_agent(fake: FakeCLI, tmp_path: Path, workspace: str,
+               monkeypatch: pytest.MonkeyPatch) -> MakeAgent:
     def make(scenario: str = "text", *, known: str = "", model: str = "",
              **options: Any) -> adaptor.Agent:
-        env = {"FAKE_SCENARIO": scenario, "FAKE_RECORD": str(tmp_path / "record.jsonl"),
-               "FAKE_SESSION_ID": SESSION, "FAKE_KNOWN_SESSIONS": known}
-        driver = cursor.Driver(cursor.Config(command=fake.path, env=env, model=model))
+        # The fake's controls are inherited, not config env: every config env value is a
+        # secret of the run, and the session id or scenario name would show as <redacted>.
+        for name, value in {"FAKE_SCENARIO": scenario, "FAKE_RECORD": str(tmp_path / "record.jsonl"),
+                            "FAKE_SESSION_ID": SESSION, "FAKE_KNOWN_SESSIONS": known}.items():
+            monkeypatch.setenv(name, value)
+        driver = cursor.Driver(cursor.Config(command=fake.path, model=model))
         return adaptor.Agent(driver, workspace=workspace, **options)
 
     return make
