@@ -669,6 +669,11 @@ class RunPipeline:
     # -- verdict -----------------------------------------------------------------------------
 
     def _verdict(self, response: Response | None, driver_error: BaseException | None) -> Result:
+        # A driver's bug (typically a forgotten ``return``): named below, after the host's own
+        # cancel or deadline, instead of failing an assertion with no message.
+        returned = None
+        if driver_error is None and not isinstance(response, Response):
+            returned, response = type(response).__name__, None
         result = self._result(response)
         checkpoint = None if response is None else response.checkpoint
         if checkpoint is not None and checkpoint.state is not None:
@@ -686,10 +691,18 @@ class RunPipeline:
             raise self._terminal_error(terminal, result)
         if isinstance(driver_error, errors.ResumeRejectedError):
             raise driver_error
+        assert self.descriptor is not None
         if driver_error is not None:
             raise errors.RunError(
                 "infrastructure_error", "execution failed", result=result, cause=driver_error
             ) from driver_error
+        if returned is not None:
+            raise errors.RunError(
+                "infrastructure_error",
+                f"execution failed: driver {self.descriptor.type!r} returned {returned} from "
+                "run(), not an adaptor.driver.Response",
+                result=result,
+            )
         assert response is not None
         if response.failure is not None:
             failure = response.failure

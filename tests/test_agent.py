@@ -251,6 +251,28 @@ def test_driver_exception_is_infrastructure_run_error() -> None:
     assert isinstance(info.value.cause, OSError)
 
 
+def test_driver_returning_no_response_is_named_as_the_drivers_bug() -> None:
+    # A forgotten ``return`` in a third party's run() failed an assertion with no message.
+    class Forgetful(ScriptedDriver):
+        def run(self, request: Request, sink: Any) -> Response:
+            super().run(request, sink)
+            return None  # type: ignore[return-value]
+
+    stream = adaptor.Agent(Forgetful([{"text": "x"}])).stream("go")
+    evs = collect(stream)
+    with pytest.raises(adaptor.RunError) as info:
+        stream.result()
+    assert type(info.value) is adaptor.RunError
+    assert info.value.reason == "infrastructure_error"
+    assert str(info.value) == (
+        "execution failed: driver 'script' returned NoneType from run(), "
+        "not an adaptor.driver.Response"
+    )
+    assert info.value.result is not None and info.value.result.text == ""
+    finished = evs[-1]
+    assert isinstance(finished, adaptor.RunFinished) and finished.failed
+
+
 # --- pre-invocation refusals emit no events ---------------------------------------------------
 
 
