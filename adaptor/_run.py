@@ -693,8 +693,14 @@ class RunPipeline:
             raise driver_error
         assert self.descriptor is not None
         if driver_error is not None:
+            # The exception's type only: its text could quote anything the driver held (its
+            # environment's secrets) and this message reaches events and logs; the cause has it.
             raise errors.RunError(
-                "infrastructure_error", "execution failed", result=result, cause=driver_error
+                "infrastructure_error",
+                f"execution failed: driver {self.descriptor.type!r} raised "
+                f"{type(driver_error).__name__}",
+                result=result,
+                cause=driver_error,
             ) from driver_error
         if returned is not None:
             raise errors.RunError(

@@ -249,6 +249,9 @@ def test_driver_exception_is_infrastructure_run_error() -> None:
     assert type(info.value) is adaptor.RunError
     assert info.value.reason == "infrastructure_error"
     assert isinstance(info.value.cause, OSError)
+    # The message says whose bug it is, and which exception (its text stays in the cause:
+    # it may quote what the driver held, and the message reaches events and logs).
+    assert str(info.value) == "execution failed: driver 'script' raised OSError"
 
 
 def test_driver_returning_no_response_is_named_as_the_drivers_bug() -> None:
