@@ -40,7 +40,7 @@ from adaptor.driver import (
     Response,
     SessionContext,
 )
-from adaptor.driver._spi import MCPServerSpec, ResolvedSkill, ToolsEndpoint
+from adaptor.driver._spi import MCPServerSpec, ResolvedSkill, ToolsEndpoint, check_emitted
 from adaptor.events import (
     ApprovalRequest,
     Choice,
@@ -1155,6 +1155,7 @@ class _Sink:
         return self._run.cancelled
 
     def emit(self, payload: Event | TranscriptItem) -> None:
+        check_emitted(payload)
         if self.closed:
             return
         if isinstance(payload, TranscriptItem):
@@ -1162,8 +1163,6 @@ class _Sink:
             return
         if isinstance(payload, RunStarted | RunFinished):
             return  # the SDK owns the run lifecycle events
-        if isinstance(payload, ApprovalRequest):
-            raise TypeError("drivers ask for approvals with sink.request_decision(), not emit()")
         self._run.publish(payload)
 
     def request_decision(self, request: DecisionRequest) -> DecisionResponse:

@@ -276,6 +276,23 @@ def test_driver_returning_no_response_is_named_as_the_drivers_bug() -> None:
     assert isinstance(finished, adaptor.RunFinished) and finished.failed
 
 
+def test_driver_emitting_something_not_an_event_is_told_what_emit_takes() -> None:
+    # A dict passed to sink.emit() failed deep in the event broker with "'dict' object has
+    # no attribute '_kind'", which says nothing about the driver's mistake.
+    class EmitsADict(ScriptedDriver):
+        def run(self, request: Request, sink: Any) -> Response:
+            sink.emit({"kind": "text.content", "text": "hi"})
+            return Response(output="hi")
+
+    with pytest.raises(adaptor.RunError) as info:
+        adaptor.Agent(EmitsADict([])).run("go")
+    assert str(info.value) == "execution failed: driver 'script' raised TypeError"
+    assert str(info.value.cause) == (
+        "EventSink.emit() takes an event of adaptor.events or an "
+        "adaptor.result.TranscriptItem, not dict"
+    )
+
+
 # --- pre-invocation refusals emit no events ---------------------------------------------------
 
 

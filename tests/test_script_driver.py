@@ -27,6 +27,7 @@ from adaptor.driver import (
 from adaptor.drivers import script
 from adaptor.errors import ResumeRejectedError
 from adaptor.events import (
+    ApprovalRequest,
     EventMeta,
     ProcessInfo,
     TextDelta,
@@ -691,3 +692,15 @@ def test_fingerprint_ignores_steps_env_and_process_settings() -> None:
 )
 def test_fingerprint_covers_session_descriptor_cwd_and_extra_args(change: dict[str, Any]) -> None:
     assert fingerprint(**({"session": "auto"} | change)) != fingerprint(session="auto")
+
+
+def test_recording_sink_refuses_what_the_sdk_sink_refuses() -> None:
+    # A driver unit-tested with RecordingSink passed while the same emit() failed every
+    # real run: the kit's sink took anything.
+    sink = RecordingSink()
+    with pytest.raises(TypeError, match="not dict"):
+        sink.emit({"kind": "text.content"})  # type: ignore[arg-type]
+    approval = ApprovalRequest(id="a1")
+    with pytest.raises(TypeError, match="request_decision"):
+        sink.emit(approval)
+    assert sink.payloads == []

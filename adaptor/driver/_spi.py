@@ -418,6 +418,20 @@ class EventSink(Protocol):
         ...
 
 
+def check_emitted(payload: object) -> None:
+    """Refuse what ``EventSink.emit`` cannot take, naming it: the SDK's sink and the testing
+    kit's ``RecordingSink`` alike, so a driver's unit tests fail where its real runs would."""
+    from adaptor.events import ApprovalRequest, Event
+
+    if isinstance(payload, ApprovalRequest):
+        raise TypeError("drivers ask for approvals with sink.request_decision(), not emit()")
+    if not isinstance(payload, Event | TranscriptItem):
+        raise TypeError(
+            "EventSink.emit() takes an event of adaptor.events or an "
+            f"adaptor.result.TranscriptItem, not {type(payload).__qualname__}"
+        )
+
+
 @runtime_checkable
 class Driver(Protocol):
     def descriptor(self) -> Descriptor: ...

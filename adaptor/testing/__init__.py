@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from adaptor.driver import DecisionRequest, DecisionResponse, DecisionResult
+from adaptor.driver._spi import check_emitted
 from adaptor.drivers import script
 from adaptor.events import Event
 from adaptor.result import TranscriptItem
@@ -86,6 +87,7 @@ class RecordingSink:
         self._asked = 0
 
     def emit(self, payload: Payload) -> None:
+        check_emitted(payload)
         with self._changed:
             self._payloads.append(payload)
             self._changed.notify_all()
