@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
+from adaptor import _procfs
 from adaptor.driver import (
     Checkpoint,
     Descriptor,
@@ -228,9 +233,40 @@ class LeaksEnvironment(ToyDriver):
         return self.respond([])
 
 
+def _agent_process(request: Request) -> subprocess.Popen[bytes]:
+    """A stand-in for the agent CLI: runs until stopped, with the run's environment."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        env={**os.environ, **request.env},
+        start_new_session=True,
+    )
+
+
+class LeavesItsProcessRunning(ToyDriver):
+    """Returns once the answer is in, neither waiting for nor stopping the agent's process."""
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        _agent_process(request)
+        return super().run(request, sink)
+
+
+class AbandonsItsProcessOnCancel(ToyDriver):
+    """Stops its process after the answer, but at a cancel returns and leaves it running."""
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        child = _agent_process(request)
+        sink.emit(ProcessInfo(kind="spawn"))
+        if sink.cancelled.is_set():
+            return Response(exit_code=None, signal=15)
+        child.kill()
+        child.wait()
+        return super().run(request, sink)
+
+
 @pytest.mark.parametrize(
     ("toy", "clause"),
     [
+        (AbandonsItsProcessOnCancel, "CAN-01"),
         (NondeterministicDescriptor, "DRV-02"),
         (SharedDescriptor, "DRV-03"),
         (AcceptsForeignConfig, "CFG-02"),
@@ -259,6 +295,20 @@ def test_broken_driver_fails_exactly_its_clause(toy: Callable[[], Driver], claus
     assert isinstance(caught.value, AssertionError)
     assert caught.value.failed == report.failed
     assert clause in str(caught.value)
+
+
+def test_a_process_left_running_fails_both_process_clauses_and_is_stopped() -> None:
+    # The suite accepted a driver that returned with its agent process still working in the
+    # workspace, the one thing every driver must never do (docs/drivers.md).
+    report = conformance.run(LeavesItsProcessRunning)
+    assert sorted(report.failed) == ["CAN-01", "PRC-01"], report.failed
+    assert "still running after run() returned" in report.failed["PRC-01"]
+    pids = [int(p) for why in report.failed.values() for p in re.findall(r"\d{2,}", why)]
+    assert pids
+    # The suite stopped them (SIGKILL): nothing of the test is left behind either.
+    for pid in pids:
+        state = _procfs.stat(pid)
+        assert state is None or state.zombie
 
 
 def test_the_compliant_toy_passes() -> None:

@@ -9,7 +9,11 @@
 The suite calls the driver directly through :class:`~adaptor.testing.RecordingSink` (no Agent):
 it inspects the descriptor, config validation and capability declarations, then makes one run
 with ``prompt`` in a fresh temporary working directory and checks the events, the transcript and
-the response.  Clause ids follow the reference suite where one exists (see :data:`CLAUSES`).
+the response.  A second run of the same prompt is cancelled (``sink.cancelled`` set) as soon as
+the driver emits anything.  After each run, no process the run started may still be running:
+they are found by a variable of the run's ``Request.env``, which the driver must hand to its
+process (only on Linux, through ``/proc``; elsewhere ``PRC-01`` and ``CAN-01`` pass).  Clause
+ids follow the reference suite where one exists (see :data:`CLAUSES`).
 
 A clause that does not apply (e.g. ``CAP-11`` for a driver without persistent processes) passes.
 When the run itself fails (``RUN-00``), the clauses that inspect it are not reported at all.
@@ -18,18 +22,23 @@ Failure messages name ids, kinds and sizes only, never provider text.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
+import os
 import secrets
+import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
 import orjson
 
+from adaptor import _procfs
 from adaptor.driver import (
     Descriptor,
     Driver,
@@ -77,11 +86,15 @@ CLAUSES: Final[Mapping[str, str]] = {
     "RSP-04": "a valid checkpoint round-trips through the session codec",
     "RSP-05": "a terminal payload has an event name and valid JSON",
     "SEC-01": "environment values never appear in events, transcript or output",
+    "PRC-01": "no process started by the run is left running when run() returns",
+    "CAN-01": "a run cancelled at its first event returns in time and leaves no process running",
 }
 
 _TEXT_KINDS: Final = frozenset({"assistant", "thinking", "user", "summary", "question"})
 _CANARY_NAME: Final = "ADAPTOR_CONFORMANCE_SECRET"
 _CANCEL_GRACE: Final = 10.0
+# How long processes of a run that has returned may take to finish dying (a SIGTERM in flight).
+_EXIT_GRACE: Final = 3.0
 
 
 class ConformanceError(AssertionError):
@@ -138,16 +151,10 @@ def run(
     canary = secrets.token_hex(16)
     sink = RecordingSink()
     with tempfile.TemporaryDirectory(prefix="adaptor-conformance-") as cwd:
-        request = Request(
-            run_id="run_" + secrets.token_hex(8),
-            prompt=prompt,
-            workspace_cwd=cwd,
-            session=SessionContext("continue_or_start")
-            if descriptor.sessions.supports_resume
-            else None,
-            env={_CANARY_NAME: canary},
-        )
+        request = _request(prompt, cwd, descriptor, canary)
         response = _run_with_timeout(suite, driver, request, sink, timeout)
+        if response is not None:
+            suite.check("PRC-01", lambda: _no_survivors(driver, descriptor, canary))
     if response is None:
         return report
 
@@ -167,7 +174,18 @@ def run(
     suite.check("RSP-04", lambda: _checkpoint_codec(driver, response))
     suite.check("RSP-05", lambda: _terminal(response))
     suite.check("SEC-01", lambda: _no_secret(canary, payloads, response))
+    suite.check("CAN-01", lambda: _cancelled_run(driver_factory(), descriptor, prompt, timeout))
     return report
+
+
+def _request(prompt: str, cwd: str, descriptor: Descriptor, canary: str) -> Request:
+    return Request(
+        run_id="run_" + secrets.token_hex(8),
+        prompt=prompt,
+        workspace_cwd=cwd,
+        session=SessionContext("continue_or_start") if descriptor.sessions.supports_resume else None,
+        env={_CANARY_NAME: canary},
+    )
 
 
 # --- machinery ----------------------------------------------------------------------------------
@@ -229,6 +247,66 @@ def _run_with_timeout(
         return None
     suite.report.passed.append("RUN-00")
     return result
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+class _CancelAtFirstPayload(RecordingSink):
+    def emit(self, payload: Event | TranscriptItem) -> None:
+        super().emit(payload)
+        self.cancelled.set()
+
+
+def _cancelled_run(driver: Driver, descriptor: Descriptor, prompt: str, timeout: float) -> None:
+    canary = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="adaptor-conformance-") as cwd:
+        request = _request(prompt, cwd, descriptor, canary)
+        # Raising is allowed: the SDK reports a cancelled run as cancelled whatever run() did.
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                driver.run(request, sink)
+            except BaseException:
+                pass
+            finally:
+                done.set()
+
+        sink = _CancelAtFirstPayload()
+        threading.Thread(target=target, name="conformance-cancel", daemon=True).start()
+        if not done.wait(timeout):
+            sink.cancelled.set()
+            with contextlib.suppress(_Violation):  # stops what it left; the hang is the news
+                _no_survivors(driver, descriptor, canary)
+            _fail(f"run() did not return within {timeout:g}s of being cancelled")
+        _no_survivors(driver, descriptor, canary)
+
+
+def _no_survivors(driver: Driver, descriptor: Descriptor, canary: str) -> None:
+    if not _procfs.usable():
+        return  # no /proc of our own: nothing can be judged
+    if descriptor.process.persistent:
+        # A process kept for the session's next turn is legitimate until it is closed.
+        close = getattr(driver, "close_processes", None)
+        if callable(close):
+            close(_CANCEL_GRACE)
+    entry = f"{_CANARY_NAME}={canary}".encode()
+    deadline = time.monotonic() + _EXIT_GRACE
+    left = _procfs.carrying(entry)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _procfs.carrying(entry)
+    if not left:
+        return
+    for pid, _ in left:
+        # The suite's own leftovers (nobody else carries this run's secret): not the caller's.
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    _fail(
+        f"{len(left)} process(es) the run started still running after run() returned "
+        f"(pids {', '.join(str(pid) for pid, _ in left)})"
+    )
 
 
 # --- descriptor, config, capabilities -----------------------------------------------------------
