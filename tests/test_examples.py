@@ -26,6 +26,25 @@ def test_quickstart_runs_end_to_end() -> None:
     assert "failed: agent_error: tests broke" in lines
 
 
+def test_custom_driver_example_runs_and_conforms() -> None:
+    # docs/drivers.md's "Writing your own driver" is this file: a driver written with public
+    # names only must run, stream, resume a thread, fail typed and pass the conformance suite.
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "custom_driver.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert proc.stdout.splitlines() == [
+        "run: turn 1: hello",
+        "deltas: turn 1: streamed",
+        "thread: turn 2: second",
+        "failed: agent_error {'exit_code': 3, 'signal': None}",
+        "conformance: ok",
+    ]
+
+
 def _daemon(tmp_path: Path):  # type: ignore[no-untyped-def]
     from tests.daemon_harness import DaemonProcess
 
