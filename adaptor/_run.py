@@ -534,7 +534,7 @@ class RunPipeline:
             # Output, raw streams, transcript, failure: the Result and the error are made of it.
             # Not the checkpoint: it goes back to the driver to resume, and a session id that
             # happens to equal an env value must still name the session.
-            if self._redactor:
+            if self._redactor and isinstance(response, Response):  # (else _verdict names it)
                 shown = self._redactor.value(dataclasses.replace(response, checkpoint=None))
                 response = dataclasses.replace(shown, checkpoint=response.checkpoint)
             return response, None

@@ -22,6 +22,7 @@ import adaptor.memory
 import adaptor.schema
 from adaptor import _run, events
 from adaptor.driver import Descriptor, Request, Response
+from adaptor.drivers import script
 from adaptor.testing import ScriptedDriver
 from adaptor.threadstore import JSONLStore
 
@@ -274,6 +275,18 @@ def test_driver_returning_no_response_is_named_as_the_drivers_bug() -> None:
     assert info.value.result is not None and info.value.result.text == ""
     finished = evs[-1]
     assert isinstance(finished, adaptor.RunFinished) and finished.failed
+
+
+def test_driver_returning_no_response_is_named_even_when_the_run_has_secrets() -> None:
+    # Redacting the Response must not turn the driver's bug into a TypeError of the SDK's.
+    class Forgetful(script.Driver):
+        def run(self, request: Request, sink: Any) -> Response:
+            super().run(request, sink)
+            return None  # type: ignore[return-value]
+
+    config = script.Config(steps=({"text": "x"},), env={"TOKEN": "secret-value-123"})
+    with pytest.raises(adaptor.RunError, match="returned NoneType from run()"):
+        adaptor.Agent(Forgetful(config)).run("go")
 
 
 def test_driver_emitting_something_not_an_event_is_told_what_emit_takes() -> None:
