@@ -29,7 +29,13 @@ from adaptor._cli_common import (
     telling_when_the_daemon_stops,
 )
 from adaptor.events import to_json
-from adaptor.spool import Client, InvalidRequestError, _log_records, _request_records
+from adaptor.spool import (
+    Client,
+    InvalidRequestError,
+    UnknownRequestError,
+    _log_records,
+    _request_records,
+)
 
 
 @click.command()
@@ -143,6 +149,8 @@ def report_verdict(
     )
     try:
         result = client._outcome(verdict)
+    except UnknownRequestError:
+        raise  # removed while it was read: the client's own error, not the verdict's
     except Exception as exc:
         code = verdict.get("exit_code")
         fail(

@@ -53,6 +53,7 @@ __all__ = [
     "not_torn",
     "read_json",
     "release_lingering",
+    "rename",
     "repair",
     "scan",
     "touch_epoch",
@@ -224,6 +225,19 @@ def atomic_write(path: _StrPath, data: bytes, *, mode: int = 0o600, durable: boo
         raise
     if durable:
         fsync_dir(directory)
+
+
+def rename(source: _StrPath, target: _StrPath) -> None:
+    """Give the file ``source`` the new name ``target`` in the same folder, durably: renamed,
+    then the folder fsynced, so a crash finds it under one name or the other, never both.
+
+    An existing ``target`` is never replaced (``FileExistsError``); the check and the rename
+    are two steps, so this is for names only the caller makes (a rotated log's).
+    """
+    if os.path.lexists(target):
+        raise FileExistsError(errno.EEXIST, "already exists", os.fspath(target))
+    os.rename(source, target)
+    fsync_dir(os.path.dirname(os.path.abspath(target)))
 
 
 def json_bytes(obj: object) -> bytes:

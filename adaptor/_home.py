@@ -183,14 +183,17 @@ class Home:
 
     def places(self, request_id: str) -> tuple[Path, ...]:
         """Every name a request with this id may have on its way, in the order it moves
-        (spool, claimed, run folder, verdict); each move makes the next before leaving the last.
+        (spool, claimed, verdict); each move makes the next before leaving the last.
+
+        Not its run folder: a request keeps its claimed copy until its verdict is linked, so
+        a run folder alone is what is left of a request whose verdict was removed (by
+        retention, or by hand), and no verdict will ever come for it.
         """
         name = f"{request_id}.json"
         return (
             self.spool_tmp / name,
             self.spool_new / name,
             self.claimed / name,
-            self.run_dir(request_id),
             self.verdict(request_id),
         )
 

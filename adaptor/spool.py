@@ -378,7 +378,7 @@ class Client:
     def _known(self, request_id: str) -> bool:
         """Whether the id is anywhere in the pipeline.
 
-        Checked in the order a request moves (spool, claimed, run folder, verdict); every move
+        Checked in the order a request moves (spool, claimed, verdict); every move
         creates the next place before leaving the last, so a request in flight is never missed.
         """
         home = self._home
@@ -429,8 +429,16 @@ class Client:
                 wake.wait(_VERDICT_POLL if remaining is None else min(_VERDICT_POLL, remaining))
 
     def _outcome(self, verdict: Mapping[str, Any]) -> Result:
-        """The verdict's Result, or raise its error (``RunError.result`` attached)."""
+        """The verdict's Result, or raise its error (``RunError.result`` attached).
+
+        Raises :class:`UnknownRequestError` when the verdict is gone once the run's files
+        are read: retention removes a request's verdict first, then its files, so what was
+        read may miss some of them, and the request is forgotten anyway.
+        """
         result = self._rebuild_result(verdict)
+        request_id = verdict.get("id")
+        if _home.is_request_id(request_id) and not self._home.has_verdict(request_id):
+            raise UnknownRequestError(request_id, self._home.root)
         if verdict.get("ok") is True:
             return result if result is not None else Result(run_id=str(verdict.get("run_id") or ""))
         raise errors.from_wire(verdict.get("error") or {}, result=result)
@@ -548,6 +556,11 @@ def _request_records(
                         if run_id in ours:
                             yield record
                 if finished or not follow:
+                    if reader is None or not reader.opened:
+                        # Nothing read: perhaps retention removed the request meanwhile (its
+                        # verdict first, then its files).  A log opened before its removal
+                        # is read whole through the open file.
+                        client._require_known(request_id)
                     return
                 client._require_present(request_id)
                 wake.wait(_EVENTS_POLL)
@@ -646,6 +659,11 @@ class _LogReader:
             if record.host_seq > self._after:
                 self._after = record.host_seq
                 yield record
+
+    @property
+    def opened(self) -> bool:
+        """Whether a file was ever found at ``path`` (or a stream given) to read."""
+        return self._stream is not None or self._identity is not None
 
     def _reopen(self) -> IO[bytes] | None:
         from hosttools.sessionrecorder import _format as log_format

@@ -3,13 +3,44 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from adaptor import events
+from adaptor import _durable, events
+from adaptord.config import one_line
 from hosttools import sessionrecorder as sr
+
+
+def line(fact: str, fields: Mapping[str, Any]) -> str:
+    """A fact's log line for stderr (journald): ``adaptord: FACT key=value ...``, one line."""
+    extra = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+    return one_line(f"adaptord: {fact}" + (f" {extra}" if extra else ""))
+
+
+def fact(phase: str, request_id: str | None = None, **data: Any) -> tuple[events.Notice, str]:
+    """A lifecycle fact: its record (a ``notice.lifecycle`` event) and its log line."""
+    notice = events.Notice(
+        kind="lifecycle",
+        text=phase,
+        data={"phase": phase, "request_id": request_id, **data},
+        # When the fact happened (the record's recorded_at is when its batch was written).
+        meta=events.EventMeta(time=datetime.now(UTC)),
+    )
+    shown = {k: v for k, v in data.items() if isinstance(v, str | int | float)}
+    return notice, line(phase, {"id": request_id, **shown})
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 class LifecycleLog:
@@ -23,6 +54,12 @@ class LifecycleLog:
     file.  Nothing is recovered from this log, so nobody waits for it; a power loss can lose
     the last facts not yet synced (the torn tail is repaired by the next append), never a
     request or a verdict.
+
+    The log stays at its name: a file moved away or removed (``mv``, logrotate, ``rm``) is
+    noticed at the next batch, which starts a fresh file rather than appending on where
+    nobody looks (``tail -F`` follows the name).  :meth:`rotate` renames a file grown too
+    large to ``<session>-<UTC time>.jsonl`` and starts a fresh one; either way the fresh
+    file's first record says why, and which host_seq the old file ended at.
     """
 
     def __init__(
@@ -38,8 +75,13 @@ class LifecycleLog:
         sr.check_contained(session)
         self._directory = directory
         self._session = session
+        self._path = os.path.join(directory, session + ".jsonl")
         self._recorder: sr.EventRecorder | None = None
         self._backend: sr.JSONLEventBackend | None = None
+        # The file the recorder appends to, as its name showed it after the last batch
+        # (None: not known, so the next batch opens the name afresh).
+        self._identity: tuple[int, int] | None = None
+        self._last_seq = 0  # the host_seq of the last record this log appended
         self._emit = emit
         self._on_error = on_error
         self._on_recovered = on_recovered
@@ -50,6 +92,7 @@ class LifecycleLog:
         self._queued = 0
         self._done = 0
         self._closing = False
+        self._rotate_above: int | None = None  # a rotation asked for: above this many bytes
         self._thread = threading.Thread(target=self._run, name="adaptord-lifecycle", daemon=True)
         self._thread.start()
 
@@ -60,6 +103,16 @@ class LifecycleLog:
             self._queued += 1
             if len(self._pending) == 1:  # later facts join the lingering batch quietly
                 self._cond.notify_all()
+
+    def rotate(self, larger_than: int) -> None:
+        """Have the writer rotate the file if it is larger than ``larger_than`` bytes; never waits.
+
+        Done by the writer itself, between two batches, so no fact is appended to a file
+        while it is renamed.
+        """
+        with self._cond:
+            self._rotate_above = larger_than
+            self._cond.notify_all()
 
     def barrier(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far is written, synced and its line printed."""
@@ -79,27 +132,36 @@ class LifecycleLog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closing)
-                if not self._closing and self._linger > 0:
+                self._cond.wait_for(lambda: self._pending or self._closing or self._rotate_above is not None)
+                if self._pending and not self._closing and self._linger > 0:
                     self._cond.wait(self._linger)  # woken early only by close or a barrier
                 batch = list(self._pending)
                 self._pending.clear()
+                rotate_above, self._rotate_above = self._rotate_above, None
                 if not batch and self._closing:
                     return
-            self._append([notice for notice, _ in batch])
-            for _, line in batch:
+            lead = self._rotate(rotate_above) if rotate_above is not None else None
+            written = self._append(([lead] if lead is not None else []) + batch)
+            for _, line in written:
                 self._emit(line)
             with self._cond:
                 self._done += len(batch)
                 self._cond.notify_all()
 
-    def _append(self, notices: list[events.Notice]) -> None:
+    def _append(self, batch: list[tuple[events.Notice, str]]) -> list[tuple[events.Notice, str]]:
+        """Record ``batch``; returns it, led by a fact of this log's own when it started a fresh file."""
+        if not batch:
+            return batch
+        if self._recorder is not None and (self._identity is None or _identity(self._path) != self._identity):
+            # Moved away or removed by hand: the open file no longer has the log's name.
+            self._drop_recorder()
+            batch = [self._fresh_file("lifecycle_log.reopened", why="the file was moved away or removed"), *batch]
         try:
             if self._recorder is None or self._backend is None:
                 self._backend = sr.JSONLEventBackend(self._directory, sync_on_append=False)
                 self._recorder = sr.EventRecorder(self._backend, key_validator=lambda key: None)
-            for notice in notices:
-                self._recorder.record(self._session, notice)
+            for notice, _ in batch:
+                self._last_seq = self._recorder.record(self._session, notice).host_seq
             self._backend.flush()
         except Exception as exc:  # the audit log must never take the daemon down
             # A backend that failed may refuse every later append (a failed fsync whose lines
@@ -109,10 +171,40 @@ class LifecycleLog:
             if not self._failing:  # a full disk fails every batch: one line, not hundreds
                 self._failing = True
                 self._on_error("audit log write failed", exc)
-            return
+            return batch
+        # Looked at after the append: a file moved away meanwhile leaves None, so the next
+        # batch opens the name afresh rather than trusting the file it appended to.
+        self._identity = _identity(self._path)
         if self._failing:
             self._failing = False
             self._on_recovered()
+        return batch
+
+    def _rotate(self, larger_than: int) -> tuple[events.Notice, str] | None:
+        """Rename the file if larger than ``larger_than`` bytes; the fresh file's first fact."""
+        try:
+            if os.lstat(self._path).st_size <= larger_than:
+                return None
+            self._drop_recorder()  # synced and closed: nothing is appended to the old name
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            name, n = f"{self._session}-{stamp}.jsonl", 1
+            while os.path.lexists(os.path.join(self._directory, name)):  # (rotated twice in a second)
+                name, n = f"{self._session}-{stamp}-{n}.jsonl", n + 1
+            # Under the writers' lock: `adaptor verify-log --repair` may be cutting a torn tail.
+            with _durable.exclusive(self._path + ".lock"):
+                _durable.rename(self._path, os.path.join(self._directory, name))
+        except FileNotFoundError:
+            return None  # removed by hand: the next batch starts a fresh file anyway
+        except OSError as exc:
+            self._on_error("cannot rotate the lifecycle log", exc)
+            return None
+        return self._fresh_file("lifecycle_log.rotated", continues_from=name)
+
+    def _fresh_file(self, phase: str, **data: Any) -> tuple[events.Notice, str]:
+        """The first fact of a fresh file: why it began, and where the old one ended."""
+        self._identity = None
+        ended = {"previous_last_host_seq": self._last_seq} if self._last_seq else {}
+        return fact(phase, None, **data, **ended)
 
     def _drop_recorder(self) -> None:
         recorder, self._recorder, self._backend = self._recorder, None, None

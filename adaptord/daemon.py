@@ -50,10 +50,10 @@ from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import CorruptLogError as StoreCorruptLogError
 from adaptor.threadstore import Query, Record
-from adaptord import _leftovers
+from adaptord import _leftovers, _lifecycle
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
-from adaptord.config import A2AConfig, DaemonConfig, one_line
+from adaptord.config import A2AConfig, DaemonConfig
 from hosttools import sessionrecorder as sr
 
 if TYPE_CHECKING:
@@ -263,13 +263,8 @@ class Daemon:
 
     # -- logging and audit -------------------------------------------------------------------
 
-    @staticmethod
-    def _line(fact: str, fields: Mapping[str, Any]) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-        return one_line(f"adaptord: {fact}" + (f" {extra}" if extra else ""))
-
     def log(self, fact: str, **fields: Any) -> None:
-        self._emit(self._line(fact, fields))
+        self._emit(_lifecycle.line(fact, fields))
 
     def _emit(self, line: str) -> None:
         try:
@@ -285,15 +280,7 @@ class Daemon:
         The lifecycle writer prints the line after recording the fact, so whoever sees the
         line finds the record.
         """
-        notice = events.Notice(
-            kind="lifecycle",
-            text=phase,
-            data={"phase": phase, "request_id": request_id, **data},
-            # When the fact happened (the record's recorded_at is when its batch was written).
-            meta=events.EventMeta(time=datetime.now(UTC)),
-        )
-        line = self._line(phase, {"id": request_id, **{k: v for k, v in data.items() if isinstance(v, str | int | float)}})
-        self._daemon_log.record(notice, line)
+        self._daemon_log.record(*_lifecycle.fact(phase, request_id, **data))
 
     # -- serve -------------------------------------------------------------------------------
 
@@ -808,7 +795,7 @@ class Daemon:
 
     def _id_in_use(self, request_id: str) -> bool:
         """Whether a request with this id is on its way in through the spool, claimed (queued,
-        running, read again, its verdict deferred), has a run folder or a verdict."""
+        running, read again, its verdict deferred) or has a verdict."""
         return any(os.path.lexists(place) for place in self.home.places(request_id))
 
     def _reject(self, request_id: str, error: InvalidRequestError, received_at: str) -> None:

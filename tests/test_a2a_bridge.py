@@ -817,7 +817,7 @@ def test_the_bridges_own_failures_are_one_daemon_fact_each(
 ) -> None:
     # Two went to the "adaptord.a2a" Python logger instead of the daemon's log: unprefixed on
     # the daemon's stderr, and the server thread's as a multi-line traceback.
-    from adaptord.daemon import Daemon
+    from adaptord._lifecycle import line as fact_line
 
     facts: list[tuple[str, dict[str, Any]]] = []
 
@@ -842,6 +842,6 @@ def test_the_bridges_own_failures_are_one_daemon_fact_each(
     ]
     assert facts[0][1]["id"] == "r-1"
     for fact, fields in facts:
-        line = Daemon._line(fact, fields)
+        line = fact_line(fact, fields)
         assert line.startswith("adaptord: ") and "\n" not in line, line
     assert [r for r in caplog.records if r.name.startswith("adaptord")] == []
