@@ -73,7 +73,8 @@ def submit_request(client: Client, request: dict[str, Any]) -> str:
                 {
                     "path": "/id",
                     "message": f"must match {_home.REQUEST_ID.pattern} and not be "
-                    f"{_home.DAEMON_SESSION!r} (the daemon's own log)",
+                    f"{_home.DAEMON_SESSION!r} nor start with '{_home.DAEMON_SESSION}-' "
+                    "(the daemon's own logs)",
                 }
             ]
         )

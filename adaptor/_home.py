@@ -48,8 +48,14 @@ DAEMON_SESSION = "adaptord"
 
 def is_request_id(value: object) -> TypeGuard[str]:
     """Whether ``value`` can name a request: it matches :data:`REQUEST_ID` and is not the
-    daemon's own session name (its audit log is ``events/adaptord.jsonl``)."""
-    return isinstance(value, str) and REQUEST_ID.match(value) is not None and value != DAEMON_SESSION
+    daemon's own session name (its audit log is ``events/adaptord.jsonl``) nor starts like the
+    name of one of its rotated logs (``events/adaptord-<UTC time>.jsonl``)."""
+    return (
+        isinstance(value, str)
+        and REQUEST_ID.match(value) is not None
+        and value != DAEMON_SESSION
+        and not value.startswith(DAEMON_SESSION + "-")
+    )
 
 
 def request_id_in_name(name: str) -> str | None:

@@ -24,6 +24,11 @@ driver = "claude"
 
 [a2a.remotes.helper]                      # targets of the delegate_to_agent host tool
 card_url = "https://box.example/agents/helper/.well-known/agent-card.json"
+
+[retention]                               # what the daemon removes, hourly (docs/daemon.md)
+keep_days = 30                            # finished requests' files; inf: for ever
+quarantine_days = 30
+lifecycle_log_mb = 64                     # rotate events/adaptord.jsonl above this size
 ```
 """
 
@@ -119,6 +124,29 @@ MAX_GRACE = 86400
 
 
 @dataclass(frozen=True)
+class Retention:
+    """The ``[retention]`` table (docs/daemon.md, "Disk use"); ``inf`` keeps for ever.
+
+    A month by default: far longer than any script waits to read a verdict, long enough to
+    look back at last week's runs after a holiday, and a bound on the home's size (about
+    thirty days of requests).
+    """
+
+    keep_days: float = 30.0  # a finished request's verdict, run folder and audit log; rotated lifecycle logs
+    quarantine_days: float = 30.0  # entries of quarantine/
+    lifecycle_log_mb: float = 64.0  # events/adaptord.jsonl is rotated once larger
+
+    @property
+    def lifecycle_log_bytes(self) -> float:
+        return self.lifecycle_log_mb * 1024 * 1024
+
+
+# The shortest a finished request's files may be kept: a script reading its verdict the next
+# morning must still find it.
+MIN_KEEP_DAYS = 1
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     workers: int = 4
     grace: float = 30.0
@@ -127,6 +155,7 @@ class DaemonConfig:
     tools: dict[str, str] = field(default_factory=dict)
     skill_dirs: tuple[str, ...] = ()
     a2a: A2AConfig = field(default_factory=A2AConfig)
+    retention: Retention = field(default_factory=Retention)
     source: str | None = None
 
     def driver_defaults(self, name: str) -> dict[str, Any]:
@@ -215,7 +244,9 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False) -> Daem
 
 
 def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
-    _refuse_unknown(raw, ("workers", "grace", "scan_interval", "drivers", "tools", "skills", "a2a"), source)
+    _refuse_unknown(
+        raw, ("workers", "grace", "scan_interval", "drivers", "tools", "skills", "a2a", "retention"), source
+    )
     workers = raw.get("workers", 4)
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 256:
         raise ConfigError(f"{source}: workers must be an integer from 1 to 256")
@@ -254,8 +285,27 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
         tools=dict(tools),
         skill_dirs=tuple(dirs),
         a2a=_parse_a2a(raw.get("a2a", {}), source, tools, drivers),
+        retention=_parse_retention(raw.get("retention", {}), source),
         source=source,
     )
+
+
+def _parse_retention(raw: Any, source: str) -> Retention:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: [retention] must be a table")
+    _refuse_unknown(raw, [f.name for f in dataclasses.fields(Retention)], f"{source}: [retention]")
+    values: dict[str, float] = {}
+    for name, least, unit in (
+        ("keep_days", MIN_KEEP_DAYS, "days"), ("quarantine_days", MIN_KEEP_DAYS, "days"), ("lifecycle_log_mb", 0, "MiB"),
+    ):
+        value = raw.get(name, getattr(Retention, name))
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        # NaN compares false: refused with the rest (inf, for ever, is a number).
+        if not number or not (value >= least if least else value > 0):
+            bound = f"at least {least}" if least else "more than 0"
+            raise ConfigError(f"{source}: retention.{name} must be a number of {unit}, {bound}, or inf (never)")
+        values[name] = float(value)
+    return Retention(**values)
 
 
 def _refuse_unknown(table: Mapping[str, Any], known: Collection[str], where: str) -> None:

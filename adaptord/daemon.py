@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,7 +50,8 @@ from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import CorruptLogError as StoreCorruptLogError
 from adaptor.threadstore import Query, Record
-from adaptord import _leftovers, _lifecycle
+from adaptord import _leftovers, _lifecycle, _retention
+from adaptord import config as config_module
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
 from adaptord.config import A2AConfig, DaemonConfig
@@ -259,7 +260,8 @@ class Daemon:
         self._workers_short = False
         self._next_worker_try = 0.0  # monotonic; when a refused worker thread is tried again
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
-        self._next_prune = 0.0  # monotonic; when approvals/resolved/ is pruned next
+        self._next_prune = 0.0  # monotonic; when the next pass of retention starts
+        self._pruner: threading.Thread | None = None  # the pass in progress
 
     # -- logging and audit -------------------------------------------------------------------
 
@@ -390,8 +392,9 @@ class Daemon:
                 self._read_again()
                 self._retry_verdicts()
                 self._scan()
-                self._prune_resolved()
+                self._prune()
             _notify("STOPPING=1")
+            self._stop_pruning()
             self._drain()
             self._retry_verdicts(last=True)
             self.audit("daemon.stopped")
@@ -422,8 +425,6 @@ class Daemon:
         return self._stop_signalled or self._stop.is_set()
 
     def _warn_invalid_tools(self, tools: Mapping[str, Any]) -> None:
-        from adaptord import config as config_module
-
         for name, why in config_module.invalid_tools(tools).items():
             self.log("not a valid tool: requests selecting it fail with ErrInvalidDefinition", tool=name, why=why)
 
@@ -440,8 +441,6 @@ class Daemon:
         self._wake.set()
 
     def _reload_config(self) -> None:
-        from adaptord import config as config_module
-
         try:
             fresh = config_module.load(self.config_path, required=self.config_path is not None)
             tools = fresh.load_tools()
@@ -461,6 +460,7 @@ class Daemon:
         self.config = fresh
         self._tools = tools
         self._skills = fresh.skill_catalogue()
+        self._next_prune = 0.0  # [retention] may have changed: applied at the next turn
         self._warn_invalid_tools(tools)
         self.log(
             "config reloaded",
@@ -1140,16 +1140,69 @@ class Daemon:
     ) -> None:
         self.audit("approval.expired", job.id, approval_id=req.id, why=why, **_ignored(late))
 
-    def _prune_resolved(self) -> None:
-        """Every _PRUNE_INTERVAL: forget the outcomes of approvals settled long ago, so a daemon
-        that runs for months does not keep one file per approval it ever saw."""
-        if time.monotonic() < self._next_prune:
+    # -- retention -----------------------------------------------------------------------------
+
+    def _prune(self) -> None:
+        """Every _PRUNE_INTERVAL (and at the first turn of the main loop, and after a reload):
+        rotate the lifecycle log if it grew too large, and start a pass removing what is past
+        retention, so a daemon that runs for months does not fill its disk.
+
+        The pass runs in a thread of its own: on a home with months of requests it may take
+        a while, and the main loop goes on claiming meanwhile.
+        """
+        if time.monotonic() < self._next_prune or (self._pruner is not None and self._pruner.is_alive()):
             return
         self._next_prune = time.monotonic() + _PRUNE_INTERVAL
+        retention = self.config.retention
+        if retention.lifecycle_log_bytes != math.inf:
+            self._daemon_log.rotate(int(retention.lifecycle_log_bytes))
+        pruner = threading.Thread(target=self._prune_pass, args=(retention,), name="adaptord-prune", daemon=True)
+        try:
+            pruner.start()
+        except RuntimeError:  # at a task limit (see _ensure_workers): the next turn tries again
+            self._next_prune = time.monotonic() + self.config.scan_interval
+            return
+        self._pruner = pruner
+
+    def _prune_pass(self, retention: config_module.Retention) -> None:
         try:
             _home.prune_resolved(self.home)
         except Exception as exc:  # a folder it cannot read is tried again next time
             self.log("cannot prune resolved approvals", error=_os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__)
+        try:
+            pruned, more = _retention.prune(self.home, retention, hold=self._unless_on_its_way, stopping=self._stopping)
+        except Exception as exc:  # (a bug) never the daemon's end; the next pass tries again
+            self.log("cannot prune the home", error=f"{type(exc).__name__}: {exc}")
+            return
+        if pruned or pruned.failed:
+            counts: dict[str, Any] = pruned.counts()
+            if pruned.failed:
+                counts.update(failed=pruned.failed, error=pruned.error)
+            self.audit("retention.pruned", None, **counts)
+        if more:  # a home never pruned before: go on at the main loop's next turn
+            self._next_prune = 0.0
+
+    @contextlib.contextmanager
+    def _unless_on_its_way(self, request_id: str) -> Iterator[bool]:
+        """Hold the schedule: ``True`` when no request ``request_id`` is on its way (in the
+        spool, claimed, queued, running, or with its verdict deferred), so its files may go.
+
+        A request is claimed before it is queued, and queued (under this lock) before a
+        worker makes its run folder, so none can start on its way while this is held.
+        """
+        with self._lock:
+            yield not (
+                request_id in self._queued
+                or request_id in self._running
+                or request_id in self._deferred
+                or any(os.path.lexists(place) for place in self.home.places(request_id)[:-1])
+            )
+
+    def _stop_pruning(self) -> None:
+        """Let a pass in progress stop (it looks at _stopping between removals) before the drain."""
+        pruner, self._pruner = self._pruner, None
+        if pruner is not None:
+            pruner.join(timeout=_STOP_TAIL)
 
     # -- cancellation ---------------------------------------------------------------------------
 

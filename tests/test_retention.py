@@ -176,3 +176,181 @@ def test_a_lifecycle_log_moved_away_starts_afresh_under_its_name(daemon: DaemonP
     assert sr.verify(log) == len(fresh) and sr.verify(moved) == ended_at
     daemon.wait_for_line("lifecycle_log.reopened")
 
+
+
+# --- retention ---------------------------------------------------------------------------------
+
+DAY = 86400.0
+
+
+def age(path: Path, days: float) -> None:
+    then = time.time() - days * DAY
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def pruned_line(daemon: DaemonProcess, seen: int = 0) -> str:
+    """The daemon's next ``retention.pruned`` line after the ``seen`` first ones."""
+    wait_until(lambda: sum("retention.pruned" in line for line in daemon.lines) > seen, "a prune pass\n" + "\n".join(daemon.lines))
+    return [line for line in daemon.lines if "retention.pruned" in line][seen]
+
+
+def test_retention_removes_exactly_the_old_finished_files(tmp_path: Path) -> None:
+    # Nothing pruned them: a daemon serving for months kept every verdict, run folder, audit
+    # log and quarantined file it ever made.
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")  # the [retention] defaults: 30 days
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "5").start()
+    home = daemon.home
+    try:
+        old = [daemon.submit(script(f"old{i}")) for i in range(3)]
+        recent = daemon.submit(script("recent"))
+        turn = script("turn", thread={"key": "kept/conversation"})
+        turn["config"]["session"] = "auto"
+        threaded = daemon.submit(turn)
+        for rid in (*old, recent, threaded):
+            assert daemon.verdict(rid)["ok"], daemon.verdict(rid)
+        running = daemon.submit({"driver": "script", "prompt": "go", "config": {"steps": [{"text": "x"}, {"sleep": 120}]}})
+        daemon.wait_for_line(f"request.started id={running}")
+        thread_log = next(home.events.glob("thread=*.jsonl"))
+        # Made old: the finished ones by their verdicts (the rest of their files too, which
+        # decides nothing), and everything of the running request and of the thread.
+        for rid in (*old, threaded):
+            for path in (home.verdict(rid), home.run_dir(rid), home.events / f"{rid}.jsonl"):
+                if path.exists():
+                    age(path, 31)
+        for path in (home.run_dir(running), home.run_state(running), home.events / f"{running}.jsonl",
+                     thread_log, *home.threads.iterdir()):
+            age(path, 400)
+        age(home.verdict(recent), 29)
+        orphan = home.run_dir("forgotten-by-hand")  # its verdict removed by hand long ago
+        orphan.mkdir()
+        (orphan / "stdout").write_text("x")
+        age(orphan, 31)
+        (home.runs / ".pruning-crashed-0123abcd").mkdir()  # a pass a crash interrupted
+        stamp = time.time_ns()
+        quarantined = {
+            "old": home.quarantine / f"{stamp - int(31 * DAY * 1e9)}-a.json",
+            "written long ago, quarantined now": home.quarantine / f"{stamp}-b.json",
+            "set aside response": home.quarantine / "approval-response-x-0123abcd",
+        }
+        for path in quarantined.values():
+            path.write_text("{}")
+            age(path, 31)
+        rotated_old = home.events / "adaptord-20200101T000000Z.jsonl"
+        rotated_new = home.events / "adaptord-20991231T000000Z.jsonl"
+        for path in (rotated_old, rotated_new):
+            shutil.copyfile(home.events / "adaptord.jsonl", path)
+        age(rotated_old, 31)
+        before = set(home.root.rglob("*"))
+
+        daemon.reload(config, config.read_text())  # a reload prunes at once, as the hourly tick does
+        line = pruned_line(daemon)
+        assert "verdicts=4 runs=5 events=3 quarantine=2 lifecycle_logs=1" in line, line
+
+        gone = {path for path in before if not os.path.lexists(path)}
+        expected_gone = {
+            home.runs / ".pruning-crashed-0123abcd", orphan, orphan / "stdout",
+            quarantined["old"], quarantined["set aside response"], rotated_old,
+        }
+        for rid in (*old, threaded):
+            assert not home.verdict(rid).exists() and not home.run_dir(rid).exists()
+        for rid in old:
+            assert not (home.events / f"{rid}.jsonl").exists()
+            assert not (home.events / f"{rid}.jsonl.lock").exists()
+        # ... and nothing else.
+        assert {p for p in gone if not any(rid in p.name or rid in p.parent.name for rid in (*old, threaded))} == expected_gone
+        # What stays: the recent request, the running one, the thread's log and store.
+        assert Client(home.root).wait(recent).raw().stdout == "raw\n"
+        assert "recent" in adaptor_cli(home.root, "events", recent).stdout
+        assert sr.verify(thread_log) > 0 and any(home.threads.iterdir())
+        assert home.run_state(running).exists() and (home.events / f"{running}.jsonl").exists()
+        assert quarantined["written long ago, quarantined now"].exists() and rotated_new.exists()
+        # The forgotten ones are unknown, as if never submitted.
+        waited = adaptor_cli(home.root, "wait", old[0])
+        assert waited.returncode == 2 and "no request" in waited.stderr
+        # The running request is unharmed, and one fact says what a pass removed.
+        Client(home.root).cancel(running)
+        assert daemon.verdict(running)["error"]["code"] == "ErrRunCancelled"
+        daemon.wait_for_line(f"verdict.written id={running}")
+    finally:
+        assert daemon.stop() == 0, "\n".join(daemon.lines)
+    (record,) = [f for f in facts(home.events / "adaptord.jsonl") if f["phase"] == "retention.pruned"]
+    assert {k: record[k] for k in ("verdicts", "runs", "events", "quarantine", "lifecycle_logs")} == {
+        "verdicts": 4, "runs": 5, "events": 3, "quarantine": 2, "lifecycle_logs": 1,
+    }
+
+
+def test_readers_racing_a_prune_see_a_request_whole_or_not_at_all(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    try:
+        client = Client(daemon.home.root)
+        ids = [client.submit(script(f"t{i}")) for i in range(40)]
+        for rid in ids:
+            daemon.verdict(rid)
+            age(daemon.home.verdict(rid), 31)
+        seen: list[str] = []
+        done = threading.Event()
+
+        def read() -> None:
+            while not done.is_set():
+                for n, rid in enumerate(ids):
+                    try:
+                        result = client.wait(rid, timeout=0)
+                        whole = result.text == f"t{n}" and result.raw().stdout == "raw\n" and len(result.transcript()) > 0
+                        seen.append("whole" if whole else f"partial {rid}")
+                    except UnknownRequestError:
+                        seen.append("unknown")
+                    try:
+                        kinds = [type(event).__name__ for event in client.events(rid)]
+                        seen.append("whole" if kinds and kinds[-1] == "RunFinished" else f"partial events {rid}: {kinds}")
+                    except UnknownRequestError:
+                        seen.append("unknown")
+
+        readers = [threading.Thread(target=read, daemon=True) for _ in range(3)]
+        for reader in readers:
+            reader.start()
+        wait_until(lambda: "whole" in seen, "the readers to read")
+        daemon.reload(config, config.read_text())
+        assert "verdicts=40 runs=40 events=40" in pruned_line(daemon)
+        wait_until(lambda: seen.count("unknown") >= 3 * 2 * len(ids), "the readers to see every request gone")
+        done.set()
+        for reader in readers:
+            reader.join(timeout=TIMEOUT)
+        assert set(seen) == {"whole", "unknown"}, sorted(set(seen) - {"whole", "unknown"})
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_retention_settings_are_checked_and_inf_keeps_for_ever(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    for text, why in (
+        ("[retention]\nkeep_days = 0.5\n", "retention.keep_days must be a number of days, at least 1, or inf"),
+        ("[retention]\nkeep_days = nan\n", "retention.keep_days must be a number of days"),
+        ("[retention]\nlifecycle_log_mb = 0\n", "retention.lifecycle_log_mb must be a number of MiB, more than 0"),
+        ("[retention]\nkeep = 3\n", "[retention]: unknown setting(s): 'keep' (did you mean 'keep_days'?)"),
+    ):
+        config.write_text(text)
+        checked = subprocess.run(
+            [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+            capture_output=True, text=True, timeout=TIMEOUT,
+        )
+        assert checked.returncode == 2 and why in checked.stdout, (text, checked.stdout)
+    good = "scan_interval = 0.2\n[retention]\nkeep_days = inf\nquarantine_days = 1\n"
+    config.write_text(good)
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    try:
+        rid = daemon.submit(script("kept"))
+        daemon.verdict(rid)
+        age(daemon.home.verdict(rid), 4000)
+        stray = daemon.home.quarantine / "1-stray.json"
+        stray.write_text("{}")
+        age(stray, 2)
+        refused = daemon.reload(config, "[retention]\nkeep_days = 0\n")
+        assert "config reload failed; keeping the old config" in refused, refused
+        daemon.reload(config, good)
+        assert "verdicts=0 runs=0 events=0 quarantine=1 lifecycle_logs=0" in pruned_line(daemon)
+        assert Client(daemon.home.root).wait(rid).text == "kept"
+    finally:
+        assert daemon.stop() == 0

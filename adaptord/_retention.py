@@ -1,0 +1,212 @@
+"""Retention: the files of finished requests, quarantined files and rotated lifecycle logs
+removed once older than the ``[retention]`` settings (docs/daemon.md, "Disk use").
+
+A request is forgotten whole, its verdict first: a reader (``adaptor wait``, ``events``) finds
+the verdict and then reads the run's files, and checks the verdict is still there afterwards
+(``adaptor.spool``), so it sees the request whole or not at all.  Its run folder and audit log
+are renamed out of the way in the same step and removed afterwards, so an id submitted again
+right then starts in a clean folder.  Nothing of a request on its way (in the spool, claimed:
+queued, running, or with a verdict not yet written) is touched, nor thread logs
+(``events/thread=*.jsonl``) or ``threads/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields
+from typing import Final
+
+from adaptor import _durable, _home
+from adaptord.config import Retention
+
+BATCH: Final = 10_000
+"""Requests forgotten per pass at most (so a pass's memory is bounded on a home never pruned
+before); a pass that reaches it is followed by another at the main loop's next turn."""
+
+_DAY: Final = 86400.0
+_TRASH: Final = ".pruning-"
+_LOG: Final = ".jsonl"
+_LOCK: Final = ".lock"
+_ROTATED = re.compile(rf"^{_home.DAEMON_SESSION}-\d{{8}}T\d{{6}}Z(-\d+)?\.jsonl(\.lock)?$")
+
+
+@dataclass
+class Pruned:
+    """What one pass removed (and how many removals failed, with the first reason)."""
+
+    verdicts: int = 0
+    runs: int = 0
+    events: int = 0
+    quarantine: int = 0
+    lifecycle_logs: int = 0
+    failed: int = 0
+    error: str | None = None
+
+    def counts(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("failed", "error")}
+
+    def __bool__(self) -> bool:
+        return any(self.counts().values())
+
+    def _failed(self, exc: OSError) -> None:
+        self.failed += 1
+        if self.error is None:
+            self.error = exc.strerror or type(exc).__name__
+
+
+Hold = Callable[[str], AbstractContextManager[bool]]
+"""``hold(request_id)``: a block during which no request with that id can start on its way
+(the daemon's schedule lock); it yields whether none is on its way now."""
+
+
+def prune(
+    home: _home.Home, retention: Retention, *, hold: Hold, stopping: Callable[[], bool], now: float | None = None
+) -> tuple[Pruned, bool]:
+    """One pass, oldest first; returns what it removed and whether more is left for another."""
+    now = time.time() if now is None else now
+    pruned = Pruned()
+    for folder in (home.runs, home.events):
+        _clear_trash(folder, pruned)
+    more = False
+    if retention.keep_days != float("inf"):
+        cutoff = now - retention.keep_days * _DAY
+        due = heapq.nsmallest(BATCH, _finished(home, cutoff))
+        more = len(due) == BATCH
+        for _, request_id in due:
+            if stopping():
+                return pruned, False
+            _forget(home, request_id, cutoff, hold, pruned)
+        for name in _old(home.events, cutoff, lambda name: _ROTATED.match(name) is not None):
+            _remove(home.events / name, pruned, "lifecycle_logs" if name.endswith(_LOG) else None)
+    if retention.quarantine_days != float("inf"):
+        cutoff = now - retention.quarantine_days * _DAY
+        for name in _old(home.quarantine, cutoff, lambda name: True, stamped=True):
+            if stopping():
+                return pruned, False
+            _remove(home.quarantine / name, pruned, "quarantine")
+    return pruned, more
+
+
+def _finished(home: _home.Home, cutoff: float) -> Iterator[tuple[float, str]]:
+    """``(time, id)`` of each finished request last written before ``cutoff``: one with a
+    verdict, or what is left of one whose verdict went (a run folder, an audit log).
+
+    Whether it is on its way after all is looked at under the hold (:func:`_forget`).
+    """
+    for name, mtime in _entries(home.verdicts):
+        request_id = name.removesuffix(".json")
+        if name.endswith(".json") and mtime < cutoff and _home.is_request_id(request_id):
+            yield mtime, request_id
+    for name, mtime in _entries(home.runs):
+        if mtime < cutoff and _home.is_request_id(name) and not os.path.lexists(home.verdict(name)):
+            yield mtime, name
+    for name, mtime in _entries(home.events):
+        request_id = name.removesuffix(_LOCK).removesuffix(_LOG)
+        if (
+            name.endswith((_LOG, _LOG + _LOCK))
+            and mtime < cutoff
+            and _home.is_request_id(request_id)  # never a thread's log (thread=...), nor the daemon's
+            and not os.path.lexists(home.verdict(request_id))
+            and not os.path.lexists(home.run_dir(request_id))
+        ):
+            yield mtime, request_id
+
+
+def _forget(home: _home.Home, request_id: str, cutoff: float, hold: Hold, pruned: Pruned) -> None:
+    """Remove the request's verdict, then its run folder and audit log, unless it is on its way."""
+    log = home.events / f"{request_id}{_LOG}"
+    lock = home.events / f"{request_id}{_LOG}{_LOCK}"
+    moved: list[tuple[str, str]] = []
+    try:
+        with hold(request_id) as free:
+            if not free:
+                return
+            try:
+                found = os.lstat(home.verdict(request_id))
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISREG(found.st_mode) or found.st_mtime >= cutoff:
+                    return  # written since it was listed; or no verdict of the daemon's (a link)
+                os.unlink(home.verdict(request_id))
+                pruned.verdicts += 1
+            for path, what in ((home.run_dir(request_id), "runs"), (log, "events")):
+                trash = path.with_name(f"{_TRASH}{path.name}-{secrets.token_hex(4)}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(path, trash)
+                    moved.append((str(trash), what))
+            # Nobody appends to the log of a finished request; this process's own flock of it
+            # (lingering after the run's last append) is let go before its file goes.
+            _durable.release_lingering(lock)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
+    except OSError as exc:
+        pruned._failed(exc)
+    for renamed, what in moved:
+        _remove(renamed, pruned, what)
+
+
+def _old(folder: os.PathLike[str], cutoff: float, wanted: Callable[[str], bool], *, stamped: bool = False) -> list[str]:
+    """Names in ``folder`` that ``wanted`` picks, written before ``cutoff``, oldest first.
+
+    ``stamped``: a name ``<time_ns>-...`` (a quarantined file) counts from that time when it is
+    later than the file's own (a file written long ago and quarantined today is not old).
+    """
+    found = []
+    for name, mtime in _entries(folder):
+        if not wanted(name):
+            continue
+        stamp, _, rest = name.partition("-")
+        if stamped and rest and stamp.isdigit():
+            mtime = max(mtime, int(stamp) / 1e9)
+        if mtime < cutoff:
+            found.append((mtime, name))
+    return [name for _, name in heapq.nsmallest(BATCH, found)]
+
+
+def _entries(folder: os.PathLike[str]) -> Iterator[tuple[str, float]]:
+    """``(name, mtime)`` of each entry (not following links); nothing for a missing folder."""
+    try:
+        with os.scandir(folder) as listing:
+            for entry in listing:
+                if entry.name.startswith("."):
+                    continue  # temporary files being written, and our own trash
+                try:
+                    yield entry.name, entry.stat(follow_symlinks=False).st_mtime
+                except FileNotFoundError:
+                    continue
+    except FileNotFoundError:
+        return
+
+
+def _clear_trash(folder: os.PathLike[str], pruned: Pruned) -> None:
+    """What a pass interrupted by a crash had renamed but not yet removed."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(folder) as listing:
+        leftovers = [entry.path for entry in listing if entry.name.startswith(_TRASH)]
+    for path in leftovers:
+        _remove(path, pruned, None)
+
+
+def _remove(path: str | os.PathLike[str], pruned: Pruned, what: str | None) -> None:
+    """Remove a file, a link (never followed) or a whole folder; count it under ``what``."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        pruned._failed(exc)
+        return
+    if what is not None:
+        setattr(pruned, what, getattr(pruned, what) + 1)
