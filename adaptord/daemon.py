@@ -78,8 +78,9 @@ EXIT_A2A_DIED = 70
 _LEFTOVER_GRACE = 10.0
 """The longest a start waits for a killed predecessor's agents to stop on SIGTERM."""
 _PRUNE_INTERVAL = 3600.0
-"""Seconds between two prunes of ``approvals/resolved/`` (see _home.RESOLVED_KEPT_FOR); the first
-is made at the first turn of the main loop."""
+"""Seconds between two passes of retention (``[retention]``, and ``approvals/resolved/``: see
+_home.RESOLVED_KEPT_FOR) and two looks at the lifecycle log's size; the first is made at the
+first turn of the main loop, and one after every reload."""
 _FILE_DEPTH = 200
 """How deeply a value an agent made may nest in the run's files and audit log, where it sits a
 few levels down in a record or verdict: orjson encodes at most 254 levels."""

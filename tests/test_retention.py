@@ -4,6 +4,7 @@ and its lifecycle log moved away or rotated.  A real daemon, real files, the rea
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -354,3 +355,45 @@ def test_retention_settings_are_checked_and_inf_keeps_for_ever(tmp_path: Path) -
         assert Client(daemon.home.root).wait(rid).text == "kept"
     finally:
         assert daemon.stop() == 0
+
+
+# --- the lifecycle log rotated by size ---------------------------------------------------------
+
+
+def test_the_lifecycle_log_is_rotated_by_size_and_both_files_verify(tmp_path: Path) -> None:
+    # events/adaptord.jsonl grew for ever (about 2.5 KB a request: 25 MB a day at 10,000).
+    config = tmp_path / "config.toml"
+    text = "scan_interval = 0.2\n[retention]\nlifecycle_log_mb = 0.004\n"  # 4 KiB
+    config.write_text(text)
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    log = daemon.home.events / "adaptord.jsonl"
+    tail = _Tail(log)
+    try:
+        for i in range(4):
+            rid = daemon.submit(script(f"r{i}"))
+            daemon.verdict(rid)
+            daemon.wait_for_line(f"verdict.written id={rid}")
+        assert log.stat().st_size > 4096
+        daemon.reload(config, text)  # the hourly tick's turn, at once
+        line = daemon.wait_for_line("lifecycle_log.rotated")
+        (rotated,) = daemon.home.events.glob("adaptord-*.jsonl")
+        assert re.fullmatch(r"adaptord-\d{8}T\d{6}Z\.jsonl", rotated.name), rotated.name
+        assert f"continues_from={rotated.name}" in line
+        after = daemon.submit(script("after"))
+        daemon.verdict(after)
+        daemon.wait_for_line(f"verdict.written id={after}")
+        wait_until(lambda: tail.saw(f'"request_id":"{after}"'), "tail -F to follow the fresh file")
+    finally:
+        tail.stop()
+        assert daemon.stop() == 0, "\n".join(daemon.lines)
+    old, fresh = facts(rotated), facts(log)
+    assert fresh[0]["phase"] == "lifecycle_log.rotated"
+    assert fresh[0]["continues_from"] == rotated.name and fresh[0]["previous_last_host_seq"] == len(old)
+    assert any(f["request_id"] == after for f in fresh) and not any(f["request_id"] == after for f in old)
+    for path, count in ((rotated, len(old)), (log, len(fresh))):
+        verified = adaptor_cli(daemon.home.root, "verify-log", str(path))
+        assert verified.returncode == 0, verified.stderr
+        assert sr.verify(path) == count
+    # A request cannot take a rotated log's name for its own audit log.
+    with pytest.raises(ValueError, match="invalid request id"):
+        Client(daemon.home.root).submit({**script("x"), "id": rotated.name.removesuffix(".jsonl")})
