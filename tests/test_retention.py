@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from adaptor.spool import Client, UnknownRequestError
+from adaptord import config as config_module
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 
@@ -326,18 +327,23 @@ def test_readers_racing_a_prune_see_a_request_whole_or_not_at_all(tmp_path: Path
 
 def test_retention_settings_are_checked_and_inf_keeps_for_ever(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
+    config.write_text("[retention]\nkeep_days = 0.5\n")
+    checked = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert checked.returncode == 2, checked.stdout
+    assert "retention.keep_days must be a number of days, at least 1, or inf" in checked.stdout
+    # The other refusals, from the loader `adaptord check`, serve and a reload share.
     for text, why in (
-        ("[retention]\nkeep_days = 0.5\n", "retention.keep_days must be a number of days, at least 1, or inf"),
         ("[retention]\nkeep_days = nan\n", "retention.keep_days must be a number of days"),
         ("[retention]\nlifecycle_log_mb = 0\n", "retention.lifecycle_log_mb must be a number of MiB, more than 0"),
         ("[retention]\nkeep = 3\n", "[retention]: unknown setting(s): 'keep' (did you mean 'keep_days'?)"),
     ):
         config.write_text(text)
-        checked = subprocess.run(
-            [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
-            capture_output=True, text=True, timeout=TIMEOUT,
-        )
-        assert checked.returncode == 2 and why in checked.stdout, (text, checked.stdout)
+        with pytest.raises(config_module.ConfigError) as loading:
+            config_module.load(config, required=True)
+        assert why in str(loading.value), text
     good = "scan_interval = 0.2\n[retention]\nkeep_days = inf\nquarantine_days = 1\n"
     config.write_text(good)
     daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
