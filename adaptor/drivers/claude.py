@@ -14,8 +14,9 @@ place, :func:`_argv`, checked against Claude Code 2.1.332.
 - **Approvals.**  When the run's policy sets an approval mode that needs an answer from the
   host (permission ``ask``/``auto_reject``, any plan_review mode, any question mode), the CLI
   also gets ``--permission-prompt-tool stdio``: every ``can_use_tool`` control request becomes
-  a ``sink.request_decision`` (``ExitPlanMode`` → plan_review, ``AskUserQuestion`` → question,
-  anything else → permission) and the answer goes back as a ``control_response`` allow/deny.
+  a ``sink.request_decision`` (``ExitPlanMode`` → plan_review with the plan in
+  ``details["plan"]``, ``AskUserQuestion`` → question, anything else → permission) and the
+  answer goes back as a ``control_response`` allow/deny.
   With no approval policy the CLI's own permission mode decides; a write it denies silently is
   kept visible as ``permission_denied`` transcript items and ``Result.metadata
   ["permission_denials"]``.  Permission ``auto_approve`` alone runs with
@@ -625,6 +626,9 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
     for key in ("description", "blocked_path", "decision_reason"):
         if isinstance(body.get(key), str):
             payload[key] = body[key]
+    if kind == "plan_review":
+        # The CLI puts the plan file's text in the input; else the model's own argument.
+        payload["plan"] = as_str(tool_input.get("plan")) or parser.exit_plans.get(tool_use_id, "")
     decision = sink.request_decision(
         DecisionRequest(kind=kind, title=title, source=f"claude.{_snake(tool)}",
                         tool_call_id=tool_use_id, payload=payload, choices=choices)
@@ -709,6 +713,9 @@ class _Parser:
         self.message = ""
         self.assistant_lines = 0
         self.denials: list[Any] = []
+        # tool_use id -> the plan the model passed to ExitPlanMode, which the CLI leaves out
+        # of its can_use_tool request when no plan file was written.
+        self.exit_plans: dict[str, str] = {}
         self.mcp_unavailable: dict[str, str] = {}  # required server -> status the CLI reported
         # The CLI's latest retried API failure: all a run that its deadline ends while the CLI
         # backs off (a bad key, a rate limit) can say about why it never answered.
@@ -953,6 +960,8 @@ class _Parser:
                     self.emit(_ToolCall(id=ident, name=name, args=args, phase="start"))
                 item(_Item(kind="tool_call", tool_use_id=ident, tool_name=name, input=tool_input))
                 self.final = []  # text before a tool call is not the final answer
+                if name == "ExitPlanMode" and isinstance(tool_input, dict):
+                    self.exit_plans[ident] = as_str(tool_input.get("plan"))
 
     def _whole_block(self, kind: str, base: str, text: str) -> None:
         """A block that was not streamed: its whole lifecycle at once."""

@@ -12,7 +12,10 @@ The reply depends only on the request and :attr:`AnthropicMock.scenario`:
 - when the last user turn carries a ``tool_result``, the reply is the text
   ``"Tool result was: <result>"`` (so a scripted tool turn always ends);
 - else ``structured`` (when the request offers the ``StructuredOutput`` tool) or ``tool`` makes
-  the model call that tool; otherwise the model says ``text``.
+  the model call that tool; otherwise the model says ``text``;
+- ``then`` is a second tool the model calls after ``tool``'s result (before saying the result);
+  ``"@plan_file@"`` in a tool input stands for the plan file the CLI's plan-mode instructions
+  names (the model writes its plan there, then calls ``ExitPlanMode``).
 
 ``delay`` pauses after ``message_start`` (cancellation tests); ``truncate`` cuts the stream
 after the first text delta (the CLI then retries and falls back to ``stream: false``).
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,6 +47,7 @@ _ERROR_TYPES = {
 class Scenario:
     text: str = DEFAULT_TEXT
     tool: tuple[str, dict[str, Any]] | None = None
+    then: tuple[str, dict[str, Any]] | None = None
     structured: Any = None
     status: int | None = None
     quote_key: bool = False
@@ -108,14 +113,17 @@ class AnthropicMock(MockServer):
             )
 
     def _answer(self, scenario: Scenario, body: dict[str, Any]) -> list[dict[str, Any]]:
-        result = _last_tool_result(body.get("messages") or [])
+        messages = body.get("messages") or []
+        result = _last_tool_result(messages)
+        if result is not None and scenario.then is not None and _tool_results(messages) == 1:
+            return [self._tool_use(*_with_plan_file(scenario.then, body))]
         if result is not None:
             return [{"type": "text", "text": f"Tool result was: {result}"}]
         offered = {t.get("name") for t in body.get("tools") or () if isinstance(t, dict)}
         if scenario.structured is not None and "StructuredOutput" in offered:
             return [self._tool_use("StructuredOutput", scenario.structured)]
         if scenario.tool is not None:
-            return [self._tool_use(*scenario.tool)]
+            return [self._tool_use(*_with_plan_file(scenario.tool, body))]
         return [{"type": "text", "text": scenario.text}]
 
     def _tool_use(self, name: str, tool_input: Any) -> dict[str, Any]:
@@ -185,6 +193,29 @@ class AnthropicMock(MockServer):
 def _pieces(text: str) -> list[str]:
     words = text.split(" ")
     return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words) if w or i == 0]
+
+
+_PLAN_FILE = re.compile(r"create your plan at (\S+\.md)")
+
+
+def _with_plan_file(tool: tuple[str, dict[str, Any]], body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``tool`` with ``"@plan_file@"`` replaced by the plan file the request names."""
+    found = _PLAN_FILE.search(json.dumps(body))
+    if found is None:
+        return tool
+    name, tool_input = tool
+    return name, json.loads(json.dumps(tool_input).replace("@plan_file@", found.group(1)))
+
+
+def _tool_results(messages: list[Any]) -> int:
+    return sum(
+        1
+        for message in messages
+        if isinstance(message, dict) and message.get("role") == "user"
+        and isinstance(message.get("content"), list)
+        for block in message["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    )
 
 
 def _last_tool_result(messages: list[Any]) -> str | None:

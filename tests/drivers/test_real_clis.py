@@ -156,6 +156,35 @@ def test_claude_question_and_default_denial(
     assert any(i.subtype == "permission_denied" for i in result.transcript())
 
 
+@pytest.mark.parametrize("written", ["plan file", "tool input"])
+def test_claude_plan_review_shows_the_plan(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    written: str,
+) -> None:
+    # Claude Code 2.1.332 asks about ExitPlanMode with an empty input: the plan is the file its
+    # plan-mode prompt names, which the model wrote first (or, from a model passing the plan
+    # as the tool's input, that input, which the CLI drops from the request).
+    plan = "1. Write hello.txt\n2. Say done\n"
+    if written == "plan file":
+        anthropic.configure(tool=("Write", {"file_path": "@plan_file@", "content": plan}),
+                            then=("ExitPlanMode", {}))
+    else:
+        anthropic.configure(tool=("ExitPlanMode", {"plan": plan}))
+    asked: list[adaptor.ApprovalRequest] = []
+
+    def decide(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request)
+        request.approve()
+
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(plan_review="ask"))
+    with adaptor.Agent(claude.Driver(claude_config(permission_mode="plan")), workspace=workspace,
+                       policy=policy, on_approval=decide) as agent:
+        result = agent.run("plan hello.txt")
+    reviews = [r for r in asked if r.kind == "plan_review"]
+    assert [(r.source, r.details.get("plan")) for r in reviews] == [("claude.exit_plan_mode", plan)]
+    assert result.text.startswith("Tool result was: User has approved")
+
+
 def test_claude_thread_resume_reuse_and_restart(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
