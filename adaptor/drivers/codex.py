@@ -16,6 +16,8 @@ that spawns the real Rust binary, which is why the runner stops the whole proces
   accepted by ``exec resume``).  ``codex exec`` has no approval channel: it never asks, so only
   ``auto_approve`` is offered for permission and plan_review, and an explicit ``ask`` is
   refused by the SDK with ``HumanDecisionModeUnsupportedError`` before anything starts.
+  Never asked is not always allowed: codex itself refuses a command asking to leave the
+  sandbox, and the model's questions, and tells the model so.
 - **Structured output.**  Native via ``--output-schema FILE``; the file is written into a
   private per-run temporary directory, never into ``CODEX_HOME``.
 - **Append system prompt.**  ``-c developer_instructions=<TOML string>``; the spawn event shows

@@ -11,8 +11,9 @@ The reply depends only on the request and :attr:`OpenAIMock.scenario`:
 - when the request's last input item is a tool output, the reply is the text
   ``"Tool output was: <output>"``;
 - else a requested ``text.format`` JSON schema gets ``structured`` (JSON-encoded text),
-  ``shell`` makes the model run that command through whichever shell tool the request offers,
-  and otherwise the model says ``text``.
+  ``call`` makes the model call that function tool (when the request offers it), ``shell``
+  makes it run that command through whichever shell tool the request offers, and otherwise
+  the model says ``text``.
 
 ``delay`` pauses after ``response.created`` (cancellation and timeout tests).
 """
@@ -34,6 +35,7 @@ _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 class Scenario:
     text: str = DEFAULT_TEXT
     shell: str | None = None
+    call: tuple[str, dict[str, Any]] | None = None
     structured: Any = None
     status: int | None = None
     error: dict[str, Any] | None = None
@@ -113,18 +115,21 @@ class OpenAIMock(MockServer):
         text_format = (body.get("text") or {}).get("format") or {}
         if text_format.get("type") == "json_schema" and scenario.structured is not None:
             return self._message(json.dumps(scenario.structured))
-        if scenario.shell is not None:
+        call: tuple[str, dict[str, Any]] | None = None
+        if scenario.call is not None and scenario.call[0] in _offered(body):
+            call = scenario.call
+        elif scenario.shell is not None:
             call = _shell_call(body.get("tools") or [], scenario.shell)
-            if call is not None:
-                name, arguments = call
-                return {
-                    "type": "function_call",
-                    "id": f"fc_mock_{next(self._ids)}",
-                    "call_id": f"call_mock_{next(self._ids)}",
-                    "name": name,
-                    "arguments": json.dumps(arguments),
-                    "status": "completed",
-                }
+        if call is not None:
+            name, arguments = call
+            return {
+                "type": "function_call",
+                "id": f"fc_mock_{next(self._ids)}",
+                "call_id": f"call_mock_{next(self._ids)}",
+                "name": name,
+                "arguments": json.dumps(arguments),
+                "status": "completed",
+            }
         return self._message(scenario.text)
 
     def _message(self, text: str) -> dict[str, Any]:
@@ -183,6 +188,10 @@ def _shell_call(tools: list[Any], command: str) -> tuple[str, dict[str, Any]] | 
             return name, {"command": ["bash", "-lc", command]}
         return name, {"command": command}
     return None
+
+
+def _offered(body: dict[str, Any]) -> set[str]:
+    return {str(t.get("name")) for t in body.get("tools") or [] if isinstance(t, dict)}
 
 
 def _output_text(output: Any) -> str:

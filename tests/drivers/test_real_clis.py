@@ -464,6 +464,51 @@ def test_codex_tool_call_in_the_sandbox(
     assert "web_search" not in {t.get("name") or t.get("type") for t in request["body"]["tools"]}
 
 
+@pytest.mark.parametrize(("sandbox", "written"), [("read_only", False), ("workspace_write", True),
+                                                  ("unrestricted", True)])
+def test_codex_sandbox_levels(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str,
+    sandbox: str, written: bool,
+) -> None:
+    target = os.path.join(workspace, "made.txt")
+    openai.configure(shell=f"touch {target}; echo done")
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        stream = agent.stream("make a file", policy=adaptor.Policy(sandbox=sandbox))
+        events = list(stream)
+        result = stream.result()
+    argv = next(e.data["argv"] for e in events if isinstance(e, ProcessInfo) and e.kind == "spawn")
+    mode = sandbox.replace("_", "-").replace("unrestricted", "danger-full-access")
+    assert argv[argv.index(f'sandbox_mode="{mode}"') - 1] == "-c"
+    assert os.path.exists(target) is written
+    assert ("Read-only file system" in result.text) is not written
+
+
+@pytest.mark.parametrize("sandbox", [None, "read_only"])
+def test_codex_refuses_escalations_and_questions_itself(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str,
+    sandbox: str | None,
+) -> None:
+    # permission auto_approve means "never asked": a command asking to leave the sandbox, and
+    # a question to the user, are refused by codex exec itself, and the model is told so.
+    target = os.path.join(workspace, "made.txt")
+    auto = adaptor.Policy(sandbox=sandbox,
+                          approvals=adaptor.ApprovalPolicy(permission="auto_approve",
+                                                           plan_review="auto_approve"))
+    escalate = {"cmd": f"touch {target}", "sandbox_permissions": "require_escalated",
+                "justification": "write outside the sandbox"}
+    question = {"questions": [{"id": "color", "header": "Color", "question": "Which color?",
+                               "options": [{"label": "red", "description": "warm"},
+                                           {"label": "blue", "description": "cool"}]}]}
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace, policy=auto) as agent:
+        openai.configure(call=("exec_command", escalate))
+        escalated = agent.run("make a file")
+        openai.configure(call=("request_user_input", question))
+        asked = agent.run("ask me")
+    assert not os.path.exists(target)
+    assert escalated.text.startswith("Tool output was: approval policy is Never; reject command")
+    assert asked.text == "Tool output was: request_user_input is unavailable in Default mode"
+
+
 def test_codex_thread_resume_and_restart(
     codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
 ) -> None:
