@@ -347,6 +347,26 @@ def test_real_tool_use_with_auto_approve(
 
 
 @pytest.mark.slow
+def test_real_auto_reject_withholds_the_tools_that_need_approval(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+) -> None:
+    # auto_reject wins over the config's yolo: shell and file writes are not offered at all,
+    # so nothing is ever asked or rejected at run time (on_reject never applies).
+    mock.configure(tool=("write_file", {"file_path": f"{workspace}/made.txt", "content": "hi\n"}))
+    strict = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject"))
+    config = gemini_config(model=MODEL, approval_mode="yolo")
+    with adaptor.Agent(gemini.Driver(config), workspace=workspace, policy=strict) as agent:
+        stream = agent.stream("make a file")
+        events = list(stream)
+        result = stream.result()
+    argv = next(e.data["argv"] for e in events if isinstance(e, ProcessInfo) and e.kind == "spawn")
+    assert argv[argv.index("--approval-mode") + 1] == "default"
+    offered = {d["name"] for t in mock.chats()[0]["tools"] for d in t["functionDeclarations"]}
+    assert not offered & {"run_shell_command", "write_file", "replace"}
+    assert result.text == DEFAULT_TEXT and not Path(workspace, "made.txt").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("status", "kind"), [(401, "auth"), (500, "provider_unavailable")])
 def test_real_error_status(
     gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str, status: int,
