@@ -185,6 +185,25 @@ def test_claude_plan_review_shows_the_plan(
     assert result.text.startswith("Tool result was: User has approved")
 
 
+def test_claude_question_mode_alone_hands_permissions_to_the_sdk(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # Any explicit question mode turns on the stdio prompt tool; permission, left unset, is then
+    # the SDK's default "ask" (docs/drivers.md), not the CLI's silent denial.
+    target = os.path.join(workspace, "perm.txt")
+    anthropic.configure(tool=("Bash", {"command": f"touch {target}", "description": "Create perm.txt"}))
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="auto_reject", timeout=1))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=policy) as agent:
+        with pytest.raises(adaptor.ApprovalTimeoutError) as caught:
+            agent.run("create perm.txt")
+        kept = adaptor.Policy(approvals=adaptor.ApprovalPolicy(
+            question="auto_reject", permission="auto_reject", on_reject="continue"))
+        result = agent.run("create perm.txt", policy=kept)
+    assert caught.value.details["kind"] == "permission"
+    assert result.text == "Tool result was: Permission denied by user."
+    assert not os.path.exists(target)
+
+
 def test_claude_thread_resume_reuse_and_restart(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
