@@ -80,10 +80,39 @@ def decode(line: str | bytes) -> Decoded:
     try:
         value = orjson.loads(stripped)
     except orjson.JSONDecodeError:
-        return Decoded("malformed", text=text)
+        value = _loads_mended(stripped)
+        if value is None:
+            return Decoded("malformed", text=text)
     if not isinstance(value, dict):
         return Decoded("malformed", text=text)
     return Decoded("event", event=value, text=text)
+
+
+# In a JSON string: an escaped backslash, a surrogate pair, or a lone surrogate escape.
+_SURROGATE_ESCAPES: Final = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
+
+
+def _mend_surrogate(match: re.Match[bytes]) -> bytes:
+    escape = match.group()
+    return b"\\ufffd" if len(escape) == 6 else escape
+
+
+def _loads_mended(data: bytes) -> Any:
+    """``data`` parsed with each lone surrogate escape made U+FFFD; None if still not JSON.
+
+    A model's text can hold a lone surrogate, which a Node CLI writes as the escape
+    ``\\ud800``: valid JSON, which orjson refuses.  Refused, the line would be malformed: a
+    terminal event lost, and a CLI that keeps its process for the next turn waited on for
+    ever.  Bytes that are not UTF-8 are no JSON at all and stay malformed.
+    """
+    if b"\\u" not in data:
+        return None
+    try:
+        return orjson.loads(_SURROGATE_ESCAPES.sub(_mend_surrogate, data))
+    except orjson.JSONDecodeError:
+        return None
 
 
 def split_lines(blob: bytes) -> Iterator[bytes]:
