@@ -20,6 +20,7 @@ import orjson
 from adaptor import _home, _redact, drivers, errors, events
 from adaptor._cli_common import (
     StopSignal,
+    clip,
     compact,
     echo,
     emit_result,
@@ -620,8 +621,9 @@ class Live:
                 case events.TextDelta(phase="end") if self.stream_text and not self._at_line_start:
                     self._write(sys.stdout, "\n")
                 case events.ToolCall(phase="start") if self.stream_text:
+                    # One line per call, as the arguments get: a model names tools at will.
                     args = compact(event.args)
-                    self._line(sys.stdout, _dim(f"⚙ {shown(event.name)} {args}".rstrip()))
+                    self._line(sys.stdout, _dim(f"⚙ {clip(event.name)} {args}".rstrip()))
                 case events.Notice(kind="approval.requested") if self.hints:
                     self._approval_hint(event)
                 case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):

@@ -358,6 +358,23 @@ def test_run_on_a_terminal_streams_text_and_tool_lines(home: Home) -> None:
     assert text.count("last words") == 1  # streamed live, not printed again at the end
 
 
+def test_a_tool_line_stays_one_line_whatever_the_model_names_the_tool(home: Home) -> None:
+    # A model names tools at will (a prompt-injected one too): a newline in the name broke the
+    # "one line per tool call", and a name of any length was printed whole.
+    name = "grep\nrm -rf ~\x1b[2J" + "x" * 500
+    config = steps({"tool_call": {"name": name, "args": {"q": "x"}}}, {"text": "done"})
+    terminal = _Terminal("run", "--driver", "script", "--config", config, "go",
+                         env={**home.env(), "TERM": "xterm"})
+    try:
+        assert terminal.proc.wait(TIMEOUT) == 0
+        terminal.wait_for("done")
+    finally:
+        terminal.close()
+    tool_line = next(line for line in terminal.seen.split(b"\r\n") if "⚙".encode() in line)
+    assert b"grep\\nrm -rf ~\\x1b[2J" in tool_line and b"\x1b[2J" not in tool_line
+    assert len(tool_line) < 300, tool_line
+
+
 def test_run_without_a_daemon_or_a_spool_exits_69(tmp_path: Path) -> None:
     spool = tmp_path / "home"
     (spool / "spool" / "new").mkdir(parents=True)
