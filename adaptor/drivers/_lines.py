@@ -100,19 +100,56 @@ def _mend_surrogate(match: re.Match[bytes]) -> bytes:
 
 
 def _loads_mended(data: bytes) -> Any:
-    """``data`` parsed with each lone surrogate escape made U+FFFD; None if still not JSON.
+    """``data`` parsed after what orjson refuses but JSON allows is mended; None if still not
+    JSON.  Bytes that are not UTF-8 are no JSON at all and stay refused.
 
-    A model's text can hold a lone surrogate, which a Node CLI writes as the escape
-    ``\\ud800``: valid JSON, which orjson refuses.  Refused, the line would be malformed: a
-    terminal event lost, and a CLI that keeps its process for the next turn waited on for
-    ever.  Bytes that are not UTF-8 are no JSON at all and stay malformed.
+    A model makes both: a lone surrogate in its text, which a Node CLI writes as the escape
+    ``\\ud800`` (it becomes U+FFFD), and a value nested deeper than the :data:`_READ_DEPTH`
+    levels orjson reads (tool arguments, structured output; cut at that depth).  Refused, the
+    line would be malformed: a terminal event lost, and a CLI that keeps its process for the
+    next turn waited on for ever.
     """
-    if b"\\u" not in data:
-        return None
+    if b"\\u" in data:
+        data = _SURROGATE_ESCAPES.sub(_mend_surrogate, data)
     try:
-        return orjson.loads(_SURROGATE_ESCAPES.sub(_mend_surrogate, data))
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" not in str(exc):
+            return None
+    try:
+        return orjson.loads(_cut_deep(data, _READ_DEPTH))
     except orjson.JSONDecodeError:
         return None
+
+
+# The deepest arrays and objects orjson reads.
+_READ_DEPTH: Final = 1024
+# A JSON string (which may hold brackets) or a bracket.
+_JSON_TOKENS: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _cut_deep(data: bytes, limit: int) -> bytes:
+    """``data`` with each array or object below ``limit`` levels replaced by the string the
+    daemon's records use for such a value (see ``_nesting.copy``)."""
+    note = f'"<nested deeper than {limit} levels: not kept>"'.encode()
+    parts: list[bytes] = []
+    kept_from = 0
+    cut_at = -1
+    level = 0
+    for token in _JSON_TOKENS.finditer(data):
+        bracket = token.group()
+        if bracket in (b"[", b"{"):
+            level += 1
+            if level == limit + 1:
+                cut_at = token.start()
+        elif bracket in (b"]", b"}"):
+            if level == limit + 1 and cut_at >= 0:
+                parts += (data[kept_from:cut_at], note)
+                kept_from = token.end()
+                cut_at = -1
+            level -= 1
+    parts.append(data[kept_from:])
+    return b"".join(parts)
 
 
 def split_lines(blob: bytes) -> Iterator[bytes]:
