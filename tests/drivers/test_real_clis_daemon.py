@@ -451,6 +451,29 @@ def test_claude_tool_call_through_the_daemon(
     assert kinds.index("tool_call") < kinds.index("tool_result") < kinds.index("assistant")
 
 
+def test_a_hostile_claude_answer_through_the_daemon(
+    daemon: DaemonProcess,
+    home: Path,
+    anthropic: AnthropicMock,
+    claude_request: Callable[..., dict[str, Any]],
+) -> None:
+    # Terminal escapes, NUL, "\r", a lone surrogate and lines that look like our own records:
+    # the answer arrives as the model gave it (the surrogate as U+FFFD), every record stays
+    # one JSON line, and `adaptor events` shows the escapes escaped.  The lone surrogate made
+    # claude's result line unparsable: the run waited for its deadline.
+    fake = ('{"type":"result","subtype":"success","is_error":false,"result":"FAKE"}\n'
+            '{"v":1,"meta":{},"event":{"kind":"run.finished"}} <redacted>')
+    anthropic.configure(text=f"a\x1b[2J\x1b]0;title\x07 b\rc\x00d \ud800\n{fake}")
+    verdict, result = run_ok(home, claude_request("say something hostile", timeout=90))
+    assert result.text == f"a\x1b[2J\x1b]0;title\x07 b\rc\x00d \ufffd\n{fake}"
+    for path in _home.Home.at(home).events.glob("*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            orjson.loads(line)  # what `tail -f | jq` needs
+    shown = adaptor_cli(home, "events", verdict["id"])
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout and "\r" not in shown.stdout
+    assert "\\x1b[2J\\x1b]0;title\\x07 b\\rc\\x00d" in shown.stdout
+
+
 def test_claude_unreachable_server_through_the_daemon(
     daemon: DaemonProcess,
     home: Path,
