@@ -11,15 +11,16 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_quickstart_runs_end_to_end() -> None:
+def _run_python_example(name: str) -> list[str]:
+    """The example's stdout lines (it must exit 0)."""
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "quickstart.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+        [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=120, check=True
     )
-    lines = proc.stdout.splitlines()
+    return proc.stdout.splitlines()
+
+
+def test_quickstart_runs_end_to_end() -> None:
+    lines = _run_python_example("quickstart.py")
     assert "tool: Bash" in lines
     assert "approval: permission -> approved" in lines
     assert any(line.startswith("review: approve with 0 issues (run_") for line in lines)
@@ -29,14 +30,7 @@ def test_quickstart_runs_end_to_end() -> None:
 def test_custom_driver_example_runs_and_conforms() -> None:
     # docs/drivers.md's "Writing your own driver" is this file: a driver written with public
     # names only must run, stream, resume a thread, fail typed and pass the conformance suite.
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "custom_driver.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert proc.stdout.splitlines() == [
+    assert _run_python_example("custom_driver.py") == [
         "run: turn 1: hello",
         "deltas: turn 1: streamed",
         "thread: turn 2: second",
