@@ -303,10 +303,20 @@ def _no_survivors(driver: Driver, descriptor: Descriptor, canary: str) -> None:
         # The suite's own leftovers (nobody else carries this run's secret): not the caller's.
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    # Reported once they are really gone: a SIGKILL takes effect when the kernel next runs
+    # the process, and the caller may look right after.
+    deadline = time.monotonic() + _EXIT_GRACE
+    while time.monotonic() < deadline and any(_running(pid) for pid, _ in left):
+        time.sleep(0.01)
     _fail(
         f"{len(left)} process(es) the run started still running after run() returned "
         f"(pids {', '.join(str(pid) for pid, _ in left)})"
     )
+
+
+def _running(pid: int) -> bool:
+    found = _procfs.stat(pid)
+    return found is not None and not found.zombie
 
 
 # --- descriptor, config, capabilities -----------------------------------------------------------
