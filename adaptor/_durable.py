@@ -177,6 +177,13 @@ def _random_suffix() -> str:
     return secrets.token_hex(8)
 
 
+def close_quietly(fd: int | None) -> None:
+    """Close ``fd`` (if any) from a finalizer, where an error has nobody to go to."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     written = os.write(fd, data)
     if written == len(data):
@@ -1447,6 +1454,12 @@ class DurableLog:
         # not have to wait out the linger for a writer that is done.
         lock.release_idle()
         self._lock_entry = None  # the entry may go now, unless someone else still uses it
+
+    def __del__(self) -> None:
+        # Dropped without close(): nobody can be inside an append (it holds a reference), so
+        # the descriptor goes without the lock, which here could wait on another thread.
+        close_quietly(getattr(self, "_fd", None))
+        self._fd = None
 
     def _check_usable(self) -> None:
         if self._closed:

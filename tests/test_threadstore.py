@@ -1161,6 +1161,40 @@ def test_closed_store_refuses_calls_without_taking_the_lock(
     assert released == []  # never taken, so it kept nobody waiting and nothing lingers
 
 
+def test_a_store_dropped_without_close_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    # A program making a JSONLStore per request (as sdk.md's `Agent(driver,
+    # thread_store=JSONLStore(dir))` invites) and never closing it kept two or three descriptors
+    # per store (the log it read, the log it wrote, the snapshot) until it ran out of them.
+    import gc
+
+    directory = tmp_path / "threads"
+
+    def open_descriptors() -> int:
+        gc.collect()
+        return len(os.listdir("/proc/self/fd"))
+
+    def one_request(n: int) -> None:
+        store = JSONLStore(directory)
+        store._compact_after = 4  # so the snapshot is opened too
+        for i in range(3):
+            lease = store.acquire_lease("key:k", f"owner-{n}", 60)
+            store.finalize(
+                FinalizeRequest(
+                    record=make_record(f"r{n}-{i}", "k"), key="k", held_leases=(lease,),
+                    rebind_active=True,
+                )
+            )
+            store.release_lease(lease)
+
+    one_request(0)  # the lock registry, the reaper thread and the like, made once
+    before = open_descriptors()
+    for n in range(1, 21):
+        one_request(n)
+    assert open_descriptors() == before
+    with JSONLStore(directory) as reader:
+        assert reader.resolve(Query(key="k")) is not None
+
+
 def test_a_process_gives_the_store_lock_away_between_cycles_not_within_a_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -78,6 +78,7 @@ from adaptor._durable import (
     CorruptLogError,
     DurableLog,
     atomic_write_json,
+    close_quietly,
     ensure_dir,
     exclusive,
     lock_epoch,
@@ -225,7 +226,8 @@ class JSONLStore:
     """The thread store in plain files under ``directory``, safe across processes and threads.
 
     Every call takes ``store.lock`` (blocking, no timeout; it is held for one small read or
-    one append).  The store keeps a few file descriptors open; :meth:`close` them when done.
+    one append).  The store keeps a few file descriptors open; :meth:`close` them when done
+    (a store dropped without it closes them when it is garbage collected).
     Corruption that a crash cannot explain raises :class:`adaptor.threadstore.CorruptLogError`;
     a failed write or fsync raises ``OSError`` and makes this instance refuse further writes
     (open a new one to re-read the files and carry on).
@@ -285,6 +287,15 @@ class JSONLStore:
             self._closed = True
             self._forget_files()
         release_lingering(self._lock_path)
+
+    def __del__(self) -> None:
+        # A program that makes a store per request and never closes it (nothing says it must)
+        # ran out of descriptors: each kept the logs and the snapshot it had open.  Nobody can
+        # be inside a call now (it holds a reference), so no lock is taken.  The log we append
+        # through closes its own as it goes with us.
+        for name in ("_snapshot_fd", "_log_fd"):
+            close_quietly(getattr(self, name, None))
+            setattr(self, name, None)
 
     # --- the contract ---------------------------------------------------------------------------
 
