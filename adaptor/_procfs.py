@@ -100,6 +100,26 @@ def carrying(entry: bytes) -> list[tuple[int, ProcessStat]]:
     return found
 
 
+#: In the environment of every agent CLI the SDK starts, and so of whatever that starts in turn:
+#: ``<pid>:<start>`` of the process that started it.  A thread lease outlives its holder while
+#: such processes run (see ``adaptor.threadstore._holder``).
+STARTER_VAR = "ADAPTOR_STARTED_BY"
+
+
+def started_by_me() -> dict[str, str]:
+    """The :data:`STARTER_VAR` entry naming this process, for a child's environment (none
+    without a ``/proc`` of our own, where nobody could look for it)."""
+    pid = os.getpid()
+    found = stat(pid) if usable() else None
+    return {} if found is None else {STARTER_VAR: f"{pid}:{found.start}"}
+
+
+def started_by_running(pid: int, start: int) -> bool:
+    """Whether a process that ``(pid, start)`` started (through :func:`started_by_me`), or one
+    of theirs, still runs: only this user's can be seen."""
+    return bool(carrying(f"{STARTER_VAR}={pid}:{start}".encode()))
+
+
 def pid_namespace() -> str | None:
     """This process's pid namespace, as ``/proc/self/ns/pid`` names it (``pid:[<inode>]``)."""
     try:

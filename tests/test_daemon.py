@@ -35,7 +35,7 @@ from adaptor.threadstore import JSONLStore
 from adaptord import config as config_module
 from hosttools import sessionrecorder as sr
 from tests.costly_schemas import doubling_chain
-from tests.daemon_harness import DaemonProcess, marked_processes, processes_with_env
+from tests.daemon_harness import DaemonProcess, identities, marked_processes, processes_with_env
 from tests.drivers.conftest import claude_with_deep_input
 from tests.inotify_hog import InotifyHog
 from tests.task_limit import TaskLimit
@@ -233,6 +233,59 @@ def test_a_thread_store_cleared_by_hand_is_served_without_a_restart(daemon: Daem
     finally:
         agent.close()
         store.close()
+
+
+def test_a_thread_stays_busy_while_the_agent_of_its_killed_holder_runs(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    # A program killed -9 mid-turn freed its lease at once, though the agent CLI it had started
+    # (a session of its own) went on working on the conversation: the daemon's next turn of the
+    # thread resumed the same session beside it, two agents in one workspace.
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    gate = tmp_path / "gate"
+    transcript = Path(__file__).parent / "drivers" / "transcripts" / "claude-text.jsonl"
+    cli = tmp_path / "claude"
+    cli.write_text(
+        "#!/bin/sh\n"  # held only in the killed program (FAKE_GATE is in its environment)
+        'if [ -n "$FAKE_GATE" ]; then echo $$ > "$FAKE_GATE.pid"\n'
+        '  while [ ! -e "$FAKE_GATE.go" ]; do sleep 0.05; done; fi\n'
+        f"cat {transcript}\n"
+    )
+    cli.chmod(0o755)
+    program = (
+        "import sys, adaptor\n"
+        "from adaptor.drivers import claude\n"
+        "from adaptor.threadstore import JSONLStore\n"
+        "agent = adaptor.Agent(claude.Driver(claude.Config(command=sys.argv[1])),\n"
+        "                      thread_store=JSONLStore(sys.argv[2]), workspace=sys.argv[3])\n"
+        "agent.thread('shared').run('the turn that is killed')\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", program, str(cli), str(daemon.home.threads), str(workspace)],
+        env={**os.environ, "FAKE_GATE": str(gate)},
+    )
+    deadline = time.monotonic() + 30
+    while not gate.with_suffix(".pid").exists() or not gate.with_suffix(".pid").read_text().strip():
+        assert holder.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    agent_pid = int(gate.with_suffix(".pid").read_text())
+    holder.kill()
+    holder.wait(timeout=30)
+    turn = {"driver": "claude", "prompt": "next", "thread": {"key": "shared"},
+            "workspace": str(workspace), "config": {"command": str(cli)}}
+    try:
+        assert [pid for pid, _ in identities([agent_pid])] == [agent_pid]  # orphaned, working
+        verdict = daemon.verdict(daemon.submit(turn))
+        assert verdict["exit_code"] == 75, verdict
+        assert verdict["error"]["type"] == "ThreadBusyError"
+    finally:
+        gate.with_suffix(".go").touch()
+    while identities([agent_pid]):
+        assert time.monotonic() < deadline + 30, "the orphaned agent did not end"
+        time.sleep(0.02)
+    verdict = daemon.verdict(daemon.submit(turn))  # free once that agent is gone
+    assert verdict["ok"], verdict["error"]
 
 
 def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon: DaemonProcess) -> None:

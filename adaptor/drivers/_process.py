@@ -337,7 +337,7 @@ class Child:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=spec.cwd,
-                env={**spec.env, MARK_VAR: mark},
+                env={**spec.env, MARK_VAR: mark, **_procfs.started_by_me()},
                 start_new_session=True,
                 close_fds=True,
             )

@@ -6,8 +6,11 @@ that thread got ``ThreadBusyError``.  A lease now records its holder: pid, the p
 time, its user and its pid namespace.  Another process treats the lease as gone only when it
 can be certain: same boot (checked by the caller), same pid namespace (so pid numbers mean the
 same process), same user (a ``hidepid`` ``/proc`` hides other users' processes, which must not
-look dead), and the pid is gone, is a zombie, or belongs to a process started at another time.
-Anything else (no ``/proc``, another container, another user) leaves the TTL in charge.
+look dead), and the pid is gone, is a zombie, or belongs to a process started at another time,
+and none of the agent processes it started runs any more.  Those run in sessions of their own
+and outlive a ``kill -9`` of their starter; a thread taken over meanwhile had two agents working
+on one conversation and one workspace.  They carry their starter's identity in their
+environment (``_procfs.STARTER_VAR``).  Anything else (no ``/proc``, another container, another user) leaves the TTL in charge.
 Fencing is untouched: the next grant has a new generation and token, which a dead holder could
 not have used anyway.
 """
@@ -20,6 +23,9 @@ from typing import Any
 from adaptor import _procfs
 
 _mine: tuple[int, dict[str, Any] | None] | None = None  # (pid it was read for, the holder)
+# Holders (pid, start) found ended along with every agent they started: looking for those
+# agents reads the environment of each of this user's processes, once is enough.
+_ended: set[tuple[int, int]] = set()
 
 
 def current() -> dict[str, Any] | None:
@@ -49,12 +55,20 @@ def gone(holder: object) -> bool:
     if mine is None or holder.get("pidns") != mine["pidns"] or holder.get("uid") != mine["uid"]:
         return False
     pid, start = holder.get("pid"), holder.get("start")
-    if pid == mine["pid"]:
-        reused: bool = start != mine["start"]  # our pid, so not that process: it ended
-        return reused
     if type(pid) is not int or type(start) is not int:
         return False
-    return not _procfs.running(pid, start)
+    if pid == mine["pid"]:
+        if start == mine["start"]:
+            return False  # this very process
+    elif _procfs.running(pid, start):
+        return False
+    if (pid, start) in _ended:
+        return True
+    if _procfs.started_by_running(pid, start):
+        return False  # an agent it started still works on the thread
+    # Nothing can carry the mark from now on: only a running carrier could hand it on.
+    _ended.add((pid, start))
+    return True
 
 
 def check_json(holder: object) -> None:
