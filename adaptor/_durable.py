@@ -177,11 +177,14 @@ def _random_suffix() -> str:
     return secrets.token_hex(8)
 
 
-def close_quietly(fd: int | None) -> None:
-    """Close ``fd`` (if any) from a finalizer, where an error has nobody to go to."""
+def close_quietly(fd: int | None, _close: Callable[[int], None] = os.close) -> None:
+    """Close ``fd`` (if any) from a finalizer, where an error has nobody to go to.  (``_close``
+    is bound early: at interpreter exit a finalizer may run after this module's globals went.)"""
     if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        try:
+            _close(fd)
+        except OSError:
+            pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
