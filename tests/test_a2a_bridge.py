@@ -442,6 +442,8 @@ def test_a_listener_that_dies_stops_the_daemon_with_a_restartable_exit(tmp_path:
     trigger.touch()
     died = proc.wait_for_line("adaptord: a2a.died ")
     assert "injected: the A2A server loop failed" in died and "then=stopping exit_code=70" in died
+    assert proc.proc is not None
+    assert proc.proc.wait(timeout=60) == 70  # it stops by itself: no signal sent
     assert proc.stop() == 70
     recorder = sr.EventRecorder(sr.JSONLEventBackend(proc.home.events))
     phases = [getattr(record.event, "data", {}).get("phase") for record in recorder.since("adaptord")]

@@ -213,6 +213,8 @@ def test_retention_removes_exactly_the_old_finished_files(tmp_path: Path) -> Non
             assert daemon.verdict(rid)["ok"], daemon.verdict(rid)
         running = daemon.submit({"driver": "script", "prompt": "go", "config": {"steps": [{"text": "x"}, {"sleep": 120}]}})
         daemon.wait_for_line(f"request.started id={running}")
+        # Its audit log is made at its first event, a moment after the start.
+        wait_until((home.events / f"{running}.jsonl").exists, "the running request's audit log")
         thread_log = next(home.events.glob("thread=*.jsonl"))
         # Made old: the finished ones by their verdicts (the rest of their files too, which
         # decides nothing), and everything of the running request and of the thread.
