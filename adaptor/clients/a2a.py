@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, run
 from urllib.parse import urlsplit
 
 from adaptor import _waiting
+from adaptor._redact import REDACTED
 from adaptor.errors import AdaptorError
 
 if TYPE_CHECKING:
@@ -1233,7 +1234,6 @@ def _stream_event(op: str, response: pb.StreamResponse, secrets: tuple[str, ...]
 
 # -- errors
 
-_REDACTED = "<redacted>"
 # How the SDK words a JSON-RPC error whose code it has no class for (it keeps no other trace of
 # the code); a code that is not an integer makes the answer malformed.
 _REMOTE_RPC_ERROR = re.compile(r"JSON-RPC Error (-?\d+): (.*)", re.DOTALL)
@@ -1241,15 +1241,15 @@ _RAW_LIMIT = 2048
 _CREDENTIAL_PATTERNS = (
     (
         re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\r\n,;}\"']+"),
-        r"\1" + _REDACTED,
+        r"\1" + REDACTED,
     ),
-    (re.compile(r"(?i)\b((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + _REDACTED),
-    (re.compile(r"(://)[^/@\s\"']+(@)"), r"\1" + _REDACTED + r"\2"),
+    (re.compile(r"(?i)\b((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + REDACTED),
+    (re.compile(r"(://)[^/@\s\"']+(@)"), r"\1" + REDACTED + r"\2"),
     (
         re.compile(
             r"(?i)\b((?:access_token|api[_-]?key|token|secret|password)[\"']?\s*[:=]\s*[\"']?)[^\s,;&\"'}]+"
         ),
-        r"\1" + _REDACTED,
+        r"\1" + REDACTED,
     ),
 )
 
@@ -1291,7 +1291,7 @@ def _scrub_chain(exc: BaseException, secrets: tuple[str, ...]) -> None:
 
 def _redact(text: str, secrets: tuple[str, ...]) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, _REDACTED)
+        text = text.replace(secret, REDACTED)
     return text
 
 
