@@ -109,9 +109,15 @@ STARTER_VAR = "ADAPTOR_STARTED_BY"
 def started_by_me() -> dict[str, str]:
     """The :data:`STARTER_VAR` entry naming this process, for a child's environment (none
     without a ``/proc`` of our own, where nobody could look for it)."""
+    global _starter
     pid = os.getpid()
-    found = stat(pid) if usable() else None
-    return {} if found is None else {STARTER_VAR: f"{pid}:{found.start}"}
+    if _starter is None or _starter[0] != pid:  # read once per process (a fork is another)
+        found = stat(pid) if usable() else None
+        _starter = (pid, {} if found is None else {STARTER_VAR: f"{pid}:{found.start}"})
+    return dict(_starter[1])
+
+
+_starter: tuple[int, dict[str, str]] | None = None
 
 
 def started_by_running(pid: int, start: int) -> bool:
