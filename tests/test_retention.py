@@ -57,6 +57,18 @@ def facts(path: Path) -> list[dict[str, Any]]:
     return found
 
 
+def settled(daemon: DaemonProcess, request_id: str) -> dict[str, Any]:
+    """The request's verdict, once the daemon has also marked its run folder done.
+
+    The folder's ``state.json`` is rewritten just after the verdict appears: removing the folder
+    in between races that write ("Directory not empty").
+    """
+    verdict = daemon.verdict(request_id)
+    state = daemon.home.run_state(request_id)
+    wait_until(lambda: state.exists() and orjson.loads(state.read_bytes())["status"] == "done", "the run state")
+    return verdict
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     proc = DaemonProcess(tmp_path / "home", "--workers", "2", "--grace", "5").start()
@@ -74,7 +86,7 @@ def test_each_kind_of_file_of_a_finished_request_removed_by_hand(daemon: DaemonP
     home = daemon.home
     no_verdict, no_run, no_log, nothing = (daemon.submit(script(f"r{i}")) for i in range(4))
     for rid in (no_verdict, no_run, no_log, nothing):
-        daemon.verdict(rid)
+        settled(daemon, rid)
     home.verdict(no_verdict).unlink()
     shutil.rmtree(home.run_dir(no_run))
     (home.events / f"{no_log}.jsonl").unlink()
@@ -116,7 +128,7 @@ def test_a_verdict_removed_while_its_files_are_read_is_an_unknown_request(daemon
     # just before must not return a Result whose stdout and transcript silently went missing.
     client = Client(daemon.home.root)
     rid = daemon.submit(script("whole"))
-    verdict = client.verdict(rid) or daemon.verdict(rid)
+    verdict = settled(daemon, rid)
     assert client._outcome(verdict).raw().stdout == "raw\n"
     daemon.home.verdict(rid).unlink()
     shutil.rmtree(daemon.home.run_dir(rid))
