@@ -50,6 +50,12 @@ needs the ``mcp`` extra; without it a run is refused before launch with
 ``revision`` on every tool: the catalogue, revisions included, is part of a thread's
 compatibility fingerprint, and a tool without one refuses the run with
 ``ThreadIncompatibleError``.
+
+A result bigger than ``max_result_bytes`` (:data:`MAX_RESULT_BYTES`, 1 MiB, unless the
+definition says otherwise) is never sent: the model gets an error result naming the size and
+the limit instead.  Without it each CLI does something else with an oversized result: claude
+refuses one above 16 MB, codex cuts one of about 1 MiB and more short (docs/sdk.md, "Host
+tools", has the measurements).
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GENERIC_FAILURE",
+    "MAX_RESULT_BYTES",
     "Annotations",
     "CallOutcome",
     "Definition",
@@ -94,6 +101,9 @@ __all__ = [
 NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 GENERIC_FAILURE: Final = "the tool failed while handling this request"
 INVALID_INPUT_CODE: Final = "invalid_input"
+# The default ``max_result_bytes``: codex (0.171) cuts a result of this size and more short,
+# claude (2.1.332) refuses one above 16 MB.
+MAX_RESULT_BYTES: Final = 1_048_576
 
 _DEFAULT_REJECT_CODE = "rejected"
 _DEFAULT_REJECT_MESSAGE = "tool request rejected"
@@ -231,6 +241,7 @@ class Definition:
     title: str
     revision: str
     annotations: Annotations
+    max_result_bytes: int
     _input: CompiledSchema | None = field(repr=False)
     _output: CompiledSchema | None = field(repr=False)
     _problem: InvalidDefinitionError | None = field(repr=False)
@@ -278,7 +289,19 @@ class Definition:
             log.warning("tool %r failed", self.name, exc_info=True)
             return CallOutcome(text=GENERIC_FAILURE, is_error=True)
         structured = plain if isinstance(plain, dict) and _is_object_schema(self._output) else None
-        return CallOutcome(text=plain if isinstance(plain, str) else text, structured=structured)
+        shown = plain if isinstance(plain, str) else text
+        # What the gateway sends: the text, and the structured content (``text``'s JSON) again.
+        size = len(shown.encode()) + (len(text.encode()) if structured is not None else 0)
+        if size > self.max_result_bytes:
+            log.warning(
+                "tool %r returned %d bytes, over its limit of %d bytes: the model got an error "
+                "result instead",
+                self.name,
+                size,
+                self.max_result_bytes,
+            )
+            return CallOutcome(text=_too_big(size, self.max_result_bytes), is_error=True)
+        return CallOutcome(text=shown, structured=structured)
 
     # -- the invoke path ---------------------------------------------------------------------
 
@@ -403,14 +426,21 @@ def define(
     destructive: bool | None = None,
     idempotent: bool | None = None,
     open_world: bool | None = None,
+    max_result_bytes: int = MAX_RESULT_BYTES,
 ) -> Definition:
-    """Define a tool.  Never raises: an invalid definition is kept and fails the run later."""
+    """Define a tool.  Never raises: an invalid definition is kept and fails the run later.
+
+    ``max_result_bytes`` bounds what one call sends the model (UTF-8 bytes of the text, plus
+    the structured content's JSON when there is one); a bigger result reaches the model as an
+    error result asking for less, never cut short.
+    """
     annotations = Annotations(read_only, destructive, idempotent, open_world)
     problem: InvalidDefinitionError | None = None
     input_schema: CompiledSchema | None = None
     output_schema: CompiledSchema | None = None
     try:
         _check_fields(name, description, handler, title, revision, annotations)
+        _check_result_limit(max_result_bytes, f"tool {name!r}")
         label = f"tool {name!r}"
         if input is not None:
             input_schema = _compile(input, f"{label}: input")
@@ -433,6 +463,7 @@ def define(
         title=title.strip() if isinstance(title, str) else "",
         revision=revision.strip() if isinstance(revision, str) else "",
         annotations=annotations,
+        max_result_bytes=max_result_bytes,
         _input=input_schema,
         _output=output_schema,
         _problem=problem,
@@ -513,6 +544,24 @@ def _check_fields(
             raise InvalidDefinitionError(f"{label}: {hint.name} must be True, False or None")
     if annotations.read_only and annotations.destructive:
         raise InvalidDefinitionError(f"{label}: a tool cannot be both read_only and destructive")
+
+
+def _check_result_limit(limit: object, label: str) -> None:
+    # bool is an int, but max_result_bytes=True is a mistake, not a one-byte limit.
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise InvalidDefinitionError(
+            f"{label}: max_result_bytes must be a positive int, not a {type(limit).__name__}"
+        )
+    if limit <= 0:
+        raise InvalidDefinitionError(f"{label}: max_result_bytes must be positive, not {limit}")
+
+
+def _too_big(size: int, limit: int) -> str:
+    """The model's error result for a result over the limit: sizes only, never its content."""
+    return (
+        f"the tool's result was {size} bytes, over this tool's limit of {limit} bytes, so it was "
+        "not sent; call the tool again asking for less (a narrower query, or one page at a time)"
+    )
 
 
 def _check_arity(handler: Callable[..., Any], label: str) -> None:

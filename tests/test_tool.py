@@ -139,6 +139,11 @@ BAD_DEFINITIONS: list[tuple[str, dict[str, Any]]] = [
     ),
     ("bad output type", {"output": set}),
     ("malformed schema", {"output": {"type": 12}}),
+    ("zero result limit", {"max_result_bytes": 0}),
+    ("negative result limit", {"max_result_bytes": -1}),
+    ("float result limit", {"max_result_bytes": 1e6}),
+    ("bool result limit", {"max_result_bytes": True}),
+    ("str result limit", {"max_result_bytes": "1MB"}),
 ]
 
 
@@ -435,6 +440,73 @@ def test_handler_exceptions_become_the_generic_message() -> None:
 def test_rejections_reach_the_model() -> None:
     outcome = good().call({"number": 404})
     assert outcome.is_error and outcome.text == "no such issue"
+
+
+# --- the result size limit ----------------------------------------------------------------------
+
+
+def _returning(result: Any, **kw: Any) -> tool.Definition:
+    return tool.define("big", "d", lambda v: result, **kw)
+
+
+def _assert_too_big(outcome: tool.CallOutcome, size: int, limit: int) -> None:
+    assert outcome.is_error and outcome.structured is None
+    assert outcome.text == (
+        f"the tool's result was {size} bytes, over this tool's limit of {limit} bytes, so it was "
+        "not sent; call the tool again asking for less (a narrower query, or one page at a time)"
+    )
+
+
+def test_a_result_of_exactly_the_limit_is_sent_one_byte_more_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert _returning("x" * 100, max_result_bytes=100).call(None).text == "x" * 100
+    with caplog.at_level(logging.WARNING, logger="adaptor.tool"):
+        outcome = _returning(SECRET + "x" * (101 - len(SECRET)), max_result_bytes=100).call(None)
+    _assert_too_big(outcome, 101, 100)
+    # The log names the tool and the sizes; neither it nor the model sees the result.
+    assert [r.getMessage() for r in caplog.records] == [
+        "tool 'big' returned 101 bytes, over its limit of 100 bytes: the model got an error "
+        "result instead"
+    ]
+    assert SECRET not in caplog.text and SECRET not in outcome.text
+
+
+def test_the_limit_counts_utf8_bytes_not_characters() -> None:
+    text = "é€😀" * 10  # 2 + 3 + 4 bytes each: 90 bytes in 30 characters
+    assert _returning(text, max_result_bytes=90).call(None).text == text
+    _assert_too_big(_returning(text, max_result_bytes=89).call(None), 90, 89)
+
+
+def test_the_limit_counts_json_results_as_sent() -> None:
+    value = [{"a": "ü"}, 1.5, None]
+    sent = orjson.dumps(value)  # what the text holds: compact JSON, UTF-8
+    assert tool.define("t", "d", lambda v: value, max_result_bytes=len(sent)).call(None).text \
+        == sent.decode()
+    _assert_too_big(_returning(value, max_result_bytes=len(sent) - 1).call(None), len(sent),
+                    len(sent) - 1)
+
+
+def test_structured_content_counts_too() -> None:
+    # An object output travels twice: as text and as structured content.
+    size = len(orjson.dumps({"number": 1, "title": "issue 1"}))
+    outcome = good(max_result_bytes=2 * size).call({"number": 1})
+    assert not outcome.is_error and outcome.structured == {"number": 1, "title": "issue 1"}
+    _assert_too_big(good(max_result_bytes=2 * size - 1).call({"number": 1}), 2 * size,
+                    2 * size - 1)
+
+
+def test_the_default_limit_is_one_mib() -> None:
+    assert tool.MAX_RESULT_BYTES == 1_048_576
+    assert _returning("").max_result_bytes == tool.MAX_RESULT_BYTES
+    assert not _returning("x" * tool.MAX_RESULT_BYTES).call(None).is_error
+    _assert_too_big(_returning("x" * (tool.MAX_RESULT_BYTES + 1)).call(None),
+                    tool.MAX_RESULT_BYTES + 1, tool.MAX_RESULT_BYTES)
+
+
+def test_invoke_is_not_limited() -> None:
+    # The limit guards what the model is sent; a host calling invoke itself gets the result.
+    assert _returning("x" * 101, max_result_bytes=100).invoke(None) == '"' + "x" * 101 + '"'
 
 
 # --- schemas costly to check -----------------------------------------------------------------

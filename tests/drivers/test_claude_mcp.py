@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import adaptor
-from adaptor import mcp, skill
+from adaptor import mcp, skill, tool
 from adaptor.drivers import claude
 from adaptor.memory import Store
 from tests.drivers.mock_anthropic import AnthropicMock
@@ -67,6 +67,26 @@ def test_refusals_reach_the_model(
     assert is_error and expected in text and "SECRET-ARG" not in text
     ((_, name, reported, flagged),) = [t for t in tool_events(events) if t[0] == "result"]
     assert (name, reported, flagged) == ("mcp__adaptor__add", text, True)
+    assert result.text == f"Tool result was: {text}"
+
+
+def test_a_result_over_the_limit_reaches_the_model_as_an_error(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # 2 MB: claude itself would keep it in a file of its profile and hand the model the path.
+    big = tool.define("big", "A whole file", lambda value: "SECRET-ROW\n" * 200_000)
+    anthropic.configure(tool=("mcp__adaptor__big", {}))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, tools=[big]) as agent:
+        result, events = run(agent, "read it")
+    expected = ("the tool's result was 2200000 bytes, over this tool's limit of 1048576 bytes, so "
+                "it was not sent; call the tool again asking for less (a narrower query, or one "
+                "page at a time)")
+    # claude adds a hint of its own on a deferred tool's error (its input schema).
+    ((text, is_error),) = anthropic_tool_results(anthropic.messages()[-1]["messages"])
+    assert is_error and text.startswith(expected + "\n") and "SECRET-ROW" not in text
+    # Nor does the run's record hold the result.
+    assert [t for t in tool_events(events) if t[0] == "result"] == [
+        ("result", "mcp__adaptor__big", text, True)]
     assert result.text == f"Tool result was: {text}"
 
 
