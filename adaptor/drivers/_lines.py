@@ -106,8 +106,8 @@ def _loads_mended(data: bytes) -> Any:
     A model makes both: a lone surrogate in its text, which a Node CLI writes as the escape
     ``\\ud800`` (it becomes U+FFFD), and a value nested deeper than the :data:`_READ_DEPTH`
     levels orjson reads (tool arguments, structured output; cut at that depth).  Refused, the
-    line would be malformed: a terminal event lost, and a CLI that keeps its process for the
-    next turn waited on for ever.
+    line would be malformed: a terminal event lost, and the run failed though the CLI did
+    nothing wrong.
     """
     if b"\\u" in data:
         data = _SURROGATE_ESCAPES.sub(_mend_surrogate, data)

@@ -273,6 +273,39 @@ def test_a_cli_killed_mid_line_fails_by_its_signal(
     assert caught.value.result.metadata["protocol"] == "malformed"  # still said, and no checkpoint
 
 
+@pytest.mark.parametrize("result_line", [
+    b'{"type":"result","subtype":"success","is_error":false,"result":"hi \\xff","session_id":"s1"}',
+    b'{"type":"result","subtype":"success","is_error":false,"res',
+], ids=["not-utf8", "cut-short"])
+def test_claude_unreadable_result_line_ends_the_run(
+    fake_exe: Callable[[str, str], str], tmp_path: Path, result_line: bytes
+) -> None:
+    # claude waits on stdin for its next user frame after a result: a result line we could not
+    # read left the run waiting on it until the run's deadline (for ever without one).
+    exe = fake_exe("claude-unreadable", f"""
+        import subprocess, sys
+        sys.stdin.readline(), sys.stdin.readline()  # initialize, then the user frame
+        subprocess.Popen(["sleep", "300"])  # a helper of the CLI's, in its process group
+        out = sys.stdout.buffer
+        out.write(b'{{"type":"system","subtype":"init","session_id":"s1","model":"m"}}\\n')
+        out.write({result_line!r} + b"\\n")
+        out.flush()
+        sys.stdin.read()
+        """)
+    config = claude.Config(command=exe, config_dir=str(tmp_path / "profile"))
+    with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
+        stream = agent.stream("say hello", timeout=60)
+        events = list(stream)
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            stream.result()
+    assert str(caught.value).startswith("claude printed a malformed stream: unparsable JSON line")
+    assert caught.value.details["kind"] == "protocol"
+    assert caught.value.result is not None
+    assert caught.value.result.metadata["protocol"] == "malformed"
+    pid = next(e.data["pid"] for e in events if isinstance(e, ProcessInfo) and e.kind == "spawn")
+    assert group_members(pid) == []
+
+
 def test_claude_capabilities_are_honest(fake_cli: MakeFake, tmp_path: Path) -> None:
     with claude_agent(fake_cli("claude-text", stdin_protocol=True), tmp_path) as agent:
         with pytest.raises(adaptor.PolicyCapabilityUnsupportedError):
