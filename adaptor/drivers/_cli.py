@@ -342,7 +342,7 @@ def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
     unclean exit."""
     if reported is not None:
         return reported
-    if protocol.malformed and not killed_early(exit_, terminal=terminal):
+    if protocol.malformed and not killed_early(exit_, protocol, terminal=terminal):
         return malformed(cli, protocol)
     if exit_.cancelled or exit_.timed_out:
         return None  # the host's cancellation or deadline keeps its own identity
@@ -355,12 +355,31 @@ def run_failure(cli: str, exit_: Exit, protocol: LineProtocol, *,
     return None
 
 
-def killed_early(exit_: Exit, *, terminal: bool) -> bool:
+def killed_early(exit_: Exit, protocol: LineProtocol, *, terminal: bool) -> bool:
     """Whether a signal the host did not send ended the process before its terminal event (a
     crash, the OOM killer, a ``kill``): that death is the failure, more specific than the
-    malformed stream it leaves, whose last line it may have cut in half."""
+    malformed stream it leaves, whose last line it may have cut in half.  The driver's own
+    stop at an unreadable line (:func:`stopped_at_unreadable`) is no such death."""
     return (not terminal and exit_.signal is not None
-            and not (exit_.cancelled or exit_.timed_out))
+            and not (exit_.cancelled or exit_.timed_out or protocol.stopped_unreadable))
+
+
+def stopped_at_unreadable(child: Child, protocol: LineProtocol, line: Line) -> bool:
+    """Stop ``child``'s group when ``line``, a whole stdout line, left ``protocol`` malformed;
+    whether it did.  For the CLIs the driver converses with on stdin (claude, codebuddy's
+    control transport).
+
+    Such a CLI waits on stdin for its next input once it has printed its terminal event: when
+    the line we cannot read (not UTF-8, JSON cut short) was that event, nothing else would end
+    the turn before the run's deadline.  The run has failed as malformed whatever follows, so
+    the CLI is stopped here; the lines it already printed are still read.  A partial line is
+    the stream's end: the CLI is exiting, and how it died is the failure.
+    """
+    if not protocol.malformed or line.stream != "stdout" or line.partial:
+        return False
+    protocol.stopped_unreadable = True
+    child.terminate()
+    return True
 
 
 def malformed(cli: str, protocol: LineProtocol) -> RunFailure:

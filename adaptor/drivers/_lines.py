@@ -186,6 +186,9 @@ class Protocol:
         self._lifecycle_ids: set[str] = set()
         self._last_suffix: dict[str, int] = {}  # base -> the N of the last base~N it gave
         self.stderr_reason = ""
+        # The driver stopped the CLI at a malformed line (see _cli.stopped_at_unreadable): the
+        # signal that ended it was ours, not the CLI's death.
+        self.stopped_unreadable = False
 
     @property
     def malformed(self) -> bool:

@@ -579,14 +579,7 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
             if parser.mcp_unavailable:
                 child.terminate()
                 break
-            if parser.protocol.malformed and line.stream == "stdout" and not line.partial:
-                # A whole line we cannot read (not UTF-8, JSON cut short) may have been the
-                # result: the CLI, waiting on stdin for its next user frame, would never end
-                # the turn for us.  The run has failed as malformed whatever came next, so the
-                # CLI is stopped here (what it already printed is still read below).  A partial
-                # line is the stream's end: the CLI is exiting, and its death is the failure.
-                parser.stopped_malformed = True
-                child.terminate()
+            if _cli.stopped_at_unreadable(child, parser.protocol, line):
                 break
             if control is not None:
                 _answer(child, control, parser, sink)
@@ -726,7 +719,6 @@ class _Parser:
         # of its can_use_tool request when no plan file was written.
         self.exit_plans: dict[str, str] = {}
         self.mcp_unavailable: dict[str, str] = {}  # required server -> status the CLI reported
-        self.stopped_malformed = False  # the driver stopped the CLI at an unreadable line
         # The CLI's latest retried API failure: all a run that its deadline ends while the CLI
         # backs off (a bad key, a rate limit) can say about why it never answered.
         self.last_error = ""
@@ -1122,8 +1114,8 @@ class _Parser:
         if result is not None and not (result.get("subtype") == "success"
                                        and result.get("is_error") is not True):
             return self._provider_failure(result)
-        if self.protocol.malformed and (self.stopped_malformed
-                                        or not _cli.killed_early(exit_, terminal=result is not None)):
+        if self.protocol.malformed and not _cli.killed_early(exit_, self.protocol,
+                                                             terminal=result is not None):
             return _cli.malformed("claude", self.protocol)
         if exit_.cancelled or exit_.timed_out:
             return None  # the host's cancellation or deadline keeps its own identity

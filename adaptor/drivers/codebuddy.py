@@ -361,6 +361,8 @@ def _converse(child: Child, parser: _Parser, plan: _Plan, sink: EventSink) -> No
                      "message": {"role": "user", "content": plan.prompt},
                      "parent_tool_use_id": None}
             child.send(orjson.dumps(frame) + b"\n")
+        if _cli.stopped_at_unreadable(child, parser.protocol, line):
+            break
         if control is not None:
             _answer(child, control, parser, sink)
         if parser.result is not None:

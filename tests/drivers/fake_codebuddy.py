@@ -18,7 +18,8 @@ It appends argv, cwd, environment names and every stdin frame to ``$FAKE_RECORD`
 as ``$FAKE_SCENARIO`` says (default ``text``): ``text``, ``tool`` (Bash), ``plan`` (a plan
 written to ``.codebuddy/plans/`` then ``ExitPlanMode``), ``question`` (``AskUserQuestion``),
 ``api_error`` (an error ``result`` with ``api_error_status`` ``$FAKE_STATUS``, default 429),
-``error_frame`` (an ``error`` frame, then exit 1), ``malformed``, ``no_terminal``.
+``error_frame`` (an ``error`` frame, then exit 1), ``malformed``, ``no_terminal``,
+``unreadable_result`` (a ``result`` line that is not UTF-8).
 A fresh session gets the id ``$FAKE_SESSION_ID`` (default: a random UUID);
 ``--resume ID`` continues ``ID`` when it is listed in ``$FAKE_KNOWN_SESSIONS``, and otherwise
 fails like Claude Code does ("No conversation found", ``error_during_execution``).
@@ -132,6 +133,11 @@ def main(argv: list[str]) -> int:
         text = f"You chose {answer.get('updatedInput', {}).get('answers', {})}."
     elif scenario == "malformed":
         sys.stdout.write('{"type": "assistant"\n')
+    elif scenario == "unreadable_result":
+        sys.stdout.buffer.write(b'{"type": "result", "subtype": "success", "is_error": false, '
+                                b'"session_id": "' + sid.encode() + b'", "result": "\xff"}\n')
+        sys.stdout.flush()
+        return _end(control, 0)
     elif scenario == "error_frame":
         emit({"type": "error", "error": {"type": "authentication_error", "status": 401,
                                          "message": "Invalid API key"}})

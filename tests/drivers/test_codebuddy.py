@@ -225,6 +225,21 @@ def test_error_frame_malformed_and_missing_terminal(make_agent: MakeAgent) -> No
     assert caught.value.result is not None and caught.value.result.text == "Half an"
 
 
+def test_an_unreadable_result_on_the_control_transport_ends_the_run(make_agent: MakeAgent) -> None:
+    # On the control transport codebuddy waits for stdin to close after its result: a result
+    # line we could not read left the run waiting on it until the run's deadline.
+    with make_agent("unreadable_result", policy=adaptor.Policy(approvals=ASK)) as agent:
+        stream = agent.stream("hi", timeout=60)
+        events = list(stream)
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            stream.result()
+    assert str(caught.value).startswith("codebuddy printed a malformed stream: unparsable JSON")
+    assert caught.value.details["kind"] == "protocol"
+    pid = next(int(e.data["pid"]) for e in events
+               if isinstance(e, ProcessInfo) and e.kind == "spawn")
+    assert group_members(pid) == []
+
+
 @pytest.mark.parametrize(("stderr", "kind"), [
     # Numbers that only look like HTTP statuses made a deterministic failure retryable or auth.
     ("Error: config parse error at line 512", None),
