@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
 import pytest
 
 from adaptor import _procfs
@@ -28,6 +29,7 @@ from adaptor.driver import (
     SessionState,
     canonical_fingerprint,
 )
+from adaptor.errors import ResumeRejectedError
 from adaptor.events import EventMeta, ProcessInfo, TextDelta
 from adaptor.result import RawStreams, TerminalPayload, TranscriptItem
 from adaptor.testing import ScriptedDriver, conformance
@@ -121,10 +123,12 @@ class ToyDriver:
 
     def respond(self, transcript: Sequence[TranscriptItem], **fields: Any) -> Response:
         state = SessionState(resume_id="toy-1", data={"cwd": "/"})
+        terminal = '{"type":"done","session_id":"toy-1"}'
         defaults: dict[str, Any] = {
             "output": "hi",
             "transcript": tuple(transcript),
             "checkpoint": Checkpoint(state, valid=True),
+            "raw_streams": RawStreams(stdout=terminal, terminal=TerminalPayload("done", terminal)),
         }
         return Response(**(defaults | fields))
 
@@ -233,13 +237,34 @@ class LeaksEnvironment(ToyDriver):
         return self.respond([])
 
 
+class StartsAFreshSessionEveryRun(ToyDriver):
+    """Never hands the stored session to its agent: every turn starts a new one."""
+
+    def respond(self, transcript: Sequence[TranscriptItem], **fields: Any) -> Response:
+        state = SessionState(resume_id=f"toy-{next(_instances)}", data={"cwd": "/"})
+        return super().respond(transcript, checkpoint=Checkpoint(state, valid=True), **fields)
+
+
+class RejectsItsOwnCheckpoint(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        if request.session is not None and request.session.state is not None:
+            raise ResumeRejectedError("no such session")
+        return super().run(request, sink)
+
+
 def _agent_process(request: Request) -> subprocess.Popen[bytes]:
     """A stand-in for the agent CLI: runs until stopped, with the run's environment."""
-    return subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)"],
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; print(flush=True); time.sleep(600)"],
         env={**os.environ, **request.env},
+        stdout=subprocess.PIPE,
         start_new_session=True,
     )
+    # Popen may return while the exec is still setting up the new image, whose environment
+    # /proc shows empty until then: the suite, looking right after run(), would miss it.
+    assert child.stdout is not None
+    child.stdout.readline()
+    return child
 
 
 class LeavesItsProcessRunning(ToyDriver):
@@ -283,6 +308,8 @@ class AbandonsItsProcessOnCancel(ToyDriver):
         (OutputIsRawStdout, "RSP-03"),
         (BadTerminalJSON, "RSP-05"),
         (LeaksEnvironment, "SEC-01"),
+        (StartsAFreshSessionEveryRun, "RES-01"),
+        (RejectsItsOwnCheckpoint, "RES-01"),
     ],
 )
 def test_broken_driver_fails_exactly_its_clause(toy: Callable[[], Driver], clause: str) -> None:
@@ -301,7 +328,8 @@ def test_a_process_left_running_fails_both_process_clauses_and_is_stopped() -> N
     # The suite accepted a driver that returned with its agent process still working in the
     # workspace, the one thing every driver must never do (docs/drivers.md).
     report = conformance.run(LeavesItsProcessRunning)
-    assert sorted(report.failed) == ["CAN-01", "PRC-01"], report.failed
+    # The resumed turn leaves its process running too.
+    assert sorted(report.failed) == ["CAN-01", "PRC-01", "RES-01"], report.failed
     assert "still running after run() returned" in report.failed["PRC-01"]
     pids = [int(p) for why in report.failed.values() for p in re.findall(r"\d{2,}", why)]
     assert pids
@@ -354,3 +382,137 @@ def test_a_descriptor_that_raises_stops_the_suite() -> None:
     report = conformance.run(DescriptorRaises)
     assert list(report.failed) == ["DRV-01"]
     assert report.passed == []
+
+
+# --- the stub agent: ENV-01 and MAL-01 ----------------------------------------------------------
+
+
+class StubRunner(ToyDriver):
+    """Starts the executable it is given like a JSON-lines CLI driver: with the run's env, the
+    prompt on stdin; a line that does not parse or a missing terminal event is an agent_error."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def spawn_env(self, request: Request) -> dict[str, str]:
+        return {**os.environ, **request.env}
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        done = subprocess.run(
+            [self.command],
+            input=request.prompt.encode(),
+            capture_output=True,
+            cwd=request.workspace_cwd,
+            env=self.spawn_env(request),
+            start_new_session=True,
+            check=False,
+        )
+        return self.parse(done.stdout, done.returncode)
+
+    def parse(self, stdout: bytes, exit_code: int) -> Response:
+        try:
+            events = [orjson.loads(line) for line in stdout.splitlines()]
+        except orjson.JSONDecodeError:
+            return self.malformed(exit_code)
+        if not any(isinstance(e, dict) and e.get("type") == "done" for e in events):
+            return self.malformed(exit_code)
+        return self.respond([])
+
+    def malformed(self, exit_code: int) -> Response:
+        failure = RunFailure(message="malformed output")
+        return Response(exit_code=exit_code, failure=failure)
+
+
+class DropsRequestEnv(StubRunner):
+    def spawn_env(self, request: Request) -> dict[str, str]:
+        return dict(os.environ)
+
+
+class NeverStartsTheAgent(StubRunner):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        return self.parse(b'{"type":"done"}', 0)
+
+
+class TrustsTheExitStatus(StubRunner):
+    def parse(self, stdout: bytes, exit_code: int) -> Response:
+        return self.respond([]) if exit_code == 0 else self.malformed(exit_code)
+
+
+class RaisesOnGarbage(StubRunner):
+    def parse(self, stdout: bytes, exit_code: int) -> Response:
+        for line in stdout.splitlines():
+            orjson.loads(line)
+        return super().parse(stdout, exit_code)
+
+
+class WaitsForATerminalEvent(StubRunner):
+    """Reads until the terminal event, which never comes: hangs until cancelled."""
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        response = super().run(request, sink)
+        if response.failure is not None:
+            sink.cancelled.wait()
+        return response
+
+
+class BlamesTheInfrastructure(StubRunner):
+    def malformed(self, exit_code: int) -> Response:
+        return Response(exit_code=exit_code, failure=RunFailure(code="infrastructure_error"))
+
+
+def test_a_driver_running_the_stub_agent_properly_passes() -> None:
+    report = conformance.run(ToyDriver, stub_driver=StubRunner)
+    assert report.failed == {}
+    assert sorted(report.passed) == sorted(conformance.CLAUSES)
+
+
+@pytest.mark.parametrize(
+    ("toy", "clause"),
+    [
+        (DropsRequestEnv, "ENV-01"),
+        (TrustsTheExitStatus, "MAL-01"),
+        (RaisesOnGarbage, "MAL-01"),
+        (WaitsForATerminalEvent, "MAL-01"),
+        (BlamesTheInfrastructure, "MAL-01"),
+    ],
+)
+def test_broken_stub_run_fails_exactly_its_clause(
+    toy: Callable[[str], Driver], clause: str
+) -> None:
+    report = conformance.run(ToyDriver, stub_driver=toy, timeout=8)
+    assert list(report.failed) == [clause], report.failed
+    assert clause not in report.passed
+
+
+def test_a_driver_that_never_starts_its_agent_fails_env_01() -> None:
+    report = conformance.run(ToyDriver, stub_driver=NeverStartsTheAgent)
+    assert report.failed == {
+        "ENV-01": "the driver did not start the executable it was given",
+        "MAL-01": "a valid checkpoint from malformed output",
+    }
+
+
+def test_malformed_output_needs_an_agent_error_only_from_a_protocol_driver() -> None:
+    class PlainText(ToyDriver):
+        def respond(self, transcript: Sequence[TranscriptItem], **fields: Any) -> Response:
+            return super().respond(transcript, raw_streams=RawStreams(), **fields)
+
+    class PlainTextStub(PlainText, StubRunner):
+        def parse(self, stdout: bytes, exit_code: int) -> Response:
+            return self.respond([], checkpoint=None)
+
+    assert conformance.run(PlainText, stub_driver=PlainTextStub).ok
+    # The same stub run judged after a protocol driver's run.
+    report = conformance.run(ToyDriver, stub_driver=PlainTextStub)
+    assert list(report.failed) == ["MAL-01"]
+    assert "without a failure" in report.failed["MAL-01"]
+
+
+def test_a_stub_run_that_dumps_its_environment_fails_sec_01() -> None:
+    class DumpsEnvOnError(StubRunner):
+        def run(self, request: Request, sink: EventSink) -> Response:
+            sink.emit(ProcessInfo(kind="spawn", data={"env": dict(request.env)}))
+            return super().run(request, sink)
+
+    report = conformance.run(ToyDriver, stub_driver=DumpsEnvOnError)
+    assert list(report.failed) == ["SEC-01"]

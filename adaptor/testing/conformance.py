@@ -9,15 +9,25 @@
 The suite calls the driver directly through :class:`~adaptor.testing.RecordingSink` (no Agent):
 it inspects the descriptor, config validation and capability declarations, then makes one run
 with ``prompt`` in a fresh temporary working directory and checks the events, the transcript and
-the response.  A second run of the same prompt is cancelled (``sink.cancelled`` set) as soon as
-the driver emits anything.  After each run, no process the run started may still be running:
-they are found by a variable of the run's ``Request.env``, which the driver must hand to its
-process (only on Linux, through ``/proc``; elsewhere ``PRC-01`` and ``CAN-01`` pass).  Clause
-ids follow the reference suite where one exists (see :data:`CLAUSES`).
+the response.  When that run checkpoints, a fresh driver resumes the stored session with a
+second turn in the same directory (``RES-01``).  Another run of the prompt is cancelled
+(``sink.cancelled`` set) as soon as the driver emits anything.  After each run, no process the
+run started may still be running: they are found by a variable of the run's ``Request.env``,
+which the driver must hand to its process (only on Linux, through ``/proc``; elsewhere
+``PRC-01`` and ``CAN-01`` pass).
 
-A clause that does not apply (e.g. ``CAP-11`` for a driver without persistent processes) passes.
-When the run itself fails (``RUN-00``), the clauses that inspect it are not reported at all.
-Failure messages name ids, kinds and sizes only, never provider text.
+With ``stub_driver`` (a function of an executable's path returning the driver set up to start
+that executable in place of its CLI), one more run starts the suite's stub agent, which records
+whether ``Request.env`` reached it (``ENV-01``) and prints malformed output: half a JSON line,
+a line that looks like JSON but does not parse, and non-JSON text, then exits 0 (``MAL-01``).
+Clause ids follow the reference suite where one exists (see :data:`CLAUSES`).
+
+A clause that does not apply passes: ``CAP-11`` for a driver without persistent processes,
+``RES-01`` when the driver does not resume or the run is not a success with a valid checkpoint
+(which a thread would store), ``ENV-01``
+and ``MAL-01`` without ``stub_driver`` (a driver starting no process).  When the run itself
+fails (``RUN-00``), the clauses that inspect it are not reported at all.  Failure messages name
+ids, kinds and sizes only, never provider text.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import functools
 import os
 import secrets
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -48,6 +59,7 @@ from adaptor.driver import (
     SessionCodec,
     SessionContext,
 )
+from adaptor.errors import ResumeRejectedError
 from adaptor.events import (
     Event,
     EventMeta,
@@ -85,7 +97,10 @@ CLAUSES: Final[Mapping[str, str]] = {
     "RSP-03": "output is never the raw stdout or the terminal JSON",
     "RSP-04": "a valid checkpoint round-trips through the session codec",
     "RSP-05": "a terminal payload has an event name and valid JSON",
+    "RES-01": "a fresh driver given the stored checkpoint continues that session",
     "SEC-01": "environment values never appear in events, transcript or output",
+    "ENV-01": "Request.env reaches the agent process",
+    "MAL-01": "malformed agent output ends the run: no hang, no raise, no checkpoint, agent_error",
     "PRC-01": "no process started by the run is left running when run() returns",
     "CAN-01": "a run cancelled at its first event returns in time and leaves no process running",
 }
@@ -123,12 +138,17 @@ class Report:
 
 
 def run(
-    driver_factory: Callable[[], Driver], *, prompt: str = "Say hello", timeout: float = 120.0
+    driver_factory: Callable[[], Driver],
+    *,
+    prompt: str = "Say hello",
+    timeout: float = 120.0,
+    stub_driver: Callable[[str], Driver] | None = None,
 ) -> Report:
     """Check the driver ``driver_factory()`` builds; ``prompt`` must make it produce text.
 
-    Each clause needing a pristine instance gets a fresh one.  ``timeout`` bounds the one run;
-    past it the sink's ``cancelled`` is set and ``RUN-00`` fails.
+    Each clause needing a pristine instance gets a fresh one.  ``timeout`` bounds each run;
+    past it the sink's ``cancelled`` is set and ``RUN-00`` fails.  ``stub_driver(path)``, when
+    given, builds the same driver starting the executable ``path`` instead of its CLI.
     """
     report = Report()
     suite = _Suite(report)
@@ -152,11 +172,17 @@ def run(
     sink = RecordingSink()
     with tempfile.TemporaryDirectory(prefix="adaptor-conformance-") as cwd:
         request = _request(prompt, cwd, descriptor, canary)
-        response = _run_with_timeout(suite, driver, request, sink, timeout)
-        if response is not None:
-            suite.check("PRC-01", lambda: _no_survivors(driver, descriptor, canary))
-    if response is None:
-        return report
+        try:
+            response = _call(driver, request, sink, timeout)
+        except _Violation as violation:
+            report.failed["RUN-00"] = str(violation)
+            return report
+        report.passed.append("RUN-00")
+        suite.check("PRC-01", lambda: _no_survivors(driver, descriptor, canary))
+        # In the first run's directory: a CLI may keep its sessions per working directory.
+        suite.check(
+            "RES-01", lambda: _resumed_run(driver_factory, descriptor, request, response, timeout)
+        )
 
     payloads = sink.payloads
     events = sink.events
@@ -173,8 +199,13 @@ def run(
     suite.check("RSP-03", lambda: _output_layer(response))
     suite.check("RSP-04", lambda: _checkpoint_codec(driver, response))
     suite.check("RSP-05", lambda: _terminal(response))
-    suite.check("SEC-01", lambda: _no_secret(canary, payloads, response))
     suite.check("CAN-01", lambda: _cancelled_run(driver_factory(), descriptor, prompt, timeout))
+    stub = None if stub_driver is None else _stub_run(stub_driver, descriptor, prompt, timeout)
+    suite.check("SEC-01", lambda: _no_secrets(canary, payloads, response, stub))
+    suite.check("ENV-01", lambda: _env_reached(stub))
+    # Only a driver whose run ended in an official terminal event speaks a protocol (see RSP-03).
+    speaks_protocol = response.raw_streams.terminal is not None
+    suite.check("MAL-01", lambda: _malformed_ends(stub, speaks_protocol))
     return report
 
 
@@ -193,6 +224,14 @@ def _request(prompt: str, cwd: str, descriptor: Descriptor, canary: str) -> Requ
 
 class _Violation(Exception):
     pass
+
+
+class _Raised(_Violation):
+    """run() raised ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"run() raised {_describe(exc)}")
+        self.exc = exc
 
 
 def _fail(why: str) -> NoReturn:
@@ -218,9 +257,8 @@ class _Suite:
             self.report.passed.append(clause)
 
 
-def _run_with_timeout(
-    suite: _Suite, driver: Driver, request: Request, sink: RecordingSink, timeout: float
-) -> Response | None:
+def _call(driver: Driver, request: Request, sink: RecordingSink, timeout: float) -> Response:
+    """``driver.run(request, sink)``; a hang, a raise or anything but a Response is a violation."""
     outcome: list[Response | BaseException] = []
 
     def target() -> None:
@@ -236,16 +274,12 @@ def _run_with_timeout(
     if worker.is_alive():
         sink.cancelled.set()
         worker.join(_CANCEL_GRACE)
-        suite.report.failed["RUN-00"] = f"run() did not return within {timeout:g}s"
-        return None
+        _fail(f"run() did not return within {timeout:g}s")
     result = outcome[0]
     if isinstance(result, BaseException):
-        suite.report.failed["RUN-00"] = f"run() raised {_describe(result)}"
-        return None
+        raise _Raised(result)
     if not isinstance(result, Response):
-        suite.report.failed["RUN-00"] = f"run() returned {type(result).__name__}, not Response"
-        return None
-    suite.report.passed.append("RUN-00")
+        _fail(f"run() returned {type(result).__name__}, not Response")
     return result
 
 
@@ -613,6 +647,15 @@ def _terminal(response: Response) -> None:
         _fail(f"terminal payload JSON does not parse ({len(terminal.json)} chars)")
 
 
+def _no_secrets(
+    canary: str, payloads: Sequence[object], response: Response, stub: _StubRun | None
+) -> None:
+    _no_secret(canary, payloads, response)
+    if stub is not None and isinstance(stub.outcome, Response):
+        # A driver's error path (here: malformed output) must not dump its environment either.
+        _no_secret(stub.canary, stub.sink.payloads, stub.outcome)
+
+
 def _no_secret(canary: str, payloads: Sequence[object], response: Response) -> None:
     # Raw chunks and raw streams keep every byte the process printed, by design.
     for index, payload in enumerate(payloads):
@@ -630,3 +673,178 @@ def _no_secret(canary: str, payloads: Sequence[object], response: Response) -> N
     )
     if any(canary in repr(part) for part in public):
         _fail("the response contains an environment value")
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+
+def _resumed_run(
+    factory: Callable[[], Driver],
+    descriptor: Descriptor,
+    first: Request,
+    response: Response,
+    timeout: float,
+) -> None:
+    checkpoint = response.checkpoint
+    if not descriptor.sessions.supports_resume or checkpoint is None or not checkpoint.valid:
+        return
+    if not _clean(response):
+        return  # a thread stores no checkpoint of a failed run (RSP-01 judges this one)
+    # What a thread does at its next turn, possibly in another process: a fresh driver gets
+    # the state as the store gives it back, through the codec.
+    driver = factory()
+    codec = _codec(driver)
+    if codec is None:
+        _fail("no session codec to store the checkpoint with")
+    stored = codec.decode(codec.encode(checkpoint.state))
+    if stored is None:
+        _fail("the codec decoded the checkpoint's parameters to nothing")
+    canary = secrets.token_hex(16)
+    request = dataclasses.replace(
+        first,
+        run_id="run_" + secrets.token_hex(8),
+        session=SessionContext("continue_or_start", stored),
+        env={_CANARY_NAME: canary},
+    )
+    try:
+        resumed = _call(driver, request, RecordingSink(), timeout)
+    except _Raised as raised:
+        if isinstance(raised.exc, ResumeRejectedError):
+            _fail("the driver rejected the session its own run had checkpointed")
+        raise
+    finally:
+        _no_survivors(driver, descriptor, canary)
+    if not _clean(resumed):
+        _fail(f"the resumed run did not succeed ({_outcome(resumed)})")
+    again = resumed.checkpoint
+    if again is None or not again.valid:
+        _fail("the resumed run returned no valid checkpoint")
+    if again.state.resume_id != stored.resume_id:
+        # The agent was not given the session, or started a fresh one instead.
+        _fail("the resumed run ended in another session than the one it was given")
+
+
+def _clean(response: Response) -> bool:
+    return (
+        response.exit_code == 0
+        and response.signal is None
+        and not response.timed_out
+        and response.failure is None
+    )
+
+
+def _outcome(response: Response) -> str:
+    failure = response.failure
+    code = "none" if failure is None else repr(failure.code)
+    return f"exit {response.exit_code}, signal {response.signal}, failure {code}"
+
+
+# --- the stub agent -----------------------------------------------------------------------------
+
+# What the stub prints: non-JSON text, JSON that is no event object, a line that looks like JSON
+# (naming a session, for a driver that fishes ids out of any line) but does not parse, bytes that
+# are not UTF-8, and a half line cut off by the exit.  Then it exits 0, as a CLI that crashed in
+# its printing might.
+_GARBAGE: Final = (
+    b"this is not the protocol\n"
+    b'["valid JSON", "but no event"]\n'
+    b'{"type": "result", "subtype": "success", "session_id": "conformance-garbage", "result": \n'
+    b"\xff\xfe\x00 binary\n"
+    b'{"type": "assistant", "message": {"content": [{"type": "te'
+)
+# How long the stub waits for the driver's first line on stdin: a driver writing its prompt to
+# a pipe its agent already closed would be judged on a race, not on its output handling.
+_STUB_STDIN_WAIT: Final = 5.0
+_STUB: Final = """\
+import os, select, sys
+with open({record!r}, "w") as f:
+    f.write(os.environ.get({name!r}, ""))
+if select.select([sys.stdin], [], [], {wait!r})[0]:
+    sys.stdin.buffer.readline()
+sys.stdout.buffer.write({garbage!r})
+sys.stdout.flush()
+"""
+
+
+@dataclass
+class _StubRun:
+    canary: str
+    sink: RecordingSink
+    outcome: Response | _Violation
+    env_seen: str | None  # the canary as the stub saw it; None: the stub never started
+    survivors: _Violation | None
+
+
+def _stub_run(
+    stub_driver: Callable[[str], Driver], descriptor: Descriptor, prompt: str, timeout: float
+) -> _StubRun:
+    canary = secrets.token_hex(16)
+    sink = RecordingSink()
+    with tempfile.TemporaryDirectory(prefix="adaptor-conformance-") as cwd:
+        # Not in the workspace: a driver or CLI may look at what is there.
+        home = os.path.join(cwd, "stub")
+        workspace = os.path.join(cwd, "workspace")
+        os.mkdir(home)
+        os.mkdir(workspace)
+        record = os.path.join(home, "env")
+        path = os.path.join(home, "agent")
+        source = _STUB.format(
+            record=record, name=_CANARY_NAME, wait=_STUB_STDIN_WAIT, garbage=_GARBAGE
+        )
+        with open(path, "w") as f:
+            f.write(f"#!{sys.executable}\n{source}")
+        os.chmod(path, 0o700)
+        outcome: Response | _Violation
+        survivors = None
+        try:
+            driver = stub_driver(path)
+            outcome = _call(driver, _request(prompt, workspace, descriptor, canary), sink, timeout)
+        except _Violation as violation:
+            outcome = violation
+        except Exception as exc:  # stub_driver itself raised
+            outcome = _Violation(f"stub_driver() raised {_describe(exc)}")
+        else:
+            try:
+                _no_survivors(driver, descriptor, canary)
+            except _Violation as violation:
+                survivors = violation
+        try:
+            with open(record) as f:
+                env_seen: str | None = f.read()
+        except FileNotFoundError:
+            env_seen = None
+    return _StubRun(canary, sink, outcome, env_seen, survivors)
+
+
+def _env_reached(stub: _StubRun | None) -> None:
+    if stub is None:
+        return
+    if stub.env_seen is None:
+        if isinstance(stub.outcome, _Violation):
+            _fail(f"the stub agent never started: {stub.outcome}")
+        _fail("the driver did not start the executable it was given")
+    if stub.env_seen != stub.canary:
+        _fail(f"{_CANARY_NAME}, set in Request.env, did not reach the agent's environment")
+
+
+def _malformed_ends(stub: _StubRun | None, speaks_protocol: bool) -> None:
+    if stub is None:
+        return
+    outcome = stub.outcome
+    if isinstance(outcome, _Raised):
+        # Its type only: the message may quote what the agent printed.
+        _fail(f"run() raised {type(outcome.exc).__name__} on malformed output")
+    if isinstance(outcome, _Violation):
+        _fail(f"on malformed output: {outcome}")
+    if stub.survivors is not None:
+        _fail(f"on malformed output: {stub.survivors}")
+    checkpoint = outcome.checkpoint
+    if checkpoint is not None and checkpoint.valid:
+        _fail("a valid checkpoint from malformed output")
+    if not speaks_protocol:
+        return  # plain text (``command``): any stdout is an answer
+    failure = outcome.failure
+    if failure is None:
+        _fail(f"malformed output without a failure ({_outcome(outcome)})")
+    if failure.code not in ("agent_error", ""):
+        _fail(f"malformed output failed with {failure.code!r}, not 'agent_error'")

@@ -295,7 +295,10 @@ def test_argument_limits_are_refused_before_starting(make_agent: MakeAgent, fake
 
 
 def test_conformance(fake: FakeCLI, tmp_path: Path) -> None:
-    env = {"FAKE_RECORD": str(tmp_path / "record.jsonl")}
+    # The fake knows the session it starts, which RES-01 resumes.
+    session = {"FAKE_SESSION_ID": "conformance-1", "FAKE_KNOWN_SESSIONS": "conformance-1"}
+    env = {"FAKE_RECORD": str(tmp_path / "record.jsonl"), **session}
     conformance.run(
-        lambda: codebuddy.Driver(codebuddy.Config(command=fake.path, env=env))
+        lambda: codebuddy.Driver(codebuddy.Config(command=fake.path, env=env)),
+        stub_driver=lambda path: codebuddy.Driver(codebuddy.Config(command=path)),
     ).raise_for_failures()

@@ -211,7 +211,10 @@ def test_the_documented_snippet_runs_as_written(
 
 def test_conformance(tmp_path: Path) -> None:
     path = script(tmp_path, "hello.sh", 'cat >/dev/null\necho "Hello from a script"\n')
-    conformance.run(lambda: command.Driver(command.Config(path))).raise_for_failures()
+    conformance.run(
+        lambda: command.Driver(command.Config(path)),
+        stub_driver=lambda stub: command.Driver(command.Config(stub)),
+    ).raise_for_failures()
 
 
 def test_a_missing_workspace_is_told_apart_from_a_missing_binary(tmp_path: Path) -> None:

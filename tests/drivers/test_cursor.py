@@ -226,9 +226,12 @@ def test_honest_capabilities(make_agent: MakeAgent, fake: FakeCLI) -> None:
 
 
 def test_conformance(fake: FakeCLI, tmp_path: Path) -> None:
-    env = {"FAKE_RECORD": str(tmp_path / "record.jsonl")}
+    # The fake knows the session it starts, which RES-01 resumes.
+    session = {"FAKE_SESSION_ID": "conformance-1", "FAKE_KNOWN_SESSIONS": "conformance-1"}
+    env = {"FAKE_RECORD": str(tmp_path / "record.jsonl"), **session}
     conformance.run(
-        lambda: cursor.Driver(cursor.Config(command=fake.path, env=env))
+        lambda: cursor.Driver(cursor.Config(command=fake.path, env=env)),
+        stub_driver=lambda path: cursor.Driver(cursor.Config(command=path)),
     ).raise_for_failures()
 
 

@@ -446,8 +446,14 @@ def test_conformance_with_replaying_fakes(fake_cli: MakeFake) -> None:
         made.append(claude.Driver(claude.Config(command=claude_fake.path)))
         return made[-1]
 
-    conformance.run(make_claude).raise_for_failures()
-    conformance.run(lambda: codex.Driver(codex.Config(command=codex_fake.path))
-                    ).raise_for_failures()
+    def make_claude_stub(path: str) -> claude.Driver:
+        made.append(claude.Driver(claude.Config(command=path)))
+        return made[-1]
+
+    conformance.run(make_claude, stub_driver=make_claude_stub).raise_for_failures()
+    conformance.run(
+        lambda: codex.Driver(codex.Config(command=codex_fake.path)),
+        stub_driver=lambda path: codex.Driver(codex.Config(command=path)),
+    ).raise_for_failures()
     for driver in made:
         driver.close_processes(5)

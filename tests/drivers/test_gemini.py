@@ -282,9 +282,13 @@ def test_real_conformance_with_model_routing(
 ) -> None:
     # No model: the CLI's router first asks the mock to classify the prompt (a JSON-schema
     # request), then streams the chat turn.
-    conformance.run(lambda: gemini.Driver(gemini_config())).raise_for_failures()
+    conformance.run(
+        lambda: gemini.Driver(gemini_config()),
+        stub_driver=lambda path: gemini.Driver(dataclasses.replace(gemini_config(), command=path)),
+    ).raise_for_failures()
+    # Twice: the run, then the turn resuming its session (RES-01); the stub run asks nothing.
     assert [r["path"].split(":")[-1] for r in mock.requests] == [
-        "generateContent", "streamGenerateContent?alt=sse"]
+        "generateContent", "streamGenerateContent?alt=sse"] * 2
 
 
 @pytest.mark.slow

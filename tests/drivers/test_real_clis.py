@@ -446,8 +446,12 @@ def test_claude_conformance(claude_config: Callable[..., claude.Config]) -> None
         made.append(claude.Driver(claude_config()))
         return made[-1]
 
+    def stub(path: str) -> claude.Driver:
+        made.append(claude.Driver(dataclasses.replace(claude_config(), command=path)))
+        return made[-1]
+
     try:
-        conformance.run(factory).raise_for_failures()
+        conformance.run(factory, stub_driver=stub).raise_for_failures()
     finally:
         for driver in made:
             driver.close_processes(10)
@@ -690,7 +694,10 @@ def test_codex_cancel_stops_its_stdio_mcp_servers(
 
 
 def test_codex_conformance(codex_config: Callable[..., codex.Config]) -> None:
-    conformance.run(lambda: codex.Driver(codex_config())).raise_for_failures()
+    conformance.run(
+        lambda: codex.Driver(codex_config()),
+        stub_driver=lambda path: codex.Driver(dataclasses.replace(codex_config(), command=path)),
+    ).raise_for_failures()
 
 
 
