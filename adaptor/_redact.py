@@ -3,7 +3,8 @@ records and ``adaptor run``.
 
 Which values are secrets is decided elsewhere (a run's driver config env and inherited
 credentials, a request's env and MCP headers); this module only finds them, in every form
-they may take in what an agent prints, and replaces them.
+they may take in what an agent prints, and replaces them; and, in foreign text, values that look
+like credentials (:func:`redact_credentials`).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ class Redactor:
 
     __slots__ = ("secrets",)
 
-    def __init__(self, secrets: Iterable[str]) -> None:
+    def __init__(self, secrets: Iterable[str], *, min_length: int = MIN_SECRET_LENGTH) -> None:
         # Values this short ("1", "true", a port) are configuration, not credentials, and
-        # replacing them everywhere would destroy timestamps and numbers in every record.
-        kept = frozenset(s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LENGTH)
+        # replacing them everywhere would destroy timestamps and numbers in every record.  A
+        # caller whose values are credentials and nothing else (the A2A client's auth headers)
+        # may keep shorter ones.
+        kept = frozenset(s for s in secrets if isinstance(s, str) and len(s) >= min_length)
         self.secrets: tuple[str, ...] = _all_forms(kept) if kept else ()
 
     def __bool__(self) -> bool:
@@ -197,6 +200,33 @@ def _forms(secret: str) -> set[str]:
 
 _UNICODE_ESCAPE = re.compile(r"(?<=\\u)[0-9a-f]{4}")
 _HTML_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+# Credentials that commonly leak into foreign text (HTTP clients' and remote agents' error
+# messages, payloads a remote answered with), whose values nobody gave us to look for.  Each
+# pattern's group 1 is what stays in front of ``<redacted>``.
+_CREDENTIAL_PATTERNS = (
+    # A header's value is the credential, whatever its scheme ("SSWS <token>"), as a line, a
+    # mapping's repr or JSON ('"authorization": "..."') shows it.
+    re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\r\n,;}\"']+"),
+    re.compile(r"(?i)\b((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{4,}"),
+    # A URL's user information ("https://user:password@host").
+    re.compile(r"(://)[^/@\s\"']+(?=@)"),
+    re.compile(
+        r"(?i)\b((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd)"
+        r"[\"']?\s*[:=]\s*[\"']?)[^\s,;&\"'}]+"
+    ),
+    re.compile(r"\b(sk-)[A-Za-z0-9_-]{8,}"),
+)
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with credential-looking values (headers, bearer tokens, URL passwords,
+    ``token=...``, ``sk-...`` keys) replaced, for text from outside (a foreign exception's
+    message, a remote's answer) that may quote credentials no one listed as secrets."""
+    for pattern in _CREDENTIAL_PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
 
 
 def redact_error(error: BaseException, redactor: Redactor) -> None:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from adaptor._redact import REDACTED, Redactor
+from adaptor._redact import Redactor, redact_credentials
 
 if TYPE_CHECKING:
     from adaptor.result import Result
@@ -536,24 +535,9 @@ def exit_code_for(err: BaseException) -> int:
 
 # --- the wire codec ---------------------------------------------------------------------------
 
-# Credentials that commonly leak into foreign exception text (HTTP clients, subprocess errors).
-_CREDENTIAL_PATTERNS = (
-    re.compile(r"(?i)\b(authorization\s*[:=]\s*)(bearer|basic|token)?\s*[^\s,;'\"]+"),
-    re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{4,}"),
-    re.compile(
-        r"(?i)\b((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd)"
-        r"[\"']?\s*[:=]\s*[\"']?)[^\s,;&'\"]+"
-    ),
-    re.compile(r"\b(sk-)[A-Za-z0-9_-]{8,}"),
-)
-
-
 def _scrub(text: str, redactor: Redactor, *, foreign: bool) -> str:
     text = redactor.text(text)
-    if foreign:
-        for pattern in _CREDENTIAL_PATTERNS:
-            text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
-    return text
+    return redact_credentials(text) if foreign else text
 
 
 def _jsonable(value: Any) -> Any:

@@ -517,7 +517,9 @@ def test_a_remote_error_echoing_the_token_does_not_carry_it(
     # redacted, but the SDK exception behind it (its cause) kept the token for the wire form,
     # tracebacks and logs.
     err = _protocol_error_for(
-        {"code": code, "message": f"denied {TOKEN}", "data": {"seen": TOKEN}}, token_env, op
+        {"code": code, "message": f"denied {TOKEN}", "data": _error_info({"seen": TOKEN})},
+        token_env,
+        op,
     )
     assert err.__cause__ is not None
     shown = [_wire_text(err), "".join(traceback.format_exception(err))]
@@ -526,6 +528,111 @@ def test_a_remote_error_echoing_the_token_does_not_carry_it(
         shown += [str(node), repr(node)]
         node = node.__cause__
     assert all(TOKEN not in text for text in shown), shown
+
+
+# Credential-looking text in what a remote answers, and what ``raw`` shows of it: the same as
+# ``errors.to_wire`` shows of a foreign exception's message (one list of patterns for both).
+CREDENTIAL_TEXTS = {
+    "url-userinfo": (
+        "fetch https://alice:hunter2pw@proxy.example/x failed",
+        "fetch https://<redacted>@proxy.example/x failed",
+    ),
+    "sk-key": ("key sk-live-0123456789abc rejected", "key sk-<redacted> rejected"),
+    "quoted-header": (
+        "headers {'Proxy-Authorization': 'Basic YWxhZGRpbjpvcGVu'}",
+        "headers {'Proxy-Authorization': '<redacted>'}",
+    ),
+    "json-header": ('{"authorization": "Token abc123def"}', '{"authorization": "<redacted>"}'),
+    "auth-token": ("auth_token=abcdef123456; retry", "auth_token=<redacted>; retry"),
+    "other-scheme": ("Authorization: SSWS 00abcDEFghi123", "Authorization: <redacted>"),
+    "bearer": ("sent Bearer tok-AAAA1234 to it", "sent Bearer <redacted> to it"),
+}
+
+
+@pytest.mark.parametrize("case", list(CREDENTIAL_TEXTS))
+def test_credentials_in_a_remote_answer_are_redacted_as_in_any_foreign_error(
+    token_env: str, case: str
+) -> None:
+    # The client kept its own list of patterns beside the error codec's: each missed some of
+    # what the other caught (a URL's password and quoted headers on the wire, sk- keys and
+    # auth_token= in raw).
+    text, expected = CREDENTIAL_TEXTS[case]
+    err = _protocol_error_for({"code": -32050, "message": text}, token_env, "send")
+    assert err.raw == expected
+    assert errors.to_wire(RuntimeError(text))["message"] == expected
+
+
+def _error_info(metadata: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON-RPC error's ``data`` as the a2a-sdk reads it into its exception's ``data``."""
+    return [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "metadata": metadata}]
+
+
+@pytest.fixture
+def short_token_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(TOKEN_ENV, "k3y5x")
+    return TOKEN_ENV
+
+
+def _shown(err: BaseException) -> list[str]:
+    shown = [_wire_text(err), "".join(traceback.format_exception(err))]
+    node: BaseException | None = err
+    while node is not None:
+        shown += [str(node), repr(node), repr(getattr(node, "data", None))]
+        node = node.__cause__
+    return shown
+
+
+@pytest.mark.parametrize("op", ["send", "send_stream"])
+def test_a_token_shorter_than_the_secret_minimum_is_still_redacted(
+    short_token_env: str, op: str
+) -> None:
+    # The daemon leaves values under 6 characters alone (they may be configuration), but an
+    # auth header's value is a credential whatever its length.
+    err = _protocol_error_for(
+        {"code": -32603, "message": "denied k3y5x", "data": _error_info({"seen": "k3y5x"})}, short_token_env, op
+    )
+    assert err.raw is not None and "<redacted>" in err.raw
+    assert all("k3y5x" not in text for text in _shown(err)), _shown(err)
+
+
+def test_remote_error_data_holding_the_token_where_it_cannot_be_redacted_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A number is not text to replace a secret in; repr() of the SDK error would show it.
+    monkeypatch.setenv(TOKEN_ENV, "987654321")
+    err = _protocol_error_for(
+        {"code": -32603, "message": "denied", "data": _error_info({"retry_after": 987654321})}, TOKEN_ENV, "send"
+    )
+    assert err.__cause__ is not None and getattr(err.__cause__, "data", "absent") is None
+    assert all("987654321" not in text for text in _shown(err)), _shown(err)
+
+
+def test_remote_error_data_keeps_what_is_not_the_token(token_env: str) -> None:
+    # The SDK error's data was dropped whole when it held the token; it is redacted like
+    # everything else now, so what the remote said beside it stays for diagnosis.
+    err = _protocol_error_for(
+        {"code": -32603, "message": "denied", "data": _error_info({"seen": TOKEN, "queue": "full"})},
+        token_env,
+        "send",
+    )
+    assert err.__cause__ is not None
+    assert getattr(err.__cause__, "data", None) == {"seen": "<redacted>", "queue": "full"}
+    assert all(TOKEN not in text for text in _shown(err)), _shown(err)
+
+
+def test_the_token_is_redacted_in_json_text_a_remote_escaped_it_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A remote quoting a request it received as JSON text writes "/" as "\/" (PHP) or
+    # non-ASCII as \u escapes: raw and the chain looked for the token as given only.
+    token = "tok/en+value=="
+    monkeypatch.setenv(TOKEN_ENV, token)
+    escaped = token.replace("/", "\\/")
+    err = _protocol_error_for(
+        {"code": -32050, "message": f'rejected {{"auth": "{escaped}"}}'}, TOKEN_ENV, "send"
+    )
+    assert err.raw == 'rejected {"auth": "<redacted>"}'
+    assert all(escaped not in text for text in _shown(err)), _shown(err)
 
 
 # --- stream recovery after the server is killed ------------------------------------------------

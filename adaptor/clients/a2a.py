@@ -34,8 +34,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
-from adaptor import _waiting
-from adaptor._redact import REDACTED
+from adaptor import _waiting, errors
+from adaptor._redact import Redactor, redact_credentials, redact_error
 from adaptor.errors import AdaptorError
 
 if TYPE_CHECKING:
@@ -1238,61 +1238,40 @@ def _stream_event(op: str, response: pb.StreamResponse, secrets: tuple[str, ...]
 # the code); a code that is not an integer makes the answer malformed.
 _REMOTE_RPC_ERROR = re.compile(r"JSON-RPC Error (-?\d+): (.*)", re.DOTALL)
 _RAW_LIMIT = 2048
-_CREDENTIAL_PATTERNS = (
-    (
-        re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\r\n,;}\"']+"),
-        r"\1" + REDACTED,
-    ),
-    (re.compile(r"(?i)\b((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + REDACTED),
-    (re.compile(r"(://)[^/@\s\"']+(@)"), r"\1" + REDACTED + r"\2"),
-    (
-        re.compile(
-            r"(?i)\b((?:access_token|api[_-]?key|token|secret|password)[\"']?\s*[:=]\s*[\"']?)[^\s,;&\"'}]+"
-        ),
-        r"\1" + REDACTED,
-    ),
-)
+# Secrets shorter than the shared minimum are still redacted here: they are the credentials of
+# an auth header, never configuration that could look like a number or a word.
+_MIN_SECRET_LENGTH = 4
+
+
+def _redactor(secrets: tuple[str, ...]) -> Redactor:
+    return Redactor(secrets, min_length=_MIN_SECRET_LENGTH)
 
 
 def _raw(value: Any, secrets: tuple[str, ...]) -> str:
     """``value`` as bounded text with credentials removed (for ``ProtocolError.raw``)."""
     text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-    text = _redact(text, secrets)
-    for pattern, replacement in _CREDENTIAL_PATTERNS:
-        text = pattern.sub(replacement, text)
+    text = redact_credentials(_redactor(secrets).text(text))
     return text if len(text) <= _RAW_LIMIT else text[:_RAW_LIMIT] + "...(truncated)"
 
 
 def _scrub_chain(exc: BaseException, secrets: tuple[str, ...]) -> None:
-    """Remove ``secrets`` from the text of the SDK exceptions behind ``exc``, in place.
+    """Remove ``secrets`` from the SDK exceptions behind ``exc``, in place.
 
     They become the cause chain of the error raised to the caller, which its wire form,
     tracebacks and logs show; a remote agent that echoes the credential in an error message
     (or a URL carrying one) must not put it there.
     """
-    if not secrets:
+    redactor = _redactor(secrets)
+    if not redactor:
         return
-    seen: set[int] = set()
-    node: BaseException | None = exc
-    while node is not None and id(node) not in seen and len(seen) < 100:
-        seen.add(id(node))
-        if not isinstance(node, AdaptorError):
-            node.args = tuple(_redact(a, secrets) if isinstance(a, str) else a for a in node.args)
-            message = getattr(node, "message", None)
-            if isinstance(message, str):
-                with contextlib.suppress(AttributeError):
-                    node.message = _redact(message, secrets)  # type: ignore[attr-defined]
-            data = getattr(node, "data", None)
-            if data is not None and _redact(repr(data), secrets) != repr(data):
-                with contextlib.suppress(AttributeError):
-                    node.data = None  # type: ignore[attr-defined]
-        node = node.__cause__ or node.__context__
-
-
-def _redact(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
+    redact_error(exc, redactor)
+    for node in errors._walk(exc):
+        # An a2a-sdk error's ``data`` is the remote's JSON, which its repr() shows: a secret
+        # still in it after redaction (a numeric token, say) takes the whole of it away.
+        data = getattr(node, "data", None)
+        if data is not None and redactor.text(repr(data)) != repr(data):
+            with contextlib.suppress(AttributeError):
+                node.data = None  # type: ignore[attr-defined]
 
 
 def _chained(err: BaseException, cause: BaseException) -> BaseException:
