@@ -304,16 +304,20 @@ def driver_config(request: Mapping[str, Any], driver_defaults: Mapping[str, Any]
 
 def preflight(request: Mapping[str, Any], *, driver_defaults: Mapping[str, Any]) -> None:
     """Make the checks a run of ``request`` makes before it starts that depend on nothing but
-    the request and ``driver_defaults``; raise the error the run would fail with.
+    the request and ``driver_defaults``; raise the error the run would fail with.  Each check
+    is the run's own function (``_run.checked_descriptor``, ``policy.validate``, ...), so the
+    two cannot tell a request apart.
 
     For a request made again and again from one template (an A2A agent's), where a problem
     found at the first task would fail every task.  The checks are the run's own
     (``RunPipeline._static_checks``), in its order; those depending on the moment of the run
     (host tool definitions, the skill catalogue, the thread's stored state) are left to it.
     """
+    from adaptor._run import checked_descriptor, checked_schema
+
     name = str(request["driver"])
     driver = make_driver(name, driver_config(request, driver_defaults))
-    descriptor = _descriptor(name, driver, validate=True)
+    descriptor = checked_descriptor(driver)
     run_policy = _policy(request.get("policy"))
     approvals = policy.validate(run_policy, descriptor)
     if isinstance(request.get("thread"), Mapping):
@@ -323,15 +327,7 @@ def preflight(request: Mapping[str, Any], *, driver_defaults: Mapping[str, Any])
     mcp.validate(_mcp_servers(request.get("mcp")), descriptor, tools=bool(request.get("tools")))
     _skills(request.get("skills"))
     if request.get("schema") is not None:
-        from adaptor import schema
-
-        schema.negotiate(
-            descriptor,
-            ask_kinds=approvals.ask_kinds,
-            explicit_ask_kinds=policy.explicit_ask_kinds(run_policy),
-            streaming=True,
-            schema=schema.compile_schema(request["schema"]),
-        )
+        checked_schema(request["schema"], descriptor, approvals, run_policy)
     timeout = request.get("timeout")
     if timeout is not None and timeout <= 0:
         # The run would end at once with DeadlineExceededError, which does not say why.
@@ -410,18 +406,15 @@ def build(
     return Call(agent, lambda: agent.stream(prompt, **options), close)
 
 
-def _descriptor(name: str, driver: Driver, *, validate: bool = False) -> Descriptor:
-    """``driver.descriptor()`` (and, with ``validate``, its config check), a failure raised as
-    the run reports it: ``InvalidDriverConfigError`` (exit 3), never an external error."""
+def _descriptor(name: str, driver: Driver) -> Descriptor:
+    """``driver.descriptor()``, a failure raised as the run reports it: ``InvalidDriverConfigError``
+    (exit 3), never an external error."""
     try:
-        descriptor = driver.descriptor()
-        if validate:
-            driver.validate_config(None)
+        return driver.descriptor()
     except AdaptorError:
         raise
     except Exception as exc:
         raise InvalidDriverConfigError(name, exc) from exc
-    return descriptor
 
 
 def _skills(raw: list[Any] | None) -> tuple[skill.Skill | skill.Ref, ...]:

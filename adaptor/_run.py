@@ -58,7 +58,8 @@ from adaptor.stream import _STOP_WAIT, Broker, Stream
 if TYPE_CHECKING:
     from adaptor._options import RunOptions
     from adaptor._thread import ThreadSpec
-    from adaptor.schema import CompiledSchema
+    from adaptor.policy import Policy
+    from adaptor.schema import CompiledSchema, Mechanism
 
 
 def new_run_id() -> str:
@@ -263,6 +264,44 @@ class _Budget:
                 self._timer.cancel()
 
 
+def checked_descriptor(driver: Driver) -> Descriptor:
+    """``driver``'s descriptor, its configuration checked: a run's first check after the closed
+    agent, and the daemon's preflight of a request (one rule for both).  A failure is
+    ``InvalidDriverConfigError`` naming the driver (its descriptor's type once it has one)."""
+    try:
+        descriptor = driver.descriptor()
+    except Exception as exc:  # a descriptor built from bad configuration
+        raise InvalidDriverConfigError(type(driver).__module__.rsplit(".", 1)[-1], exc) from exc
+    try:
+        driver.validate_config(None)
+    except errors.AdaptorError:
+        raise
+    except Exception as exc:
+        raise InvalidDriverConfigError(descriptor.type, exc) from exc
+    return descriptor
+
+
+def checked_schema(
+    schema: Mapping[str, Any],
+    descriptor: Descriptor,
+    approvals: EffectiveApprovals,
+    policy: Policy | None,
+) -> tuple[CompiledSchema, Mechanism]:
+    """The output schema compiled, and how the driver will meet it (a run's last static check,
+    and the daemon's preflight's)."""
+    from adaptor import schema as _schema
+
+    compiled = _schema.compile_schema(schema)
+    source = _schema.negotiate(
+        descriptor,
+        ask_kinds=approvals.ask_kinds,
+        explicit_ask_kinds=explicit_ask_kinds(policy),
+        streaming=True,
+        schema=compiled,
+    )
+    return compiled, source
+
+
 class RunPipeline:
     """One admitted-or-refused run.  Created by ``Agent.stream``; lives until its verdict."""
 
@@ -359,17 +398,7 @@ class RunPipeline:
         if self.host.closed:
             raise errors.AgentClosedError()
         driver = self.host.driver
-        try:
-            descriptor = driver.descriptor()
-        except Exception as exc:  # a descriptor built from bad configuration
-            raise InvalidDriverConfigError(type(driver).__module__.rsplit(".", 1)[-1], exc) from exc
-        self.descriptor = descriptor
-        try:
-            driver.validate_config(None)
-        except errors.AdaptorError:
-            raise
-        except Exception as exc:
-            raise InvalidDriverConfigError(descriptor.type, exc) from exc
+        self.descriptor = descriptor = checked_descriptor(driver)
         self.approvals = validate(self.options.policy, descriptor)
         if self.thread is not None:
             self._prelaunch = _thread.prelaunch(self.host, descriptor)  # type: ignore[arg-type]
@@ -383,15 +412,8 @@ class RunPipeline:
             _gateway.require_sdk()
         self._skills = _skill.resolve(self.options.skills, self.host.skill_provider)
         if self.options.schema is not None:
-            from adaptor import schema as _schema
-
-            self.compiled = _schema.compile_schema(self.options.schema)
-            self.schema_source = _schema.negotiate(
-                descriptor,
-                ask_kinds=self.approvals.ask_kinds,
-                explicit_ask_kinds=explicit_ask_kinds(self.options.policy),
-                streaming=True,
-                schema=self.compiled,
+            self.compiled, self.schema_source = checked_schema(
+                self.options.schema, descriptor, self.approvals, self.options.policy
             )
         self._secrets = _secrets_of(driver, descriptor.type, self._mcp)
         self._redactor = Redactor(self._secrets)

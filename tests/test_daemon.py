@@ -1810,6 +1810,20 @@ def test_a_driver_table_value_the_driver_refuses_is_refused_at_load(tmp_path: Pa
     assert why in serve.stderr and SECRET not in serve.stderr, serve.stderr
 
 
+def test_a_driver_table_is_refused_with_the_error_a_run_of_it_fails_with(tmp_path: Path) -> None:
+    # The daemon's preflight restated the run's driver check and named the driver by its
+    # table ('script') where the run names it by its descriptor's type, as the verdict shows.
+    config = tmp_path / "config.toml"
+    config.write_text('[drivers.script]\ngrace_period = -1.0\ndescriptor = {type = "custom-agent"}\n')
+    with pytest.raises(config_module.ConfigError) as refused:
+        config_module.load(config, required=True)
+    driver = script_driver.Driver(script_driver.Config(grace_period=-1.0, descriptor={"type": "custom-agent"}))
+    with pytest.raises(errors.AdaptorError) as failed:
+        adaptor.Agent(driver).run("probe")
+    assert str(failed.value).startswith("invalid configuration for driver 'custom-agent'")
+    assert str(failed.value) in str(refused.value), (str(failed.value), str(refused.value))
+
+
 def test_a_driver_table_may_leave_a_required_field_to_each_request(tmp_path: Path) -> None:
     # The command driver has no default command: a table giving only env is complete per request.
     config = tmp_path / "config.toml"
