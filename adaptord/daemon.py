@@ -75,6 +75,8 @@ _KEPT_SHARE = 2.0
 EXIT_A2A_DIED = 70
 """The exit after the ``--a2a`` listener died while serving: an internal failure (errors.md's
 70), which the systemd unit's ``Restart=on-failure`` restarts, unlike 69 and 2."""
+_HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The process signals :meth:`Daemon.serve` owns: a stop (SIGTERM, SIGINT) or a reload (SIGHUP)."""
 _LEFTOVER_GRACE = 10.0
 """The longest a start waits for a killed predecessor's agents to stop on SIGTERM."""
 _PRUNE_INTERVAL = 3600.0
@@ -288,6 +290,30 @@ class Daemon:
     # -- serve -------------------------------------------------------------------------------
 
     def serve(self) -> int:
+        """Serve until stopped; the process's exit status.
+
+        Call it once, from the main thread of the process that then exits: it owns the
+        process's SIGTERM, SIGINT and SIGHUP, and leaves them ignored.
+        """
+        # From the first moment to the last: a SIGHUP or SIGTERM during the start-up (waiting
+        # for the home's lock, stopping a predecessor's leftovers, importing host tools) killed
+        # the daemon without a word, and one during the last clean-up skipped closing the logs.
+        # Set early, they are acted on once serving (a stop then drains at once).
+        for sig in _HANDLED_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        try:
+            return self._serve_home()
+        finally:
+            # The exit status is decided.  The default dispositions back would let a signal
+            # arriving now (systemd's stop, a second Ctrl-C) kill the exiting process, and its
+            # supervisor would read that death instead: exit 70 (restart me) as a clean stop,
+            # exit 0 as a failure.  Ignored, not handled: the interpreter puts Python handlers
+            # back to the default while it finalizes, which is also on the way out.
+            for sig in _HANDLED_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+            self._wake.close()
+
+    def _serve_home(self) -> int:
         unsafe = _home.not_private(self.home)
         if unsafe is not None:
             self.log("refusing a home others can write to", why=unsafe)
@@ -315,19 +341,6 @@ class Daemon:
             instance.release()
 
     def _serve_locked(self) -> int:
-        # From the first moment to the last: a SIGHUP or SIGTERM during the start-up (stopping
-        # a predecessor's leftovers, importing host tools) killed the daemon without a word,
-        # and one during the last clean-up skipped closing the logs.  Set early, they are
-        # acted on once serving (a stop then drains at once).
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        try:
-            return self._serve_signalled()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self._wake.close()
-
-    def _serve_signalled(self) -> int:
         # Before the slower start-up below: while this daemon holds the home's lock, `adaptor
         # approve` takes a pending approval's run for alive, and none of these runs is.
         stale_approvals = self._expire_stale_approvals()

@@ -132,6 +132,21 @@ class DaemonProcess:
         assert self.proc is not None
         self.proc.send_signal(signum)
 
+    def signal_until_gone(self, *signums: int, timeout: float = 60.0) -> int:
+        """Send ``signums`` in turn, one every millisecond, until the daemon exits; its status.
+
+        So that one lands in every part of its way out, however short, down to the exit itself.
+        """
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        sent = 0
+        while self.proc.poll() is None:
+            assert time.monotonic() < deadline, "still running after the signals; got:\n" + "\n".join(self.lines)
+            self.proc.send_signal(signums[sent % len(signums)])
+            sent += 1
+            time.sleep(0.001)
+        return self.stop()
+
     def kill9(self) -> None:
         assert self.proc is not None
         self.proc.kill()

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -422,9 +423,8 @@ if _trigger:
 """
 
 
-def test_a_listener_that_dies_stops_the_daemon_with_a_restartable_exit(tmp_path: Path) -> None:
-    # The daemon served on without its A2A listener and said nothing: callers were refused
-    # while systemd (Restart=on-failure) saw a healthy service.
+def _daemon_whose_listener_crashes(tmp_path: Path) -> tuple[DaemonProcess, Path]:
+    """A daemon serving A2A whose listener fails once the returned trigger file exists."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(_LISTENER_CRASH)
@@ -439,6 +439,13 @@ def test_a_listener_that_dies_stops_the_daemon_with_a_restartable_exit(tmp_path:
     url = re.search(r"url=(\S+)", proc.wait_for_line("a2a.listening url="))
     assert url is not None
     assert httpx.get(url.group(1) + "/.well-known/agent-card.json", timeout=WAIT).status_code == 200
+    return proc, trigger
+
+
+def test_a_listener_that_dies_stops_the_daemon_with_a_restartable_exit(tmp_path: Path) -> None:
+    # The daemon served on without its A2A listener and said nothing: callers were refused
+    # while systemd (Restart=on-failure) saw a healthy service.
+    proc, trigger = _daemon_whose_listener_crashes(tmp_path)
     trigger.touch()
     died = proc.wait_for_line("adaptord: a2a.died ")
     assert "injected: the A2A server loop failed" in died and "then=stopping exit_code=70" in died
@@ -449,6 +456,16 @@ def test_a_listener_that_dies_stops_the_daemon_with_a_restartable_exit(tmp_path:
     phases = [getattr(record.event, "data", {}).get("phase") for record in recorder.since("adaptord")]
     recorder.close()
     assert phases.index("a2a.died") < phases.index("daemon.stopped"), phases
+
+
+def test_a_stop_signal_after_the_listener_died_keeps_the_restartable_exit(tmp_path: Path) -> None:
+    # systemd's stop (or a script's kill) reaching the daemon on its way out after the
+    # listener died killed it by SIGTERM (-15) instead of letting it exit 70: a stop the
+    # unit does not restart from, with the listener gone.
+    proc, trigger = _daemon_whose_listener_crashes(tmp_path)
+    trigger.touch()
+    proc.wait_for_line("adaptord: a2a.died ")
+    assert proc.signal_until_gone(signal.SIGTERM, signal.SIGINT) == 70
 
 
 # --- two daemons --------------------------------------------------------------------------------

@@ -729,6 +729,16 @@ def test_a_burst_of_signals_cannot_deadlock_the_main_loop(tmp_path: Path) -> Non
         assert type(error) is errors.RunCancelledError and error.details["daemon_stopped"] is True
 
 
+def test_signals_while_it_exits_leave_its_exit_status_alone(tmp_path: Path) -> None:
+    # The handlers went back to the defaults once the drain was done, and a SIGTERM landing
+    # in the last moments (systemd's stop; a script signalling until the pid is gone) killed
+    # the exiting daemon: -15 instead of the 0 it had decided, so Restart=on-failure and
+    # scripts saw a failure.  A SIGHUP then did the same (-1), a SIGINT raised KeyboardInterrupt.
+    proc = DaemonProcess(tmp_path / "home").start()
+    assert proc.signal_until_gone(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) == 0
+    assert "adaptord: daemon.stopped" in "\n".join(proc.lines)
+
+
 @pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs resource.prlimit (Linux)")
 def test_a_verdict_the_disk_refuses_keeps_its_outcome_until_it_can_be_written(tmp_path: Path) -> None:
     # RLIMIT_FSIZE 0 makes every write into a regular file fail (EFBIG), as a full disk would,
