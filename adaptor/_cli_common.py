@@ -20,6 +20,7 @@ import orjson
 from adaptor import _home, errors, events
 from adaptor.spool import (
     Client,
+    DaemonNotRunningError,
     SpoolNotFoundError,
     UnknownRequestError,
     WaitTimeoutError,
@@ -43,16 +44,6 @@ SIGNAL_EXITS: tuple[tuple[int, str], ...] = (
     (EXIT_INTERRUPTED, "Ctrl-C (SIGINT): stopped (adaptor run cancels its request first)"),
     (128 + signal.SIGTERM, "SIGTERM (kill, timeout): stopped (adaptor run cancels its request first)"),
 )
-
-
-class DaemonNotRunningError(Exception):
-    """The command needs a serving daemon (to wait for a verdict) and none holds the home."""
-
-    def __init__(self, home: os.PathLike[str] | str) -> None:
-        super().__init__(
-            f"adaptord is not running for {home} (start it with `adaptord serve --home {home}`"
-            " or `systemctl --user start adaptord`; `adaptor run --no-daemon` runs in-process)"
-        )
 
 
 def _home_named(ctx: click.Context, param: click.Parameter, flag: str | None) -> str | None:

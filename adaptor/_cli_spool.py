@@ -15,7 +15,6 @@ import orjson
 from adaptor import _home, errors
 from adaptor._cli_common import (
     EXIT_UNAVAILABLE,
-    DaemonNotRunningError,
     echo,
     emit_json,
     emit_result,
@@ -31,6 +30,7 @@ from adaptor._cli_common import (
 from adaptor.events import to_json
 from adaptor.spool import (
     Client,
+    DaemonNotRunningError,
     InvalidRequestError,
     UnknownRequestError,
     _log_records,

@@ -17,7 +17,8 @@ verdict with :func:`adaptor.errors.from_wire`, ``RunError.result`` included), so
 ``except`` clause serves both paths.  Two conditions are the client's own and stay outside the
 error taxonomy: :class:`WaitTimeoutError` (the caller's deadline passed) and
 :class:`UnknownRequestError` (no such request in this home); :class:`SpoolNotFoundError` means
-the home has no spool at all.
+the home has no spool at all, and :class:`DaemonNotRunningError` (raised by the ``adaptor`` CLI)
+that no daemon serves it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client",
+    "DaemonNotRunningError",
     "InvalidRequestError",
     "SpoolNotFoundError",
     "UnknownRequestError",
@@ -115,6 +117,22 @@ class SpoolNotFoundError(FileNotFoundError):
     def __str__(self) -> str:
         # OSError's own form, "[Errno 2] <message>: '<home>'", says the home twice.
         return str(self.strerror)
+
+
+class DaemonNotRunningError(Exception):
+    """No daemon serves ``home``, and the ``adaptor`` command needs one: to run a request, or to
+    wait for a verdict nobody else would write.
+
+    Not an ``AdaptorError``: the situation of the home, never an outcome of a request.  The
+    ``adaptor`` CLI exits 69 on it (``status`` too, with its report).
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        super().__init__(
+            f"adaptord is not running for {home} (start it with `adaptord serve --home {home}`"
+            " or `systemctl --user start adaptord`; `adaptor run --no-daemon` runs in-process)"
+        )
 
 
 class UnknownRequestError(LookupError):

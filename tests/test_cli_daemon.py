@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 import adaptor
-from adaptor import _home, errors, events
+from adaptor import _home, errors, events, spool
 from adaptor.drivers import script as script_driver
 from adaptor.spool import Client
 from adaptor.threadstore import JSONLStore
@@ -866,6 +866,28 @@ def test_status_is_0_while_the_daemon_runs_and_69_when_not(home: Home, tmp_path:
     assert down_json.returncode == 69 and stopped["ok"] is False and stopped["exit_code"] == 69
     assert "not running" in stopped["error"]["message"]
     assert stopped["result"]["running"] is False and stopped["result"]["pid"] is None
+
+
+def test_every_command_names_a_missing_daemon_by_its_public_class(tmp_path: Path) -> None:
+    # --json said "type": "adaptor._cli_common.DaemonNotRunningError": a private module in the
+    # field scripts match on, which no program could import.
+    idle = tmp_path / "idle"
+    (idle / "spool" / "new").mkdir(parents=True)
+    (idle / "spool" / "tmp").mkdir()
+    queued = Client(idle).submit(script({"text": "never run"}))
+    for command in (
+        ["status"], ["wait", queued], ["events", queued, "-f"], ["run", "--driver", "script", "hi"],
+    ):
+        proc = subprocess.run(
+            ["adaptor", *command, "--json", "--home", str(idle)], capture_output=True, text=True, timeout=TIMEOUT
+        )
+        outcome = orjson.loads(proc.stdout.splitlines()[-1])
+        assert proc.returncode == outcome["exit_code"] == 69, (command, proc.stdout, proc.stderr)
+        assert outcome["error"]["code"] == "external"
+        assert outcome["error"]["type"] == "adaptor.spool.DaemonNotRunningError", command
+    assert "DaemonNotRunningError" in spool.__all__
+    error = spool.DaemonNotRunningError(idle)
+    assert error.home == idle and str(error).startswith(f"adaptord is not running for {idle} ")
 
 
 def test_status_of_a_file_for_a_home_is_69_as_for_every_other_command(tmp_path: Path) -> None:
