@@ -209,7 +209,10 @@ _CREDENTIAL_PATTERNS = (
     # A header's value is the credential, whatever its scheme ("SSWS <token>"), as a line, a
     # mapping's repr or JSON ('"authorization": "..."') shows it.
     re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\r\n,;}\"']+"),
-    re.compile(r"(?i)\b((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{4,}"),
+    re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{4,}"),
+    # "Basic" is also an English word ("Basic authentication required"): its token must look
+    # like base64, with a digit, capital, "+", "/" or "=" after its first character.
+    re.compile(r"\b((?i:basic)\s+)[A-Za-z0-9+/](?=[a-z]*[A-Z0-9+/=])[A-Za-z0-9+/]{3,}={0,2}"),
     # A URL's user information ("https://user:password@host").
     re.compile(r"(://)[^/@\s\"']+(?=@)"),
     re.compile(

@@ -546,6 +546,10 @@ CREDENTIAL_TEXTS = {
     "auth-token": ("auth_token=abcdef123456; retry", "auth_token=<redacted>; retry"),
     "other-scheme": ("Authorization: SSWS 00abcDEFghi123", "Authorization: <redacted>"),
     "bearer": ("sent Bearer tok-AAAA1234 to it", "sent Bearer <redacted> to it"),
+    "basic": ("sent basic YWxhZGRpbjpvcGVu to it", "sent basic <redacted> to it"),
+    # ... but "basic" is a word too: a message about it keeps its words.
+    "basic-word": ("Basic authentication required", "Basic authentication required"),
+    "basic-capital": ("basic Authentication failed", "basic Authentication failed"),
 }
 
 
