@@ -300,16 +300,56 @@ def quoted_status(message: str) -> int | None:
     return None if found is None else int(found.group(1) or found.group(2))
 
 
+# Failures no retry mends, in the words of the providers (their error codes and messages) and
+# of the CLIs that relay them: a spent quota or credit balance, a model the provider does not
+# know, a prompt over the model's context window.  They are checked before any status, which
+# says too little here: a spent quota is a 429 like a passing rate limit, and a script that
+# retried it as one retried for ever.  Gemini words its per-minute limits like OpenAI's spent
+# quota ("You exceeded your current quota, please check your plan and billing details"), so
+# that sentence alone is no quota; Gemini CLI's own verdict is ("exhausted your daily quota",
+# or the API's "limit: 0", a quota the project does not have at all).
+_LASTING: Final[tuple[tuple[FailureKind, re.Pattern[str]], ...]] = (
+    ("quota", re.compile(
+        r"insufficient_quota|billing_error|credit balance is too low|"
+        r"quota exceeded\W+check your plan and billing|exhausted your daily quota|"
+        r"quota exceeded for metric\b.{0,200}?\blimit:\s*0(?![\d.])",
+        re.IGNORECASE)),
+    ("model_not_found", re.compile(
+        r"model_not_found|\bmodel not found\b|\bmodels/\S+ is not found|"
+        r"the model `[^`]+` does not exist|issue with the selected model|"
+        r"not_found_error\b.{0,40}\bmodel:",
+        re.IGNORECASE)),
+    ("context_too_long", re.compile(
+        r"prompt is too long|prompt_too_long|context_length_exceeded|maximum context length|"
+        r"exceeds the context window|out of room in the model's context window|"
+        r"exceeds the maximum number of tokens",
+        re.IGNORECASE)),
+)
+
+
+def lasting_kind(message: str) -> FailureKind:
+    """The failure class of an error no retry mends (``quota``, ``model_not_found``,
+    ``context_too_long``), if the message names one; checked before its status."""
+    for kind, pattern in _LASTING:
+        if pattern.search(message):
+            return kind
+    return ""
+
+
 @dataclass(frozen=True)
 class FailureShapes:
-    """How a CLI words the provider failures it reports, checked in this order, after the HTTP
-    status the message quotes (:func:`quoted_status`)."""
+    """How a CLI words the provider failures it reports, checked in this order, after the
+    failures no retry mends (:func:`lasting_kind`) and the HTTP status the message quotes
+    (:func:`quoted_status`)."""
 
     auth: re.Pattern[str]
     rate_limit: re.Pattern[str]
     unavailable: re.Pattern[str]
 
     def kind(self, message: str) -> FailureKind:
+        lasting = lasting_kind(message)
+        if lasting:
+            return lasting
         status = quoted_status(message)
         if status is not None and status_kind(status):
             return status_kind(status)

@@ -46,7 +46,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-FailureKind = Literal["auth", "rate_limit", "provider_unavailable", ""]
+FailureKind = Literal["auth", "rate_limit", "provider_unavailable", "quota", "model_not_found",
+                      "context_too_long", ""]
 _RETRYABLE: Final = frozenset({"rate_limit", "provider_unavailable"})
 
 # How much of a bad line a diagnostic may quote: enough to recognise it, never a whole payload.
@@ -271,8 +272,10 @@ class Protocol:
 def provider_failure(message: str, kind: FailureKind, **details: Any) -> RunFailure:
     """An ``agent_error`` for a failure the provider reported (drivers.md, failure classes).
 
-    ``kind`` is ``auth``, ``rate_limit`` or ``provider_unavailable`` when recognised (the last
-    two are ``retryable``); ``details`` carry the provider's own code and status.
+    ``kind`` is ``auth``, ``rate_limit``, ``provider_unavailable``, ``quota``,
+    ``model_not_found`` or ``context_too_long`` when recognised (only ``rate_limit`` and
+    ``provider_unavailable`` are ``retryable``); ``details`` carry the provider's own code and
+    status.
     """
     return _classified(message or "the provider reported an error", kind, {}, details)
 

@@ -53,7 +53,10 @@ place, :func:`_argv`, checked against Claude Code 2.1.332.
 Failures follow drivers.md: API errors come back as ``subtype: "success"`` with
 ``is_error: true`` and ``api_error_status``; 401/403 and "Not logged in" are
 ``details.kind = "auth"``, 429 ``rate_limit`` and 5xx or an unreachable server
-``provider_unavailable`` (both ``retryable``).
+``provider_unavailable`` (both ``retryable``); a spent credit balance (``billing_error``), an
+unknown model (``model_not_found``) and a prompt over the context window (``terminal_reason``
+``prompt_too_long``) are ``quota``, ``model_not_found`` and ``context_too_long``, which no
+retry mends.
 
 Session compatibility (:meth:`Driver.session_config_fingerprint`) covers ``cwd``,
 ``extra_args``, ``model``, ``permission_mode``, ``config_dir`` and the *names* of ``env``;
@@ -1134,23 +1137,41 @@ class _Parser:
         text = as_str(result.get("result"))
         errors = as_list(result.get("errors"))
         message = text or "; ".join(str(e) for e in errors) or "claude reported an error"
-        kind: FailureKind = ""
-        if (status in (401, 403) or error_type in ("authentication_error", "permission_error")
-                or error == "authentication_failed" or text.startswith("Not logged in")):
-            kind = "auth"
-        elif status == 429 or error_type == "rate_limit_error" or error == "rate_limit":
-            kind = "rate_limit"
-        elif ((isinstance(status, int) and status >= 500)
-              or error_type in ("api_error", "overloaded_error")
-              or error in ("server_error", "connection_failed", "overloaded")):
-            kind = "provider_unavailable"
+        terminal_reason = as_str(result.get("terminal_reason"))
+        kind = (_LASTING_ERRORS.get(error) or _LASTING_ERRORS.get(terminal_reason)
+                or _cli.lasting_kind(message)
+                or _passing_kind(status, error_type, error, text))
         return provider_failure(
             message, kind,
             subtype=as_str(result.get("subtype")) or None,
             provider_status=status if isinstance(status, int) else None,
             provider_error=error_type or error or None,
-            terminal_reason=as_str(result.get("terminal_reason")) or None,
+            terminal_reason=terminal_reason or None,
         )
+
+
+# Claude Code's own names for the failures no retry mends: the ``error`` of the assistant message
+# that reports an API error ("Credit balance is too low" is a 400 it calls ``billing_error``),
+# and the result's ``terminal_reason`` for a prompt over the context window.
+_LASTING_ERRORS: Final[Mapping[str, FailureKind]] = {
+    "billing_error": "quota",
+    "model_not_found": "model_not_found",
+    "prompt_too_long": "context_too_long",
+}
+
+
+def _passing_kind(status: object, error_type: str, error: str, text: str) -> FailureKind:
+    """The class of an API error a wait or a fix of the setup may mend."""
+    if (status in (401, 403) or error_type in ("authentication_error", "permission_error")
+            or error == "authentication_failed" or text.startswith("Not logged in")):
+        return "auth"
+    if status == 429 or error_type == "rate_limit_error" or error == "rate_limit":
+        return "rate_limit"
+    if ((isinstance(status, int) and status >= 500)
+            or error_type in ("api_error", "overloaded_error")
+            or error in ("server_error", "connection_failed", "overloaded")):
+        return "provider_unavailable"
+    return ""
 
 
 # --- the process pool ---------------------------------------------------------------------------

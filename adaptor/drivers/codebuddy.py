@@ -36,7 +36,10 @@ messages raise ``ResumeRejectedError``.
 
 Failures: an error ``result`` or an ``error`` frame is an ``agent_error`` classified from the
 API status it carries (401/403 → ``auth``, 429 → ``rate_limit``, 5xx →
-``provider_unavailable``) or, lacking one, from its message.
+``provider_unavailable``) or, lacking one, from its message; a message naming a spent quota, an
+unknown model or a prompt over the context window (the provider's words, see
+``_cli.lasting_kind``) is ``quota``, ``model_not_found`` or ``context_too_long`` whatever the
+status.
 
 Session compatibility covers ``cwd``, ``extra_args``, ``model``, ``effort``,
 ``permission_mode``, ``max_turns`` and the *names* of ``env``.
@@ -774,9 +777,10 @@ def _classify(message: str, status: Any, **details: Any) -> RunFailure:
 
 
 def _kind(message: str, status: Any) -> tuple[FailureKind, int | None]:
-    """The failure class and HTTP status of an error: the status the CLI reported, else the
-    one its message quotes, else its words."""
+    """The failure class and HTTP status of an error: a failure no retry mends that its message
+    names (a spent quota is a 429 too), else the status the CLI reported, else the one its
+    message quotes, else its words."""
     code = status if isinstance(status, int) and not isinstance(status, bool) else None
     if code is None:
         return _FAILURES.kind(message), _cli.quoted_status(message)
-    return _cli.status_kind(code), code
+    return _cli.lasting_kind(message) or _cli.status_kind(code), code

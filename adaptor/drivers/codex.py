@@ -48,7 +48,10 @@ that spawns the real Rust binary, which is why the runner stops the whole proces
 Failures: ``turn.failed`` (and a bare ``error`` when the process dies before its terminal) is
 an ``agent_error`` classified from the message: 401/403 and a missing key variable are
 ``auth``; 429 is ``rate_limit``; 5xx, "high demand" and broken streams are
-``provider_unavailable``.  An unreachable server makes codex retry forever ("Reconnecting...
+``provider_unavailable``; a spent quota ("Quota exceeded. Check your plan and billing
+details."), an unknown model ("The model `x` does not exist") and a prompt over the context
+window ("ran out of room in the model's context window") are ``quota``, ``model_not_found`` and
+``context_too_long``.  An unreachable server makes codex retry forever ("Reconnecting...
 waiting for network"): only the run's ``timeout`` (or a cancel) ends it, and the message is
 kept in ``Result.metadata["last_error"]``.
 
@@ -130,12 +133,11 @@ _RESUME_REJECTED = re.compile(
 _FAILURES: Final = _cli.FailureShapes(
     auth=re.compile(r"unauthori[sz]ed|forbidden|missing environment variable|"
                     r"invalid api key|incorrect api key|not logged in", re.IGNORECASE),
-    # OpenAI's 429 insufficient_quota, which codex 0.171.0 reports as "Quota exceeded. Check
-    # your plan and billing details." without the status: a 429 like any other, as the other
-    # drivers class their providers' quota errors (never a disk quota, an OS error).
+    # A quota exceeded without the words of a spent one (OpenAI's insufficient_quota, which
+    # codex 0.171.0 reports as "Quota exceeded. Check your plan and billing details.": that is
+    # ``quota``, see _cli.lasting_kind) passes like a rate limit; a disk quota is an OS error.
     rate_limit=re.compile(
-        r"too many requests|rate limit|(?<!disk )quota exceeded|exceeded your current quota|"
-        r"insufficient_quota",
+        r"too many requests|rate limit|(?<!disk )quota exceeded|exceeded your current quota",
         re.IGNORECASE,
     ),
     unavailable=re.compile(

@@ -31,9 +31,11 @@ runner signals the whole process group.
 
 Failures: an error ``result`` is an ``agent_error`` classified from the API error it quotes
 (``"code": 401`` / ``UNAUTHENTICATED`` → ``auth``; 429 / ``RESOURCE_EXHAUSTED`` →
-``rate_limit``; 5xx and "fetch failed" → ``provider_unavailable``).  For API errors the CLI
-exits with the HTTP status truncated to 8 bits (401 → 145), which also identifies the status
-when the message does not.  Exit 41 without a result is the CLI's own authentication failure
+``rate_limit``; 5xx and "fetch failed" → ``provider_unavailable``; a quota the CLI gives up on,
+"exhausted your daily quota" or "limit: 0", → ``quota``, "models/x is not found" →
+``model_not_found``, "exceeds the maximum number of tokens" → ``context_too_long``).  For API
+errors the CLI exits with the HTTP status truncated to 8 bits (401 → 145), which also
+identifies the status when the message does not.  Exit 41 without a result is the CLI's own authentication failure
 (no ``GEMINI_API_KEY``, an auth method not selected): ``auth`` too.  Gemini retries 5xx and network errors with backoff for minutes; its
 ``general.maxAttempts`` / ``general.retryFetchErrors`` settings or the run's ``timeout`` bound
 that.
@@ -438,13 +440,14 @@ def _kind_of(message: str, exit_code: int | None) -> tuple[FailureKind, int | No
     if status is None and exit_code is not None and 144 <= exit_code <= 255 \
             and "[API Error" in message:
         status = exit_code + 256
-    kind: FailureKind = ""
-    if status in (401, 403) or _AUTH.search(message):
-        kind = "auth"
-    elif status == 429 or _RATE_LIMIT.search(message):
-        kind = "rate_limit"
-    elif (status is not None and status >= 500) or _UNAVAILABLE.search(message):
-        kind = "provider_unavailable"
+    kind: FailureKind = _cli.lasting_kind(message)
+    if not kind:
+        if status in (401, 403) or _AUTH.search(message):
+            kind = "auth"
+        elif status == 429 or _RATE_LIMIT.search(message):
+            kind = "rate_limit"
+        elif (status is not None and status >= 500) or _UNAVAILABLE.search(message):
+            kind = "provider_unavailable"
     return kind, status
 
 

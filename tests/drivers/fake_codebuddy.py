@@ -17,7 +17,8 @@ real CLI's would:
 It appends argv, cwd, environment names and every stdin frame to ``$FAKE_RECORD`` and behaves
 as ``$FAKE_SCENARIO`` says (default ``text``): ``text``, ``tool`` (Bash), ``plan`` (a plan
 written to ``.codebuddy/plans/`` then ``ExitPlanMode``), ``question`` (``AskUserQuestion``),
-``api_error`` (an error ``result`` with ``api_error_status`` ``$FAKE_STATUS``, default 429),
+``api_error`` (an error ``result`` with ``api_error_status`` ``$FAKE_STATUS``, default 429,
+saying ``API Error: <status> <$FAKE_ERROR>``, as Claude Code words the provider's error body),
 ``error_frame`` (an ``error`` frame, then exit 1), ``malformed``, ``no_terminal``,
 ``unreadable_result`` (a ``result`` line that is not UTF-8).
 A fresh session gets the id ``$FAKE_SESSION_ID`` (default: a random UUID);
@@ -149,7 +150,8 @@ def main(argv: list[str]) -> int:
     if scenario == "api_error":
         status = int(os.environ.get("FAKE_STATUS", "429"))
         emit({"type": "result", "subtype": "success", "is_error": True, "session_id": sid,
-              "result": f"API Error: {status} mock error", "api_error_status": status})
+              "result": f"API Error: {status} {os.environ.get('FAKE_ERROR', 'mock error')}",
+              "api_error_status": status})
         return _end(control, 1)
     assistant({"type": "text", "text": text})
     result: dict[str, Any] = {

@@ -11,7 +11,8 @@ environment names, stdin) to ``$FAKE_RECORD`` as ``{"kind", "value"}`` JSON line
 ``thinking``        a ``thinking`` event (not part of the protocol's formal core)
 ``malformed``       a line that starts with ``{`` but is not JSON
 ``no_terminal``     stops without a ``result`` and exits 1 with a message on stderr
-``error_terminal``  ``result``/``success`` with ``is_error: true`` (a usage limit), exit 1
+``error_terminal``  ``result``/``success`` with ``is_error: true`` (``$FAKE_ERROR``, default a
+                    usage limit), exit 1
 ``session_change``  a frame whose ``session_id`` differs from the init's
 ``missing_session`` an assistant frame without ``session_id``
 ``after_terminal``  an assistant frame after the terminal ``result``
@@ -88,7 +89,8 @@ def main(argv: list[str]) -> int:
         print("Error: connection to the model failed: ECONNREFUSED", file=sys.stderr)
         return 1
     is_error = scenario == "error_terminal"
-    text = "You've hit your usage limit." if is_error else "Cursor says hi."
+    text = (os.environ.get("FAKE_ERROR", "You've hit your usage limit.") if is_error
+            else "Cursor says hi.")
     emit({"type": "result", "subtype": "success", "duration_ms": 12, "is_error": is_error,
           "result": text, "request_id": "req-1"})
     if scenario == "after_terminal":

@@ -7,7 +7,8 @@ described in ``shared/reference/real-clis.md`` §3.2.
 
 The reply depends only on the request and :attr:`AnthropicMock.scenario`:
 
-- an error ``status`` answers every request with that status and an Anthropic error body,
+- an error ``status`` answers every request with that status and an Anthropic error body
+  (``error``, when given, is that body's ``error`` object, e.g. "credit balance is too low"),
   which with ``quote_key`` quotes the request's ``x-api-key`` back (as real providers' 401s do);
 - when the last user turn carries a ``tool_result``, the reply is the text
   ``"Tool result was: <result>"`` (so a scripted tool turn always ends);
@@ -50,6 +51,7 @@ class Scenario:
     then: tuple[str, dict[str, Any]] | None = None
     structured: Any = None
     status: int | None = None
+    error: dict[str, Any] | None = None
     quote_key: bool = False
     delay: float = 0.0
     truncate: bool = False
@@ -88,7 +90,8 @@ class AnthropicMock(MockServer):
             message = f"mock {kind}"
             if scenario.quote_key:
                 message = f"Incorrect API key provided: {request['headers'].get('x-api-key', '')}"
-            reply.json(scenario.status, {"type": "error", "error": {"type": kind, "message": message}})
+            error = scenario.error or {"type": kind, "message": message}
+            reply.json(scenario.status, {"type": "error", "error": error})
             return
         body = request["body"] or {}
         blocks = self._answer(scenario, body)

@@ -9,7 +9,8 @@ count.
 
 The reply depends only on the request and :attr:`GeminiMock.scenario`:
 
-- an error ``status`` answers every request with that status and a Google API error body;
+- an error ``status`` answers every request with that status and a Google API error body
+  (``error``, when given, is that body's ``error`` object, e.g. a quota failure);
 - when the last turn carries a ``functionResponse``, the reply is the text
   ``"Tool result was: <response JSON>"`` (so a scripted tool turn always ends);
 - else ``tool`` makes the model call that function (if the request offers it); otherwise the
@@ -45,6 +46,7 @@ class Scenario:
     text: str = DEFAULT_TEXT
     tool: tuple[str, dict[str, Any]] | None = None
     status: int | None = None
+    error: dict[str, Any] | None = None
     delay: float = 0.0
     # The stream ends after its first chunk, without the chunked body's end: a broken stream.
     truncate: bool = False
@@ -73,6 +75,9 @@ class GeminiMock(MockServer):
             return
         method = path.rsplit(":", 1)[1]
         scenario = self.scenario
+        if scenario.error is not None and scenario.status is not None:
+            reply.json(scenario.status, {"error": scenario.error})
+            return
         if scenario.status is not None:
             _error(reply, scenario.status, f"mock error {scenario.status}")
             return
@@ -148,6 +153,25 @@ def _chunk(parts: list[dict[str, Any]], usage: dict[str, int], *, final: bool) -
 def _offered(body: dict[str, Any]) -> set[str]:
     return {str(d.get("name")) for t in body.get("tools") or []
             for d in t.get("functionDeclarations") or [] if isinstance(d, dict)}
+
+
+def quota_failure(quota_id: str, limit: int) -> dict[str, Any]:
+    """The ``error`` of the Gemini API's 429 for a quota ``quota_id`` names (``...PerDay...``,
+    ``...PerMinute...``), whose ``limit`` 0 means the project has none.  Per-minute and daily
+    quotas share the message; Gemini CLI tells them apart by the ``QuotaFailure`` detail."""
+    metric = "generativelanguage.googleapis.com/generate_content_free_tier_requests"
+    message = ("You exceeded your current quota, please check your plan and billing details. "
+               "For more information on this error, head to: "
+               "https://ai.google.dev/gemini-api/docs/rate-limits.\n"
+               f"* Quota exceeded for metric: {metric}, limit: {limit}, model: gemini-2.5-flash\n"
+               "Please retry in 1.5s.")
+    return {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED", "details": [
+        {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [
+            {"quotaMetric": metric, "quotaId": quota_id,
+             "quotaDimensions": {"location": "global", "model": "gemini-2.5-flash"},
+             "quotaValue": str(limit)}]},
+        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1s"},
+    ]}
 
 
 def _error(reply: Reply, status: int, message: str) -> None:

@@ -210,6 +210,28 @@ def test_api_errors_are_classified(make_agent: MakeAgent, status: int, kind: str
     assert caught.value.details["provider_status"] == status
 
 
+@pytest.mark.parametrize(("status", "error", "kind"), [
+    (429, '{"error":{"message":"You exceeded your current quota, please check your plan and '
+          'billing details.","type":"insufficient_quota","code":"insufficient_quota"}}', "quota"),
+    (400, '{"type":"error","error":{"type":"invalid_request_error","message":"Your credit '
+          'balance is too low to access the Anthropic API."}}', "quota"),
+    (404, '{"type":"error","error":{"type":"not_found_error","message":"model: claude-9"}}',
+     "model_not_found"),
+    (400, '{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too '
+          'long: 215000 tokens > 200000 maximum"}}', "context_too_long"),
+], ids=["insufficient_quota", "credit_balance", "model_not_found", "context_too_long"])
+def test_errors_no_retry_mends_have_their_own_kinds(
+        make_agent: MakeAgent, status: int, error: str, kind: str) -> None:
+    # Classified by status alone, a spent quota (a 429) was a retryable rate_limit and the
+    # others had no kind.
+    with make_agent("api_error", env={"FAKE_STATUS": str(status), "FAKE_ERROR": error}) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("hi")
+    assert caught.value.reason == "agent_error"
+    assert (caught.value.details["kind"], caught.value.details["retryable"]) == (kind, False)
+    assert caught.value.details["provider_status"] == status
+
+
 def test_error_frame_malformed_and_missing_terminal(make_agent: MakeAgent) -> None:
     with make_agent("error_frame") as agent, pytest.raises(adaptor.AgentFailedError) as caught:
         agent.run("hi")

@@ -132,6 +132,27 @@ def test_missing_terminal_error_terminal_and_login(make_agent: MakeAgent) -> Non
     assert caught.value.details["kind"] == "auth"
 
 
+@pytest.mark.parametrize(("error", "kind"), [
+    ("Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing "
+     "to upgrade or purchase credits.", "quota"),
+    ("Error: 429 {\"error\":{\"message\":\"You exceeded your current quota, please check your "
+     "plan and billing details.\",\"type\":\"insufficient_quota\",\"code\":"
+     "\"insufficient_quota\"}}", "quota"),
+    ("The model `gpt-9` does not exist or you do not have access to it.", "model_not_found"),
+    ("prompt is too long: 215000 tokens > 200000 maximum", "context_too_long"),
+], ids=["credit_balance", "insufficient_quota", "model_not_found", "context_too_long"])
+def test_errors_no_retry_mends_have_their_own_kinds(
+        make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch, error: str, kind: str) -> None:
+    # The provider's words as the error result relays them: the quota was a retryable
+    # rate_limit (its 429), the others had no kind.
+    monkeypatch.setenv("FAKE_ERROR", error)
+    with make_agent("error_terminal") as agent, pytest.raises(adaptor.AgentFailedError) as caught:
+        agent.run("hi")
+    assert caught.value.reason == "agent_error"
+    assert (caught.value.details["kind"], caught.value.details["retryable"]) == (kind, False)
+    assert error in str(caught.value)
+
+
 # A CLI that prints nothing and dies with $DIE_WITH on stderr.
 DIES = """\
 import os, sys

@@ -33,7 +33,7 @@ from adaptor.memory import Store
 from adaptor.testing import RecordingSink, conformance
 from tests.drivers._fakes import records
 from tests.drivers.conftest import INSTALL_HINT, FakeCLI, _find_cli, group_members, transcript
-from tests.drivers.mock_gemini import DEFAULT_TEXT, GeminiMock
+from tests.drivers.mock_gemini import DEFAULT_TEXT, GeminiMock, quota_failure
 
 MODEL = "gemini-2.5-flash"  # an explicit model skips the CLI's router request: faster runs
 
@@ -384,6 +384,56 @@ def test_real_error_status(
     assert (details["kind"], details["provider_status"]) == (kind, status)
     assert details["exit_code"] == status & 0xFF  # the CLI exits with the HTTP status
     assert f"mock error {status}" in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("status", "error", "kind", "said", "provider_status"),
+    [
+        (429, quota_failure("GenerateRequestsPerDayPerProjectPerModel-FreeTier", 250), "quota",
+         "exhausted your daily quota", 429),
+        (429, quota_failure("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", 0), "quota",
+         "limit: 0", 429),
+        # The CLI's ModelNotFoundError exits 1: the status is nowhere in what it prints.
+        (404, {"code": 404, "message": "models/gemini-2.5-flash is not found for API version "
+               "v1beta, or is not supported for generateContent.", "status": "NOT_FOUND"},
+         "model_not_found", "models/gemini-2.5-flash is not found", None),
+        (400, {"code": 400, "message": "The input token count (1200000) exceeds the maximum "
+               "number of tokens allowed (1048576).", "status": "INVALID_ARGUMENT"},
+         "context_too_long", "exceeds the maximum number of tokens", 400),
+    ],
+    ids=["daily_quota", "no_quota", "model_not_found", "context_too_long"],
+)
+def test_real_errors_no_retry_mends_have_their_own_kinds(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str, status: int,
+    error: dict[str, Any], kind: str, said: str, provider_status: int | None,
+) -> None:
+    # A spent quota (which the CLI itself gives up on) was rate_limit, retryable: a script
+    # retried it for ever.  An unknown model and a prompt over the context window had no kind.
+    mock.configure(status=status, error=error)
+    with adaptor.Agent(gemini.Driver(gemini_config(model=MODEL)), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    details = caught.value.details
+    assert caught.value.reason == "agent_error"
+    assert (details["kind"], details["retryable"], details.get("provider_status")) == (
+        kind, False, provider_status)
+    assert said in str(caught.value)
+
+
+@pytest.mark.slow
+def test_real_a_per_minute_quota_stays_a_rate_limit(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+) -> None:
+    # Gemini words a per-minute limit as a spent quota ("You exceeded your current quota,
+    # please check your plan and billing details"): only the CLI's verdict makes one final.
+    mock.configure(status=429,
+                   error=quota_failure("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", 250))
+    with adaptor.Agent(gemini.Driver(gemini_config(model=MODEL)), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert "exceeded your current quota" in str(caught.value)
+    assert (caught.value.details["kind"], caught.value.details["retryable"]) == ("rate_limit", True)
 
 
 @pytest.mark.slow

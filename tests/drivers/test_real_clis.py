@@ -363,6 +363,36 @@ def test_claude_http_errors(
     assert str(status) in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("status", "error", "kind", "said"),
+    [
+        (400, {"type": "invalid_request_error", "message": "Your credit balance is too low to "
+               "access the Anthropic API. Please go to Plans & Billing to upgrade or purchase "
+               "credits."}, "quota", "Credit balance is too low"),
+        (404, {"type": "not_found_error", "message": "model: claude-opus-5-5"},
+         "model_not_found", "issue with the selected model"),
+        (400, {"type": "invalid_request_error",
+               "message": "prompt is too long: 215000 tokens > 200000 maximum"},
+         "context_too_long", "Prompt is too long"),
+    ],
+    ids=["quota", "model_not_found", "context_too_long"],
+)
+def test_claude_errors_no_retry_mends_have_their_own_kinds(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    status: int, error: dict[str, str], kind: str, said: str,
+) -> None:
+    # A spent credit balance (a 400), an unknown model and a prompt over the context window had
+    # no kind at all: a script could not tell them from a failure a retry may mend.
+    anthropic.configure(status=status, error=error)
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello")
+    assert caught.value.reason == "agent_error"
+    assert (caught.value.details["kind"], caught.value.details["retryable"]) == (kind, False)
+    assert caught.value.details["provider_status"] == status
+    assert said in str(caught.value)
+
+
 @pytest.mark.parametrize("given", ["config", "inherited"])
 def test_claude_a_key_the_provider_quotes_back_is_shown_nowhere(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
@@ -596,21 +626,36 @@ def test_codex_http_errors(
     assert caught.value.details["retryable"] is retryable
 
 
-def test_codex_insufficient_quota_is_a_rate_limit(
-    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+@pytest.mark.parametrize(
+    ("status", "error", "kind", "said"),
+    [
+        (429, {"message": "You exceeded your current quota, please check your plan and billing "
+               "details.", "type": "insufficient_quota", "param": None,
+               "code": "insufficient_quota"},
+         "quota", "Quota exceeded. Check your plan and billing details."),
+        (404, {"message": "The model `gpt-5.5` does not exist or you do not have access to it.",
+               "type": "invalid_request_error", "param": None, "code": "model_not_found"},
+         "model_not_found", "The model `gpt-5.5` does not exist"),
+        (400, {"message": "Your input exceeds the context window of this model. Please adjust "
+               "your input and try again.", "type": "invalid_request_error", "param": "input",
+               "code": "context_length_exceeded"},
+         "context_too_long", "ran out of room in the model's context window"),
+    ],
+    ids=["quota", "model_not_found", "context_too_long"],
+)
+def test_codex_errors_no_retry_mends_have_their_own_kinds(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str,
+    status: int, error: dict[str, str | None], kind: str, said: str,
 ) -> None:
-    # OpenAI's 429 insufficient_quota (codex says "Quota exceeded. Check your plan and billing
-    # details.") was an unclassified agent_error; the other drivers class quota as rate_limit.
-    openai.configure(status=429, error={
-        "message": "You exceeded your current quota, please check your plan and billing details.",
-        "type": "insufficient_quota", "param": None, "code": "insufficient_quota",
-    })
+    # OpenAI's insufficient_quota (a 429) was rate_limit, retryable: a script retried a spent
+    # quota for ever.  An unknown model and a prompt over the context window had no kind.
+    openai.configure(status=status, error=error)
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
         with pytest.raises(adaptor.AgentFailedError) as caught:
             agent.run("say hello")
-    assert "quota" in caught.value.message.lower()
-    assert caught.value.details["kind"] == "rate_limit"
-    assert caught.value.details["retryable"] is True
+    assert caught.value.reason == "agent_error"
+    assert (caught.value.details["kind"], caught.value.details["retryable"]) == (kind, False)
+    assert said in str(caught.value)
 
 
 def test_codex_unreachable_server_ends_with_the_run_timeout(
