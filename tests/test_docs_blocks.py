@@ -16,14 +16,15 @@ A marker in an HTML comment on the line just before the fence (invisible once re
 more:
 
 - ``<!-- docs-test: run -->``: the block is run, in order with the file's other run blocks, in
-  one temporary directory per file (``ADAPTORD_HOME`` set to a home there, no user config):
+  one temporary directory per file (``ADAPTORD_HOME`` set to one home for all, no user config):
   a python block with ``python``, a sh block with ``bash -e``.  It must exit 0, and the comment
   lines that end a python block (``# Files mentioned: ...``) are what it prints.
 - ``<!-- docs-test: run daemon -->``: the same, while a real ``adaptord serve`` serves that home;
   a line that is just ``adaptord serve`` (the daemon the reader starts) is left out.
 - ``<!-- docs-test: sketch -->``: a JSON block showing a shape (``"fail | requeue"``), parsed only.
 
-Blocks needing an agent CLI, a network or a user's own files are checked statically only.
+Blocks needing an agent CLI, a network, a systemd session or a user's own files are checked
+statically only (the README's systemd install commands are run by ``test_systemd_unit.py``).
 """
 
 from __future__ import annotations
@@ -250,21 +251,33 @@ def _run(block: Block, cwd: Path, env: dict[str, str]) -> None:
 _RUN_FILES = sorted({b.path for b in BLOCKS if b.mark in {"run", "run daemon"}})
 
 
+class _Session:
+    """One home, the reader's files and (once a block needs it) one daemon, for every run block:
+    a daemon start is most of this module's run time."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.env = {**os.environ, **_user_files(root), "ADAPTORD_HOME": str(root / "home")}
+        self.daemon: Any = None
+
+    def serve(self) -> None:
+        from tests.daemon_harness import DaemonProcess
+
+        if self.daemon is None:
+            self.daemon = DaemonProcess(self.root / "home", env=self.env).start()
+
+
+@pytest.fixture(scope="module")
+def _session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Session]:
+    session = _Session(tmp_path_factory.mktemp("docs"))
+    yield session
+    if session.daemon is not None:
+        session.daemon.stop()
+
+
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in _RUN_FILES])
-def test_run_blocks_run(path: Path, tmp_path: Path) -> None:
-    from tests.daemon_harness import DaemonProcess
-
-    blocks = [b for b in BLOCKS if b.path == path and b.mark in {"run", "run daemon"}]
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {**os.environ, **_user_files(tmp_path), "ADAPTORD_HOME": str(tmp_path / "home")}
-    daemon = None
-    try:
-        for block in blocks:
-            if block.mark == "run daemon" and daemon is None:
-                daemon = DaemonProcess(tmp_path / "home", env=env).start()
-            _run(block, work, env)
-    finally:
-        if daemon is not None:
-            daemon.stop()
-
+def test_run_blocks_run(path: Path, tmp_path: Path, _session: _Session) -> None:
+    for block in [b for b in BLOCKS if b.path == path and b.mark in {"run", "run daemon"}]:
+        if block.mark == "run daemon":
+            _session.serve()
+        _run(block, tmp_path, _session.env)
