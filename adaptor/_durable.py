@@ -51,6 +51,7 @@ __all__ = [
     "lock_for",
     "may_be_torn",
     "not_torn",
+    "open_regular",
     "read_json",
     "release_lingering",
     "rename",
@@ -305,7 +306,7 @@ class SyncBatch:
                 except FileExistsError:
                     pass  # an earlier writer's: truncated and synced like any other
             # Not O_TRUNC: nothing is emptied before it is known to be the writer's own.
-            fd, found = _open_regular(path, flags)
+            fd, found = open_regular(path, flags)
             try:
                 if found.st_nlink != 1:
                     raise ForeignFileError(errno.EMLINK, "has another name (a hard link)", os.fspath(path))
@@ -321,13 +322,11 @@ class SyncBatch:
     def add(self, path: _StrPath) -> None:
         """A file written earlier without fsync; a missing one has nothing to make durable."""
         try:
-            self._descriptors.append(os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC))
-        except FileNotFoundError:
+            self._descriptors.append(open_regular(path, os.O_RDONLY)[0])
+        except (FileNotFoundError, ForeignFileError):
+            # Replaced since by a symbolic link or a FIFO (whose open would wait forever for a
+            # writer): nothing of the writer's is there to sync.
             return
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return  # replaced by a symbolic link since: nothing of the writer's is there
-            raise
         self._start_writeback()
 
     def add_directory(self, path: _StrPath) -> None:
@@ -472,9 +471,9 @@ def read_small(path: _StrPath, limit: int) -> bytes:
 
 
 def read_json(path: _StrPath) -> Any:
-    """Parse a JSON file; refuses to follow a symlink at ``path`` (``OSError`` ``ELOOP``)."""
-    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
+    """Parse a JSON file: only a regular one, never through a symlink nor waiting on a FIFO
+    (:class:`ForeignFileError`, ``errno`` ``ELOOP`` for a symlink, ``EINVAL`` otherwise)."""
+    with open_for_read(path) as f:
         return orjson.loads(f.read())
 
 
@@ -1090,11 +1089,11 @@ def open_for_read(path: _StrPath, flags: int = os.O_RDONLY) -> IO[bytes]:
     makes a FIFO one of those instead of an ``open`` (or a read) that waits forever for a
     writer nobody will start.  ``FileNotFoundError`` passes through.
     """
-    fd, _ = _open_regular(path, flags)
+    fd, _ = open_regular(path, flags)
     return os.fdopen(fd, "rb", buffering=_BLOCK)
 
 
-def _open_regular(path: _StrPath, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
+def open_regular(path: _StrPath, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
     """Open ``path`` only if a regular file is (or, with ``O_CREAT``, comes to be) there:
     the descriptor and its stat.  A symbolic link, a folder, a FIFO or a socket raises
     :class:`ForeignFileError` and is left as it was; ``O_NONBLOCK`` refuses a FIFO (``ENXIO``,
@@ -1496,7 +1495,7 @@ class DurableLog:
         except FileExistsError:
             # A FIFO would make every later step (the tail check's read, a rollback's reopen)
             # wait forever: refused, like any file that is not regular, before it is touched.
-            fd, found = _open_regular(self._path, flags)
+            fd, found = open_regular(self._path, flags)
             self._fd = fd
             return fd, found.st_size
         else:

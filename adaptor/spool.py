@@ -192,10 +192,10 @@ class Client:
             verdict = _read_object(self._home.verdict(request_id))
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return None  # a symbolic link is no verdict: the daemon replaces it with one
-            raise
+        except _durable.ForeignFileError:
+            # A symbolic link or a FIFO is no verdict (and a FIFO's open would wait forever):
+            # the daemon replaces it with one.
+            return None
         return verdict
 
     def wait(self, request_id: str, timeout: float | None = None) -> Result:
@@ -508,9 +508,10 @@ class Client:
         if path is None:
             return ""
         try:
-            return path.read_bytes().decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
+            with _durable.open_for_read(path) as f:
+                return f.read().decode("utf-8", errors="replace")
+        except (FileNotFoundError, _durable.ForeignFileError):
+            return ""  # a FIFO or the like is nothing the daemon wrote (and would block a read)
 
     def _side_json(self, relative: object) -> Any:
         path = self._side_path(relative)
@@ -518,7 +519,7 @@ class Client:
             return None
         try:
             return _durable.read_json(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, _durable.ForeignFileError):
             return None
 
 

@@ -898,3 +898,20 @@ def test_a_follower_reads_a_new_log_whole_and_a_restored_copy_not_again(tmp_path
     _recorded(tmp_path, ["new 3", "new 4"])
     assert texts() == ["new 3", "new 4"]
     reader.close()
+
+
+def test_a_fifo_at_a_verdict_path_is_no_verdict_and_never_waited_on(tmp_path: Path) -> None:
+    # Verdicts were opened without O_NONBLOCK: a FIFO at verdicts/<id>.json made `adaptor wait`
+    # (and every client call reading that verdict) wait in open() forever for a writer.  Like
+    # a symbolic link there, it is no verdict: with no daemon to write one, the wait ends 69.
+    root = tmp_path / "home"
+    for folder in ("spool/new", "spool/tmp", "verdicts"):
+        (root / folder).mkdir(parents=True)
+    fifo = root / "verdicts" / "req-1.json"
+    os.mkfifo(fifo)
+    proc = subprocess.run(
+        ["adaptor", "wait", "req-1", "--home", str(root)], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert proc.returncode == 69, proc.stderr[-2000:]
+    assert "adaptord is not running" in proc.stderr
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)  # left as it was

@@ -1606,3 +1606,45 @@ def test_unsynced_lease_events_say_how_much_of_the_log_was_synced_before_them(
         start(store, "r2", "k")
     events = [record for _, record in scan(log)]
     assert events[-1]["kind"] == "lease" and events[-1]["synced"] == line_ends()[-2]
+
+
+_FIFO_AS_STORE_FILE = """
+import errno, json, sys
+from adaptor.threadstore import JSONLStore, Query
+outcomes = []
+with JSONLStore(sys.argv[1]) as store:
+    for step in (lambda: store.resolve(Query(key="k")), lambda: store.acquire_lease("k", "o", 60)):
+        try:
+            step()
+            outcomes.append("ok")
+        except OSError as exc:
+            outcomes.append(f"{errno.errorcode[exc.errno]}: {exc.strerror}: {exc.filename}")
+print(json.dumps(outcomes))
+"""
+
+
+@pytest.mark.parametrize("name", ["log-000001.jsonl", "snapshot.json"])
+def test_a_fifo_at_a_store_file_is_refused_not_waited_on(tmp_path: Path, name: str) -> None:
+    # The store opened its files without O_NONBLOCK: a FIFO at the log's (or the snapshot's)
+    # path made every call, and `adaptor threads list` and `adaptor run --thread` on that home,
+    # wait in open() forever for a writer.  Each is refused at once, naming the file, which is
+    # left as it was.
+    directory = tmp_path / "threads"
+    directory.mkdir()
+    fifo = directory / name
+    os.mkfifo(fifo)
+    refused = f"EINVAL: is not a regular file: {fifo}"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FIFO_AS_STORE_FILE, str(directory)],
+        cwd=ROOT, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == [refused] * 2
+    for command in (
+        ["adaptor", "threads", "list", "--home", str(tmp_path)],
+        ["adaptor", "run", "--no-daemon", "--home", str(tmp_path), "--thread", "k", "--driver", "script", "go"],
+    ):
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+        assert proc.returncode == 70, proc.stderr[-2000:]
+        assert f"is not a regular file: '{fifo}'" in proc.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)

@@ -83,6 +83,7 @@ from adaptor._durable import (
     exclusive,
     lock_epoch,
     open_for_read,
+    open_regular,
     release_lingering,
     touch_epoch,
     unframe,
@@ -118,9 +119,12 @@ _SNAPSHOT_HEAD = re.compile(
 )
 _SNAPSHOT_TAIL = re.compile(rb'\n  "v": 1,\n  "written_at": "[^"\n]*"\n\}\n\Z')
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_READ_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC
+
+def _open_read(path: str) -> int:
+    """A descriptor to read the store's file at ``path``: a symbolic link, a FIFO or anything
+    else that is not a regular file raises :class:`adaptor._durable.ForeignFileError` at once
+    (a plain ``open`` of a FIFO waits forever for a writer nobody starts)."""
+    return open_regular(path, os.O_RDONLY)[0]
 
 
 @cache
@@ -214,7 +218,7 @@ def _power_cut_suffix(lines: list[bytes], damage_at: int) -> bool:
 
 def _cut(path: str, offset: int) -> None:
     """Truncate a power-cut artifact away, durably, before appending after it."""
-    fd = os.open(path, os.O_RDWR | _O_NOFOLLOW | _O_CLOEXEC)
+    fd, _ = open_regular(path, os.O_RDWR)
     try:
         os.ftruncate(fd, offset)
         os.fsync(fd)
@@ -424,7 +428,7 @@ class JSONLStore:
             # Only written through the log so far: _read_log checks that the file at the path
             # still holds what we applied (not shorter, our lines followed by good ones).
             try:
-                self._log_fd = os.open(self._log_path(), _READ_FLAGS)
+                self._log_fd = _open_read(self._log_path())
             except FileNotFoundError:
                 return False
             return True
@@ -526,7 +530,7 @@ class JSONLStore:
         instance, two compactions since we last looked, a log we did not get to the end of)
         it is loaded.
         """
-        fd = os.open(self._snapshot_path, _READ_FLAGS)
+        fd = _open_read(self._snapshot_path)
         try:
             continues = self._continues_our_log(fd)
         except BaseException:
@@ -560,7 +564,7 @@ class JSONLStore:
     def _load_snapshot(self, fd: int | None = None) -> None:
         """Parse the snapshot (``fd``: opened on it already, closed on failure) and switch."""
         if fd is None:
-            fd = os.open(self._snapshot_path, _READ_FLAGS)
+            fd = _open_read(self._snapshot_path)
         try:
             try:
                 obj = orjson.loads(_read_all(fd))
@@ -616,7 +620,7 @@ class JSONLStore:
         path = self._log_path()
         if self._log_fd is None:
             try:
-                self._log_fd = os.open(path, _READ_FLAGS)
+                self._log_fd = _open_read(path)
             except FileNotFoundError:
                 return  # nothing written in this generation yet
         size = os.fstat(self._log_fd).st_size
@@ -750,7 +754,7 @@ class JSONLStore:
         # theirs to notice a compaction) and hold the same state it has, dead leases dropped;
         # parsing back what we just serialized would cost more than the compaction itself as
         # the store grows.  Nobody can replace the file before us: we hold store.lock.
-        fd = os.open(self._snapshot_path, _READ_FLAGS)
+        fd = _open_read(self._snapshot_path)
         state = self._state
         state.leases = dict(snapshot["leases"])
         self._switch(generation, state, fd)

@@ -23,6 +23,7 @@ from adaptor._durable import (
     RepairReport,
     ensure_dir,
     exclusive,
+    open_regular,
     touch_epoch,
 )
 
@@ -37,9 +38,6 @@ from ._model import (
     check_contained,
     make_record,
 )
-
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _log = logging.getLogger("hosttools.sessionrecorder")
 
@@ -95,7 +93,7 @@ def _size(path: str) -> int:
 
 
 def _open_for_sync(path: str) -> int:
-    return os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    return open_regular(path, os.O_RDONLY)[0]
 
 
 # How many batches a writer may commit for others after its own before it steps down (so its
@@ -471,7 +469,8 @@ class _Session:
         assert self._sync_fd is not None
         try:
             with exclusive(self.lock_path, linger=True):
-                fd = os.open(self.path, os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC)
+                # Not a plain open: one for writing waits on a FIFO until a reader comes.
+                fd, _ = open_regular(self.path, os.O_WRONLY)
                 try:
                     found = os.fstat(fd)
                     if found.st_size != end or not os.path.samestat(found, os.fstat(self._sync_fd)):
