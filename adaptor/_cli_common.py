@@ -281,6 +281,26 @@ class StopSignal(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
 
 
+_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_owns_process = False
+"""Set by ``adaptor.cli.main``: the process ends when the command does, so it may leave the
+signals ignored (a command invoked in-process, by click's CliRunner, must not)."""
+
+
+def status_decided() -> None:
+    """The command's exit status is decided: no signal may change it any more.
+
+    SIGTERM, SIGINT and SIGHUP are ignored from here to the process's end, as adaptord's
+    serve() leaves them: a ``kill`` or a second Ctrl-C landing while the command prints its
+    answer or exits turned a decided 0 (or the run's own code) into 143 or 130.  Ignored, not
+    handled: the interpreter puts Python handlers back to the default while it finalizes.
+    Only in the process :func:`adaptor.cli.main` runs, and from its main thread.
+    """
+    if _owns_process and threading.current_thread() is threading.main_thread():
+        for signum in _EXIT_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 @contextmanager
 def stopping_like_ctrl_c() -> Iterator[None]:
     """Within: SIGTERM and SIGHUP stop the command as a Ctrl-C does (:class:`StopSignal`).
@@ -308,7 +328,8 @@ def stopping_like_ctrl_c() -> Iterator[None]:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) is stop:  # not once status_decided() ignored it
+                signal.signal(signum, handler)
 
 
 def interrupted(as_json: bool, cause: BaseException | None = None, **extra: Any) -> NoReturn:

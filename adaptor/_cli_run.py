@@ -31,6 +31,7 @@ from adaptor._cli_common import (
     not_nan,
     require_daemon,
     shown,
+    status_decided,
     stopping_like_ctrl_c,
     telling_when_the_daemon_stops,
 )
@@ -463,7 +464,12 @@ def _execute(
                     if redactor:
                         event = events.from_json(redactor.value(events.to_json(event)))
                     live.event(event)
-            return stream.result()
+            try:
+                return stream.result()
+            finally:
+                # The run's outcome is in: a signal during the close below or the report
+                # must not turn its exit status into 143 (a Ctrl-C before here still cancels).
+                status_decided()
         except KeyboardInterrupt as stop:
             if stream is not None:
                 stream.cancel()

@@ -25,6 +25,7 @@ from adaptor._cli_common import (
     json_option,
     not_nan,
     require_daemon,
+    status_decided,
     telling_when_the_daemon_stops,
 )
 from adaptor.events import to_json
@@ -143,6 +144,7 @@ def report_verdict(
     quiet: bool = False,
 ) -> None:
     """Print a verdict's outcome as ``run``/``wait`` do and exit with its exit code."""
+    status_decided()  # the verdict's: a signal while it is printed must not replace it
     request_id = verdict.get("id")
     summary = verdict.get("result")
     result_json = (

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from adaptor import _cli_run, _cli_spool, errors
+from adaptor import _cli_common, _cli_run, _cli_spool, errors
 from adaptor._cli_common import SIGNAL_EXITS, echo, emit_json, emit_result, guard_stdout
 
 
@@ -153,6 +153,7 @@ def main() -> None:
     _tolerate_narrow_encodings()
     # Not click's standalone mode: a usage error must still honour --json (the error object
     # on stdout, exit 2).
+    _cli_common._owns_process = True
     try:
         code = cli.main(prog_name="adaptor", standalone_mode=False)
     except click.ClickException as exc:
@@ -163,6 +164,10 @@ def main() -> None:
     except click.Abort:
         echo("Aborted!", err=True)
         sys.exit(1)
+    finally:
+        # Whatever the command, its status is decided once it is over (most have decided it
+        # earlier): a signal on the way out must not replace it.
+        _cli_common.status_decided()
     sys.exit(code if isinstance(code, int) else 0)
 
 

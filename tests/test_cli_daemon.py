@@ -1492,3 +1492,33 @@ def test_no_color_and_a_dumb_terminal_get_plain_output(home: Home) -> None:
     assert dim in shown["styled"] and erase in shown["styled"]  # faint tool line, progress line
     assert dim not in shown["no_color"] and erase in shown["no_color"]  # no styling, still progress
     assert b"\x1b[" not in shown["dumb"]  # no escape sequence at all: no progress line
+
+
+def test_signals_while_run_prints_and_exits_leave_its_exit_status_alone(tmp_path: Path) -> None:
+    # `adaptor run` put the default SIGTERM/SIGHUP dispositions back on its way out (and a
+    # SIGINT raised KeyboardInterrupt), so a signal landing once the run's outcome was in, while
+    # its answer was printed or the process exited, turned the decided 0 into 143, 129 or 130
+    # and cut the answer short.  Its answer is larger than a pipe holds: printing it blocks until
+    # read, so the signals (sent every millisecond until it is gone) land while it prints too.
+    text = "x" * 120_000  # two pipe buffers (64 KiB), within what one argument may hold
+    proc = subprocess.Popen(
+        ["adaptor", "run", "--no-daemon", "--home", str(tmp_path / "home"), "--driver", "script",
+         "--config", steps({"text": text}), "go"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    printed = [proc.stdout.read(1)]  # printing has begun: the exit status is decided
+    assert printed == [b"x"], proc.stderr.read().decode()[-2000:]
+    reader = threading.Thread(target=lambda: printed.append(proc.stdout.read()))  # type: ignore[union-attr]
+    reader.start()
+    deadline = time.monotonic() + TIMEOUT
+    sent = 0
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "still running after the signals"
+        proc.send_signal((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)[sent % 3])
+        sent += 1
+        time.sleep(0.001)
+    reader.join(TIMEOUT)
+    stderr = proc.stderr.read().decode()
+    assert proc.returncode == 0, stderr[-2000:]
+    assert b"".join(printed).rstrip(b"\n") == text.encode()
