@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import codecs
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -393,10 +394,20 @@ def request_cancel(home: Home, request_id: str) -> None:
     # An empty marker needs no temporary file, and must not use one: the daemon scans this
     # folder, and a temporary name is itself a valid request id, so it was taken for a stale
     # marker and deleted before it could be renamed into place.
-    fd = os.open(
-        home.cancels / request_id, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-    )
-    os.close(fd)
+    # O_NONBLOCK: opened for writing, a FIFO at the name waited forever for a reader (`adaptor
+    # cancel` and a Ctrl-C'd `adaptor run` hung).  The daemon goes by the name alone, so
+    # whatever stands there already asks for the cancel.
+    try:
+        fd = os.open(
+            home.cancels / request_id,
+            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+            0o600,
+        )
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a FIFO nobody reads
+            raise
+    else:
+        os.close(fd)
     _durable.fsync_dir(home.cancels)
 
 
