@@ -449,14 +449,9 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
     data = _response_bytes(response)
     with _durable.exclusive(home.approvals_lock):
         response_path = home.approvals_responses / f"{approval_id}.json"
-        resolved_path = home.approvals_resolved / f"{approval_id}.json"
-        if resolved_path.exists():
-            resolved = _read(resolved_path)
-            result = resolved.get("result")
-            if result == "expired":
-                raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response")
-            how = f" ({_RESOLVED_AS[result]})" if result in _RESOLVED_AS else ""
-            raise ApprovalResolvedError(f"approval {approval_id!r} was already resolved{how}")
+        settled = _settled(home, approval_id)
+        if settled is not None:
+            raise settled
         if _holds_response(home, response_path, approval_id):
             raise ApprovalResolvedError(
                 f"approval {approval_id!r} was already resolved (a response is being handed over)"
@@ -485,6 +480,19 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
             )
         _durable.atomic_write(response_path, data)
         return response
+
+
+def _settled(home: Home, approval_id: str) -> ApprovalResolvedError | None:
+    """What a response to ``approval_id`` gets once it is settled (its outcome is kept
+    :data:`RESOLVED_KEPT_FOR`), or ``None`` while it is not."""
+    resolved_path = home.approvals_resolved / f"{approval_id}.json"
+    if not resolved_path.exists():
+        return None
+    result = _read(resolved_path).get("result")
+    if result == "expired":
+        return ApprovalExpiredError(f"approval {approval_id!r} expired before this response")
+    how = f" ({_RESOLVED_AS[result]})" if result in _RESOLVED_AS else ""
+    return ApprovalResolvedError(f"approval {approval_id!r} was already resolved{how}")
 
 
 def _response_bytes(response: Mapping[str, Any]) -> bytes:
@@ -591,6 +599,42 @@ def abandon(home: Home, approval_id: str) -> dict[str, Any] | None:
         _mark_expired(home, approval_id)
         _remove(response_path)
         return late
+
+
+def refuse_unawaited(home: Home) -> list[tuple[str, str, str]]:
+    """Set aside the response files no request waits for: each ``responses/<id>.json`` with no
+    pending request, written by hand after its approval was settled, or for an id that never
+    had one.  Nothing else would ever read them, and whoever wrote one would learn nothing.
+
+    Returns ``(approval_id, why, quarantined_name)`` for each, ``why`` being what the CLI
+    would have said.  Under the approvals lock a response file with no pending file is never
+    one being handed over: :func:`respond` writes one only next to its pending file, and the
+    daemon removes both at once.
+    """
+    try:
+        names = sorted(entry.name for entry in os.scandir(home.approvals_responses))
+    except FileNotFoundError:
+        return []
+    refused: list[tuple[str, str, str]] = []
+    for name in names:
+        # (".<id>.tmp": a script's response before its rename into place)
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        approval_id = name[: -len(".json")]
+        if os.path.lexists(home.approvals_pending / name):
+            continue  # its run's route reads it (or the next start expires it)
+        with _durable.exclusive(home.approvals_lock):
+            path = home.approvals_responses / name
+            if os.path.lexists(home.approvals_pending / name) or not os.path.lexists(path):
+                continue
+            try:
+                settled = _settled(home, approval_id) if APPROVAL_ID.match(approval_id) else None
+            except (OSError, ValueError):
+                settled = None
+            why = str(settled) if settled is not None else f"no pending approval {approval_id!r}"
+            quarantined = _set_aside(home, path, approval_id)
+        refused.append((approval_id, why, quarantined))
+    return refused
 
 
 # How long the outcome of an approval is kept in ``resolved/`` (by the file's mtime, the moment

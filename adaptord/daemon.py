@@ -406,6 +406,7 @@ class Daemon:
                 self._read_again()
                 self._retry_verdicts()
                 self._scan()
+                self._refuse_unawaited_responses()
                 self._prune()
             _notify("STOPPING=1")
             self._stop_pruning()
@@ -528,8 +529,8 @@ class Daemon:
                     if path.startswith(responses):
                         with daemon._approval_changed:
                             daemon._approval_changed.notify_all()
-                    else:
-                        daemon._wake.set()
+                    # (a response no run waits for is the main loop's to set aside)
+                    daemon._wake.set()
                 except Exception:  # an exception here would kill the observer thread
                     pass
 
@@ -1131,6 +1132,17 @@ class Daemon:
         """A response file written by hand was set aside (the request stays pending): said in
         the log and the audit log, or whoever wrote it only saw the request stay open."""
         self.audit("approval.response_refused", job.id, approval_id=req.id, why=why, quarantined=quarantined)
+
+    def _refuse_unawaited_responses(self) -> None:
+        """Set aside the response files written by hand for an approval no run waits for (settled
+        already, or never pending), saying why: else they stayed there, unread and unanswered."""
+        try:
+            refused = _home.refuse_unawaited(self.home)
+        except Exception as exc:  # a folder it cannot read is looked at again next turn
+            self.log("cannot check the approval responses", error=_os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__)
+            return
+        for approval_id, why, quarantined in refused:
+            self.audit("approval.response_refused", None, approval_id=approval_id, why=why, quarantined=quarantined)
 
     def _wake_routes_when_settled(self, req: adaptor.ApprovalRequest) -> None:
         """Wake the routes as soon as ``req`` settles (the run's end expires it), so its pending

@@ -1320,6 +1320,31 @@ def test_a_response_file_set_aside_is_said_in_the_logs(daemon: DaemonProcess) ->
     assert daemon.verdict(rid)["ok"]
 
 
+def test_a_response_file_no_request_waits_for_is_set_aside_and_said(daemon: DaemonProcess) -> None:
+    # One written by hand after its approval was settled, or for an id with no request (a
+    # typo), stayed in responses/ for ever, never read: whoever wrote it learnt nothing.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+        policy={"approvals": {"timeout": 120}},
+    ))
+    approval_id = _pending_approval(daemon)
+    _home.respond(daemon.home, approval_id, "approve")
+    assert daemon.verdict(rid)["ok"]
+    _write_response(daemon, approval_id, b'{"action": "deny"}')
+    _write_response(daemon, "no-such-approval", b'{"action": "approve"}')
+    deadline = time.monotonic() + 60
+    while list(daemon.home.approvals_responses.iterdir()):
+        assert time.monotonic() < deadline, "the responses were left in responses/"
+        time.sleep(0.02)
+    (late,) = [f for f in _approval_facts(daemon.home, approval_id) if f["phase"] == "approval.response_refused"]
+    assert "already resolved (approved)" in late["why"]
+    assert (daemon.home.quarantine / late["quarantined"]).read_bytes() == b'{"action": "deny"}'
+    (unknown,) = _approval_facts(daemon.home, "no-such-approval")
+    assert unknown["phase"] == "approval.response_refused" and "no pending approval" in unknown["why"]
+    assert (daemon.home.quarantine / unknown["quarantined"]).read_bytes() == b'{"action": "approve"}'
+    daemon.wait_for_line("approval.response_refused approval_id=no-such-approval")
+
+
 def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: Path) -> None:
     # It took any file there for a winning response: "already resolved" while the request
     # was still open (for good with no daemon to set the file aside).
