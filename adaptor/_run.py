@@ -942,6 +942,12 @@ class RunPipeline:
             number = self._decisions
         now = datetime.now(UTC)
         timeout = self.approvals.timeout
+        deadline = None if timeout is None else now + timedelta(seconds=timeout)
+        if self.deadline is not None:
+            # No response is taken once the run's own deadline ends it: a request showing a
+            # later one (10 minutes, in a run with 2 left) promised time that was not there.
+            ends = now + timedelta(seconds=max(self.deadline - time.monotonic(), 0.0))
+            deadline = ends if deadline is None else min(deadline, ends)
         request_id = (
             request.request_id if request.request_id and attempt == 0 else f"{self.run_id}-dec-{number}"
         )
@@ -960,7 +966,7 @@ class RunPipeline:
             choices=tuple(Choice(c.key, c.label, c.description) for c in request.choices),
             details=dict(request.payload),
             created_at=now,
-            deadline=None if timeout is None else now + timedelta(seconds=timeout),
+            deadline=deadline,
             attempt=attempt,
             _responder=responder,
             # What a callback sees (and the daemon's pending file holds); sequence 0 until the

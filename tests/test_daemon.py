@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -1475,6 +1475,24 @@ def test_an_approval_a_response_expired_while_the_daemon_was_down_is_audited_and
             client.deny(approval_id)  # expired for good
     finally:
         assert restarted.stop() == 0
+
+
+def test_an_approval_shows_its_runs_deadline_when_that_comes_first(daemon: DaemonProcess) -> None:
+    # The pending file and `adaptor approvals` said "until" the approval's own 10 minutes in a
+    # run with 2 left: no response was taken after the run's end, whatever they promised.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+        timeout=120, policy={"approvals": {"timeout": 600}},
+    ))
+    approval_id = _pending_approval(daemon)
+    pending = _home.read_pending(daemon.home, approval_id)
+    created = datetime.fromisoformat(pending["created_at"])
+    deadline = datetime.fromisoformat(pending["deadline"])
+    assert created < deadline <= created + timedelta(seconds=120), pending
+    (listed,) = Client(daemon.home.root).approvals()
+    assert listed["deadline"] == pending["deadline"]
+    _home.respond(daemon.home, approval_id, "approve")
+    assert daemon.verdict(rid)["ok"]
 
 
 def test_approval_expiry_is_a_timeout_verdict(daemon: DaemonProcess) -> None:
