@@ -447,12 +447,27 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
         "responded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     }
     data = _response_bytes(response)
+    # A response file a script is still writing in place (not valid JSON yet) may be about to
+    # win, or to be set aside: it is waited for, outside the lock (the daemon needs it), rather
+    # than reported as the winner while the request may stay open.
+    settles_by = time.monotonic() + 2 * RESPONSE_SETTLE
+    while not _respond_once(home, approval_id, action, data, wait=time.monotonic() < settles_by):
+        time.sleep(0.05)
+    return response
+
+
+def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wait: bool) -> bool:
+    """One try of :func:`respond`, under the lock: True once written, False (only if ``wait``)
+    when a response file still being written is to be waited for."""
     with _durable.exclusive(home.approvals_lock):
         response_path = home.approvals_responses / f"{approval_id}.json"
         settled = _settled(home, approval_id)
         if settled is not None:
             raise settled
-        if _holds_response(home, response_path, approval_id):
+        held = _holds_response(home, response_path, approval_id)
+        if held == "writing" and wait:
+            return False
+        if held is not None:
             raise ApprovalResolvedError(
                 f"approval {approval_id!r} was already resolved (a response is being handed over)"
             )
@@ -479,7 +494,7 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
                 f"approval {approval_id!r} is a {kind} request: approve or deny it"
             )
         _durable.atomic_write(response_path, data)
-        return response
+        return True
 
 
 def _settled(home: Home, approval_id: str) -> ApprovalResolvedError | None:
@@ -785,18 +800,19 @@ def _read_response(path: Path, home: Home, approval_id: str) -> dict[str, Any]:
     return response
 
 
-def _holds_response(home: Home, path: Path, approval_id: str) -> bool:
-    """Whether ``path`` holds a response the daemon will act on (an unusable one is replaced)."""
+def _holds_response(home: Home, path: Path, approval_id: str) -> Literal["usable", "writing"] | None:
+    """Whether ``path`` holds a response the daemon will act on, or one that may be still
+    being written (not valid JSON yet); ``None`` when neither (an unusable one is set aside)."""
     try:
         _read_response(path, home, approval_id)
     except FileNotFoundError:
-        return False
+        return None
     except _Unusable as exc:
         if not exc.final:
-            return True  # perhaps a script's response still being written: it came first
+            return "writing"  # perhaps a script's response: it came first if it turns out whole
         _set_aside(home, path, approval_id)
-        return False
-    return True
+        return None
+    return "usable"
 
 
 def _set_aside(home: Home, path: Path, approval_id: str) -> str:

@@ -1320,6 +1320,23 @@ def test_a_response_file_set_aside_is_said_in_the_logs(daemon: DaemonProcess) ->
     assert daemon.verdict(rid)["ok"]
 
 
+def test_a_response_to_a_request_whose_file_a_script_left_half_written_wins(daemon: DaemonProcess) -> None:
+    # `adaptor approve` took a response file still being written in place (not valid JSON
+    # yet) for the winner: "already resolved", exit 5, though the daemon set the file aside
+    # once it stayed half written and the request stayed open until it timed out.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+        policy={"approvals": {"timeout": 120}},
+    ))
+    approval_id = _pending_approval(daemon)
+    response = daemon.home.approvals_responses / f"{approval_id}.json"
+    response.write_bytes(b'{"action": "de')  # in place, and the script died there
+    assert _home.respond(daemon.home, approval_id, "approve")["action"] == "approve"
+    assert daemon.verdict(rid)["ok"]
+    (quarantined,) = daemon.home.quarantine.glob(f"approval-response-{approval_id}-*")
+    assert quarantined.read_bytes() == b'{"action": "de'
+
+
 def test_a_response_file_no_request_waits_for_is_set_aside_and_said(daemon: DaemonProcess) -> None:
     # One written by hand after its approval was settled, or for an id with no request (a
     # typo), stayed in responses/ for ever, never read: whoever wrote it learnt nothing.
