@@ -122,10 +122,11 @@ def costly(schema: Any) -> bool:
 
     Without those keywords the cost is bounded by the schema's size times the value's.
     """
-    return any(_COSTLY_KEYWORDS.intersection(node) for node in _subschemas(schema))
+    return any(_COSTLY_KEYWORDS.intersection(node) for node in subschemas(schema))
 
 
-def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+def subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every subschema of ``schema`` (itself included), wherever it sits."""
     # Unknown keywords are searched as if they held schemas: a false alarm costs only IPC.
     stack = [schema]
     while stack:

@@ -887,6 +887,7 @@ def negotiate(
     )
     refusals: list[str] = []
     for mechanism, offered, matrix in candidates:
+        checked = schema.schema if mechanism == "native" and schema is not None else None
         problems = _ineligibility(
             offered,
             caps.works_with_streaming,
@@ -895,9 +896,10 @@ def negotiate(
             effective,
             frozenset(explicit_ask_kinds),
             streaming,
-            object_root=mechanism != "native"
-            or schema is None
-            or schema.schema.get("type") == "object",
+            object_root=checked is None or checked.get("type") == "object",
+            strict_problem=_strict_problem(checked)
+            if checked is not None and caps.native_strict
+            else None,
         )
         if not problems:
             return mechanism
@@ -915,12 +917,15 @@ def _ineligibility(
     streaming: bool,
     *,
     object_root: bool,
+    strict_problem: str | None,
 ) -> list[str]:
     if not offered:
         return ["not offered by the driver"]
     problems: list[str] = []
     if not object_root:
         problems.append('needs a schema whose root is {"type": "object"}')
+    elif strict_problem is not None:
+        problems.append(f"needs a schema in the provider's strict subset ({strict_problem})")
     if streaming and not works_with_streaming:
         problems.append("does not work with the streaming transport")
     if matrix is not None:
@@ -931,6 +936,41 @@ def _ineligibility(
             elif not getattr(policy_caps, kind).ask:
                 problems.append(f"driver cannot ask for {kind} ({origin})")
     return problems
+
+
+# Keywords outside OpenAI's strict response format (which answers HTTP 400 for them).  Kept
+# on the cautious side: a schema wrongly judged outside only goes through the prompt.
+_NOT_STRICT = (
+    "allOf", "oneOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    "patternProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames",
+    "contains", "minContains", "maxContains", "minProperties", "maxProperties", "$dynamicRef",
+)
+
+
+def _strict_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` is outside the strict subset a ``native_strict`` provider takes, if it is.
+
+    That subset: every object says ``"additionalProperties": false`` and lists each of its
+    properties in ``required`` (optional means nullable there), and none of
+    :data:`_NOT_STRICT` appears.
+    """
+    for node in _schema_checker.subschemas(schema):
+        keyword = next((k for k in _NOT_STRICT if k in node), None)
+        if keyword is not None:
+            return f"{keyword!r} is not supported"
+        kind = node.get("type")
+        if not (kind == "object" or (isinstance(kind, list) and "object" in kind)
+                or "properties" in node):
+            continue
+        if node.get("additionalProperties") is not False:
+            return 'an object without "additionalProperties": false'
+        properties = node.get("properties")
+        names = list(properties) if isinstance(properties, dict) else []
+        required = node.get("required")
+        missing = [n for n in names if not isinstance(required, list) or n not in required]
+        if missing:
+            return f"property {missing[0]!r} is not required"
+    return None
 
 
 def instruct(prompt: str, compiled: CompiledSchema, options: SchemaOptions) -> str:

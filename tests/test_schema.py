@@ -806,6 +806,7 @@ def _descriptor(
     native_hitl: StructuredOutputHITL | None = None,
     prompt_validate_hitl: StructuredOutputHITL | None = None,
     can_ask: bool = True,
+    native_strict: bool = False,
 ) -> Descriptor:
     decision = HumanDecisionSupport(ask=can_ask)
     return Descriptor(
@@ -820,6 +821,7 @@ def _descriptor(
             works_with_streaming=streaming,
             native_hitl=native_hitl,
             prompt_validate_hitl=prompt_validate_hitl,
+            native_strict=native_strict,
         ),
     )
 
@@ -907,6 +909,38 @@ def test_native_needs_an_object_root() -> None:
     assert info.value.reason == (
         'native: needs a schema whose root is {"type": "object"}; '
         "prompt_validate: not offered by the driver"
+    )
+
+
+@dataclasses.dataclass
+class _WithOptional:
+    name: str
+    note: str = ""
+
+
+def test_a_strict_provider_gets_only_strict_schemas_natively() -> None:
+    # codex sends --output-schema as OpenAI's strict response format, which answers HTTP 400
+    # for an optional property or an open object: the run failed instead of using the prompt.
+    def pick(schema: object, prompt_validate: bool = True) -> str:
+        descriptor = _descriptor(native_strict=True, prompt_validate=prompt_validate)
+        return negotiate(descriptor, ask_kinds=frozenset(),
+                         explicit_ask_kinds=frozenset(), streaming=False,
+                         schema=compile_schema(schema))
+
+    closed = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    assert pick(Point) == pick(closed) == "native"
+    nested_open = {**closed, "properties": {"a": {"type": "object", "properties": {}}}}
+    for outside in (_WithOptional, {"type": "object"}, {**closed, "required": []},
+                    {**closed, "allOf": [{"required": ["a"]}]}, nested_open):
+        assert pick(outside) == "prompt_validate", outside
+    assert negotiate(_descriptor(), ask_kinds=frozenset(), explicit_ask_kinds=frozenset(),
+                     streaming=False, schema=compile_schema(_WithOptional)) == "native"
+    with pytest.raises(StructuredOutputUnsupportedError) as info:
+        pick(_WithOptional, prompt_validate=False)
+    assert info.value.reason == (
+        "native: needs a schema in the provider's strict subset (property 'note' is not "
+        "required); prompt_validate: not offered by the driver"
     )
 
 

@@ -62,6 +62,10 @@ class StructuredOutputCaps:
     works_with_streaming: bool = True
     native_hitl: StructuredOutputHITL | None = None
     prompt_validate_hitl: StructuredOutputHITL | None = None
+    #: The provider takes a native schema only in its strict subset (OpenAI's strict response
+    #: format): every object closed and all its properties required, no ``allOf``/``oneOf``/
+    #: ``not``/conditionals.  Other schemas go through the prompt instead of being refused.
+    native_strict: bool = False
 
 
 @dataclass

@@ -19,7 +19,10 @@ that spawns the real Rust binary, which is why the runner stops the whole proces
   Never asked is not always allowed: codex itself refuses a command asking to leave the
   sandbox, and the model's questions, and tells the model so.
 - **Structured output.**  Native via ``--output-schema FILE``; the file is written into a
-  private per-run temporary directory, never into ``CODEX_HOME``.
+  private per-run temporary directory, never into ``CODEX_HOME``.  codex sends it as a strict
+  response format, which the provider refuses (HTTP 400) unless every object is closed and
+  requires all its properties, so the descriptor says ``native_strict`` and other schemas go
+  through the prompt.
 - **Append system prompt.**  ``-c developer_instructions=<TOML string>``; the spawn event shows
   a placeholder instead of the text.
 - **MCP servers and host tools.**  ``Request.mcp`` and the tool gateway become
@@ -192,8 +195,9 @@ class Driver(_cli.CliDriver[Config]):
                 plan_review=HumanDecisionSupport(auto_approve=True),
                 question=QuestionSupport(),
             ),
+            # codex sends --output-schema as a strict response format (real-clis.md §4.4).
             structured_output=StructuredOutputCaps(
-                native=True, prompt_validate=True, works_with_streaming=True
+                native=True, prompt_validate=True, works_with_streaming=True, native_strict=True
             ),
             system_prompt=SystemPromptCaps(append=True),
             stream=StreamCaps(native=True, reasoning=True),

@@ -6,6 +6,8 @@ JSON response).  codex reaches it through a custom ``model_provider`` whose ``ba
 
 The reply depends only on the request and :attr:`OpenAIMock.scenario`:
 
+- a strict ``text.format`` JSON schema with an object that is not closed or leaves a property
+  out of ``required`` gets OpenAI's HTTP 400 ``invalid_json_schema``, as the real API does;
 - an error ``status`` answers every request with that status and an OpenAI error body
   (``error``, when given, is that body's ``error`` object, e.g. OpenAI's insufficient_quota);
 - when the request's last input item is a tool output, the reply is the text
@@ -76,6 +78,11 @@ class OpenAIMock(MockServer):
             reply.json(scenario.status, {"error": error})
             return
         body = request["body"] or {}
+        refusal = _strict_schema_refusal(body)
+        if refusal is not None:
+            reply.json(400, {"error": {"message": refusal, "type": "invalid_request_error",
+                                       "param": "text.format.schema", "code": "invalid_json_schema"}})
+            return
         item = self._answer(scenario, body)
         response_id = f"resp_mock_{next(self._ids)}"
         usage = scenario.usage
@@ -198,3 +205,32 @@ def _output_text(output: Any) -> str:
     if isinstance(output, list):
         return "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
     return str(output or "")
+
+
+def _strict_schema_refusal(body: dict[str, Any]) -> str | None:
+    """OpenAI's answer to a strict response format outside its strict subset (only the rules
+    about objects; the real API has more)."""
+    text_format = (body.get("text") or {}).get("format") or {}
+    if text_format.get("type") != "json_schema" or not text_format.get("strict"):
+        return None
+    stack: list[Any] = [text_format.get("schema")]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            if node.get("additionalProperties") is not False:
+                return ("Invalid schema for response_format 'codex_output_schema': "
+                        "'additionalProperties' is required to be supplied and to be false.")
+            missing = [k for k in properties if k not in (node.get("required") or [])]
+            if missing:
+                return ("Invalid schema for response_format 'codex_output_schema': 'required' "
+                        "is required to be supplied and to be an array including every key in "
+                        f"properties. Missing '{missing[0]}'.")
+            stack.extend(properties.values())
+        stack.extend(v for k, v in node.items() if k not in ("properties", "enum", "const"))
+    return None

@@ -610,6 +610,26 @@ def test_codex_structured_output(
             agent.run("give", schema=Item)
 
 
+@dataclasses.dataclass
+class Note:
+    title: str
+    body: str = ""
+
+
+def test_codex_structured_output_outside_the_strict_subset_goes_through_the_prompt(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    # codex sends --output-schema as a strict response format; the provider refused a schema
+    # with an optional field (HTTP 400) and the run failed, though the prompt could carry it.
+    answer = {"title": "mock"}
+    openai.configure(structured=answer, text=json.dumps(answer))
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        result = agent.run("give", schema=Note, timeout=90)
+    assert result.decode(Note) == Note("mock")
+    assert result.structured is not None and result.structured.source == "prompt_validate"
+    assert "format" not in (openai.responses()[-1].get("text") or {})
+
+
 @pytest.mark.parametrize(
     ("status", "kind", "retryable"),
     [(401, "auth", False), (429, "rate_limit", True), (500, "provider_unavailable", True)],
