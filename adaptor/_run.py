@@ -756,6 +756,13 @@ class RunPipeline:
             )
             remaining = None if self.deadline is None else self.deadline - time.monotonic()
             record = self.compiled.validate_text(response.output, source, timeout=remaining)
+            native = response.structured_output
+            if source == "native" and native is not None and not native.valid and native.errors \
+                    and not record.valid:
+                # The provider's own verdict first, in the record too: without it the errors
+                # (all a return_invalid caller or a verdict reader gets) only said the agent's
+                # closing words were no JSON, not that the CLI returned no value.
+                record = dataclasses.replace(record, errors=(*native.errors, *record.errors))
             result = result._with(structured=record)
             if not record.valid and self.deadline is not None and time.monotonic() >= self.deadline:
                 # Output not shown valid before the deadline (a slow pattern check is cut
@@ -766,11 +773,9 @@ class RunPipeline:
             )
             if not record.valid and not return_invalid:
                 problems = list(record.errors)
-                native = response.structured_output
                 if source == "native" and native is not None and not native.valid and native.errors:
-                    # The provider's own verdict first: the text judged here is then only what
-                    # the agent said instead (often why the value failed), so quote its start.
-                    problems = [*native.errors, *problems]
+                    # The text judged here is then only what the agent said instead (often why
+                    # the value failed), so quote its start.
                     said = " ".join(response.output.split())
                     if said:
                         problems.append(f"the agent's final text: {said[:300]}")

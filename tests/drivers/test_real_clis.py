@@ -330,6 +330,22 @@ def test_claude_structured_output(
     assert " ".join(final_text.split())[:40] in message
 
 
+def test_claude_structured_output_the_cli_refused_says_so_in_the_record(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # claude checks the value itself and returns none; the record's errors (all a
+    # return_invalid caller or a verdict reader gets) said only "output is not a single JSON
+    # value" about the agent's closing words, the message alone naming the CLI's verdict.
+    anthropic.configure(structured={"name": 5})
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        result = agent.run("give me structured data", schema=Item, timeout=90,
+                           schema_options=adaptor.SchemaOptions(return_invalid=True))
+    assert result.structured is not None and not result.structured.valid
+    assert result.structured.errors[0] == "the CLI returned no structured_output"
+    with pytest.raises(ValueError, match="the CLI returned no structured_output"):
+        result.decode(Item)
+
+
 def test_claude_structured_output_whose_root_is_not_an_object(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
