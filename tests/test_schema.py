@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -705,13 +706,21 @@ def test_a_frozen_application_checks_in_process(monkeypatch: pytest.MonkeyPatch)
     assert adaptor._schema_checker._idle == []  # no child was started
 
 
-def test_a_checkers_start_does_not_count_against_the_checks_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkers_start_does_not_count_against_the_checks_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # The limit ran from the moment the request was sent to a child just started, so its
     # interpreter and jsonschema imports (a second or more on a busy machine) counted: a valid
     # output was "too costly to check".  A child is ready once it says so; only checking counts.
+    # A child that takes 2 s to start, whatever the machine's load, and a limit of 1 s: well
+    # above what checking takes, well below the start.
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 2\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(slow))
     monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
     try:
-        out = compile_schema(_PATTERNED).validate_text('{"name": "fine"}', "native", timeout=0.25)
+        out = compile_schema(_PATTERNED).validate_text('{"name": "fine"}', "native", timeout=1.0)
         assert out.valid, out.errors
     finally:
         adaptor._schema_checker._close_idle()
