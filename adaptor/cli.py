@@ -158,7 +158,7 @@ def main() -> None:
         code = cli.main(prog_name="adaptor", standalone_mode=False)
     except click.ClickException as exc:
         if "--json" in sys.argv[1:]:
-            emit_json({"ok": False, "exit_code": exc.exit_code, "error": errors.to_wire(exc)})
+            emit_json({"ok": False, "exit_code": exc.exit_code, "error": _usage_wire(exc)})
         exc.show()
         sys.exit(exc.exit_code)
     except click.Abort:
@@ -169,6 +169,16 @@ def main() -> None:
         # earlier): a signal on the way out must not replace it.
         _cli_common.status_decided()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_wire(exc: click.ClickException) -> dict[str, object]:
+    # The message the text report shows (`Missing argument 'ID'.`, `Invalid value for
+    # '--timeout': ...`): str(exc) names no option, or the parameter by its Python name
+    # (`Missing parameter: request_id`), which no user typed.
+    wire = errors.to_wire(exc)
+    # Encoded through a stand-in, so that the message is scrubbed as every foreign one is.
+    wire["message"] = errors.to_wire(errors.ExternalError(wire["type"], exc.format_message()))["message"]
+    return wire
 
 
 def _tolerate_narrow_encodings() -> None:

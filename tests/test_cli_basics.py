@@ -49,3 +49,16 @@ def test_an_event_line_never_carries_a_terminal_control_sequence() -> None:
     line = _cli_common.summary(text)
     assert line == "a\\x1b]0;owned\\x07b\\x1b[2J\\x01c\td\\r\\n\\x9b"
     assert not any(ord(ch) < 0x20 and ch != "\t" or 0x7F <= ord(ch) < 0xA0 for ch in line)
+
+
+def test_a_usage_error_in_json_says_what_the_text_says() -> None:
+    # The object's message named the parameter by its Python name (`Missing parameter:
+    # request_id`) or named no option at all; a script shows the user the same line as a human gets.
+    for args, message in (
+        (["wait", "--json"], "Missing argument 'ID'."),
+        (["wait", "x", "--timeout", "abc", "--json"], "Invalid value for '--timeout': 'abc' is not a valid float range."),
+    ):
+        proc = subprocess.run(["adaptor", *args], capture_output=True, text=True)
+        assert proc.returncode == 2
+        error = json.loads(proc.stdout)["error"]
+        assert error["message"] == message and f"Error: {message}" in proc.stderr
