@@ -200,22 +200,45 @@ class _Stdout(io.FileIO):
             _cannot_write(exc)
 
 
+class _Stderr(io.FileIO):
+    """The descriptor under ``sys.stderr`` once :func:`guard_stdout` ran: a diagnostic that
+    cannot be written (``2>&-``, a reader of ``2>&1 |`` gone, a descriptor open for reading)
+    is dropped, and the command ends with the exit status it decided.  Unguarded, the failed
+    report raised instead, and every such command exited 1, the code of a ``RunError``."""
+
+    def __init__(self, replaced: IO[str]) -> None:
+        super().__init__(replaced.fileno(), "w", closefd=False)
+        self._replaced = replaced
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        try:
+            return super().write(data)
+        except OSError:
+            _to_devnull(self.fileno())  # and so is everything after it
+            return memoryview(data).nbytes
+
+
 def guard_stdout() -> None:
     """Route every write to stdout through :class:`_Stdout`, so that output that cannot be
     written ends the command one way, whichever command wrote it and wherever: quietly with 0
     when the reader went away (``| head``), and otherwise (a full disk) reported once on stderr
-    with exit 70.  Click's own handling would exit 1, the code of a ``RunError``."""
-    stream = sys.stdout
+    with exit 70.  Click's own handling would exit 1, the code of a ``RunError``.  Stderr goes
+    through :class:`_Stderr`, which drops what it cannot write."""
+    sys.stdout = _guarded(sys.stdout, _Stdout)
+    sys.stderr = _guarded(sys.stderr, _Stderr)
+
+
+def _guarded(stream: IO[str], raw_class: type[_Stdout | _Stderr]) -> IO[str]:
     try:
         stream.flush()
-        raw = _Stdout(stream)
+        raw = raw_class(stream)
     except (AttributeError, OSError, ValueError):
-        return  # not a descriptor (an embedding host's stream): left as it is
-    sys.stdout = io.TextIOWrapper(
+        return stream  # not a descriptor (an embedding host's stream): left as it is
+    return io.TextIOWrapper(
         io.BufferedWriter(raw),
-        encoding=stream.encoding,
-        errors=stream.errors,
-        line_buffering=bool(stream.line_buffering),
+        encoding=getattr(stream, "encoding", None) or "utf-8",
+        errors=getattr(stream, "errors", None),
+        line_buffering=bool(getattr(stream, "line_buffering", False)),
         write_through=bool(getattr(stream, "write_through", False)),
     )
 
@@ -236,10 +259,17 @@ def _cannot_write(exc: OSError) -> NoReturn:
 def _stdout_to_devnull() -> None:
     # Whatever is still to be written (a `finally`, the interpreter's final flush) goes
     # nowhere: no second report, no "Exception ignored ... BrokenPipeError".
+    try:
+        _to_devnull(sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _to_devnull(fd: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
+        os.dup2(devnull, fd)
+    except OSError:
         pass
     finally:
         os.close(devnull)

@@ -145,8 +145,11 @@ del _command
 
 
 def main() -> None:
-    if sys.stdout is None:  # started with stdout closed (`>&-`): as good as /dev/null
+    # Started with stdout or stderr closed (`>&-`, `2>&-`): as good as /dev/null.
+    if sys.stdout is None:
         sys.stdout = open(os.devnull, "w")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
     # Output that cannot be written (a closed pipe, a full disk) ends the command there, before
     # click's own handling (exit 1) or a command's error report could see it.
     guard_stdout()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 from adaptor import _cli_common, errors
 
@@ -62,3 +64,24 @@ def test_a_usage_error_in_json_says_what_the_text_says() -> None:
         assert proc.returncode == 2
         error = json.loads(proc.stdout)["error"]
         assert error["message"] == message and f"Error: {message}" in proc.stderr
+
+
+def test_a_stderr_that_cannot_be_written_leaves_the_exit_status_alone(tmp_path: Path) -> None:
+    # `2>&1 | grep -q x` with the reader gone, or a descriptor open only for reading: the failed
+    # report raised, and every such command exited 1, the code of a RunError.
+    def stderr_gone() -> int:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        return write_end
+
+    def stderr_read_only() -> int:
+        return os.open(os.devnull, os.O_RDONLY)
+
+    for make in (stderr_gone, stderr_read_only):
+        for args, code in ((["wait"], 2), (["status", "--home", str(tmp_path / "none")], 69)):
+            stderr = make()
+            try:
+                proc = subprocess.run(["adaptor", *args], stdout=subprocess.PIPE, stderr=stderr)
+            finally:
+                os.close(stderr)
+            assert proc.returncode == code, (make.__name__, args)
