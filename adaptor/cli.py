@@ -145,7 +145,10 @@ del _command
 
 
 def main() -> None:
-    # Started with stdout or stderr closed (`>&-`, `2>&-`): as good as /dev/null.
+    # Started with stdin, stdout or stderr closed (`<&-`, `>&-`, `2>&-`): as good as /dev/null
+    # (stdin then reads as empty, as `</dev/null` does: no traceback from deep inside click).
+    if sys.stdin is None:
+        sys.stdin = open(os.devnull)
     if sys.stdout is None:
         sys.stdout = open(os.devnull, "w")
     if sys.stderr is None:

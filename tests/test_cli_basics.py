@@ -85,3 +85,22 @@ def test_a_stderr_that_cannot_be_written_leaves_the_exit_status_alone(tmp_path: 
             finally:
                 os.close(stderr)
             assert proc.returncode == code, (make.__name__, args)
+
+
+def test_a_closed_stdin_reads_as_empty(tmp_path: Path) -> None:
+    # `adaptor submit <&-` ended in a traceback deep inside click (exit 1), `run -` in an
+    # AttributeError reported as an infrastructure failure (exit 70): now as with </dev/null.
+    home = tmp_path / "home"
+    (home / "spool" / "new").mkdir(parents=True)
+    (home / "spool" / "tmp").mkdir()
+    for args, code in (
+        (["submit"], 2),  # an empty request is no JSON
+        (["run", "--request", "-"], 2),
+        (["run", "--driver", "script", "-"], 69),  # an empty prompt, and no daemon to run it
+    ):
+        proc = subprocess.run(
+            ["sh", "-c", 'exec "$@" <&-', "sh", "adaptor", *args, "--home", str(home)],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == code and "Traceback" not in proc.stderr, (args, proc.stderr)
