@@ -76,8 +76,19 @@ def default_home() -> Path:
     explicit = os.environ.get("ADAPTORD_HOME")
     if explicit:
         return Path(explicit).expanduser().absolute()
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state).absolute() / "adaptord"
+    return xdg_base("XDG_STATE_HOME", ".local/state") / "adaptord"
+
+
+def xdg_base(variable: str, default: str) -> Path:
+    """The XDG base directory ``variable`` names, else ``~/default``.
+
+    A relative value is ignored, as the XDG spec asks: resolved against the current directory,
+    `adaptord serve` and `adaptor status` started in two directories would use two homes.
+    """
+    value = os.environ.get(variable, "")
+    if os.path.isabs(value):
+        return Path(value)
+    return Path(os.path.expanduser("~"), default).absolute()
 
 
 def new_request_id() -> str:

@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from adaptor._home import OWNER_VAR
+from adaptor._home import OWNER_VAR, xdg_base
 from adaptor.drivers import NAMES as DRIVER_NAMES
 from adaptor.skill import Directories
 
@@ -225,8 +225,7 @@ def delegation_tool(remotes: tuple[RemoteAgentSpec, ...]) -> Definition:
 
 
 def default_config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "adaptord" / "config.toml"
+    return xdg_base("XDG_CONFIG_HOME", ".config") / "adaptord" / "config.toml"
 
 
 def load(path: str | os.PathLike[str] | None, *, required: bool = False) -> DaemonConfig:

@@ -104,3 +104,20 @@ def test_a_closed_stdin_reads_as_empty(tmp_path: Path) -> None:
             text=True,
         )
         assert proc.returncode == code and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+def test_a_relative_xdg_directory_is_ignored_as_the_xdg_spec_asks(tmp_path: Path) -> None:
+    # Resolved against the current directory, `adaptord serve` and `adaptor status` started in
+    # two directories used two homes (and two config files); now ~/.local/state and ~/.config.
+    user = tmp_path / "user"
+    cwd = tmp_path / "cwd"
+    (cwd / "rel" / "adaptord").mkdir(parents=True)
+    (cwd / "rel" / "adaptord" / "config.toml").write_text('workers = "many"\n')
+    env = {k: v for k, v in os.environ.items() if k != "ADAPTORD_HOME"}
+    env |= {"HOME": str(user), "XDG_STATE_HOME": "rel", "XDG_CONFIG_HOME": "rel"}
+    status = subprocess.run(
+        ["adaptor", "status", "--json"], capture_output=True, text=True, cwd=cwd, env=env
+    )
+    assert json.loads(status.stdout)["result"]["home"] == str(user / ".local" / "state" / "adaptord")
+    check = subprocess.run(["adaptord", "check"], capture_output=True, text=True, cwd=cwd, env=env)
+    assert check.stdout.splitlines()[0] == "config: ok (defaults; no config file)", check.stdout
