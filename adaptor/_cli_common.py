@@ -201,7 +201,7 @@ class _Stdout(io.FileIO):
 
 
 class _Stderr(io.FileIO):
-    """The descriptor under ``sys.stderr`` once :func:`guard_stdout` ran: a diagnostic that
+    """The descriptor under ``sys.stderr`` once :func:`guard_stderr` ran: a diagnostic that
     cannot be written (``2>&-``, a reader of ``2>&1 |`` gone, a descriptor open for reading)
     is dropped, and the command ends with the exit status it decided.  Unguarded, the failed
     report raised instead, and every such command exited 1, the code of a ``RunError``."""
@@ -218,13 +218,22 @@ class _Stderr(io.FileIO):
             return memoryview(data).nbytes
 
 
-def guard_stdout() -> None:
+_prog = "adaptor"
+"""The command whose output :func:`guard_stdout` guards, to name in its one report."""
+
+
+def guard_stdout(prog: str = "adaptor") -> None:
     """Route every write to stdout through :class:`_Stdout`, so that output that cannot be
     written ends the command one way, whichever command wrote it and wherever: quietly with 0
     when the reader went away (``| head``), and otherwise (a full disk) reported once on stderr
-    with exit 70.  Click's own handling would exit 1, the code of a ``RunError``.  Stderr goes
-    through :class:`_Stderr`, which drops what it cannot write."""
+    with exit 70.  Click's own handling would exit 1, the code of a ``RunError``."""
+    global _prog
+    _prog = prog
     sys.stdout = _guarded(sys.stdout, _Stdout)
+
+
+def guard_stderr() -> None:
+    """Route every write to stderr through :class:`_Stderr`, which drops what it cannot write."""
     sys.stderr = _guarded(sys.stderr, _Stderr)
 
 
@@ -252,7 +261,7 @@ def _quiet_broken_pipe() -> NoReturn:
 def _cannot_write(exc: OSError) -> NoReturn:
     _stdout_to_devnull()
     with suppress(OSError):  # stderr may be gone too: the exit code still says it
-        echo(f"adaptor: cannot write the output: {exc.strerror or exc}", err=True)
+        echo(f"{_prog}: cannot write the output: {exc.strerror or exc}", err=True)
     sys.exit(errors.exit_code_for(exc))
 
 

@@ -14,7 +14,14 @@ import sys
 import click
 
 from adaptor import _cli_common, _cli_run, _cli_spool, errors
-from adaptor._cli_common import SIGNAL_EXITS, echo, emit_json, emit_result, guard_stdout
+from adaptor._cli_common import (
+    SIGNAL_EXITS,
+    echo,
+    emit_json,
+    emit_result,
+    guard_stderr,
+    guard_stdout,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -156,6 +163,7 @@ def main() -> None:
     # Output that cannot be written (a closed pipe, a full disk) ends the command there, before
     # click's own handling (exit 1) or a command's error report could see it.
     guard_stdout()
+    guard_stderr()
     _tolerate_narrow_encodings()
     # Not click's standalone mode: a usage error must still honour --json (the error object
     # on stdout, exit 2).

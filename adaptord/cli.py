@@ -11,7 +11,7 @@ import click
 import orjson
 
 from adaptor import _home, skill
-from adaptor._cli_common import home_option, not_nan
+from adaptor._cli_common import guard_stdout, home_option, not_nan
 from adaptord import config as config_module
 
 DRIVER_BINARIES = {
@@ -81,6 +81,7 @@ _STATUS_FIELDS = ("pid", "started_at", "workers", "version", "a2a_url")
 @click.option("--json", "as_json", is_flag=True)
 def status(home: str | None, as_json: bool) -> None:
     """Exit 0 while a daemon serves this home, 69 when none does."""
+    guard_stdout("adaptord")
     paths = _home.Home.at(home)
     running = _home.daemon_running(paths)
     info: dict[str, object] = {}
@@ -102,6 +103,10 @@ def status(home: str | None, as_json: bool) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
 def check(config_path: str | None) -> None:
     """Validate the config file and report which agent CLIs are on PATH, with versions."""
+    # `adaptord check | head -1`: click's own handling of the closed pipe exits 1, a code check
+    # does not use; the reader going away ends it quietly with 0, as every adaptor command.
+    # (Not for serve: a host tool printing in a worker thread must not end that thread.)
+    guard_stdout("adaptord")
     ok = True
     try:
         config = config_module.load(config_path, required=config_path is not None)
