@@ -237,6 +237,7 @@ def events(
     flushed as it is written.  A host_seq from an earlier line resumes with --since.  ID -f
     exits 69 when there is no verdict and no daemon to write one; a daemon that stops while it
     follows is said on stderr, and it follows on until a restart writes the verdict, as wait does.
+    Exit 2 for an unknown ID, 4 for a --thread with no events, 70 for a damaged log.
     """
     chosen = [
         name
@@ -295,7 +296,8 @@ def events(
 def cancel(request_id: str, home: str | None) -> None:
     """Cancel a queued or running request (a no-op once it has a verdict).
 
-    Its verdict then says CancelledError (it never started) or RunCancelledError.
+    Its verdict then says CancelledError (it never started) or RunCancelledError.  Exit 2
+    for an unknown ID, 69 when the home has no spool.
     """
     if Client(home).cancel(request_id):
         echo(f"adaptor: cancel requested for {request_id}", err=True)
@@ -316,7 +318,11 @@ def cancel(request_id: str, home: str | None) -> None:
 @home_option
 @guarded
 def approvals(as_json: bool, home: str | None) -> None:
-    """List the open approval requests, oldest first."""
+    """List the open approval requests, oldest first.
+
+    None while no daemon serves the home (its runs have ended: a line on stderr says so).
+    Exit 69 when the home has no spool.
+    """
     client = Client(home)
     client._require_spool()
     pending = client.approvals()
@@ -433,7 +439,10 @@ def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> No
 @click.option("--json", "as_json", is_flag=True, help="With no subcommand: as `threads list --json`.")
 @click.pass_context
 def threads(ctx: click.Context, home: str | None, as_json: bool) -> None:
-    """The thread store: `threads list` (the default) and `threads show KEY`."""
+    """The thread store: `threads list` (the default) and `threads show KEY`.
+
+    Exit 69 when the home does not exist; `show` exits 4 for a key with no conversation.
+    """
     ctx.obj = {"home": home}
     if ctx.invoked_subcommand is None:
         ctx.invoke(threads_list, as_json=as_json)

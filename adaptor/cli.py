@@ -27,7 +27,19 @@ from adaptor._cli_common import (
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="adaptor", prog_name="adaptor")
 def cli() -> None:
-    """Run coding agents through one model; talk to the adaptord daemon."""
+    """Run coding agents through one model; talk to the adaptord daemon.
+
+    Every command exits with the codes `adaptor exit-codes` prints (2: usage, 69: no daemon or
+    spool) and, with --json, prints one JSON object on stdout (events: one per line).
+
+    \b
+    Environment:
+      ADAPTORD_HOME   the daemon's home; wins over --home
+                      (default: $XDG_STATE_HOME/adaptord, ~/.local/state/adaptord)
+      ADAPTOR_DRIVER  run's default --driver
+      NO_COLOR        run on a terminal: no faint styling
+      TERM=dumb       run on a terminal: no escapes at all, no progress line
+    """
 
 
 @cli.command("exit-codes")

@@ -26,7 +26,15 @@ DRIVER_BINARIES = {
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="adaptor", prog_name="adaptord")
 def cli() -> None:
-    """The adaptor spool daemon: runs request files dropped into its spool directory."""
+    """The adaptor spool daemon: runs request files dropped into its spool directory.
+
+    \b
+    Environment:
+      ADAPTORD_HOME    the home; wins over --home
+                       (default: $XDG_STATE_HOME/adaptord, ~/.local/state/adaptord)
+      XDG_CONFIG_HOME  the config file is $XDG_CONFIG_HOME/adaptord/config.toml
+      NOTIFY_SOCKET    serve tells systemd READY and STOPPING (Type=notify)
+    """
 
 
 @cli.command()
@@ -78,7 +86,13 @@ _STATUS_FIELDS = ("pid", "started_at", "workers", "version", "a2a_url")
 
 @cli.command()
 @home_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='One object, every key always present: {"running", "home", "pid", "started_at", '
+    '"workers", "version", "a2a_url"} (null where it does not apply).',
+)
 def status(home: str | None, as_json: bool) -> None:
     """Exit 0 while a daemon serves this home, 69 when none does."""
     guard_stdout("adaptord")
@@ -102,7 +116,11 @@ def status(home: str | None, as_json: bool) -> None:
 @cli.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
 def check(config_path: str | None) -> None:
-    """Validate the config file and report which agent CLIs are on PATH, with versions."""
+    """Validate the config file and report which agent CLIs are on PATH, with versions.
+
+    Exit 2 when the config is refused, names a tool that is no valid tool, or names a driver
+    command that is not there.
+    """
     # `adaptord check | head -1`: click's own handling of the closed pipe exits 1, a code check
     # does not use; the reader going away ends it quietly with 0, as every adaptor command.
     # (Not for serve: a host tool printing in a worker thread must not end that thread.)

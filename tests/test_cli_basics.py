@@ -140,3 +140,23 @@ def test_adaptord_check_ends_quietly_when_its_reader_goes_away(tmp_path: Path) -
     closed.touch()
     stderr = proc.stderr.read()
     assert proc.wait(timeout=60) == 0 and stderr == b""
+
+
+def test_help_names_the_exit_codes_and_environment_that_apply() -> None:
+    # A scripter reads --help, not docs/: the exits and variables each command answers to.
+    expected = {
+        ("adaptor",): ("adaptor exit-codes", "ADAPTORD_HOME", "ADAPTOR_DRIVER", "NO_COLOR", "TERM=dumb"),
+        ("adaptor", "cancel"): ("Exit 2", "69"),
+        ("adaptor", "events"): ("Exit 2", "4 for a --thread", "70"),
+        ("adaptor", "approvals"): ("69", "no daemon"),
+        ("adaptor", "threads"): ("69", "exits 4"),
+        ("adaptord",): ("ADAPTORD_HOME", "XDG_CONFIG_HOME", "NOTIFY_SOCKET"),
+        ("adaptord", "check"): ("Exit 2",),
+        ("adaptord", "status"): ('"a2a_url"',),  # --json had no help at all
+    }
+    for command, words in expected.items():
+        proc = subprocess.run([*command, "--help"], capture_output=True, text=True)
+        assert proc.returncode == 0
+        text = " ".join(proc.stdout.split())  # as wrapped for the terminal's width
+        for word in words:
+            assert word in text, (command, word)
