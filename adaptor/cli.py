@@ -57,7 +57,7 @@ def exit_codes(as_json: bool) -> None:
 
 
 @cli.command("verify-log")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option(
     "--repair",
     "do_repair",
@@ -72,7 +72,7 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     event kind. Prints "ok: N records" and exits 0; otherwise prints "corrupt: FILE line L: why"
     on stderr and exits 70 (an infrastructure failure: the file is damaged, see
     `adaptor exit-codes`), as it does when the file cannot be read (a missing file is a usage
-    error, exit 2). A symlink is followed; a pipe is read as it streams. With --repair, a torn last
+    error, exit 2). A symlink is followed; a pipe, or stdin (-), is read as it streams. With --repair, a torn last
     line is cut and the exit is 0 if the file is valid afterwards; corruption before the last
     line is reported and left as it is (exit 70).
 
@@ -84,6 +84,10 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     # Imported here: the host tools are optional and the core CLI must not depend on them.
     from hosttools import sessionrecorder
 
+    if file == "-":  # `zcat log.jsonl.gz | adaptor verify-log -`, as `events --file -` reads it
+        if do_repair:
+            raise click.BadParameter("--repair needs the log's own path, not stdin", param_hint="FILE")
+        file = "/dev/stdin"
     # The file a symlink names is the one checked and repaired: the user named it.  A pipe
     # (`<(zcat x.jsonl.gz)`) or a device can be read, not cut.
     regular = stat.S_ISREG(os.stat(file).st_mode)

@@ -199,3 +199,18 @@ def test_a_thread_store_log_is_named_as_such_not_called_corrupt(tmp_path: Path) 
     checked = _adaptor(str(tmp_path / "threads" / "log-000001.jsonl"))
     assert checked.returncode == 2, checked.stderr
     assert "thread-store log" in checked.stderr and "corrupt" not in checked.stderr
+
+
+def test_dash_reads_the_log_from_stdin(log: Path) -> None:
+    # `zcat log.jsonl.gz | adaptor verify-log -`, as `events --file -` reads it: '-' was taken
+    # for a file name ("File '-' does not exist.", exit 2).
+    def verify(*args: str, data: bytes) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["adaptor", "verify-log", *args], input=data, capture_output=True, timeout=TIMEOUT)
+
+    whole = log.read_bytes()
+    assert verify("-", data=whole).stdout == b"ok: 5 records\n"
+    torn = verify("--json", "-", data=whole[:-3])
+    assert torn.returncode == 70 and json.loads(torn.stdout)["result"]["records"] == 4
+    # Nothing on stdin can be cut: the log's own path is needed.
+    refused = verify("--repair", "-", data=whole[:-3])
+    assert refused.returncode == 2 and b"not stdin" in refused.stderr
