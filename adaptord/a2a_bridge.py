@@ -48,6 +48,7 @@ import math
 import re
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -796,6 +797,40 @@ class SpoolExecutor(AgentExecutor):
 # --- the app and the bridge ------------------------------------------------------------------------
 
 
+class _TaskStore(InMemoryTaskStore):
+    """The SDK's in-memory store, keeping only the :data:`KEPT_FINISHED` latest finished tasks.
+
+    The SDK's store keeps every task, with its messages (the caller's prompt) and artifacts,
+    for the life of the process: a daemon serving for weeks grew by each task it ever ran,
+    some 40 KB for a 20 KB prompt.  A finished task is only there for ``GetTask`` (its
+    verdict stays on disk); one still running is never let go.
+    """
+
+    def __init__(self, kept_finished: int) -> None:
+        super().__init__()
+        self._kept_finished = kept_finished
+        # Finished tasks, oldest first, with the context their owner is resolved from.
+        self._finished: OrderedDict[str, ServerCallContext] = OrderedDict()
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        await super().save(task, context)
+        if task.status.state not in _FINAL_STATES:
+            return
+        self._finished[task.id] = context
+        self._finished.move_to_end(task.id)
+        while len(self._finished) > self._kept_finished:
+            task_id, saved_by = self._finished.popitem(last=False)
+            await super().delete(task_id, saved_by)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        self._finished.pop(task_id, None)
+        await super().delete(task_id, context)
+
+
+KEPT_FINISHED = 1000
+"""Finished A2A tasks kept in memory for ``GetTask`` (docs/a2a.md, "Limits")."""
+
+
 class _Handler(DefaultRequestHandler):
     """The SDK's handler without ``ListTasks``, refusing messages to a running task at once.
 
@@ -806,7 +841,7 @@ class _Handler(DefaultRequestHandler):
     """
 
     def __init__(self, executor: AgentExecutor, card: AgentCard) -> None:
-        self._tasks = InMemoryTaskStore()
+        self._tasks = _TaskStore(KEPT_FINISHED)
         super().__init__(agent_executor=executor, task_store=self._tasks, agent_card=card)
 
     async def _refuse_a_running_task(

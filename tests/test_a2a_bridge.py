@@ -4,6 +4,7 @@ official client (``adaptor.clients.a2a``), and two daemons chained through ``del
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -561,6 +562,34 @@ def test_a_message_to_a_running_task_is_refused_at_once(daemon_a: Served) -> Non
         if (path / "request.json").exists()
     ]
     assert "more input" not in prompts
+
+
+def test_only_the_latest_finished_tasks_stay_in_memory(tmp_path: Path) -> None:
+    # The SDK's store kept every task, with its prompt and answer, for the life of the daemon:
+    # serving for weeks, it grew by some 40 KB per 20 KB prompt, for ever.
+    from a2a.server.context import ServerCallContext
+    from a2a.types import Task, TaskState, TaskStatus
+
+    (tmp_path / "config.toml").write_text(AGENTS)
+    agents = config_module.load(tmp_path / "config.toml").a2a.agents
+    _, handlers = a2a_bridge.build_app(agents[:1], "http://127.0.0.1:1", spool.Client(tmp_path / "home"))
+    assert isinstance(handlers[0], a2a_bridge._Handler)
+    store = handlers[0]._tasks  # the store the served handler keeps its tasks in
+    context = ServerCallContext()
+
+    def task(task_id: str, state: TaskState) -> Task:
+        return Task(id=task_id, context_id="ctx", status=TaskStatus(state=state))
+
+    async def serve_tasks() -> list[int]:
+        await store.save(task("running", TaskState.TASK_STATE_WORKING), context)
+        for i in range(1050):
+            await store.save(task(f"t{i}", TaskState.TASK_STATE_WORKING), context)
+            await store.save(task(f"t{i}", TaskState.TASK_STATE_COMPLETED), context)
+        running = await store.get("running", context)  # still running: never let go
+        assert running is not None and running.status.state == TaskState.TASK_STATE_WORKING
+        return [i for i in range(1050) if await store.get(f"t{i}", context) is not None]
+
+    assert asyncio.run(serve_tasks()) == list(range(50, 1050))  # the latest 1000 finished
 
 
 # --- parsing (no processes) ---------------------------------------------------------------------
