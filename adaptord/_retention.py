@@ -1,5 +1,6 @@
 """Retention: the files of finished requests, quarantined files and rotated lifecycle logs
-removed once older than the ``[retention]`` settings (docs/daemon.md, "Disk use").
+removed once older than the ``[retention]`` settings (docs/daemon.md, "Disk use"), and files
+writers left staged once a day old.
 
 A request is forgotten whole, its verdict first: a reader (``adaptor wait``, ``events``) finds
 the verdict and then reads the run's files, and checks the verdict is still there afterwards
@@ -33,6 +34,10 @@ BATCH: Final = 10_000
 before); a pass that reaches it is followed by another at the main loop's next turn."""
 
 _DAY: Final = 86400.0
+STAGED_KEPT_FOR: Final = _DAY
+"""Seconds a file staged by a writer (in ``spool/tmp/``, or a response's temporary file in
+``approvals/responses/``) may stay untouched before it counts as abandoned: a writer moves its
+file into place within seconds, and one killed first never comes back for it."""
 _TRASH: Final = ".pruning-"
 _LOG: Final = ".jsonl"
 _LOCK: Final = ".lock"
@@ -48,6 +53,7 @@ class Pruned:
     events: int = 0
     quarantine: int = 0
     lifecycle_logs: int = 0
+    staged: int = 0
     failed: int = 0
     error: str | None = None
 
@@ -93,7 +99,25 @@ def prune(
             if stopping():
                 return pruned, False
             _remove(home.quarantine / name, pruned, "quarantine")
+    # Whatever [retention] says: these were never requests nor responses, and nothing else
+    # removes them (each leftover staged request also keeps its id from being submitted).
+    cutoff = now - STAGED_KEPT_FOR
+    for folder, wanted in ((home.spool_tmp, _any), (home.approvals_responses, _not_a_response)):
+        for name in _old(folder, cutoff, wanted, hidden=True):
+            if stopping():
+                return pruned, False
+            _remove(folder / name, pruned, "staged")
     return pruned, more
+
+
+def _any(name: str) -> bool:
+    return True
+
+
+def _not_a_response(name: str) -> bool:
+    """A temporary file in ``approvals/responses/`` (``<id>.json.tmp-...``, a script's
+    ``.<id>.tmp``), which the daemon never reads (see ``_home.refuse_unawaited``)."""
+    return name.startswith(".") or not name.endswith(".json")
 
 
 def _finished(home: _home.Home, cutoff: float) -> Iterator[tuple[float, str]]:
@@ -155,14 +179,17 @@ def _forget(home: _home.Home, request_id: str, cutoff: float, hold: Hold, pruned
         _remove(renamed, pruned, what)
 
 
-def _old(folder: os.PathLike[str], cutoff: float, wanted: Callable[[str], bool], *, stamped: bool = False) -> list[str]:
+def _old(
+    folder: os.PathLike[str], cutoff: float, wanted: Callable[[str], bool], *, stamped: bool = False,
+    hidden: bool = False,
+) -> list[str]:
     """Names in ``folder`` that ``wanted`` picks, written before ``cutoff``, oldest first.
 
     ``stamped``: a name ``<time_ns>-...`` (a quarantined file) counts from that time when it is
     later than the file's own (a file written long ago and quarantined today is not old).
     """
     found = []
-    for name, mtime in _entries(folder):
+    for name, mtime in _entries(folder, hidden=hidden):
         if not wanted(name):
             continue
         stamp, _, rest = name.partition("-")
@@ -173,17 +200,23 @@ def _old(folder: os.PathLike[str], cutoff: float, wanted: Callable[[str], bool],
     return [name for _, name in heapq.nsmallest(BATCH, found)]
 
 
-def _entries(folder: os.PathLike[str]) -> Iterator[tuple[str, float]]:
-    """``(name, mtime)`` of each entry (not following links); nothing for a missing folder."""
+def _entries(folder: os.PathLike[str], *, hidden: bool = False) -> Iterator[tuple[str, float]]:
+    """``(name, mtime)`` of each entry (not following links); nothing for a missing folder.
+
+    With ``hidden``, names starting with a dot too, and no folders.
+    """
     try:
         with os.scandir(folder) as listing:
             for entry in listing:
-                if entry.name.startswith("."):
+                if entry.name.startswith(".") and not hidden:
                     continue  # temporary files being written, and our own trash
                 try:
-                    yield entry.name, entry.stat(follow_symlinks=False).st_mtime
+                    found = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+                if hidden and stat.S_ISDIR(found.st_mode):
+                    continue  # (a staging area holds files; a folder there is someone's own)
+                yield entry.name, found.st_mtime
     except FileNotFoundError:
         return
 

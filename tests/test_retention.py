@@ -339,6 +339,41 @@ def test_readers_racing_a_prune_see_a_request_whole_or_not_at_all(tmp_path: Path
         assert daemon.stop() == 0
 
 
+def test_files_writers_left_staged_go_after_a_day(tmp_path: Path) -> None:
+    # A writer killed between staging its file and moving it into place (`adaptor submit` or
+    # `adaptor approve` killed -9, a script stopped between `cat >` and `mv`) left it there for
+    # ever: nothing removed spool/tmp/ or a response's temporary file, whatever [retention]
+    # said, and a staged <id>.json kept its id from being submitted again.
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n[retention]\nkeep_days = inf\nquarantine_days = inf\n")
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "5").start()
+    home = daemon.home
+    try:
+        abandoned = [
+            home.spool_tmp / "abandoned-1.json", home.spool_tmp / ".half-written",
+            home.approvals_responses / "appr_1.json.tmp-0123abcd", home.approvals_responses / ".appr_2.tmp",
+        ]
+        fresh = [home.spool_tmp / "being-written.json", home.approvals_responses / ".appr_3.tmp"]
+        for path in (*abandoned, *fresh):
+            path.write_text('{"driver": "script", "prompt": "go"}')
+        for path in abandoned:
+            age(path, 1.01)
+        folder = home.spool_tmp / "someones-folder"  # not a staged file: left alone
+        folder.mkdir()
+        age(folder, 3)
+        with pytest.raises(FileExistsError):
+            Client(home.root).submit(script("again", id="abandoned-1"))
+
+        daemon.reload(config, config.read_text())
+        assert "staged=4" in pruned_line(daemon)
+        assert [p for p in abandoned if os.path.lexists(p)] == []
+        assert all(p.exists() for p in (*fresh, folder))
+        rid = Client(home.root).submit(script("again", id="abandoned-1"))
+        assert daemon.verdict(rid)["result"]["text"] == "again"
+    finally:
+        assert daemon.stop() == 0, "\n".join(daemon.lines)
+
+
 def test_retention_settings_are_checked_and_inf_keeps_for_ever(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text("[retention]\nkeep_days = 0.5\n")
