@@ -307,7 +307,7 @@ _new = object.__new__
 _FRESH: Final = object()  # "no value given": the field's factory makes one
 
 
-def lean(cls: type[_T]) -> Callable[..., _T]:
+def lean(cls: type[_T], *given: str, **fixed: Any) -> Callable[..., _T]:
     """``cls(**fields)`` for a frozen dataclass, without its generated ``__init__``: that sets
     each field through ``object.__setattr__`` and builds a fresh ``EventMeta`` per event, which
     is most of what a parser spends per streamed token.
@@ -319,43 +319,78 @@ def lean(cls: type[_T]) -> Callable[..., _T]:
     the way ``dataclasses`` generates ``__init__``, and checked against the class once; a class
     it cannot build exactly (``__slots__``, ``__post_init__``, a non-init field) gets its own
     constructor back.
+
+    With ``given`` field names it takes just those fields, positionally, and gives every other
+    one its value in ``fixed`` or its default: for a call site that always builds the same
+    shape (``lean(TextDelta, "message_id", "text", phase="content")``, then ``make(ident,
+    text)``), which then passes no keywords and fills no defaults per call.
     """
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if not set(fixed) <= {f.name for f in fields} - set(given) or (fixed and not given):
+        raise TypeError(f"lean({cls.__name__}): fixed {sorted(fixed)} are not other fields")
     if (hasattr(cls, "__post_init__") or any("__slots__" in vars(k) for k in cls.__mro__[:-1])
             or not all(f.init and f.name.isidentifier() and not f.name.startswith("_")
                        and f.name not in ("obj", "attrs") for f in fields)):  # the generated code's own names
-        return cls
+        return _through_init(cls, given, fixed)
     namespace: dict[str, Any] = {"_cls": cls, "_new": _new, "_FRESH": _FRESH}
-    params, fresh = [], []
+    params, fresh, values = [], [], []
     for f in fields:
-        if f.default is not dataclasses.MISSING:
-            namespace[f"_d_{f.name}"] = f.default
-            params.append(f"{f.name}=_d_{f.name}")
+        name = f.name
+        if name in given:
+            values.append(name)
+        elif name in fixed:
+            namespace[f"_d_{name}"] = fixed[name]
+            values.append(f"_d_{name}")
+        elif f.default is not dataclasses.MISSING:
+            namespace[f"_d_{name}"] = f.default
+            params.append(f"{name}=_d_{name}")
+            values.append(f"_d_{name}" if given else name)
         elif f.default_factory is dataclasses.MISSING:
-            params.insert(0, f.name)  # keyword-only, so its place does not matter
+            if given:
+                raise TypeError(f"lean({cls.__name__}): required field {name!r} not given")
+            params.insert(0, name)  # keyword-only, so its place does not matter
+            values.append(name)
         else:
             value = f.default_factory()
             try:
                 hash(value)
             except TypeError:
-                namespace[f"_f_{f.name}"] = f.default_factory
-                params.append(f"{f.name}=_FRESH")
-                fresh.append(f"    if {f.name} is _FRESH: {f.name} = _f_{f.name}()\n")
+                namespace[f"_f_{name}"] = f.default_factory
+                params.append(f"{name}=_FRESH")
+                fresh.append(f"    {name} = _f_{name}()\n" if given else
+                             f"    if {name} is _FRESH: {name} = _f_{name}()\n")
+                values.append(name)
             else:
-                namespace[f"_d_{f.name}"] = value
-                params.append(f"{f.name}=_d_{f.name}")
+                namespace[f"_d_{name}"] = value
+                params.append(f"{name}=_d_{name}")
+                values.append(f"_d_{name}" if given else name)
+    signature = ", ".join(given) if given else f"*, {', '.join(params)}"
     # Filling the instance's own (key-sharing) __dict__ is about twice as fast as giving it a
     # new dict through object.__setattr__.
-    attrs = "".join(f"    attrs[{f.name!r}] = {f.name}\n" for f in fields)
-    source = (f"def make(*, {', '.join(params)}):\n" + "".join(fresh)
+    attrs = "".join(f"    attrs[{f.name!r}] = {value}\n" for f, value in zip(fields, values, strict=True))
+    source = (f"def make({signature}):\n" + "".join(fresh)
               + "    obj = _new(_cls)\n    attrs = obj.__dict__\n" + attrs + "    return obj\n")
     exec(source, namespace)  # from field names only, as dataclasses builds __init__
     make: Callable[..., _T] = namespace["make"]
-    sample = {f.name: None for f in fields
-              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    made, built = make(**sample), cls(**sample)
+    if given:
+        made, built = make(*[None] * len(given)), cls(**dict.fromkeys(given), **fixed)
+    else:
+        sample = {f.name: None for f in fields
+                  if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        made, built = make(**sample), cls(**sample)
     if vars(made) != vars(built) or list(vars(made)) != list(vars(built)) or made != built:
+        return _through_init(cls, given, fixed)
+    return make
+
+
+def _through_init(cls: type[_T], given: tuple[str, ...], fixed: dict[str, Any]) -> Callable[..., _T]:
+    """What ``lean(cls, *given, **fixed)`` makes, through the class's own constructor."""
+    if not given:
         return cls
+
+    def make(*values: Any) -> _T:
+        return cls(**dict(zip(given, values, strict=True)), **fixed)
+
     return make
 
 

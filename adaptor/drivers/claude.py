@@ -689,11 +689,30 @@ def _decision_text(
 _TextDelta: Final = lean(TextDelta)
 _Thinking: Final = lean(Thinking)
 _ToolCall: Final = lean(ToolCall)
-_ToolResult: Final = lean(ToolResult)
 _Item: Final = lean(TranscriptItem)
 _DELTAS: Final[Mapping[str, Callable[..., TextDelta | Thinking]]] = {
     "text": _TextDelta, "thinking": _Thinking,
 }
+# The same, for the shapes the parser builds once or more per line (a token, a block's start and
+# end, a tool call, an assistant message): taking their fields positionally is measurably cheaper.
+_text_content: Final = lean(TextDelta, "message_id", "text", phase="content")
+_thinking_content: Final = lean(Thinking, "message_id", "text", phase="content")
+_STARTS: Final[Mapping[str, Callable[[str], TextDelta | Thinking]]] = {
+    "text": lean(TextDelta, "message_id", phase="start"),
+    "thinking": lean(Thinking, "message_id", phase="start"),
+}
+_ENDS: Final[Mapping[str, Callable[[str], TextDelta | Thinking]]] = {
+    "text": lean(TextDelta, "message_id", phase="end"),
+    "thinking": lean(Thinking, "message_id", phase="end"),
+}
+_tool_start: Final = lean(ToolCall, "id", "name", "args", phase="start")
+_tool_end: Final = lean(ToolCall, "id", "name", "result", phase="end")
+_tool_result: Final = lean(ToolResult, "id", "result", "is_error")
+_assistant_item: Final = lean(TranscriptItem, "text", "model", kind="assistant")
+_tool_call_item: Final = lean(TranscriptItem, "tool_use_id", "tool_name", "input",
+                              kind="tool_call")
+_tool_result_item: Final = lean(TranscriptItem, "tool_use_id", "tool_name", "text", "is_error",
+                                kind="tool_result")
 _loads: Final = orjson.loads
 
 
@@ -797,7 +816,7 @@ class _Parser:
                     # message_delta and message_stop change nothing the parser keeps.
                     if (what == "message_start" or what == "content_block_start"
                             or what == "content_block_stop"):
-                        self._stream_event(inner)
+                        self._stream_event(what, inner)
                     continue
                 index = inner.get("index")
                 delta = inner.get("delta")
@@ -808,11 +827,11 @@ class _Parser:
                 if btype == "text":
                     text = delta.get("text")
                     if text and type(text) is str:  # empty deltas carry nothing
-                        emit(_TextDelta(message_id=ident, text=text, phase="content"))
+                        emit(_text_content(ident, text))
                 elif btype == "thinking":
                     text = delta.get("thinking")
                     if text and type(text) is str:
-                        emit(_Thinking(message_id=ident, text=text, phase="content"))
+                        emit(_thinking_content(ident, text))
                 elif ident in self.open_tools:
                     partial = delta.get("partial_json")
                     if partial and type(partial) is str:
@@ -869,9 +888,9 @@ class _Parser:
         elif subtype:
             self._item(kind="system", subtype=subtype)
 
-    def _stream_event(self, inner: dict[str, Any]) -> None:
-        """A ``stream_event`` other than a token delta (``feed_lines`` handles those)."""
-        kind = inner.get("type")
+    def _stream_event(self, kind: str, inner: dict[str, Any]) -> None:
+        """A ``stream_event`` of type ``kind`` other than a token delta (``feed_lines`` handles
+        those)."""
         index = inner.get("index")
         if kind == "message_start":
             message = inner.get("message")
@@ -886,13 +905,13 @@ class _Parser:
             if index in self.open_blocks:  # restarted without a stop: close the old one
                 old_type, old_ident = self.open_blocks.pop(index)
                 if old_type != "tool":
-                    self.emit(_DELTAS[old_type](message_id=old_ident, phase="end"))
+                    self.emit(_ENDS[old_type](old_ident))
             block = inner.get("content_block")
             start_type = block.get("type") if isinstance(block, dict) else None
             if start_type == "text" or start_type == "thinking":
                 ident = self.protocol.fresh_id(f"{self.message}/{index}")
                 self.open_blocks[index] = (start_type, ident)
-                self.emit(_DELTAS[start_type](message_id=ident, phase="start"))
+                self.emit(_STARTS[start_type](ident))
             elif start_type == "tool_use":
                 ident = as_str(block.get("id"))  # type: ignore[union-attr]
                 name = as_str(block.get("name")) or "tool"  # type: ignore[union-attr]
@@ -900,11 +919,11 @@ class _Parser:
                     self.tool_names[ident] = name
                     self.open_tools.add(ident)
                     self.open_blocks[index] = ("tool", ident)
-                    self.emit(_ToolCall(id=ident, name=name, phase="start"))
+                    self.emit(_tool_start(ident, name, None))
         elif kind == "content_block_stop" and index in self.open_blocks:
             btype, ident = self.open_blocks.pop(index)
             if btype != "tool":
-                self.emit(_DELTAS[btype](message_id=ident, phase="end"))
+                self.emit(_ENDS[btype](ident))
 
     def _delta(self, kind: str, ident: str, phase: str, text: str = "") -> None:
         if phase == "content" and not text:
@@ -932,7 +951,9 @@ class _Parser:
         model = message.get("model")
         if model and isinstance(model, str) and model != "<synthetic>":
             self.model = model
-        message_id = as_str(message.get("id"))
+        message_id = message.get("id")
+        if not isinstance(message_id, str):  # as_str, inline: once per assistant line
+            message_id = ""
         live = message_id not in self.streamed
         item = self.protocol.item
         for position, block in enumerate(content):
@@ -944,7 +965,7 @@ class _Parser:
                 if text and isinstance(text, str):
                     if live:
                         self._whole_block("text", f"{message_id or 'msg'}/{position}", text)
-                    item(_Item(kind="assistant", text=text, model=self.model))
+                    item(_assistant_item(text, self.model))
                     self.final.append(text)
             elif btype == "thinking":
                 text = block.get("thinking")
@@ -962,8 +983,8 @@ class _Parser:
                     # The event and the transcript item each get their own copy; the decoded
                     # line is ours alone (orjson built it), so the item may keep it.
                     args = _nesting.copy_json(tool_input) if isinstance(tool_input, dict) else None
-                    self.emit(_ToolCall(id=ident, name=name, args=args, phase="start"))
-                item(_Item(kind="tool_call", tool_use_id=ident, tool_name=name, input=tool_input))
+                    self.emit(_tool_start(ident, name, args))
+                item(_tool_call_item(ident, name, tool_input))
                 self.final = []  # text before a tool call is not the final answer
                 if name == "ExitPlanMode" and isinstance(tool_input, dict):
                     self.exit_plans[ident] = as_str(tool_input.get("plan"))
@@ -998,11 +1019,10 @@ class _Parser:
                 name = self.tool_names.get(ident, "")
                 if ident in self.open_tools:
                     self.open_tools.discard(ident)
-                    self.emit(_ToolCall(id=ident, name=name, result=text, phase="end"))
+                    self.emit(_tool_end(ident, name, text))
                 if ident in self.tool_names:
-                    self.emit(_ToolResult(id=ident, result=text, is_error=is_error))
-                item(_Item(kind="tool_result", tool_use_id=ident or "unknown", tool_name=name,
-                           text=text, is_error=is_error))
+                    self.emit(_tool_result(ident, text, is_error))
+                item(_tool_result_item(ident or "unknown", name, text, is_error))
                 self.final = []
             elif btype == "text":
                 said = block.get("text")
@@ -1035,7 +1055,6 @@ class _Parser:
 
     _HANDLERS: Final[Mapping[str, Callable[[_Parser, dict[str, Any]], None]]] = {
         "system": _system,
-        "stream_event": _stream_event,
         "assistant": _assistant,
         "user": _user,
         "result": _result,

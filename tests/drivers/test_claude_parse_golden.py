@@ -272,6 +272,31 @@ def test_lean_constructors_build_what_the_classes_build(cls: type[Any]) -> None:
         make(no_such_field=1)
 
 
+@pytest.mark.parametrize(("shape", "cls", "given", "fixed"), [
+    ("token", TextDelta, ("message_id", "text"), {"phase": "content"}),
+    ("block end", Thinking, ("message_id",), {"phase": "end"}),
+    ("tool start", ToolCall, ("id", "name", "args"), {"phase": "start"}),
+    ("tool result", ToolResult, ("id", "result", "is_error"), {}),
+    ("assistant item", TranscriptItem, ("text", "model"), {"kind": "assistant"}),
+    ("tool result item", TranscriptItem, ("tool_use_id", "tool_name", "text", "is_error"),
+     {"kind": "tool_result"}),
+])
+def test_shaped_lean_constructors_build_what_the_classes_build(
+    shape: str, cls: type[Any], given: tuple[str, ...], fixed: dict[str, Any]
+) -> None:
+    make = lean(cls, *given, **fixed)
+    values = [f"v-{name}" for name in given]
+    made, built = make(*values), cls(**dict(zip(given, values, strict=True)), **fixed)
+    assert made == built and vars(made) == vars(built), shape
+    assert list(vars(made)) == list(vars(built)), shape
+    if cls is TranscriptItem:
+        assert make(*values).metadata is not made.metadata  # fresh per item
+    with pytest.raises(TypeError):
+        make(*values, "one too many")
+    with pytest.raises(TypeError):
+        lean(cls, *given, no_such_field=1)
+
+
 @given(st.lists(_LINE_PIECES, max_size=5), st.booleans())
 def test_a_line_decoded_first_is_what_the_protocol_rules_make_of_it(
     pieces: list[bytes], after_terminal: bool
