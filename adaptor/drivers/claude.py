@@ -706,6 +706,7 @@ _ENDS: Final[Mapping[str, Callable[[str], TextDelta | Thinking]]] = {
     "thinking": lean(Thinking, "message_id", phase="end"),
 }
 _tool_start: Final = lean(ToolCall, "id", "name", "args", phase="start")
+_tool_args: Final = lean(ToolCall, "id", "args_delta", phase="content")
 _tool_end: Final = lean(ToolCall, "id", "name", "result", phase="end")
 _tool_result: Final = lean(ToolResult, "id", "result", "is_error")
 _assistant_item: Final = lean(TranscriptItem, "text", "model", kind="assistant")
@@ -812,13 +813,17 @@ class _Parser:
                 if type(inner) is not dict:
                     continue
                 what = inner.get("type")
-                if what != "content_block_delta":
-                    # message_delta and message_stop change nothing the parser keeps.
-                    if (what == "message_start" or what == "content_block_start"
-                            or what == "content_block_stop"):
-                        self._stream_event(what, inner)
-                    continue
                 index = inner.get("index")
+                if what != "content_block_delta":
+                    if what == "content_block_stop":  # one per block: inline too
+                        if isinstance(index, int) and index in open_blocks:
+                            btype, ident = open_blocks.pop(index)
+                            if btype != "tool":
+                                emit(_ENDS[btype](ident))
+                    # message_delta and message_stop change nothing the parser keeps.
+                    elif what == "message_start" or what == "content_block_start":
+                        self._stream_event(what, index, inner)
+                    continue
                 delta = inner.get("delta")
                 if not (isinstance(index, int) and index in open_blocks
                         and type(delta) is dict):
@@ -835,8 +840,10 @@ class _Parser:
                 elif ident in self.open_tools:
                     partial = delta.get("partial_json")
                     if partial and type(partial) is str:
-                        emit(_ToolCall(id=ident, args_delta=partial, phase="content"))
+                        emit(_tool_args(ident, partial))
                 continue
+            if kind == "system" and event.get("subtype") == "status":
+                continue  # a progress ping, one per turn
             handler = handlers.get(kind) if isinstance(kind, str) else None
             if handler is not None:
                 handler(self, event)
@@ -850,10 +857,7 @@ class _Parser:
     # -- event handlers --
 
     def _system(self, event: dict[str, Any]) -> None:
-        subtype = event.get("subtype")
-        if subtype == "status":  # a progress ping, one per turn
-            return
-        subtype = as_str(subtype)
+        subtype = as_str(event.get("subtype"))  # not "status": feed_lines skips those
         if subtype == "init":
             self.model = as_str(event.get("model")) or self.model
             self.version = as_str(event.get("claude_code_version"))
@@ -888,10 +892,9 @@ class _Parser:
         elif subtype:
             self._item(kind="system", subtype=subtype)
 
-    def _stream_event(self, kind: str, inner: dict[str, Any]) -> None:
-        """A ``stream_event`` of type ``kind`` other than a token delta (``feed_lines`` handles
-        those)."""
-        index = inner.get("index")
+    def _stream_event(self, kind: str, index: object, inner: dict[str, Any]) -> None:
+        """A ``stream_event`` of type ``kind`` that starts a message or a block (``feed_lines``
+        handles the others)."""
         if kind == "message_start":
             message = inner.get("message")
             message_id = message.get("id") if isinstance(message, dict) else None
@@ -920,10 +923,6 @@ class _Parser:
                     self.open_tools.add(ident)
                     self.open_blocks[index] = ("tool", ident)
                     self.emit(_tool_start(ident, name, None))
-        elif kind == "content_block_stop" and index in self.open_blocks:
-            btype, ident = self.open_blocks.pop(index)
-            if btype != "tool":
-                self.emit(_ENDS[btype](ident))
 
     def _delta(self, kind: str, ident: str, phase: str, text: str = "") -> None:
         if phase == "content" and not text:
@@ -974,8 +973,12 @@ class _Parser:
                         self._whole_block("thinking", f"{message_id or 'msg'}/{position}", text)
                     item(_Item(kind="thinking", text=text))
             elif btype == "tool_use":
-                ident = as_str(block.get("id"))
-                name = as_str(block.get("name")) or "tool"
+                ident = block.get("id")
+                if not isinstance(ident, str):  # as_str, inline: once per tool call
+                    ident = ""
+                name = block.get("name")
+                if not (name and isinstance(name, str)):
+                    name = "tool"
                 tool_input = block.get("input")
                 if ident and ident not in self.tool_names:
                     self.tool_names[ident] = name
