@@ -796,7 +796,6 @@ class _Parser:
         protocol = self.protocol
         emit = self.emit
         open_blocks = self.open_blocks
-        handlers = self._HANDLERS
         loads = _loads
         for data in lines:
             try:
@@ -842,12 +841,16 @@ class _Parser:
                     if partial and type(partial) is str:
                         emit(_tool_args(ident, partial))
                 continue
-            if kind == "system" and event.get("subtype") == "status":
-                continue  # a progress ping, one per turn
-            handler = handlers.get(kind) if isinstance(kind, str) else None
-            if handler is not None:
-                handler(self, event)
-            if kind == "result":
+            # The other events by how often they come (no table lookup: a few per turn).
+            if kind == "assistant":
+                self._assistant(event)
+            elif kind == "user":
+                self._user(event)
+            elif kind == "system":
+                if event.get("subtype") != "status":  # a progress ping, one per turn
+                    self._system(event)
+            elif kind == "result":
+                self._result(event)
                 protocol.set_terminal(event, line_text(data))
             elif kind == "control_request":
                 control: dict[str, Any] = event
@@ -1055,13 +1058,6 @@ class _Parser:
                    subtype=as_str(event.get("subtype")), is_error=event.get("is_error") is True,
                    session_id=as_str(event.get("session_id")), usage=_usage(event),
                    metadata=meta)
-
-    _HANDLERS: Final[Mapping[str, Callable[[_Parser, dict[str, Any]], None]]] = {
-        "system": _system,
-        "assistant": _assistant,
-        "user": _user,
-        "result": _result,
-    }
 
     def decision(
         self, kind: str, tool: str, tool_use_id: str, decision: DecisionResponse
