@@ -407,7 +407,7 @@ def request_cancel(home: Home, request_id: str) -> None:
     # marker and deleted before it could be renamed into place.
     # O_NONBLOCK: opened for writing, a FIFO at the name waited forever for a reader (`adaptor
     # cancel` and a Ctrl-C'd `adaptor run` hung).  The daemon goes by the name alone, so
-    # whatever stands there already asks for the cancel.
+    # whatever stands there (that FIFO, a symlink O_NOFOLLOW refuses) already asks for the cancel.
     try:
         fd = os.open(
             home.cancels / request_id,
@@ -415,7 +415,7 @@ def request_cancel(home: Home, request_id: str) -> None:
             0o600,
         )
     except OSError as exc:
-        if exc.errno != errno.ENXIO:  # a FIFO nobody reads
+        if exc.errno not in (errno.ENXIO, errno.ELOOP):  # a FIFO nobody reads, a symlink
             raise
     else:
         os.close(fd)

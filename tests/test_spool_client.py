@@ -917,17 +917,24 @@ def test_a_fifo_at_a_verdict_path_is_no_verdict_and_never_waited_on(tmp_path: Pa
     assert os.path.exists(fifo) and not os.path.isfile(fifo)  # left as it was
 
 
-def test_a_fifo_at_a_cancel_markers_name_asks_for_the_cancel_without_waiting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_fifo_at_a_cancel_markers_name_asks_for_the_cancel_without_waiting(tmp_path: Path, kind: str) -> None:
     # The cancel marker was opened for writing without O_NONBLOCK: a FIFO at
     # control/cancel/<id> made `adaptor cancel` (and a Ctrl-C'd `adaptor run`) wait for a
-    # reader forever.  The daemon goes by the name, so the FIFO already asks for the cancel.
+    # reader forever; a symlink there made it fail with ELOOP.  The daemon goes by the name, so
+    # either already asks for the cancel (and the link's target is never written).
     root = tmp_path / "home"
     for folder in ("spool/new", "spool/tmp", "verdicts", "control/cancel"):
         (root / folder).mkdir(parents=True)
     (root / "spool" / "new" / "req-1.json").write_text("{}")  # queued: a known request
-    os.mkfifo(root / "control" / "cancel" / "req-1")
+    marker = root / "control" / "cancel" / "req-1"
+    if kind == "fifo":
+        os.mkfifo(marker)
+    else:
+        marker.symlink_to(tmp_path / "victim")
     proc = subprocess.run(
         ["adaptor", "cancel", "req-1", "--home", str(root)], capture_output=True, text=True, timeout=TIMEOUT
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cancel requested for req-1" in proc.stderr
+    assert not (tmp_path / "victim").exists()
