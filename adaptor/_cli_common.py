@@ -340,6 +340,10 @@ def status_decided() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
+_REDELIVER_AFTER = 0.05
+"""Seconds before a stop signal Python swallowed is delivered again (see stopping_like_ctrl_c)."""
+
+
 @contextmanager
 def stopping_like_ctrl_c() -> Iterator[None]:
     """Within: SIGTERM and SIGHUP stop the command as a Ctrl-C does (:class:`StopSignal`).
@@ -359,13 +363,34 @@ def stopping_like_ctrl_c() -> Iterator[None]:
             raised = True
             raise StopSignal(signum)
 
+    previous_hook = sys.unraisablehook
+
+    def swallowed(info: Any) -> None:
+        # The signal landed where Python ignores exceptions (a weakref callback of the import
+        # machinery, a __del__): the command never saw it, and the run went on unwatched.  It
+        # is delivered again from outside that context.
+        nonlocal raised
+        if not isinstance(info.exc_value, StopSignal):
+            previous_hook(info)
+            return
+        raised = False
+        again = threading.Timer(
+            _REDELIVER_AFTER, signal.pthread_kill,
+            (threading.main_thread().ident, info.exc_value.signum),
+        )
+        again.daemon = True
+        again.start()
+
     previous: dict[signal.Signals, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             previous[signum] = signal.signal(signum, stop)
+    sys.unraisablehook = swallowed
     try:
         yield
     finally:
+        if sys.unraisablehook is swallowed:
+            sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
             if signal.getsignal(signum) is stop:  # not once status_decided() ignored it
                 signal.signal(signum, handler)

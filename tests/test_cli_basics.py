@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 from adaptor import _cli_common, errors
@@ -160,3 +161,29 @@ def test_help_names_the_exit_codes_and_environment_that_apply() -> None:
         text = " ".join(proc.stdout.split())  # as wrapped for the terminal's width
         for word in words:
             assert word in text, (command, word)
+
+
+def test_a_stop_signal_python_swallowed_is_delivered_again() -> None:
+    # A SIGTERM whose handler ran inside a weakref callback of the import machinery raised its
+    # StopSignal where Python ignores exceptions ("Exception ignored in: ..."), and, only the
+    # first signal raising, `adaptor run` went on for the whole run (seen in CI).  Here the
+    # signal lands in a __del__, another place Python ignores exceptions.
+    import signal
+    import time
+
+    class SignalsWhenCollected:
+        def __del__(self) -> None:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between these bytecodes, in here
+                pass
+
+    caught = None
+    with _cli_common.stopping_like_ctrl_c():
+        try:
+            SignalsWhenCollected()  # collected at once: the handler's raise is swallowed
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except _cli_common.StopSignal as stop:
+            caught = stop
+    assert caught is not None and caught.signum == signal.SIGTERM
