@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +38,54 @@ def _no_daemon_outlives_the_session() -> Iterator[None]:
     yield
     while DaemonProcess.started:
         DaemonProcess.started.pop().kill_if_running()
+
+
+# --- parallel runs (pytest-xdist) ---------------------------------------------------------------
+#
+# A test marked ``alone`` takes a resource all of this user's processes share (every inotify
+# instance), so no other test may run meanwhile: each test holds a shared flock for its whole
+# protocol (module fixtures set up and torn down with it), an ``alone`` test an exclusive one.
+# The exclusive taker first holds a turnstile that every shared taker passes through, so a busy
+# worker cannot keep re-taking its shared lock before the waiting one gets its turn.
+
+_MOST_WORKERS = 4  # more concurrent daemons than this make the suite slower, not faster
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(_MOST_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def _run_lock_paths(config: pytest.Config) -> tuple[Path, Path] | None:
+    if not hasattr(config, "workerinput"):
+        return None  # one process runs every test: nothing to share
+    # A worker's temporary folder is a folder of the run's own, which pytest cleans up later.
+    shared = Path(config.option.basetemp).parent
+    return shared / "tests.turnstile", shared / "tests.lock"
+
+
+_held: dict[str, int] = {}
+
+
+def _descriptor(path: Path) -> int:
+    fd = _held.get(str(path))
+    if fd is None:
+        fd = _held[str(path)] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return fd
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    paths = _run_lock_paths(item.config)
+    if paths is None:
+        return (yield)
+    turnstile, lock = (_descriptor(path) for path in paths)
+    alone = item.get_closest_marker("alone") is not None
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    finally:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+        return (yield)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)

@@ -21,7 +21,8 @@ class InotifyHog:
 
     The limit is per user, so every process of this user (a daemon the test starts, a client)
     is refused one until :meth:`release`.  The descriptors are this process's own: a killed
-    test gives them back.
+    test gives them back.  A test using it is marked ``alone``, so that no test running in
+    parallel starts a watcher meanwhile (or frees an instance the test relies on being taken).
     """
 
     def __init__(self) -> None:

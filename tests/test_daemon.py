@@ -787,6 +787,7 @@ def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path)
     assert not (home.claimed / f"{rid}.json").exists()
 
 
+@pytest.mark.alone  # holds every inotify instance of this user
 def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text("scan_interval = 0.2\n")

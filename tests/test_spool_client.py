@@ -545,6 +545,7 @@ def test_wait_timeout_is_not_an_outcome(home: Home) -> None:
         home.client.wait(request_id, timeout=TIMEOUT)
 
 
+@pytest.mark.alone  # holds every inotify instance of this user
 def test_waiting_polls_when_no_file_watcher_can_start(home: Home) -> None:
     with InotifyHog():  # an editor and its language servers took every inotify instance
         request_id = home.client.submit(script({"text": "polled"}))

@@ -41,6 +41,7 @@ def test_a_started_observer_reports_changes(tmp_path: Path) -> None:
         observer.join()
 
 
+@pytest.mark.alone  # holds every inotify instance of this user
 @pytest.mark.parametrize("refusal", ["watch", "instance"])
 def test_a_refused_start_leaves_no_thread_or_descriptor(tmp_path: Path, refusal: str) -> None:
     threads, descriptors = set(threading.enumerate()), _inotify_descriptors()
