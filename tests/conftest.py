@@ -51,7 +51,11 @@ def _no_daemon_outlives_the_session() -> Iterator[None]:
 _MOST_WORKERS = 4  # more concurrent daemons than this make the suite slower, not faster
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own setting, said explicitly, wins
+    if config.getoption("capture") == "no":
+        return 0  # -s: what tests print reaches the terminal only from this process
     return max(1, min(_MOST_WORKERS, len(os.sched_getaffinity(0))))
 
 
