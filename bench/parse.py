@@ -9,7 +9,9 @@ Case (quality.md, ``parse``):
 "Events" are the transcript's stream-json lines (one JSON event each).  The baseline is
 ``orjson.loads`` on every line of the same bytes, split the same way (``bytes.splitlines``),
 measured in the same process right next to it; both read from memory.  The rounds alternate
-and each side's best round counts.
+and each side's best round counts; each timed round starts after the previous round's result is
+dropped and a collection (until session 20 the replay's rounds after the first also paid for
+freeing the previous round's transcript: 1-2% of its time).
 
 The transcript is built from captured Claude Code output (``tests/drivers/transcripts``): the
 ``init`` line of ``claude-partial``, then turns until the size is reached, then its ``result``
@@ -25,6 +27,7 @@ messages and tool calls, not one repeated.
 from __future__ import annotations
 
 import copy
+import gc
 import random
 import sys
 import threading
@@ -221,8 +224,14 @@ def run(options: Options) -> dict[str, object]:
     _replay(build_transcript(64 * 1024)[0])  # imports and first-use costs
     best = {"orjson": 0.0, "replay": 0.0}
     emitted = 0
+    response = None
     for _ in range(rounds):
         for mode in ("orjson", "replay"):
+            # Each side starts from the same clean heap: the previous round's Response (the
+            # whole transcript's items) would otherwise be freed, and walked by the collector,
+            # inside this round's timed window.
+            response = None
+            gc.collect()
             begun = time.perf_counter()
             if mode == "orjson":
                 counted = _baseline(data)
