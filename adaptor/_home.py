@@ -37,6 +37,9 @@ from adaptor.errors import (
     ApprovalUnavailableError,
 )
 
+# Ids name files, and the three patterns below are always used with ``fullmatch``: Python's
+# ``$`` also matches before a final newline, so ``match`` took "job-1\n" for an id (JSON
+# Schema's ``$``, the spec's, does not).
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_REQUEST_BYTES = 1024 * 1024
 REQUEST_FORMAT = "adaptord.request/1"
@@ -53,7 +56,7 @@ def is_request_id(value: object) -> TypeGuard[str]:
     name of one of its rotated logs (``events/adaptord-<UTC time>.jsonl``)."""
     return (
         isinstance(value, str)
-        and REQUEST_ID.match(value) is not None
+        and REQUEST_ID.fullmatch(value) is not None
         and value != DAEMON_SESSION
         and not value.startswith(DAEMON_SESSION + "-")
     )
@@ -400,7 +403,7 @@ def _require_finite(request: Mapping[str, Any]) -> None:
 
 def request_cancel(home: Home, request_id: str) -> None:
     """Ask the daemon to cancel a queued or running request (idempotent)."""
-    if not REQUEST_ID.match(request_id):
+    if not REQUEST_ID.fullmatch(request_id):
         raise ValueError(f"invalid request id {request_id!r}")
     # An empty marker needs no temporary file, and must not use one: the daemon scans this
     # folder, and a temporary name is itself a valid request id, so it was taken for a stale
@@ -449,7 +452,7 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
     """
     if action not in _ACTIONS:
         raise ValueError(f"unknown approval action {action!r}")
-    if not APPROVAL_ID.match(approval_id):
+    if not APPROVAL_ID.fullmatch(approval_id):
         raise ApprovalUnavailableError(f"no pending approval {approval_id!r}")
     response = {
         "id": approval_id,
@@ -553,7 +556,7 @@ def answerable(home: Home, pending: Mapping[str, Any]) -> bool:
     the files tell: not settled, its deadline not passed.  Whether a daemon serves the home,
     which every run needs too, is the caller's to ask once for a whole listing."""
     approval_id = pending.get("id")
-    if not isinstance(approval_id, str) or not APPROVAL_ID.match(approval_id):
+    if not isinstance(approval_id, str) or not APPROVAL_ID.fullmatch(approval_id):
         return False
     if (home.approvals_resolved / f"{approval_id}.json").exists():
         return False  # expired by a responder; the daemon removes the file when it audits it
@@ -654,7 +657,7 @@ def refuse_unawaited(home: Home) -> list[tuple[str, str, str]]:
             if os.path.lexists(home.approvals_pending / name) or not os.path.lexists(path):
                 continue
             try:
-                settled = _settled(home, approval_id) if APPROVAL_ID.match(approval_id) else None
+                settled = _settled(home, approval_id) if APPROVAL_ID.fullmatch(approval_id) else None
             except (OSError, ValueError):
                 settled = None
             why = str(settled) if settled is not None else f"no pending approval {approval_id!r}"

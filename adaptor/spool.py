@@ -788,6 +788,6 @@ def _request_ids(directory: Path) -> list[str]:
     ids = []
     for path in _listing(directory):
         stem = path.name[: -len(".json")]
-        if path.name.endswith(".json") and _home.REQUEST_ID.match(stem):
+        if path.name.endswith(".json") and _home.REQUEST_ID.fullmatch(stem):
             ids.append(stem)
     return ids

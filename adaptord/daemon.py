@@ -161,7 +161,7 @@ def _keys_of(thread: object) -> tuple[str, ...]:
 
 def _session_key_ok(key: str) -> None:
     """Session names: request ids, ``thread=<base32>`` and the daemon's own log."""
-    if not (_home.REQUEST_ID.match(key) or _home.THREAD_SESSION.match(key)):
+    if not (_home.REQUEST_ID.fullmatch(key) or _home.THREAD_SESSION.fullmatch(key)):
         raise ValueError("not a request id or thread session name")
 
 
@@ -1238,7 +1238,7 @@ class Daemon:
         except OSError:
             return
         for request_id in names:
-            if not _home.REQUEST_ID.match(request_id):
+            if not _home.REQUEST_ID.fullmatch(request_id):
                 with contextlib.suppress(OSError):
                     os.unlink(self.home.cancels / request_id)
                 continue
@@ -1600,7 +1600,7 @@ class Daemon:
         """The claimed request ``name`` after a restart: queued again, or its verdict."""
         request_id = name[: -len(".json")]
         claimed = self.home.claimed / name
-        if not name.endswith(".json") or not _home.REQUEST_ID.match(request_id):
+        if not name.endswith(".json") or not _home.REQUEST_ID.fullmatch(request_id):
             self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
             return
         if self.home.has_verdict(request_id):

@@ -424,7 +424,7 @@ def test_submit_prints_only_the_id_and_wait_exits_with_the_verdict(
     submitted = home.cli("submit", str(request))
     request_id = submitted.stdout.strip()
     assert submitted.returncode == 0 and submitted.stdout == request_id + "\n"
-    assert _home.REQUEST_ID.match(request_id)
+    assert _home.REQUEST_ID.fullmatch(request_id)
     waited = home.cli("wait", request_id)
     assert (waited.returncode, waited.stdout) == (0, "from a file\n")
     as_json = orjson.loads(home.cli("wait", request_id, "--json").stdout)

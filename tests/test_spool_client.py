@@ -689,6 +689,35 @@ def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
     assert not (home.root / "spool" / "new" / "adaptord.json").exists()
 
 
+def test_an_id_ending_in_a_newline_is_no_request_id(home: Home) -> None:
+    # Python's "$" also matches before a final newline, so "job-1\n" passed for an id (the
+    # schema's pattern, read as JSON Schema reads it, refuses it): it was queued as
+    # "spool/new/job-1\n.json", ran, and its verdict was "verdicts/job-1\n.json".  A script's
+    # `id=$(adaptor submit ...)` drops that newline, so `adaptor wait "$id"` said "no request"
+    # (exit 2) for a request that had run; and the id split the daemon's stderr lines in two.
+    request = {**script({"text": "x"}), "id": "job-1\n"}
+    with pytest.raises(ValueError, match="invalid request id"):
+        home.client.submit(request)
+    submitted = home.cli("submit", "-", input=orjson.dumps(request).decode())
+    assert submitted.returncode == 2, submitted.stderr
+    for rid in ("job-1\n", "abc\n"):
+        with pytest.raises(UnknownRequestError):
+            home.client.verdict(rid)  # it returned None, as for a request still queued
+        with pytest.raises(UnknownRequestError):
+            home.client.wait(rid, timeout=1)
+        with pytest.raises(UnknownRequestError):
+            home.client.cancel(rid)
+    with pytest.raises(ValueError, match="invalid request id"):
+        _home.request_cancel(_home.Home.at(home.root), "job-1\n")
+    # Dropped by hand: set aside, as any name that carries no id; it never runs.
+    home.daemon.drop("job-2\n.json", orjson.dumps({**script({"text": "x"}), "id": "job-2\n"}))
+    _handled(home)
+    assert not [name for name in os.listdir(home.root / "spool" / "new") if "\n" in name]
+    assert any(q.endswith("-job-2\n.json") for q in os.listdir(home.root / "quarantine"))
+    assert not [name for name in os.listdir(home.root / "verdicts") if "\n" in name]
+    assert not [name for name in os.listdir(home.root / "runs") if "\n" in name]
+
+
 def test_a_quarantined_name_that_ends_like_an_id_is_not_that_request(home: Home, tmp_path: Path) -> None:
     # "team-a-42.json" was taken for request 42's quarantined file: wait hung forever (exit 124
     # with --timeout) and cancel said "requested", for an id nobody submitted.
