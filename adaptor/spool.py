@@ -214,14 +214,19 @@ class Client:
     def run(self, request: Mapping[str, Any], timeout: float | None = None) -> Result:
         """:meth:`submit` then :meth:`wait` (``timeout`` bounds the wait, as there).
 
-        Interrupted while it waits (Ctrl-C), it cancels the request before the exception goes
-        on, as ``Agent.run`` and ``adaptor run`` do: the caller never learnt its id.
+        Interrupted while it waits (Ctrl-C, a SIGTERM handler's ``sys.exit``, anything raised
+        in this thread), it cancels the request before the exception goes on, as ``Agent.run``
+        and ``adaptor run`` do: the caller never learnt its id.  :class:`WaitTimeoutError`
+        names the request, which goes on.
         """
         request_id = self.submit(request)
         try:
             return self.wait(request_id, timeout)
-        except KeyboardInterrupt:
-            with contextlib.suppress(Exception):  # (gone with its home, say): the ^C goes on
+        except WaitTimeoutError:
+            raise
+        except BaseException:
+            # A verdict's own error finds nothing to cancel (cancel() returns False).
+            with contextlib.suppress(Exception):  # (gone with its home, say): it goes on
                 self.cancel(request_id)
             raise
 

@@ -13,7 +13,9 @@ import _thread
 import errno
 import os
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -525,6 +527,42 @@ def test_ctrl_c_in_run_cancels_the_request(home: Home) -> None:
     interrupter.join()
     with pytest.raises(errors.RunCancelledError):
         home.client.wait(started[0], timeout=TIMEOUT)
+
+
+def test_a_sigterm_handlers_exit_in_run_cancels_the_request(home: Home) -> None:
+    # A service stopped by SIGTERM (its handler calls sys.exit, as most do) while Client.run
+    # waited left the request running in the daemon, its id never returned to the caller:
+    # only KeyboardInterrupt cancelled.  Agent.run cancels on whatever ends its wait.
+    running_before = set(home.client.status()["in_progress"])
+    started: list[str] = []
+
+    def terminate_once_running() -> None:
+        started.extend(
+            wait_until(
+                lambda: set(home.client.status()["in_progress"]) - running_before,
+                "the request to start",
+            )
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def exit_on_sigterm(signum: int, frame: object) -> None:
+        sys.exit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        terminator = threading.Thread(target=terminate_once_running, daemon=True)
+        terminator.start()
+        with pytest.raises(SystemExit):
+            home.client.run(script({"text": "started"}, {"sleep": 60}), timeout=TIMEOUT)
+        terminator.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with pytest.raises(errors.RunCancelledError):
+        home.client.wait(started[0], timeout=TIMEOUT)
+    # Its own deadline is no interruption: WaitTimeoutError names the request, which goes on.
+    with pytest.raises(WaitTimeoutError) as info:
+        home.client.run(script({"text": "slow"}, {"sleep": 1}), timeout=0)
+    assert home.client.wait(info.value.request_id, timeout=TIMEOUT).text == "slow"
 
 
 # --- waiting, unknown ids, missing spool ----------------------------------------------------------
