@@ -91,7 +91,7 @@ def prune(
             if stopping():
                 return pruned, False
             _forget(home, request_id, cutoff, hold, pruned)
-        for name in _old(home.events, cutoff, lambda name: _ROTATED.match(name) is not None):
+        for name in _old(home.events, cutoff, lambda name: _ROTATED.fullmatch(name) is not None):
             _remove(home.events / name, pruned, "lifecycle_logs" if name.endswith(_LOG) else None)
     if retention.quarantine_days != float("inf"):
         cutoff = now - retention.quarantine_days * _DAY
