@@ -260,8 +260,7 @@ def events(
             )
         records = _request_records(client, request_id, follow=follow, since=since)
     elif thread_key is not None:
-        if not thread_key:  # no run can have one: -f would wait forever
-            raise click.BadParameter("a thread key is never empty", param_hint="--thread")
+        _check_key(thread_key, "--thread")
         client = Client(home)
         client._require_spool()
         session = _home.session_for_thread(thread_key)
@@ -457,6 +456,22 @@ def _store_home(ctx: click.Context, home: str | None) -> Path:
     return client.home
 
 
+def _check_key(key: str, hint: str) -> None:
+    """A usage error (exit 2) for a key no run can have, as `adaptor run --thread` says it."""
+    from adaptor.threadstore._types import check_text
+
+    if not key:  # with -f, `events` would wait forever for it
+        raise click.BadParameter("a thread key is never empty", param_hint=hint)
+    try:
+        check_text("a thread key", key)
+    except ValueError:
+        # Bytes that are not UTF-8 reach us as lone surrogates, which no request can carry.
+        raise click.BadParameter(
+            "a thread key is UTF-8 text and this one is not (is every argument UTF-8?)",
+            param_hint=hint,
+        ) from None
+
+
 def _open_store(root: Path) -> Any:
     from adaptor.threadstore import JSONLStore
 
@@ -527,9 +542,7 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
     from adaptor.threadstore import Query
     from adaptor.threadstore._types import record_to_json
 
-    if not key:
-        raise click.BadParameter("a thread key is never empty", param_hint="KEY")
-
+    _check_key(key, "KEY")
     store = _open_store(_store_home(ctx, home))
     record = None
     if store is not None:

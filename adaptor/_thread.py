@@ -38,6 +38,7 @@ from adaptor.threadstore import (
     Record,
     Store,
 )
+from adaptor.threadstore._types import check_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -62,10 +63,7 @@ class Thread:
     """
 
     def __init__(self, agent: Agent, key: str, mode: ThreadMode, parent_key: str | None = None):
-        if not isinstance(key, str):
-            raise TypeError("thread key must be a str")
-        if not key:
-            raise ValueError("thread key must not be empty")
+        _check_key(key)
         self._agent = agent
         self._key = key
         self._mode: ThreadMode = mode
@@ -94,10 +92,7 @@ class Thread:
         have an active conversation.  After its first successful run the fork continues like
         ``agent.thread(new_key)``.
         """
-        if not isinstance(new_key, str):
-            raise TypeError("thread key must be a str")
-        if not new_key:
-            raise ValueError("thread key must not be empty")
+        _check_key(new_key)
         return Thread(self._agent, new_key, "fork", parent_key=self._key)
 
     def checkpoint(self) -> Checkpoint:
@@ -134,6 +129,13 @@ class Thread:
 
     def __repr__(self) -> str:
         return f"Thread({self._key!r}, mode={self._mode!r})"
+
+
+def _check_key(key: object) -> None:
+    # Here rather than at the first run: a key the store cannot write (a lone surrogate, as
+    # os.fsdecode makes of bytes that are not UTF-8) failed only after RunStarted, with a
+    # bare ValueError naming the store's lease "target".
+    check_text("thread key", key)
 
 
 @dataclass

@@ -966,6 +966,17 @@ def test_events_of_an_empty_thread_key_is_a_usage_error(home: Home) -> None:
         assert proc.returncode == 2 and "never empty" in proc.stderr, (args, proc.stderr)
 
 
+def test_a_thread_key_argument_that_is_not_utf8_is_a_usage_error(home: Home) -> None:
+    # Bytes that are not UTF-8 reach argv as a lone surrogate ("\udcff" is the byte 0xff).
+    # `run --thread` said so (exit 2); `threads show` failed with exit 70 and a ValueError
+    # about "Query.key", `events --thread` with exit 70 and a UnicodeEncodeError.
+    key = "cli/bytes/\udcff"
+    for args in (["threads", "show", key], ["events", "--thread", key], ["events", "--thread", key, "-f"]):
+        proc = home.cli(*args, timeout=TIMEOUT)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "a thread key is UTF-8 text" in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
 def test_threads_of_a_home_that_does_not_exist_is_69_not_an_empty_list(home: Home, tmp_path: Path) -> None:
     # A mistyped --home listed nothing (exit 0) and `show` said the conversation was gone.
     env = {**home.env(), "ADAPTORD_HOME": str(tmp_path / "no-such-home")}

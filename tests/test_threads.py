@@ -71,6 +71,20 @@ def test_programmer_errors_on_keys(store: Any) -> None:
         agent.thread("k").fork("")
 
 
+def test_a_key_that_is_not_unicode_text_is_refused_by_the_handle(store: Any) -> None:
+    # os.fsdecode makes a lone surrogate of bytes that are not UTF-8 (a key from argv or a
+    # file name).  It was taken, and its first run failed after RunStarted with a bare
+    # ValueError about the store's lease "target"; checkpoint() named "Query.key".
+    agent, driver = agent_with(store)
+    with pytest.raises(ValueError, match="thread key is not valid Unicode text"):
+        agent.thread("tenant/\udcff")
+    with pytest.raises(ValueError, match="thread key is not valid Unicode text"):
+        agent.thread("k").fork("alt/\ud800")
+    with pytest.raises(TypeError, match="thread key must be a str"):
+        agent.thread(b"k")  # type: ignore[arg-type]
+    assert driver.sessions == []
+
+
 def test_driver_without_resume_cannot_run_threads(store: Any) -> None:
     agent, driver = agent_with(store, descriptor={"sessions": {"supports_resume": False}})
     with pytest.raises(adaptor.ThreadIncompatibleError):
