@@ -428,7 +428,11 @@ def describe(exc: BaseException, secrets: Iterable[str] = ()) -> str:
     lines: list[str] = []
     node: Mapping[str, Any] | None = wire
     while isinstance(node, Mapping):
-        lines.append(_describe_one(node, exc if not lines else None))
+        line = _describe_one(node, exc if not lines else None)
+        # A library re-raising its cause as is (filelock's IsADirectoryError from the same
+        # one) would print one line twice, as if it were its own cause.
+        if not lines or line != lines[-1]:
+            lines.append(line)
         cause = node.get("cause")
         node = cause if isinstance(cause, Mapping) else None
     return "\n  caused by: ".join(lines)

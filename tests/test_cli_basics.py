@@ -187,3 +187,16 @@ def test_a_stop_signal_python_swallowed_is_delivered_again() -> None:
         except _cli_common.StopSignal as stop:
             caught = stop
     assert caught is not None and caught.signum == signal.SIGTERM
+
+
+def test_an_error_its_library_raised_again_as_its_own_cause_is_said_once(tmp_path: Path) -> None:
+    # filelock raises the IsADirectoryError of its open again, from that one: the same text.
+    home = tmp_path / "home"
+    (home / "threads" / "store.lock").mkdir(parents=True)
+    proc = subprocess.run(
+        ["adaptor", "threads", "list", "--home", str(home)], capture_output=True, text=True
+    )
+    assert proc.returncode == 70
+    assert "store.lock" in proc.stderr
+    assert "caused by" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
