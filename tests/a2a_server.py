@@ -47,6 +47,7 @@ from a2a.types import (
     AgentCard,
     AgentInterface,
     AgentSkill,
+    Artifact,
     Message,
     Part,
     Role,
@@ -122,6 +123,8 @@ class ScriptedExecutor(AgentExecutor):
     ``input``           INPUT_REQUIRED with a question
     ``big <n>``         one artifact of ``n`` bytes, COMPLETED
     ``hang``            WORKING, then waits until cancelled (``cancel()`` publishes CANCELED)
+    ``whole``           the task in one piece, already COMPLETED, with an artifact ``<payload>``
+    ``tokens <n>``      WORKING, one artifact in ``n`` appended chunks ``t0 t1 ...``, COMPLETED
 
     Cancellations are recorded so a test can wait for the remote side to have seen one.
     """
@@ -158,6 +161,16 @@ class ScriptedExecutor(AgentExecutor):
                 )
             )
             return
+        if verb == "whole":
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_COMPLETED),
+                    artifacts=[Artifact(artifact_id=f"{task_id}-out", parts=[Part(text=payload)])],
+                )
+            )
+            return
         updater = TaskUpdater(event_queue, task_id, context_id)
         if context.current_task is None:
             # The SDK requires the Task itself before any status or artifact update.
@@ -181,6 +194,16 @@ class ScriptedExecutor(AgentExecutor):
             await updater.requires_input(updater.new_agent_message([Part(text="which branch?")]))
         elif verb == "big":
             await updater.add_artifact([Part(text="x" * int(payload or "0"))], name="big")
+            await updater.complete()
+        elif verb == "tokens":
+            count = int(payload or "0")
+            for index in range(count):
+                await updater.add_artifact(
+                    [Part(text=f"t{index} ")],
+                    artifact_id=f"{task_id}-out",
+                    append=index > 0,
+                    last_chunk=index == count - 1,
+                )
             await updater.complete()
         elif verb == "hang":
             await asyncio.Event().wait()  # the framework cancels this task on CancelTask

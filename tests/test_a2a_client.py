@@ -146,6 +146,17 @@ def test_send_stream_yields_task_status_artifacts_and_one_terminal(client: a2a.C
     assert stream.task_id == task_event.task.id == terminal.task_id
 
 
+def test_a_task_streamed_whole_and_final_ends_the_stream(client: a2a.Client) -> None:
+    # An agent answering in one piece: the stream holds the final task, then the server closes
+    # it.  That close is the end, not a drop to recover from with a fetch.
+    events = list(client.send_stream("whole the answer"))
+    assert [e.kind for e in events] == ["task", "terminal"]
+    task_event, terminal = events
+    assert isinstance(task_event, a2a.TaskEvent) and isinstance(terminal, a2a.TerminalEvent)
+    assert terminal.state is a2a.TaskState.COMPLETED and not terminal.recovered
+    assert terminal.task is task_event.task and terminal.task.text == "the answer"
+
+
 def test_a_stream_stops_at_input_required(client: a2a.Client) -> None:
     events = list(client.send_stream("input"))
     terminal = events[-1]

@@ -87,6 +87,14 @@ def test_a_streamed_delegation_reports_progress(server: srv.Running) -> None:
     assert states[:2] == ["submitted", "working"]
 
 
+def test_a_task_streamed_whole_completes_the_delegation_unrecovered(server: srv.Running) -> None:
+    with _delegator(d.RemoteAgentSpec("echo", card_url=server.card_url)) as delegator:
+        result = delegator.delegate(d.DelegationRequest("echo", "whole in one piece"))
+    assert result.status is a2a.TaskState.COMPLETED and result.text == "in one piece"
+    assert result.streamed and not result.recovered
+    assert result.task is not None and result.task.id == result.remote_task_id
+
+
 @pytest.mark.parametrize("how", ["card-without-streaming", "stream-false"])
 def test_a_polled_delegation(server: srv.Running, polling_server: srv.Running, how: str) -> None:
     url = polling_server.card_url if how == "card-without-streaming" else server.card_url

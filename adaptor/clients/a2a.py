@@ -319,7 +319,9 @@ class TerminalEvent:
     remote waits for input or authorization).
 
     ``recovered`` marks a terminal synthesized after the stream dropped and a fetch of the task
-    found it final; ``task`` is that fetched snapshot (None for an observed terminal).
+    found it final.  ``task`` is the final snapshot when there is one: the fetched task, or the
+    task the stream itself delivered whole in a final state (then the ``TaskEvent`` before this
+    one holds it too); None for a final status update.
     """
 
     kind: ClassVar[str] = "terminal"
@@ -764,6 +766,19 @@ class Client:
                 yield event
                 if isinstance(event, TerminalEvent | MessageEvent):
                     return
+                if isinstance(event, TaskEvent) and event.task.state.final:
+                    # A task that arrives whole and final (an agent that answers in one piece)
+                    # is the stream's end: the server closes it next.  Read on, that close was
+                    # taken for a drop and "recovered" with a fetch the server may not answer.
+                    task = event.task
+                    yield TerminalEvent(
+                        task_id=task.id,
+                        context_id=task.context_id,
+                        state=task.state,
+                        message=task.status_message,
+                        task=task,
+                    )
+                    return
         finally:
             await _aclose_quietly(responses)
         assert dropped is not None
@@ -823,7 +838,8 @@ class EventStream(Iterator[StreamEvent]):
     """Events of one remote task execution; iterate it, or call ``next_event(timeout)`` to wait
     with a bound.
 
-    The stream stops after the first final event (a ``TerminalEvent`` or a ``MessageEvent``).
+    The stream stops after the first final event (a ``TerminalEvent`` or a ``MessageEvent``);
+    a ``TaskEvent`` whose task is final is followed by its ``TerminalEvent``.
     A stream that drops before it is recovered with one fetch of the task (a ``TerminalEvent``
     with ``recovered=True``) or fails with ``StreamRecoveryError``.  ``close()`` (or leaving a
     ``with`` block) stops reading and releases the connection; it does not cancel the task.
