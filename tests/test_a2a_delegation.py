@@ -272,6 +272,44 @@ def test_artifacts_over_the_limit_are_a_policy_violation(server: srv.Running) ->
     assert err.code == "policy_violation" and err.metadata["limit_bytes"] == 100
 
 
+def test_an_answer_streamed_in_many_chunks_is_assembled_and_bounded(server: srv.Running) -> None:
+    expected = "".join(f"t{index} " for index in range(1000))
+    roomy = d.RemoteAgentSpec("tokens", card_url=server.card_url)
+    tight = d.RemoteAgentSpec(
+        "tight", card_url=server.card_url, policy=d.Policy(max_artifact_bytes=len(expected) - 1)
+    )
+    with _delegator(roomy, tight) as delegator:
+        result = delegator.delegate(d.DelegationRequest("tokens", "tokens 1000"))
+        assert result.text == expected and len(result.artifacts) == 1
+        assert len(result.artifacts[0].parts) == 1000
+        # The limit counts every appended chunk, the last one included.
+        err = _fails(delegator, d.DelegationRequest("tight", "tokens 1000"))
+    assert err.code == "policy_violation"
+
+
+class _CountedText(str):
+    """Text that counts how often its bytes are measured."""
+
+    measured = 0
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        type(self).measured += 1
+        return super().encode(encoding, errors)
+
+
+def test_each_streamed_chunk_is_measured_once() -> None:
+    # A remote streaming its answer a token at a time sends thousands of chunks; re-measuring
+    # all that was held on each one made a delegation quadratic (20,000 chunks: a minute).
+    from hosttools.a2adelegation._delegator import _Delegation
+
+    registry = d.Registry([d.RemoteAgentSpec("x", card_url="http://127.0.0.1:9/card")])
+    delegation = _Delegation(registry, None, None, d.DelegationRequest("x", "go"))  # type: ignore[arg-type]
+    for index in range(500):
+        part = a2a.Part("text", text=_CountedText("tok "))
+        delegation.add_artifact(a2a.Artifact("out", parts=(part,)), append=index > 0)
+    assert _CountedText.measured == 500
+
+
 # --- local cancellation and deadlines ----------------------------------------------------------
 
 
