@@ -416,6 +416,28 @@ def test_a_missing_token_is_unauthorized_and_not_its_own_cause(
 # --- server failures and remote errors ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("status", [404, 429, 503])
+def test_a_key_in_a_url_stays_out_of_the_errors_traceback(status: int) -> None:
+    # httpx names the URL a request failed on and the a2a-sdk repeats it: the wire form hid
+    # the key, but the chained exceptions kept it for every traceback and log line.
+    route = srv.status_route("/failing", status, body="<html><h1>Oops</h1></html>")
+    with srv.scripted_server(extra_routes=[route]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/failing?api_key=K3Y-rpc"))
+        caught: list[BaseException] = []
+        with a2a.Client(card=card) as c:
+            for call in (lambda: c.send("echo x"), lambda: list(c.send_stream("echo x"))):
+                with pytest.raises(Exception) as raised:
+                    call()
+                caught.append(raised.value)
+        with a2a.Client(running.base_url + "/nowhere?api_key=K3Y-card") as c:
+            with pytest.raises(Exception) as raised:
+                c.agent_card()
+            caught.append(raised.value)
+    for err in caught:
+        shown = "".join(traceback.format_exception(err)) + _wire_text(err)
+        assert "K3Y" not in shown and "api_key=<redacted>" in shown, shown
+
+
 @pytest.mark.parametrize("status", [500, 502, 503, 504, 507])
 @pytest.mark.parametrize("op", ["send", "send_stream"])
 def test_a_server_failure_is_a_connection_error_naming_the_status(status: int, op: str) -> None:

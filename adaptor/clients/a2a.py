@@ -1277,6 +1277,7 @@ def _scrub_chain(exc: BaseException, secrets: tuple[str, ...]) -> None:
     tracebacks and logs show; a remote agent that echoes the credential in an error message
     (or a URL carrying one) must not put it there.
     """
+    _redact_foreign_chain(exc)
     redactor = _redactor(secrets)
     if not redactor:
         return
@@ -1288,6 +1289,26 @@ def _scrub_chain(exc: BaseException, secrets: tuple[str, ...]) -> None:
         if data is not None and redactor.text(repr(data)) != repr(data):
             with contextlib.suppress(AttributeError):
                 node.data = None  # type: ignore[attr-defined]
+
+
+def _redact_foreign_chain(exc: BaseException) -> None:
+    """Credential-looking text (a URL's ``api_key=...``, a password in it) out of the messages
+    of the foreign exceptions behind ``exc``, in place.
+
+    httpx names the URL it failed on (``... for url 'https://host/card?api_key=...'``) and the
+    a2a-sdk repeats it: the wire form redacted it, but the exceptions themselves kept it for
+    every traceback and ``%r`` in a log.
+    """
+    for node in errors._walk(exc):
+        if isinstance(node, AdaptorError):
+            continue
+        with contextlib.suppress(AttributeError, TypeError):
+            args = tuple(redact_credentials(a) if isinstance(a, str) else a for a in node.args)
+            if args != node.args:
+                node.args = args
+            message = getattr(node, "message", None)  # the a2a-sdk's errors keep it here too
+            if isinstance(message, str) and redact_credentials(message) != message:
+                node.message = redact_credentials(message)  # type: ignore[attr-defined]
 
 
 def _chained(err: BaseException, cause: BaseException) -> BaseException:
