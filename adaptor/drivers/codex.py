@@ -36,7 +36,9 @@ that spawns the real Rust binary, which is why the runner stops the whole proces
   mark finds one that outlives a cancelled run.  Every server
   gets ``default_tools_approval_mode="approve"``: ``exec`` cannot ask, and a tool needing
   approval would otherwise always fail.  Required servers and the gateway are
-  ``required = true``: codex then refuses to start without them.  SSE servers are not
+  ``required = true``: codex then refuses to start without them.  A key that the user's
+  ``config.toml`` also gives a server refuses the run (``unsupported_driver``): codex would
+  merge the two tables (``_key_taken``).  SSE servers are not
   supported by this codex (stdio and streamable HTTP only).
 - **Skills.**  codex only loads skills from ``CODEX_HOME``, ``~/.agents`` and the workspace,
   none of them private to a run, so the staged skills are announced in the developer
@@ -68,6 +70,7 @@ import os
 import re
 import shlex
 import tempfile
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -225,6 +228,9 @@ class Driver(_cli.CliDriver[Config]):
             mcp_args, mcp_env = _mcp_overrides(plan.mcp, plan.required_mcp, private, mark)
             argv, shown = _argv(config, plan, schema_file, mcp_args)
             env, names = _process.child_env(*plan.env_layers, mcp_env)
+            refusal = _key_taken(plan, env)
+            if refusal is not None:
+                return refusal
             spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names,
                         cwd=plan.spawn_cwd, stdin=plan.prompt.encode(),
                         grace_period=config.grace_period, mark=mark)
@@ -329,6 +335,37 @@ def _argv(
         shown += ["-c", f"developer_instructions=<{len(plan.developer)} characters>"]
     tail = [*config.extra_args, *(() if plan.resume_id is None else (plan.resume_id,)), "-"]
     return argv + tail, shown + tail
+
+
+def _key_taken(plan: _Plan, env: Mapping[str, str]) -> Response | None:
+    """The refusal of a server whose key the user's ``config.toml`` uses for a server too.
+
+    codex merges ``-c mcp_servers.<key>.*`` into that table field by field (also given as one
+    inline table): the user's ``env`` reached the declared server, their ``enabled = false``
+    or ``enabled_tools`` silently took its tools away, their ``url`` beside its ``command``
+    stopped codex at start.  None of it can be undone from the command line, so the run is
+    refused before codex starts.  An unreadable or invalid file is left for codex to report.
+    """
+    if not plan.mcp:
+        return None
+    home = env.get("CODEX_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"),
+                                                 ".codex")
+    path = os.path.join(plan.spawn_cwd or os.getcwd(), home, "config.toml")  # codex's cwd
+    try:
+        with open(path, "rb") as handle:
+            servers = tomllib.load(handle).get("mcp_servers")
+    except (OSError, ValueError):  # TOMLDecodeError is a ValueError
+        return None
+    taken = [s.key for s in plan.mcp if isinstance(servers, dict) and s.key in servers]
+    if not taken:
+        return None
+    names = ", ".join(map(repr, taken))
+    return Response(exit_code=None, failure=RunFailure(
+        code="unsupported_driver",
+        message=f"codex cannot take MCP server(s) {names}: {path} declares a server under the "
+                "same key, and codex would merge the two; use another key",
+        details={"kind": "mcp_key_in_codex_config", "mcp_servers": taken},
+    ))
 
 
 # Sources the 0600 env file ($0) and becomes the server ("$@"): the values never reach argv.

@@ -157,3 +157,49 @@ def test_a_required_server_that_does_not_start_fails_the_run(
             agent.run("hello")
     assert "required MCP servers failed to initialize" in str(caught.value)
     assert openai.responses() == []
+
+
+@pytest.mark.parametrize(
+    "user_server",
+    [
+        '[mcp_servers.echo]\ncommand = "/bin/false"\nenv = { ECHO_PREFIX = "USER-SECRET:" }\n',
+        '[mcp_servers.echo]\ncommand = "/bin/false"\nenabled = false\n',
+    ],
+    ids=["env-merged-in", "disabled"],
+)
+def test_a_key_the_users_codex_config_also_declares_is_refused(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str,
+    tmp_path: Path, user_server: str,
+) -> None:
+    # codex merges the run's -c overrides into the user's table of that key, field by field:
+    # the user's env reached the declared server, or its tools were silently gone.
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(user_server)
+    declared = mcp.stdio("echo", sys.executable, [echo_server(tmp_path)], required=True)
+    openai.mcp_tool = ("echo", {"text": "ping"})
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       mcp=[declared]) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("echo ping")
+    assert caught.value.reason == "unsupported_driver"
+    assert caught.value.details == {"kind": "mcp_key_in_codex_config", "mcp_servers": ["echo"]}
+    assert f"{home / 'config.toml'} declares a server under the same key" in str(caught.value)
+    assert openai.responses() == []  # codex never started
+
+
+def test_a_server_of_the_users_codex_config_under_another_key_is_no_conflict(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str,
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[mcp_servers.mine]\ncommand = "/bin/false"\nenv = { ECHO_PREFIX = "mine:" }\n'
+    )
+    declared = mcp.stdio("echo", sys.executable, [echo_server(tmp_path)], required=True)
+    openai.mcp_tool = ("echo", {"text": "ping"})
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       mcp=[declared]) as agent:
+        run(agent, "echo ping")
+    assert "<unset>ping" in last_output(openai)  # nothing of the user's server reached it
