@@ -72,7 +72,7 @@ import shlex
 import tempfile
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import orjson
@@ -368,6 +368,8 @@ def _key_taken(plan: _Plan, env: Mapping[str, str]) -> Response | None:
     ))
 
 
+_REQUIRED_MCP_FAILED: Final = "required MCP servers failed to initialize: "
+
 # Sources the 0600 env file ($0) and becomes the server ("$@"): the values never reach argv.
 _SOURCE_AND_EXEC: Final = '. "$0" && exec "$@"'
 _HEADER_VAR: Final = "ADAPTOR_MCP_HEADER_"
@@ -509,6 +511,7 @@ class _Parser:
         self.started_tools: dict[str, str] = {}
         self.reasoning = 0
         self.resume_problem = ""
+        self.mcp_failed = ""  # what codex said after _REQUIRED_MCP_FAILED
 
     def _item(self, **fields: Any) -> None:
         self.protocol.item(TranscriptItem(**fields))
@@ -518,6 +521,9 @@ class _Parser:
             self.protocol.feed_stderr(line.data)
             if self.plan.resume_id and _RESUME_REJECTED.search(line.text):
                 self.resume_problem = self.resume_problem or line.text.strip()
+            _, found, failed = line.text.partition(_REQUIRED_MCP_FAILED)
+            if found:
+                self.mcp_failed = self.mcp_failed or failed
             return
         decoded = self.protocol.feed_stdout(line.data)
         if decoded is None or decoded.event is None:
@@ -654,6 +660,13 @@ class _Parser:
         # The bare `error` codex printed before dying says more than its exit.
         if self.last_error:
             return _classify(self.last_error, **died.details)
+        if self.mcp_failed:
+            # Which server, as claude's driver says it: codex's own words are in the message
+            # only, cut short when long.
+            failed = {key: "failed" for key in sorted(self.plan.required_mcp)
+                      if re.search(rf"(?:^|[;,]\s*){re.escape(key)}: ", self.mcp_failed)}
+            if failed:
+                return replace(died, details={**died.details, "mcp_servers": failed})
         return died
 
 

@@ -151,11 +151,14 @@ def test_a_required_server_that_does_not_start_fails_the_run(
     codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str
 ) -> None:
     broken = mcp.stdio("broken", "/bin/false", required=True)
+    optional = mcp.stdio("optional", "/bin/false")
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
-                       mcp=[broken]) as agent:
+                       mcp=[broken, optional]) as agent:
         with pytest.raises(adaptor.AgentFailedError) as caught:
             agent.run("hello")
     assert "required MCP servers failed to initialize" in str(caught.value)
+    # Which one, in the same field as claude's driver (and never the optional one).
+    assert caught.value.details["mcp_servers"] == {"broken": "failed"}
     assert openai.responses() == []
 
 
