@@ -231,6 +231,11 @@ class Daemon:
         # Stop signals seen: a second one during the drain ends its grace at once.
         self._stop_signals = 0
         self._reload_signalled = False
+        # A reload reads the file and imports its host tools in a thread of its own (an import
+        # may take long, or never end); the main loop applies what it read once the thread has
+        # ended.  Set by that thread: the fresh config and its tools, or why they were refused.
+        self._reloader: threading.Thread | None = None
+        self._reloaded: tuple[DaemonConfig, dict[str, Any]] | str | None = None
         self._lock = threading.Lock()
         # The schedule (under _lock): jobs that may start now, the line of jobs on each thread
         # key in arrival order (its first holds the key, or is next to: a job may start once
@@ -398,9 +403,7 @@ class Daemon:
                     self.audit("a2a.died", error=listener_died, then="stopping", exit_code=EXIT_A2A_DIED)
                     self._stop.set()
                     break
-                if self._reload_signalled:
-                    self._reload_signalled = False
-                    self._reload_config()
+                self._reload_config()
                 self._check_observer()
                 self._ensure_workers()
                 self._read_again()
@@ -456,13 +459,48 @@ class Daemon:
         self._wake.set()
 
     def _reload_config(self) -> None:
+        """Apply a reload that has been read, and start one a SIGHUP asked for.
+
+        Reading happens in a thread of its own: a host tool's module imported in the main loop
+        held it for as long as the import took (one waiting on a network share, or on a lock,
+        for ever), and meanwhile nothing was claimed, no verdict retried, no SIGTERM acted on.
+        A SIGHUP during a reload in progress is served by another one once it is done: the
+        file may have changed after it was read.
+        """
+        if self._reloader is not None:
+            if self._reloaded is None and self._reloader.is_alive():
+                return
+            # What it read is here, and it writes nothing more (or it died: nothing to apply).
+            self._reloader.join()
+            reloaded, self._reloader, self._reloaded = self._reloaded, None, None
+            if reloaded is not None:
+                self._apply_reload(reloaded)
+        if not self._reload_signalled:
+            return
+        reloader = threading.Thread(target=self._read_config, name="adaptord-reload", daemon=True)
+        try:
+            reloader.start()
+        except RuntimeError:  # at a task limit (see _ensure_workers): the next turn tries again
+            return
+        self._reload_signalled = False
+        self._reloader = reloader
+
+    def _read_config(self) -> None:
+        """The reload thread: read the file and import its tools, for the main loop to apply."""
+        result: tuple[DaemonConfig, dict[str, Any]] | str
         try:
             fresh = config_module.load(self.config_path, required=self.config_path is not None)
-            tools = fresh.load_tools()
+            result = (fresh, fresh.load_tools())
         except Exception as exc:  # never the daemon's end: a reload keeps what it had
-            error = str(exc) if isinstance(exc, config_module.ConfigError) else f"{type(exc).__name__}: {exc}"
-            self.log("config reload failed; keeping the old config", error=error)
+            result = str(exc) if isinstance(exc, config_module.ConfigError) else f"{type(exc).__name__}: {exc}"
+        self._reloaded = result
+        self._wake.set()
+
+    def _apply_reload(self, reloaded: tuple[DaemonConfig, dict[str, Any]] | str) -> None:
+        if isinstance(reloaded, str):
+            self.log("config reload failed; keeping the old config", error=reloaded)
             return
+        fresh, tools = reloaded
         # The workers are started, the drain's grace and the served A2A agents fixed at start:
         # a file value that differs from the one in effect waits for the next start, and the
         # line says so; one the command line sets is never the file's.  Compared with what is

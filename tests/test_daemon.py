@@ -1719,6 +1719,49 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     assert "claude: /no/such/claude is not an executable file (drivers.claude.command" in check.stdout
 
 
+def _wait_for_file(path: Path, proc: DaemonProcess) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} never appeared; daemon log:\n" + "\n".join(proc.lines))
+        time.sleep(0.02)
+
+
+def test_a_reload_importing_a_stuck_host_tool_leaves_the_daemon_serving(tmp_path: Path) -> None:
+    # A reload imported the host tools in the main loop: a module whose import waited (on a
+    # network share, a lock) held it, so no request was claimed, and a SIGTERM was not acted
+    # on, until the import ended, if ever; systemd then killed the daemon mid-run.
+    for name in ("stuck_tool_a", "stuck_tool_b"):
+        (tmp_path / f"{name}.py").write_text(
+            "import pathlib, time\n"
+            f"pathlib.Path({str(tmp_path / name)!r} + '.importing').touch()\n"
+            f"while not pathlib.Path({str(tmp_path / name)!r} + '.go').exists():\n"
+            "    time.sleep(0.05)\n"
+            "from adaptor import tool\n"
+            "nothing = tool.define('nothing', 'does nothing', lambda value: '')\n"
+        )
+    config = tmp_path / "config.toml"
+    config.write_text('[drivers.script]\nsteps = [{text = "v1"}]\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), cwd=tmp_path).start()
+    config.write_text('[tools]\nx = "stuck_tool_a:nothing"\n[drivers.script]\nsteps = [{text = "v2"}]\n')
+    proc.signal(signal.SIGHUP)
+    _wait_for_file(tmp_path / "stuck_tool_a.importing", proc)
+    served = proc.submit({"driver": "script", "prompt": "x"})
+    assert proc.verdict(served)["result"]["text"] == "v1"  # the old config, until the import ends
+    proc.signal(signal.SIGHUP)  # during the import: read again once it is done
+    (tmp_path / "stuck_tool_a.go").touch()
+    proc.wait_for_line("config reloaded")
+    after = proc.submit({"driver": "script", "prompt": "x"})
+    assert proc.verdict(after)["result"]["text"] == "v2"
+    assert sum("config reload" in line for line in proc.lines) <= 2
+    # A stop during an import that never ends drains and exits as ever.
+    config.write_text('[tools]\nx = "stuck_tool_b:nothing"\n')
+    proc.signal(signal.SIGHUP)
+    _wait_for_file(tmp_path / "stuck_tool_b.importing", proc)
+    assert proc.stop() == 0
+    assert "adaptord: daemon.stopped" in proc.lines
+
+
 def test_a_reload_says_what_waits_for_a_restart_by_what_is_in_effect(tmp_path: Path) -> None:
     # The reload compared the file with its previous text, not with what the daemon runs: a
     # second reload of workers = 8 said nothing though 4 workers still ran, and going back to
