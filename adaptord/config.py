@@ -157,6 +157,9 @@ class DaemonConfig:
     a2a: A2AConfig = field(default_factory=A2AConfig)
     retention: Retention = field(default_factory=Retention)
     source: str | None = None
+    # The top-level settings the file gives itself (the rest are defaults), so that a start or
+    # a reload tells which the command line overrides.
+    given: frozenset[str] = frozenset()
 
     def driver_defaults(self, name: str) -> dict[str, Any]:
         return dict(self.drivers.get(name, {}))
@@ -286,6 +289,7 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
         a2a=_parse_a2a(raw.get("a2a", {}), source, tools, drivers),
         retention=_parse_retention(raw.get("retention", {}), source),
         source=source,
+        given=frozenset(raw),
     )
 
 

@@ -378,7 +378,13 @@ class Daemon:
                 )
             except OSError as exc:  # a full disk: serve anyway, and give the claimed their verdicts
                 self.log("cannot write the daemon state", error=_os_error_text(exc))
-            self.audit("daemon.started", workers=self.workers, pid=os.getpid())
+            # A file's grace or workers the command line overrides (the systemd unit's --grace)
+            # was set for nothing, and only a reload said so.
+            overridden = self._command_line_keeps(self.config)
+            self.audit(
+                "daemon.started", workers=self.workers, pid=os.getpid(),
+                **({"command_line_keeps": ",".join(overridden)} if overridden else {}),
+            )
             if a2a_url:
                 self.audit("a2a.listening", url=a2a_url, agents=",".join(a.key for a in self.config.a2a.agents))
             for fact in stale_approvals:
@@ -505,8 +511,7 @@ class Daemon:
         # a file value that differs from the one in effect waits for the next start, and the
         # line says so; one the command line sets is never the file's.  Compared with what is
         # in effect, not with the file's previous text, which may never have taken effect.
-        in_effect = {"workers": self.workers, "grace": self.grace}
-        differing = [key for key, value in in_effect.items() if getattr(fresh, key) != value]
+        differing = self._differing(fresh)
         restart = [key for key in differing if key not in self._set_on_command_line]
         if self._bridge is not None and _served(fresh.a2a) != _served(self._bridge.config):
             restart.append("a2a")
@@ -519,8 +524,18 @@ class Daemon:
             "config reloaded",
             source=fresh.source,
             restart_needed_for=",".join(restart) or None,
-            command_line_keeps=",".join(key for key in differing if key in self._set_on_command_line) or None,
+            command_line_keeps=",".join(self._command_line_keeps(fresh)) or None,
         )
+
+    def _differing(self, config: DaemonConfig) -> list[str]:
+        """The settings fixed at start (``workers``, ``grace``) whose value in ``config`` is not
+        the one in effect."""
+        in_effect = {"workers": self.workers, "grace": self.grace}
+        return [key for key, value in in_effect.items() if getattr(config, key) != value]
+
+    def _command_line_keeps(self, config: DaemonConfig) -> list[str]:
+        """The settings ``config``'s file gives a value the command line overrides."""
+        return [key for key in self._differing(config) if key in self._set_on_command_line and key in config.given]
 
     # -- A2A (--a2a) ---------------------------------------------------------------------------
 

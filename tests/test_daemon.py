@@ -1779,6 +1779,29 @@ def test_a_reload_says_what_waits_for_a_restart_by_what_is_in_effect(tmp_path: P
     assert proc.stop() == 0
 
 
+def test_a_start_says_which_settings_of_the_file_the_command_line_overrides(tmp_path: Path) -> None:
+    # The systemd unit starts `adaptord serve --grace 30`: a `grace = 120` in the config file
+    # was silently without effect (running work was cancelled after 30 s at a stop), and only
+    # a later reload said `command_line_keeps=grace`.
+    config = tmp_path / "config.toml"
+    config.write_text("grace = 120\nworkers = 2\n")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "30", "--workers", "2").start()
+    started = proc.wait_for_line("daemon.started")
+    assert started.endswith(" command_line_keeps=grace"), started
+    assert proc.stop() == 0
+    record = next(
+        line["event"]["data"] for line in map(orjson.loads, (proc.home.events / "adaptord.jsonl").read_bytes().splitlines())
+        if line["event"]["data"]["phase"] == "daemon.started"
+    )
+    assert record["command_line_keeps"] == "grace"
+    # The same values, or no file: nothing is overridden, nothing said.
+    config.write_text("grace = 30\n")
+    for args in (("--config", str(config)), ()):
+        again = DaemonProcess(tmp_path / "other", *args, "--grace", "30", "--workers", "2").start()
+        assert "command_line_keeps" not in again.wait_for_line("daemon.started")
+        assert again.stop() == 0
+
+
 def test_a_reload_during_a_run_keeps_the_runs_own_secrets_redacted(tmp_path: Path) -> None:
     # The run's secrets were looked up again in the config at each later redaction: after a
     # reload that rotated a key in [drivers.x] env, the run's approval file showed the old key.
