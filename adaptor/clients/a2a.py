@@ -770,14 +770,7 @@ class Client:
                     # A task that arrives whole and final (an agent that answers in one piece)
                     # is the stream's end: the server closes it next.  Read on, that close was
                     # taken for a drop and "recovered" with a fetch the server may not answer.
-                    task = event.task
-                    yield TerminalEvent(
-                        task_id=task.id,
-                        context_id=task.context_id,
-                        state=task.state,
-                        message=task.status_message,
-                        task=task,
-                    )
+                    yield _terminal_of(event.task, recovered=False)
                     return
         finally:
             await _aclose_quietly(responses)
@@ -794,14 +787,7 @@ class Client:
             raise StreamRecoveryError(state.task_id, dropped) from dropped
         if not task.state.final:
             raise StreamRecoveryError(state.task_id, dropped) from dropped
-        yield TerminalEvent(
-            task_id=task.id,
-            context_id=task.context_id,
-            state=task.state,
-            message=task.status_message,
-            recovered=True,
-            task=task,
-        )
+        yield _terminal_of(task, recovered=True)
 
     async def _aclose(self) -> None:
         session, self._session = self._session, None
@@ -1309,6 +1295,18 @@ def _redact_foreign_chain(exc: BaseException) -> None:
             message = getattr(node, "message", None)  # the a2a-sdk's errors keep it here too
             if isinstance(message, str) and redact_credentials(message) != message:
                 node.message = redact_credentials(message)  # type: ignore[attr-defined]
+
+
+def _terminal_of(task: Task, *, recovered: bool) -> TerminalEvent:
+    """The terminal event a final ``task`` snapshot ends its stream with."""
+    return TerminalEvent(
+        task_id=task.id,
+        context_id=task.context_id,
+        state=task.state,
+        message=task.status_message,
+        recovered=recovered,
+        task=task,
+    )
 
 
 def _chained(err: BaseException, cause: BaseException) -> BaseException:
