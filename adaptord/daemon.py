@@ -523,6 +523,8 @@ class Daemon:
         self.log(
             "config reloaded",
             source=fresh.source,
+            # The default file removed: built-in defaults now, its tools and drivers gone.
+            no_config_file=None if fresh.source else str(config_module.default_config_path()),
             restart_needed_for=",".join(restart) or None,
             command_line_keeps=",".join(self._command_line_keeps(fresh)) or None,
         )

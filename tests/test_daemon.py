@@ -1762,6 +1762,23 @@ def test_a_reload_importing_a_stuck_host_tool_leaves_the_daemon_serving(tmp_path
     assert "adaptord: daemon.stopped" in proc.lines
 
 
+def test_a_reload_after_the_default_config_file_went_says_defaults_apply(tmp_path: Path) -> None:
+    # It said "config reloaded" and nothing else while its tools and driver tables went.
+    config = tmp_path / "xdg" / "adaptord" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[drivers.script]\nsteps = [{text = "from the file"}]\n')
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    proc = DaemonProcess(tmp_path / "home", env=env).start()
+    assert proc.verdict(proc.submit({"driver": "script", "prompt": "x"}))["result"]["text"] == "from the file"
+    config.unlink()
+    proc.signal(signal.SIGHUP)
+    line = proc.wait_for_line("config reloaded")
+    assert f"no_config_file={config}" in line, line
+    kept = proc.reload(config, '[drivers.script]\nsteps = [{text = "back"}]\n')
+    assert f"source={config}" in kept and "no_config_file" not in kept, kept
+    assert proc.stop() == 0
+
+
 def test_a_reload_says_what_waits_for_a_restart_by_what_is_in_effect(tmp_path: Path) -> None:
     # The reload compared the file with its previous text, not with what the daemon runs: a
     # second reload of workers = 8 said nothing though 4 workers still ran, and going back to
