@@ -165,6 +165,12 @@ class DaemonProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        """The exit status once the daemon has gone on its own (or on a signal already sent),
+        with ``lines`` holding all it said; sends nothing (a second SIGTERM would end a drain)."""
+        assert self.proc is not None
         status = self.proc.wait(timeout=timeout)
         if self._reader is not None:
             self._reader.join(timeout=10)

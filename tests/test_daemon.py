@@ -701,7 +701,8 @@ def test_sigterm_drains_running_work_and_writes_its_verdict(tmp_path: Path) -> N
     proc.wait_for_line(f"request.started id={rid}")
     proc.wait_for_line(f"request.started id={on_thread}")
     proc.signal(signal.SIGTERM)
-    assert proc.stop() == 0
+    # Not stop(): its SIGTERM, handled after this one (a loaded machine), ends the drain's grace.
+    assert proc.wait_exit() == 0
     verdict = orjson.loads(proc.home.verdict(rid).read_bytes())
     assert verdict["ok"] and verdict["result"]["text"] == "finished"
     verdict = orjson.loads(proc.home.verdict(on_thread).read_bytes())
@@ -1434,6 +1435,9 @@ def _killed_while_an_approval_waits(
     approval_id = _pending_approval(daemon)
     if listed is not None:
         assert listed(Client(daemon.home.root)) == [approval_id]
+    # The fact is printed once it is in the lifecycle log, which a kill -9 before its write
+    # (its writer gathers facts for a few ms) would lose, and with it the "approval.pending".
+    daemon.wait_for_line(f"approval.pending id={rid}")
     state = daemon.home.run_state(rid)
     deadline = time.monotonic() + 60
     while not orjson.loads(state.read_bytes()).get("entered"):  # so the restart fails it
