@@ -505,9 +505,8 @@ def test_cancel_while_queued_is_cancelled_error(home: Home) -> None:
     assert home.client.cancel(holder) is False  # already has its verdict
 
 
-def test_ctrl_c_in_run_cancels_the_request(home: Home) -> None:
-    # Client.run left the request running in the daemon, its id never returned to the caller;
-    # Agent.run and `adaptor run` cancel theirs on Ctrl-C.
+def _once_running(home: Home, interrupt: Callable[[], None]) -> tuple[list[str], threading.Thread]:
+    """A started thread calling ``interrupt`` once a new request runs, and (then) its id."""
     running_before = set(home.client.status()["in_progress"])
     started: list[str] = []
 
@@ -518,10 +517,17 @@ def test_ctrl_c_in_run_cancels_the_request(home: Home) -> None:
                 "the request to start",
             )
         )
-        _thread.interrupt_main()
+        interrupt()
 
-    interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
-    interrupter.start()
+    thread = threading.Thread(target=interrupt_once_running, daemon=True)
+    thread.start()
+    return started, thread
+
+
+def test_ctrl_c_in_run_cancels_the_request(home: Home) -> None:
+    # Client.run left the request running in the daemon, its id never returned to the caller;
+    # Agent.run and `adaptor run` cancel theirs on Ctrl-C.
+    started, interrupter = _once_running(home, _thread.interrupt_main)
     with pytest.raises(KeyboardInterrupt):
         home.client.run(script({"text": "started"}, {"sleep": 60}), timeout=TIMEOUT)
     interrupter.join()
@@ -533,25 +539,12 @@ def test_a_sigterm_handlers_exit_in_run_cancels_the_request(home: Home) -> None:
     # A service stopped by SIGTERM (its handler calls sys.exit, as most do) while Client.run
     # waited left the request running in the daemon, its id never returned to the caller:
     # only KeyboardInterrupt cancelled.  Agent.run cancels on whatever ends its wait.
-    running_before = set(home.client.status()["in_progress"])
-    started: list[str] = []
-
-    def terminate_once_running() -> None:
-        started.extend(
-            wait_until(
-                lambda: set(home.client.status()["in_progress"]) - running_before,
-                "the request to start",
-            )
-        )
-        os.kill(os.getpid(), signal.SIGTERM)
-
     def exit_on_sigterm(signum: int, frame: object) -> None:
         sys.exit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
-        terminator = threading.Thread(target=terminate_once_running, daemon=True)
-        terminator.start()
+        started, terminator = _once_running(home, lambda: os.kill(os.getpid(), signal.SIGTERM))
         with pytest.raises(SystemExit):
             home.client.run(script({"text": "started"}, {"sleep": 60}), timeout=TIMEOUT)
         terminator.join()
