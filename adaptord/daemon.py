@@ -853,7 +853,7 @@ class Daemon:
         except OSError as exc:
             self.log("cannot quarantine a spool entry", name=repr(name), error=str(exc))
             return
-        if request_id is not None and self._id_in_use(request_id):
+        if request_id is not None and self._id_in_use(request_id, moved=target):
             # A verdict here would be a second one for that request, or would take the id from
             # it: a request has exactly one verdict, its own.
             self.audit("request.quarantined", None, why=why, file=target.name, id_in_use=request_id)
@@ -863,10 +863,26 @@ class Daemon:
             problem = f"{why}; the file was moved to quarantine/{target.name}"
             self._reject(request_id, InvalidRequestError([{"path": "", "message": problem}]), _now())
 
-    def _id_in_use(self, request_id: str) -> bool:
-        """Whether a request with this id is on its way in through the spool, claimed (queued,
-        running, read again, its verdict deferred) or has a verdict."""
-        return any(os.path.lexists(place) for place in self.home.places(request_id))
+    def _id_in_use(self, request_id: str, *, moved: Path) -> bool:
+        """Whether another request with this id is on its way in through the spool, claimed
+        (queued, running, read again, its verdict deferred) or has a verdict.
+
+        ``moved`` is the quarantined file: still named in ``spool/tmp/`` where its writer
+        staged it (``Client.submit`` links it into ``spool/new/``, then removes that name), it
+        is no other request, and its submitter waits for this verdict.
+        """
+        staged = self.home.spool_tmp / f"{request_id}.json"
+        for place in self.home.places(request_id):
+            try:
+                found = os.lstat(place)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return True
+            if place == staged and _same_file(found, moved):
+                continue
+            return True
+        return False
 
     def _reject(self, request_id: str, error: InvalidRequestError, received_at: str) -> None:
         self._write_verdict(
@@ -1903,6 +1919,13 @@ def _written_lately(path: Path) -> bool:
     except OSError:
         return False
     return abs(time.time() - changed) < _WRITE_GRACE
+
+
+def _same_file(found: os.stat_result, path: Path) -> bool:
+    try:
+        return os.path.samestat(found, os.lstat(path))
+    except OSError:
+        return False
 
 
 _PROMPT_KEPT_WHILE_QUEUED = 16 * 1024

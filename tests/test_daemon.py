@@ -386,6 +386,24 @@ def test_a_hard_linked_request_is_rejected_and_its_file_left_alone(daemon: Daemo
     assert daemon.verdict("staged")["result"]["text"] == "staged"
 
 
+def test_a_refused_request_still_named_where_it_was_staged_gets_its_verdict(daemon: DaemonProcess) -> None:
+    # Client.submit stages spool/tmp/<id>.json, links it into spool/new/, then removes the
+    # staged name.  A daemon quarantining the file (too large) in between took the staged name
+    # for another request with that id and wrote no verdict: the submitter waited forever.
+    too_large = b'{"driver": "script", "prompt": "' + b"x" * (_home.MAX_REQUEST_BYTES + 1) + b'"}'
+    staged = daemon.home.spool_tmp / "big.json"
+    staged.write_bytes(too_large)
+    os.link(staged, daemon.home.spool_new / "big.json")
+    verdict = daemon.verdict("big")
+    assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", verdict
+    assert f"larger than {_home.MAX_REQUEST_BYTES} bytes" in verdict["error"]["message"]
+    # Another file on its way in under that id is another request: it keeps the id.
+    (daemon.home.spool_tmp / "twin.json").write_bytes(orjson.dumps(script({"text": "the twin"})))
+    (daemon.home.spool_new / "twin.json").write_bytes(too_large)
+    daemon.wait_for_line("id_in_use=twin")
+    assert not daemon.home.verdict("twin").exists()
+
+
 def test_a_symlinked_run_folder_is_never_written_through(daemon: DaemonProcess, tmp_path: Path) -> None:
     # runs/<id> a symbolic link to a folder elsewhere: the run's request copy, state and side
     # files were all written there.  Now nothing runs: the request is rejected.
