@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import filelock
 import orjson
@@ -59,6 +59,8 @@ from hosttools import sessionrecorder as sr
 
 if TYPE_CHECKING:
     from adaptord.a2a_bridge import Bridge, Listen
+
+_T = TypeVar("_T")
 
 _CLAIM_BATCH = 256
 """Spool entries claimed per fsync of ``claimed/`` when many arrive at once."""
@@ -769,7 +771,7 @@ class Daemon:
             self.audit("request.received", request_id, attempt=attempt)
         self._being_written.pop(request_id, None)
         try:
-            body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
+            body = self._sparing_descriptors(lambda: requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
             request = requests.parse(body, request_id)
         except InvalidRequestError as exc:
             if requests.maybe_cut_short(exc) and _written_lately(claimed):
@@ -783,6 +785,15 @@ class Daemon:
             self._reject(request_id, exc, received_at)
             return
         except OSError as exc:
+            if _out_of_descriptors(exc):
+                # The daemon's shortage, not the request's fault: read again shortly.
+                if not again:
+                    self.log("out of file descriptors; the request is read again shortly", id=request_id)
+                self._being_written[request_id] = functools.partial(
+                    self._accept, request_id, claimed, attempt=attempt, received_at=received_at,
+                    prior=prior, again=True,
+                )
+                return
             self._reject(
                 request_id,
                 InvalidRequestError([{"path": "", "message": f"unreadable request file: {exc.strerror}"}]),
@@ -1355,7 +1366,7 @@ class Daemon:
         try:
             self._try_write_verdict(request_id, **verdict)
         except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
+            if _out_of_descriptors(exc):
                 # Out of descriptors: idle audit logs let theirs go before the retry.
                 with contextlib.suppress(Exception):
                     self._events_backend.close_idle()
@@ -1559,8 +1570,10 @@ class Daemon:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
         run_dir = self.home.run_dir(job.id)
         _durable.ensure_dir(run_dir, durable=False, follow_links=False)
-        copy = requests.redacted_request(self._whole_request(job))
-        _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
+        copy = requests.redacted_request(self._sparing_descriptors(lambda: self._whole_request(job)))
+        self._sparing_descriptors(
+            lambda: _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
+        )
         job.unsynced.append(run_dir / "request.json")
         job.run_dir_ready = True
 
@@ -1615,7 +1628,25 @@ class Daemon:
         if merge:
             with contextlib.suppress(OSError, ValueError):
                 state = {**_durable.read_json(path), **state}
-        _durable.atomic_write_json(path, dict(state), durable=False)
+        written = dict(state)
+        self._sparing_descriptors(lambda: _durable.atomic_write_json(path, written, durable=False))
+
+    def _sparing_descriptors(self, action: Callable[[], _T]) -> _T:
+        """``action()``, tried again while this process is out of file descriptors (a low
+        ``ulimit -n``, the workers' writes all at once): after idle audit logs let theirs go,
+        then after short pauses in which the other workers' writes end.  A run's bookkeeping
+        must not fail it for that, nor a request be refused.  The last error is raised after
+        about half a second."""
+        for pause in _DESCRIPTOR_PAUSES:
+            try:
+                return action()
+            except OSError as exc:
+                if not _out_of_descriptors(exc):
+                    raise
+            with contextlib.suppress(Exception):
+                self._events_backend.close_idle()
+            time.sleep(pause)
+        return action()
 
     def _cleanup_claim(self, request_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -1919,6 +1950,14 @@ def _written_lately(path: Path) -> bool:
     except OSError:
         return False
     return abs(time.time() - changed) < _WRITE_GRACE
+
+
+_DESCRIPTOR_PAUSES = (0.01, 0.05, 0.1, 0.3)
+"""Seconds between the tries of an action that found this process out of file descriptors."""
+
+
+def _out_of_descriptors(exc: OSError) -> bool:
+    return exc.errno in (errno.EMFILE, errno.ENFILE)
 
 
 def _same_file(found: os.stat_result, path: Path) -> bool:

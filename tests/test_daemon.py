@@ -848,6 +848,62 @@ def test_a_low_descriptor_limit_slows_nothing_down_for_good(tmp_path: Path) -> N
     assert proc.stop() == 0
 
 
+_DESCRIPTORS_RUN_OUT = """
+import errno
+import os
+
+_plan = os.environ.get("ADAPTOR_TEST_OUT_OF_DESCRIPTORS")
+if _plan:
+    from adaptor import _durable, _request
+
+    _left = {name: int(count) for name, count in (part.split("=") for part in _plan.split(","))}
+
+    def _short(what, path):
+        if _left.get(what, 0) > 0:
+            _left[what] -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(path))
+
+    _read, _write = _request.read_limited, _durable.atomic_write
+
+    def read_limited(path, limit):
+        if path.parent.name == "claimed":
+            _short("read", path)
+        return _read(path, limit)
+
+    def atomic_write(path, data, **options):
+        _short(os.path.basename(path), path)
+        return _write(path, data, **options)
+
+    _request.read_limited, _durable.atomic_write = read_limited, atomic_write
+"""
+
+
+def test_descriptors_running_out_for_a_moment_fail_no_run_and_refuse_no_request(tmp_path: Path) -> None:
+    # Under a low `ulimit -n`, workers writing their runs' files at once can take every
+    # descriptor for a moment (seen with `ulimit -n 40` and four workers): a run whose
+    # state.json could not be written then failed ("Too many open files"), and a request read
+    # then was refused as an unreadable file (exit 2).  Both are tried again now.  The shortage
+    # is injected (EMFILE from the daemon's own reads and writes), as the moment cannot be
+    # made to come on cue.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_DESCRIPTORS_RUN_OUT)
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    # The read outlasts the tries in a row (the request waits, read again shortly); the
+    # request copy and the state are written at a later try.
+    plan = "read=6,request.json=2,state.json=3"
+    proc = DaemonProcess(
+        tmp_path / "home", env={"PYTHONPATH": path, "ADAPTOR_TEST_OUT_OF_DESCRIPTORS": plan}
+    ).start()
+    rid = proc.submit(script({"text": "ran anyway"}))
+    verdict = proc.verdict(rid)
+    assert verdict["ok"] and verdict["result"]["text"] == "ran anyway", verdict
+    assert orjson.loads((proc.home.run_dir(rid) / "state.json").read_bytes())["status"] == "done"
+    assert orjson.loads((proc.home.run_dir(rid) / "request.json").read_bytes())["prompt"] == "go"
+    assert f"out of file descriptors; the request is read again shortly id={rid}" in "\n".join(proc.lines)
+    assert proc.stop() == 0
+
+
 def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tmp_path: Path) -> None:
     # systemd's TasksMax counts the agents' processes with the daemon's threads; a busy agent
     # can use it up.  Workers are started at start, so only runs can meet the limit.
