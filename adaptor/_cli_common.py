@@ -368,15 +368,22 @@ def stopping_like_ctrl_c() -> Iterator[None]:
     def swallowed(info: Any) -> None:
         # The signal landed where Python ignores exceptions (a weakref callback of the import
         # machinery, a __del__): the command never saw it, and the run went on unwatched.  It
-        # is delivered again from outside that context.
+        # is delivered again from outside that context.  A Ctrl-C too: Python's own SIGINT
+        # handler raised it there (its KeyboardInterrupt was printed, and the run went on).
         nonlocal raised
-        if not isinstance(info.exc_value, StopSignal):
+        if isinstance(info.exc_value, StopSignal):
+            raised = False
+            signum = info.exc_value.signum
+        elif (
+            type(info.exc_value) is KeyboardInterrupt
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signum = signal.SIGINT
+        else:
             previous_hook(info)
             return
-        raised = False
         again = threading.Timer(
-            _REDELIVER_AFTER, signal.pthread_kill,
-            (threading.main_thread().ident, info.exc_value.signum),
+            _REDELIVER_AFTER, signal.pthread_kill, (threading.main_thread().ident, signum)
         )
         again.daemon = True
         again.start()

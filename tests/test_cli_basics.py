@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 from pathlib import Path
+
+import pytest
 
 from adaptor import _cli_common, errors
 
@@ -163,30 +166,38 @@ def test_help_names_the_exit_codes_and_environment_that_apply() -> None:
             assert word in text, (command, word)
 
 
-def test_a_stop_signal_python_swallowed_is_delivered_again() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_python_swallowed_is_delivered_again(signum: signal.Signals) -> None:
     # A SIGTERM whose handler ran inside a weakref callback of the import machinery raised its
     # StopSignal where Python ignores exceptions ("Exception ignored in: ..."), and, only the
-    # first signal raising, `adaptor run` went on for the whole run (seen in CI).  Here the
-    # signal lands in a __del__, another place Python ignores exceptions.
-    import signal
+    # first signal raising, `adaptor run` went on for the whole run (seen in CI).  A Ctrl-C
+    # likewise (seen under load: `adaptor run --json` then exited 0 once its agent was done).
+    # Here the signal lands in a __del__, another place Python ignores exceptions.
     import time
 
     class SignalsWhenCollected:
         def __del__(self) -> None:
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+            signal.pthread_kill(threading.main_thread().ident or 0, signum)
             for _ in range(1000):  # the handler runs between these bytecodes, in here
                 pass
 
-    caught = None
-    with _cli_common.stopping_like_ctrl_c():
-        try:
-            SignalsWhenCollected()  # collected at once: the handler's raise is swallowed
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-        except _cli_common.StopSignal as stop:
-            caught = stop
-    assert caught is not None and caught.signum == signal.SIGTERM
+    caught: KeyboardInterrupt | None = None
+    ctrl_c = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in `adaptor run`
+    try:
+        with _cli_common.stopping_like_ctrl_c():
+            try:
+                SignalsWhenCollected()  # collected at once: the handler's raise is swallowed
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)
+            except KeyboardInterrupt as stop:
+                caught = stop
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)
+    if signum == signal.SIGTERM:
+        assert isinstance(caught, _cli_common.StopSignal) and caught.signum == signal.SIGTERM
+    else:
+        assert type(caught) is KeyboardInterrupt
 
 
 def test_an_error_its_library_raised_again_as_its_own_cause_is_said_once(tmp_path: Path) -> None:
