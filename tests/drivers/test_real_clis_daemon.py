@@ -67,7 +67,11 @@ def home(tmp_path: Path) -> Path:
 def daemon(home: Path) -> Iterator[DaemonProcess]:
     started = DaemonProcess(home, env=QUIET_CLAUDE).start()
     yield started
-    started.kill_if_running()
+    # Stopped, not killed: a killed daemon leaves the private folder of each claude process
+    # it kept in the temporary directory.
+    assert started.proc is not None
+    if started.proc.poll() is None:
+        started.stop()
 
 
 @pytest.fixture
@@ -664,7 +668,7 @@ def test_bad_resume_id_through_the_daemon(
         _, result = run_ok(home, cli.request("again", thread={"key": key}))
         assert result.text == cli.text
     finally:
-        restarted.kill_if_running()
+        restarted.stop()
     notices = [r["event"] for r in thread_log(home, key) if r["event"]["kind"] == "notice.lifecycle"]
     assert any(n["data"].get("phase") == "thread.resume_rejected" for n in notices), notices
 
