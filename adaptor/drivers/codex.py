@@ -37,9 +37,9 @@ that spawns the real Rust binary, which is why the runner stops the whole proces
   gets ``default_tools_approval_mode="approve"``: ``exec`` cannot ask, and a tool needing
   approval would otherwise always fail.  Required servers and the gateway are
   ``required = true``: codex then refuses to start without them.  A key that the user's
-  ``config.toml`` also gives a server refuses the run (``unsupported_driver``): codex would
-  merge the two tables (``_key_taken``).  SSE servers are not
-  supported by this codex (stdio and streamable HTTP only).
+  ``config.toml`` also gives a server, or that ``extra_args`` set with ``-c``, refuses the run
+  (``unsupported_driver``): codex would merge the two tables (``_key_taken``).  SSE servers
+  are not supported by this codex (stdio and streamable HTTP only).
 - **Skills.**  codex only loads skills from ``CODEX_HOME``, ``~/.agents`` and the workspace,
   none of them private to a run, so the staged skills are announced in the developer
   instructions instead: name, description (from ``SKILL.md``'s front matter) and the absolute
@@ -71,7 +71,7 @@ import re
 import shlex
 import tempfile
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -228,7 +228,7 @@ class Driver(_cli.CliDriver[Config]):
             mcp_args, mcp_env = _mcp_overrides(plan.mcp, plan.required_mcp, private, mark)
             argv, shown = _argv(config, plan, schema_file, mcp_args)
             env, names = _process.child_env(*plan.env_layers, mcp_env)
-            refusal = _key_taken(plan, env)
+            refusal = _key_taken(plan, env, config.extra_args)
             if refusal is not None:
                 return refusal
             spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names,
@@ -337,17 +337,27 @@ def _argv(
     return argv + tail, shown + tail
 
 
-def _key_taken(plan: _Plan, env: Mapping[str, str]) -> Response | None:
-    """The refusal of a server whose key the user's ``config.toml`` uses for a server too.
+def _key_taken(plan: _Plan, env: Mapping[str, str], extra_args: Sequence[str]) -> Response | None:
+    """The refusal of a server whose key something else also gives codex a server under.
 
-    codex merges ``-c mcp_servers.<key>.*`` into that table field by field (also given as one
-    inline table): the user's ``env`` reached the declared server, their ``enabled = false``
-    or ``enabled_tools`` silently took its tools away, their ``url`` beside its ``command``
-    stopped codex at start.  None of it can be undone from the command line, so the run is
-    refused before codex starts.  An unreadable or invalid file is left for codex to report.
+    codex merges ``-c mcp_servers.<key>.*`` into the user's ``config.toml`` table of that key
+    field by field (also given as one inline table): the user's ``env`` reached the declared
+    server, their ``enabled = false`` or ``enabled_tools`` silently took its tools away, their
+    ``url`` beside its ``command`` stopped codex at start.  ``extra_args`` come after the
+    driver's overrides and so do the same, or worse: ``-c mcp_servers.<key>={...}`` replaces
+    the declared table and ``-c mcp_servers={...}`` every one of them.  None of it can be
+    undone from the command line, so the run is refused before codex starts.  An unreadable
+    or invalid file is left for codex to report.
     """
     if not plan.mcp:
         return None
+    paths = list(_mcp_overrides_in(extra_args))
+    taken = [s.key for s in plan.mcp if any(not path or path[0] == s.key for path in paths)]
+    if taken:
+        return _refusal(taken, "mcp_key_in_extra_args",
+                        "extra_args set them too (-c mcp_servers.<key>... or -c mcp_servers=...), "
+                        "and codex would merge or replace them; give your own servers as "
+                        "-c mcp_servers.<key>... under other keys")
     home = env.get("CODEX_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"),
                                                  ".codex")
     path = os.path.join(plan.spawn_cwd or os.getcwd(), home, "config.toml")  # codex's cwd
@@ -359,13 +369,42 @@ def _key_taken(plan: _Plan, env: Mapping[str, str]) -> Response | None:
     taken = [s.key for s in plan.mcp if isinstance(servers, dict) and s.key in servers]
     if not taken:
         return None
+    return _refusal(taken, "mcp_key_in_codex_config",
+                    f"{path} declares a server under the same key, and codex would merge the "
+                    "two; use another key")
+
+
+def _refusal(taken: list[str], kind: str, why: str) -> Response:
     names = ", ".join(map(repr, taken))
     return Response(exit_code=None, failure=RunFailure(
         code="unsupported_driver",
-        message=f"codex cannot take MCP server(s) {names}: {path} declares a server under the "
-                "same key, and codex would merge the two; use another key",
-        details={"kind": "mcp_key_in_codex_config", "mcp_servers": taken},
+        message=f"codex cannot take MCP server(s) {names}: {why}",
+        details={"kind": kind, "mcp_servers": taken},
     ))
+
+
+def _mcp_overrides_in(extra_args: Sequence[str]) -> Iterator[list[str]]:
+    """The path below ``mcp_servers`` of each ``-c`` in ``extra_args`` that sets something
+    there (``[]``: the whole table).  Read as codex 0.171.0 does: ``-c V``, ``-cV``, ``-c=V``,
+    ``--config V`` and ``--config=V``; the key is what precedes the first ``=``, trimmed, cut
+    at every dot (no TOML quoting: ``mcp_servers."k"`` names a server ``"k"``, quotes and all).
+    """
+    args = iter(extra_args)
+    for arg in args:
+        if arg == "--":
+            return
+        if arg in ("-c", "--config"):
+            override = next(args, "")
+        elif arg.startswith("--config="):
+            override = arg.removeprefix("--config=")
+        elif arg.startswith("-c"):
+            override = arg[2:].removeprefix("=")
+        else:
+            continue
+        key, equals, _ = override.partition("=")
+        path = key.strip().split(".")
+        if equals and path[0] == "mcp_servers":
+            yield path[1:]
 
 
 _REQUIRED_MCP_FAILED: Final = "required MCP servers failed to initialize: "

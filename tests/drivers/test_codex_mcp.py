@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,52 @@ def test_a_server_of_the_users_codex_config_under_another_key_is_no_conflict(
                        mcp=[declared]) as agent:
         run(agent, "echo ping")
     assert "<unset>ping" in last_output(openai)  # nothing of the user's server reached it
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("-c", 'mcp_servers.echo.env={ECHO_PREFIX="ARGS-SECRET:"}'),
+        ("--config=mcp_servers.echo.enabled=false",),
+        ('-cmcp_servers.echo={command="/bin/false"}',),
+        ("-c", 'mcp_servers={mine={command="/bin/false"}}'),
+        ("--config", 'mcp_servers.echo.env.ECHO_PREFIX="ARGS-SECRET:"'),
+        ("-c= mcp_servers.echo.enabled =false",),
+    ],
+    ids=["env-merged-in", "disabled", "replaced", "whole-table", "one-variable", "spaced-key"],
+)
+def test_a_key_extra_args_also_set_is_refused(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str,
+    tmp_path: Path, overrides: tuple[str, ...],
+) -> None:
+    # extra_args follow the driver's -c overrides: codex merged their fields into the declared
+    # server (or replaced it, or with the whole table every declared server).
+    config = codex_config()
+    config = replace(config, extra_args=(*config.extra_args, *overrides))
+    declared = mcp.stdio("echo", sys.executable, [echo_server(tmp_path)], required=True)
+    openai.mcp_tool = ("echo", {"text": "ping"})
+    with adaptor.Agent(codex.Driver(config), workspace=workspace, mcp=[declared]) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("echo ping")
+    assert caught.value.reason == "unsupported_driver"
+    assert caught.value.details == {"kind": "mcp_key_in_extra_args", "mcp_servers": ["echo"]}
+    assert "ARGS-SECRET" not in str(caught.value)
+    assert openai.responses() == []  # codex never started
+
+
+def test_a_server_extra_args_add_under_another_key_is_in_use(
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str,
+    tmp_path: Path,
+) -> None:
+    mine = (f'mcp_servers.mine={{command={json.dumps(sys.executable)}, '
+            f'args=[{json.dumps(echo_server(tmp_path))}], env={{ECHO_PREFIX="mine:"}}, '
+            "required=true, default_tools_approval_mode=\"approve\"}")
+    config = codex_config()
+    config = replace(config, extra_args=(*config.extra_args, "-c", mine))
+    with adaptor.Agent(codex.Driver(config), workspace=workspace, tools=[add]) as agent:
+        openai.mcp_tool = ("echo", {"text": "ping"})
+        run(agent, "echo ping")
+        assert "mine:ping" in last_output(openai)  # the user's own server
+        openai.mcp_tool = ("add", {"a": 1, "b": 2})
+        run(agent, "add")
+        assert '{"total":3}' in last_output(openai)  # and the declared gateway beside it
