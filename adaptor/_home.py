@@ -176,6 +176,11 @@ class Home:
         return self.root / "quarantine"
 
     @cached_property
+    def tmp(self) -> Path:
+        """The daemon's own temporary files (drivers' private folders), emptied at its start."""
+        return self.root / "tmp"
+
+    @cached_property
     def cancels(self) -> Path:
         return self.root / "control" / "cancel"
 
@@ -252,6 +257,7 @@ class Home:
             self.claimed,
             self.quarantine,
             self.cancels,
+            self.tmp,
         )
         found: dict[Path, None] = {}
         for leaf in leaves:

@@ -50,7 +50,7 @@ from adaptor import _request as requests
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import CorruptLogError as StoreCorruptLogError
 from adaptor.threadstore import Query, Record
-from adaptord import _leftovers, _lifecycle, _retention
+from adaptord import _leftovers, _lifecycle, _retention, _tempfiles
 from adaptord import config as config_module
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
@@ -341,8 +341,9 @@ class Daemon:
         with contextlib.suppress(OSError):
             os.unlink(self.home.daemon_state)
         try:
-            # Every process this daemon starts carries the mark; see _stop_leftovers.
-            with _leftovers.marking(_leftovers.owner_mark(self.home.root)):
+            # Every process this daemon starts carries the mark; see _stop_leftovers.  Its
+            # temporary files go where the next start finds them; see _clear_tmp.
+            with _leftovers.marking(_leftovers.owner_mark(self.home.root)), _tempfiles.kept_in(self.home.tmp):
                 return self._serve_locked()
         finally:
             instance.release()
@@ -366,6 +367,7 @@ class Daemon:
         self._events = sr.EventRecorder(self._events_backend, key_validator=_session_key_ok)
         self._store = ReopeningStore(self.home.threads)
         self._stop_leftovers()
+        self._clear_tmp()
         self._tools = self.config.load_tools()
         self._warn_invalid_tools(self._tools)
         self._skills = self.config.skill_catalogue()
@@ -446,6 +448,19 @@ class Daemon:
             killed = _leftovers.stop(found, min(self.grace, _LEFTOVER_GRACE))
             pids = ",".join(str(leftover.pid) for leftover in found)
             self.audit("leftovers.stopped", processes=len(found), killed=killed, pids=pids)
+
+    def _clear_tmp(self) -> None:
+        """Remove the temporary files a killed predecessor left (see :mod:`adaptord._tempfiles`).
+
+        Called once its leftover agents are stopped (they may still read them), and before this
+        daemon makes any: its workers have not started yet.
+        """
+        cleared = _tempfiles.clear(self.home.tmp)
+        if cleared.error is not None:  # logged, never fatal: the next start tries again
+            self.audit("tmp.cleared", removed=cleared.removed, failed=cleared.failed,
+                       error=_os_error_text(cleared.error))
+        elif cleared.removed:
+            self.audit("tmp.cleared", removed=cleared.removed)
 
     def _stopping(self) -> bool:
         return self._stop_signalled or self._stop.is_set()

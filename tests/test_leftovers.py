@@ -1,17 +1,23 @@
 """What a killed daemon leaves behind never gets in the next one's way.
 
 Its agents, still running, are stopped before anything runs again; the thread leases it held
-end with it instead of blocking their threads until the TTL runs out.
+end with it instead of blocking their threads until the TTL runs out; its temporary files
+(some hold secrets) are removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import secrets
 import shlex
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +213,99 @@ def test_a_killed_daemons_thread_leases_end_with_it(home: Path) -> None:
     verdict = daemon.verdict(then)
     assert verdict["ok"], verdict["error"]
     assert daemon.stop() == 0
+
+
+def _files_holding(text: str, *folders: Path) -> list[Path]:
+    """The files under ``folders`` (links not followed) whose content holds ``text``."""
+    found = []
+    for folder in folders:
+        for parent, _, names in os.walk(folder):
+            for name in names:
+                path = Path(parent, name)
+                with contextlib.suppress(OSError):
+                    if not path.is_symlink() and text.encode() in path.read_bytes():
+                        found.append(path)
+    return found
+
+
+def test_a_killed_daemons_temporary_files_are_removed_once_its_agents_are_stopped(
+    home: Path,
+) -> None:
+    # A run's private folder (here its skills; a claude or codex run's MCP config, or the env
+    # file of its MCP servers' secrets) outlived a kill -9 in the system's temporary directory.
+    marker = secrets.token_hex(16)
+    private = home / "tmp"
+    runs_in_system_tmp = os.path.join(tempfile.gettempdir(), "adaptor-run-*")
+    before = set(glob.glob(runs_in_system_tmp))  # other tests' (the marker is in none of them)
+    daemon = DaemonProcess(home, "--workers", "2", "--grace", "5").start()
+    sleeper = {"command": "/bin/sh", "extra_args": ["-c", "sleep 300"]}
+    agent = daemon.submit({"driver": "command", "prompt": "go", "config": sleeper})
+    run = daemon.submit(
+        {
+            "driver": "script",
+            "prompt": "go",
+            "skills": [{"key": "notes", "inline": f"# Notes\n\n{marker}\n"}],
+            "config": {"steps": [{"sleep": 300}]},
+        }
+    )
+    for rid in (agent, run):
+        daemon.wait_for_line(f"request.started id={rid}")
+    _wait_until(lambda: marked_processes(home))
+
+    def everywhere() -> list[Path]:
+        fresh = sorted(set(glob.glob(runs_in_system_tmp)) - before)
+        return _files_holding(marker, private, *map(Path, fresh))
+
+    _wait_until(everywhere)
+    made = everywhere()
+    daemon.kill9()
+    assert everywhere() == made
+
+    daemon = DaemonProcess(home, "--grace", "5").start()  # ready: the clean-up is done
+    assert everywhere() == []
+    assert all(path.is_relative_to(private) for path in made), made  # never in /tmp
+    line = daemon.wait_for_line("tmp.cleared")
+    assert "removed=1" in line and "failed" not in line
+    assert list(private.iterdir()) == []
+    assert daemon.stop() == 0
+    phases = _lifecycle_phases(home)
+    # Removed only once the agents that may still read them were stopped.
+    assert phases.index("leftovers.stopped") < phases.index("tmp.cleared")
+
+
+def test_the_temporary_files_of_another_home_and_what_a_link_points_at_are_left_alone(
+    home: Path, tmp_path: Path
+) -> None:
+    private = home / "tmp"
+    other = DaemonProcess(tmp_path / "other-home").start()
+    theirs = tmp_path / "other-home" / "tmp" / "adaptor-run-theirs"
+    theirs.mkdir(parents=True, exist_ok=True)
+    (theirs / "secret").write_text("theirs")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("kept")
+    daemon = DaemonProcess(home).start()
+    assert daemon.stop() == 0
+    assert private.is_dir() and stat.S_IMODE(private.lstat().st_mode) == 0o700  # with the others
+    # Leftovers of a daemon of this home: a folder, a file, and links to what is not its own.
+    (private / "adaptor-claude-left").mkdir()
+    (private / "adaptor-claude-left" / "mcp.json").write_text("{}")
+    (private / "adaptor-claude-left" / "link").symlink_to(outside)
+    (private / "stray").write_text("x")
+    (private / "link").symlink_to(outside)
+    daemon = DaemonProcess(home).start()
+    assert "removed=3" in daemon.wait_for_line("tmp.cleared")
+    assert list(private.iterdir()) == []
+    assert (outside / "kept").read_text() == "kept"
+    assert (theirs / "secret").read_text() == "theirs"
+    assert daemon.stop() == 0
+    assert other.stop() == 0
+
+    # A link at the folder's own name: the home is refused, nothing is removed through it.
+    shutil.rmtree(private)
+    private.symlink_to(outside)
+    refused = DaemonProcess(home)
+    refused.start(wait_ready=False)
+    assert refused.wait_exit() == 2
+    assert any("tmp is a symbolic link" in line for line in refused.lines)
+    assert (outside / "kept").read_text() == "kept"

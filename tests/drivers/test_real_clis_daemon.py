@@ -68,7 +68,7 @@ def daemon(home: Path) -> Iterator[DaemonProcess]:
     started = DaemonProcess(home, env=QUIET_CLAUDE).start()
     yield started
     # Stopped, not killed: a killed daemon leaves the private folder of each claude process
-    # it kept in the temporary directory.
+    # it kept in its home's tmp/ until a daemon starts there again.
     assert started.proc is not None
     if started.proc.poll() is None:
         started.stop()
@@ -365,10 +365,18 @@ def test_claude_process_reused_across_thread_turns_through_the_daemon(
     assert len(anthropic.messages()[-1]["messages"]) > len(anthropic.messages()[0]["messages"])
     pid = int(second.metadata["pid"])
     assert pid in processes_under(tmp_path)  # kept between the turns
+    # The kept process's private folder (for its MCP config, its system prompt) is in the home.
+    private = home / "tmp"
+    kept = sorted(private.glob("adaptor-claude-*"))
+    assert len(kept) == 1, kept
     if stop == "sigterm":
-        assert daemon.stop() == 0  # the drain stops kept processes
+        assert daemon.stop() == 0  # the drain stops kept processes, and removes their folders
     else:
         daemon.kill9()  # the kept CLI reads EOF on its stdin and exits by itself
+        assert kept[0].is_dir()  # nobody left to remove it...
+        restarted = DaemonProcess(home, env=QUIET_CLAUDE).start()  # ...but the next start
+        assert restarted.stop() == 0
+    assert list(private.iterdir()) == []
     assert_nothing_left(tmp_path, pid)
 
 
