@@ -33,7 +33,10 @@ copied into a private per-run directory (``0700``) that is removed after the run
 the lowercased key reduced to ``[a-z0-9-]``, followed by ``-`` and 10 hex digits of the key's
 hash whenever that differs from the key.  Staging refuses symlinks, devices and paths that
 escape the skill directory, stops at 10,000 entries, 64 MiB per file and 256 MiB in total,
-and requires a ``SKILL.md`` at the top; any failure is :class:`SkillMaterializationError`
+and requires a ``SKILL.md`` at the top.  A tar archive is unpacked no further than 256 MiB
+plus 8 KiB of headers per entry, the members ``subpath`` leaves out included, so a small
+compressed archive cannot make staging read or hold more; any failure is
+:class:`SkillMaterializationError`
 (joining its cause).  Drivers receive ``Request.skills``
 (:class:`adaptor.driver.ResolvedSkill`), each with a content fingerprint that threads pin.
 """
@@ -779,8 +782,13 @@ def _zip_members(reader: IO[bytes], stager: _Stager) -> Iterator[_Member]:
 def _tar_members(reader: IO[bytes], stager: _Stager) -> Iterator[_Member]:
     import tarfile
 
+    limits = stager.limits
+    stream = _Unpacked(
+        _decompressed(reader), limits.max_total_bytes + limits.max_entries * _TAR_ENTRY_OVERHEAD
+    )
     try:
-        archive_file = tarfile.open(fileobj=reader, mode="r:*")
+        # (typeshed wants a writable file; in mode "r:" tarfile only reads, seeks and tells)
+        archive_file = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
     except tarfile.ReadError as exc:
         raise ValueError("not a zip or tar archive") from exc
     with archive_file:
@@ -800,6 +808,71 @@ def _tar_members(reader: IO[bytes], stager: _Stager) -> Iterator[_Member]:
             else:
                 kind = "link" if member.issym() or member.islnk() else "special file"
                 raise ValueError(f"{member.name!r} is a {kind}, not a file")
+
+
+# What a tar archive may take besides its members' bytes, per entry: a header block, a pax or
+# GNU long-name record and its header, padding.
+_TAR_ENTRY_OVERHEAD: Final = 8192
+
+
+class _Stream(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+    def tell(self) -> int: ...
+
+
+def _decompressed(reader: IO[bytes]) -> _Stream:
+    """The tar stream in ``reader``, decompressed when it starts as gzip, bzip2 or xz data."""
+    import bz2
+    import gzip
+    import lzma
+
+    head = reader.read(6)
+    reader.seek(0)
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=reader, mode="rb")
+    if head.startswith(b"BZh"):
+        return bz2.BZ2File(reader)
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(reader)
+    return reader
+
+
+class _Unpacked:
+    """A tar stream that is never read or skipped beyond ``limit`` bytes.
+
+    tarfile reads a pax or GNU long-name record into memory whole, at whatever size its header
+    declares, and skipping a member of a compressed archive decompresses it: without a bound
+    a few kilobytes of gzip could make staging hold or unpack gigabytes before any limit on
+    the skill's own files is checked.
+    """
+
+    def __init__(self, inner: _Stream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    def read(self, size: int = -1) -> bytes:
+        room = self._limit - self._inner.tell()
+        if 0 <= size <= room:
+            return self._inner.read(size)
+        data = self._inner.read(max(room, 0) + 1)
+        if len(data) > room:
+            self._refuse()
+        return data
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        target = offset if whence == os.SEEK_SET else offset + self._inner.tell()
+        if whence not in (os.SEEK_SET, os.SEEK_CUR):
+            raise OSError("a skill archive is read forwards")
+        if target > self._limit:
+            self._refuse()
+        return self._inner.seek(target)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def _refuse(self) -> None:
+        raise ValueError(f"the archive unpacks to more than {self._limit} bytes")
 
 
 def _extracted(archive_file: Any, member: Any) -> IO[bytes]:

@@ -387,6 +387,68 @@ def test_understated_sizes_cannot_smuggle_bytes(tmp_path: Path) -> None:
     assert err.cause is not None
 
 
+def _zeros_after(header: bytes, size: int, compression: str) -> bytes:
+    """``header`` then ``size`` zero bytes, compressed as a streaming archiver would."""
+    import bz2
+    import gzip
+    import lzma
+
+    buffer = io.BytesIO()
+    packer: gzip.GzipFile | bz2.BZ2File | lzma.LZMAFile
+    if compression == "gz":
+        packer = gzip.GzipFile(fileobj=buffer, mode="wb")
+    elif compression == "bz2":
+        packer = bz2.BZ2File(buffer, "wb")
+    else:
+        packer = lzma.LZMAFile(buffer, "wb")
+    with packer:
+        packer.write(header)
+        block = bytes(1 << 20)
+        for _ in range(size >> 20):
+            packer.write(block)
+        packer.write(bytes(1024))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("kind", "compression"),
+    [(tarfile.GNUTYPE_LONGNAME, "gz"), (tarfile.XHDTYPE, "bz2"), (tarfile.GNUTYPE_LONGNAME, "xz")],
+)
+def test_a_tar_header_cannot_unpack_beyond_the_limits(
+    tmp_path: Path, kind: bytes, compression: str
+) -> None:
+    # A long-name (or pax) record that claims 64 MiB: tarfile reads such a record into memory
+    # whole, so a small compressed archive could make staging hold any amount it declares.
+    import tracemalloc
+
+    record = tarfile.TarInfo("././@LongLink")
+    record.type, record.size = kind, 64 << 20
+    bomb = _zeros_after(record.tobuf(tarfile.GNU_FORMAT), record.size, compression)
+    assert len(bomb) < (1 << 20)
+    tracemalloc.start()
+    try:
+        err = failure(
+            tmp_path, skill.archive("bomb", bomb), max_total_bytes=1 << 20, max_entries=10
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (16 << 20), f"staging held {peak >> 20} MiB for a 1 MiB limit"
+    assert "unpacks to more than" in str(err.cause)
+
+
+def test_tar_members_outside_the_subpath_count_toward_the_limit(tmp_path: Path) -> None:
+    # Skipping a member of a compressed tar decompresses it: what is skipped is bounded too.
+    packed = tar_bytes(
+        [(reg("top/SKILL.md"), b"x"), (reg("other/big"), bytes(4 << 20))], "w:gz"
+    )
+    made = skill.archive("k", packed, subpath="top")
+    (ok,) = skill.materialize([made], tmp_path / "ok", _limits=skill.Limits(max_entries=10))
+    assert (Path(ok.path) / "SKILL.md").read_bytes() == b"x"
+    err = failure(tmp_path, made, max_total_bytes=1 << 20, max_entries=10)
+    assert "unpacks to more than" in str(err.cause)
+
+
 def test_duplicate_runtime_names_fail(tmp_path: Path) -> None:
     a = skill.inline("a", "x", metadata={"runtime_name": "same"})
     b = skill.inline("b", "x", metadata={"runtime_name": "same"})
