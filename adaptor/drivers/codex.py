@@ -488,17 +488,20 @@ def _skills_catalogue(skills: Sequence[ResolvedSkill]) -> str:
 
 def _skill_description(skill_md: str) -> str:
     """The front matter's ``description`` (plain, quoted or a folded/literal block), else the
-    first line of text of the body; one line, at most :data:`_DESCRIPTION_LIMIT` characters."""
+    first line of text of the body; one line, at most :data:`_DESCRIPTION_LIMIT` characters.
+
+    A byte order mark (as Windows editors write) is not text, and front matter never closed
+    still is front matter: neither may leave ``---`` as the description."""
     try:
-        with open(skill_md, encoding="utf-8", errors="replace") as handle:
+        with open(skill_md, encoding="utf-8-sig", errors="replace") as handle:
             lines = handle.read(_SKILL_HEAD).splitlines()
     except OSError:
         return "(SKILL.md unreadable)"
     body = lines
     if lines and lines[0].strip() == "---":
         end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
-        header = lines[1:end] if end is not None else []
-        body = lines[end + 1:] if end is not None else lines
+        header = lines[1:end] if end is not None else lines[1:]
+        body = lines[end + 1:] if end is not None else lines[1:]
         for i, line in enumerate(header):
             key, colon, value = line.partition(":")
             if not colon or key.strip() != "description" or line[:1].isspace():

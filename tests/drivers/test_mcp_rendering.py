@@ -173,9 +173,16 @@ def test_codex_gets_overrides_an_env_file_and_a_skills_catalogue(
         ("---\nname: x\n---\n\nBody line.\n", "Body line."),
         ("", "(no description)"),
         ("---\ndescription: " + "y" * 2000 + "\n---\n", "y" * 1021 + "..."),
+        # Saved by a Windows editor, with a byte order mark before the front matter.
+        ("\ufeff---\r\ndescription: with a BOM\r\n---\r\nbody", "with a BOM"),
+        ("\ufeff# Title\n", "Title"),
+        # Front matter never closed.
+        ("---\nname: x\ndescription: never closed\n", "never closed"),
+        ("---\n\nJust a rule, then text.\n", "Just a rule, then text."),
+        ("---\n", "(no description)"),
     ],
 )
 def test_codex_skill_descriptions(tmp_path: Path, skill_md: str, description: str) -> None:
     path = tmp_path / "SKILL.md"
-    path.write_text(skill_md)
+    path.write_text(skill_md, encoding="utf-8")
     assert codex._skill_description(str(path)) == description
