@@ -1024,7 +1024,11 @@ class RunPipeline:
             except errors.ApprovalResolvedError:
                 # A response too late (or a second one): the outcome that won stands.
                 pass
-            except Exception as exc:
+            except BaseException as exc:
+                # KeyboardInterrupt and SystemExit too: this is the run's own thread, where no
+                # signal lands, so the callback raised them itself.  Let through, they would
+                # unwind the driver (the error then blaming it) and leave the request open,
+                # a response after the run's end taken as if it counted.
                 responder.expire("aborted")
                 self.end(_Terminal("handler", "approval handler raised", cause=exc))
                 return Outcome("aborted")

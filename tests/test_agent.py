@@ -866,6 +866,30 @@ def test_handler_that_raises_or_does_not_resolve_fails_the_run() -> None:
         adaptor.Agent(ScriptedDriver([PERMISSION]), on_approval=adaptor.deny_all).run("go")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("raised", [KeyboardInterrupt(), SystemExit(3)])
+def test_a_handler_raising_a_base_exception_fails_the_run_like_any_raising_handler(
+    raised: BaseException,
+) -> None:
+    # Not an Exception: once it unwound through the driver, the run blamed the driver and the
+    # request stayed open, a response after the run's end accepted as if it counted.
+    asked: list[events.ApprovalRequest] = []
+
+    def raising(req: events.ApprovalRequest) -> None:
+        asked.append(req)
+        raise raised
+
+    stream = adaptor.Agent(ScriptedDriver([PERMISSION, {"text": "done"}]), on_approval=raising).stream("go")
+    evs = collect(stream)
+    with pytest.raises(adaptor.AgentFailedError, match="approval handler raised") as info:
+        stream.result()
+    assert info.value.cause is raised
+    assert_lifecycle(evs)
+    resolved = [e for e in evs if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
+    assert [e.data["result"] for e in resolved] == ["aborted"]
+    with pytest.raises(adaptor.ApprovalExpiredError):
+        asked[0].approve()
+
+
 # --- backpressure -------------------------------------------------------------------------------
 
 
