@@ -130,6 +130,9 @@ class Agent:
             spawn=spawn,
         )
         self._closed = False
+        # Set once the driver's close_processes() returned: a close() that did not get that
+        # far (a Ctrl-C in its wait, a closer that raised) leaves it to the next call.
+        self._processes_closed = False
         self._lock = threading.Lock()
         self._active: set[RunPipeline] = set()
         self._idle = threading.Condition(self._lock)
@@ -190,8 +193,9 @@ class Agent:
     def close(self, timeout: float = 10) -> None:
         """Refuse new runs, cancel active ones and wait up to ``timeout`` seconds for them.
 
-        Idempotent.  Drivers with persistent processes get ``close_processes(timeout)``; then
-        the tool gateway, if a run started one, is shut down.
+        Idempotent.  Drivers with persistent processes get ``close_processes(timeout)``, once,
+        by the first call that gets that far; then the tool gateway, if a run started one, is
+        shut down.
         """
         # Checked first: a wrong one found after the runs were cancelled left the agent half
         # closed (refusing runs, its CLI processes and gateway still up).
@@ -199,7 +203,6 @@ class Agent:
         if limit is None:
             raise TypeError("close(timeout) takes a number of seconds, not None")
         with self._lock:
-            first = not self._closed
             self._closed = True
             active = list(self._active)
         for run in active:
@@ -212,8 +215,9 @@ class Agent:
                     break
                 self._idle.wait(remaining)
         closer = getattr(self.driver, "close_processes", None)
-        if first and callable(closer):
+        if callable(closer) and not self._processes_closed:
             closer(max(deadline - time.monotonic(), 0.0))
+            self._processes_closed = True
         # After the runs and the CLI processes: a CLI still running may still call a tool.
         with self._gateway_lock:
             gateway, self._gateway = self._gateway, None

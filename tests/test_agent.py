@@ -431,6 +431,49 @@ def test_close_cancels_active_runs() -> None:
         stream.result()
 
 
+class KeepsProcesses(ScriptedDriver):
+    """Records close_processes(); its run goes on until released, whatever the cancel."""
+
+    def __init__(self) -> None:
+        super().__init__([{"text": "x"}])
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.closed: list[float | None] = []
+
+    def run(self, request: Request, sink: Any) -> Response:
+        self.entered.set()
+        self.release.wait(30)
+        return super().run(request, sink)
+
+    def close_processes(self, timeout: float | None = None) -> None:
+        self.closed.append(timeout)
+
+
+def test_a_close_interrupted_while_it_waits_leaves_the_processes_to_the_next_close() -> None:
+    # The first close() alone closed the driver's processes: interrupted (Ctrl-C) while it
+    # waited for a run, it never did, and every later close() took the agent as closed.
+    driver = KeepsProcesses()
+    agent = adaptor.Agent(driver)
+    stream = agent.stream("go")
+    assert driver.entered.wait(10)
+
+    def interrupt_once_waiting() -> None:
+        _until(lambda: agent.closed)
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: it interrupts the blocked wait
+
+    threading.Thread(target=interrupt_once_waiting, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        agent.close(timeout=60)
+    assert driver.closed == []
+    driver.release.set()
+    with pytest.raises(adaptor.RunCancelledError):
+        stream.result()
+    agent.close(timeout=10)
+    assert len(driver.closed) == 1
+    agent.close(timeout=10)
+    assert len(driver.closed) == 1  # once done, not again
+
+
 def test_programmer_errors_raise_immediately() -> None:
     with pytest.raises(TypeError):
         adaptor.Agent(None)  # type: ignore[arg-type]
