@@ -34,6 +34,7 @@ def cli() -> None:
                        (default: $XDG_STATE_HOME/adaptord, ~/.local/state/adaptord)
       XDG_CONFIG_HOME  the config file is $XDG_CONFIG_HOME/adaptord/config.toml
       NOTIFY_SOCKET    serve tells systemd READY and STOPPING (Type=notify)
+      WATCHDOG_USEC    serve pings systemd's watchdog (WatchdogSec=)
     """
 
 

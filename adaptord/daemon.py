@@ -272,6 +272,9 @@ class Daemon:
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
         self._next_prune = 0.0  # monotonic; when the next pass of retention starts
         self._pruner: threading.Thread | None = None  # the pass in progress
+        # Off until READY=1: systemd arms its watchdog then, and a ping before would arm it
+        # during the start-up, which its start timeout bounds instead.
+        self._watchdog = _Watchdog(None)
 
     # -- logging and audit -------------------------------------------------------------------
 
@@ -398,10 +401,14 @@ class Daemon:
             self._scan()
             self._daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
             _notify("READY=1\nSTATUS=serving")
+            self._watchdog = _Watchdog.from_environment()
             self.log("ready", home=self.home.root, workers=self.workers)
             listener_died = None
             while True:
-                self._wake.wait(_REREAD_INTERVAL if self._being_written else self.config.scan_interval)
+                self._watchdog.ping()
+                self._wake.wait(self._watchdog.bound(
+                    _REREAD_INTERVAL if self._being_written else self.config.scan_interval
+                ))
                 if self._stop_signalled:
                     self._stop.set()
                     break
@@ -660,6 +667,7 @@ class Daemon:
         for start in range(0, len(names), _CLAIM_BATCH):
             if self._stopping():
                 return
+            self._watchdog.ping()  # a burst of thousands is claimed in one turn of the loop
             claimed: list[tuple[str, str, Path]] = []
             for name in names[start : start + _CLAIM_BATCH]:
                 try:
@@ -1404,6 +1412,7 @@ class Daemon:
         if not all(folder.is_dir() for folder in (self.home.verdicts, self.home.runs, self.home.events)):
             self._restore_home()
         for request_id, write in pending:
+            self._watchdog.ping()  # each verdict is a few fsyncs, and a full disk defers many
             try:
                 write()
             except OSError:
@@ -1863,7 +1872,9 @@ class Daemon:
                 left = grace_ends - time.monotonic()
                 if left <= 0:
                     break
-                self._idle.wait(min(left, _DRAIN_SLICE))
+                # A long --grace is the runs' time, not a hang of the daemon.
+                self._watchdog.ping()
+                self._idle.wait(self._watchdog.bound(min(left, _DRAIN_SLICE)))
             running = list(self._running.values())
         if running and self._stop_signals >= 2:
             self.log("signalled again; cancelling running work now", running=len(running))
@@ -1999,8 +2010,59 @@ def _claimed_at(claimed: Path) -> str:
         return _now()
 
 
-def _notify(message: str) -> None:
-    """sd_notify(3) without libsystemd: one datagram to ``$NOTIFY_SOCKET``."""
+class _Watchdog:
+    """systemd's watchdog (``WatchdogSec=``): ``WATCHDOG=1`` as the main loop turns.
+
+    Only the main thread pings, between pieces of its own work: pings from a thread of their
+    own would go on while the loop is stuck (a deadlock, a hung filesystem call), and a daemon
+    that claims nothing would never be restarted.
+    """
+
+    def __init__(self, interval: float | None) -> None:
+        self.interval = interval
+        """Seconds between two pings, or ``None`` when no watchdog is asked for."""
+        self._due = 0.0  # monotonic
+
+    @classmethod
+    def from_environment(cls) -> _Watchdog:
+        """sd_watchdog_enabled(3) without libsystemd: ``$WATCHDOG_USEC``, for this process
+        only if ``$WATCHDOG_PID`` is unset or its pid; an invalid value means no watchdog."""
+        pid = os.environ.get("WATCHDOG_PID")
+        if pid is not None and _unsigned(pid) != os.getpid():
+            return cls(None)
+        usec = _unsigned(os.environ.get("WATCHDOG_USEC", ""))
+        if usec is None or usec == 0 or usec >= 2**64 - 1:  # 0 and USEC_INFINITY: none
+            return cls(None)
+        # A quarter: pings then come at most half of WATCHDOG_USEC apart (sd_watchdog_enabled's
+        # advice) even when the loop's turn after a wait takes another quarter.
+        return cls(usec / 1e6 / 4)
+
+    def ping(self) -> None:
+        """Tell systemd the loop is alive, unless it did less than ``interval`` ago."""
+        if self.interval is None:
+            return
+        now = time.monotonic()
+        if now >= self._due:
+            self._due = now + self.interval
+            # Never waited for: a ping the socket's full queue drops matters less than a main
+            # loop held by a busy manager, and the next one comes an interval later.
+            _notify("WATCHDOG=1", wait=False)
+
+    def bound(self, timeout: float) -> float:
+        """``timeout`` cut short to when the next ping is due: the wait of a loop that pings."""
+        if self.interval is None:
+            return timeout
+        return min(timeout, max(self._due - time.monotonic(), 0.0))
+
+
+def _unsigned(text: str) -> int | None:
+    """``text`` as a decimal integer of ASCII digits only, or ``None``."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _notify(message: str, *, wait: bool = True) -> None:
+    """sd_notify(3) without libsystemd: one datagram to ``$NOTIFY_SOCKET``; ``wait=False``
+    drops it rather than wait for room in the socket's queue."""
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return
@@ -2009,7 +2071,7 @@ def _notify(message: str) -> None:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(address)
-            sock.sendall(message.encode())
+            sock.send(message.encode(), 0 if wait else socket.MSG_DONTWAIT)
     except OSError:
         pass
 

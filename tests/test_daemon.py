@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import importlib
@@ -14,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -1647,6 +1649,147 @@ def test_sd_notify_ready_and_stopping(tmp_path: Path) -> None:
     assert proc.stop() == 0
     assert b"STOPPING=1" in sock.recv(4096)
     sock.close()
+
+
+class _NotifySocket:
+    """The systemd end of sd_notify: a real AF_UNIX datagram socket the daemon sends to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(self.path)
+
+    def until(self, needle: bytes, timeout: float = 60.0) -> list[bytes]:
+        """The datagrams up to the first holding ``needle``, which arrives within ``timeout``."""
+        seen: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while not seen or needle not in seen[-1]:
+            left = deadline - time.monotonic()
+            self._sock.settimeout(max(left, 0.001))
+            try:
+                seen.append(self._sock.recv(4096))
+            except TimeoutError:
+                raise AssertionError(f"no {needle!r} within {timeout:g} s; got {seen}") from None
+        return seen
+
+    def pings(self, count: int, timeout: float = 60.0) -> None:
+        for _ in range(count):
+            self.until(b"WATCHDOG=1", timeout)
+
+    def during(self, seconds: float) -> list[bytes]:
+        """Every datagram arriving within the next ``seconds``."""
+        seen: list[bytes] = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self._sock.settimeout(left)
+            try:
+                seen.append(self._sock.recv(4096))
+            except TimeoutError:
+                break
+        return seen
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+_WATCHDOG = {"WATCHDOG_USEC": "400000"}  # pings every 0.1 s
+
+
+def test_the_watchdog_is_pinged_while_idle_running_and_draining(tmp_path: Path) -> None:
+    # With WatchdogSec= in its unit, systemd restarts a daemon whose main loop hangs; but the
+    # daemon sent no WATCHDOG=1 at all, so systemd killed a healthy one after WatchdogSec.
+    notify = _NotifySocket(tmp_path / "notify.sock")
+    proc = DaemonProcess(
+        tmp_path / "home", "--grace", "3", env={"NOTIFY_SOCKET": notify.path, **_WATCHDOG}
+    ).start()
+    notify.until(b"READY=1")
+    notify.pings(5)  # idle: the loop's wait (scan_interval, 2 s by default) is cut short
+    rid = proc.submit(script({"text": "started"}, {"sleep": 60}))
+    proc.wait_for_line(f"request.started id={rid}")
+    notify.pings(5)
+    proc.signal(signal.SIGTERM)
+    notify.until(b"STOPPING=1")
+    notify.pings(5)  # the drain waits up to --grace for the run: not a hang either
+    assert proc.wait_exit() == 0
+    assert proc.verdict(rid)["error"]["type"] == "RunCancelledError"
+    notify.close()
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # no WatchdogSec=
+        {**_WATCHDOG, "WATCHDOG_PID": "1"},  # meant for another process (the daemon's parent)
+        {**_WATCHDOG, "WATCHDOG_PID": "x"},
+        {"WATCHDOG_USEC": "0.4"},
+        {"WATCHDOG_USEC": "0"},
+    ],
+)
+def test_no_watchdog_pings_unless_asked_for_this_process(tmp_path: Path, env: dict[str, str]) -> None:
+    notify = _NotifySocket(tmp_path / "notify.sock")
+    proc = DaemonProcess(tmp_path / "home", env={"NOTIFY_SOCKET": notify.path, **env}).start()
+    notify.until(b"READY=1")
+    assert notify.during(2.0) == []
+    assert proc.stop() == 0
+    assert b"STOPPING=1" in notify.until(b"STOPPING=1")[-1]
+    notify.close()
+
+
+def test_the_watchdog_is_for_this_process_when_it_names_its_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptord.daemon import _Watchdog
+
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    assert _Watchdog.from_environment().interval == 7.5
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid() + 1))
+    assert _Watchdog.from_environment().interval is None
+
+
+def test_a_stuck_main_loop_stops_the_watchdog_pings(tmp_path: Path) -> None:
+    # The point of the watchdog: the main loop stuck in a system call (here a write to a full
+    # stderr pipe, as when journald does not read) must go quiet, whatever the other threads do.
+    notify = _NotifySocket(tmp_path / "notify.sock")
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=write_end,
+        env={**os.environ, "NOTIFY_SOCKET": notify.path, **_WATCHDOG},
+    )
+    drained = bytearray()
+    reader = threading.Thread(target=lambda: _read_all(read_end, drained), daemon=True)
+    try:
+        notify.until(b"READY=1")
+        notify.pings(3)
+        # Filled through a description of its own: O_NONBLOCK on the daemon's would make its
+        # writes fail (and be skipped) rather than wait.
+        filler = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY | os.O_NONBLOCK)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(filler, b"x" * 4096)
+        os.close(filler)
+        proc.send_signal(signal.SIGHUP)  # the main loop logs "config reloaded": it blocks there
+        deadline = time.monotonic() + 60
+        while notify.during(1.0):  # pings sent before it got there
+            assert time.monotonic() < deadline, "the pings went on"
+        assert notify.during(2.0) == []
+        assert proc.poll() is None
+        reader.start()  # unblocked, the same loop goes on pinging
+        notify.pings(3)
+    finally:
+        if reader.ident is None:  # failed before: a daemon blocked on its stderr cannot stop
+            reader.start()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        os.close(write_end)
+        reader.join(timeout=60)
+        os.close(read_end)
+        notify.close()
+    assert b"adaptord: config reloaded" in drained
+
+
+def _read_all(fd: int, into: bytearray) -> None:
+    while chunk := os.read(fd, 65536):
+        into += chunk
 
 
 def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:

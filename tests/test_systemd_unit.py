@@ -28,6 +28,8 @@ def test_unit_is_a_notify_service_that_outlives_the_grace_period() -> None:
     # systemd SIGKILLs a drain that overruns TimeoutStopSec, before its verdicts are written.
     assert float(service["TimeoutStopSec"]) > grace + _STOP_TAIL
     assert "69" in service["RestartPreventExitStatus"].split()
+    # A hung main loop is restarted; a busy one (a slow fsync) is not taken for hung.
+    assert float(service["WatchdogSec"]) >= 120
     assert parser["Install"]["WantedBy"] == "default.target"
 
 
