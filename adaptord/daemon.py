@@ -794,7 +794,7 @@ class Daemon:
             self.audit("request.received", request_id, attempt=attempt)
         self._being_written.pop(request_id, None)
         try:
-            body = self._sparing_descriptors(lambda: requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
+            body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
             request = requests.parse(body, request_id)
         except InvalidRequestError as exc:
             if requests.maybe_cut_short(exc) and _written_lately(claimed):
@@ -809,7 +809,9 @@ class Daemon:
             return
         except OSError as exc:
             if _out_of_descriptors(exc):
-                # The daemon's shortage, not the request's fault: read again shortly.
+                # The daemon's shortage, not the request's fault: read again shortly (the main
+                # loop does not wait for descriptors here).
+                self._let_idle_logs_go()
                 if not again:
                     self.log("out of file descriptors; the request is read again shortly", id=request_id)
                 self._being_written[request_id] = functools.partial(
@@ -1390,9 +1392,7 @@ class Daemon:
             self._try_write_verdict(request_id, **verdict)
         except OSError as exc:
             if _out_of_descriptors(exc):
-                # Out of descriptors: idle audit logs let theirs go before the retry.
-                with contextlib.suppress(Exception):
-                    self._events_backend.close_idle()
+                self._let_idle_logs_go()  # before the retry
             with self._lock:
                 first = request_id not in self._deferred
                 self._deferred[request_id] = functools.partial(self._try_write_verdict, request_id, **verdict)
@@ -1656,21 +1656,25 @@ class Daemon:
         self._sparing_descriptors(lambda: _durable.atomic_write_json(path, written, durable=False))
 
     def _sparing_descriptors(self, action: Callable[[], _T]) -> _T:
-        """``action()``, tried again while this process is out of file descriptors (a low
-        ``ulimit -n``, the workers' writes all at once): after idle audit logs let theirs go,
-        then after short pauses in which the other workers' writes end.  A run's bookkeeping
-        must not fail it for that, nor a request be refused.  The last error is raised after
-        about half a second."""
+        """``action()``, tried again while this process is out of file descriptors
+        (a low ``ulimit -n``, the workers' writes all at once): after idle audit logs let
+        theirs go, then after short pauses in which the other workers' writes end.  A run's
+        bookkeeping must not fail it for that.  The last error is raised after about half a
+        second."""
         for pause in _DESCRIPTOR_PAUSES:
             try:
                 return action()
             except OSError as exc:
                 if not _out_of_descriptors(exc):
                     raise
-            with contextlib.suppress(Exception):
-                self._events_backend.close_idle()
+            self._let_idle_logs_go()
             time.sleep(pause)
         return action()
+
+    def _let_idle_logs_go(self) -> None:
+        """Out of descriptors: the audit logs no run is writing close theirs."""
+        with contextlib.suppress(Exception):
+            self._events_backend.close_idle()
 
     def _cleanup_claim(self, request_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -886,7 +886,8 @@ def test_descriptors_running_out_for_a_moment_fail_no_run_and_refuse_no_request(
     # state.json could not be written then failed ("Too many open files"), and a request read
     # then was refused as an unreadable file (exit 2).  Both are tried again now.  The shortage
     # is injected (EMFILE from the daemon's own reads and writes), as the moment cannot be
-    # made to come on cue.
+    # made to come on cue: lowering the daemon's limit to its lowest free descriptor for those
+    # calls was tried, and another thread closing one meanwhile let a call through.
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(_DESCRIPTORS_RUN_OUT)
@@ -900,10 +901,10 @@ def test_descriptors_running_out_for_a_moment_fail_no_run_and_refuse_no_request(
     rid = proc.submit(script({"text": "ran anyway"}))
     verdict = proc.verdict(rid)
     assert verdict["ok"] and verdict["result"]["text"] == "ran anyway", verdict
+    assert f"out of file descriptors; the request is read again shortly id={rid}" in "\n".join(proc.lines)
+    assert proc.stop() == 0  # (the state says done once the verdict is written: after it)
     assert orjson.loads((proc.home.run_dir(rid) / "state.json").read_bytes())["status"] == "done"
     assert orjson.loads((proc.home.run_dir(rid) / "request.json").read_bytes())["prompt"] == "go"
-    assert f"out of file descriptors; the request is read again shortly id={rid}" in "\n".join(proc.lines)
-    assert proc.stop() == 0
 
 
 def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tmp_path: Path) -> None:
