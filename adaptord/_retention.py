@@ -229,17 +229,25 @@ def _clear_trash(folder: os.PathLike[str], pruned: Pruned) -> None:
         _remove(path, pruned, None)
 
 
-def _remove(path: str | os.PathLike[str], pruned: Pruned, what: str | None) -> None:
-    """Remove a file, a link (never followed) or a whole folder; count it under ``what``."""
+def remove_entry(path: str | os.PathLike[str]) -> bool:
+    """Remove a file, a link (never followed) or a whole folder; ``False`` when it was gone
+    already.  Raises the ``OSError`` that stopped it."""
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
             shutil.rmtree(path)
         else:
             os.unlink(path)
     except FileNotFoundError:
-        return
+        return False
+    return True
+
+
+def _remove(path: str | os.PathLike[str], pruned: Pruned, what: str | None) -> None:
+    """:func:`remove_entry`, counted under ``what`` (a failure: in ``pruned.failed``)."""
+    try:
+        removed = remove_entry(path)
     except OSError as exc:
         pruned._failed(exc)
         return
-    if what is not None:
+    if removed and what is not None:
         setattr(pruned, what, getattr(pruned, what) + 1)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from adaptord._retention import remove_entry
 
 
 @contextlib.contextmanager
@@ -44,38 +44,24 @@ class Cleared:
 
 
 def clear(folder: Path) -> Cleared:
-    """Remove every entry of ``folder``, never following a symbolic link.
-
-    The folder is opened with ``O_NOFOLLOW`` and emptied through that descriptor (links in it
-    are removed, not followed, and :func:`shutil.rmtree` on a descriptor is safe against links
-    swapped in meanwhile), so a link at the folder's name or in it never takes the removal
-    outside the home.  A missing folder holds nothing; an entry that cannot be removed is
-    counted and left for the next start.
+    """Remove every entry of ``folder`` (links are removed, never followed, as retention
+    removes; the folder itself is one of the home's checked folders, never a link).  A missing
+    folder holds nothing; an entry that cannot be removed is counted and left for the next
+    start.
     """
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.scandir(folder) as entries:
+            paths = [entry.path for entry in entries]
     except FileNotFoundError:
         return Cleared()
-    except OSError as exc:  # a link (ELOOP) or a file (ENOTDIR) at its name: not ours to empty
+    except OSError as exc:
         return Cleared(failed=1, error=exc)
     removed = failed = 0
     first: OSError | None = None
-    try:
-        with os.scandir(fd) as entries:
-            names = [entry.name for entry in entries]
-        for name in names:
-            try:
-                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                    shutil.rmtree(name, dir_fd=fd)
-                else:
-                    os.unlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                failed += 1
-                first = first or exc
-            else:
-                removed += 1
-    finally:
-        os.close(fd)
+    for path in paths:
+        try:
+            removed += remove_entry(path)
+        except OSError as exc:
+            failed += 1
+            first = first or exc
     return Cleared(removed, failed, first)
