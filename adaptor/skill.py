@@ -43,6 +43,7 @@ compressed archive cannot make staging read or hold more; any failure is
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -98,6 +99,10 @@ _CHUNK = 1 << 20
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# What opening a folder that was there a moment ago says once it is a link (O_NOFOLLOW),
+# a file (O_DIRECTORY) or gone.
+_REPLACED = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT})
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")
 
 _Str = (str,)
@@ -666,41 +671,85 @@ def _stage(skill: Skill, stager: _Stager) -> None:
 
 
 def _stage_dir(root: Path, stager: _Stager) -> None:
-    if not root.is_dir():
-        raise NotADirectoryError(f"{root} is not a directory")
-    pending: list[tuple[Path, tuple[str, ...]]] = [(root, ())]
-    while pending:
-        directory, prefix = pending.pop()
-        with os.scandir(directory) as listing:
-            entries = sorted(listing, key=lambda e: e.name)
-        for entry in entries:
-            stager.count()
-            parts = (*prefix, entry.name)
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(info.st_mode):
-                stager.directory(parts)
-                pending.append((Path(entry.path), parts))
-            elif stat.S_ISREG(info.st_mode):
-                stager.declared_size(parts, info.st_size)
-                # (It may have been swapped for something else since the scan.)
-                fd = _open_file(entry.path, _O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as reader:
-                    stager.file(parts, reader, bool(info.st_mode & 0o111))
-            else:
-                raise ValueError(f"{'/'.join(parts)!r} is a {_kind(info.st_mode)}, not a file")
+    # Every folder below the root is opened relative to its parent's descriptor and never
+    # through a symbolic link, so one swapped for a link while the copy runs (after its entry
+    # was checked) is refused instead of followed out of the skill.  The root itself is what
+    # the caller named, link or not.
+    try:
+        root_fd = os.open(root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    except (NotADirectoryError, FileNotFoundError):
+        raise NotADirectoryError(f"{root} is not a directory") from None
+    try:
+        pending: list[tuple[str, ...]] = [()]
+        while pending:
+            prefix = pending.pop()
+            directory = _open_below(root_fd, prefix)
+            try:
+                with os.scandir(directory) as listing:
+                    entries = sorted(listing, key=lambda e: e.name)
+                for entry in entries:
+                    stager.count()
+                    parts = (*prefix, entry.name)
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(info.st_mode):
+                        stager.directory(parts)
+                        pending.append(parts)
+                    elif stat.S_ISREG(info.st_mode):
+                        stager.declared_size(parts, info.st_size)
+                        fd = _open_file(entry.name, _O_NOFOLLOW, dir_fd=directory, shown=parts)
+                        with os.fdopen(fd, "rb") as reader:
+                            stager.file(parts, reader, bool(info.st_mode & 0o111))
+                    else:
+                        raise ValueError(
+                            f"{'/'.join(parts)!r} is a {_kind(info.st_mode)}, not a file"
+                        )
+            finally:
+                os.close(directory)
+    finally:
+        os.close(root_fd)
 
 
-def _open_file(path: str, flags: int = 0) -> int:
+def _open_below(root_fd: int, parts: tuple[str, ...]) -> int:
+    """A descriptor of the folder ``parts`` below ``root_fd``, no component a symbolic link.
+
+    Walked one component at a time from the root: only two descriptors are open at once,
+    however deep the tree.
+    """
+    fd = os.dup(root_fd)
+    for depth, name in enumerate(parts):
+        try:
+            child = os.open(name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno not in _REPLACED:
+                raise
+            shown = "/".join(parts[: depth + 1])
+            raise ValueError(f"{shown!r} was replaced while the skill was copied") from exc
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+
+def _open_file(
+    path: str, flags: int = 0, *, dir_fd: int | None = None, shown: tuple[str, ...] = ()
+) -> int:
     """A descriptor to read the regular file at ``path``; anything else raises ``ValueError``.
 
     Opened non-blocking, then checked: opening a FIFO for reading waits for a writer, so a
     skill naming one would hold its run (and a daemon worker) forever, beyond any cancel.
+    ``shown``: the name to give in that error (a path relative to ``dir_fd``, else ``path``).
     """
-    fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | flags)
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if not shown or exc.errno not in _REPLACED:
+            raise
+        raise ValueError(f"{'/'.join(shown)!r} was replaced while the skill was copied") from exc
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise ValueError(f"{path} is a {_kind(mode)}, not a file")
+            name = repr("/".join(shown)) if shown else path
+            raise ValueError(f"{name} is a {_kind(mode)}, not a file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

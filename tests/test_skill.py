@@ -316,6 +316,53 @@ def test_links_and_devices_are_refused(tmp_path: Path) -> None:
     assert "symlink" in str(err.cause)
 
 
+def _swap_for_link(folder: Path, outside: Path) -> None:
+    """What another process could do at any moment: move ``folder`` away, link its name out."""
+    if not folder.is_symlink():  # once
+        folder.rename(folder.with_name(folder.name + "-moved"))
+        folder.symlink_to(outside, target_is_directory=True)
+
+
+def test_a_folder_replaced_by_a_link_while_it_is_copied_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The copy checks each entry, then reads it: a sub-folder (or a file's parent folder)
+    # swapped for a link in between must not bring the link's target into the skill.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.md").write_text("SECRET")
+    (outside / "secret.txt").write_text("SECRET")
+    source = make_dir(tmp_path, "src", {"SKILL.md": SKILL_MD, "docs/a.md": "mine"})
+
+    checked_folder = skill._Stager.directory
+
+    def swap_after_check(self: skill._Stager, parts: tuple[str, ...]) -> None:
+        checked_folder(self, parts)
+        if parts == ("docs",):
+            _swap_for_link(source / "docs", outside)
+
+    monkeypatch.setattr(skill._Stager, "directory", swap_after_check)
+    err = failure(tmp_path, skill.dir(source))
+    assert "'docs' was replaced while the skill was copied" in str(err.cause)
+    monkeypatch.undo()
+
+    # The folder swapped after it was listed, before its file is opened: the file is read
+    # from the folder that was listed (now moved), never through the link.
+    (source / "docs").unlink()
+    (source / "docs-moved").rename(source / "docs")
+    checked_size = skill._Stager.declared_size
+
+    def swap_before_open(self: skill._Stager, parts: tuple[str, ...], size: int) -> None:
+        checked_size(self, parts, size)
+        if parts == ("docs", "a.md"):
+            _swap_for_link(source / "docs", outside)
+
+    monkeypatch.setattr(skill._Stager, "declared_size", swap_before_open)
+    (staged,) = skill.materialize([skill.dir(source)], tmp_path / "out2")
+    assert (Path(staged.path) / "docs" / "a.md").read_text() == "mine"
+    assert not any("SECRET" in p.read_text() for p in Path(staged.path).rglob("*") if p.is_file())
+
+
 def test_an_archive_path_that_is_not_a_file_is_refused_without_waiting(tmp_path: Path) -> None:
     fifo = tmp_path / "skill.tar"
     os.mkfifo(fifo)
