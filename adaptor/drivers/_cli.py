@@ -145,7 +145,13 @@ def check_optional_path(name: str, value: object) -> None:
 def check_owned_flags(extra_args: tuple[str, ...], owned: frozenset[str],
                       why: str = "is set by the driver itself") -> None:
     for arg in extra_args:
-        flag = arg.split("=", 1)[0]
+        if len(arg) > 2 and arg[0] == "-" and arg[1] != "-":
+            # "-mgpt" is "-m gpt" to these CLIs' parsers (and "-pc" is "-p -c"): the flag is
+            # the first letter.  A value of another option that starts so is refused too;
+            # "--option=-mvalue" says it unambiguously.
+            flag = arg[:2]
+        else:
+            flag = arg.split("=", 1)[0]
         if flag in owned:
             raise ValueError(f"extra_args: {flag} {why}")
 

@@ -12,16 +12,18 @@ import pytest
 import adaptor
 from adaptor import errors
 from adaptor.driver import SessionState, StandardSessionCodec
-from adaptor.drivers import codebuddy, cursor, gemini
+from adaptor.drivers import claude, codebuddy, codex, cursor, gemini
 
 MODULES = [gemini, cursor, codebuddy]
 # One value per driver-specific field that validate_config must refuse.
 BAD_FIELDS: dict[Any, list[dict[str, Any]]] = {
     gemini: [{"approval_mode": "sometimes"}, {"home": ""}, {"extra_args": ["--yolo"]},
-             {"extra_args": ["--output-format=json"]}],
-    cursor: [{"mode": "debug"}, {"extra_args": ["--force"]}, {"extra_args": ["--resume=x"]}],
+             {"extra_args": ["--output-format=json"]}, {"extra_args": ["-mgemini-pro"]}],
+    cursor: [{"mode": "debug"}, {"extra_args": ["--force"]}, {"extra_args": ["--resume=x"]},
+             {"extra_args": ["-mgpt-5"]}],
     codebuddy: [{"effort": "huge"}, {"permission_mode": "yes"}, {"max_turns": 0},
-                {"extra_args": ["--print"]}, {"extra_args": ["--json-schema={}"]}],
+                {"extra_args": ["--print"]}, {"extra_args": ["--json-schema={}"]},
+                {"extra_args": ["-rabc"]}],
 }
 
 
@@ -43,6 +45,20 @@ def test_config_validation_and_json_form(module: Any) -> None:
             module.Driver(module.Config.from_dict(bad)).validate_config()
     with pytest.raises(adaptor.InvalidDriverConfigError):
         adaptor.Agent(module.Driver(module.Config(grace_period=-1))).run("x")
+
+
+# A short flag each driver sets itself, written with its value attached.
+ATTACHED_OWNED = {claude: "-rsession-1", codex: "-mgpt-5", gemini: "-mgemini-pro",
+                  cursor: "-mgpt-5", codebuddy: "-pc"}
+
+
+@pytest.mark.parametrize("module", list(ATTACHED_OWNED), ids=lambda m: m.__name__.rsplit(".")[-1])
+def test_an_owned_short_flag_with_its_value_attached_is_refused(module: Any) -> None:
+    # The CLIs' parsers read "-mgpt-5" as "-m gpt-5": the driver's own -m would be overridden.
+    with pytest.raises(ValueError, match=f"extra_args: {ATTACHED_OWNED[module][:2]} "):
+        module.Driver(module.Config(extra_args=(ATTACHED_OWNED[module],))).validate_config()
+    # A value attached with "=" to a long option is that option's, whatever it starts with.
+    module.Driver(module.Config(extra_args=("--add-note=-mine", "-Z1"))).validate_config()
 
 
 @pytest.mark.parametrize("module", MODULES)
