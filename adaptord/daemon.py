@@ -1593,7 +1593,12 @@ class Daemon:
     def _prepare_run_dir(self, job: Job) -> None:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
         run_dir = self.home.run_dir(job.id)
-        _durable.ensure_dir(run_dir, durable=False, follow_links=False)
+        try:
+            # A request's first start finds no run folder (_link_in_the_way has just looked):
+            # one mkdir, where ensure_dir would look at the folder and runs/ again first.
+            os.mkdir(run_dir, 0o700)
+        except OSError:  # there already (an earlier attempt's), or runs/ removed by hand
+            _durable.ensure_dir(run_dir, durable=False, follow_links=False)
         copy = requests.redacted_request(self._sparing_descriptors(lambda: self._whole_request(job)))
         self._sparing_descriptors(
             lambda: _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
