@@ -299,22 +299,27 @@ class SyncBatch:
         if exclusive:
             fd = os.open(path, flags | os.O_EXCL, 0o600)
         else:
-            if not data:
-                try:
-                    os.close(os.open(path, flags | os.O_EXCL, 0o600))
-                    return
-                except FileExistsError:
-                    pass  # an earlier writer's: truncated and synced like any other
-            # Not O_TRUNC: nothing is emptied before it is known to be the writer's own.
-            fd, found = open_regular(path, flags)
             try:
-                if found.st_nlink != 1:
-                    raise ForeignFileError(errno.EMLINK, "has another name (a hard link)", os.fspath(path))
-                if found.st_size:
-                    os.ftruncate(fd, 0)
-            except BaseException:
-                os.close(fd)
-                raise
+                # Usually the file is new (a run's side files): created here, it is the
+                # writer's own and empty, with nothing to look at before writing.
+                fd = os.open(path, flags | os.O_EXCL, 0o600)
+            except FileExistsError:
+                # An earlier writer's: truncated and synced like any other.  Not O_TRUNC:
+                # nothing is emptied before it is known to be the writer's own.
+                fd, found = open_regular(path, flags)
+                try:
+                    if found.st_nlink != 1:
+                        raise ForeignFileError(errno.EMLINK, "has another name (a hard link)", os.fspath(path))
+                    if found.st_size:
+                        os.ftruncate(fd, 0)
+                except BaseException:
+                    os.close(fd)
+                    raise
+            else:
+                if not data:
+                    # A new empty file has no content to sync (see above).
+                    os.close(fd)
+                    return
         self._descriptors.append(fd)
         _write_all(fd, data)
         self._start_writeback()
@@ -1509,7 +1514,8 @@ class DurableLog:
                     os.unlink(self._path)
                 raise
         self._fd = fd
-        return fd, os.fstat(fd).st_size
+        # Created empty just now (O_EXCL), under the lock every writer takes: no fstat needed.
+        return fd, 0
 
     def _check_file(self, fd: int, size: int) -> None:
         # Every writer holds the lock, acknowledged data is never removed and a torn tail only
