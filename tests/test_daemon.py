@@ -2443,7 +2443,7 @@ def test_lifecycle_log_group_commits_and_prints_each_line_after_its_record(tmp_p
     failures: list[BaseException] = []
     log = LifecycleLog(
         tmp_path, "adaptord",
-        emit=lambda line: printed.append((line, len(reader.since("adaptord")))),
+        emit=lambda lines: printed.extend((line, len(reader.since("adaptord"))) for line in lines.split("\n")),
         on_error=lambda what, exc: failures.append(exc),
     )
     for i in range(50):
