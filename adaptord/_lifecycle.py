@@ -51,9 +51,10 @@ class LifecycleLog:
     fact (it would compete for the GIL) and more facts share the batch; then it records the
     batch through a session recorder that does not sync per append, syncs once (group
     commit), and prints the batch's log lines with one call of ``emit`` (the lines joined by
-    ``\n``, without a final one): whoever sees a line finds the record in the file.  Nothing is recovered from this log, so nobody waits for it; a power loss can lose
-    the last facts not yet synced (the torn tail is repaired by the next append), never a
-    request or a verdict.
+    ``\n``, without a final one): whoever sees a line finds the record in the file.  Nothing
+    is recovered from this log, so nobody waits for it; a power loss can lose the last facts
+    not yet synced (the torn tail is repaired by the next append), never a request or a
+    verdict.
 
     The log stays at its name: a file moved away or removed (``mv``, logrotate, ``rm``) is
     noticed at the next batch, which starts a fresh file rather than appending on where
