@@ -940,8 +940,20 @@ def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tm
                 break
         assert causes[-1] == "RuntimeError", causes  # "can't start new thread"
 
-        running = proc.submit(sleeper)  # a cancel needs a thread to stop the agent: none left
-        proc.wait_for_line(f"request.started id={running}")
+        # A cancel needs a thread to stop the agent: none left.  The cap waits for the agent's
+        # first line in the audit log, which the run reads only once every thread of the run
+        # (output pump, deadline watch) is going; capping at "request.started" could come first.
+        announcing = {
+            "driver": "command", "prompt": "x",
+            "config": {"command": "/bin/sh", "extra_args": ["-c", "echo ready; exec /bin/sleep 300"],
+                       "env": {"MARK": marker}},
+        }
+        running = proc.submit(announcing)
+        audit_log = proc.home.events / f"{running}.jsonl"
+        deadline = time.monotonic() + 60
+        while not (audit_log.exists() and b"ready" in audit_log.read_bytes()):
+            assert time.monotonic() < deadline, "\n".join(proc.lines)
+            time.sleep(0.02)
         limit.cap()
         _home.request_cancel(proc.home, running)
         assert errors.from_wire(proc.verdict(running)["error"]).__class__ is errors.RunCancelledError
