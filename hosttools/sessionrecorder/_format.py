@@ -593,12 +593,19 @@ def _batches(f: IO[bytes], limit: int | None) -> Iterator[tuple[list[bytes], boo
         if b"\n" not in chunk:
             partial.append(chunk)
             continue
-        if partial:
-            partial.append(chunk)
-            chunk = b"".join(partial)
-            partial.clear()
         # readlines() finds newlines with memchr; bytes.split() tests byte by byte.
-        lines = io.BytesIO(chunk).readlines()
+        reader = io.BytesIO(chunk)  # shares the chunk's bytes: no copy
+        if partial:
+            # Only the line the chunk completes is joined; the rest is read in place.
+            end = chunk.index(b"\n") + 1
+            partial.append(chunk[:end])
+            first = b"".join(partial)
+            partial.clear()
+            reader.seek(end)
+            lines = reader.readlines()
+            lines.insert(0, first)
+        else:
+            lines = reader.readlines()
         if not lines[-1].endswith(b"\n"):
             partial.append(lines.pop())
         pending = lines
