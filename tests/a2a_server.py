@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,12 +324,19 @@ def raw_json_route(path: str, body: Any) -> BaseRoute:
     return Route(path, endpoint, methods=["POST"])
 
 
-def status_route(path: str, status_code: int, body: str = "server failure") -> BaseRoute:
-    """A raw route answering every POST with ``status_code`` and a plain-text ``body``."""
+def status_route(
+    path: str,
+    status_code: int,
+    body: str = "server failure",
+    headers: Mapping[str, str] | None = None,
+) -> BaseRoute:
+    """A raw route answering every POST with ``status_code``, a plain-text ``body`` and ``headers``."""
     from starlette.routing import Route
 
     async def endpoint(_: Any) -> Response:
-        return Response(body, status_code=status_code, media_type="text/plain")
+        return Response(
+            body, status_code=status_code, media_type="text/plain", headers=dict(headers or {})
+        )
 
     return Route(path, endpoint, methods=["POST"])
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import subprocess
 import sys
 import traceback
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -452,6 +454,38 @@ def test_a_server_failure_is_a_connection_error_naming_the_status(status: int, o
             else:
                 list(c.send_stream("echo x"))
     assert f"HTTP {status}" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("header", "low", "high"),
+    [
+        ("30", 30, 30),
+        # An HTTP date two minutes ahead (the wait counts from now).
+        (email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=120), usegmt=True), 100, 120),
+        (email.utils.format_datetime(datetime.now(UTC) - timedelta(seconds=60), usegmt=True), 0, 0),
+        ("99999999", 86400, 86400),  # no more than a day on the server's word
+        ("soon", None, None),
+        ("-5", None, None),
+    ],
+)
+def test_a_throttled_or_failing_server_s_retry_after_is_carried(
+    header: str, low: float | None, high: float | None
+) -> None:
+    # A 429 or 503 saying when to come back was reported as any other: a caller retrying at
+    # once only hammered the server that asked it to wait.
+    route = srv.status_route("/throttled", 429, headers={"Retry-After": header})
+    with srv.scripted_server(extra_routes=[route]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/throttled"))
+        with a2a.Client(card=card) as c, pytest.raises(ConnectionError) as caught:
+            c.send("echo x")
+    err = caught.value
+    assert "HTTP 429" in str(err)
+    if low is None or high is None:
+        assert not hasattr(err, "retry_after") and "retry after" not in str(err)
+    else:
+        retry_after = err.retry_after  # type: ignore[attr-defined]
+        assert isinstance(retry_after, float) and low <= retry_after <= high
+        assert f"retry after {retry_after:g} s" in str(err)
 
 
 def test_http_501_is_unsupported() -> None:

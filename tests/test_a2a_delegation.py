@@ -240,6 +240,19 @@ def test_a_remote_answering_http_500_is_unavailable_and_retryable(streaming: boo
     assert "HTTP 500" in str(err.cause)
 
 
+def test_a_remote_asking_to_retry_later_says_when_in_the_metadata() -> None:
+    route = srv.status_route("/throttled", 503, headers={"Retry-After": "7"})
+    with srv.scripted_server(extra_routes=[route]) as running:
+        card = srv.agent_card(running.base_url, rpc_path="/throttled", streaming=False)
+        spec = d.RemoteAgentSpec("throttled", card=srv.card_json(card), policy=FAST)
+        with _delegator(spec) as delegator:
+            err = _fails(delegator, d.DelegationRequest("throttled", "echo x"))
+    assert err.code == "agent_unavailable" and err.retryable
+    assert err.metadata["retry_after_s"] == 7.0
+    rebuilt = errors.from_wire(err.to_wire())
+    assert isinstance(rebuilt, d.DelegationError) and rebuilt.metadata["retry_after_s"] == 7.0
+
+
 @pytest.mark.parametrize(
     ("prompt", "code", "remote_status", "retryable"),
     [

@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy
+import email.utils
 import enum
 import json
 import os
@@ -30,6 +31,7 @@ import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
@@ -1346,7 +1348,10 @@ def _map_error(
     if isinstance(exc, A2AClientError):
         cause = exc.__cause__
         if isinstance(cause, httpx.HTTPStatusError):
-            return _map_status(op, cause.response.status_code, exc, secrets)
+            response = cause.response
+            return _map_status(
+                op, response.status_code, exc, secrets, response.headers.get("Retry-After")
+            )
         if isinstance(cause, httpx.TimeoutException):
             return _chained(TimeoutError(f"A2A {op}: timed out"), exc)
         if isinstance(cause, httpx.RequestError):
@@ -1373,7 +1378,11 @@ def _map_error(
 
 
 def _map_status(
-    op: str, status: int, exc: BaseException, secrets: tuple[str, ...]
+    op: str,
+    status: int,
+    exc: BaseException,
+    secrets: tuple[str, ...],
+    retry_after_header: str | None = None,
 ) -> BaseException:
     if status in (401, 403):
         return UnauthorizedError(f"A2A {op}: HTTP {status}", cause=exc)
@@ -1382,8 +1391,39 @@ def _map_status(
     # A 5xx is the server failing (or a gateway in front of it), whatever its body says: the
     # request may succeed later, like a timeout or a throttled one.
     if status in (408, 429) or 500 <= status <= 599:
-        return _chained(ConnectionError(f"A2A {op}: remote agent unavailable (HTTP {status})"), exc)
+        retry_after = _retry_after_seconds(retry_after_header)
+        if retry_after is None:
+            unavailable = ConnectionError(f"A2A {op}: remote agent unavailable (HTTP {status})")
+        else:
+            unavailable = ConnectionError(
+                f"A2A {op}: remote agent unavailable (HTTP {status}, retry after {retry_after:g} s)"
+            )
+            # A builtin error has no field for it: an attribute, documented (docs/a2a.md).
+            unavailable.retry_after = retry_after  # type: ignore[attr-defined]
+        return _chained(unavailable, exc)
     return ProtocolError(op, f"unexpected HTTP status {status}", exc, _raw(str(exc), secrets))
+
+
+# Longer than this is not a wait a caller would make on the remote's word (a day).
+_RETRY_AFTER_MAX = 86400.0
+
+
+def _retry_after_seconds(header: str | None) -> float | None:
+    """Seconds to wait that a ``Retry-After`` header asks for (RFC 9110: delta-seconds or an
+    HTTP-date); None for no header or one that says nothing usable."""
+    if header is None:
+        return None
+    text = header.strip()
+    if text.isascii() and text.isdigit():
+        return min(float(text), _RETRY_AFTER_MAX)
+    try:
+        moment = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:  # "-0000": an HTTP-date is GMT all the same
+        moment = moment.replace(tzinfo=UTC)
+    wait = (moment - datetime.now(UTC)).total_seconds()
+    return min(max(round(wait, 3), 0.0), _RETRY_AFTER_MAX)
 
 
 def _map_card_error(exc: AgentCardResolutionError) -> BaseException:

@@ -546,7 +546,10 @@ class _Delegation:
         if isinstance(exc, ProtocolError):
             return self.fail("protocol_error", cause=exc)
         if isinstance(exc, ConnectionError | TimeoutError | StreamRecoveryError):
-            return self.fail("agent_unavailable", retryable=True, cause=exc)
+            # A throttled or failing server's Retry-After (the a2a client's attribute).
+            retry_after = getattr(exc, "retry_after", None)
+            extra = {} if retry_after is None else {"retry_after_s": retry_after}
+            return self.fail("agent_unavailable", retryable=True, cause=exc, **extra)
         raise exc
 
     def fail(
