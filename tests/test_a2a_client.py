@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -456,23 +456,30 @@ def test_a_server_failure_is_a_connection_error_naming_the_status(status: int, o
     assert f"HTTP {status}" in str(caught.value)
 
 
+def _http_date_in(seconds: float) -> str:
+    return email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=seconds), usegmt=True)
+
+
 @pytest.mark.parametrize(
     ("header", "low", "high"),
     [
         ("30", 30, 30),
-        # An HTTP date two minutes ahead (the wait counts from now).
-        (email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=120), usegmt=True), 100, 120),
-        (email.utils.format_datetime(datetime.now(UTC) - timedelta(seconds=60), usegmt=True), 0, 0),
+        # An HTTP date two minutes ahead, one a minute ago (the wait counts from now).
+        (lambda: _http_date_in(120), 100, 120),
+        (lambda: _http_date_in(-60), 0, 0),
         ("99999999", 86400, 86400),  # no more than a day on the server's word
         ("soon", None, None),
         ("-5", None, None),
     ],
+    ids=["seconds", "date-ahead", "date-past", "too-long", "not-a-time", "negative"],
 )
 def test_a_throttled_or_failing_server_s_retry_after_is_carried(
-    header: str, low: float | None, high: float | None
+    header: str | Callable[[], str], low: float | None, high: float | None
 ) -> None:
     # A 429 or 503 saying when to come back was reported as any other: a caller retrying at
     # once only hammered the server that asked it to wait.
+    if callable(header):
+        header = header()  # a date made when the test runs, not when it is collected
     route = srv.status_route("/throttled", 429, headers={"Retry-After": header})
     with srv.scripted_server(extra_routes=[route]) as running:
         card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/throttled"))
