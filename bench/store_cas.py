@@ -1,13 +1,18 @@
 """Thread-store compare-and-swap cycles per second, against a raw flock+write+fsync loop.
 
-A cycle is what the Thread layer does around a turn: ``acquire_lease`` on the key's target,
-``finalize`` a new record under that lease (fsynced), ``release_lease``.  Cases
-(quality.md, ``store_cas``):
+A cycle is what the Thread layer does around a resumed turn: ``acquire_lease`` on the key's
+target, ``finalize`` the thread's record with its new session state under that lease (fsynced;
+the record keeps its id, as ``adaptor/_thread.py`` does when it resumes), ``release_lease``.
+(Until 2026-12-05 every cycle finalized a record with a new id, which no turn does: the store
+then grew by a record per cycle, and so did every compaction and every fresh process's first
+read.)  Cases (quality.md, ``store_cas``):
 
 * ``1 process``: one ``JSONLStore`` cycling over 16 keys; goal >= 0.5x raw.
 * ``4 processes``: four processes with their own ``JSONLStore`` on one directory, each cycling
   over the same 16 keys from a different starting point; a ``BusyError`` (another process holds
   that key right now) moves on to the next key and is counted, not a cycle.  Goal >= 0.5x raw.
+  Each slice starts its processes afresh; each reads the store's files before the common
+  start, as the single process of the other case did once.
 
 The baseline is the same number of processes looping ``flock`` on one lock file, ``write`` of
 one line as long as a finalize line, ``fsync``, unlock: the least a durable, cross-process
@@ -55,7 +60,8 @@ def _record(key: str, serial: int) -> Any:
 
     now = datetime.now(UTC)
     return Record(
-        id=f"rec-{key}-{os.getpid()}-{serial}",
+        # A resumed turn keeps its thread's record (adaptor/_thread.py: reuse): one per key.
+        id=f"rec-{key}",
         key=key,
         status="active",
         driver_type="script",
@@ -72,12 +78,17 @@ def _record(key: str, serial: int) -> Any:
 
 
 def store_step(
-    directory: Path, start: int, busy: list[int]
+    directory: Path, start: int, busy: list[int], *, load_now: bool = False
 ) -> tuple[Callable[[], int], Callable[[], None]]:
-    """One cycle per call over the 16 keys, starting at key ``start``; BusyError counts in busy."""
-    from adaptor.threadstore import BusyError, FinalizeRequest, JSONLStore
+    """One cycle per call over the 16 keys, starting at key ``start``; BusyError counts in busy.
+
+    ``load_now``: read the store's files now (snapshot and log), as the first call would.
+    """
+    from adaptor.threadstore import BusyError, FinalizeRequest, JSONLStore, Query
 
     store = JSONLStore(directory)
+    if load_now:
+        store.resolve(Query(key="thread-0"))
     owner = f"bench-{os.getpid()}-{start}"
     state = [start]
 
@@ -146,7 +157,11 @@ def _child(
 ) -> dict[str, int]:
     busy = [0]
     if mode == "store":
-        step, close = store_step(directory / "store", index * (KEYS // PROCESSES), busy)
+        # Loaded before the start, like the interpreter (below): each slice starts fresh
+        # processes, and the single process of the other case reads the files only once.
+        step, close = store_step(
+            directory / "store", index * (KEYS // PROCESSES), busy, load_now=True
+        )
     else:
         step, close = raw_step(directory, b"x" * (line_bytes - 1) + b"\n")
     ops = 0
