@@ -423,7 +423,9 @@ class Client:
     ``return_immediately``, so size it for that); streams have no read timeout, bound them with
     ``EventStream.next_event(timeout)``.  Transport failures raise builtin ``ConnectionError``
     and ``TimeoutError``, and so does a remote that answers HTTP 5xx (but 501), 408 or 429:
-    ``ConnectionError`` naming the status.  Everything else is one of this module's errors.
+    ``ConnectionError`` naming the status, with a ``retry_after`` attribute (seconds) when the
+    answer's ``Retry-After`` says when to come back.  Everything else is one of this module's
+    errors.
 
     Thread-safe; the SDK runs on one private event-loop thread per client.  ``close()`` it.
     """
