@@ -166,6 +166,9 @@ class LifecycleLog:
             for notice, _ in batch:
                 self._last_seq = self._recorder.record(self._session, notice).host_seq
             self._backend.flush()
+            # The next batch is at least a linger away, longer than the lock would linger
+            # unused: let it go now rather than have the reaper thread woken to do it.
+            _durable.release_lingering(self._path + ".lock")
         except Exception as exc:  # the audit log must never take the daemon down
             # A backend that failed may refuse every later append (a failed fsync whose lines
             # could not be cut away poisons the key); the next batch starts afresh,
