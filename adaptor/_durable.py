@@ -296,30 +296,29 @@ class SyncBatch:
         is left as it was.
         """
         flags = os.O_WRONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
-        if exclusive:
+        try:
+            # Usually the file is new (a run's side files): created here, it is the writer's
+            # own and empty, with nothing to look at before writing.
             fd = os.open(path, flags | os.O_EXCL, 0o600)
-        else:
+        except FileExistsError:
+            if exclusive:
+                raise
+            # An earlier writer's: truncated and synced like any other.  Not O_TRUNC: nothing
+            # is emptied before it is known to be the writer's own.
+            fd, found = open_regular(path, flags)
             try:
-                # Usually the file is new (a run's side files): created here, it is the
-                # writer's own and empty, with nothing to look at before writing.
-                fd = os.open(path, flags | os.O_EXCL, 0o600)
-            except FileExistsError:
-                # An earlier writer's: truncated and synced like any other.  Not O_TRUNC:
-                # nothing is emptied before it is known to be the writer's own.
-                fd, found = open_regular(path, flags)
-                try:
-                    if found.st_nlink != 1:
-                        raise ForeignFileError(errno.EMLINK, "has another name (a hard link)", os.fspath(path))
-                    if found.st_size:
-                        os.ftruncate(fd, 0)
-                except BaseException:
-                    os.close(fd)
-                    raise
-            else:
-                if not data:
-                    # A new empty file has no content to sync (see above).
-                    os.close(fd)
-                    return
+                if found.st_nlink != 1:
+                    raise ForeignFileError(errno.EMLINK, "has another name (a hard link)", os.fspath(path))
+                if found.st_size:
+                    os.ftruncate(fd, 0)
+            except BaseException:
+                os.close(fd)
+                raise
+        else:
+            if not data and not exclusive:
+                # A new empty file has no content to sync (see above).
+                os.close(fd)
+                return
         self._descriptors.append(fd)
         _write_all(fd, data)
         self._start_writeback()

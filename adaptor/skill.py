@@ -722,12 +722,17 @@ def _open_below(root_fd: int, parts: tuple[str, ...]) -> int:
         except OSError as exc:
             if exc.errno not in _REPLACED:
                 raise
-            shown = "/".join(parts[: depth + 1])
-            raise ValueError(f"{shown!r} was replaced while the skill was copied") from exc
+            raise _replaced(parts[: depth + 1]) from exc
         finally:
             os.close(fd)
         fd = child
     return fd
+
+
+def _replaced(parts: tuple[str, ...]) -> ValueError:
+    """The error for an entry checked a moment ago whose opening failed with one of
+    :data:`_REPLACED`: it was replaced while the skill was copied."""
+    return ValueError(f"{'/'.join(parts)!r} was replaced while the skill was copied")
 
 
 def _open_file(
@@ -744,7 +749,7 @@ def _open_file(
     except OSError as exc:
         if not shown or exc.errno not in _REPLACED:
             raise
-        raise ValueError(f"{'/'.join(shown)!r} was replaced while the skill was copied") from exc
+        raise _replaced(shown) from exc
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -77,6 +77,7 @@ class LifecycleLog:
         self._directory = directory
         self._session = session
         self._path = os.path.join(directory, session + ".jsonl")
+        self._lock_path = self._path + ".lock"  # the session recorder's writers' lock
         self._recorder: sr.EventRecorder | None = None
         self._backend: sr.JSONLEventBackend | None = None
         # The file the recorder appends to, as its name showed it after the last batch
@@ -168,7 +169,7 @@ class LifecycleLog:
             self._backend.flush()
             # The next batch is at least a linger away, longer than the lock would linger
             # unused: let it go now rather than have the reaper thread woken to do it.
-            _durable.release_lingering(self._path + ".lock")
+            _durable.release_lingering(self._lock_path)
         except Exception as exc:  # the audit log must never take the daemon down
             # A backend that failed may refuse every later append (a failed fsync whose lines
             # could not be cut away poisons the key); the next batch starts afresh,
@@ -197,7 +198,7 @@ class LifecycleLog:
             while os.path.lexists(os.path.join(self._directory, name)):  # (rotated twice in a second)
                 name, n = f"{self._session}-{stamp}-{n}.jsonl", n + 1
             # Under the writers' lock: `adaptor verify-log --repair` may be cutting a torn tail.
-            with _durable.exclusive(self._path + ".lock"):
+            with _durable.exclusive(self._lock_path):
                 _durable.rename(self._path, os.path.join(self._directory, name))
         except FileNotFoundError:
             return None  # removed by hand: the next batch starts a fresh file anyway
