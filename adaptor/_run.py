@@ -12,8 +12,6 @@ import atexit
 import dataclasses
 import os
 import secrets as _secrets
-import shutil
-import tempfile
 import threading
 import time
 from collections import deque
@@ -23,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from adaptor import _thread, errors
+from adaptor import _private_dirs, _thread, errors
 from adaptor import mcp as _mcp
 from adaptor import skill as _skill
 from adaptor import tool as _tool
@@ -518,7 +516,7 @@ class RunPipeline:
             )
             skills = ()
         if skills or self._mcp or self._tools:
-            self._scratch = tempfile.mkdtemp(prefix="adaptor-run-")
+            self._scratch = _private_dirs.make("run")
         if skills:
             assert self._scratch is not None
             self._resolved_skills = _skill.materialize(skills, Path(self._scratch) / "skills")
@@ -908,7 +906,7 @@ class RunPipeline:
         if self._budget is not None:
             self._budget.seal()
         if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            _private_dirs.remove(self._scratch)
 
     # -- events and approvals from the driver ------------------------------------------------
 

@@ -3,7 +3,8 @@
 Drivers and runs keep private files in folders made by :func:`tempfile.mkdtemp` (claude's MCP
 config and system prompt, codex's env file of the MCP servers' secret values, a run's skills)
 and remove them when they are done.  A daemon killed by ``kill -9``, the OOM killer or a power
-loss removes nothing, and in the system's temporary directory nobody ever would.  So the daemon
+loss removes nothing; in the system's temporary directory only a later process's first run would
+(:mod:`adaptor._private_dirs`), and not while the agents the daemon left may read them.  So the daemon
 points this process's :data:`tempfile.tempdir` at a folder of its home (only Python's
 temporary files move: the agents it starts keep their ``TMPDIR``), and at its next start, once
 the agents its predecessor left running are stopped (they may still read those files), removes

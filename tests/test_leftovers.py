@@ -235,7 +235,7 @@ def test_a_killed_daemons_temporary_files_are_removed_once_its_agents_are_stoppe
     # file of its MCP servers' secrets) outlived a kill -9 in the system's temporary directory.
     marker = secrets.token_hex(16)
     private = home / "tmp"
-    runs_in_system_tmp = os.path.join(tempfile.gettempdir(), "adaptor-run-*")
+    runs_in_system_tmp = os.path.join(tempfile.gettempdir(), "adaptor-private-run-*")
     before = set(glob.glob(runs_in_system_tmp))  # other tests' (the marker is in none of them)
     daemon = DaemonProcess(home, "--workers", "2", "--grace", "5").start()
     sleeper = {"command": "/bin/sh", "extra_args": ["-c", "sleep 300"]}
@@ -278,7 +278,7 @@ def test_the_temporary_files_of_another_home_and_what_a_link_points_at_are_left_
 ) -> None:
     private = home / "tmp"
     other = DaemonProcess(tmp_path / "other-home").start()
-    theirs = tmp_path / "other-home" / "tmp" / "adaptor-run-theirs"
+    theirs = tmp_path / "other-home" / "tmp" / "adaptor-private-run-theirs"
     theirs.mkdir(parents=True, exist_ok=True)
     (theirs / "secret").write_text("theirs")
     outside = tmp_path / "outside"
@@ -288,9 +288,9 @@ def test_the_temporary_files_of_another_home_and_what_a_link_points_at_are_left_
     assert daemon.stop() == 0
     assert private.is_dir() and stat.S_IMODE(private.lstat().st_mode) == 0o700  # with the others
     # Leftovers of a daemon of this home: a folder, a file, and links to what is not its own.
-    (private / "adaptor-claude-left").mkdir()
-    (private / "adaptor-claude-left" / "mcp.json").write_text("{}")
-    (private / "adaptor-claude-left" / "link").symlink_to(outside)
+    (private / "adaptor-private-claude-left").mkdir()
+    (private / "adaptor-private-claude-left" / "mcp.json").write_text("{}")
+    (private / "adaptor-private-claude-left" / "link").symlink_to(outside)
     (private / "stray").write_text("x")
     (private / "link").symlink_to(outside)
     daemon = DaemonProcess(home).start()

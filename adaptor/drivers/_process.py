@@ -27,10 +27,8 @@ import os
 import queue
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -52,10 +50,7 @@ __all__ = [
     "check_common",
     "child_env",
     "config_from_dict",
-    "make_private_dir",
     "monotonic_deadline",
-    "private_dir",
-    "remove_private_dir",
 ]
 
 StreamName = Literal["stdout", "stderr"]
@@ -270,26 +265,6 @@ def secret_values(env: Mapping[str, str], credentials: Iterable[str] = ()) -> li
     values = [v for v in env.values() if isinstance(v, str)]
     values += [os.environ[name] for name in credentials if os.environ.get(name)]
     return values
-
-
-def make_private_dir(prefix: str) -> str:
-    """A fresh 0700 directory for a run's private files (schemas, prompts); the caller removes
-    it with :func:`remove_private_dir` once the process that reads them is gone."""
-    return tempfile.mkdtemp(prefix=prefix)
-
-
-def remove_private_dir(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def private_dir(prefix: str) -> Iterator[str]:
-    """:func:`make_private_dir` for the length of a ``with`` block."""
-    path = make_private_dir(prefix)
-    try:
-        yield path
-    finally:
-        remove_private_dir(path)
 
 
 _EOF: Final = object()

@@ -80,7 +80,7 @@ from typing import Any, Final
 
 import orjson
 
-from adaptor import _nesting
+from adaptor import _nesting, _private_dirs
 from adaptor.driver import (
     DecisionChoice,
     DecisionKind,
@@ -529,7 +529,7 @@ class _Live:
 
     @classmethod
     def start(cls, config: Config, plan: _Plan, sink: EventSink) -> _Live:
-        private = _process.make_private_dir("adaptor-claude-")
+        private = _private_dirs.make("claude")
         try:
             files = _Files.write(private, plan)
             env, names = _process.child_env(*plan.env_layers)
@@ -543,7 +543,7 @@ class _Live:
             )
             child = Child.start(spec, sink)
         except BaseException:
-            _process.remove_private_dir(private)
+            _private_dirs.remove(private)
             raise
         return cls(child, private, plan.signature)
 
@@ -560,7 +560,7 @@ class _Live:
             for _ in self.child.lines(NullSink()):
                 pass
         self.child.finish()
-        _process.remove_private_dir(self.private)
+        _private_dirs.remove(self.private)
 
 
 def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[Response, bool]:

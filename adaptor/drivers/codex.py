@@ -77,7 +77,7 @@ from typing import Any, Final
 
 import orjson
 
-from adaptor import _nesting
+from adaptor import _nesting, _private_dirs
 from adaptor.driver import (
     Descriptor,
     EventSink,
@@ -218,7 +218,7 @@ class Driver(_cli.CliDriver[Config]):
         if config.home:
             # codex refuses a CODEX_HOME that does not exist; a configured profile is ours to make.
             os.makedirs(config.home, mode=0o700, exist_ok=True)
-        with _process.private_dir("adaptor-codex-") as private:
+        with _private_dirs.used("codex") as private:
             schema_file = None
             if plan.schema is not None:
                 schema_file = os.path.join(private, "output-schema.json")

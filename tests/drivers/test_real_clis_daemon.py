@@ -366,7 +366,7 @@ def test_claude_process_reused_across_thread_turns_through_the_daemon(
     assert pid in processes_under(tmp_path)  # kept between the turns
     # The kept process's private folder (for its MCP config, its system prompt) is in the home.
     private = home / "tmp"
-    kept = sorted(private.glob("adaptor-claude-*"))
+    kept = sorted(private.glob("adaptor-private-claude-*"))
     assert len(kept) == 1, kept
     if stop == "sigterm":
         assert daemon.stop() == 0  # the drain stops kept processes, and removes their folders
