@@ -340,6 +340,16 @@ def test_result_roundtrips_through_json(
     assert back.transcript() == result.transcript()
 
 
+def test_usage_and_transcript_items_serialize_every_field() -> None:
+    usage = Usage(input_tokens=1, output_tokens=2, cached_input_tokens=3, cost_usd=0.5)
+    assert usage.to_json() == {f.name: getattr(usage, f.name) for f in dataclasses.fields(Usage)}
+    item = TranscriptItem(kind="assistant", text="t", usage=usage, input={"a": [1]}, metadata={"m": 1})
+    out = item.to_json()
+    assert list(out) == [f.name for f in dataclasses.fields(TranscriptItem)]
+    assert out["usage"] == usage.to_json() and TranscriptItem.from_json(out) == item
+    assert out["input"] is not item.input and out["metadata"] is not item.metadata
+
+
 def test_decode_never_falls_back_to_text_when_a_schema_was_requested() -> None:
     invalid = Result(
         run_id="r",
