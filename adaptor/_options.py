@@ -120,7 +120,8 @@ def kind_of(value: object) -> str:
     secret), or the class itself when a class was passed for an instance."""
     if isinstance(value, type):
         return f"the class {value.__qualname__}"
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def sequence(value: Any, name: str) -> tuple[Any, ...]:

@@ -84,7 +84,9 @@ class Agent:
         self.driver = driver
         if isinstance(event_buffer, bool) or not isinstance(event_buffer, int):
             raise TypeError(f"event_buffer takes a number of events, not {_options.kind_of(event_buffer)}")
-        self.event_buffer = event_buffer if event_buffer > 0 else 1024
+        if event_buffer < 1:
+            raise ValueError(f"event_buffer must be at least 1, not {event_buffer}")
+        self.event_buffer = event_buffer
         if not isinstance(blocking_events, bool):
             # Truthiness would read blocking_events="no" as yes.
             raise TypeError(f"blocking_events takes True or False, not {_options.kind_of(blocking_events)}")
@@ -175,6 +177,8 @@ class Agent:
         ``resume_only=True`` a missing conversation is ``ThreadNotFoundError`` and an
         incompatible one ``ThreadIncompatibleError``.
         """
+        if not isinstance(resume_only, bool):
+            raise TypeError(f"resume_only takes True or False, not {_options.kind_of(resume_only)}")
         return Thread(self, key, "continue_only" if resume_only else "continue_or_start")
 
     def driver_codec_name(self) -> str | None:

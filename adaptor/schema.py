@@ -35,6 +35,7 @@ from typing import (
 import orjson
 
 from adaptor import _nesting, _schema_checker
+from adaptor._options import kind_of as _kind_of
 from adaptor.driver import (
     Descriptor,
     InvalidOutputSchemaError,
@@ -86,6 +87,17 @@ class SchemaOptions:
     name: str | None = None
     description: str | None = None
     return_invalid: bool = False
+
+    def __post_init__(self) -> None:
+        # Checked here, not when used: a name of 5 failed inside the run, after it started,
+        # and return_invalid="no" was read as yes.
+        for label, value in (("name", self.name), ("description", self.description)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"SchemaOptions.{label} takes a str or None, not {_kind_of(value)}")
+        if not isinstance(self.return_invalid, bool):
+            raise TypeError(
+                f"SchemaOptions.return_invalid takes True or False, not {_kind_of(self.return_invalid)}"
+            )
 
 
 @dataclass(frozen=True)

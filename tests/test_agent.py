@@ -530,6 +530,8 @@ def test_an_option_of_the_wrong_type_is_a_type_error_at_once(option: str, value:
         ("event_buffer", "5", TypeError, "event_buffer takes a number of events"),
         ("blocking_events", "no", TypeError, "blocking_events takes True or False"),
         ("spawn", "no", TypeError, "spawn takes True or False"),
+        # It was silently read as the default 1024.
+        ("event_buffer", 0, ValueError, "event_buffer must be at least 1"),
         ("lease_ttl", "300", TypeError, "lease_ttl must be a number of seconds"),
         ("lease_renewal", float("nan"), ValueError, "lease_renewal must be a number of seconds"),
         # One tool, not a list: "'Definition' object is not iterable".
@@ -543,6 +545,29 @@ def test_a_construction_option_of_the_wrong_type_is_refused(
     # "'>' not supported ..."; a NaN lease passed the "must be positive" check.
     with pytest.raises(error, match=says):
         adaptor.Agent(ScriptedDriver([{"text": "x"}]), **{option: value})
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"name": 5}, "SchemaOptions.name takes a str or None, not an int"),
+        ({"description": ["d"]}, "SchemaOptions.description takes a str or None, not a list"),
+        ({"return_invalid": "no"}, "SchemaOptions.return_invalid takes True or False, not a str"),
+    ],
+)
+def test_schema_options_of_the_wrong_type_are_refused_when_made(options: dict[str, Any], says: str) -> None:
+    # A name of 5 failed the run after run.started with a bare AttributeError (outside the
+    # taxonomy); return_invalid="no" let invalid output through as a success.
+    with pytest.raises(TypeError, match=says):
+        adaptor.SchemaOptions(**options)
+
+
+def test_resume_only_takes_a_bool() -> None:
+    # "no" was read as yes: the thread became resume-only and its first run ThreadNotFoundError.
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}], session="auto"), thread_store=adaptor.memory.Store())
+    with pytest.raises(TypeError, match="resume_only takes True or False, not a str"):
+        agent.thread("k", resume_only="no")  # type: ignore[arg-type]
+    assert agent.thread("k", resume_only=False).run("go").text == "x"
 
 
 def test_close_with_a_wrong_timeout_leaves_the_agent_open() -> None:
