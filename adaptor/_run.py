@@ -269,14 +269,28 @@ def checked_descriptor(driver: Driver) -> Descriptor:
     try:
         descriptor = driver.descriptor()
     except Exception as exc:  # a descriptor built from bad configuration
-        raise InvalidDriverConfigError(type(driver).__module__.rsplit(".", 1)[-1], exc) from exc
+        raise _config_refused(driver, type(driver).__module__.rsplit(".", 1)[-1], exc) from exc
     try:
         driver.validate_config(None)
     except errors.AdaptorError:
         raise
     except Exception as exc:
-        raise InvalidDriverConfigError(descriptor.type, exc) from exc
+        raise _config_refused(driver, descriptor.type, exc) from exc
     return descriptor
+
+
+def _config_refused(driver: Driver, driver_type: str, cause: Exception) -> InvalidDriverConfigError:
+    """The error for a configuration the driver refused, without the secrets it names: the
+    refusal comes before the run knows them, and a custom driver's message may quote one."""
+    error = InvalidDriverConfigError(driver_type, cause)
+    error.__cause__ = cause
+    named = getattr(driver, "secret_values", None)  # optional SPI method
+    try:
+        values = [str(v) for v in named()] if callable(named) else []
+    except Exception:  # as bad as the rest of the configuration: nothing more to go by
+        values = []
+    redact_error(error, Redactor(values))
+    return error
 
 
 def checked_schema(

@@ -187,3 +187,26 @@ def test_a_session_id_equal_to_a_secret_still_resumes_its_session() -> None:
         record = agent.thread("t").checkpoint()
     assert session not in json.dumps(first.to_json()) + json.dumps(second.to_json())
     assert record.state.resume_id == session
+
+
+class _QuotingRefusal(script.Driver):
+    """A driver of one's own whose configuration check quotes the token it was given."""
+
+    def secret_values(self) -> list[str]:
+        return [SECRET]
+
+    def validate_config(self, config: object | None = None) -> None:
+        raise ValueError(f"token {SECRET} is malformed")
+
+
+def test_a_refused_configuration_does_not_show_the_drivers_secret() -> None:
+    # The refusal comes before the run has its secrets: the error, its cause and its wire form
+    # quoted the token.
+    stream = adaptor.Agent(_QuotingRefusal(script.Config(steps=()))).stream("go")
+    assert list(stream) == []  # refused before admission
+    with pytest.raises(adaptor.InvalidDriverConfigError) as caught:
+        stream.result()
+    err = caught.value
+    assert "malformed" in str(err) and "<redacted>" in str(err)
+    shown_anywhere = [str(err), repr(err), str(err.__cause__), json.dumps(err.to_wire())]
+    assert not [text for text in shown_anywhere if SECRET in text]
