@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from adaptor import _private_dirs, _thread, errors
 from adaptor import mcp as _mcp
@@ -42,6 +42,7 @@ from adaptor.driver._spi import MCPServerSpec, ResolvedSkill, ToolsEndpoint, che
 from adaptor.events import (
     ApprovalRequest,
     Choice,
+    Dropped,
     Event,
     EventMeta,
     Notice,
@@ -1192,6 +1193,10 @@ def _describe_exit(response: Response) -> str:
     return f"exit code {response.exit_code}"
 
 
+# Notices only the SDK publishes (a driver's transcript items become the last one).
+_SDK_NOTICES: Final = frozenset({"approval.requested", "approval.resolved", "transcript.item"})
+
+
 class _Sink:
     """The EventSink handed to the driver for one run."""
 
@@ -1210,8 +1215,12 @@ class _Sink:
         if isinstance(payload, TranscriptItem):
             self._run.publish(Notice(kind="transcript.item", text=payload.text, data=payload.to_json()))
             return
-        if isinstance(payload, RunStarted | RunFinished):
-            return  # the SDK owns the run lifecycle events
+        if isinstance(payload, RunStarted | RunFinished | Dropped) or (
+            isinstance(payload, Notice) and payload.kind in _SDK_NOTICES
+        ):
+            # The SDK's own reports: a driver's would tell a consumer of approvals never asked,
+            # or of events lost that were not.
+            return
         self._run.publish(payload)
 
     def request_decision(self, request: DecisionRequest) -> DecisionResponse:

@@ -1505,3 +1505,27 @@ def test_a_program_that_ends_with_its_run_going_stops_the_agent_process(tmp_path
     finally:
         if _running(pid):  # (the agent's process group: its `sleep` too)
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_the_sdks_own_reports_emitted_by_a_driver_are_not_passed_on() -> None:
+    # A driver's Dropped told the consumer of five events lost that never were; its approval
+    # notices, of approvals nobody was asked.
+    class Spoofing(ScriptedDriver):
+        def run(self, request: Request, sink: Any) -> Response:
+            sink.emit(events.RunStarted(run_id="run_fake"))
+            sink.emit(events.Dropped(count=5, first_sequence=1, last_sequence=5))
+            sink.emit(events.Notice(kind="approval.resolved", text="approved", data={"result": "approved"}))
+            sink.emit(events.Notice(kind="approval.requested", text="edit?"))
+            sink.emit(events.Notice(kind="transcript.item", text="fake", data={"kind": "assistant"}))
+            sink.emit(events.Notice(kind="driver.progress", text="kept"))
+            return super().run(request, sink)
+
+    stream = adaptor.Agent(Spoofing([{"text": "x"}])).stream("go")
+    seen = list(stream)
+    assert stream.result().text == "x"
+    assert [type(e).__name__ for e in seen].count("RunStarted") == 1
+    assert not [e for e in seen if isinstance(e, events.Dropped)]
+    notices = [e.kind for e in seen if isinstance(e, events.Notice)]
+    assert "driver.progress" in notices
+    assert not [k for k in notices if k.startswith("approval.")]
+    assert not [e for e in seen if isinstance(e, events.Notice) and e.text == "fake"]
