@@ -710,6 +710,9 @@ def _decode_one(obj: Mapping[str, Any]) -> BaseException:
     generic.message = message
     generic.args = (message,)
     generic.__dict__["_wire_code"] = code or "AdaptorError"
+    # And as its own ``code``, shadowing the class's: a host comparing err.code sees what was
+    # sent.  (Not what wire_code reads: some errors have a ``code`` field of their own.)
+    generic.__dict__["code"] = generic.__dict__["_wire_code"]
     generic.__dict__["_wire_type"] = type_name or type(generic).__name__
     generic.__dict__["_wire_fields"] = _jsonable(dict(fields))
     return generic

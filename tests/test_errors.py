@@ -441,13 +441,13 @@ def test_from_wire_rejects_non_objects_with_value_error(garbage: object) -> None
 def test_unknown_code_keeps_code_and_is_never_a_subclass() -> None:
     back = errors.from_wire({"code": "ErrFromTheFuture", "type": "FutureError", "message": "m"})
     assert type(back) is errors.AdaptorError
-    assert back.wire_code == "ErrFromTheFuture"
+    assert back.wire_code == back.code == "ErrFromTheFuture"
     assert errors.to_wire(back)["code"] == "ErrFromTheFuture"
     assert errors.to_wire(back)["type"] == "FutureError"
 
     run = errors.from_wire({"code": "ErrNew", "reason": "rate_limited", "message": "m", "details": {"x": 1}})
     assert type(run) is errors.RunError
-    assert run.reason == "rate_limited" and run.details == {"x": 1} and run.wire_code == "ErrNew"
+    assert run.reason == "rate_limited" and run.details == {"x": 1} and run.wire_code == run.code == "ErrNew"
 
 
 @pytest.mark.parametrize(
@@ -468,7 +468,7 @@ def test_unknown_code_keeps_code_and_is_never_a_subclass() -> None:
 def test_known_code_with_wrong_shape_is_generic(obj: dict[str, Any]) -> None:
     back = errors.from_wire(obj)
     assert type(back) in (errors.AdaptorError, errors.RunError)
-    assert back.wire_code == obj["code"]  # type: ignore[attr-defined]
+    assert back.wire_code == back.code == obj["code"]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
