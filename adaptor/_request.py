@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -182,8 +182,12 @@ def _leaves(value: Any, into: list[str]) -> None:
         into.append(str(value))
 
 
-def redacted_request(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The copy of a request the daemon keeps: secret values shown as ``<redacted>``."""
+def redacted_request(request: Mapping[str, Any], secrets: Iterable[str]) -> dict[str, Any]:
+    """The copy of a request the daemon keeps: secret values shown as ``<redacted>``.
+
+    ``secrets`` are those of its run (:func:`secrets_of` with the daemon config's driver
+    table): a prompt may quote a key the config file holds as much as one of the request's.
+    """
     copy = orjson.loads(orjson.dumps(request))
     config = copy.get("config")
     if isinstance(config, dict) and isinstance(config.get("env"), dict):
@@ -193,7 +197,7 @@ def redacted_request(request: Mapping[str, Any]) -> dict[str, Any]:
             for name in ("env", "headers"):
                 if isinstance(server.get(name), dict):
                     server[name] = dict.fromkeys(server[name], REDACTED)
-    redacted: dict[str, Any] = Redactor(secrets_of(request)).value(copy)
+    redacted: dict[str, Any] = Redactor(secrets).value(copy)
     return redacted
 
 

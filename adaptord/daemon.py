@@ -1599,7 +1599,8 @@ class Daemon:
             os.mkdir(run_dir, 0o700)
         except OSError:  # there already (an earlier attempt's), or runs/ removed by hand
             _durable.ensure_dir(run_dir, durable=False, follow_links=False)
-        copy = requests.redacted_request(self._sparing_descriptors(lambda: self._whole_request(job)))
+        whole = self._sparing_descriptors(lambda: self._whole_request(job))
+        copy = requests.redacted_request(whole, self._job_secrets(job))
         self._sparing_descriptors(
             lambda: _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
         )

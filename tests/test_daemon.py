@@ -536,12 +536,17 @@ def test_env_secrets_from_the_daemon_config_appear_nowhere(tmp_path: Path) -> No
     config.write_text(f'[drivers.command]\nenv = {{API_TOKEN = "{SECRET}"}}\n')
     daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
     echo = 'printf "token=%s\\n" "$API_TOKEN"; printf "err %s\\n" "$API_TOKEN" >&2'
+    # The prompt quotes it too: the request copy in runs/<id>/ kept it (only the request's own
+    # env values were redacted there).
     rid = daemon.submit(
-        {"driver": "command", "prompt": "x", "config": {"command": "/bin/sh", "extra_args": ["-c", echo]}}
+        {"driver": "command", "prompt": f"deploy with {SECRET}",
+         "config": {"command": "/bin/sh", "extra_args": ["-c", echo]}}
     )
     verdict = daemon.verdict(rid)
     assert daemon.stop() == 0
     assert verdict["ok"] and verdict["result"]["text"] == "token=<redacted>"  # the agent had it
+    kept = orjson.loads((daemon.home.run_dir(rid) / "request.json").read_bytes())
+    assert kept["prompt"] == "deploy with <redacted>"
     for path in daemon.home.root.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
