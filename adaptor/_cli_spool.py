@@ -3,6 +3,7 @@ approve/deny/answer, threads, status."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import sys
 from collections.abc import Iterator
@@ -53,7 +54,7 @@ def submit(file: IO[bytes], home: str | None) -> None:
     """
     data = file.read()
     try:
-        request = orjson.loads(data)
+        request = orjson.loads(data.removeprefix(codecs.BOM_UTF8))  # as the daemon reads it
     except orjson.JSONDecodeError as exc:
         raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
     if not isinstance(request, dict):

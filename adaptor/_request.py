@@ -8,6 +8,7 @@ identity in both paths.  The schema file ships in ``adaptord/schemas/``.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import importlib
 import json
@@ -56,7 +57,9 @@ def _pointer(path: Iterator[Any] | Any) -> str:
 def parse(data: bytes, request_id: str) -> dict[str, Any]:
     """Decode and validate one request file; raises ``InvalidRequestError`` listing every problem."""
     try:
-        text = data.decode("utf-8")
+        # Windows editors and PowerShell's Out-File start UTF-8 text with a byte-order mark
+        # (skipped in approval responses too).
+        text = data.removeprefix(codecs.BOM_UTF8).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRequestError([{"path": "", "message": f"{_NOT_UTF8}: {exc.reason} at byte {exc.start}"}]) from None
     try:

@@ -491,7 +491,7 @@ def matches(err: BaseException | None, cls: type[BaseException]) -> bool:
 
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success"),
-    (1, "a RunError (business failure) of any reason"),
+    (1, "a RunError (business failure) of any reason, but the RunErrors of 4 and 69 below"),
     (2, "usage: bad arguments, request file rejected by the schema (InvalidRequestError)"),
     (
         3,
@@ -501,7 +501,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (
         4,
         "thread state: not found, incompatible, already exists, resume rejected, "
-        "checkpoint missing, store required",
+        "checkpoint missing, store required (also as the cause of a RunError after the start)",
     ),
     (5, "approval response refused: resolved, expired, kind mismatch, unavailable"),
     (69, "the daemon is not running / spool not reachable / agent CLI binary not found"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import errno
@@ -344,6 +345,22 @@ def test_hostile_files_get_rejection_verdicts(daemon: DaemonProcess, name: str, 
     assert why in str(verdict["error"])
     # the daemon keeps serving
     assert daemon.verdict(daemon.submit(script({"text": "still here"})))["ok"]
+
+
+def test_a_request_written_with_a_byte_order_mark_runs(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # Windows editors and PowerShell's Out-File write one; such a request was rejected as
+    # invalid JSON (exit 2) while an approval response written the same way was accepted.
+    with_bom = codecs.BOM_UTF8 + orjson.dumps(script({"text": "from a BOM"}))
+    daemon.drop("bom.json", with_bom)
+    assert daemon.verdict("bom")["result"]["text"] == "from a BOM"
+    request = tmp_path / "request.json"
+    request.write_bytes(with_bom)
+    env = dict(os.environ, ADAPTORD_HOME=str(daemon.home.root))
+    submitted = subprocess.run(
+        ["adaptor", "submit", str(request)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    assert daemon.verdict(submitted.stdout.strip())["result"]["text"] == "from a BOM"
 
 
 def test_hostile_entries_are_quarantined(daemon: DaemonProcess, tmp_path: Path) -> None:
