@@ -403,17 +403,21 @@ def stopping_like_ctrl_c() -> Iterator[None]:
                 signal.signal(signum, handler)
 
 
-def interrupted(as_json: bool, cause: BaseException | None = None, **extra: Any) -> NoReturn:
+def interrupted(
+    as_json: bool, cause: BaseException | None = None, *, cancelled: bool = True, **extra: Any
+) -> NoReturn:
     """Exit after a Ctrl-C (130) or a :class:`StopSignal` (128 + its number).
 
-    With ``--json``, as every outcome, with its JSON object.
+    With ``--json``, as every outcome, with its JSON object; ``cancelled``: whether the command
+    cancelled what it was about (``run`` does; ``wait`` only stops waiting).
     """
     if isinstance(cause, StopSignal):
         code, how = 128 + cause.signum, signal.Signals(cause.signum).name
     else:
         code, how = EXIT_INTERRUPTED, "Ctrl-C"
     if as_json:
-        error = errors.to_wire(errors.CancelledError(f"cancelled by {how}"))
+        message = f"cancelled by {how}" if cancelled else f"stopped by {how}"
+        error = errors.to_wire(errors.CancelledError(message))
         emit_json({"ok": False, "exit_code": code, **extra, "error": error})
     sys.exit(code)
 
@@ -503,18 +507,21 @@ def fail(
 def guarded(func: Callable[P, R]) -> Callable[P, R]:
     """Turn whatever a command raises into its documented exit code and report.
 
-    Ctrl-C exits 130 without a traceback.  (Output that cannot be written never gets here:
-    :class:`_Stdout` ends the command.)
+    Ctrl-C exits 130 without a traceback, and SIGTERM and SIGHUP stop the command the same way
+    (143, 129), with its ``--json`` object: ``timeout 60 adaptor wait ID --json | jq`` gets one.
+    (Output that cannot be written never gets here: :class:`_Stdout` ends the command.)
     """
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return func(*args, **kwargs)
+            with stopping_like_ctrl_c():
+                return func(*args, **kwargs)
         except (click.exceptions.ClickException, click.exceptions.Exit, SystemExit):
             raise
         except KeyboardInterrupt as stop:
-            interrupted(bool(kwargs.get("as_json")), stop, **_about(kwargs))
+            # A command that cancels what it is about (run) says so itself, before this.
+            interrupted(bool(kwargs.get("as_json")), stop, cancelled=False, **_about(kwargs))
         except Exception as exc:
             fail(exc, as_json=bool(kwargs.get("as_json")), **_about(kwargs))
 

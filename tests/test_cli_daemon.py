@@ -1536,3 +1536,34 @@ def test_signals_while_run_prints_and_exits_leave_its_exit_status_alone(tmp_path
     stderr = proc.stderr.read().decode()
     assert proc.returncode == 0, stderr[-2000:]
     assert b"".join(printed).rstrip(b"\n") == text.encode()
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Whether the process has a handler of its own for ``signum`` (it is past its start-up)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_wait_and_events_as_ctrl_c_does(home: Home, stop: signal.Signals) -> None:
+    # `timeout 60 adaptor wait ID --json | jq` got no object: the command died by the signal.
+    request_id = home.client.submit(script({"sleep": 300}))
+    try:
+        for args in (["wait", request_id, "--json"], ["events", request_id, "-f", "--json"]):
+            proc = subprocess.Popen(
+                ["adaptor", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=home.env()
+            )
+            wait_until(functools.partial(_handles, proc.pid, stop), "the command's signal handler")
+            proc.send_signal(stop)
+            out, err = proc.communicate(timeout=TIMEOUT)
+            assert proc.returncode == 128 + stop, (args, out, err)
+            outcome = orjson.loads(out.splitlines()[-1])
+            assert outcome["ok"] is False and outcome["exit_code"] == 128 + stop
+            # Only the waiting stopped: the request was not cancelled.
+            assert outcome["error"]["message"] == f"stopped by {stop.name}"
+        assert home.cli("status", "--json").stdout.count(request_id) == 1  # still there
+        assert not (home.root / "verdicts" / f"{request_id}.json").exists()
+    finally:
+        home.cli("cancel", request_id)
