@@ -235,6 +235,12 @@ def _by(stop: KeyboardInterrupt) -> str:
     return f" ({stop})" if isinstance(stop, StopSignal) else ""
 
 
+def _say_cancelled(text: str) -> None:
+    # On a terminal, below the "^C" it echoed (or a streamed line cut short); a log file or a
+    # pipe gets the line alone.
+    echo(("\n" if sys.stderr.isatty() else "") + text, err=True)
+
+
 # --- building the request -----------------------------------------------------------------------
 
 
@@ -369,7 +375,7 @@ def _run_through_daemon(
                 client._await_verdict(request_id, None)
     except KeyboardInterrupt as stop:
         client.cancel(request_id)
-        echo(f"\nadaptor: cancelled {request_id}{_by(stop)}", err=True)
+        _say_cancelled(f"adaptor: cancelled {request_id}{_by(stop)}")
         interrupted(as_json, stop, id=request_id)
     verdict = client.verdict(request_id)
     assert verdict is not None  # following ends only once the verdict exists
@@ -473,7 +479,7 @@ def _execute(
         except KeyboardInterrupt as stop:
             if stream is not None:
                 stream.cancel()
-            echo(f"\nadaptor: cancelled{_by(stop)}", err=True)
+            _say_cancelled(f"adaptor: cancelled{_by(stop)}")
             interrupted(as_json, stop, id=request_id)
         finally:
             call.close(10.0)

@@ -1458,6 +1458,7 @@ def test_sigterm_and_sighup_cancel_the_run_as_ctrl_c_does(
         out, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 128 + stop, err
         assert "cancelled" in err.decode() and stop.name in err.decode()
+        assert err.startswith(b"adaptor: cancelled")  # no blank line first: stderr is no terminal
         assert b"Traceback" not in err
         if as_json:
             outcome = orjson.loads(out)
