@@ -604,9 +604,12 @@ def status(as_json: bool, home: str | None) -> None:
             echo(f"adaptord running for {info['home']}" + (f" ({', '.join(known)})" if known else ""))
         else:
             echo(f"adaptord not running for {info['home']}")
-        echo(f"queued: {len(info['queued'])}  running: {len(info['in_progress'])}")
+        # Claimed by a daemon that is gone (kill -9, a crash): nothing runs them now; the next
+        # start gives them their verdicts or runs them again (on_interrupt).
+        state = "running" if info["running"] else "interrupted"
+        echo(f"queued: {len(info['queued'])}  {state}: {len(info['in_progress'])}")
         for request_id in info["in_progress"]:
-            echo(f"  running  {request_id}")
+            echo(f"  {state:<8} {request_id}")
         for request_id in info["queued"]:
             echo(f"  queued   {request_id}")
         if info["recent"]:

@@ -868,6 +868,23 @@ def test_status_is_0_while_the_daemon_runs_and_69_when_not(home: Home, tmp_path:
     assert stopped["result"]["running"] is False and stopped["result"]["pid"] is None
 
 
+def test_status_without_a_daemon_calls_its_claimed_requests_interrupted(tmp_path: Path) -> None:
+    # After a kill -9 it listed them as "running" under "adaptord not running".
+    daemon = DaemonProcess(tmp_path / "home").start()
+    request_id = Client(daemon.home.root).submit(script({"sleep": 300}))
+    env = {**os.environ, "ADAPTORD_HOME": str(daemon.home.root)}
+
+    def status() -> str:
+        return subprocess.run(["adaptor", "status"], capture_output=True, text=True, env=env).stdout
+
+    wait_until(lambda: f"  running  {request_id}" in status(), "the request to run")
+    assert "queued: 0  running: 1" in status()
+    daemon.kill9()
+    shown = status()
+    assert "adaptord not running" in shown and "queued: 0  interrupted: 1" in shown
+    assert f"  interrupted {request_id}" in shown and "running  " not in shown
+
+
 def test_every_command_names_a_missing_daemon_by_its_public_class(tmp_path: Path) -> None:
     # --json said "type": "adaptor._cli_common.DaemonNotRunningError": a private module in the
     # field scripts match on, which no program could import.
