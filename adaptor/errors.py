@@ -477,6 +477,9 @@ def find(err: BaseException | None, cls: type[E]) -> E | None:
     """The first exception of type ``cls`` in ``err``'s chain (``err`` itself included)."""
     if err is None:
         return None
+    if not isinstance(err, BaseException):
+        # Not an AttributeError about __cause__ from deep inside the walk.
+        raise TypeError(f"find() looks through an exception or None, not {type(err).__name__}")
     for node in _walk(err):
         if isinstance(node, cls):
             return node

@@ -280,6 +280,8 @@ class Result:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Result:
+        if not isinstance(obj, Mapping):  # as events.from_json refuses one
+            raise ValueError(f"a Result's JSON form is an object, not {type(obj).__name__}")
         raw = obj.get("raw") or {}
         terminal = raw.get("terminal")
         return cls(

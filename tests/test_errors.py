@@ -711,3 +711,10 @@ def test_the_documented_busy_retry_script_exits_as_it_says(
         timeout=30,
     )
     assert done.returncode == status, done.stderr
+
+
+def test_find_refuses_what_is_no_exception() -> None:
+    # It raised AttributeError ('str' object has no attribute '__cause__') from inside the walk.
+    with pytest.raises(TypeError, match="not str"):
+        errors.find("boom", errors.RunError)  # type: ignore[arg-type]
+    assert errors.find(None, errors.RunError) is None and not errors.matches(None, errors.RunError)

@@ -350,6 +350,12 @@ def test_usage_and_transcript_items_serialize_every_field() -> None:
     assert out["input"] is not item.input and out["metadata"] is not item.metadata
 
 
+@pytest.mark.parametrize("garbage", [None, "x", 3, [1]])
+def test_result_from_json_refuses_what_is_no_object(garbage: Any) -> None:
+    with pytest.raises(ValueError, match="is an object"):
+        Result.from_json(garbage)
+
+
 def test_decode_never_falls_back_to_text_when_a_schema_was_requested() -> None:
     invalid = Result(
         run_id="r",
