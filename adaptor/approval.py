@@ -147,6 +147,9 @@ def approve_all(request: ApprovalRequest) -> None:
 
 def deny_all(reason: str = "denied by policy") -> Callable[[ApprovalRequest], None]:
     """An ``on_approval`` handler factory that denies every request with ``reason``."""
+    if not isinstance(reason, str):
+        # Checked here: taken as it came, it failed at the run's first approval instead.
+        raise TypeError(f"deny_all takes a reason (str), not {type(reason).__name__}")
 
     def handler(request: ApprovalRequest) -> None:
         request.deny(reason)

@@ -1529,3 +1529,9 @@ def test_the_sdks_own_reports_emitted_by_a_driver_are_not_passed_on() -> None:
     assert "driver.progress" in notices
     assert not [k for k in notices if k.startswith("approval.")]
     assert not [e for e in seen if isinstance(e, events.Notice) and e.text == "fake"]
+
+
+def test_deny_all_takes_its_reason_as_text() -> None:
+    # deny_all(5) was accepted and failed the run at its first approval (AgentFailedError).
+    with pytest.raises(TypeError, match="deny_all takes a reason"):
+        adaptor.deny_all(5)  # type: ignore[arg-type]
