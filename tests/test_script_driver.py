@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import signal
 import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+import adaptor
 from adaptor.driver import (
     DecisionChoice,
     DecisionRequest,
@@ -377,13 +380,39 @@ def test_no_session_means_no_checkpoint() -> None:
     assert response.checkpoint is None
 
 
-def test_fixed_session_checkpoint() -> None:
-    response, _ = play([{"text": "hi"}], session="sess-1", req=request(workspace_cwd="/w"))
+def test_fixed_session_checkpoint(tmp_path: Path) -> None:
+    response, _ = play([{"text": "hi"}], session="sess-1", req=request(workspace_cwd=str(tmp_path)))
     checkpoint = response.checkpoint
     assert checkpoint is not None and checkpoint.valid
     assert checkpoint.state == SessionState(
-        resume_id="sess-1", display_id="sess-1", data={"cwd": "/w"}
+        resume_id="sess-1", display_id="sess-1", data={"cwd": str(tmp_path)}
     )
+
+
+def test_an_unusable_workspace_fails_as_a_cli_drivers_would(tmp_path: Path) -> None:
+    # It was ignored: a dry run with the script driver passed where every CLI driver fails.
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    shut = tmp_path / "shut"
+    shut.mkdir(mode=0)
+    cases = [(tmp_path / "missing", "does not exist"), (a_file, "is not a directory")]
+    if os.geteuid() != 0:  # root enters any folder
+        cases.append((shut, "cannot be entered (permission denied)"))
+    for workspace, problem in cases:
+        in_workspace = ScriptedDriver([{"text": "hi"}]), request(workspace_cwd=str(workspace))
+        in_cwd = script.Driver(script.Config(steps=({"text": "hi"},), cwd=str(workspace))), request()
+        for driver, req in (in_workspace, in_cwd):
+            sink = RecordingSink()
+            response = driver.run(req, sink)
+            assert response.failure is not None and response.failure.code == "infrastructure_error"
+            assert response.failure.details == {"kind": "workspace_unusable", "workspace": str(workspace)}
+            assert response.failure.message == f"script: working directory {workspace} {problem}"
+            assert response.output == "" and not [e for e in sink.events if isinstance(e, TextDelta)]
+    agent = adaptor.Agent(ScriptedDriver([{"text": "hi"}]))
+    with pytest.raises(adaptor.RunError) as caught:
+        agent.run("go", workspace=str(tmp_path / "missing"))
+    assert caught.value.reason == "infrastructure_error"
+    assert caught.value.details["kind"] == "workspace_unusable"
 
 
 def test_fixed_session_is_kept_when_forking() -> None:

@@ -28,6 +28,7 @@ import queue
 import secrets
 import selectors
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -167,6 +168,20 @@ class CannotStart(Exception):
             f"{binary}: working directory {cwd} {problem}",
             {"kind": "workspace_unusable", "workspace": cwd},
         )
+
+
+def workspace_problem(cwd: str) -> str | None:
+    """What makes ``cwd`` unusable as a working directory (as a child's chdir would fail), or
+    ``None``: for a driver that starts no process and must fail as one that does."""
+    try:
+        found = os.stat(cwd)
+    except OSError as exc:
+        return _CWD_PROBLEMS.get(exc.errno or 0, exc.strerror or "cannot be used")
+    if not stat.S_ISDIR(found.st_mode):
+        return _CWD_PROBLEMS[errno.ENOTDIR]
+    if not os.access(cwd, os.X_OK):
+        return _CWD_PROBLEMS[errno.EACCES]
+    return None
 
 
 def cannot_start(error: CannotStart) -> Response:

@@ -205,6 +205,11 @@ class Driver:
         # A driver that declares no resume support must not hand out checkpoints either.
         resumable = _build_descriptor(config.descriptor).sessions.supports_resume
         resume_id = _resume_id(config.session, session) if resumable else None
+        cwd = config.cwd or request.workspace_cwd
+        problem = _process.workspace_problem(cwd) if cwd else None
+        if cwd and problem:
+            # As a CLI driver's child would fail to start there: a dry run catches it too.
+            return _process.cannot_start(_process.CannotStart.workspace("script", cwd, problem))
         player = _Player(sink, request)
         spawn: dict[str, Any] = {
             "argv": ["script", *config.extra_args],
