@@ -162,6 +162,16 @@ class _RunThreads:
 
 
 _run_threads = _RunThreads()
+
+# The run whose on_approval callback the current thread is running, if any: an Agent.close()
+# called from inside it must not wait for that run, which cannot end before the callback does.
+_in_callback = threading.local()
+
+
+def run_in_callback() -> RunPipeline | None:
+    """The run whose approval callback this thread is inside (see ``Agent.close``)."""
+    found: RunPipeline | None = getattr(_in_callback, "run", None)
+    return found
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_run_threads.reset)
 
@@ -1032,6 +1042,7 @@ class RunPipeline:
                 expiry.daemon = True
                 expiry.start()
             returned: object = None
+            outer, _in_callback.run = getattr(_in_callback, "run", None), self
             try:
                 returned = handler(approval)
             except errors.ApprovalResolvedError:
@@ -1046,6 +1057,7 @@ class RunPipeline:
                 self.end(_Terminal("handler", "approval handler raised", cause=exc))
                 return Outcome("aborted")
             finally:
+                _in_callback.run = outer
                 if expiry is not None:
                     expiry.cancel()
             outcome = responder.outcome

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from adaptor import _options, _waiting
 from adaptor._options import RunOptions
-from adaptor._run import RunPipeline
+from adaptor._run import RunPipeline, run_in_callback
 from adaptor._thread import DEFAULT_LEASE_RENEWAL, DEFAULT_LEASE_TTL, Thread, codec_name_of
 from adaptor.driver import Driver
 from adaptor.errors import AgentClosedError
@@ -212,8 +212,11 @@ class Agent:
         for run in active:
             run.cancel()
         deadline = time.monotonic() + limit
+        # Called from a run's own approval callback: that run ends only once the callback
+        # returns, so it is cancelled and not waited for.
+        own = run_in_callback()
         with self._idle:
-            while self._active:
+            while any(run is not own for run in self._active):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

@@ -1535,3 +1535,25 @@ def test_deny_all_takes_its_reason_as_text() -> None:
     # deny_all(5) was accepted and failed the run at its first approval (AgentFailedError).
     with pytest.raises(TypeError, match="deny_all takes a reason"):
         adaptor.deny_all(5)  # type: ignore[arg-type]
+
+
+def test_close_from_a_runs_own_approval_callback_does_not_wait_for_that_run() -> None:
+    # The run cannot end before its callback returns: close() waited its whole timeout for it.
+    closed = threading.Event()
+    agent: adaptor.Agent
+
+    def close_in_callback(request: adaptor.ApprovalRequest) -> None:
+        agent.close(timeout=600)
+        closed.set()
+        request.deny("closing")
+
+    steps = [{"approval": {"kind": "permission", "title": "edit?"}}, {"text": "x"}]
+    agent = adaptor.Agent(ScriptedDriver(steps), on_approval=close_in_callback)
+    stream = agent.stream("go")
+    waiter = threading.Thread(target=lambda: list(stream), daemon=True)
+    waiter.start()
+    assert closed.wait(60), "close() waited for the run whose callback called it"
+    waiter.join(60)
+    with pytest.raises(adaptor.RunCancelledError):
+        stream.result()
+    assert agent.closed
