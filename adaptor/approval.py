@@ -147,8 +147,12 @@ def approve_all(request: ApprovalRequest) -> None:
 
 def deny_all(reason: str = "denied by policy") -> Callable[[ApprovalRequest], None]:
     """An ``on_approval`` handler factory that denies every request with ``reason``."""
-    if not isinstance(reason, str):
-        # Checked here: taken as it came, it failed at the run's first approval instead.
+    # Checked here: taken as it came, it failed at the run's first approval instead.  (An
+    # ApprovalRequest is on_approval=deny_all passed uncalled: the handler it returns makes
+    # the run say so.)
+    from adaptor.events import ApprovalRequest  # (events imports this module)
+
+    if not isinstance(reason, str | ApprovalRequest):
         raise TypeError(f"deny_all takes a reason (str), not {type(reason).__name__}")
 
     def handler(request: ApprovalRequest) -> None:

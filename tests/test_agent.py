@@ -1547,7 +1547,7 @@ def test_close_from_a_runs_own_approval_callback_does_not_wait_for_that_run() ->
         closed.set()
         request.deny("closing")
 
-    steps = [{"approval": {"kind": "permission", "title": "edit?"}}, {"text": "x"}]
+    steps: list[dict[str, Any]] = [{"approval": {"kind": "permission", "title": "edit?"}}, {"text": "x"}]
     agent = adaptor.Agent(ScriptedDriver(steps), on_approval=close_in_callback)
     stream = agent.stream("go")
     waiter = threading.Thread(target=lambda: list(stream), daemon=True)
