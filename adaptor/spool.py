@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -571,7 +571,8 @@ def _request_records(
                     if session is not None:
                         reader = _LogReader(home.events / f"{session}.jsonl", after=since)
                 if reader is not None:
-                    for record in reader.read():
+                    final = finished or not follow
+                    for record in reader.read_to_the_end() if final else reader.read():
                         run_id = record.event.meta.run_id
                         if run_id not in ours and run_id not in foreign:
                             refresh()
@@ -611,7 +612,7 @@ def _log_records(
             stream = opened = log_format.open_stream(path)
     if stream is not None:
         try:
-            yield from _LogReader(path, after=since, stream=stream).read()
+            yield from _LogReader(path, after=since, stream=stream).read_to_the_end()
         finally:
             if opened is not None:
                 opened.close()
@@ -620,9 +621,10 @@ def _log_records(
     try:
         with _Wakeup(*((path.parent,) if follow else ())) as wake:
             while True:
-                yield from reader.read()
                 if not follow:
+                    yield from reader.read_to_the_end()
                     return
+                yield from reader.read()
                 wake.wait(_EVENTS_POLL)
     finally:
         reader.close()
@@ -651,6 +653,35 @@ class _LogReader:
         self._offset = 0
         self._expected = 1
         self._first: bytes | None = None  # the first line of the history returned so far
+        self._partial = False  # the last read stopped at a line without its newline
+
+    def read_to_the_end(self) -> Iterator[EventRecord]:
+        """:meth:`read`, for a reading that is final: an unterminated last line that no append
+        is writing (none is in flight, or none can come: a pipe) is a torn tail, reported as
+        the strict readers report it, never taken for the end of the history."""
+        yield from self.read()
+        if not self._partial:
+            return
+        if self._stream is None:
+            from hosttools.sessionrecorder import _format as log_format
+
+            assert self._file is not None
+            # Under the writers' lock: an append in flight is complete once it is given.
+            settled = log_format.settled_size(self._file, self.path)
+            if settled is None:  # no writer ever locked it: what is there is all there is
+                settled = os.fstat(self._file.fileno()).st_size
+            yield from self.read()
+            if self._offset >= settled:
+                return  # the unterminated line was begun after that instant: still being written
+        self._torn()
+
+    def _torn(self) -> NoReturn:
+        from hosttools import sessionrecorder
+        from hosttools.sessionrecorder import _format as log_format
+
+        raise sessionrecorder.JSONLEventLogCorruptError(
+            log_format.key_of(self.path), self._expected, why=log_format._TORN + "unterminated last line"
+        )
 
     def read(self) -> Iterator[EventRecord]:
         # Imported here: importing adaptor must not load the host tools.  The recorder has no
@@ -665,9 +696,13 @@ class _LogReader:
             if file is None:
                 return
             file.seek(self._offset)
+        self._partial = False
         for raw in iter(file.readline, b""):
             if not raw.endswith(b"\n"):
-                return  # being appended right now (or a torn tail the next writer cuts)
+                # Being appended right now, or a torn tail the next writer cuts (see
+                # read_to_the_end): read again from its start next time.
+                self._partial = True
+                return
             try:
                 record = log_format.decode(raw, self._expected)
             except log_format._LineError as exc:

@@ -660,6 +660,28 @@ def test_events_json_of_a_damaged_log_ends_with_the_error_object(tmp_path: Path)
     assert "corrupt at line 3" in damaged.stderr
 
 
+def test_events_report_a_torn_last_line_as_the_strict_readers_do(home: Home, tmp_path: Path) -> None:
+    # A finished run's log whose last line lost its newline (or was cut mid-line) was shown
+    # without that record, exit 0: a script saw a run with no ending and no error.
+    request_id = home.client.submit(script({"text": "whole"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    log = home.root / "events" / f"{request_id}.jsonl"
+    whole = log.read_bytes()
+    count = whole.count(b"\n")
+    for cut in (whole[:-1], whole[:-40]):
+        log.write_bytes(cut)
+        for args in (["events", request_id, "--json"], ["events", "--file", str(log), "--json"]):
+            shown = home.cli(*args)
+            *records, last = json_lines(shown.stdout)
+            assert shown.returncode == 70, (args, shown.stdout, shown.stderr)
+            assert [r["host_seq"] for r in records] == list(range(1, count))
+            assert last["ok"] is False and "torn tail: unterminated last line" in last["error"]["message"]
+    # The same lines whole again: read to the end, exit 0.
+    log.write_bytes(whole)
+    shown = home.cli("events", request_id, "--json")
+    assert shown.returncode == 0 and len(json_lines(shown.stdout)) == count
+
+
 def test_a_reader_that_is_gone_ends_every_command_quietly(home: Home, tmp_path: Path) -> None:
     # Click's own broken-pipe handling exited 1 (a RunError's code) for exit-codes, verify-log
     # and --help; the commands that caught it themselves exited 0.
