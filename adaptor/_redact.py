@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+if TYPE_CHECKING:
+    from adaptor.events import Event
 
 REDACTED = "<redacted>"
 MIN_SECRET_LENGTH = 6
@@ -139,6 +143,85 @@ class Redactor:
                 else:
                     target.append(copied)
         return root
+
+
+class StreamRedactor:
+    """A run's events with the secrets replaced, also those split across the deltas of one
+    stream: a model writes a key it read back token by token, each piece harmless alone.
+
+    The text of a stream (an assistant message's or a reasoning block's ``content`` deltas, a
+    tool call's ``args_delta``) is redacted as one text: a delta's end that could begin a
+    secret is held back and goes out with the next delta of its stream (redacted with it), or
+    before the stream's ``end``, or at :meth:`flush`.  Every other event is redacted whole.
+    """
+
+    __slots__ = ("_held", "_lock", "_redactor", "_streamed")
+
+    def __init__(self, redactor: Redactor) -> None:
+        from adaptor.events import TextDelta, Thinking, ToolCall  # (events imports this module)
+
+        self._redactor = redactor
+        self._lock = threading.Lock()
+        # Each streamed event type, its text field and what names one of its streams.
+        self._streamed: dict[type, tuple[str, str]] = {
+            TextDelta: ("text", "message_id"),
+            Thinking: ("text", "message_id"),
+            ToolCall: ("args_delta", "id"),
+        }
+        # A stream's held-back text, and its last delta (the template of the one that carries
+        # it out).
+        self._held: dict[tuple[type, str], tuple[Event, str]] = {}
+
+    def events(self, event: Event) -> list[Event]:
+        """What to publish in place of ``event`` (nothing, it, or a held delta first)."""
+        how = self._streamed.get(type(event))
+        if how is None:
+            return [self._redactor.value(event)]
+        field, name = how
+        key = (type(event), getattr(event, name))
+        delta = getattr(event, "phase", "") == "content"
+        with self._lock:
+            held = self._held.pop(key, None)
+            if not delta:  # a start or an end: the held text goes out before it
+                out = [] if held is None else [_with_text(held[0], field, held[1])]
+                return [*out, self._redactor.value(event)]
+            text = self._redactor.text((held[1] if held is not None else "") + getattr(event, field))
+            keep = _secret_begun_at_end(text, self._redactor.secrets)
+            shown = self._redactor.value(_with_text(event, field, ""))
+            if keep:
+                self._held[key] = (shown, text[-keep:])
+                text = text[:-keep]
+        return [_with_text(shown, field, text)] if text else []
+
+    def flush(self) -> list[Event]:
+        """The text every stream still holds back (its driver has returned)."""
+        with self._lock:
+            held, self._held = self._held, {}
+        return [
+            _with_text(template, self._streamed[type(template)][0], text)
+            for template, text in held.values()
+        ]
+
+
+def _with_text(event: Event, field: str, text: str) -> Event:
+    changed: Event = dataclasses.replace(cast(Any, event), **{field: text})
+    return changed
+
+
+def _secret_begun_at_end(text: str, secrets: tuple[str, ...]) -> int:
+    """The length of the longest end of ``text`` that begins one of ``secrets`` (not whole)."""
+    longest = 0
+    for secret in secrets:
+        # Only an end shorter than the secret can be its beginning, and only one longer than
+        # the longest found so far matters.
+        start, stop = max(len(text) - len(secret) + 1, 0), len(text) - longest
+        at = text.find(secret[0], start, stop)
+        while at != -1:
+            if secret.startswith(text[at:]):
+                longest = len(text) - at
+                break
+            at = text.find(secret[0], at + 1, stop)
+    return longest
 
 
 # How _value treats a type, found once per type: a run's events are of a dozen types.

@@ -25,7 +25,7 @@ from adaptor import _private_dirs, _thread, errors
 from adaptor import mcp as _mcp
 from adaptor import skill as _skill
 from adaptor import tool as _tool
-from adaptor._redact import Redactor, redact_error
+from adaptor._redact import Redactor, StreamRedactor, redact_error
 from adaptor.approval import Outcome, Responder
 from adaptor.driver import (
     DecisionRequest,
@@ -386,6 +386,7 @@ class RunPipeline:
         # hands out: its events, its Result and its error.
         self._secrets: list[str] = []
         self._redactor = _NO_SECRETS
+        self._streams: StreamRedactor | None = None  # while the driver runs, with secrets
 
     # -- phases ------------------------------------------------------------------------------
 
@@ -574,6 +575,9 @@ class RunPipeline:
 
     def _call_driver(self, request: Request) -> tuple[Response | None, BaseException | None]:
         sink = _Sink(self)
+        if self._redactor:
+            # A secret the model writes out comes in pieces, one per delta.
+            self._streams = StreamRedactor(self._redactor)
         try:
             response = self.host.driver.run(request, sink)
             # Output, raw streams, transcript, failure: the Result and the error are made of it.
@@ -587,6 +591,11 @@ class RunPipeline:
             return None, exc
         finally:
             sink.closed = True
+            streams, self._streams = self._streams, None
+            if streams is not None:
+                assert self.broker is not None
+                for held in streams.flush():  # the ends of streams the driver left open
+                    self.broker.publish(held)
             self._expire_open_requests()
 
     def _may_start_fresh(self) -> bool:
@@ -937,7 +946,13 @@ class RunPipeline:
 
     def publish(self, event: Event, *, deadline: float | None = None) -> bool:
         assert self.broker is not None
-        return self.broker.publish(self._redactor.value(event), deadline=deadline)
+        streams = self._streams
+        if streams is None:
+            return self.broker.publish(self._redactor.value(event), deadline=deadline)
+        published = True
+        for shown in streams.events(event):
+            published = self.broker.publish(shown, deadline=deadline) and published
+        return published
 
     def decide(self, request: DecisionRequest) -> DecisionResponse:
         """Route one driver decision through the policy; see ``adaptor.approval``."""

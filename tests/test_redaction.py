@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adaptor._redact import MIN_SECRET_LENGTH, REDACTED, Redactor
-from adaptor.events import ToolCall
+from adaptor._redact import MIN_SECRET_LENGTH, REDACTED, Redactor, StreamRedactor
+from adaptor.events import TextDelta, Thinking, ToolCall
 
 # Every character the redacted texts below are made of: a secret (in each of its forms) with
 # one character outside this set can only be found in them if a copy was missed.
@@ -103,3 +104,53 @@ def test_a_value_without_secrets_is_handed_back_as_it_is() -> None:
     changed = Redactor(["notes.txt"]).value(event)
     assert changed is not event and changed.args == {"path": REDACTED, "lines": ["x", ("y", 1)]}
     assert event.args == {"path": "notes.txt", "lines": ["x", ("y", 1)]}  # the original is untouched
+
+
+_SECRET = "sk-ant-api03-Zq81xVt0KEY"
+
+
+def _cuts(text: str, points: list[int]) -> list[str]:
+    at = sorted({p % (len(text) + 1) for p in points} | {0, len(text)})
+    return [text[a:b] for a, b in itertools.pairwise(at) if b > a]
+
+
+@given(
+    before=st.text(max_size=30),
+    after=st.text(max_size=30),
+    times=st.integers(1, 3),
+    points=st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_a_secret_split_across_a_streams_deltas_is_redacted_as_in_the_whole(
+    before: str, after: str, times: int, points: list[int]
+) -> None:
+    # Each delta was redacted alone: a model writing out a key token by token showed it whole
+    # once a consumer joined the deltas.
+    redactor = Redactor([_SECRET])
+    streams = StreamRedactor(redactor)
+    whole = before + (_SECRET + " and ") * times + after
+    shown: list[Any] = []
+    for piece in _cuts(whole, points):
+        shown += streams.events(TextDelta(message_id="m", text=piece))
+    shown += streams.events(TextDelta(message_id="m", phase="end"))
+    assert shown[-1] == TextDelta(message_id="m", phase="end")
+    joined = "".join(e.text for e in shown[:-1])
+    assert joined == redactor.text(whole) and _SECRET not in joined
+    assert all(e.text for e in shown[:-1])  # no empty content delta
+
+
+def test_held_text_goes_out_with_its_own_stream_or_at_the_flush() -> None:
+    streams = StreamRedactor(Redactor([_SECRET]))
+    out = streams.events(Thinking(message_id="r", text="the key: sk-ant"))
+    assert [e.text for e in out] == ["the key: "]
+    # Another stream in between is not held up, nor given the held text.
+    other = streams.events(TextDelta(message_id="m", text="hello"))
+    assert other == [TextDelta(message_id="m", text="hello")]
+    args = streams.events(ToolCall(id="t1", phase="content", args_delta='{"token": "sk-ant-api'))
+    assert [e.args_delta for e in args] == ['{"token": "']
+    assert [e.text for e in streams.events(Thinking(message_id="r", text="-api03-Zq81xVt0KEY!"))] == [
+        f"{REDACTED}!"
+    ]
+    # The driver returned with the tool call's arguments still open: they go out at the flush,
+    # as a delta of that call.
+    assert streams.flush() == [ToolCall(id="t1", phase="content", args_delta="sk-ant-api")]
+    assert streams.flush() == []

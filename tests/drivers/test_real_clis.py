@@ -436,6 +436,24 @@ def test_claude_a_key_the_provider_quotes_back_is_shown_nowhere(
     assert key not in shown(events, caught.value, None)
 
 
+def test_claude_a_secret_the_model_writes_in_pieces_is_redacted_in_the_stream(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+) -> None:
+    # The model streams text a few characters (here: a word) at a time, and each delta was
+    # redacted alone: a secret it wrote out passed in pieces, whole once the deltas were joined.
+    secret = "alpha-7 bravo-8 charlie-9 delta-0"
+    config = claude_config()
+    config = dataclasses.replace(config, env={**config.env, "DEPLOY_PASSPHRASE": secret})
+    anthropic.configure(text=f"The passphrase is {secret} as you asked.")
+    with adaptor.Agent(claude.Driver(config), workspace=workspace) as agent:
+        stream = agent.stream("say it")
+        seen = list(stream)
+        result = stream.result()
+    streamed = "".join(e.text for e in seen if isinstance(e, adaptor.TextDelta) and e.phase == "content")
+    assert streamed == result.text == "The passphrase is <redacted> as you asked."
+    assert len([e for e in seen if isinstance(e, adaptor.TextDelta) and e.phase == "content"]) > 2
+
+
 def test_claude_bad_key_retried_until_the_deadline_says_why(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
