@@ -133,23 +133,24 @@ def test_a_secret_split_across_a_streams_deltas_is_redacted_as_in_the_whole(
         shown += streams.events(TextDelta(message_id="m", text=piece))
     shown += streams.events(TextDelta(message_id="m", phase="end"))
     assert shown[-1] == TextDelta(message_id="m", phase="end")
-    joined = "".join(e.text for e in shown[:-1])
+    joined = "".join(_texts(shown[:-1]))
     assert joined == redactor.text(whole) and _SECRET not in joined
-    assert all(e.text for e in shown[:-1])  # no empty content delta
+    assert all(_texts(shown[:-1]))  # no empty content delta
+
+
+def _texts(shown: list[Any], field: str = "text") -> list[str]:
+    return [getattr(e, field) for e in shown]
 
 
 def test_held_text_goes_out_with_its_own_stream_or_at_the_flush() -> None:
     streams = StreamRedactor(Redactor([_SECRET]))
-    out = streams.events(Thinking(message_id="r", text="the key: sk-ant"))
-    assert [e.text for e in out] == ["the key: "]
+    assert _texts(streams.events(Thinking(message_id="r", text="the key: sk-ant"))) == ["the key: "]
     # Another stream in between is not held up, nor given the held text.
     other = streams.events(TextDelta(message_id="m", text="hello"))
     assert other == [TextDelta(message_id="m", text="hello")]
     args = streams.events(ToolCall(id="t1", phase="content", args_delta='{"token": "sk-ant-api'))
-    assert [e.args_delta for e in args] == ['{"token": "']
-    assert [e.text for e in streams.events(Thinking(message_id="r", text="-api03-Zq81xVt0KEY!"))] == [
-        f"{REDACTED}!"
-    ]
+    assert _texts(args, "args_delta") == ['{"token": "']
+    assert _texts(streams.events(Thinking(message_id="r", text="-api03-Zq81xVt0KEY!"))) == [f"{REDACTED}!"]
     # The driver returned with the tool call's arguments still open: they go out at the flush,
     # as a delta of that call.
     assert streams.flush() == [ToolCall(id="t1", phase="content", args_delta="sk-ant-api")]
