@@ -74,7 +74,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -232,6 +232,9 @@ class Driver(_cli.CliDriver[Config]):
 
     def run(self, request: Request, sink: EventSink) -> Response:
         config = self._config_for(request)
+        refusal = _permission_overridden(request, config.extra_args)
+        if refusal is not None:
+            return refusal
         plan = _plan(config, request, persistent_allowed=not self._pool.closed)
         live = None
         if not plan.fork:
@@ -394,6 +397,28 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         allowed_tools=allowed,
         skills=tuple(request.skills),
     )
+
+
+# extra_args that pre-approve tools (a settings object or file may hold permissions.allow):
+# the CLI would never ask, so a permission policy of ask or auto_reject would not hold.
+_PRE_APPROVING: Final = frozenset({"--allowedTools", "--allowed-tools", "--settings"})
+
+
+def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
+    """A refusal when the run's explicit permission policy asks or rejects and ``extra_args``
+    could pre-approve tools past it."""
+    approvals = None if request.policy is None else request.policy.approvals
+    if approvals is None or approvals.permission not in ("ask", "auto_reject"):
+        return None
+    found = sorted({arg.split("=", 1)[0] for arg in extra_args} & _PRE_APPROVING)
+    if not found:
+        return None
+    return Response(exit_code=None, failure=RunFailure(
+        code="unsupported_driver",
+        message=f"claude cannot honour the policy's permission {approvals.permission!r}: "
+                f"extra_args may pre-approve tools past it ({', '.join(found)})",
+        details={"kind": "policy_in_extra_args", "extra_args": found},
+    ))
 
 
 def _approval_transport(request: Request) -> tuple[bool, bool]:

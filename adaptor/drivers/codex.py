@@ -228,7 +228,7 @@ class Driver(_cli.CliDriver[Config]):
             mcp_args, mcp_env = _mcp_overrides(plan.mcp, plan.required_mcp, private, mark)
             argv, shown = _argv(config, plan, schema_file, mcp_args)
             env, names = _process.child_env(*plan.env_layers, mcp_env)
-            refusal = _key_taken(plan, env, config.extra_args)
+            refusal = _overridden(plan, config.extra_args) or _key_taken(plan, env, config.extra_args)
             if refusal is not None:
                 return refusal
             spec = Spec(argv=argv, shown_argv=shown, env=env, env_names=names,
@@ -383,11 +383,52 @@ def _refusal(taken: list[str], kind: str, why: str) -> Response:
     ))
 
 
+# What the run's explicit settings are, and the extra_args that would override each: a -c key
+# path (its first segments) or a flag.  codex takes the last -c of a key, and extra_args come
+# after the driver's own.
+# (the _Plan attribute, what it is, -c keys that set it, -c tables below which a key does,
+# flags that override it)
+_OVERRIDES: Final[tuple[tuple[str, str, set[str], set[str], set[str]], ...]] = (
+    ("sandbox", "the policy's sandbox", {"sandbox_mode"}, {"sandbox_workspace_write"},
+     {"--dangerously-bypass-approvals-and-sandbox", "--approve-for-me", "--full-auto", "--yolo"}),
+    ("web_search", "the policy's web_search", {"web_search", "tools.web_search"}, set(), set()),
+    ("developer", "append_system_prompt and the skills catalogue", {"developer_instructions"},
+     set(), set()),
+)
+
+
+def _overridden(plan: _Plan, extra_args: Sequence[str]) -> Response | None:
+    """A refusal when ``extra_args`` set what the run's explicit settings set (a Policy's
+    sandbox or web_search, the developer instructions): codex would quietly obey them."""
+    keys = [".".join(path) for path in _config_overrides_in(extra_args)]
+    flags = {arg.split("=", 1)[0] for arg in extra_args if arg.startswith("--")}
+    for attribute, what, whole, tables, dangerous in _OVERRIDES:
+        if getattr(plan, attribute) is None:
+            continue
+        found = [k for k in keys if k in whole or any(k == t or k.startswith(t + ".") for t in tables)]
+        found += sorted(flags & dangerous)
+        if found:
+            return Response(exit_code=None, failure=RunFailure(
+                code="unsupported_driver",
+                message=f"codex cannot honour {what}: extra_args override it ({', '.join(found)})",
+                details={"kind": "policy_in_extra_args", "extra_args": found},
+            ))
+    return None
+
+
 def _mcp_overrides_in(extra_args: Sequence[str]) -> Iterator[list[str]]:
     """The path below ``mcp_servers`` of each ``-c`` in ``extra_args`` that sets something
-    there (``[]``: the whole table).  Read as codex 0.171.0 does: ``-c V``, ``-cV``, ``-c=V``,
-    ``--config V`` and ``--config=V``; the key is what precedes the first ``=``, trimmed, cut
-    at every dot (no TOML quoting: ``mcp_servers."k"`` names a server ``"k"``, quotes and all).
+    there (``[]``: the whole table)."""
+    for path in _config_overrides_in(extra_args):
+        if path[0] == "mcp_servers":
+            yield path[1:]
+
+
+def _config_overrides_in(extra_args: Sequence[str]) -> Iterator[list[str]]:
+    """The key path of each ``-c`` in ``extra_args`` that sets something.  Read as codex
+    0.171.0 does: ``-c V``, ``-cV``, ``-c=V``, ``--config V`` and ``--config=V``; the key is
+    what precedes the first ``=``, trimmed, cut at every dot (no TOML quoting:
+    ``mcp_servers."k"`` names a server ``"k"``, quotes and all).
     """
     args = iter(extra_args)
     for arg in args:
@@ -402,9 +443,8 @@ def _mcp_overrides_in(extra_args: Sequence[str]) -> Iterator[list[str]]:
         else:
             continue
         key, equals, _ = override.partition("=")
-        path = key.strip().split(".")
-        if equals and path[0] == "mcp_servers":
-            yield path[1:]
+        if equals:
+            yield key.strip().split(".")
 
 
 _REQUIRED_MCP_FAILED: Final = "required MCP servers failed to initialize: "

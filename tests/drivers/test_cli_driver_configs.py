@@ -94,3 +94,54 @@ def test_format_only_drivers_say_so() -> None:
     for module in (cursor, codebuddy):
         assert module.VERIFICATION.startswith("format-verified, not binary-verified")
     assert gemini.CLI_VERSION == "0.61.0"
+
+
+def _never_started(tmp_path: Path) -> str:
+    """A CLI that records being started: a refusal must come before it."""
+    marker = tmp_path / "started"
+    cli = tmp_path / "cli"
+    cli.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    cli.chmod(0o755)
+    return str(cli)
+
+
+@pytest.mark.parametrize(
+    ("module", "extra_args", "policy", "found"),
+    [
+        # The QA runs that showed it: each overrode what the run asked for, and the run passed.
+        (codex, ("-c", 'sandbox_mode="danger-full-access"'), adaptor.Policy(sandbox="read_only"),
+         ["sandbox_mode"]),
+        (codex, ("--dangerously-bypass-approvals-and-sandbox",), adaptor.Policy(sandbox="read_only"),
+         ["--dangerously-bypass-approvals-and-sandbox"]),
+        (codex, ("-csandbox_workspace_write.network_access=true",),
+         adaptor.Policy(sandbox="workspace_write"), ["sandbox_workspace_write.network_access"]),
+        (codex, ("--config=web_search=\"live\"",), adaptor.Policy(web_search="deny"), ["web_search"]),
+        (claude, ("--allowedTools", "Bash"),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")), ["--allowedTools"]),
+        (claude, ("--settings={\"permissions\": {\"allow\": [\"Bash\"]}}",),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask")), ["--settings"]),
+    ],
+)
+def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
+    module: Any, extra_args: tuple[str, ...], policy: adaptor.Policy, found: list[str], tmp_path: Path
+) -> None:
+    config = module.Config(command=_never_started(tmp_path), extra_args=extra_args)
+    with adaptor.Agent(module.Driver(config), workspace=str(tmp_path)) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("go", policy=policy)
+        assert caught.value.reason == "unsupported_driver"
+        assert caught.value.details == {"kind": "policy_in_extra_args", "extra_args": found}
+        assert not (tmp_path / "started").exists()
+        # Without that explicit setting the CLI decides, and extra_args are its to set.
+        with pytest.raises(adaptor.AgentFailedError):
+            agent.run("go")
+        assert (tmp_path / "started").exists()
+
+
+def test_codex_extra_args_cannot_replace_the_runs_developer_instructions(tmp_path: Path) -> None:
+    config = codex.Config(command=_never_started(tmp_path), extra_args=("-c", 'developer_instructions="mine"'))
+    with adaptor.Agent(codex.Driver(config), workspace=str(tmp_path)) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("go", append_system_prompt="be brief")
+    assert caught.value.details == {"kind": "policy_in_extra_args", "extra_args": ["developer_instructions"]}
+    assert "append_system_prompt" in str(caught.value) and not (tmp_path / "started").exists()
