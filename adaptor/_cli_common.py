@@ -150,12 +150,16 @@ def _after_restart(home: _home.Home, request_id: str) -> str:
     if outcome == "queued":
         return f"{request_id} keeps its place and runs when the daemon starts again"
     if outcome == "requeue":
-        unless = ", unless its thread was saved meanwhile" if isinstance(state.get("thread_before"), Mapping) else ""
         return (
             f"{request_id} was running: the next start runs it again (on_interrupt requeue, "
-            f"attempt {int(state['attempt']) + 1} of {_home.MAX_ATTEMPTS}{unless})"
+            f"attempt {int(state['attempt']) + 1} of {_home.MAX_ATTEMPTS})"
         )
-    why = "on_interrupt fail" if state.get("on_interrupt", "fail") != "requeue" else "its attempts are used up"
+    if state.get("on_interrupt", "fail") != "requeue":
+        why = "on_interrupt fail"
+    elif int(state.get("attempt") or 0) >= _home.MAX_ATTEMPTS:
+        why = "its attempts are used up"
+    else:
+        why = "a thread's turn, whose agent may already have the prompt"
     return f"{request_id} was running and does not run again ({why}): the next start gives it its verdict (interrupted)"
 
 

@@ -338,17 +338,38 @@ def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "ver
     state (``runs/<id>/state.json``; ``{}`` when it has none):
 
     ``"queued"``: it never started, so it queues again; ``"requeue"``: an interrupted run with
-    ``on_interrupt: "requeue"`` and attempts left runs again (unless its thread was saved after
-    it started: the daemon checks that, and then gives it its verdict); ``"verdict"``: an
-    interrupted run gets its failure verdict.  The daemon's recovery decides by this, and
-    ``adaptor`` tells a waiting user from it what the restart will do.
+    ``on_interrupt: "requeue"`` and attempts left runs again, unless it is a thread's turn that
+    may have reached its agent; ``"verdict"``: an interrupted run gets its failure verdict.
+    The daemon's recovery decides by this, and ``adaptor`` tells a waiting user from it what
+    the restart will do.
+
+    A thread's turn is not run again once its agent may have had the prompt: the agent keeps
+    the conversation itself (claude and codex in their session files, resumed by id), so a
+    second attempt resuming the same session would send the prompt into it twice, whether or
+    not the thread's record was saved.
     """
     attempt = int(state.get("attempt") or 0)
     if state.get("status") in (None, "queued") or attempt == 0:
         return "queued"
     if state.get("on_interrupt", "fail") == "requeue" and attempt < MAX_ATTEMPTS:
+        if is_thread_session(state.get("session")) and run_entered(state):
+            return "verdict"
         return "requeue"
     return "verdict"
+
+
+def run_entered(state: Mapping[str, Any]) -> bool:
+    """Whether an interrupted run may have reached its agent, from its run state.
+
+    The driver-entry fact is recorded by the event consumer, which can lag the driver: a run
+    the SDK admitted (it has a run id) counts as entered unless proven otherwise.
+    """
+    return bool(state.get("entered") or state.get("run_ids") or state.get("run_id"))
+
+
+def is_thread_session(session: object) -> bool:
+    """Whether an audit-log session name is a thread's (see :func:`session_for_thread`)."""
+    return isinstance(session, str) and session.startswith("thread=")
 
 
 # --- submitting -------------------------------------------------------------------------------

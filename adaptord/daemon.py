@@ -1758,9 +1758,7 @@ class Daemon:
     def _interrupted(
         self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str, *, requeue: bool
     ) -> None:
-        # The driver-entry fact is recorded by the event consumer, which can lag the driver: a
-        # run the SDK admitted (it has a run id) is treated as entered unless proven otherwise.
-        entered = bool(state.get("entered") or state.get("run_ids") or state.get("run_id"))
+        entered = _home.run_entered(state)
         try:
             request = orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
             secrets = self._secrets_of(request)
@@ -1785,6 +1783,14 @@ class Daemon:
                 # send its prompt into the conversation twice.
                 details["thread_changed"] = True
                 message += "; its thread was saved after the run started, so it was not run again"
+            elif (
+                state.get("on_interrupt") == "requeue"
+                and attempt < _home.MAX_ATTEMPTS
+                and _home.is_thread_session(state.get("session"))
+            ):
+                # Its agent may have the prompt in its own session already (see after_restart).
+                details["thread_turn"] = True
+                message += "; a thread's turn whose agent may have had the prompt is not run again"
             error: BaseException = errors.RunError(
                 "infrastructure_error",
                 message,

@@ -2386,17 +2386,23 @@ def _thread_mark(home: _home.Home, key: str) -> dict[str, Any]:
     return {"id": None} if record is None else {"id": record.id, "updated_at": record.updated_at.isoformat()}
 
 
-def _started_turn(home: _home.Home, rid: str, key: str, thread_before: dict[str, Any]) -> None:
-    """What a kill -9 during a thread turn leaves: the claim and the started attempt's state."""
+def _started_turn(
+    home: _home.Home, rid: str, key: str, thread_before: dict[str, Any], *, entered: bool = True
+) -> None:
+    """What a kill -9 during a thread turn leaves: the claim and the started attempt's state
+    (``entered``: the SDK had admitted the run, so its agent may have had the prompt)."""
     turn = script({"text": f"{rid} ran"}, thread={"key": key}, on_interrupt="requeue")
     turn["config"]["session"] = "auto"
     _claimed_only(home, rid, turn)
     home.run_dir(rid).mkdir(parents=True)
-    home.run_state(rid).write_bytes(orjson.dumps({
-        "id": rid, "status": "running", "attempt": 1, "run_ids": [f"run_{rid}"], "run_id": f"run_{rid}",
-        "entered": True, "on_interrupt": "requeue", "received_at": "2026-12-02T10:00:00.000000Z",
+    state: dict[str, Any] = {
+        "id": rid, "status": "running", "attempt": 1, "on_interrupt": "requeue",
+        "received_at": "2026-12-02T10:00:00.000000Z", "session": _home.session_for_thread(key),
         "thread_before": thread_before,
-    }))
+    }
+    if entered:
+        state |= {"run_ids": [f"run_{rid}"], "run_id": f"run_{rid}", "entered": True}
+    home.run_state(rid).write_bytes(orjson.dumps(state))
 
 
 def test_crash_after_a_thread_turn_was_saved_does_not_run_it_again(tmp_path: Path) -> None:
@@ -2416,17 +2422,24 @@ def test_crash_after_a_thread_turn_was_saved_does_not_run_it_again(tmp_path: Pat
     agent.thread("conversation").run("the turn")
     agent.close()
     _started_turn(home, "saved-turn", "conversation", before)
-    # A turn whose crash came before any save runs again, as requeue asks.
+    # Not saved, but its agent may have had the prompt: a CLI keeps the conversation itself
+    # (claude's session file), so a second attempt resuming it sent the prompt in twice.
     _started_turn(home, "unsaved-turn", "other", _thread_mark(home, "other"))
+    # A turn the daemon lost before the SDK admitted it never reached an agent: run again.
+    _started_turn(home, "unadmitted-turn", "third", _thread_mark(home, "third"), entered=False)
     proc = DaemonProcess(home.root).start()
     verdict = proc.verdict("saved-turn")
     err = errors.from_wire(verdict["error"])
     assert type(err) is errors.RunError and err.details["interrupted"] is True
     assert err.details["thread_changed"] is True and "not run again" in str(err)
-    assert proc.verdict("unsaved-turn")["result"]["text"] == "unsaved-turn ran"
-    proc.wait_for_line("verdict.written id=unsaved-turn")
-    assert "request.started" not in _lifecycle(home, "saved-turn")
-    assert _lifecycle(home, "unsaved-turn").count("request.started") == 1
+    unsaved = errors.from_wire(proc.verdict("unsaved-turn")["error"])
+    assert type(unsaved) is errors.RunError and unsaved.details["thread_turn"] is True
+    assert "may have had the prompt is not run again" in str(unsaved)
+    assert proc.verdict("unadmitted-turn")["result"]["text"] == "unadmitted-turn ran"
+    proc.wait_for_line("verdict.written id=unadmitted-turn")
+    for rid in ("saved-turn", "unsaved-turn"):
+        assert "request.started" not in _lifecycle(home, rid)
+    assert _lifecycle(home, "unadmitted-turn").count("request.started") == 1
     assert proc.stop() == 0
 
 
