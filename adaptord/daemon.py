@@ -1795,7 +1795,7 @@ class Daemon:
                 "infrastructure_error",
                 message,
                 details=details,
-                result=adaptor.Result(run_id=run_id or ""),
+                result=adaptor.Result(run_id=run_id or "", text=self._text_so_far(state)),
             )
         else:
             error = errors.AdaptorError("the daemon stopped before the agent started")
@@ -1813,6 +1813,26 @@ class Daemon:
             request_id, run_id=run_id, result=result, error=error, received_at=received_at,
             started_at=state.get("started_at"), session=state.get("session"), secrets=secrets, job=job,
         )
+
+    def _text_so_far(self, state: Mapping[str, Any]) -> str:
+        """The interrupted run's answer as far as its audit log has it: the text of its last
+        assistant message (a Result's ``text`` is the final message only).  ``""`` when the
+        log has none or cannot be read (the verdict does not wait on a damaged log)."""
+        run_id, session = state.get("run_id"), state.get("session")
+        if not isinstance(run_id, str) or not isinstance(session, str) or not session:
+            return ""
+        message: str | None = None
+        pieces: list[str] = []
+        try:
+            for record in self._events.iter_since(session):
+                event = record.event
+                if isinstance(event, events.TextDelta) and event.meta.run_id == run_id and event.phase == "content":
+                    if event.message_id != message:
+                        message, pieces = event.message_id, []
+                    pieces.append(event.text)
+        except Exception:  # corrupt, unreadable: the text is a courtesy, the verdict is not
+            return ""
+        return "".join(pieces)
 
     def _record_interrupted(self, state: Mapping[str, Any], request: Any) -> None:
         """End the interrupted run's events with its ``run.finished``, so a reader of the audit

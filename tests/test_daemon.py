@@ -1137,6 +1137,14 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
             __import__("time").sleep(0.02)
         assert proc_state.get("entered"), proc_state
     first_run = proc_state["run_id"]
+
+    def said_working() -> bool:
+        return any(isinstance(e, events.TextDelta) and e.text == "working" for e in Client(home).events(failing))
+
+    for _ in range(500):
+        if said_working():
+            break
+        __import__("time").sleep(0.02)
     proc.kill9()
     assert not proc.home.verdict(failing).exists()
 
@@ -1145,6 +1153,8 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     err = errors.from_wire(verdict["error"])
     assert type(err) is errors.RunError and err.reason == "infrastructure_error"
     assert err.details["interrupted"] is True
+    # The answer as far as it got (its result had no text at all).
+    assert verdict["result"]["text"] == "working"
     # Its audit log ends as every run's does, with run.finished (it had no end at all).
     ended = list(Client(home).events(failing))[-1]
     assert isinstance(ended, events.RunFinished) and ended.failed
