@@ -440,20 +440,25 @@ def test_a_key_in_a_url_stays_out_of_the_errors_traceback(status: int) -> None:
         assert "K3Y" not in shown and "api_key=<redacted>" in shown, shown
 
 
-@pytest.mark.parametrize("status", [500, 502, 503, 504, 507])
-@pytest.mark.parametrize("op", ["send", "send_stream"])
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504, 507])
+@pytest.mark.parametrize("op", ["send", "send_stream", "subscribe"])
 def test_a_server_failure_is_a_connection_error_naming_the_status(status: int, op: str) -> None:
     # A 500 was a ProtocolError ("unexpected HTTP status"), which delegation reports as a
-    # malformed response that is not worth retrying, while 502-504 were a ConnectionError.
-    route = srv.status_route("/failing", status)
+    # malformed response that is not worth retrying, while 502-504 were a ConnectionError.  A
+    # subscribe refused so (a 429 with its Retry-After) was a StreamRecoveryError, as if a
+    # stream that never started had dropped.
+    route = srv.status_route("/failing", status, headers={"Retry-After": "7"})
     with srv.scripted_server(extra_routes=[route]) as running:
         card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/failing"))
         with a2a.Client(card=card) as c, pytest.raises(ConnectionError) as caught:
             if op == "send":
                 c.send("echo x")
-            else:
+            elif op == "send_stream":
                 list(c.send_stream("echo x"))
-    assert f"HTTP {status}" in str(caught.value)
+            else:
+                list(c.subscribe("task-1"))
+    assert type(caught.value) is ConnectionError  # not a StreamRecoveryError
+    assert f"HTTP {status}" in str(caught.value) and getattr(caught.value, "retry_after", None) == 7.0
 
 
 def _http_date_in(seconds: float) -> str:

@@ -749,6 +749,7 @@ class Client:
         self, op: str, state: _StreamState, open_: Callable[[], AsyncIterator[pb.StreamResponse]]
     ) -> AsyncGenerator[StreamEvent, None]:
         dropped: BaseException | None = None
+        started = False
         responses = open_()
         try:
             while True:
@@ -761,10 +762,13 @@ class Client:
                     raise
                 except Exception as exc:
                     mapped = self._map(op, exc, stream=True)
-                    if isinstance(mapped, ConnectionError) and state.task_id:
+                    # Only a stream that started can drop; one refused at once (a 429 with its
+                    # Retry-After, a 5xx) is that refusal, as for the unary calls.
+                    if isinstance(mapped, ConnectionError) and state.task_id and started:
                         dropped = mapped
                         break
                     raise mapped from exc
+                started = True
                 event = _stream_event(op, response, self._secrets())
                 state.observe(event)
                 yield event
