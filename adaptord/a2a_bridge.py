@@ -289,7 +289,7 @@ class RequireBearer:
 
     def __init__(self, app: ASGIApp, token: str, open_paths: Sequence[str] = (CARD_PATH,)) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.token = token.encode()
         self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -298,7 +298,9 @@ class RequireBearer:
             return
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            # The scheme is case-insensitive (RFC 9110), the token compared in constant time.
+            scheme, _, credentials = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials, self.token):
                 response = JSONResponse(
                     {"error": "unauthorized"},
                     status_code=401,

@@ -178,9 +178,18 @@ def test_every_other_route_needs_the_bearer_token(daemon_a: Served) -> None:
         with pytest.raises(a2a.UnauthorizedError):
             anonymous.send("hello")
     call = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+    for headers in (
+        {}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
+        {"Authorization": f"Basic {TOKEN}"}, {"Authorization": f"Bearer  {TOKEN}"},
+    ):
         response = httpx.post(f"{daemon_a.url}/agents/echo", json=call, headers=headers)
         assert response.status_code == 401 and response.headers["WWW-Authenticate"] == "Bearer"
+    # The scheme is case-insensitive (RFC 9110): "bearer <token>" was refused.
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        response = httpx.post(
+            f"{daemon_a.url}/agents/echo", json=call, headers={"Authorization": f"{scheme} {TOKEN}"}
+        )
+        assert response.status_code == 200, scheme
 
 
 @slow
