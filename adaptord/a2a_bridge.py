@@ -53,6 +53,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, 
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import uvicorn
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
@@ -684,6 +685,11 @@ class SpoolExecutor(AgentExecutor):
             await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
             return
         request = {**build_request(self.agent, prompt, task_id, context_id), "id": run.request_id}
+        if len(orjson.dumps(request)) > _home.MAX_REQUEST_BYTES:
+            # Spooled, it would be quarantined and fail as an invalid request; say why here.
+            too_large = f"the message is too large: requests are at most {_home.MAX_REQUEST_BYTES} bytes"
+            await updater.reject(updater.new_agent_message([Part(text=too_large)]))
+            return
         self._runs[task_id] = run
         try:
             try:

@@ -238,6 +238,12 @@ def test_an_oversized_message_is_refused_before_it_is_read(daemon_a: Served) -> 
         f"{daemon_a.url}/agents/echo", content=iter([call("hi")]), headers=headers, timeout=WAIT
     )
     assert response.status_code == 200 and "result" in response.json(), response.text
+    # A body under the limit holding a request over a request file's: it was spooled, set
+    # aside in quarantine/ and failed as "the run could not be carried out (ErrInvalidRequest)".
+    with daemon_a.client("echo") as client:
+        task = client.send("y" * (a2a_bridge.MAX_BODY // 2 + 10))
+    assert task.state is a2a.TaskState.REJECTED and "the message is too large" in task.text
+    assert (sorted(home.quarantine.iterdir()) if home.quarantine.exists() else []) == queued_before
 
 
 # --- runs through the spool ---------------------------------------------------------------------
