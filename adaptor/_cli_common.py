@@ -156,10 +156,10 @@ def _after_restart(home: _home.Home, request_id: str) -> str:
         )
     if state.get("on_interrupt", "fail") != "requeue":
         why = "on_interrupt fail"
-    elif int(state.get("attempt") or 0) >= _home.MAX_ATTEMPTS:
-        why = "its attempts are used up"
-    else:
+    elif _home.thread_turn_kept_back(state):
         why = "a thread's turn, whose agent may already have the prompt"
+    else:
+        why = "its attempts are used up"
     return f"{request_id} was running and does not run again ({why}): the next start gives it its verdict (interrupted)"
 
 

@@ -351,11 +351,20 @@ def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "ver
     attempt = int(state.get("attempt") or 0)
     if state.get("status") in (None, "queued") or attempt == 0:
         return "queued"
-    if state.get("on_interrupt", "fail") == "requeue" and attempt < MAX_ATTEMPTS:
-        if is_thread_session(state.get("session")) and run_entered(state):
-            return "verdict"
+    if _may_requeue(state) and not thread_turn_kept_back(state):
         return "requeue"
     return "verdict"
+
+
+def _may_requeue(state: Mapping[str, Any]) -> bool:
+    """``on_interrupt: "requeue"`` with attempts left."""
+    return state.get("on_interrupt", "fail") == "requeue" and int(state.get("attempt") or 0) < MAX_ATTEMPTS
+
+
+def thread_turn_kept_back(state: Mapping[str, Any]) -> bool:
+    """Whether an interrupted run that asked to run again is not, being a thread's turn whose
+    agent may have had the prompt (see :func:`after_restart`)."""
+    return _may_requeue(state) and is_thread_session(state.get("session")) and run_entered(state)
 
 
 def run_entered(state: Mapping[str, Any]) -> bool:

@@ -1783,11 +1783,7 @@ class Daemon:
                 # send its prompt into the conversation twice.
                 details["thread_changed"] = True
                 message += "; its thread was saved after the run started, so it was not run again"
-            elif (
-                state.get("on_interrupt") == "requeue"
-                and attempt < _home.MAX_ATTEMPTS
-                and _home.is_thread_session(state.get("session"))
-            ):
+            elif _home.thread_turn_kept_back(state):
                 # Its agent may have the prompt in its own session already (see after_restart).
                 details["thread_turn"] = True
                 message += "; a thread's turn whose agent may have had the prompt is not run again"
