@@ -653,14 +653,14 @@ class _LogReader:
         self._offset = 0
         self._expected = 1
         self._first: bytes | None = None  # the first line of the history returned so far
-        self._partial = False  # the last read stopped at a line without its newline
+        self._partial: bytes | None = None  # where the last read stopped: a line without its newline
 
     def read_to_the_end(self) -> Iterator[EventRecord]:
         """:meth:`read`, for a reading that is final: an unterminated last line that no append
         is writing (none is in flight, or none can come: a pipe) is a torn tail, reported as
         the strict readers report it, never taken for the end of the history."""
         yield from self.read()
-        if not self._partial:
+        if self._partial is None:
             return
         if self._stream is None:
             from hosttools.sessionrecorder import _format as log_format
@@ -676,12 +676,18 @@ class _LogReader:
         self._torn()
 
     def _torn(self) -> NoReturn:
-        from hosttools import sessionrecorder
+        """Raise for the unterminated last line what the strict readers raise for it (a torn
+        tail when a crash can have left it, else corruption kept as it is)."""
         from hosttools.sessionrecorder import _format as log_format
 
-        raise sessionrecorder.JSONLEventLogCorruptError(
-            log_format.key_of(self.path), self._expected, why=log_format._TORN + "unterminated last line"
-        )
+        raw = self._partial
+        assert raw is not None
+        try:
+            log_format.decode(raw, self._expected)
+        except log_format._LineError as exc:
+            key = log_format.key_of(self.path)
+            raise log_format._corrupt(key, self._expected, exc, is_last=True, raw=raw) from None
+        raise AssertionError("an unterminated line decoded")
 
     def read(self) -> Iterator[EventRecord]:
         # Imported here: importing adaptor must not load the host tools.  The recorder has no
@@ -696,12 +702,12 @@ class _LogReader:
             if file is None:
                 return
             file.seek(self._offset)
-        self._partial = False
+        self._partial = None
         for raw in iter(file.readline, b""):
             if not raw.endswith(b"\n"):
                 # Being appended right now, or a torn tail the next writer cuts (see
                 # read_to_the_end): read again from its start next time.
-                self._partial = True
+                self._partial = raw
                 return
             try:
                 record = log_format.decode(raw, self._expected)
