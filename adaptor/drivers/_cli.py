@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
 
@@ -142,18 +142,30 @@ def check_optional_path(name: str, value: object) -> None:
         raise TypeError(f"{name}: expected a non-empty string or null")
 
 
+def flags_in(extra_args: Iterable[str]) -> Iterator[str]:
+    """The flag each argument names, as these CLIs' parsers read it: ``--flag=value`` is
+    ``--flag``, and ``-mgpt`` is ``-m`` (``-pc`` is ``-p -c``: the flag is the first letter; a
+    value of another option that starts so counts too, ``--option=-mvalue`` says it
+    unambiguously)."""
+    for arg in extra_args:
+        yield arg[:2] if len(arg) > 2 and arg[0] == "-" and arg[1] != "-" else arg.split("=", 1)[0]
+
+
 def check_owned_flags(extra_args: tuple[str, ...], owned: frozenset[str],
                       why: str = "is set by the driver itself") -> None:
-    for arg in extra_args:
-        if len(arg) > 2 and arg[0] == "-" and arg[1] != "-":
-            # "-mgpt" is "-m gpt" to these CLIs' parsers (and "-pc" is "-p -c"): the flag is
-            # the first letter.  A value of another option that starts so is refused too;
-            # "--option=-mvalue" says it unambiguously.
-            flag = arg[:2]
-        else:
-            flag = arg.split("=", 1)[0]
+    for flag in flags_in(extra_args):
         if flag in owned:
             raise ValueError(f"extra_args: {flag} {why}")
+
+
+def overridden_by_extra_args(cli: str, what: str, found: Sequence[str]) -> Response:
+    """The refusal of a run whose explicit setting ``what`` the ``found`` extra_args would
+    override: the CLI would obey them, and the run report a success it did not have."""
+    return Response(exit_code=None, failure=RunFailure(
+        code="unsupported_driver",
+        message=f"{cli} cannot honour {what}: extra_args override it ({', '.join(found)})",
+        details={"kind": "policy_in_extra_args", "extra_args": list(found)},
+    ))
 
 
 # --- one run --------------------------------------------------------------------------------------

@@ -410,15 +410,11 @@ def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Respo
     approvals = None if request.policy is None else request.policy.approvals
     if approvals is None or approvals.permission not in ("ask", "auto_reject"):
         return None
-    found = sorted({arg.split("=", 1)[0] for arg in extra_args} & _PRE_APPROVING)
+    found = sorted(set(_cli.flags_in(extra_args)) & _PRE_APPROVING)
     if not found:
         return None
-    return Response(exit_code=None, failure=RunFailure(
-        code="unsupported_driver",
-        message=f"claude cannot honour the policy's permission {approvals.permission!r}: "
-                f"extra_args may pre-approve tools past it ({', '.join(found)})",
-        details={"kind": "policy_in_extra_args", "extra_args": found},
-    ))
+    what = f"the policy's permission {approvals.permission!r} (they may pre-approve tools)"
+    return _cli.overridden_by_extra_args("claude", what, found)
 
 
 def _approval_transport(request: Request) -> tuple[bool, bool]:

@@ -401,18 +401,14 @@ def _overridden(plan: _Plan, extra_args: Sequence[str]) -> Response | None:
     """A refusal when ``extra_args`` set what the run's explicit settings set (a Policy's
     sandbox or web_search, the developer instructions): codex would quietly obey them."""
     keys = [".".join(path) for path in _config_overrides_in(extra_args)]
-    flags = {arg.split("=", 1)[0] for arg in extra_args if arg.startswith("--")}
+    flags = set(_cli.flags_in(extra_args))
     for attribute, what, whole, tables, dangerous in _OVERRIDES:
         if getattr(plan, attribute) is None:
             continue
         found = [k for k in keys if k in whole or any(k == t or k.startswith(t + ".") for t in tables)]
         found += sorted(flags & dangerous)
         if found:
-            return Response(exit_code=None, failure=RunFailure(
-                code="unsupported_driver",
-                message=f"codex cannot honour {what}: extra_args override it ({', '.join(found)})",
-                details={"kind": "policy_in_extra_args", "extra_args": found},
-            ))
+            return _cli.overridden_by_extra_args("codex", what, found)
     return None
 
 
