@@ -162,6 +162,8 @@ class _RunThreads:
 
 
 _run_threads = _RunThreads()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_run_threads.reset)
 
 # The run whose on_approval callback the current thread is running, if any: an Agent.close()
 # called from inside it must not wait for that run, which cannot end before the callback does.
@@ -172,8 +174,6 @@ def run_in_callback() -> RunPipeline | None:
     """The run whose approval callback this thread is inside (see ``Agent.close``)."""
     found: RunPipeline | None = getattr(_in_callback, "run", None)
     return found
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_run_threads.reset)
 
 
 class _Unsettled:
@@ -295,13 +295,18 @@ def _config_refused(driver: Driver, driver_type: str, cause: Exception) -> Inval
     refusal comes before the run knows them, and a custom driver's message may quote one."""
     error = InvalidDriverConfigError(driver_type, cause)
     error.__cause__ = cause
-    named = getattr(driver, "secret_values", None)  # optional SPI method
     try:
-        values = [str(v) for v in named()] if callable(named) else []
+        values = _named_secrets(driver)
     except Exception:  # as bad as the rest of the configuration: nothing more to go by
         values = []
     redact_error(error, Redactor(values))
     return error
+
+
+def _named_secrets(driver: Driver) -> list[str]:
+    """The values the driver's optional ``secret_values()`` names (raises what it raises)."""
+    named = getattr(driver, "secret_values", None)
+    return [str(v) for v in named()] if callable(named) else []
 
 
 def checked_schema(
@@ -1164,13 +1169,10 @@ def _secrets_of(driver: Driver, driver_type: str, servers: Sequence[MCPServerSpe
     """The values a run hands its agent that no event, Result or error may show: those the
     driver names (its config's env, the credentials its CLI inherits), and the env values,
     headers and bearer tokens of the run's MCP servers."""
-    values: list[str] = []
-    named = getattr(driver, "secret_values", None)
-    if callable(named):
-        try:
-            values.extend(str(v) for v in named())
-        except Exception as exc:  # built from bad configuration, like a descriptor
-            raise InvalidDriverConfigError(driver_type, exc) from exc
+    try:
+        values = _named_secrets(driver)
+    except Exception as exc:  # built from bad configuration, like a descriptor
+        raise InvalidDriverConfigError(driver_type, exc) from exc
     for server in servers:
         values.extend(server.env.values())
         values.extend(server.headers.values())
