@@ -86,6 +86,8 @@ def submit_request(client: Client, request: dict[str, Any]) -> str:
         raise InvalidRequestError(
             [{"path": "/id", "message": "a request with this id was already submitted"}]
         ) from None
+    except ValueError as exc:  # too large (JSON text holds no NaN)
+        raise InvalidRequestError([{"path": "", "message": str(exc)}]) from None
 
 
 @click.command()

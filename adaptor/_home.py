@@ -389,7 +389,8 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
 
     Returns the request id (minted when the request has none).  Raises ``FileExistsError`` when a
     request with that id is already queued, ``TypeError`` when ``request`` is no mapping and
-    ``ValueError`` for a NaN or infinity in it.
+    ``ValueError`` for a NaN or infinity in it, or when it is larger than the daemon takes
+    (:data:`MAX_REQUEST_BYTES`: such a file is set aside unread).
     """
     # dict() would take a list of pairs as a request, and fail on a str with its own riddle.
     if not isinstance(request, Mapping):
@@ -405,6 +406,8 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
     if b"null" in data:  # only then can a NaN have been written; dumps refused cycles already
         _require_finite(body)
+    if len(data) > MAX_REQUEST_BYTES:
+        raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes ({len(data)})")
     if not home.spool_tmp.is_dir() or not home.spool_new.is_dir():
         raise FileNotFoundError(f"no adaptord spool under {home.root}")
     if home.has_verdict(request_id):

@@ -173,8 +173,9 @@ class Client:
         A time-sortable id is minted when the request has none.  The daemon validates it: a
         request it rejects gets a verdict raising :class:`InvalidRequestError` from
         :meth:`wait`.  Raises :class:`SpoolNotFoundError` when the home has no spool,
-        ``ValueError`` for a malformed ``id`` or a NaN or infinity anywhere in the request (JSON
-        has none; it would be written as ``null``), ``TypeError`` when ``request`` is no mapping
+        ``ValueError`` for a malformed ``id``, a NaN or infinity anywhere in the request (JSON
+        has none; it would be written as ``null``) or a request over 1 MiB (the daemon sets such
+        a file aside unread), ``TypeError`` when ``request`` is no mapping
         or holds what is not JSON, and ``FileExistsError`` when the id is taken.
         """
         self._require_spool()

@@ -53,7 +53,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, 
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import uvicorn
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
@@ -685,15 +684,14 @@ class SpoolExecutor(AgentExecutor):
             await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
             return
         request = {**build_request(self.agent, prompt, task_id, context_id), "id": run.request_id}
-        if len(orjson.dumps(request)) > _home.MAX_REQUEST_BYTES:
-            # Spooled, it would be quarantined and fail as an invalid request; say why here.
-            too_large = f"the message is too large: requests are at most {_home.MAX_REQUEST_BYTES} bytes"
-            await updater.reject(updater.new_agent_message([Part(text=too_large)]))
-            return
         self._runs[task_id] = run
         try:
             try:
                 await asyncio.to_thread(self.spool.submit, request)
+            except ValueError as exc:  # the only one a message can cause: too large a request
+                too_large = f"the message is too large: {exc}"
+                await updater.reject(updater.new_agent_message([Part(text=too_large)]))
+                return
             except Exception as exc:
                 self._log("a2a: cannot submit a request", agent=self.agent.key, error=repr(exc))
                 await self._fail(run, Failure("infrastructure_error", "spool_unavailable"))

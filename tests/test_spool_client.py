@@ -687,8 +687,19 @@ def test_submit_refuses_what_is_no_json_object(tmp_path: Path) -> None:
         client.submit(script({"text": "x"}, timeout=float("nan")))
     with pytest.raises(ValueError, match="at /config/steps/0/sleep is inf"):
         client.submit(script({"sleep": float("inf")}))
+    # Larger than a request file may be: spooled, it was set aside unread by the daemon.
+    with pytest.raises(ValueError, match="larger than 1048576 bytes"):
+        client.submit(script({"text": "x"}, prompt="y" * _home.MAX_REQUEST_BYTES))
     assert list(daemonless.spool_new.iterdir()) == []
     assert client.submit(script({"text": "x"}, model=None))  # null itself is fine
+    too_large = tmp_path / "large.json"
+    too_large.write_bytes(orjson.dumps(script({"text": "x"}, prompt="y" * _home.MAX_REQUEST_BYTES)))
+    submitted = subprocess.run(
+        ["adaptor", "submit", str(too_large), "--home", str(daemonless.root)],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert submitted.returncode == 2 and "larger than 1048576 bytes" in submitted.stderr, submitted.stderr
+    assert len(list(daemonless.spool_new.iterdir())) == 1  # the small request above only
 
 
 def test_wrong_argument_types_are_type_errors_whatever_the_files_hold(home: Home) -> None:
