@@ -350,7 +350,7 @@ class RunPipeline:
         self.thread_key = "" if thread is None else thread.key
         self._plan: _thread.ThreadPlan | None = None
         self._prelaunch: tuple[str, str] = ("", "")  # codec name, driver config fingerprint
-        self._thread_identity: tuple[str, str] = ("", "")  # codec name, compatibility fp
+        self._thread_identity: tuple[str, _thread.Fingerprints] | None = None  # codec, fps
         self._renewer: threading.Thread | None = None
         self._leased_at = 0.0
         self._released = threading.Event()
@@ -486,7 +486,7 @@ class RunPipeline:
         self._prepare_resources()
         self._raise_if_ended_before_entry()
         if self.thread is not None:
-            self._thread_identity = (self._prelaunch[0], self._compatibility_fingerprint())
+            self._thread_identity = (self._prelaunch[0], self._thread_fingerprints())
             self._plan_thread(self.thread)
             restarted = None if self._plan is None else self._plan.restarted_because
             if restarted is not None:
@@ -565,10 +565,10 @@ class RunPipeline:
             # The gateway's token reaches the agent's environment like a key.
             self._redactor = Redactor([*self._secrets, *self._tool_env.values()])
 
-    def _compatibility_fingerprint(self) -> str:
+    def _thread_fingerprints(self) -> _thread.Fingerprints:
         assert self.descriptor is not None
         codec_name, config_fingerprint = self._prelaunch
-        return _thread.compatibility_fingerprint(
+        return _thread.fingerprints(
             self.descriptor,
             codec_name,
             config_fingerprint,
@@ -616,6 +616,7 @@ class RunPipeline:
     def _plan_thread(self, spec: ThreadSpec) -> None:
         assert self.descriptor is not None
         store = self.host.thread_store
+        assert self._thread_identity is not None
         codec_name, fingerprint = self._thread_identity
         # Taken before the store's clock starts the leases' TTL, so never later than it.
         self._leased_at = time.monotonic()

@@ -153,7 +153,7 @@ class ThreadPlan:
     spec: ThreadSpec
     store: Store
     owner: str
-    fingerprint: str
+    fingerprint: Fingerprints
     codec_name: str
     driver_type: str
     lease_ttl: float = DEFAULT_LEASE_TTL
@@ -233,6 +233,50 @@ def compatibility_fingerprint(
     validated MCP set (env and header names only) and the tool catalogue (with revisions);
     empty when the run has none, which keeps fingerprints of runs without them unchanged.
     """
+    return fingerprints(
+        descriptor, codec_name, config_fingerprint, options, skills=skills, mcp=mcp, tools=tools
+    ).whole
+
+
+@dataclass(frozen=True)
+class Fingerprints:
+    """A run's thread fingerprint whole, and as one digest per setting it covers.
+
+    ``whole`` is the record's ``compatibility_fingerprint`` (what must match); ``parts`` goes in
+    its ``fingerprint`` so that a mismatch can name the settings that changed.
+    """
+
+    whole: str
+    parts: str
+
+
+_PARTS_DOMAIN = "adaptor/thread-parts/v1"
+# What a changed part is called in an error or notice, in the order they are named.
+_PART_NAMES = {
+    "driver": "driver",
+    "codec": "session codec",
+    "config": "driver configuration",
+    "model": "model",
+    "workspace": "workspace",
+    "instructions": "instructions",
+    "append_system_prompt": "appended system prompt",
+    "skills": "skills",
+    "mcp": "MCP servers",
+    "tools": "tools",
+}
+
+
+def fingerprints(
+    descriptor: Descriptor,
+    codec_name: str,
+    config_fingerprint: str,
+    options: RunOptions,
+    *,
+    skills: str = "",
+    mcp: str = "",
+    tools: str = "",
+) -> Fingerprints:
+    """:func:`compatibility_fingerprint`, with the digest of each setting beside it."""
     workspace = options.workspace
     resolved_workspace = str(Path(workspace).resolve()) if workspace else ""
     payload: dict[str, Any] = {
@@ -248,7 +292,30 @@ def compatibility_fingerprint(
     }
     if tools:
         payload["tools"] = tools
-    return canonical_fingerprint("adaptor/thread-invocation/v1", payload)
+    parts = " ".join(
+        f"{name}={canonical_fingerprint(_PARTS_DOMAIN, payload[name]).removeprefix('sha256:')[:16]}"
+        for name in _PART_NAMES
+        if name in payload
+    )
+    return Fingerprints(
+        whole=canonical_fingerprint("adaptor/thread-invocation/v1", payload),
+        parts=f"{_PARTS_DOMAIN} {parts}",
+    )
+
+
+def _changed_settings(stored: str, current: str) -> list[str]:
+    """The settings whose digests differ; empty when either side has none (older records)."""
+
+    def digests(text: str) -> dict[str, str] | None:
+        domain, _, rest = text.partition(" ")
+        if domain != _PARTS_DOMAIN:
+            return None
+        return dict(item.partition("=")[::2] for item in rest.split())
+
+    before, now = digests(stored), digests(current)
+    if before is None or now is None:
+        return []
+    return [shown for name, shown in _PART_NAMES.items() if before.get(name) != now.get(name)]
 
 
 def plan(
@@ -257,7 +324,7 @@ def plan(
     *,
     driver_type: str,
     codec_name: str,
-    fingerprint: str,
+    fingerprint: Fingerprints,
     lease_ttl: float,
     codec: Any = None,
 ) -> ThreadPlan:
@@ -343,9 +410,13 @@ def _incompatibility(plan_: ThreadPlan, record: Record) -> str | None:
         return f"stored with driver {record.driver_type!r}"
     if record.session_codec != plan_.codec_name:
         return f"stored with session codec {record.session_codec!r}"
-    if not record.compatibility_fingerprint or not plan_.fingerprint:
+    if not record.compatibility_fingerprint or not plan_.fingerprint.whole:
         return "missing fingerprint"
-    if record.compatibility_fingerprint != plan_.fingerprint:
+    if record.compatibility_fingerprint != plan_.fingerprint.whole:
+        changed = _changed_settings(record.fingerprint, plan_.fingerprint.parts)
+        if changed:
+            listed = " and ".join([", ".join(changed[:-1]), changed[-1]] if changed[1:] else changed)
+            return f"its {listed} changed since the stored session"
         return (
             "driver configuration, model, workspace, instructions, skills, MCP servers or "
             "tools changed"
@@ -379,8 +450,8 @@ def finalize(plan_: ThreadPlan, response: Response, *, fresh: bool) -> None:
         status="active",
         driver_type=plan_.driver_type,
         agent="",
-        fingerprint=plan_.fingerprint,
-        compatibility_fingerprint=plan_.fingerprint,
+        fingerprint=plan_.fingerprint.parts,
+        compatibility_fingerprint=plan_.fingerprint.whole,
         session_codec=plan_.codec_name,
         state=state,
         created_at=created,

@@ -147,6 +147,63 @@ def test_fingerprint_guard(store: Any) -> None:
     assert archived is not None and archived.status == "archived"
 
 
+def test_an_incompatible_session_names_the_settings_that_changed(store: Any, tmp_path: Path) -> None:
+    # The error said "driver configuration, model, workspace, instructions, skills, MCP servers
+    # or tools changed" whatever changed: a user could not tell which setting to put back.
+    agent, _ = agent_with(store)
+    agent.thread("k").run("start", model="m1", instructions="be brief")
+    with pytest.raises(adaptor.ThreadIncompatibleError) as caught:
+        agent.thread("k", resume_only=True).run("go", model="m2", instructions="be brief")
+    assert str(caught.value) == "thread 'k': its model changed since the stored session"
+    with pytest.raises(adaptor.ThreadIncompatibleError) as caught:
+        agent.thread("k", resume_only=True).run(
+            "go", model="m1", instructions="be thorough", workspace=str(tmp_path)
+        )
+    assert "its workspace and instructions changed" in str(caught.value)
+    agent.thread("k", resume_only=True).run("go", model="m1", instructions="be brief")
+    stream = agent.thread("k").stream("go", model="m1")  # instructions left out: a change
+    reasons = [
+        e.data["reason"]
+        for e in stream
+        if isinstance(e, adaptor.Notice) and e.data.get("phase") == "thread.new_session"
+    ]
+    stream.result()
+    assert reasons == ["its instructions changed since the stored session"]
+
+
+class _SavedBeforeDigests:
+    """A store whose records read as saved before the per-setting digests were kept: the
+    whole hash in both fingerprint fields."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def resolve(self, query: Query) -> Any:
+        record = self._store.resolve(query)
+        if record is None:
+            return None
+        return dataclasses.replace(record, fingerprint=record.compatibility_fingerprint)
+
+
+def test_a_record_without_per_setting_digests_gets_the_general_reason(store: Any) -> None:
+    agent, _ = agent_with(store)
+    agent.thread("k").run("start", model="m1")
+    record = store.resolve(Query(key="k"))
+    assert record is not None and record.fingerprint.startswith("adaptor/thread-parts/v1 ")
+    assert record.compatibility_fingerprint.startswith("sha256:")
+    agent, _ = agent_with(_SavedBeforeDigests(store))
+    with pytest.raises(adaptor.ThreadIncompatibleError) as caught:
+        agent.thread("k", resume_only=True).run("go", model="m2")
+    assert str(caught.value) == (
+        "thread 'k': driver configuration, model, workspace, instructions, skills, MCP servers "
+        "or tools changed"
+    )
+    agent.thread("k", resume_only=True).run("go", model="m1")  # the whole hash still matches
+
+
 @dataclasses.dataclass(frozen=True)
 class _HookedConfig:
     model: str
