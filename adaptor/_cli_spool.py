@@ -42,15 +42,16 @@ from adaptor.spool import (
 
 @click.command()
 @click.argument("file", type=click.File("rb"), default="-", required=False)
+@json_option
 @home_option
 @guarded
-def submit(file: IO[bytes], home: str | None) -> None:
+def submit(file: IO[bytes], as_json: bool, home: str | None) -> None:
     """Queue the request JSON in FILE (default: stdin) and print its id.
 
     The request is linked into spool/new atomically; a new time-sortable id is minted when it
     has none.  Without a running daemon it waits in the spool.  Exit 2 when FILE is not a JSON
     object or its id is malformed or taken (schema problems come back in the verdict), 69 when
-    the home has no spool.
+    the home has no spool.  With --json the result is {"id", "daemon_running"}.
     """
     data = file.read()
     try:
@@ -61,8 +62,12 @@ def submit(file: IO[bytes], home: str | None) -> None:
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     client = Client(home)
     request_id = submit_request(client, request)
+    running = _home.daemon_running(_home.Home.at(client.home))
+    if as_json:
+        emit_result({"id": request_id, "daemon_running": running}, id=request_id)
+        return
     echo(request_id)
-    if not _home.daemon_running(_home.Home.at(client.home)):
+    if not running:
         echo(f"adaptor: queued; adaptord is not running for {client.home}", err=True)
 
 
@@ -293,15 +298,20 @@ def events(
 
 @click.command()
 @click.argument("request_id", metavar="ID")
+@json_option
 @home_option
 @guarded
-def cancel(request_id: str, home: str | None) -> None:
+def cancel(request_id: str, as_json: bool, home: str | None) -> None:
     """Cancel a queued or running request (a no-op once it has a verdict).
 
     Its verdict then says CancelledError (it never started) or RunCancelledError.  Exit 2
-    for an unknown ID, 69 when the home has no spool.
+    for an unknown ID, 69 when the home has no spool.  With --json the result is
+    {"id", "requested"}: false when the request already had its verdict.
     """
-    if Client(home).cancel(request_id):
+    requested = Client(home).cancel(request_id)
+    if as_json:
+        emit_result({"id": request_id, "requested": requested}, id=request_id)
+    elif requested:
         echo(f"adaptor: cancel requested for {request_id}", err=True)
     else:
         echo(f"adaptor: {request_id} already has a verdict", err=True)

@@ -445,6 +445,49 @@ def test_submit_prints_only_the_id_and_wait_exits_with_the_verdict(
     assert home.cli("submit", input="{not json").returncode == 2
 
 
+def test_submit_and_cancel_print_one_outcome_object_with_json(home: Home, tmp_path: Path) -> None:
+    # cli.md: with --json every command except events prints one outcome object; submit and
+    # cancel had no such option (exit 2, "No such option").
+    submitted = home.cli("submit", "--json", input=orjson.dumps(script({"sleep": 30})).decode())
+    out = orjson.loads(submitted.stdout)
+    request_id = out["id"]
+    assert submitted.returncode == 0 and submitted.stdout.count("\n") == 1
+    assert out == {
+        "ok": True,
+        "exit_code": 0,
+        "id": request_id,
+        "result": {"id": request_id, "daemon_running": True},
+    }
+    cancelled = home.cli("cancel", request_id, "--json")
+    assert cancelled.returncode == 0
+    assert orjson.loads(cancelled.stdout) == {
+        "ok": True,
+        "exit_code": 0,
+        "id": request_id,
+        "result": {"id": request_id, "requested": True},
+    }
+    assert home.cli("wait", request_id).returncode == 1  # RunCancelledError or CancelledError
+    again = orjson.loads(home.cli("cancel", request_id, "--json").stdout)
+    assert again["result"] == {"id": request_id, "requested": False}
+    unknown = home.cli("cancel", "never-submitted", "--json")
+    refused = orjson.loads(unknown.stdout)
+    assert unknown.returncode == 2 and refused["ok"] is False and refused["id"] == "never-submitted"
+    duplicate = home.cli(
+        "submit", "--json", input=orjson.dumps({**script({"text": "x"}), "id": request_id}).decode()
+    )
+    assert duplicate.returncode == 2
+    assert orjson.loads(duplicate.stdout)["error"]["code"] == "ErrInvalidRequest"
+
+    idle = tmp_path / "idle"
+    (idle / "spool" / "new").mkdir(parents=True)
+    (idle / "spool" / "tmp").mkdir()
+    queued = Home(idle, home.daemon, home.config_home).cli(
+        "submit", "--json", input=orjson.dumps(script({"text": "x"})).decode()
+    )
+    assert queued.returncode == 0 and queued.stderr == ""
+    assert orjson.loads(queued.stdout)["result"]["daemon_running"] is False
+
+
 def test_schema_rejection_is_exit_2_with_every_problem(home: Home) -> None:
     request_id = home.cli(
         "submit", input='{"driver": "script", "prompt": 3, "extra": 1}'
