@@ -469,9 +469,13 @@ def _describe_one(wire: Mapping[str, Any], exc: BaseException | None) -> str:
         label += " " + ", ".join(f"{key}={value!r}" for key, value in fields.items())
     text = f"{label}: {message}"
     if wire.get("code") == "ErrInvalidRequest" and isinstance(fields, Mapping):
-        for problem in fields.get("errors") or ():
-            if isinstance(problem, Mapping):
-                text += f"\n  {problem.get('path') or '<root>'}: {problem.get('message')}"
+        problems = [
+            f"{problem.get('path') or '<root>'}: {problem.get('message')}"
+            for problem in fields.get("errors") or ()
+            if isinstance(problem, Mapping)
+        ]
+        if problems != [message.removeprefix("invalid request: ")]:  # not said already
+            text += "".join(f"\n  {problem}" for problem in problems)
     return text
 
 
