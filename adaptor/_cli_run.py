@@ -439,10 +439,12 @@ def _execute(
     """What a daemon worker does with the request, in this process: the Result, or raises."""
     from adaptor import _request as requests
 
-    # The daemon's own validation: the same request is refused the same way.
-    body = orjson.dumps(request)
-    if len(body) > _home.MAX_REQUEST_BYTES:  # a file this large the daemon sets aside unread
-        raise InvalidRequestError([{"path": "", "message": f"larger than {_home.MAX_REQUEST_BYTES} bytes"}])
+    # What submitting it would refuse, then the daemon's own validation: the same request is
+    # refused the same way.  (A NaN written out would have read back as null: no limit.)
+    try:
+        body = _home.request_file_bytes(request)
+    except ValueError as exc:
+        raise InvalidRequestError([{"path": "", "message": str(exc)}]) from None
     parsed = requests.parse(body, request_id)
     tools = config.load_tools()
     store = None

@@ -403,11 +403,7 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     if not is_request_id(request_id):
         raise ValueError(f"invalid request id {request_id!r}")
     body.setdefault("format", REQUEST_FORMAT)
-    data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
-    if b"null" in data:  # only then can a NaN have been written; dumps refused cycles already
-        _require_finite(body)
-    if len(data) > MAX_REQUEST_BYTES:
-        raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes ({len(data)})")
+    data = request_file_bytes(body)
     if not home.spool_tmp.is_dir() or not home.spool_new.is_dir():
         raise FileNotFoundError(f"no adaptord spool under {home.root}")
     if home.has_verdict(request_id):
@@ -429,6 +425,17 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
         os.unlink(tmp)
     _durable.fsync_dir(home.spool_new)
     return request_id
+
+
+def request_file_bytes(request: Mapping[str, Any]) -> bytes:
+    """``request`` as its request file holds it; ``ValueError`` for what the daemon would not
+    run as given: a NaN or infinity, or more than :data:`MAX_REQUEST_BYTES`."""
+    data = orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE)
+    if b"null" in data:  # only then can a NaN have been written; dumps refused cycles already
+        _require_finite(request)
+    if len(data) > MAX_REQUEST_BYTES:
+        raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes ({len(data)})")
+    return data
 
 
 def _require_finite(request: Mapping[str, Any]) -> None:

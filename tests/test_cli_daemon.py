@@ -1397,6 +1397,28 @@ def test_a_prompt_that_is_not_utf8_or_too_large_is_refused_alike_with_and_withou
             assert proc.returncode == 2 and why in proc.stderr.decode(), (extra, proc.stderr[-300:])
 
 
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--policy-active-execution-timeout", "nan"],
+        ["--policy-active-execution-timeout", "inf"],
+        ["--policy-approval-timeout", "nan"],
+        ["--timeout", "inf"],
+    ],
+)
+def test_a_limit_json_cannot_hold_is_refused_alike_with_and_without_the_daemon(
+    home: Home, option: list[str]
+) -> None:
+    # Through the daemon such a request is refused when it is written; --no-daemon wrote it
+    # out with orjson (NaN and infinity become null) and ran it with no limit at all, exit 0.
+    config = steps({"sleep": 0.2}, {"text": "done"})
+    for extra in ([], ["--no-daemon"]):
+        proc = home.cli("run", "--driver", "script", "--config", config, *option, *extra, "--json", "go")
+        out = orjson.loads(proc.stdout)
+        assert proc.returncode == 2 and out["error"]["code"] == "ErrInvalidRequest", (extra, out)
+        assert "which JSON cannot hold" in out["error"]["message"], (extra, out)
+
+
 class _Terminal:
     """``adaptor ARGS`` on a pseudo-terminal of its own, read as a user would see it."""
 
