@@ -473,7 +473,7 @@ class RunPipeline:
         self.stream._settle(result, error)
         _unsettled.discard(self)
         assert self.broker is not None
-        self.broker.finish(lambda: self._run_finished(result_for_event, error))
+        self.broker.finish(lambda: self._redactor.value(self._run_finished(result_for_event, error)))
         self.host._unregister(self)
 
     def _prepare_and_run(self) -> Result:

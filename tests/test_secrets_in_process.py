@@ -183,9 +183,14 @@ def test_a_session_id_equal_to_a_secret_still_resumes_its_session() -> None:
     store = Store()
     with adaptor.Agent(driver, thread_store=store) as agent:
         first = agent.thread("t").run("one")
-        second = agent.thread("t").run("two")
+        stream = agent.thread("t").stream("two")
+        seen = [adaptor.events.to_json(event) for event in stream]
+        second = stream.result()
         record = agent.thread("t").checkpoint()
     assert session not in json.dumps(first.to_json()) + json.dumps(second.to_json())
+    # run.finished names the session: it reached the stream as is (the daemon's copy did not).
+    assert [e["thread_id"] for e in seen if e["kind"] == "run.finished"] == ["<redacted>"]
+    assert session not in json.dumps(seen)
     assert record.state.resume_id == session
 
 
