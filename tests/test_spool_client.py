@@ -344,6 +344,18 @@ CASES: dict[str, Case] = {
         script({"text": "x"}, policy={"sandbox": "bogus"}),
         check=lambda err: (err.field, err.value) == ("Policy.Sandbox", "bogus"),
     ),
+    # A value of the wrong JSON type is a bad policy value too, as in process (the request
+    # schema refused it as ErrInvalidRequest, exit 2, where Policy(sandbox=5) is exit 3).
+    "policy_type": Case(
+        adaptor.InvalidPolicyError,
+        script({"text": "x"}, policy={"sandbox": 5}),
+        check=lambda err: (err.field, err.value) == ("Policy.Sandbox", 5),
+    ),
+    "approval_policy_type": Case(
+        adaptor.InvalidPolicyError,
+        script({"text": "x"}, policy={"approvals": {"timeout": "soon"}}),
+        check=lambda err: (err.field, err.value) == ("Policy.Approvals.Timeout", "soon"),
+    ),
     "capability": Case(
         adaptor.PolicyCapabilityUnsupportedError,
         script(
@@ -419,7 +431,7 @@ SPEC_EXIT_CODES = {
     ),
     "invalid_request": 2,
     **dict.fromkeys(
-        ("invalid_policy", "capability", "decision_mode", "driver_config", "output_schema",
+        ("invalid_policy", "policy_type", "approval_policy_type", "capability", "decision_mode", "driver_config", "output_schema",
          "structured_unsupported"),
         3,
     ),
