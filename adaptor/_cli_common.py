@@ -41,8 +41,12 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 # spec's table (errors.EXIT_CODES), but printed with it by `adaptor exit-codes`.
 SIGNAL_EXITS: tuple[tuple[int, str], ...] = (
     (128 + signal.SIGHUP, "SIGHUP (the terminal closed): as SIGTERM"),
-    (EXIT_INTERRUPTED, "Ctrl-C (SIGINT): stopped (adaptor run cancels its request first)"),
-    (128 + signal.SIGTERM, "SIGTERM (kill, timeout): stopped (adaptor run cancels its request first)"),
+    (
+        EXIT_INTERRUPTED,
+        "Ctrl-C (SIGINT): the command stopped; adaptor run cancels its request first (with "
+        "--json, the object says CancelledError)",
+    ),
+    (128 + signal.SIGTERM, "SIGTERM (kill, timeout --preserve-status): as Ctrl-C"),
 )
 
 

@@ -186,6 +186,13 @@ def run(
     verdict's exit code (`adaptor exit-codes`).  On a terminal the text streams as it comes,
     with one line per tool call and a progress line; piped, only the final text is printed.
     Ctrl-C cancels the request and exits 130.
+
+    \b
+    Environment:
+      ADAPTORD_HOME   the daemon's home; wins over --home
+      ADAPTOR_DRIVER  the default --driver
+      NO_COLOR        on a terminal: no faint styling
+      TERM=dumb       on a terminal: no escapes at all, no progress line
     """
     if prompt == "-" and request_file is not None and request_file.name == "<stdin>":
         # Both read stdin: the request would take it all, and the prompt would silently be "".

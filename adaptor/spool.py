@@ -110,7 +110,8 @@ class SpoolNotFoundError(FileNotFoundError):
         super().__init__(
             errno.ENOENT,
             f"no adaptord spool under {home} (start the daemon with "
-            f"`adaptord serve --home {home}`, or point ADAPTORD_HOME at its home)",
+            f"`adaptord serve --home {home}`, or name the home a daemon serves with "
+            "ADAPTORD_HOME or --home)",
             str(home),
         )
 

@@ -31,6 +31,15 @@ def test_exit_codes_table_matches_the_taxonomy() -> None:
     assert [(r["exit_code"], r["meaning"]) for r in rows] == [*errors.EXIT_CODES, *_cli_common.SIGNAL_EXITS]
 
 
+def test_the_exits_by_a_signal_read_as_errors_md_says() -> None:
+    # `adaptor exit-codes` said "SIGTERM (kill, timeout)", where errors.md (and cli.md: plain
+    # `timeout` reports its own 124) name `timeout --preserve-status`.
+    table = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
+    for code, meaning in _cli_common.SIGNAL_EXITS:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {code} |"))
+        assert row.split("|")[2].strip().replace("`", "") == meaning, code
+
+
 def test_both_commands_print_help() -> None:
     for command in ("adaptor", "adaptord"):
         proc = subprocess.run([command, "--help"], capture_output=True, text=True)
@@ -150,6 +159,7 @@ def test_help_names_the_exit_codes_and_environment_that_apply() -> None:
     # A scripter reads --help, not docs/: the exits and variables each command answers to.
     expected = {
         ("adaptor",): ("adaptor exit-codes", "ADAPTORD_HOME", "ADAPTOR_DRIVER", "NO_COLOR", "TERM=dumb"),
+        ("adaptor", "run"): ("exit-codes", "ADAPTORD_HOME", "ADAPTOR_DRIVER", "NO_COLOR", "TERM=dumb"),
         ("adaptor", "cancel"): ("Exit 2", "69"),
         ("adaptor", "events"): ("Exit 2", "4 for a --thread", "70"),
         ("adaptor", "approvals"): ("69", "no daemon"),
