@@ -288,12 +288,31 @@ def events(
             if not follow and not path.exists():
                 raise click.BadParameter(f"no such file: {log_file}", param_hint="--file")
             records = _log_records(path, follow=follow, since=since)
+    printed = 0
     with told:
         for record in records:
+            printed += 1
             if as_json:
                 emit_json({"host_seq": record.host_seq, "event": to_json(record.event)})
             else:
                 echo(event_line(record.host_seq, record.recorded_at, record.event))
+    if request_id is not None and not printed and since == 0:
+        _say_why_no_events(Client(home), request_id)
+
+
+def _say_why_no_events(client: Client, request_id: str) -> None:
+    """A request that ended before it ran (refused, cancelled in the queue) has a verdict but
+    no events: say so, rather than print nothing."""
+    verdict = client.verdict(request_id)
+    if verdict is None or verdict.get("ok") is not False:
+        return
+    error = verdict.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    echo(
+        f"adaptor: request {request_id} recorded no events: it ended before it ran "
+        f"({code}; `adaptor wait {request_id}` shows why)",
+        err=True,
+    )
 
 
 @click.command()

@@ -533,6 +533,23 @@ def test_events_of_nothing_say_so(home: Home, tmp_path: Path) -> None:
     assert follow.returncode == 69 and "not running" in follow.stderr
 
 
+def test_events_of_a_request_that_never_ran_say_why(home: Home) -> None:
+    # Its verdict names an audit log no event was written to: the command printed nothing.
+    refused = home.cli(
+        "run", "--driver", "script", "--config", steps({"text": "x"}),
+        "--policy-sandbox", "bogus", "--json", "go",
+    )
+    request_id = orjson.loads(refused.stdout)["id"]
+    assert refused.returncode == 3
+    shown = home.cli("events", request_id)
+    assert (shown.returncode, shown.stdout) == (0, "")
+    assert f"request {request_id} recorded no events: it ended before it ran" in shown.stderr
+    assert "ErrInvalidPolicy" in shown.stderr
+    ran = home.cli("run", "--driver", "script", "--config", steps({"text": "x"}), "--json", "go")
+    quiet = home.cli("events", orjson.loads(ran.stdout)["id"])
+    assert quiet.returncode == 0 and quiet.stdout and quiet.stderr == ""
+
+
 def test_events_follow_a_live_run(home: Home) -> None:
     request_id = home.client.submit(
         script(PERMISSION, {"text": "after approval"}, policy={"approvals": {"timeout": 60}})
