@@ -223,6 +223,9 @@ def _entries(folder: os.PathLike[str], *, hidden: bool = False) -> Iterator[tupl
 
 def _clear_trash(folder: os.PathLike[str], pruned: Pruned) -> None:
     """What a pass interrupted by a crash had renamed but not yet removed."""
+    leftovers: list[str] = []
+    # A folder removed by hand has none (the suppressed error left the list unbound, and the
+    # whole pass failed with UnboundLocalError).
     with contextlib.suppress(FileNotFoundError), os.scandir(folder) as listing:
         leftovers = [entry.path for entry in listing if entry.name.startswith(_TRASH)]
     for path in leftovers:

@@ -3,6 +3,7 @@ and its lifecycle log moved away or rotated.  A real daemon, real files, the rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -452,3 +453,31 @@ def test_the_lifecycle_log_is_rotated_by_size_and_both_files_verify(tmp_path: Pa
     # A request cannot take a rotated log's name for its own audit log.
     with pytest.raises(ValueError, match="invalid request id"):
         Client(daemon.home.root).submit({**script("x"), "id": rotated.name.removesuffix(".jsonl")})
+
+
+@pytest.mark.parametrize("missing", ["runs", "events", "verdicts", "quarantine", "spool/tmp", "approvals/responses"])
+def test_a_pass_goes_on_when_a_folder_of_the_home_was_removed(tmp_path: Path, missing: str) -> None:
+    # A folder removed by hand failed every pass with UnboundLocalError ("cannot prune the
+    # home"), so nothing else was pruned either.
+    from adaptor import _home
+    from adaptord import _retention
+
+    home = _home.Home.at(tmp_path / "home")
+    for folder in ("runs", "events", "verdicts", "quarantine", "spool/tmp", "approvals/responses"):
+        (home.root / folder).mkdir(parents=True)
+    (home.runs / ".pruning-crashed-0123abcd").mkdir()
+    old_log = home.events / "adaptord-20200101T000000Z.jsonl"
+    old_log.write_text("")
+    os.utime(old_log, (time.time() - 400 * DAY, time.time() - 400 * DAY))
+    shutil.rmtree(home.root / missing)
+
+    @contextlib.contextmanager
+    def hold(request_id: str) -> Iterator[bool]:
+        yield True
+
+    pruned, more = _retention.prune(
+        home, config_module.Retention(), hold=hold, stopping=lambda: False
+    )
+    assert not more and pruned.failed == 0
+    assert pruned.lifecycle_logs == (0 if missing == "events" else 1)
+    assert not (home.runs / ".pruning-crashed-0123abcd").exists()
