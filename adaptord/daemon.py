@@ -74,6 +74,10 @@ _DRAIN_SLICE = 0.2
 """Seconds between two looks for a second stop signal while the drain waits for running work."""
 _KEPT_SHARE = 2.0
 """Of the tail, what is left at least for closing the CLI processes kept between turns."""
+EXIT_HOME_LOST = 70
+"""The exit after the home's lock file was removed or replaced while serving (the whole home
+removed, say): another daemon may serve it now, so this one stops; a restart (Restart=on-failure)
+makes the home again, lock first."""
 EXIT_A2A_DIED = 70
 """The exit after the ``--a2a`` listener died while serving: an internal failure (errors.md's
 70), which the systemd unit's ``Restart=on-failure`` restarts, unlike 69 and 2."""
@@ -260,6 +264,8 @@ class Daemon:
         self._deferred: dict[str, Callable[[], None]] = {}
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._home_missing_logged = False
+        self._lock_identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the lock file held
+        self._next_layout_check = 0.0  # monotonic
         self._watcher_refused = False
         # Claimed requests whose files did not parse yet and were written moments ago, by id:
         # each is read again every _REREAD_INTERVAL until it parses or _WRITE_GRACE has passed.
@@ -333,6 +339,8 @@ class Daemon:
             self.home.ensure()
             # A short wait: `daemon_running` probes take this lock for an instant.
             instance.acquire(timeout=2)
+            held = os.stat(self.home.daemon_lock)
+            self._lock_identity = (held.st_dev, held.st_ino)
         except filelock.Timeout:
             self.log("another adaptord is already running for this home", home=self.home.root)
             return 69
@@ -403,7 +411,7 @@ class Daemon:
             _notify("READY=1\nSTATUS=serving")
             self._watchdog = _Watchdog.from_environment()
             self.log("ready", home=self.home.root, workers=self.workers)
-            listener_died = None
+            exit_code = 0
             while True:
                 self._watchdog.ping()
                 self._wake.wait(self._watchdog.bound(
@@ -412,6 +420,16 @@ class Daemon:
                 if self._stop_signalled:
                     self._stop.set()
                     break
+                lost = self._lock_lost()
+                if lost is not None:
+                    # Serving on would serve a home another daemon may hold (a home made
+                    # again by hand has no lock of this one's).  Told on stderr: the home's
+                    # lifecycle log may have gone with it.
+                    self.log(f"{lost}; stopping (a new start makes the home again)", home=self.home.root)
+                    self._stop.set()
+                    exit_code = EXIT_HOME_LOST
+                    break
+                self._check_layout()
                 listener_died = self._bridge.died if self._bridge is not None else None
                 if listener_died is not None:
                     # Serving on without the listener it was started with would leave A2A
@@ -419,6 +437,7 @@ class Daemon:
                     # (systemd's Restart=on-failure) start it again, listener included.
                     self.audit("a2a.died", error=listener_died, then="stopping", exit_code=EXIT_A2A_DIED)
                     self._stop.set()
+                    exit_code = EXIT_A2A_DIED
                     break
                 self._reload_config()
                 self._check_observer()
@@ -433,7 +452,7 @@ class Daemon:
             self._drain()
             self._retry_verdicts(last=True)
             self.audit("daemon.stopped")
-            return 0 if listener_died is None else EXIT_A2A_DIED
+            return exit_code
         finally:
             self._stop_bridge()  # after the drain: open A2A tasks get their runs' verdicts first
             self._stop_observer()
@@ -701,6 +720,33 @@ class Daemon:
                 self._dispatch()
         self._apply_cancels()
         self._dispatch()
+
+    def _lock_lost(self) -> str | None:
+        """Why this daemon no longer holds its home's lock file, if it does not."""
+        try:
+            now = os.stat(self.home.daemon_lock)
+        except FileNotFoundError:
+            if not self.home.root.is_dir():
+                return "the home folder is gone, its lock file with it"
+            return "the home's lock file adaptord.lock was removed"
+        except OSError:
+            return None  # not known to be lost (EIO, say): the next look decides
+        if (now.st_dev, now.st_ino) != self._lock_identity:
+            return "the home's lock file adaptord.lock was replaced"
+        return None
+
+    def _check_layout(self) -> None:
+        """Every scan interval: make a folder of the layout removed by hand again.
+
+        Those the daemon reads all the time come back as soon as a read misses them; this
+        covers the rest (``spool/tmp/``, which every submit needs, ``quarantine/``, ...).
+        """
+        now = time.monotonic()
+        if now < self._next_layout_check:
+            return
+        self._next_layout_check = now + self.config.scan_interval
+        if not all(folder.is_dir() for folder in self.home.folders):
+            self._restore_home()
 
     def _restore_home(self) -> bool:
         """Create the home's folders again (someone removed one); ``False`` if that failed.

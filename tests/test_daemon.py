@@ -830,6 +830,59 @@ def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path)
     assert not (home.claimed / f"{rid}.json").exists()
 
 
+@pytest.mark.parametrize("folder", ["spool/tmp", "quarantine", "approvals/responses"])
+def test_folders_no_request_reads_are_created_again_too(tmp_path: Path, folder: str) -> None:
+    # spool/tmp/ removed stayed missing (every submit failed: exit 70), and so did quarantine/
+    # (a misnamed file then stayed in spool/new/ for ever), until a restart.
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "30").start()
+    shutil.rmtree(proc.home.root / folder)
+    proc.wait_for_line("a folder of the home was missing; created it again")
+    assert (proc.home.root / folder).is_dir()
+    assert proc.verdict(proc.submit(script({"text": "served"})))["ok"]
+    misnamed = proc.home.spool_new / "not a request id"
+    misnamed.write_text("{}")
+    deadline = time.monotonic() + 30
+    while misnamed.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not misnamed.exists() and any(proc.home.quarantine.iterdir())
+    assert proc.stop() == 0
+
+
+@pytest.mark.parametrize("how", ["home removed", "home made again", "lock removed", "lock replaced"])
+def test_a_daemon_whose_home_lock_is_gone_stops_with_70(tmp_path: Path, how: str) -> None:
+    # It served on: `adaptor status` said no daemon, a second one could take a lock of its own
+    # on the same home, and under systemd nothing restarted it (the home removed: it logged
+    # "restart the daemon" and waited; made again by hand, it served it without any lock).
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "5").start()
+    home = proc.home
+    rid = proc.submit(script({"text": "served"}))
+    assert proc.verdict(rid)["ok"]
+    if how.startswith("home"):
+        shutil.rmtree(home.root)
+        if how == "home made again":
+            home.root.mkdir(mode=0o700)
+    elif how == "lock removed":
+        home.daemon_lock.unlink()
+    else:
+        home.daemon_lock.unlink()
+        home.daemon_lock.touch(mode=0o600)
+    assert proc.proc is not None and proc.proc.wait(timeout=60) == 70
+    reason = {
+        "home removed": "the home folder is gone, its lock file with it",
+        "home made again": "the home's lock file adaptord.lock was removed",
+        "lock removed": "the home's lock file adaptord.lock was removed",
+        "lock replaced": "the home's lock file adaptord.lock was replaced",
+    }[how]
+    proc.wait_for_line(f"{reason}; stopping (a new start makes the home again)")
+    restarted = DaemonProcess(home.root, "--config", str(config), "--grace", "5").start()
+    assert restarted.verdict(restarted.submit(script({"text": "again"})))["ok"]
+    assert restarted.stop() == 0
+
+
 @pytest.mark.alone  # holds every inotify instance of this user
 def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
