@@ -147,7 +147,8 @@ class LifecycleLog:
             if written:
                 # The batch's lines in one write: each stays whole, and a burst of facts costs
                 # one system call (and one wake-up of whoever reads the log), not one per fact.
-                self._emit("\n".join(line for _, line in written))
+                with contextlib.suppress(Exception):  # a dead writer would stall every barrier
+                    self._emit("\n".join(line for _, line in written))
             with self._cond:
                 self._done += len(batch)
                 self._cond.notify_all()

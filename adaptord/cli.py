@@ -172,5 +172,22 @@ def check(config_path: str | None) -> None:
     sys.exit(0 if ok else 2)
 
 
+def _open_standard_descriptors() -> None:
+    """Put /dev/null where stdin, stdout or stderr is closed (``adaptord serve >&- 2>&-``).
+
+    Otherwise the first files the daemon opens take those numbers, and whatever writes to
+    "stderr" at the descriptor level (the interpreter's fatal-error report, a library's C code)
+    writes into an audit log or a lock file.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if opened != fd:  # not reached: 0, 1 and 2 are taken in order
+                os.close(opened)
+
+
 def main() -> None:
+    _open_standard_descriptors()
     cli(prog_name="adaptord")

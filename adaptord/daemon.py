@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import filelock
 import orjson
@@ -229,7 +229,7 @@ class Daemon:
         self.config_path = config_path
         self.a2a = a2a
         self._bridge: Bridge | None = None
-        self._log_stream = log or sys.stderr
+        self._log_stream: TextIO | None = log or sys.stderr
         self._wake = _Wakeup()
         self._stop = threading.Event()
         # Set by the signal handler; the main loop turns them into _stop and a reload.
@@ -288,10 +288,13 @@ class Daemon:
         self._emit(_lifecycle.line(fact, fields))
 
     def _emit(self, line: str) -> None:
+        stream = self._log_stream
+        if stream is None:  # started with stderr closed: the interpreter made sys.stderr None
+            return
         try:
             # One write per line: lines printed by different threads never interleave.
-            self._log_stream.write(line + "\n")
-            self._log_stream.flush()
+            stream.write(line + "\n")
+            stream.flush()
         except (OSError, ValueError):  # journald gone or stderr closed: keep serving
             pass
 

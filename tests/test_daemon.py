@@ -830,6 +830,32 @@ def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path)
     assert not (home.claimed / f"{rid}.json").exists()
 
 
+def test_a_daemon_started_with_stdout_and_stderr_closed_serves(tmp_path: Path) -> None:
+    # `adaptord serve >&- 2>&-`: sys.stderr was None, the lifecycle writer died printing its
+    # first line, and the daemon held its home's lock while claiming nothing; SIGTERM then
+    # took ~25 s and exited 1.  Files opened later also took the numbers 1 and 2.
+    home = _home.Home.at(tmp_path / "home")
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", 'exec "$@" >&- 2>&-', "sh", sys.executable, "-m", "adaptord", "serve",
+         "--home", str(home.root), "--grace", "5"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        client = Client(home.root)
+        deadline = time.monotonic() + 60
+        while not _home.daemon_running(home) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.run(script({"text": "served"}), timeout=60).text == "served"
+        for fd in (1, 2):
+            assert os.readlink(f"/proc/{proc.pid}/fd/{fd}") == os.devnull
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("folder", ["spool/tmp", "quarantine", "approvals/responses"])
 def test_folders_no_request_reads_are_created_again_too(tmp_path: Path, folder: str) -> None:
     # spool/tmp/ removed stayed missing (every submit failed: exit 70), and so did quarantine/
