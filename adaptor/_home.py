@@ -13,6 +13,7 @@ import base64
 import codecs
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -306,7 +307,26 @@ def daemon_running(home: Home) -> bool:
         probe.acquire(timeout=0)
     except filelock.Timeout:
         return True
+    except OSError:
+        # Not to be opened for writing (a home on a read-only mount): look without writing.
+        return _held_without_writing(home.daemon_lock)
     probe.release()
+    return False
+
+
+def _held_without_writing(lock: Path) -> bool:
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # unreadable too: no daemon can be serving through it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True  # held exclusively: the daemon's lock
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return False
 
 

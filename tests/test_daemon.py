@@ -830,6 +830,42 @@ def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path)
     assert not (home.claimed / f"{rid}.json").exists()
 
 
+@pytest.fixture
+def read_only_view(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A folder and a read-only bind mount of it (root only)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only mount needs root")
+    source, view = tmp_path / "home", tmp_path / "view"
+    source.mkdir(mode=0o700)
+    view.mkdir()
+    done = subprocess.run(["mount", "--bind", "-o", "ro", str(source), str(view)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        yield source, view
+    finally:
+        subprocess.run(["umount", "-l", str(view)], capture_output=True, check=False)
+
+
+def test_status_of_a_home_on_a_read_only_mount(read_only_view: tuple[Path, Path]) -> None:
+    # `adaptord status` printed a traceback (EROFS opening adaptord.lock for writing) and
+    # `adaptor status` exited 70; a read-only home is one no daemon serves, unless one started
+    # before the remount, which the lock still shows.
+    source, view = read_only_view
+    daemon = DaemonProcess(source, "--grace", "5").start()
+    try:
+        for command in (["adaptord", "status", "--json"], ["adaptor", "status", "--json"]):
+            shown = subprocess.run([*command, "--home", str(view)], capture_output=True, text=True)
+            out = orjson.loads(shown.stdout)
+            running = out["running"] if command[0] == "adaptord" else out["result"]["running"]
+            assert (shown.returncode, running) == (0, True), shown.stderr
+    finally:
+        assert daemon.stop() == 0
+    for command in (["adaptord", "status", "--json"], ["adaptor", "status", "--json"]):
+        shown = subprocess.run([*command, "--home", str(view)], capture_output=True, text=True)
+        assert shown.returncode == 69 and "Traceback" not in shown.stderr, shown.stderr
+
+
 def test_a_daemon_started_with_stdout_and_stderr_closed_serves(tmp_path: Path) -> None:
     # `adaptord serve >&- 2>&-`: sys.stderr was None, the lifecycle writer died printing its
     # first line, and the daemon held its home's lock while claiming nothing; SIGTERM then
