@@ -1466,7 +1466,11 @@ class Daemon:
                 write()
             except OSError:
                 if last:
-                    self.audit("verdict.unwritten", request_id, note="claimed; the next start writes it")
+                    self.audit(
+                        "verdict.unwritten", request_id,
+                        note="claimed; the next start fails it as interrupted, keeping the text "
+                        "its audit log holds (or runs it again: on_interrupt requeue)",
+                    )
                 continue
             except Exception as exc:  # a bug must not stop the others or the main loop
                 self.log("verdict retry failed", id=request_id, error=type(exc).__name__)
@@ -1818,7 +1822,10 @@ class Daemon:
             "request.interrupted", request_id, attempt=attempt, entered=entered,
             **({"thread_changed": True} if thread_changed else {}),
         )
-        if entered:
+        # Its verdict was being written when the daemon stopped (deferred by a full disk): the
+        # run's own run.finished is in its log already.
+        finished = state.get("status") == "done"
+        if entered and not finished:
             self._record_interrupted(state, request)
         if requeue and not thread_changed:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
@@ -1827,6 +1834,9 @@ class Daemon:
         if entered:
             details: dict[str, Any] = {"interrupted": True, "attempts": attempt}
             message = _INTERRUPTED
+            if finished:
+                details["finished"] = True
+                message = _VERDICT_UNWRITTEN
             if thread_changed:
                 # Most likely this turn, saved just before the crash: running it again would
                 # send its prompt into the conversation twice.
@@ -2013,6 +2023,10 @@ def _why_settled(req: adaptor.ApprovalRequest) -> str:
 
 
 _INTERRUPTED = "the daemon stopped while the run was in progress"
+_VERDICT_UNWRITTEN = (
+    "the run finished, but the daemon stopped before its verdict could be written (the disk "
+    "refused it); only the text its audit log holds is kept"
+)
 
 
 def _record_mark(record: Record | None) -> dict[str, Any]:

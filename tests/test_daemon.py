@@ -2503,6 +2503,34 @@ def test_crash_after_the_start_sync_is_an_interrupted_run(tmp_path: Path) -> Non
     assert proc.stop() == 0
 
 
+def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progress(tmp_path: Path) -> None:
+    """Stopped while the run's verdict was deferred (a full disk): the run had finished, its
+    state says done.  Its verdict said "stopped while the run was in progress" and its log got
+    a second run.finished."""
+    home = _home.Home.at(tmp_path / "home")
+    first = DaemonProcess(home.root).start()
+    rid = first.submit(script({"text": "the answer"}))
+    run_id = first.verdict(rid)["run_id"]
+    assert first.stop() == 0
+    # What the stop leaves: the claim and a state of "done", but no verdict.
+    request = orjson.loads((home.run_dir(rid) / "request.json").read_bytes())
+    home.verdict(rid).unlink()
+    (home.claimed / f"{rid}.json").write_bytes(orjson.dumps(request))
+    assert orjson.loads(home.run_state(rid).read_bytes())["status"] == "done"
+
+    proc = DaemonProcess(home.root).start()
+    verdict = proc.verdict(rid)
+    err = errors.from_wire(verdict["error"])
+    assert type(err) is errors.RunError and err.reason == "infrastructure_error"
+    assert err.details["interrupted"] and err.details["finished"]
+    assert "the run finished, but the daemon stopped before its verdict could be written" in str(err)
+    assert verdict["run_id"] == run_id and verdict["result"]["text"] == "the answer"
+    assert proc.stop() == 0
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
+    finished = [r for r in recorder.since(rid) if isinstance(r.event, events.RunFinished)]
+    assert [(r.event.run_id, r.event.failed) for r in finished] == [(run_id, False)]
+
+
 def _thread_mark(home: _home.Home, key: str) -> dict[str, Any]:
     from adaptor.threadstore import JSONLStore, Query
 
