@@ -2527,8 +2527,8 @@ def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progres
     assert verdict["run_id"] == run_id and verdict["result"]["text"] == "the answer"
     assert proc.stop() == 0
     recorder = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
-    finished = [r for r in recorder.since(rid) if isinstance(r.event, events.RunFinished)]
-    assert [(r.event.run_id, r.event.failed) for r in finished] == [(run_id, False)]
+    finished = [r.event for r in recorder.since(rid) if isinstance(r.event, events.RunFinished)]
+    assert [(e.run_id, e.failed) for e in finished] == [(run_id, False)]
 
 
 def _thread_mark(home: _home.Home, key: str) -> dict[str, Any]:
