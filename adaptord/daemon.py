@@ -1464,7 +1464,9 @@ class Daemon:
             self._watchdog.ping()  # each verdict is a few fsyncs, and a full disk defers many
             try:
                 write()
-            except OSError:
+            except OSError as exc:
+                if _out_of_descriptors(exc):
+                    self._let_idle_logs_go()  # as at the first try
                 if last:
                     self.audit(
                         "verdict.unwritten", request_id,

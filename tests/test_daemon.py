@@ -987,6 +987,29 @@ def test_a_low_descriptor_limit_slows_nothing_down_for_good(tmp_path: Path) -> N
     assert proc.stop() == 0
 
 
+def test_a_burst_under_a_very_low_descriptor_limit_gets_every_verdict(tmp_path: Path) -> None:
+    # Under `ulimit -n 20` a burst jammed the daemon for good: the shortage poisoned audit
+    # logs, which were then never closed (a poisoned key kept its descriptors), so every
+    # deferred verdict failed again (EMFILE) every 2 s; 48 of 50 runs stayed claimed, and only
+    # a restart, failing them all as interrupted, ended it.  Events may go unrecorded at such a
+    # limit (said on stderr); verdicts may not.
+    proc = DaemonProcess(tmp_path / "home", "--workers", "4").start(held=True)
+    assert proc.proc is not None
+    resource.prlimit(proc.proc.pid, resource.RLIMIT_NOFILE, (20, 20))
+    proc.let_go()
+    proc.wait_for_line("adaptord: ready")
+    ids = [f"burst-{i}" for i in range(100)]
+    for rid in ids:
+        request = script({"text": rid}, {"thinking": "more events"}, {"text": "done"})
+        proc.drop(f"{rid}.json", orjson.dumps({**request, "id": rid}))
+    verdicts = [proc.verdict(rid, timeout=120) for rid in ids]
+    assert [v["ok"] for v in verdicts] == [True] * len(ids), [v["error"] for v in verdicts if not v["ok"]]
+    assert proc.stop() == 0
+    assert list(proc.home.claimed.iterdir()) == []
+    for log in proc.home.events.glob("*.jsonl"):
+        sr.verify(log)
+
+
 _DESCRIPTORS_RUN_OUT = """
 import errno
 import os

@@ -1540,6 +1540,41 @@ def test_a_failed_rollback_poisons_the_key(
         assert len(backend.repairs) == (1 if failure == "short write" else 0)
 
 
+def _descriptors_on(path: Path) -> int:
+    return sum(
+        os.path.realpath(f"/proc/self/fd/{fd}") == str(path) for fd in os.listdir("/proc/self/fd")
+        if os.path.lexists(f"/proc/self/fd/{fd}")
+    )
+
+
+def test_a_key_poisoned_by_a_descriptor_shortage_lets_its_descriptors_go(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Out of descriptors, a buffered key could not open its sync descriptor and was poisoned;
+    # a poisoned key was never retired, so it held its log's descriptor for good and a
+    # process short of descriptors (the daemon under a low ulimit -n) stayed short.
+    from hosttools.sessionrecorder import _jsonl
+
+    backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
+    recorder = sr.EventRecorder(backend)
+    shortage = OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(events_dir / "s.jsonl"))
+
+    def no_descriptor(path: str) -> int:
+        raise shortage
+
+    monkeypatch.setattr(_jsonl, "_open_for_sync", no_descriptor)
+    assert recorder.record("s", _text(0)).host_seq == 1  # written, not durable: poisoned
+    monkeypatch.undo()
+    path = (events_dir / "s.jsonl").resolve()
+    assert _descriptors_on(path) >= 1
+    assert backend.close_idle() == 1
+    assert _descriptors_on(path) == 0
+    with pytest.raises(OSError) as later:  # the key stays poisoned, as it was
+        recorder.record("s", _text(1))
+    assert later.value is shortage
+    assert recorder.record("other", _text(0)).host_seq == 1
+
+
 def test_a_failed_sync_in_buffered_mode_poisons_and_is_reported_by_close(
     events_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

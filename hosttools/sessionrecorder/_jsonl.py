@@ -494,15 +494,15 @@ class _Session:
             self._idle_waiters -= 1
 
     def try_retire(self) -> bool:
-        """Stop this object taking appends if it is idle; the caller must then :meth:`release`."""
+        """Stop this object taking appends if it is idle; the caller must then :meth:`release`.
+
+        A poisoned key, or one owing a failure, retires too: its descriptors go, and the
+        failure passes to the key's next session (see ``JSONLEventBackend._retire``).  Kept
+        open, such keys held their descriptors for good, so a process short of descriptors,
+        whose shortage had poisoned them, stayed short.
+        """
         with self._mutex:
-            if (
-                self._writing
-                or self._queue
-                or self.poison is not None
-                or self.owed is not None
-                or self._state != "open"
-            ):
+            if self._writing or self._queue or self._state != "open":
                 return False
             self._state = "retired"
             return True
@@ -793,7 +793,7 @@ class JSONLEventBackend:
         for session in retired:
             try:
                 session.release()
-            except OSError as exc:
+            except Exception as exc:  # an OSError, or a poisoned key's own failure
                 # The key's buffered lines were cut (or, when they could not be, may be lost):
                 # whoever writes the key next must hear it, once (for good when poisoned).
                 with self._lock:
@@ -801,7 +801,7 @@ class JSONLEventBackend:
                         session.key, self._new_session(session.key, session.path)
                     )
                     if session.poison is not None:
-                        current.poison = _Failure.of(exc)
+                        current.poison = session.poison
                     else:
                         current.owed = _Failure.of(exc)
         return len(retired)
