@@ -50,7 +50,13 @@ def cli() -> None:
 )
 @click.option("--a2a", "a2a_listen", metavar="HOST:PORT", help="Also serve the config's [a2a.agents] over A2A (PORT alone: loopback; 0: any free port, logged as a2a.listening url=...).")
 def serve(home: str | None, workers: int | None, config_path: str | None, grace: float | None, a2a_listen: str | None) -> None:
-    """Run the daemon in the foreground (logs to stderr, one line per fact)."""
+    """Run the daemon in the foreground (logs to stderr, one line per fact).
+
+    Exit 0 after a stop (SIGTERM, SIGINT), 2 for a config error or a home others can write
+    to, 69 when another adaptord serves the home or it cannot be used, 70 when its --a2a
+    listener died or the home's lock file went away while serving (the systemd unit restarts
+    on 70, not on 2 or 69).
+    """
     from adaptord.daemon import Daemon
 
     try:

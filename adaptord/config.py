@@ -235,7 +235,8 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False) -> Daem
     """Read the config file; a missing default file means defaults, a missing explicit one fails."""
     target = Path(path) if path is not None else default_config_path()
     try:
-        raw = tomllib.loads(target.read_text(encoding="utf-8"))
+        # Windows editors start UTF-8 text with a byte-order mark, as request files may.
+        raw = tomllib.loads(target.read_text(encoding="utf-8").removeprefix("\ufeff"))
     except FileNotFoundError:
         if required:
             raise ConfigError(f"{target}: no such file") from None

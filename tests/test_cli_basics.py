@@ -166,6 +166,7 @@ def test_help_names_the_exit_codes_and_environment_that_apply() -> None:
         ("adaptor", "threads"): ("69", "exits 4"),
         ("adaptord",): ("ADAPTORD_HOME", "XDG_CONFIG_HOME", "NOTIFY_SOCKET"),
         ("adaptord", "check"): ("Exit 2",),
+        ("adaptord", "serve"): ("Exit 0", "2 for a config error", "69", "70"),
         ("adaptord", "status"): ('"a2a_url"',),  # --json had no help at all
     }
     for command, words in expected.items():

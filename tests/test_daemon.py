@@ -2275,6 +2275,20 @@ def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, e
     assert all(fragment in serve.stderr for fragment in expected), serve.stderr
 
 
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    # Refused as "Invalid statement (at line 1, column 1)", where request files may carry one.
+    from adaptord import config as config_module
+
+    config = tmp_path / "config.toml"
+    config.write_bytes(codecs.BOM_UTF8 + b"workers = 3\n[drivers.script]\nsteps = [{text = 'hi'}]\n")
+    assert config_module.load(config, required=True).workers == 3
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def _refused_by_check_and_serve(
     tmp_path: Path, text: str
 ) -> tuple[str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
