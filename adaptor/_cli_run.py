@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import select
@@ -252,9 +253,12 @@ def _say_cancelled(text: str) -> None:
 
 
 def _load_json(file: IO[bytes], option: str) -> Any:
+    data = file.read().removeprefix(codecs.BOM_UTF8)  # as the daemon reads its files
     try:
-        return orjson.loads(file.read())
+        return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if option == "--request":  # refused as `adaptor submit` refuses the same file
+            raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
         raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
 
 
@@ -271,7 +275,7 @@ def _build_request(
     metadata_items: Sequence[str],
 ) -> dict[str, Any]:
     if not isinstance(base, dict):
-        raise click.BadParameter("must hold a JSON object", param_hint="--request")
+        raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     request = dict(base)
     if prompt is not None:
         request["prompt"] = sys.stdin.read() if prompt == "-" else prompt

@@ -6,6 +6,7 @@ approvals answered from another process, ``--no-daemon`` parity, ``| head``.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import functools
 import json
@@ -1412,6 +1413,26 @@ def test_a_prompt_that_is_not_utf8_or_too_large_is_refused_alike_with_and_withou
                 input=prompt, capture_output=True, env=home.env(), timeout=TIMEOUT,
             )
             assert proc.returncode == 2 and why in proc.stderr.decode(), (extra, proc.stderr[-300:])
+
+
+def test_a_request_file_run_reads_as_submit_reads_it(home: Home) -> None:
+    # `adaptor run --request` called a file that is not JSON a usage error of click's own
+    # (`external`, click.exceptions.BadParameter), where `adaptor submit` of the same file is
+    # ErrInvalidRequest, and refused the byte-order mark submit accepts.
+    request = orjson.dumps({"driver": "script", "prompt": "go", "config": {"steps": [{"text": "bom"}]}})
+    for extra in ([], ["--no-daemon"]):
+        for data, code in ((b"{not json", "ErrInvalidRequest"), (b"[1]", "ErrInvalidRequest")):
+            proc = subprocess.run(
+                ["adaptor", "run", "--request", "-", "--json", *extra],
+                input=data, capture_output=True, env=home.env(), timeout=TIMEOUT,
+            )
+            out = orjson.loads(proc.stdout)
+            assert (proc.returncode, out["error"]["code"]) == (2, code), (extra, data, out)
+        ran = subprocess.run(
+            ["adaptor", "run", "--request", "-", *extra],
+            input=codecs.BOM_UTF8 + request, capture_output=True, env=home.env(), timeout=TIMEOUT,
+        )
+        assert (ran.returncode, ran.stdout) == (0, b"bom\n"), (extra, ran.stderr)
 
 
 @pytest.mark.parametrize(
