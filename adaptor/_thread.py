@@ -217,27 +217,6 @@ def require_tool_revisions(tools: Sequence[Definition]) -> None:
         )
 
 
-def compatibility_fingerprint(
-    descriptor: Descriptor,
-    codec_name: str,
-    config_fingerprint: str,
-    options: RunOptions,
-    *,
-    skills: str = "",
-    mcp: str = "",
-    tools: str = "",
-) -> str:
-    """What must match for a stored session to be resumed: never secrets, never the schema.
-
-    ``skills``, ``mcp`` and ``tools`` are the fingerprints of the staged skills (content), the
-    validated MCP set (env and header names only) and the tool catalogue (with revisions);
-    empty when the run has none, which keeps fingerprints of runs without them unchanged.
-    """
-    return fingerprints(
-        descriptor, codec_name, config_fingerprint, options, skills=skills, mcp=mcp, tools=tools
-    ).whole
-
-
 @dataclass(frozen=True)
 class Fingerprints:
     """A run's thread fingerprint whole, and as one digest per setting it covers.
@@ -276,7 +255,13 @@ def fingerprints(
     mcp: str = "",
     tools: str = "",
 ) -> Fingerprints:
-    """:func:`compatibility_fingerprint`, with the digest of each setting beside it."""
+    """What must match for a stored session to be resumed (never secrets, never the schema),
+    whole and per setting.
+
+    ``skills``, ``mcp`` and ``tools`` are the fingerprints of the staged skills (content), the
+    validated MCP set (env and header names only) and the tool catalogue (with revisions);
+    empty when the run has none, which keeps fingerprints of runs without them unchanged.
+    """
     workspace = options.workspace
     resolved_workspace = str(Path(workspace).resolve()) if workspace else ""
     payload: dict[str, Any] = {

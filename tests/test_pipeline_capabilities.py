@@ -483,4 +483,4 @@ def test_runs_without_capabilities_keep_their_fingerprint(store: Any) -> None:
             "append_system_prompt": "",
         },
     )
-    assert _thread.compatibility_fingerprint(descriptor, "c", "f", RunOptions()) == old
+    assert _thread.fingerprints(descriptor, "c", "f", RunOptions()).whole == old
