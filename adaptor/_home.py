@@ -359,7 +359,8 @@ def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "ver
 
     ``"queued"``: it never started, so it queues again; ``"requeue"``: an interrupted run with
     ``on_interrupt: "requeue"`` and attempts left runs again, unless it is a thread's turn that
-    may have reached its agent; ``"verdict"``: an interrupted run gets its failure verdict.
+    may have reached its agent, or it had finished (its verdict was never written);
+    ``"verdict"``: an interrupted or finished run gets its failure verdict.
     The daemon's recovery decides by this, and ``adaptor`` tells a waiting user from it what
     the restart will do.
 
@@ -371,6 +372,10 @@ def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "ver
     attempt = int(state.get("attempt") or 0)
     if state.get("status") in (None, "queued") or attempt == 0:
         return "queued"
+    if state.get("status") == "done":
+        # It finished; only its verdict was never written (a full disk until the stop).
+        # Running it again would repeat all it did: on_interrupt is for runs cut short.
+        return "verdict"
     if _may_requeue(state) and not thread_turn_kept_back(state):
         return "requeue"
     return "verdict"

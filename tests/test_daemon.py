@@ -2546,7 +2546,9 @@ def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progres
     a second run.finished."""
     home = _home.Home.at(tmp_path / "home")
     first = DaemonProcess(home.root).start()
-    rid = first.submit(script({"text": "the answer"}))
+    # on_interrupt requeue is for runs cut short: this one ran to its end, and running it
+    # again would repeat all it did.
+    rid = first.submit({**script({"text": "the answer"}), "on_interrupt": "requeue"})
     run_id = first.verdict(rid)["run_id"]
     assert first.stop() == 0
     # What the stop leaves: the claim and a state of "done", but no verdict.
@@ -2562,6 +2564,7 @@ def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progres
     assert err.details["interrupted"] and err.details["finished"]
     assert "the run finished, but the daemon stopped before its verdict could be written" in str(err)
     assert verdict["run_id"] == run_id and verdict["result"]["text"] == "the answer"
+    assert _lifecycle(home, rid).count("request.started") == 1  # the first daemon's only
     assert proc.stop() == 0
     recorder = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
     finished = [r.event for r in recorder.since(rid) if isinstance(r.event, events.RunFinished)]
