@@ -1253,7 +1253,12 @@ class Daemon:
             if job.unrecorded == 1:
                 self.log("event not recorded", id=job.id, error=f"{type(exc).__name__}: {exc}")
         if isinstance(event, events.Notice) and event.data.get("phase") == "driver.started":
-            self._save_state(job, "running", entered=True, session=session)
+            try:
+                self._save_state(job, "running", entered=True, session=session)
+            except OSError as exc:
+                # The run goes on: recovery counts a run with a run id as entered anyway
+                # (see _home.run_entered), which is what this state would have said.
+                self.log("cannot write the run state", id=job.id, error=_os_error_text(exc))
 
     # -- approvals as files --------------------------------------------------------------------
 

@@ -1018,11 +1018,20 @@ _plan = os.environ.get("ADAPTOR_TEST_OUT_OF_DESCRIPTORS")
 if _plan:
     from adaptor import _durable, _request
 
-    _left = {name: int(count) for name, count in (part.split("=") for part in _plan.split(","))}
+    # name=N: the next N calls fail; name=K+N: K calls succeed first.
+    _left = {}
+    for _name, _count in (part.split("=") for part in _plan.split(",")):
+        _skip, _, _fail = _count.rpartition("+")
+        _left[_name] = [int(_skip or 0), int(_fail)]
 
     def _short(what, path):
-        if _left.get(what, 0) > 0:
-            _left[what] -= 1
+        left = _left.get(what)
+        if left is None:
+            return
+        if left[0] > 0:
+            left[0] -= 1
+        elif left[1] > 0:
+            left[1] -= 1
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(path))
 
     _read, _write = _request.read_limited, _durable.atomic_write
@@ -1065,6 +1074,24 @@ def test_descriptors_running_out_for_a_moment_fail_no_run_and_refuse_no_request(
     assert proc.stop() == 0  # (the state says done once the verdict is written: after it)
     assert orjson.loads((proc.home.run_dir(rid) / "state.json").read_bytes())["status"] == "done"
     assert orjson.loads((proc.home.run_dir(rid) / "request.json").read_bytes())["prompt"] == "go"
+
+
+def test_a_run_state_the_disk_refuses_fails_no_run(tmp_path: Path) -> None:
+    # The state written once the driver started (entered: the agent may have the prompt) was
+    # not guarded: refused (a full disk, here every state.json write after the start's out of
+    # descriptors for good), it failed the run itself, whose verdict then said OSError.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_DESCRIPTORS_RUN_OUT)
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    proc = DaemonProcess(
+        tmp_path / "home", env={"PYTHONPATH": path, "ADAPTOR_TEST_OUT_OF_DESCRIPTORS": "state.json=1+1000"}
+    ).start()
+    rid = proc.submit(script({"text": "ran anyway"}))
+    verdict = proc.verdict(rid)
+    assert verdict["ok"] and verdict["result"]["text"] == "ran anyway", verdict
+    proc.wait_for_line(f"cannot write the run state id={rid}")
+    assert proc.stop() == 0
 
 
 def test_a_task_limit_fails_only_the_runs_it_stops_and_leaves_no_agent_behind(tmp_path: Path) -> None:
