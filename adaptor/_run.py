@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
-from adaptor import _private_dirs, _thread, errors
+from adaptor import _private_dirs, _procfs, _thread, errors
 from adaptor import mcp as _mcp
 from adaptor import skill as _skill
 from adaptor import tool as _tool
@@ -713,7 +713,9 @@ class RunPipeline:
             mcp=self._mcp,
             tools_endpoint=self._endpoint,
             scratch_dir=self._scratch,
-            env=dict(self._tool_env),
+            # The starter's mark too: a driver of one's own that hands Request.env to its CLI,
+            # as it must, keeps the thread leased while that CLI outlives a killed host.
+            env={**_procfs.started_by_me(), **self._tool_env},
             output_schema=output_schema,
             structured_output_source=self.schema_source,  # type: ignore[arg-type]
             spawn=self.options.spawn,

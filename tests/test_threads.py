@@ -683,3 +683,22 @@ def test_run_finished_names_the_session_each_turn_ran_in(store: Any) -> None:
     assert finished(plain.stream("go")).thread_id == ""
     agent.close()
     plain.close()
+
+
+def test_a_drivers_request_env_carries_the_starters_mark(store: Any) -> None:
+    # A driver of one's own hands Request.env to its CLI (conformance ENV-01), and nothing
+    # else: without the mark there, its CLI outliving a killed host left the thread's lease
+    # free, and another turn resumed the conversation beside it.
+    from adaptor import _procfs
+
+    seen: list[dict[str, str]] = []
+
+    class Watching(Recording):
+        def run(self, request: Request, sink: Any) -> Response:
+            seen.append(dict(request.env))
+            return super().run(request, sink)
+
+    agent = adaptor.Agent(Watching([{"text": "ok"}], session="auto"), thread_store=store)
+    agent.thread("k").run("go")
+    mark = _procfs.started_by_me()
+    assert mark and seen[0].items() >= mark.items()
