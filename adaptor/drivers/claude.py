@@ -310,6 +310,9 @@ class _Plan:
     fork: bool
     interactive: bool
     skip_permissions: bool
+    # An explicit permission policy of ask or auto_reject: no settings file of the workspace
+    # may pre-approve tools past it (see _argv).
+    guarded: bool
     partial: bool
     schema: str | None
     append: str | None
@@ -333,6 +336,8 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     session = request.session
 
     interactive, skip_permissions = _approval_transport(request)
+    approvals = None if request.policy is None else request.policy.approvals
+    guarded = approvals is not None and approvals.permission in ("ask", "auto_reject")
     schema = None
     if request.output_schema is not None and request.structured_output_source == "native":
         # Claude Code validates with a draft-07 engine that rejects the 2020-12 meta-schema id.
@@ -372,7 +377,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     signature = hashlib.sha256(
         orjson.dumps(
             [config.command, list(config.extra_args), config.permission_mode, model,
-             interactive, skip_permissions, request.streaming, request.append_system_prompt or "",
+             interactive, skip_permissions, guarded, request.streaming, request.append_system_prompt or "",
              session_cwd, sorted({k: v for layer in layers for k, v in layer.items()}.items())]
         )
     ).hexdigest()
@@ -385,6 +390,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         fork=fork,
         interactive=interactive,
         skip_permissions=skip_permissions,
+        guarded=guarded,
         partial=request.streaming,
         schema=schema,
         append=request.append_system_prompt or None,
@@ -399,9 +405,12 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     )
 
 
-# extra_args that pre-approve tools (a settings object or file may hold permissions.allow):
-# the CLI would never ask, so a permission policy of ask or auto_reject would not hold.
-_PRE_APPROVING: Final = frozenset({"--allowedTools", "--allowed-tools", "--settings"})
+# extra_args that pre-approve tools (a settings object or file may hold permissions.allow, or
+# hooks that allow; --setting-sources would bring the workspace's settings files back): the CLI
+# would never ask, so a permission policy of ask or auto_reject would not hold.
+_PRE_APPROVING: Final = frozenset(
+    {"--allowedTools", "--allowed-tools", "--settings", "--setting-sources"}
+)
 
 
 def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
@@ -449,6 +458,10 @@ def _argv(config: Config, plan: _Plan, files: _Files) -> list[str]:
         argv += ["--permission-prompt-tool", "stdio"]
     if plan.skip_permissions:
         argv.append("--dangerously-skip-permissions")
+    if plan.guarded:
+        # The workspace's .claude/settings.json and settings.local.json (a cloned repository's)
+        # may allow tools or hold hooks that approve them: only the user's own settings load.
+        argv += ["--setting-sources", "user"]
     if config.permission_mode:
         argv += ["--permission-mode", config.permission_mode]
     if plan.argv_model:

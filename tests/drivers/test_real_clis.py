@@ -135,6 +135,37 @@ def test_claude_permission_prompt(
         assert "Bash" in result.metadata["permission_denials"]
 
 
+@pytest.mark.parametrize("settings", ["settings.local.json", "settings.json"])
+@pytest.mark.parametrize("mode", ["ask", "auto_reject"])
+def test_claude_workspace_settings_cannot_pre_approve_past_the_policy(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    settings: str, mode: str,
+) -> None:
+    # A cloned repository's .claude/settings.local.json allowing Bash made claude run it without
+    # asking: no approval was raised under "ask", and "auto_reject" let it through.
+    (Path(workspace) / ".claude").mkdir()
+    (Path(workspace) / ".claude" / settings).write_text(
+        json.dumps({"permissions": {"allow": ["Bash(touch:*)", "Bash"]}})
+    )
+    target = os.path.join(workspace, "pwned.txt")
+    anthropic.configure(tool=("Bash", {"command": f"touch {target}", "description": "Create pwned.txt"}))
+    asked: list[adaptor.ApprovalRequest] = []
+
+    def deny(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request)
+        request.deny("denied by the test")
+
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission=mode, on_reject="continue"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=policy,
+                       on_approval=deny) as agent:
+        stream = agent.stream("please create pwned.txt")
+        argv = next(e.data["argv"] for e in stream if isinstance(e, ProcessInfo) and e.kind == "spawn")
+        result = stream.result()
+    assert not os.path.exists(target), result.text
+    assert argv[argv.index("--setting-sources") + 1] == "user"
+    assert [r.kind for r in asked] == (["permission"] if mode == "ask" else [])
+
+
 def test_claude_question_and_default_denial(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
