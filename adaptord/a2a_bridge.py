@@ -48,8 +48,17 @@ import math
 import re
 import socket
 import threading
+import urllib.parse
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,6 +317,45 @@ class RequireBearer:
                 )
                 await response(scope, receive, send)
                 return
+        await self.app(scope, receive, send)
+
+
+class LoopbackHostsOnly:
+    """Pure ASGI guard for a loopback bind: 400 unless the ``Host`` header names a loopback
+    address, ``localhost`` or one of ``names`` (the public URL's host).
+
+    A web page can reach a loopback port only as a host name it controls, resolved to
+    127.0.0.1 afterwards (DNS rebinding): the browser then treats the bridge as that page's own
+    origin and sends it any request.  Such a request names that host, never these.
+    """
+
+    def __init__(self, app: ASGIApp, names: Iterable[str] = ()) -> None:
+        self.app = app
+        self.names = frozenset(name.lower() for name in names) | {"localhost"}
+
+    def _allowed(self, host_header: bytes | None) -> bool:
+        if host_header is None:  # HTTP/1.0 without one: no browser sends that
+            return True
+        text = host_header.decode("latin-1").strip().lower()
+        if text.startswith("["):
+            host = text[1 : text.find("]")] if "]" in text else ""
+        else:
+            host = text.rpartition(":")[0] if ":" in text else text
+        if host in self.names:
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._allowed(dict(scope["headers"]).get(b"host")):
+            response = JSONResponse(
+                {"error": "the Host header names no address this server answers on"},
+                status_code=400,
+            )
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -896,9 +944,12 @@ def build_app(
     stopping: Callable[[], bool] = lambda: False,
     cancel_wait: float = CANCEL_WAIT,
     log: Log = _default_log,
+    loopback_names: Iterable[str] | None = None,
 ) -> tuple[ASGIApp, list[DefaultRequestHandler]]:
     """One Starlette app serving every agent (see the module doc), and their handlers (drain
-    them with ``aclose()`` before stopping the server)."""
+    them with ``aclose()`` before stopping the server).  ``loopback_names``: served on a
+    loopback address, the host names besides loopback ones a request may name (see
+    :class:`LoopbackHostsOnly`)."""
     routes: list[Any] = []
     handlers: list[DefaultRequestHandler] = []
     open_paths: list[str] = []
@@ -916,6 +967,8 @@ def build_app(
     app: ASGIApp = LimitBody(Starlette(routes=routes), MAX_BODY)
     if token is not None:
         app = RequireBearer(app, token, open_paths)
+    if loopback_names is not None:
+        app = LoopbackHostsOnly(app, loopback_names)
     return app, handlers
 
 
@@ -965,6 +1018,9 @@ class Bridge:
                 f"--a2a {self.listen}: cannot listen: {exc.strerror or exc}"
             ) from None
         self.url = _base_url(sock, self.config.public_url)
+        names = {self.listen.host}
+        if self.config.public_url:
+            names.add(urllib.parse.urlsplit(self.config.public_url).hostname or "")
         app, handlers = build_app(
             self.config.agents,
             self.url,
@@ -973,6 +1029,7 @@ class Bridge:
             stopping=self._stopping,
             cancel_wait=self._cancel_wait,
             log=self._log,
+            loopback_names=names if is_loopback(self.listen) else None,
         )
 
         async def drain() -> None:

@@ -193,6 +193,23 @@ def test_every_other_route_needs_the_bearer_token(daemon_a: Served) -> None:
 
 
 @slow
+def test_a_host_name_that_is_not_loopback_is_refused_on_a_loopback_bind(daemon_a: Served) -> None:
+    # DNS rebinding: a web page at evil.example re-resolves its name to 127.0.0.1, and the
+    # browser then sends the bridge the page's requests as same-origin ones, with any header
+    # (without a token the default, any site the user visits could run the served agents).
+    port = daemon_a.url.rsplit(":", 1)[1]
+    call = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}", f"[::2]:{port}"):
+        for path in ("/agents/echo", "/agents/echo/.well-known/agent-card.json"):
+            response = httpx.post(daemon_a.url + path, json=call, headers={**auth, "Host": host})
+            assert response.status_code == 400, (host, path, response.text)
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"127.0.0.2:{port}"):
+        response = httpx.post(f"{daemon_a.url}/agents/echo", json=call, headers={**auth, "Host": host})
+        assert response.status_code == 200, (host, response.text)
+
+
+@slow
 def test_tasks_cannot_be_listed(daemon_a: Served) -> None:
     # a2a-sdk serves ListTasks too: every caller would read every conversation's context id,
     # prompts and answers, and so could continue any of them (docs/a2a.md's trust model).
