@@ -104,6 +104,16 @@ class A2AConfig:
     public_url: str | None = None
     remotes: tuple[RemoteAgentSpec, ...] = ()
 
+    def credential_variables(self) -> frozenset[str]:
+        """The names of this process's environment variables that hold credentials of the
+        daemon's own (the bridge's token, the remotes' tokens): agents never inherit them."""
+        names = {self.bearer_token_env} if self.bearer_token_env else set()
+        for remote in self.remotes:
+            name = getattr(remote.auth, "name", None)  # BearerTokenFromEnv's variable
+            if isinstance(name, str) and name:
+                names.add(name)
+        return frozenset(names)
+
     def token(self) -> str | None:
         """The bearer token A2A callers must present, or None; the variable is read now."""
         if self.bearer_token is not None:

@@ -47,6 +47,7 @@ import orjson
 import adaptor
 from adaptor import _durable, _home, _nesting, _redact, _watch, errors, events, skill
 from adaptor import _request as requests
+from adaptor.drivers import _process
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import CorruptLogError as StoreCorruptLogError
 from adaptor.threadstore import Query, Record
@@ -265,6 +266,7 @@ class Daemon:
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._home_missing_logged = False
         self._lock_identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the lock file held
+        self._credentials: frozenset[str] = frozenset()  # see _withhold_credentials
         self._next_layout_check = 0.0  # monotonic
         self._watcher_refused = False
         # Claimed requests whose files did not parse yet and were written moments ago, by id:
@@ -385,6 +387,7 @@ class Daemon:
         self._tools = self.config.load_tools()
         self._warn_invalid_tools(self._tools)
         self._skills = self.config.skill_catalogue()
+        self._withhold_credentials()
         self._ensure_workers()
         try:
             a2a_url = self._start_bridge()
@@ -564,6 +567,7 @@ class Daemon:
         self.config = fresh
         self._tools = tools
         self._skills = fresh.skill_catalogue()
+        self._withhold_credentials()
         self._next_prune = 0.0  # [retention] may have changed: applied at the next turn
         self._warn_invalid_tools(tools)
         self.log(
@@ -1117,7 +1121,7 @@ class Daemon:
         defaults = self.config.driver_defaults(str(request["driver"]))
         tools, skills = self._tools, self._skills
         self._default_workspace(request, defaults)  # before the request copy is written: it says so
-        secrets = job.secrets = requests.secrets_of(request, defaults)
+        secrets = job.secrets = self._secrets_of(request, defaults)
         redactor = _redact.Redactor(secrets)
         session = requests.session_of(request)
         started_at = _now()
@@ -1231,9 +1235,18 @@ class Daemon:
         with contextlib.suppress(OSError):  # removed by hand, say; else the run says what is wrong
             _durable.ensure_dir(self.home.workspace, durable=False)
 
-    def _secrets_of(self, request: Mapping[str, Any]) -> list[str]:
-        """The request's secret values and those its driver gets from the daemon config."""
-        return requests.secrets_of(request, self.config.driver_defaults(str(request.get("driver", ""))))
+    def _secrets_of(self, request: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> list[str]:
+        """The request's secret values, those its driver gets from the daemon config (its
+        ``defaults``), and the daemon's own credentials (kept from agents, redacted should one
+        reach a run anyway)."""
+        if defaults is None:
+            defaults = self.config.driver_defaults(str(request.get("driver", "")))
+        found = requests.secrets_of(request, defaults)
+        return found + [os.environ[name] for name in self._credentials if os.environ.get(name)]
+
+    def _withhold_credentials(self) -> None:
+        self._credentials = self.config.a2a.credential_variables()
+        _process.withhold_from_agents(self._credentials)
 
     def _job_secrets(self, job: Job) -> list[str]:
         """The secrets of a job's run: those it started with, once it started."""

@@ -570,6 +570,37 @@ def test_env_secrets_from_the_daemon_config_appear_nowhere(tmp_path: Path) -> No
     assert all(SECRET not in line for line in daemon.lines)
 
 
+def test_the_daemons_own_a2a_credentials_reach_no_agent_and_no_file(tmp_path: Path) -> None:
+    # a2a.md has the delegation token read from adaptord's environment: every agent inherited
+    # it (an agent told to print its environment showed it), and it was kept unredacted in the
+    # verdict, the audit log and the run's files (and so reached A2A callers).
+    remote_token, bridge_token = "remote-cred-" + SECRET, "bridge-cred-" + SECRET
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[a2a]\nbearer_token_env = "QA_BRIDGE_TOKEN"\n'
+        '[a2a.agents.echo.request]\ndriver = "script"\n'
+        '[a2a.remotes.helper]\ncard_url = "http://127.0.0.1:9/agents/helper/.well-known/agent-card.json"\n'
+        'bearer_token_env = "QA_REMOTE_TOKEN"\n'
+    )
+    daemon = DaemonProcess(
+        tmp_path / "home", "--config", str(config),
+        env={"QA_REMOTE_TOKEN": remote_token, "QA_BRIDGE_TOKEN": bridge_token},
+    ).start()
+    show = 'printf "remote=%s bridge=%s\n" "${QA_REMOTE_TOKEN-unset}" "${QA_BRIDGE_TOKEN-unset}"'
+    rid = daemon.submit({"driver": "command", "prompt": "x", "config": {"command": "/bin/sh", "extra_args": ["-c", show]}})
+    verdict = daemon.verdict(rid)
+    # A driver's own env may still hand one on: redacted like any secret.
+    quoted = daemon.submit(script({"text": f"the token is {remote_token}"}))
+    quoted_verdict = daemon.verdict(quoted)
+    assert daemon.stop() == 0
+    assert verdict["ok"] and verdict["result"]["text"] == "remote=unset bridge=unset"
+    assert quoted_verdict["result"]["text"] == "the token is <redacted>"
+    for path in daemon.home.root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert remote_token.encode() not in data and bridge_token.encode() not in data, path
+
+
 def test_a_secret_of_several_lines_appears_in_no_file_line_by_line(daemon: DaemonProcess) -> None:
     lines = ["-----BEGIN PRIVATE KEY-----", "MIIEvQIBADANBgkqhkiG9w0BAQEF", "-----END PRIVATE KEY-----"]
     echo = 'printf "%s\\n" "$KEY"; printf "%s\\n" "$KEY" >&2; exit 1'

@@ -260,10 +260,25 @@ def check_common(
         raise ValueError("grace_period: expected a finite number of seconds >= 0")
 
 
+_withheld: frozenset[str] = frozenset()
+
+
+def withhold_from_agents(names: Iterable[str]) -> frozenset[str]:
+    """Keep these variables of this process's environment from every agent started from now
+    on: credentials of the host's own (a daemon's A2A tokens) that no agent needs, and that an
+    agent told to print its environment would otherwise show.  A driver's ``Config.env`` may
+    still set them.  Returns the names withheld before."""
+    global _withheld
+    before, _withheld = _withheld, frozenset(names)
+    return before
+
+
 def child_env(*layers: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The child's environment (this process's, then each layer on top) and the names the
-    layers set — the only names a spawn event reports, and never a value."""
-    env = dict(os.environ)
+    """The child's environment (this process's but what :func:`withhold_from_agents` keeps
+    back, then each layer on top) and the names the layers set — the only names a spawn event
+    reports, and never a value."""
+    withheld = _withheld
+    env = {k: v for k, v in os.environ.items() if k not in withheld} if withheld else dict(os.environ)
     names: set[str] = set()
     for layer in layers:
         env.update(layer)
