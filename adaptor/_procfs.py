@@ -87,12 +87,21 @@ def environ(pid: int) -> list[bytes] | None:
 
 
 def carrying(entry: bytes) -> list[tuple[int, ProcessStat]]:
-    """The running processes (zombies aside, this one aside) whose environment holds the
-    ``NAME=value`` ``entry``: only this user's can be read."""
-    me = os.getpid()
+    """The running processes of this user (zombies aside, this one aside) whose environment
+    holds the ``NAME=value`` ``entry``.
+
+    Only this user's, also for root, who can read everyone's environment: another user's
+    process that carries the entry (set by hand, or copied) is not one of ours to signal.
+    """
+    me, user = os.getpid(), os.geteuid()
     found: list[tuple[int, ProcessStat]] = []
     for pid in pids():
         if pid == me or entry not in (environ(pid) or ()):
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != user:
+                continue
+        except OSError:  # gone meanwhile
             continue
         state = stat(pid)
         if state is not None and not state.zombie:

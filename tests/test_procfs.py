@@ -57,3 +57,20 @@ def test_a_proc_of_another_namespace_is_neither_judged_nor_signalled(
     finally:
         marked.kill()
         marked.wait(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's process needs root")
+def test_another_users_process_carrying_our_mark_is_not_ours(tmp_path: Path) -> None:
+    # Root reads every user's environment: a root daemon's leftover clean-up signalled another
+    # user's process group whose leader carried the home's mark (set by hand).
+    owner = _leftovers.owner_mark(tmp_path)
+    env = {**os.environ, _home.OWNER_VAR: owner}
+    theirs = subprocess.Popen(["sleep", "60"], env=env, user=65534, start_new_session=True)
+    ours = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    try:
+        found = {leftover.pid for leftover in _leftovers.find(owner)}
+        assert ours.pid in found and theirs.pid not in found
+    finally:
+        for proc in (theirs, ours):
+            proc.kill()
+            proc.wait(timeout=30)
