@@ -530,7 +530,9 @@ class _Files:
             # A file, not an argv element: no command-line limit, and the text stays out of
             # the spawn event.
             append = os.path.join(private, "append-system-prompt.txt")
-            with open(append, "w", encoding="utf-8") as handle:
+            # 0600 whatever the umask, as every file of the run (open() made it 0666 under 000).
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            with os.fdopen(os.open(append, flags, 0o600), "w", encoding="utf-8") as handle:
                 handle.write(plan.append)
         if plan.mcp:
             # mkstemp creates the file 0600: it may hold env and header values.

@@ -457,3 +457,22 @@ def test_conformance_with_replaying_fakes(fake_cli: MakeFake) -> None:
     ).raise_for_failures()
     for driver in made:
         driver.close_processes(5)
+
+
+def test_claude_private_files_are_0600_whatever_the_umask(tmp_path: Path) -> None:
+    # Under umask 000 the append-system-prompt file was 0666 (open()'s default), beside an
+    # MCP config made 0600.
+    import stat
+    import types
+
+    from adaptor.drivers.claude import _Files
+
+    plan = types.SimpleNamespace(append="Be terse.", mcp=(), skills=())
+    before = os.umask(0)
+    try:
+        files = _Files.write(str(tmp_path), plan)  # type: ignore[arg-type]
+    finally:
+        os.umask(before)
+    assert files.append is not None
+    assert stat.S_IMODE(os.stat(files.append).st_mode) == 0o600
+    assert Path(files.append).read_text() == "Be terse."
