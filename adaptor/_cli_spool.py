@@ -80,8 +80,8 @@ def submit_request(client: Client, request: dict[str, Any]) -> str:
                 {
                     "path": "/id",
                     "message": f"must match {_home.REQUEST_ID.pattern} and not be "
-                    f"{_home.DAEMON_SESSION!r} nor start with '{_home.DAEMON_SESSION}-' "
-                    "(the daemon's own logs)",
+                    f"{_home.DAEMON_SESSION!r} nor start with '{_home.DAEMON_SESSION}-', in "
+                    "any letter case (the daemon's own logs)",
                 }
             ]
         )

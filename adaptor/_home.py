@@ -54,13 +54,12 @@ DAEMON_SESSION = "adaptord"
 def is_request_id(value: object) -> TypeGuard[str]:
     """Whether ``value`` can name a request: it matches :data:`REQUEST_ID` and is not the
     daemon's own session name (its audit log is ``events/adaptord.jsonl``) nor starts like the
-    name of one of its rotated logs (``events/adaptord-<UTC time>.jsonl``)."""
-    return (
-        isinstance(value, str)
-        and REQUEST_ID.fullmatch(value) is not None
-        and value != DAEMON_SESSION
-        and not value.startswith(DAEMON_SESSION + "-")
-    )
+    name of one of its rotated logs (``events/adaptord-<UTC time>.jsonl``), in any letter case
+    (on a case-insensitive filesystem ``ADAPTORD.jsonl`` is the daemon's log)."""
+    if not isinstance(value, str) or REQUEST_ID.fullmatch(value) is None:
+        return False
+    folded = value.lower()
+    return folded != DAEMON_SESSION and not folded.startswith(DAEMON_SESSION + "-")
 
 
 def request_id_in_name(name: str) -> str | None:

@@ -741,6 +741,11 @@ def test_the_daemons_own_session_name_is_no_request_id(home: Home) -> None:
     ran = home.cli("run", "--id", "adaptord", "x", timeout=60)
     assert ran.returncode == 2, ran.stderr
     assert not (home.root / "spool" / "new" / "adaptord.json").exists()
+    # In any letter case: on a case-insensitive filesystem events/ADAPTORD.jsonl is the
+    # daemon's own log.
+    for taken in ("ADAPTORD", "Adaptord-x"):
+        with pytest.raises(ValueError, match="invalid request id"):
+            home.client.submit({**request, "id": taken})
 
 
 def test_an_id_ending_in_a_newline_is_no_request_id(home: Home) -> None:
