@@ -125,7 +125,20 @@ class A2AConfig:
             raise ConfigError(
                 f"a2a.bearer_token_env: environment variable {self.bearer_token_env!r} is unset or empty"
             )
+        why = _unusable_token(value)
+        if why:
+            raise ConfigError(f"a2a.bearer_token_env: the value of {self.bearer_token_env!r} {why}")
         return value
+
+
+def _unusable_token(token: str) -> str:
+    """Why no caller could ever present ``token``, or ``""``: HTTP drops a header value's
+    surrounding whitespace, and a header holds no line break or other control character."""
+    if token != token.strip():
+        return "begins or ends with whitespace, which no Authorization header can carry"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in token):
+        return "holds a control character, which no Authorization header can carry"
+    return ""
 
 
 # The longest a drain may wait for running work: a day.  Beyond it (or infinite, or NaN) the
@@ -388,6 +401,8 @@ def _parse_a2a(
     for name, value in (("bearer_token", token), ("bearer_token_env", token_env)):
         if value is not None and (not isinstance(value, str) or not value):
             raise ConfigError(f"{source}: a2a.{name} must be a non-empty string")
+    if isinstance(token, str) and _unusable_token(token):
+        raise ConfigError(f"{source}: a2a.bearer_token {_unusable_token(token)}")
     public_url = raw.get("public_url")
     if public_url is not None:
         from adaptor.clients.a2a import origin_of

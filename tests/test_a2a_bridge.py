@@ -184,6 +184,14 @@ def test_every_other_route_needs_the_bearer_token(daemon_a: Served) -> None:
     ):
         response = httpx.post(f"{daemon_a.url}/agents/echo", json=call, headers=headers)
         assert response.status_code == 401 and response.headers["WWW-Authenticate"] == "Bearer"
+    # Two Authorization headers: the last one decided (a wrong one first, then the token, got
+    # in); with two, none counts.
+    for pair in ((b"Bearer wrong", f"Bearer {TOKEN}".encode()), (f"Bearer {TOKEN}".encode(), b"Bearer wrong")):
+        response = httpx.post(
+            f"{daemon_a.url}/agents/echo", json=call,
+            headers=[(b"Authorization", pair[0]), (b"Authorization", pair[1])],
+        )
+        assert response.status_code == 401, pair
     # The scheme is case-insensitive (RFC 9110): "bearer <token>" was refused.
     for scheme in ("bearer", "BEARER", "Bearer"):
         response = httpx.post(
@@ -828,6 +836,18 @@ def test_a_remote_value_of_the_wrong_type_is_refused(remote: dict[str, Any], why
     table = {"card_url": "https://box.example/.well-known/agent-card.json", **remote}
     with pytest.raises(config_module.ConfigError, match=re.escape(f"t: a2a.remotes.r: {why}")):
         config_module._parse({"a2a": {"remotes": {"r": table}}}, "t")
+
+
+@pytest.mark.parametrize("token", ["secret ", " secret", "sec\nret", "sec\tret"])
+def test_a_bearer_token_no_header_can_carry_is_refused(token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "super secret " passed `adaptord check`, yet no caller could ever present it: HTTP drops
+    # a header value's surrounding whitespace, so every call got 401.
+    with pytest.raises(config_module.ConfigError, match="a2a.bearer_token (begins|holds)"):
+        config_module._parse({"a2a": {"bearer_token": token}}, "t")
+    monkeypatch.setenv("QA_TOKEN", token)
+    config = config_module._parse({"a2a": {"bearer_token_env": "QA_TOKEN"}}, "t")
+    with pytest.raises(config_module.ConfigError, match="the value of 'QA_TOKEN' (begins|holds)"):
+        config.a2a.token()
 
 
 def test_check_reports_a_remote_of_the_wrong_type(tmp_path: Path) -> None:
