@@ -150,23 +150,31 @@ class StreamRedactor:
     stream: a model writes a key it read back token by token, each piece harmless alone.
 
     The text of a stream (an assistant message's or a reasoning block's ``content`` deltas, a
-    tool call's ``args_delta``) is redacted as one text: a delta's end that could begin a
-    secret is held back and goes out with the next delta of its stream (redacted with it), or
-    before the stream's ``end``, or at :meth:`flush`.  Every other event is redacted whole.
+    tool call's ``args_delta``, a subagent's ``delta`` updates) is redacted as one text: a
+    delta's end that could begin a secret is held back and goes out with the next delta of its
+    stream (redacted with it), or before the stream's next other event (its ``end``), or at
+    :meth:`flush`.  Every other event is redacted whole.
     """
 
     __slots__ = ("_held", "_lock", "_redactor", "_streamed")
 
     def __init__(self, redactor: Redactor) -> None:
-        from adaptor.events import TextDelta, Thinking, ToolCall  # (events imports this module)
+        from adaptor.events import (  # (events imports this module)
+            SubagentUpdate,
+            TextDelta,
+            Thinking,
+            ToolCall,
+        )
 
         self._redactor = redactor
         self._lock = threading.Lock()
-        # Each streamed event type, its text field and what names one of its streams.
-        self._streamed: dict[type, tuple[str, str]] = {
-            TextDelta: ("text", "message_id"),
-            Thinking: ("text", "message_id"),
-            ToolCall: ("args_delta", "id"),
+        # Each streamed event type: its text field, what names one of its streams, and the
+        # attribute and value that make an event of it a delta.
+        self._streamed: dict[type, tuple[str, str, str, str]] = {
+            TextDelta: ("text", "message_id", "phase", "content"),
+            Thinking: ("text", "message_id", "phase", "content"),
+            ToolCall: ("args_delta", "id", "phase", "content"),
+            SubagentUpdate: ("delta", "agent", "kind", "delta"),
         }
         # A stream's held-back text, and its last delta (the template of the one that carries
         # it out).
@@ -177,9 +185,9 @@ class StreamRedactor:
         how = self._streamed.get(type(event))
         if how is None:
             return [self._redactor.value(event)]
-        field, name = how
+        field, name, marker, is_delta = how
         key = (type(event), getattr(event, name))
-        delta = getattr(event, "phase", "") == "content"
+        delta = getattr(event, marker, "") == is_delta
         with self._lock:
             held = self._held.pop(key, None)
             if not delta:  # a start or an end: the held text goes out before it

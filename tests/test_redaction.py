@@ -142,6 +142,22 @@ def _texts(shown: list[Any], field: str = "text") -> list[str]:
     return [getattr(e, field) for e in shown]
 
 
+def test_a_secret_split_across_a_subagents_delta_updates_is_redacted() -> None:
+    # A driver of one's own streaming a subagent's output: its delta updates were redacted one
+    # by one, so a key in five pieces was whole once joined.
+    from adaptor.events import SubagentUpdate
+
+    streams = StreamRedactor(Redactor([_SECRET]))
+    shown: list[Any] = []
+    for piece in ("the key is sk-a", "nt-api03", "-Zq81x", "Vt0KEY", " ok"):
+        shown += streams.events(SubagentUpdate(agent="sub", kind="delta", delta=piece))
+    shown += streams.events(SubagentUpdate(agent="sub", kind="finished"))
+    assert "".join(e.delta for e in shown) == f"the key is {REDACTED} ok"
+    assert shown[-1] == SubagentUpdate(agent="sub", kind="finished")
+    streams.events(SubagentUpdate(agent="other", kind="delta", delta="sk-ant-a"))
+    assert _texts(streams.flush(), "delta") == ["sk-ant-a"]
+
+
 def test_held_text_goes_out_with_its_own_stream_or_at_the_flush() -> None:
     streams = StreamRedactor(Redactor([_SECRET]))
     assert _texts(streams.events(Thinking(message_id="r", text="the key: sk-ant"))) == ["the key: "]
