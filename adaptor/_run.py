@@ -306,7 +306,15 @@ def _config_refused(driver: Driver, driver_type: str, cause: Exception) -> Inval
 def _named_secrets(driver: Driver) -> list[str]:
     """The values the driver's optional ``secret_values()`` names (raises what it raises)."""
     named = getattr(driver, "secret_values", None)
-    return [str(v) for v in named()] if callable(named) else []
+    if not callable(named):
+        return []
+    values = named()
+    if isinstance(values, str | bytes):
+        # Read as its characters, each too short to redact: every secret would have shown.
+        raise TypeError(
+            f"secret_values() must return a sequence of strings, not one {type(values).__name__}"
+        )
+    return [str(v) for v in values]
 
 
 def checked_schema(

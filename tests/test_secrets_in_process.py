@@ -215,3 +215,19 @@ def test_a_refused_configuration_does_not_show_the_drivers_secret() -> None:
     assert "malformed" in str(err) and "<redacted>" in str(err)
     shown_anywhere = [str(err), repr(err), str(err.__cause__), json.dumps(err.to_wire())]
     assert not [text for text in shown_anywhere if SECRET in text]
+
+
+class _OneSecretBare(script.Driver):
+    """A driver of one's own whose secret_values() returns its one secret as a bare str."""
+
+    def secret_values(self) -> str:  # type: ignore[override]
+        return SECRET
+
+
+def test_secret_values_returning_a_bare_string_is_refused_not_ignored() -> None:
+    # A str is a Sequence[str] (mypy --strict let it through), read as its characters, each
+    # too short to redact: the run went ahead and showed the secret.
+    driver = _OneSecretBare(script.Config(steps=({"text": f"key={SECRET}"},)))
+    with pytest.raises(adaptor.InvalidDriverConfigError) as caught:
+        adaptor.Agent(driver).run("go")
+    assert "secret_values() must return a sequence of strings, not one str" in str(caught.value.cause)
