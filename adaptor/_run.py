@@ -277,10 +277,18 @@ def checked_descriptor(driver: Driver) -> Descriptor:
     """``driver``'s descriptor, its configuration checked: a run's first check after the closed
     agent, and the daemon's preflight of a request (one rule for both).  A failure is
     ``InvalidDriverConfigError`` naming the driver (its descriptor's type once it has one)."""
+    # Named by its module before it has a descriptor ("claude" for adaptor.drivers.claude),
+    # by its class when that says nothing ("__main__", a driver of one's own).
+    module = type(driver).__module__.rsplit(".", 1)[-1]
+    named = type(driver).__qualname__ if module.startswith("__") else module
     try:
         descriptor = driver.descriptor()
-    except Exception as exc:  # a descriptor built from bad configuration
-        raise _config_refused(driver, type(driver).__module__.rsplit(".", 1)[-1], exc) from exc
+        if not isinstance(descriptor, Descriptor):
+            raise TypeError(
+                f"descriptor() must return an adaptor.driver.Descriptor, not {type(descriptor).__name__}"
+            )
+    except Exception as exc:  # a descriptor built from bad configuration, or none at all
+        raise _config_refused(driver, named, exc) from exc
     try:
         driver.validate_config(None)
     except errors.AdaptorError:

@@ -231,3 +231,42 @@ def test_secret_values_returning_a_bare_string_is_refused_not_ignored() -> None:
     with pytest.raises(adaptor.InvalidDriverConfigError) as caught:
         adaptor.Agent(driver).run("go")
     assert "secret_values() must return a sequence of strings, not one str" in str(caught.value.cause)
+
+
+class _DictDescriptor(script.Driver):
+    """A driver of one's own whose descriptor() returns a dict."""
+
+    def descriptor(self) -> Any:
+        return {"type": "mine"}
+
+
+class _FailingDescriptor(script.Driver):
+    def descriptor(self) -> Any:
+        raise RuntimeError("no descriptor today")
+
+
+def test_a_descriptor_that_is_no_descriptor_is_a_typed_refusal_naming_the_driver() -> None:
+    # A dict made agent.run() raise a bare AttributeError ('dict' object has no attribute
+    # 'type'); a failing descriptor() named the driver '__main__' after its module.
+    with pytest.raises(adaptor.InvalidDriverConfigError) as caught:
+        adaptor.Agent(_DictDescriptor(script.Config(steps=()))).run("go")
+    assert "must return an adaptor.driver.Descriptor, not dict" in str(caught.value.cause)
+    with pytest.raises(adaptor.InvalidDriverConfigError) as failed:
+        adaptor.Agent(_FailingDescriptor(script.Config(steps=()))).run("go")
+    assert failed.value.driver == "test_secrets_in_process"  # its module, a real name here
+
+
+def test_a_driver_of_a_script_is_named_by_its_class_not_main() -> None:
+    program = (
+        "import adaptor\n"
+        "from adaptor.drivers import script\n"
+        "class MyDriver(script.Driver):\n"
+        "    def descriptor(self):\n"
+        "        raise RuntimeError('no descriptor today')\n"
+        "try:\n"
+        "    adaptor.Agent(MyDriver(script.Config(steps=()))).run('go')\n"
+        "except adaptor.InvalidDriverConfigError as err:\n"
+        "    print(err.driver)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert ran.stdout == "MyDriver\n", ran.stderr
