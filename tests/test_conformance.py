@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -376,6 +377,46 @@ def test_a_hanging_run_is_cancelled_after_the_timeout() -> None:
     report = conformance.run(HangsUntilCancelled, timeout=0.01)
     assert list(report.failed) == ["RUN-00"]
     assert "did not return" in report.failed["RUN-00"]
+
+
+class IgnoresCancel(ToyDriver):
+    """Cancelled, it lets its agent finish (well within the run's timeout)."""
+
+    def run(self, request: Request, sink: EventSink) -> Response:
+        sink.emit(TextDelta(message_id="m1", phase="start"))
+        if sink.cancelled.is_set():
+            time.sleep(1.0)  # "the agent" goes on to its end
+        sink.emit(TextDelta(message_id="m1", text="hi", phase="content"))
+        sink.emit(TextDelta(message_id="m1", phase="end"))
+        item = TranscriptItem(kind="assistant", text="hi")
+        sink.emit(item)
+        return self.respond([item])
+
+
+def test_a_driver_that_ignores_a_cancel_fails_can_01(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "In time" was the suite's whole timeout (120 s by default): a driver finishing its agent's
+    # work after a cancel passed.
+    monkeypatch.setattr(conformance, "_CANCEL_GRACE", 0.3)
+    report = conformance.run(IgnoresCancel)
+    assert list(report.failed) == ["CAN-01"], report.failed
+    assert "after being cancelled (at most 0.3s" in report.failed["CAN-01"]
+
+
+class HangsLeavingItsProcess(ToyDriver):
+    def run(self, request: Request, sink: EventSink) -> Response:
+        self.child = _agent_process(request)
+        sink.cancelled.wait()
+        return self.respond([])
+
+
+def test_a_hanging_run_has_its_process_stopped_and_named() -> None:
+    # RUN-00 failed and the suite returned with the hung run's agent still running.
+    driver = HangsLeavingItsProcess()
+    report = conformance.run(lambda: driver, timeout=0.5)
+    assert list(report.failed) == ["RUN-00"]
+    assert "did not return" in report.failed["RUN-00"]
+    assert str(driver.child.pid) in report.failed["RUN-00"]
+    assert driver.child.wait(timeout=10) is not None  # stopped (SIGKILL)
 
 
 def test_a_descriptor_that_raises_stops_the_suite() -> None:

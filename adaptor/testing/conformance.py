@@ -176,6 +176,12 @@ def run(
             response = _call(driver, request, sink, timeout)
         except _Violation as violation:
             report.failed["RUN-00"] = str(violation)
+            # A run that hung may have left its agent running: stopped, and named, as after
+            # any other run.
+            try:
+                _no_survivors(driver, descriptor, canary)
+            except _Violation as left:
+                report.failed["RUN-00"] += f"; {left}"
             return report
         report.passed.append("RUN-00")
         suite.check("PRC-01", lambda: _no_survivors(driver, descriptor, canary))
@@ -287,8 +293,12 @@ def _call(driver: Driver, request: Request, sink: RecordingSink, timeout: float)
 
 
 class _CancelAtFirstPayload(RecordingSink):
+    cancelled_at: float | None = None  # monotonic
+
     def emit(self, payload: Event | TranscriptItem) -> None:
         super().emit(payload)
+        if self.cancelled_at is None:
+            self.cancelled_at = time.monotonic()
         self.cancelled.set()
 
 
@@ -314,7 +324,15 @@ def _cancelled_run(driver: Driver, descriptor: Descriptor, prompt: str, timeout:
             with contextlib.suppress(_Violation):  # stops what it left; the hang is the news
                 _no_survivors(driver, descriptor, canary)
             _fail(f"run() did not return within {timeout:g}s of being cancelled")
+        returned = time.monotonic()
         _no_survivors(driver, descriptor, canary)
+        if sink.cancelled_at is not None and returned - sink.cancelled_at > _CANCEL_GRACE:
+            # Within the whole run's timeout, a driver that ignores the sink's cancelled and
+            # lets its agent finish passed: a cancel is for now, not for the end of the run.
+            _fail(
+                f"run() returned {returned - sink.cancelled_at:.1f}s after being cancelled "
+                f"(at most {_CANCEL_GRACE:g}s: stop the agent when sink.cancelled is set)"
+            )
 
 
 def _no_survivors(driver: Driver, descriptor: Descriptor, canary: str) -> None:
