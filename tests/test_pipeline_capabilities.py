@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 import adaptor
-from adaptor import events, mcp, skill, tool
+from adaptor import _procfs, events, mcp, skill, tool
 from adaptor.driver import Request, Response
 from adaptor.memory import Store as MemoryStore
 from adaptor.testing import ScriptedDriver
@@ -261,7 +261,8 @@ def test_no_capabilities_no_scratch_dir() -> None:
     driver = recording()
     adaptor.Agent(driver).run("go")
     request = driver.requests[-1]
-    assert request.scratch_dir is None and request.tools_endpoint is None and request.env == {}
+    assert request.scratch_dir is None and request.tools_endpoint is None
+    assert request.env == _procfs.started_by_me()  # the starter's mark only: no gateway token
 
 
 # --- tools through a real gateway ----------------------------------------------------------
