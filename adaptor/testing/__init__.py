@@ -75,7 +75,8 @@ class RecordingSink:
 
     ``cancelled`` is a plain ``threading.Event``: set it (from any thread) to cancel the run.
     Decisions are answered by ``decide`` (default: :func:`default_decision`); requests without
-    an id get ``decision_1``, ``decision_2``, ... as the SDK would assign its own.
+    an id get ``decision_1``, ``decision_2``, ... (the SDK names its own
+    ``<run_id>-dec-<n>``: a driver must not rely on the form).
     """
 
     def __init__(self, decide: Decider = default_decision) -> None:
