@@ -250,6 +250,10 @@ def delegation_tool(remotes: tuple[RemoteAgentSpec, ...]) -> Definition:
     return delegate_to_agent(OneShot(Registry(remotes)), name=DELEGATE_TOOL)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this is refused unread (ConfigError)."""
+
+
 def default_config_path() -> Path:
     return xdg_base("XDG_CONFIG_HOME", ".config") / "adaptord" / "config.toml"
 
@@ -258,8 +262,12 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False) -> Daem
     """Read the config file; a missing default file means defaults, a missing explicit one fails."""
     target = Path(path) if path is not None else default_config_path()
     try:
+        with target.open("rb") as handle:  # a pipe (<(...)) too
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:  # /dev/zero, a log named by mistake: never all read
+            raise ConfigError(f"{target}: larger than {MAX_CONFIG_BYTES} bytes; is it the config file?")
         # Windows editors start UTF-8 text with a byte-order mark, as request files may.
-        raw = tomllib.loads(target.read_text(encoding="utf-8").removeprefix("\ufeff"))
+        raw = tomllib.loads(data.decode("utf-8").removeprefix("\ufeff"))
     except FileNotFoundError:
         if required:
             raise ConfigError(f"{target}: no such file") from None

@@ -2347,6 +2347,14 @@ def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_a_config_file_that_never_ends_is_refused_not_read_for_ever() -> None:
+    # `adaptord check --config /dev/zero` read until memory ran out.
+    from adaptord import config as config_module
+
+    with pytest.raises(config_module.ConfigError, match="larger than 1048576 bytes"):
+        config_module.load("/dev/zero", required=True)
+
+
 def _refused_by_check_and_serve(
     tmp_path: Path, text: str
 ) -> tuple[str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
