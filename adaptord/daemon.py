@@ -1799,22 +1799,27 @@ class Daemon:
 
     def _recover(self) -> None:
         self._sweep_temp_files()
+        queued = 0
         for name in _in_arrival_order(self.home.claimed):
             try:
-                self._recover_one(name)
+                queued += self._recover_one(name)
             except Exception as exc:  # one request must not keep the daemon from starting
                 self.log("could not recover a claimed request", name=repr(name), error=type(exc).__name__)
+        if queued:
+            # One line, not one per request: a restart after a crash may find thousands
+            # (each has its request.queued fact).
+            self.log("recovered queued requests", count=queued)
 
-    def _recover_one(self, name: str) -> None:
-        """The claimed request ``name`` after a restart: queued again, or its verdict."""
+    def _recover_one(self, name: str) -> bool:
+        """The claimed request ``name`` after a restart: queued again (True), or its verdict."""
         request_id = name[: -len(".json")]
         claimed = self.home.claimed / name
         if not name.endswith(".json") or not _home.REQUEST_ID.fullmatch(request_id):
             self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
-            return
+            return False
         if self.home.has_verdict(request_id):
             self._cleanup_claim(request_id)  # crashed between the verdict and the cleanup
-            return
+            return False
         try:
             state = _durable.read_json(self.home.run_state(request_id))
         except (OSError, ValueError):
@@ -1823,10 +1828,10 @@ class Daemon:
         attempt = int(state.get("attempt") or 0)
         outcome = _home.after_restart(state)  # `adaptor wait` tells its user from the same rule
         if outcome == "queued":
-            self.log("recovered a queued request", id=request_id)
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
-            return
+            return True
         self._interrupted(request_id, claimed, state, attempt, received_at, requeue=outcome == "requeue")
+        return False
 
     def _interrupted(
         self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str, *, requeue: bool

@@ -2564,6 +2564,8 @@ def test_crash_after_the_claim_runs_the_request_once(tmp_path: Path) -> None:
     proc = DaemonProcess(home.root).start()
     verdict = proc.verdict("claimed-only")
     assert verdict["ok"] and verdict["result"]["text"] == "ran"
+    # One line for all of them (a crash may leave thousands), each with its request.queued fact.
+    proc.wait_for_line("adaptord: recovered queued requests count=1")
     assert verdict["received_at"] == events.format_time(claimed_at)  # the claim's time, not the restart's
     proc.wait_for_line("verdict.written id=claimed-only")
     assert _lifecycle(home, "claimed-only").count("request.started") == 1
