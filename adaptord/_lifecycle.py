@@ -22,6 +22,37 @@ def line(fact: str, fields: Mapping[str, Any]) -> str:
     return one_line(f"adaptord: {fact}" + (f" {extra}" if extra else ""))
 
 
+# Lifecycle facts a reader of the journal is warned of; every other fact is informational.
+_WARNING_FACTS = frozenset(
+    {"verdict.deferred", "verdict.unwritten", "request.interrupted", "a2a.died", "leftovers.stopped"}
+)
+# The daemon's own lines (not facts) that say all is well; every other one reports a problem.
+_INFO_LINES = (
+    "ready", "config reloaded", "recovered queued requests", "audit log writable again",
+    "file watcher running again",
+)
+
+
+def priority(one_line: str) -> int:
+    """The syslog priority of a log line: 4 (warning) or 6 (info)."""
+    text = one_line.removeprefix("adaptord: ")
+    head = text.split(" ", 1)[0]
+    if "." in head:  # a fact ("request.started id=..."), named by its phase
+        return 4 if head in _WARNING_FACTS else 6
+    return 6 if text.startswith(_INFO_LINES) else 4
+
+
+def to_journal() -> bool:
+    """Whether stderr is connected to systemd's journal (``JOURNAL_STREAM`` names it), which
+    reads a ``<N>`` prefix as the line's priority (``journalctl -p warning``)."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        found = os.fstat(2)
+    except OSError:
+        return False
+    return expected == f"{found.st_dev}:{found.st_ino}"
+
+
 def fact(phase: str, request_id: str | None = None, **data: Any) -> tuple[events.Notice, str]:
     """A lifecycle fact: its record (a ``notice.lifecycle`` event) and its log line."""
     notice = events.Notice(

@@ -231,6 +231,7 @@ class Daemon:
         self.a2a = a2a
         self._bridge: Bridge | None = None
         self._log_stream: TextIO | None = log or sys.stderr
+        self._journal = log is None and _lifecycle.to_journal()
         self._wake = _Wakeup()
         self._stop = threading.Event()
         # Set by the signal handler; the main loop turns them into _stop and a reload.
@@ -293,6 +294,8 @@ class Daemon:
         stream = self._log_stream
         if stream is None:  # started with stderr closed: the interpreter made sys.stderr None
             return
+        if self._journal:  # (a batch of lifecycle lines comes joined by newlines)
+            line = "\n".join(f"<{_lifecycle.priority(one)}>{one}" for one in line.split("\n"))
         try:
             # One write per line: lines printed by different threads never interleave.
             stream.write(line + "\n")

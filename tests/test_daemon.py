@@ -861,6 +861,45 @@ def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path)
     assert not (home.claimed / f"{rid}.json").exists()
 
 
+def test_under_journald_each_line_carries_its_priority(tmp_path: Path) -> None:
+    # Every line went out at one priority: `journalctl -p warning` could not pick out a
+    # deferred verdict or an interrupted run.  systemd names the journal's stream in
+    # JOURNAL_STREAM; a "<N>" prefix then sets the line's priority.
+    read_end, write_end = os.pipe()
+    found = os.fstat(write_end)
+    home = _home.Home.at(tmp_path / "home")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(home.root), "--grace", "5"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=write_end,
+        env={**os.environ, "JOURNAL_STREAM": f"{found.st_dev}:{found.st_ino}"},
+    )
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as lines:
+            deadline = time.monotonic() + 60
+            while not _home.daemon_running(home) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            Client(home.root).run(script({"text": "x"}), timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            shown = lines.read().splitlines()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert shown and all(re.match(r"<[46]>adaptord: ", line) for line in shown), shown
+    assert any(line.startswith("<6>adaptord: ready ") for line in shown), shown
+    assert any(line.startswith("<6>adaptord: verdict.written ") for line in shown), shown
+    assert _lifecycle_priority("adaptord: verdict.deferred id=x error=No space") == 4
+    assert _lifecycle_priority("adaptord: cannot sync the claimed folder error=EIO") == 4
+
+
+def _lifecycle_priority(line: str) -> int:
+    from adaptord import _lifecycle
+
+    return _lifecycle.priority(line)
+
+
 @pytest.fixture
 def read_only_view(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A folder and a read-only bind mount of it (root only)."""
