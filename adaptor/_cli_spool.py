@@ -639,8 +639,11 @@ def status(as_json: bool, home: str | None) -> None:
         # start gives them their verdicts or runs them again (on_interrupt).
         state = "running" if info["running"] else "interrupted"
         echo(f"queued: {len(info['queued'])}  {state}: {len(info['in_progress'])}")
+        deferred = set(info.get("verdict_deferred") or ())
         for request_id in info["in_progress"]:
-            echo(f"  {state:<8} {request_id}")
+            # Finished, its verdict waiting for room on the disk (while a daemon serves).
+            shown = "finished" if request_id in deferred and info["running"] else state
+            echo(f"  {shown:<8} {request_id}" + ("  (verdict deferred)" if shown == "finished" else ""))
         for request_id in info["queued"]:
             echo(f"  queued   {request_id}")
         if info["recent"]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, TypeGuard
+from typing import Any, Final, Literal, TypeGuard
 
 import filelock
 import orjson
@@ -352,6 +352,11 @@ MAX_ATTEMPTS = 3
 """How many runs a request with ``on_interrupt: "requeue"`` gets in all, interrupted ones included."""
 
 
+FINISHED: Final = "finished"
+"""A run state's status once its run has ended and its verdict was refused by the disk (the
+daemon tries it again); ``"done"`` once the verdict is written."""
+
+
 def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "verdict"]:
     """What the next daemon start does with a claimed request without a verdict, from its run
     state (``runs/<id>/state.json``; ``{}`` when it has none):
@@ -371,7 +376,7 @@ def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "ver
     attempt = int(state.get("attempt") or 0)
     if state.get("status") in (None, "queued") or attempt == 0:
         return "queued"
-    if state.get("status") == "done":
+    if state.get("status") in ("done", FINISHED):
         # It finished; only its verdict was never written (a full disk until the stop).
         # Running it again would repeat all it did: on_interrupt is for runs cut short.
         return "verdict"

@@ -317,7 +317,9 @@ class Client:
         """The daemon and its queue.
 
         ``{"home", "running", "pid", "started_at", "workers", "queued": [ids],
-        "in_progress": [ids], "recent": [{"id", "ok", "exit_code", "code", "finished_at"}]}``;
+        "in_progress": [ids], "verdict_deferred": [ids], "recent": [{"id", "ok", "exit_code",
+        "code", "finished_at"}]}``; ``verdict_deferred`` are those of ``in_progress`` whose run
+        has finished and whose verdict the disk refused so far;
         ``pid``, ``started_at`` and ``workers`` are ``None`` while no daemon runs (or when its
         ``adaptord.json`` is damaged), ``recent`` holds the latest verdicts, newest first.  A
         home that does not exist yet has no daemon; a file in its place raises
@@ -341,10 +343,13 @@ class Client:
                 problem = str(exc)
         queued = _request_ids(home.spool_new)
         in_progress: list[str] = []
+        deferred: list[str] = []
         for request_id in _request_ids(home.claimed):
             status = _read_state(home, request_id).get("status")
-            if status == "running":
+            if status in ("running", _home.FINISHED):
                 in_progress.append(request_id)
+                if status == _home.FINISHED:  # its verdict waits for room on the disk
+                    deferred.append(request_id)
             elif status != "done":  # done: the verdict is written, the claim not yet removed
                 queued.append(request_id)
         return {
@@ -355,6 +360,7 @@ class Client:
             "workers": info.get("workers"),
             "queued": sorted(queued),
             "in_progress": sorted(in_progress),
+            "verdict_deferred": sorted(deferred),
             "recent": self._recent_verdicts(),
         }, problem
 

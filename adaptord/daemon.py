@@ -1467,6 +1467,11 @@ class Daemon:
                 first = request_id not in self._deferred
                 self._deferred[request_id] = functools.partial(self._try_write_verdict, request_id, **verdict)
             if first:
+                # A few bytes the disk may still take: `adaptor status` then shows the run as
+                # finished, and a restart knows it finished (never run again, nor called cut
+                # short) even if the verdict is still refused then.
+                with contextlib.suppress(OSError):
+                    self._write_state_raw(request_id, {"status": _home.FINISHED}, merge=True)
                 self.audit(
                     "verdict.deferred", request_id, error=_os_error_text(exc),
                     retry=f"every {self.config.scan_interval:g}s",
@@ -1852,7 +1857,7 @@ class Daemon:
         )
         # Its verdict was being written when the daemon stopped (deferred by a full disk): the
         # run's own run.finished is in its log already.
-        finished = state.get("status") == "done"
+        finished = state.get("status") in ("done", _home.FINISHED)
         if entered and not finished:
             self._record_interrupted(state, request)
         if requeue and not thread_changed:

@@ -2678,6 +2678,35 @@ def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progres
     assert [(e.run_id, e.failed) for e in finished] == [(run_id, False)]
 
 
+def test_a_run_whose_verdict_is_deferred_shows_as_finished_and_is_never_run_again(tmp_path: Path) -> None:
+    """What a first deferral leaves (the run's state says finished; the verdict is refused):
+    `adaptor status` listed the request as running, and a restart could run it again."""
+    home = _home.Home.at(tmp_path / "home")
+    proc = DaemonProcess(home.root).start()
+    rid = "deferred-1"
+    (home.claimed / f"{rid}.json").write_bytes(
+        orjson.dumps({**script({"text": "done once"}), "id": rid, "on_interrupt": "requeue"})
+    )
+    home.run_dir(rid).mkdir(parents=True)
+    home.run_state(rid).write_bytes(orjson.dumps({
+        "id": rid, "status": "finished", "attempt": 1, "run_ids": ["run_0123456789abcdef"],
+        "run_id": "run_0123456789abcdef", "on_interrupt": "requeue", "entered": True,
+        "received_at": "2026-12-02T10:00:00.000000Z",
+    }))
+    shown = subprocess.run(["adaptor", "status", "--home", str(home.root), "--json"], capture_output=True, text=True)
+    info = orjson.loads(shown.stdout)["result"]
+    assert info["in_progress"] == [rid] and info["verdict_deferred"] == [rid]
+    text = subprocess.run(["adaptor", "status", "--home", str(home.root)], capture_output=True, text=True)
+    assert f"  finished {rid}  (verdict deferred)" in text.stdout, text.stdout
+    assert proc.stop() == 0
+
+    again = DaemonProcess(home.root).start()
+    verdict = again.verdict(rid)
+    assert verdict["error"]["details"]["finished"] is True, verdict
+    assert _lifecycle(home, rid).count("request.started") == 0  # requeue or not: never again
+    assert again.stop() == 0
+
+
 def _thread_mark(home: _home.Home, key: str) -> dict[str, Any]:
     from adaptor.threadstore import JSONLStore, Query
 
