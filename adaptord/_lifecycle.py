@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,54 @@ def fact(phase: str, request_id: str | None = None, **data: Any) -> tuple[events
     )
     shown = {k: v for k, v in data.items() if isinstance(v, str | int | float)}
     return notice, line(phase, {"id": request_id, **shown})
+
+
+_LOGGED_MESSAGE_LIMIT = 200
+
+
+class OneLineLogging(logging.Handler):
+    """Routes warnings and errors of Python loggers the daemon does not own into its log, one
+    line each: ``FACT level=... logger=... message='<first line>' error=<exception type>``.
+
+    Unconfigured, their records reached stderr through logging's last-resort handler, as bare
+    text and multi-line tracebacks (a host tool that raised printed one), some quoting what a
+    caller or a tool said: lines without the ``adaptord: `` prefix or a journald priority.
+    """
+
+    def __init__(self, log: Callable[..., None], fact: str, loggers: Sequence[str]) -> None:
+        super().__init__(logging.WARNING)
+        self._log = log
+        self._fact = fact
+        self._names = tuple(loggers)
+        self._saved: list[tuple[logging.Logger, bool]] = []
+
+    def install(self) -> None:
+        for name in self._names:
+            logger = logging.getLogger(name)
+            self._saved.append((logger, logger.propagate))
+            logger.addHandler(self)
+            logger.propagate = False
+
+    def uninstall(self) -> None:
+        saved, self._saved = self._saved, []
+        for logger, propagate in saved:
+            logger.removeHandler(self)
+            logger.propagate = propagate
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            lines = record.getMessage().strip().splitlines()
+            fields: dict[str, Any] = {
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                # Quoted: the text may hold what a caller sent, newlines included.
+                "message": repr(lines[0][:_LOGGED_MESSAGE_LIMIT] if lines else ""),
+            }
+            if record.exc_info and record.exc_info[0] is not None:
+                fields["error"] = record.exc_info[0].__name__
+            self._log(self._fact, **fields)
+        except Exception:
+            self.handleError(record)
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -95,6 +95,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import adaptor
 from adaptor import _home, errors, events
 from adaptor.spool import Client as SpoolClient
+from adaptord._lifecycle import OneLineLogging
 from adaptord.config import A2AConfig, ConfigError, ExposedAgent
 
 __all__ = [
@@ -160,45 +161,6 @@ def _default_log(fact: str, **fields: Any) -> None:
 # and multi-line tracebacks (a malformed request from any caller printed one), some quoting
 # what the caller sent.
 _SERVER_LOGGERS = ("a2a", "uvicorn")
-_LOGGED_MESSAGE_LIMIT = 200
-
-
-class _OneLineLog(logging.Handler):
-    """Routes the server libraries' warnings and errors into the daemon's log, one line each:
-    ``a2a.server_log level=... logger=... message='<first line>' error=<exception type>``."""
-
-    def __init__(self, log: Log) -> None:
-        super().__init__(logging.WARNING)
-        self._log = log
-        self._saved: list[tuple[logging.Logger, bool]] = []
-
-    def install(self) -> None:
-        for name in _SERVER_LOGGERS:
-            logger = logging.getLogger(name)
-            self._saved.append((logger, logger.propagate))
-            logger.addHandler(self)
-            logger.propagate = False
-
-    def uninstall(self) -> None:
-        saved, self._saved = self._saved, []
-        for logger, propagate in saved:
-            logger.removeHandler(self)
-            logger.propagate = propagate
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            lines = record.getMessage().strip().splitlines()
-            fields: dict[str, Any] = {
-                "level": record.levelname.lower(),
-                "logger": record.name,
-                # Quoted: the text may hold what a caller sent, newlines included.
-                "message": repr(lines[0][:_LOGGED_MESSAGE_LIMIT] if lines else ""),
-            }
-            if record.exc_info and record.exc_info[0] is not None:
-                fields["error"] = record.exc_info[0].__name__
-            self._log("a2a.server_log", **fields)
-        except Exception:
-            self.handleError(record)
 
 
 # --- where to listen ------------------------------------------------------------------------------
@@ -999,7 +961,7 @@ class Bridge:
         self._log = log
         self._on_death = on_death
         self._server: ServerThread | None = None
-        self._server_log: _OneLineLog | None = None
+        self._server_log: OneLineLogging | None = None
 
     def card_url(self, key: str) -> str:
         return self.url + card_path(key)
@@ -1042,7 +1004,7 @@ class Bridge:
             app, sock, name="adaptord-a2a", before_stop=drain, log=self._log, on_death=self._on_death
         )
         if self._log is not _default_log:  # which logs through Python logging itself
-            self._server_log = _OneLineLog(self._log)
+            self._server_log = OneLineLogging(self._log, "a2a.server_log", _SERVER_LOGGERS)
             self._server_log.install()
         try:
             self._server.start()

@@ -359,12 +359,17 @@ class Daemon:
         # until it writes its own, once serving (its start may take seconds: leftovers, tools).
         with contextlib.suppress(OSError):
             os.unlink(self.home.daemon_state)
+        # The SDK's own warnings (a host tool that raised, a log it could not list) in this
+        # log's form, one line each, rather than logging's bare multi-line fallback.
+        library_log = _lifecycle.OneLineLogging(self.log, "library_log", ("adaptor", "hosttools"))
+        library_log.install()
         try:
             # Every process this daemon starts carries the mark; see _stop_leftovers.  Its
             # temporary files go where the next start finds them; see _clear_tmp.
             with _leftovers.marking(_leftovers.owner_mark(self.home.root)), _tempfiles.kept_in(self.home.tmp):
                 return self._serve_locked()
         finally:
+            library_log.uninstall()
             instance.release()
 
     def _serve_locked(self) -> int:

@@ -38,3 +38,11 @@ add = tool.define(
 # A definition that cannot form a tool (no description): a run selecting it is refused with
 # InvalidDefinitionError before the driver starts.
 undescribed = tool.define("undescribed", "", lambda value: "never runs")
+
+
+def _explode(args: Add) -> Sum:
+    raise RuntimeError("kaboom\nsecond line")
+
+
+# A handler that raises: the model is told the tool failed; the host's log says so, one line.
+explodes = tool.define("explodes", "Always fails", _explode, input=Add, output=Sum, revision="1")

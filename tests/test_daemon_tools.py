@@ -37,7 +37,8 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
 
     config = tmp_path / "config.toml"
     config.write_text('[tools]\nadd = "tests.host_tools:add"\n'
-                      'undescribed = "tests.host_tools:undescribed"\n')
+                      'undescribed = "tests.host_tools:undescribed"\n'
+                      'explodes = "tests.host_tools:explodes"\n')
     # The config names a test module: the daemon must import it like the test process does.
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     # claude's quiet settings come from the daemon's environment, as a deployment sets them.
@@ -77,6 +78,21 @@ def test_a_request_selects_a_configured_tool_by_name(daemon: DaemonProcess) -> N
     assert "SECRET-ARG" not in results[2].result  # the safe message echoes no values
     calls = [e for e in recorded if isinstance(e, events.ToolCall) and e.phase == "start"]
     assert [c.name for c in calls] == ["mcp__adaptor__add"] * 3
+
+
+def test_a_tool_that_raises_is_one_line_of_the_daemons_log(daemon: DaemonProcess) -> None:
+    # Its traceback reached stderr through logging's last-resort handler: a dozen lines
+    # without the "adaptord: " prefix, one of them the exception's second line.
+    rid = daemon.submit({
+        "driver": "script", "prompt": "x", "tools": ["explodes"],
+        "config": {"steps": [{"call_tool": {"name": "explodes", "args": {"a": 1, "b": 2}}}, {"text": "done"}]},
+    })
+    assert daemon.verdict(rid)["ok"]
+    line = daemon.wait_for_line("library_log")
+    assert "logger=adaptor.tool" in line and "error=RuntimeError" in line and "'explodes'" in line, line
+    daemon.wait_for_line(f"verdict.written id={rid}")
+    assert all(text.startswith("adaptord: ") for text in daemon.lines), daemon.lines
+    assert not any("second line" in text or "Traceback" in text for text in daemon.lines)
 
 
 def test_an_unknown_tool_name_is_an_invalid_request(daemon: DaemonProcess) -> None:
