@@ -84,7 +84,9 @@ def require_sdk() -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise InvalidDefinitionError(
-                "host-defined tools need the MCP SDK: pip install 'adaptor[mcp]'", cause=exc
+                "host-defined tools need the MCP SDK, the mcp extra: pip install 'adaptor[mcp]' "
+                "(from a clone: pip install -e '.[mcp]')",
+                cause=exc,
             ) from exc
 
 

@@ -213,6 +213,13 @@ class DaemonConfig:
         if self.a2a.remotes:
             if DELEGATE_TOOL in loaded:
                 raise ConfigError(f"tools.{DELEGATE_TOOL}: the name is taken by the [a2a.remotes] host tool")
+            from adaptor.clients.a2a import require_sdk
+
+            try:  # else every delegation would fail, with adaptord check saying ok
+                require_sdk()
+            except ImportError as exc:
+                where = f"{self.source}: " if self.source else ""
+                raise ConfigError(f"{where}a2a.remotes: {exc}") from exc
             loaded[DELEGATE_TOOL] = delegation_tool(self.a2a.remotes)
         return loaded
 

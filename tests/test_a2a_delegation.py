@@ -534,3 +534,41 @@ def test_only_a_well_formed_failure_statement_is_promoted() -> None:
     assert _promoted(canceled, status({"code": "agent_error"})) is None  # a state mismatch
     assert _promoted(failed, status({"code": "agent_error"}, data=True)) is None  # text parts only
     assert _promoted(failed, None) is None
+
+
+_WITHOUT_THE_EXTRA = """
+import sys
+sys.modules["httpx"] = None  # what a venv without the a2a extra has: no httpx, no a2a-sdk
+sys.modules["a2a"] = None
+from adaptor.clients import a2a
+from hosttools import a2adelegation as d
+from adaptord import config as config_module
+try:
+    a2a.Client("http://127.0.0.1:9/.well-known/agent-card.json")
+except ImportError as exc:
+    print("client:", exc)
+registry = d.Registry([d.RemoteAgentSpec(key="r", card_url="http://127.0.0.1:9/.well-known/agent-card.json")])
+try:
+    d.Delegator(registry).delegate(d.DelegationRequest("r", "hi"))
+except d.DelegationError as exc:
+    print("delegation:", exc.code, exc.metadata["reason"])
+raw = {"a2a": {"remotes": {"r": {"card_url": "http://127.0.0.1:9/.well-known/agent-card.json"}}}}
+try:
+    config_module._parse(raw, "c.toml").load_tools()
+except config_module.ConfigError as exc:
+    print("config:", exc)
+"""
+
+
+def test_without_the_a2a_extra_each_use_says_so() -> None:
+    # A raw ModuleNotFoundError came at the client's first call, escaped the Delegator (whose
+    # failures are DelegationError), and `adaptord check` said ok for a config delegating.
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", _WITHOUT_THE_EXTRA], capture_output=True, text=True, timeout=60)
+    lines = ran.stdout.splitlines()
+    assert ran.returncode == 0 and len(lines) == 3, ran.stdout + ran.stderr
+    assert lines[0].startswith("client: the A2A client needs the a2a extra")
+    assert lines[1] == "delegation: configuration_error a2a_sdk_missing"
+    assert lines[2].startswith("config: c.toml: a2a.remotes: the A2A client needs the a2a extra")

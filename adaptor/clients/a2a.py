@@ -352,6 +352,25 @@ class Auth(Protocol):
     def headers(self) -> Mapping[str, str]: ...
 
 
+_SDK_MODULES = ("httpx", "a2a.client")
+
+
+def require_sdk() -> None:
+    """Import what the client needs now: without the ``a2a`` extra, an ``ImportError`` that
+    names it, rather than a ``ModuleNotFoundError`` at the first call."""
+    import importlib
+
+    for name in _SDK_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(
+                f"the A2A client needs the a2a extra ({exc.name or name} is missing): "
+                "pip install 'adaptor[a2a]' (from a clone: pip install -e '.[a2a]')",
+                name=exc.name,
+            ) from exc
+
+
 class BearerTokenFromEnv:
     """``Authorization: Bearer <token>`` with the token read from ``os.environ[name]`` at
     request time.  A missing or empty variable fails the request with ``UnauthorizedError``."""
@@ -439,6 +458,7 @@ class Client:
         trusted_origins: tuple[str, ...] | list[str] = (),
         timeout: float | None = 30.0,
     ) -> None:
+        require_sdk()
         if agent_card_url is None and card is None:
             raise ValueError("Client needs an agent_card_url or a card")
         if auth is not None and not isinstance(auth, Auth):

@@ -57,6 +57,7 @@ _MESSAGES = {
     "agent_unavailable": "the remote agent is unavailable",
     "invalid_agent_card": "the remote agent's card is invalid",
     "configuration_error": "the remote agent configuration was refused",
+    "a2a_sdk_missing": "this host cannot delegate: the A2A client's extra is not installed",
     "unauthorized": "the remote agent refused the configured credentials",
     "untrusted_origin": "the remote agent's card points credentials at an untrusted origin",
     "capability_unsupported": "the remote agent does not support what the delegation requires",
@@ -287,7 +288,10 @@ class _Delegation:
     def run_with(self, spec: RemoteAgentSpec) -> DelegationResult:
         policy = self.policy
         self.check_local()
-        self.client = client = self.pool.get(spec)
+        try:
+            self.client = client = self.pool.get(spec)
+        except ImportError as exc:  # the a2a extra is missing: this host's setup, no remote's
+            raise self.fail("configuration_error", reason="a2a_sdk_missing", cause=exc) from exc
         try:
             card = client.agent_card()
         except Exception as exc:
