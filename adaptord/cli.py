@@ -69,7 +69,11 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
         try:
             from adaptord import a2a_bridge
         except ImportError as exc:
-            click.echo(f"adaptord: --a2a needs a2a-sdk[http-server] and uvicorn ({exc.name} is missing)", err=True)
+            click.echo(
+                f"adaptord: --a2a needs the a2a extra, a2a-sdk[http-server] and uvicorn ({exc.name} is "
+                "missing): pip install 'adaptor[a2a]' (from a clone: pip install -e '.[a2a]')",
+                err=True,
+            )
             sys.exit(2)
         try:  # refused here, before anything starts: a bad address, no agents, no token off loopback
             listen = a2a_bridge.Listen.parse(a2a_listen)

@@ -230,8 +230,14 @@ def invalid_tools(tools: Mapping[str, Any]) -> dict[str, str]:
     Such an entry loads (a request selecting it then fails with the SDK's own
     ``ErrInvalidDefinition``, as in-process); ``adaptord check`` reports it and ``serve`` warns.
     """
+    from adaptor._gateway import require_sdk
     from adaptor.tool import InvalidDefinitionError, check_catalogue
 
+    if tools:
+        try:  # without it no tool can be served: every request selecting one fails (exit 3)
+            require_sdk()
+        except InvalidDefinitionError as exc:
+            return dict.fromkeys(tools, str(exc))
     problems: dict[str, str] = {}
     for name, obj in tools.items():
         try:

@@ -206,3 +206,21 @@ def test_check_reports_a_tool_entry_that_is_no_tool_and_serve_warns(daemon: Daem
     assert not any(line.startswith("tools.add:") for line in lines), lines
     # The daemon serving the fixture's config (with `undescribed`) said so at its start.
     assert any("not a valid tool" in line and "tool=undescribed" in line for line in daemon.lines), daemon.lines
+
+
+def test_check_reports_tools_the_missing_mcp_extra_cannot_serve(tmp_path: Path) -> None:
+    # Without the MCP SDK `adaptord check` said "config: ok", and every request selecting a
+    # configured tool then failed (exit 3).
+    config = tmp_path / "check.toml"
+    config.write_text('[tools]\nadd = "tests.host_tools:add"\n')
+    program = (
+        "import sys\n"
+        "sys.modules['mcp'] = None\n"  # what a venv without the mcp extra has
+        "from adaptord.cli import main\n"
+        f"sys.argv = ['adaptord', 'check', '--config', {str(config)!r}]\n"
+        "main()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert "tools.add: not a valid tool: host-defined tools need the MCP SDK, the mcp extra" in checked.stdout
