@@ -222,3 +222,16 @@ def test_an_error_its_library_raised_again_as_its_own_cause_is_said_once(tmp_pat
     assert "store.lock" in proc.stderr
     assert "caused by" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_version_the_package_reports_is_pyprojects() -> None:
+    # adaptor.__version__ (in adaptord.json and the A2A cards) is written by hand: a release
+    # bumping pyproject alone left it behind, while `adaptor --version` read the metadata.
+    import tomllib
+
+    import adaptor
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+    assert adaptor.__version__ == project["version"]
+    shown = subprocess.run(["adaptor", "--version"], capture_output=True, text=True, check=True)
+    assert shown.stdout.split()[-1] == project["version"]
