@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import os
 import secrets as _secrets
 import threading
@@ -1182,6 +1183,8 @@ class RunPipeline:
 
 
 _NO_SECRETS = Redactor(())
+# A driver's misuse the SDK survives (a late emit): a warning, never a failed run.
+_log = logging.getLogger("adaptor.driver")
 
 
 def _secrets_of(driver: Driver, driver_type: str, servers: Sequence[MCPServerSpec]) -> list[str]:
@@ -1251,6 +1254,7 @@ class _Sink:
     def __init__(self, run: RunPipeline) -> None:
         self._run = run
         self.closed = False
+        self._late = False  # an emit after run() returned was reported
 
     @property
     def cancelled(self) -> threading.Event:
@@ -1259,6 +1263,14 @@ class _Sink:
     def emit(self, payload: Event | TranscriptItem) -> None:
         check_emitted(payload)
         if self.closed:
+            if not self._late:  # once a run: a stray thread of the driver may go on emitting
+                self._late = True
+                _log.warning(
+                    "driver %r emitted %s after its run() returned; dropped (run %s)",
+                    self._run.descriptor.type if self._run.descriptor else "?",
+                    type(payload).__name__,
+                    self._run.run_id,
+                )
             return
         if isinstance(payload, TranscriptItem):
             self._run.publish(Notice(kind="transcript.item", text=payload.text, data=payload.to_json()))

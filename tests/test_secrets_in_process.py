@@ -270,3 +270,37 @@ def test_a_driver_of_a_script_is_named_by_its_class_not_main() -> None:
     )
     ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert ran.stdout == "MyDriver\n", ran.stderr
+
+
+class _EmitsLate(script.Driver):
+    """A driver of one's own whose stray thread goes on emitting after run() returned."""
+
+    def run(self, request: Any, sink: Any) -> Any:
+        import threading
+
+        from adaptor.events import TextDelta
+
+        response = super().run(request, sink)
+        done = threading.Event()
+
+        def stray() -> None:
+            for _ in range(3):
+                sink.emit(TextDelta(message_id="late", phase="start"))
+            done.set()
+
+        self.stray = threading.Thread(target=stray)
+        self.late = done
+        return response
+
+
+def test_an_emit_after_run_returned_is_dropped_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # Events a driver emitted after run() returned vanished without a word.
+    driver = _EmitsLate(script.Config(steps=({"text": "ok"},)))
+    with adaptor.Agent(driver) as agent:
+        result = agent.run("go")
+        with caplog.at_level("WARNING", logger="adaptor.driver"):
+            driver.stray.start()
+            driver.late.wait(10)
+    assert result.text == "ok"
+    warned = [r.getMessage() for r in caplog.records if r.name == "adaptor.driver"]
+    assert len(warned) == 1 and "emitted TextDelta after its run() returned; dropped" in warned[0]
