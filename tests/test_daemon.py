@@ -1038,14 +1038,20 @@ def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_
     assert sum("file watcher unavailable" in line for line in proc.lines) == 1
 
 
+def _serving_with_descriptors(tmp_path: Path, limit: int) -> DaemonProcess:
+    """A daemon with 4 workers whose descriptor limit is ``limit`` from its first moment."""
+    proc = DaemonProcess(tmp_path / "home", "--workers", "4").start(held=True)
+    assert proc.proc is not None
+    resource.prlimit(proc.proc.pid, resource.RLIMIT_NOFILE, (limit, limit))
+    proc.let_go()
+    proc.wait_for_line("adaptord: ready")
+    return proc
+
+
 def test_a_low_descriptor_limit_slows_nothing_down_for_good(tmp_path: Path) -> None:
     # Under `ulimit -n 40` the daemon used every descriptor on idle audit logs (two each, kept
     # for 64 logs) and then could write no verdict, ever: they stayed deferred.
-    proc = DaemonProcess(tmp_path / "home", "--workers", "4").start(held=True)
-    assert proc.proc is not None
-    resource.prlimit(proc.proc.pid, resource.RLIMIT_NOFILE, (40, 40))
-    proc.let_go()
-    proc.wait_for_line("adaptord: ready")
+    proc = _serving_with_descriptors(tmp_path, 40)
     ids = [proc.submit(script({"text": f"plain {i}"})) for i in range(40)]
     ids += [
         proc.submit(
@@ -1058,7 +1064,7 @@ def test_a_low_descriptor_limit_slows_nothing_down_for_good(tmp_path: Path) -> N
     assert [v["ok"] for v in verdicts] == [True] * len(ids), [v["error"] for v in verdicts if not v["ok"]]
     for verdict in verdicts:  # and every run's events are all there
         assert sr.verify(proc.home.root / verdict["events"]) > 0
-    assert proc.proc.pid is not None and len(os.listdir(f"/proc/{proc.proc.pid}/fd")) < 40
+    assert proc.proc is not None and len(os.listdir(f"/proc/{proc.proc.pid}/fd")) < 40
     assert proc.stop() == 0
 
 
@@ -1068,11 +1074,7 @@ def test_a_burst_under_a_very_low_descriptor_limit_gets_every_verdict(tmp_path: 
     # deferred verdict failed again (EMFILE) every 2 s; 48 of 50 runs stayed claimed, and only
     # a restart, failing them all as interrupted, ended it.  Events may go unrecorded at such a
     # limit (said on stderr); verdicts may not.
-    proc = DaemonProcess(tmp_path / "home", "--workers", "4").start(held=True)
-    assert proc.proc is not None
-    resource.prlimit(proc.proc.pid, resource.RLIMIT_NOFILE, (20, 20))
-    proc.let_go()
-    proc.wait_for_line("adaptord: ready")
+    proc = _serving_with_descriptors(tmp_path, 20)
     ids = [f"burst-{i}" for i in range(100)]
     for rid in ids:
         request = script({"text": rid}, {"thinking": "more events"}, {"text": "done"})
