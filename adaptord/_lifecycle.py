@@ -25,7 +25,10 @@ def line(fact: str, fields: Mapping[str, Any]) -> str:
 
 # Lifecycle facts a reader of the journal is warned of; every other fact is informational.
 _WARNING_FACTS = frozenset(
-    {"verdict.deferred", "verdict.unwritten", "request.interrupted", "a2a.died", "leftovers.stopped"}
+    {
+        "verdict.deferred", "verdict.unwritten", "request.interrupted", "a2a.died",
+        "a2a.server_log", "leftovers.stopped",
+    }
 )
 # The daemon's own lines (not facts) that say all is well; every other one reports a problem.
 _INFO_LINES = (

@@ -892,6 +892,8 @@ def test_under_journald_each_line_carries_its_priority(tmp_path: Path) -> None:
     assert any(line.startswith("<6>adaptord: verdict.written ") for line in shown), shown
     assert _lifecycle_priority("adaptord: verdict.deferred id=x error=No space") == 4
     assert _lifecycle_priority("adaptord: cannot sync the claimed folder error=EIO") == 4
+    assert _lifecycle_priority("adaptord: a2a.server_log level=warning logger=uvicorn") == 4
+    assert _lifecycle_priority("adaptord: library_log level=warning logger=adaptor.tool") == 4
 
 
 def _lifecycle_priority(line: str) -> int:
