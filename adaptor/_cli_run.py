@@ -409,8 +409,13 @@ def _run_in_process(
     except daemon_config.ConfigError as exc:
         # adaptord refuses a broken config file as bad usage (exit 2); so does this path.
         fail(exc, as_json=as_json, exit_code=2, secrets=requests.secrets_of(request), id=request_id)
-    # The env of the config's table for this driver reaches the agent too.
+    # The env of the config's table for this driver reaches the agent too; the daemon's own
+    # credentials (its A2A tokens) do not, as in the daemon.
+    from adaptor.drivers import _process
+
+    _process.withhold_from_agents(config.a2a.credential_variables())
     secrets = requests.secrets_of(request, config.driver_defaults(str(request.get("driver", ""))))
+    secrets += config.a2a.credential_values()
     redactor = _redact.Redactor(secrets)
     result: Result | None = None
     error: Exception | None = None

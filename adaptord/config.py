@@ -114,6 +114,11 @@ class A2AConfig:
                 names.add(name)
         return frozenset(names)
 
+    def credential_values(self) -> list[str]:
+        """The values of :meth:`credential_variables` this process's environment holds: secrets
+        of every run (redacted should one reach a run anyway)."""
+        return [os.environ[name] for name in sorted(self.credential_variables()) if os.environ.get(name)]
+
     def token(self) -> str | None:
         """The bearer token A2A callers must present, or None; the variable is read now."""
         if self.bearer_token is not None:

@@ -267,7 +267,6 @@ class Daemon:
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._home_missing_logged = False
         self._lock_identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the lock file held
-        self._credentials: frozenset[str] = frozenset()  # see _withhold_credentials
         self._next_layout_check = 0.0  # monotonic
         self._watcher_refused = False
         # Claimed requests whose files did not parse yet and were written moments ago, by id:
@@ -1249,12 +1248,10 @@ class Daemon:
         reach a run anyway)."""
         if defaults is None:
             defaults = self.config.driver_defaults(str(request.get("driver", "")))
-        found = requests.secrets_of(request, defaults)
-        return found + [os.environ[name] for name in self._credentials if os.environ.get(name)]
+        return requests.secrets_of(request, defaults) + self.config.a2a.credential_values()
 
     def _withhold_credentials(self) -> None:
-        self._credentials = self.config.a2a.credential_variables()
-        _process.withhold_from_agents(self._credentials)
+        _process.withhold_from_agents(self.config.a2a.credential_variables())
 
     def _job_secrets(self, job: Job) -> list[str]:
         """The secrets of a job's run: those it started with, once it started."""

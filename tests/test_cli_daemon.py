@@ -1254,6 +1254,27 @@ def _first_line(process: subprocess.Popen[str]) -> queue.Queue[str]:
     return line
 
 
+def test_run_no_daemon_keeps_the_configs_a2a_credentials_from_its_agent(tmp_path: Path) -> None:
+    # As the daemon does: the remote's token, named by the config file, stays out of the
+    # agent's environment (an agent printing it showed it) and is redacted if it gets in.
+    config_home = tmp_path / "config"
+    (config_home / "adaptord").mkdir(parents=True)
+    (config_home / "adaptord" / "config.toml").write_text(
+        '[a2a.remotes.helper]\ncard_url = "http://127.0.0.1:9/.well-known/agent-card.json"\n'
+        'bearer_token_env = "QA_REMOTE_TOKEN"\n'
+    )
+    token = "remote-cred-0123456789abcdef"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config_home), "ADAPTORD_HOME": str(tmp_path / "home"),
+           "QA_REMOTE_TOKEN": token}
+    show = 'printf "remote=%s\\n" "${QA_REMOTE_TOKEN-unset}"'
+    ran = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--driver", "command", "--config", "command=/bin/sh",
+         "--config", "extra_args=" + json.dumps(["-c", show]), "go"],
+        capture_output=True, text=True, env=env, timeout=TIMEOUT,
+    )
+    assert (ran.returncode, ran.stdout) == (0, "remote=unset\n"), ran.stderr
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
     config_home = tmp_path / "config"
