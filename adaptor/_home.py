@@ -376,13 +376,18 @@ def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "ver
     attempt = int(state.get("attempt") or 0)
     if state.get("status") in (None, "queued") or attempt == 0:
         return "queued"
-    if state.get("status") in ("done", FINISHED):
-        # It finished; only its verdict was never written (a full disk until the stop).
+    if run_finished(state):
         # Running it again would repeat all it did: on_interrupt is for runs cut short.
         return "verdict"
     if _may_requeue(state) and not thread_turn_kept_back(state):
         return "requeue"
     return "verdict"
+
+
+def run_finished(state: Mapping[str, Any]) -> bool:
+    """Whether a claimed request's run had ended; only its verdict was never written (the disk
+    refused it until the daemon stopped)."""
+    return state.get("status") in ("done", FINISHED)
 
 
 def _may_requeue(state: Mapping[str, Any]) -> bool:

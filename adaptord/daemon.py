@@ -1859,7 +1859,7 @@ class Daemon:
         )
         # Its verdict was being written when the daemon stopped (deferred by a full disk): the
         # run's own run.finished is in its log already.
-        finished = state.get("status") in ("done", _home.FINISHED)
+        finished = _home.run_finished(state)
         if entered and not finished:
             self._record_interrupted(state, request)
         if requeue and not thread_changed:
