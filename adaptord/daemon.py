@@ -265,7 +265,6 @@ class Daemon:
         # tried again every scan interval (under _lock).  Their requests stay claimed.
         self._deferred: dict[str, Callable[[], None]] = {}
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
-        self._home_missing_logged = False
         self._lock_identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the lock file held
         self._next_layout_check = 0.0  # monotonic
         self._watcher_refused = False
@@ -766,20 +765,17 @@ class Daemon:
         """Create the home's folders again (someone removed one); ``False`` if that failed.
 
         The watcher is started again too: its watch went with the removed folder.  Nothing is
-        created while the home itself is missing: its lock file went with it, and only a new
-        start can make a home whose daemon is known to be alone.
+        created once this daemon's lock file is gone (the whole home removed, or made again by
+        hand): only a new start can make a home whose daemon is known to be alone, and the main
+        loop stops this one (see :meth:`_lock_lost`).
         """
-        if not self.home.root.is_dir():
-            if not self._home_missing_logged:
-                self._home_missing_logged = True
-                self.log("the home folder is gone; restart the daemon", home=self.home.root)
+        if self._lock_lost() is not None:
             return False
         try:
             self.home.ensure()
         except OSError as exc:
             self.log("cannot create the home's folders again", error=_os_error_text(exc))
             return False
-        self._home_missing_logged = False
         self.log("a folder of the home was missing; created it again")
         self._stop_observer()
         self._start_observer()

@@ -1017,6 +1017,8 @@ def test_a_daemon_whose_home_lock_is_gone_stops_with_70(tmp_path: Path, how: str
         "lock replaced": "the home's lock file adaptord.lock was replaced",
     }[how]
     proc.wait_for_line(f"{reason}; stopping (a new start makes the home again)")
+    if how == "home made again":  # the stopping daemon made no layout in it: not its home
+        assert not (home.root / "spool").exists() and not home.claimed.exists()
     restarted = DaemonProcess(home.root, "--config", str(config), "--grace", "5").start()
     assert restarted.verdict(restarted.submit(script({"text": "again"})))["ok"]
     assert restarted.stop() == 0
