@@ -25,25 +25,16 @@ def line(fact: str, fields: Mapping[str, Any]) -> str:
 
 # Lifecycle facts a reader of the journal is warned of; every other fact is informational.
 _WARNING_FACTS = frozenset(
-    {
-        "verdict.deferred", "verdict.unwritten", "request.interrupted", "a2a.died",
-        "a2a.server_log", "leftovers.stopped",
-    }
+    {"verdict.deferred", "verdict.unwritten", "request.interrupted", "a2a.died", "leftovers.stopped"}
 )
-# The daemon's own lines (not facts) that say all is well; every other one reports a problem.
-_INFO_LINES = (
-    "ready", "config reloaded", "recovered queued requests", "audit log writable again",
-    "file watcher running again",
-)
+WARNING, INFO = 4, 6
+"""Syslog priorities of the daemon's log lines."""
 
 
-def priority(one_line: str) -> int:
-    """The syslog priority of a log line: 4 (warning) or 6 (info)."""
-    text = one_line.removeprefix("adaptord: ")
-    head = text.split(" ", 1)[0]
-    if "." in head:  # a fact ("request.started id=..."), named by its phase
-        return 4 if head in _WARNING_FACTS else 6
-    return 6 if text.startswith(_INFO_LINES) else 4
+def fact_priority(fact_line: str) -> int:
+    """The priority of a lifecycle fact's line (:func:`fact`), by its phase."""
+    phase = fact_line.removeprefix("adaptord: ").split(" ", 1)[0]
+    return WARNING if phase in _WARNING_FACTS else INFO
 
 
 def to_journal() -> bool:

@@ -285,15 +285,21 @@ class Daemon:
 
     # -- logging and audit -------------------------------------------------------------------
 
-    def log(self, fact: str, **fields: Any) -> None:
-        self._emit(_lifecycle.line(fact, fields))
+    def log(self, fact: str, *, info: bool = False, **fields: Any) -> None:
+        """One line of the daemon's own on stderr: a problem, unless ``info`` (all is well)."""
+        self._emit(_lifecycle.line(fact, fields), _lifecycle.INFO if info else _lifecycle.WARNING)
 
-    def _emit(self, line: str) -> None:
+    def _emit(self, line: str, priority: int | None = None) -> None:
+        """Print ``line``: one of :meth:`log`'s at ``priority``, or (None) the lifecycle log's
+        batch of fact lines joined by newlines, each at its fact's priority."""
         stream = self._log_stream
         if stream is None:  # started with stderr closed: the interpreter made sys.stderr None
             return
-        if self._journal:  # (a batch of lifecycle lines comes joined by newlines)
-            line = "\n".join(f"<{_lifecycle.priority(one)}>{one}" for one in line.split("\n"))
+        if self._journal:  # systemd reads a "<N>" prefix as the line's priority
+            line = "\n".join(
+                f"<{_lifecycle.fact_priority(one) if priority is None else priority}>{one}"
+                for one in line.split("\n")
+            )
         try:
             # One write per line: lines printed by different threads never interleave.
             stream.write(line + "\n")
@@ -379,7 +385,7 @@ class Daemon:
             on_error=lambda what, exc: self.log(
                 what, error=_os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__
             ),
-            on_recovered=lambda: self.log("audit log writable again"),
+            on_recovered=lambda: self.log("audit log writable again", info=True),
         )
         # Run events are written as they happen (tail -f shows them live) and fsynced once,
         # before the verdict: per-event fsync would cap a streaming run at the disk's sync rate.
@@ -422,7 +428,7 @@ class Daemon:
             self._daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
             _notify("READY=1\nSTATUS=serving")
             self._watchdog = _Watchdog.from_environment()
-            self.log("ready", home=self.home.root, workers=self.workers)
+            self.log("ready", info=True, home=self.home.root, workers=self.workers)
             exit_code = 0
             while True:
                 self._watchdog.ping()
@@ -578,6 +584,7 @@ class Daemon:
         self._warn_invalid_tools(tools)
         self.log(
             "config reloaded",
+            info=True,
             source=fresh.source,
             # The default file removed: built-in defaults now, its tools and drivers gone.
             no_config_file=None if fresh.source else str(config_module.default_config_path()),
@@ -665,7 +672,7 @@ class Daemon:
             return
         if self._watcher_refused:
             self._watcher_refused = False
-            self.log("file watcher running again")
+            self.log("file watcher running again", info=True)
 
     def _check_observer(self) -> None:
         if self._observer is None:
@@ -1814,7 +1821,7 @@ class Daemon:
         if queued:
             # One line, not one per request: a restart after a crash may find thousands
             # (each has its request.queued fact).
-            self.log("recovered queued requests", count=queued)
+            self.log("recovered queued requests", info=True, count=queued)
 
     def _recover_one(self, name: str) -> bool:
         """The claimed request ``name`` after a restart: queued again (True), or its verdict."""

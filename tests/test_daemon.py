@@ -890,16 +890,14 @@ def test_under_journald_each_line_carries_its_priority(tmp_path: Path) -> None:
     assert shown and all(re.match(r"<[46]>adaptord: ", line) for line in shown), shown
     assert any(line.startswith("<6>adaptord: ready ") for line in shown), shown
     assert any(line.startswith("<6>adaptord: verdict.written ") for line in shown), shown
-    assert _lifecycle_priority("adaptord: verdict.deferred id=x error=No space") == 4
-    assert _lifecycle_priority("adaptord: cannot sync the claimed folder error=EIO") == 4
-    assert _lifecycle_priority("adaptord: a2a.server_log level=warning logger=uvicorn") == 4
-    assert _lifecycle_priority("adaptord: library_log level=warning logger=adaptor.tool") == 4
+    assert _fact_priority("adaptord: verdict.deferred id=x error=No space") == 4
+    assert _fact_priority("adaptord: verdict.written id=x ok=True") == 6
 
 
-def _lifecycle_priority(line: str) -> int:
+def _fact_priority(line: str) -> int:
     from adaptord import _lifecycle
 
-    return _lifecycle.priority(line)
+    return _lifecycle.fact_priority(line)
 
 
 @pytest.fixture
