@@ -263,14 +263,13 @@ def check_common(
 _withheld: frozenset[str] = frozenset()
 
 
-def withhold_from_agents(names: Iterable[str]) -> frozenset[str]:
+def withhold_from_agents(names: Iterable[str]) -> None:
     """Keep these variables of this process's environment from every agent started from now
-    on: credentials of the host's own (a daemon's A2A tokens) that no agent needs, and that an
-    agent told to print its environment would otherwise show.  A driver's ``Config.env`` may
-    still set them.  Returns the names withheld before."""
+    on (in place of those given before): credentials of the host's own (a daemon's A2A
+    tokens) that no agent needs, and that an agent told to print its environment would
+    otherwise show.  A driver's ``Config.env`` may still set them."""
     global _withheld
-    before, _withheld = _withheld, frozenset(names)
-    return before
+    _withheld = frozenset(names)
 
 
 def child_env(*layers: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
