@@ -3,6 +3,7 @@ reports (``--json`` shape on stdout, human text on stderr) and one-line event su
 
 from __future__ import annotations
 
+import codecs
 import functools
 import io
 import os
@@ -21,6 +22,7 @@ from adaptor import _home, errors, events
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
+    InvalidRequestError,
     SpoolNotFoundError,
     UnknownRequestError,
     WaitTimeoutError,
@@ -83,6 +85,19 @@ def json_option(func: Callable[P, R]) -> Callable[P, R]:
         help='Print one JSON object on stdout: {"ok": true, ...} or '
         '{"ok": false, "exit_code": N, "error": {...}}.',
     )(func)
+
+
+def read_request(file: IO[bytes]) -> dict[str, Any]:
+    """The JSON object of a request file, read as the daemon reads one (a UTF-8 byte-order mark
+    skipped); ``InvalidRequestError`` (exit 2) when it holds none."""
+    data = file.read().removeprefix(codecs.BOM_UTF8)
+    try:
+        request = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
+    if not isinstance(request, dict):
+        raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
+    return request
 
 
 def require_daemon(client: Client) -> None:

@@ -30,6 +30,7 @@ from adaptor._cli_common import (
     home_option,
     interrupted,
     not_nan,
+    read_request,
     require_daemon,
     shown,
     status_decided,
@@ -199,7 +200,7 @@ def run(
         # Both read stdin: the request would take it all, and the prompt would silently be "".
         raise click.UsageError("PROMPT '-' and --request - both read stdin; give one of them a file")
     request = _build_request(
-        base=_load_json(request_file, "--request") if request_file is not None else {},
+        base=read_request(request_file) if request_file is not None else {},
         prompt=prompt,
         fields={
             "driver": driver,
@@ -212,7 +213,7 @@ def run(
             "on_interrupt": on_interrupt,
         },
         thread=(thread_key, resume_only, fork_from),
-        schema=_load_json(schema_file, "--schema") if schema_file is not None else None,
+        schema=_load_schema(schema_file) if schema_file is not None else None,
         policy={
             path: policy[f"policy_{name.replace('-', '_')}"] for name, path, _, _ in _POLICY_OPTIONS
         },
@@ -252,19 +253,16 @@ def _say_cancelled(text: str) -> None:
 # --- building the request -----------------------------------------------------------------------
 
 
-def _load_json(file: IO[bytes], option: str) -> Any:
-    data = file.read().removeprefix(codecs.BOM_UTF8)  # as the daemon reads its files
+def _load_schema(file: IO[bytes]) -> Any:
     try:
-        return orjson.loads(data)
+        return orjson.loads(file.read().removeprefix(codecs.BOM_UTF8))
     except orjson.JSONDecodeError as exc:
-        if option == "--request":  # refused as `adaptor submit` refuses the same file
-            raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
-        raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--schema") from None
 
 
 def _build_request(
     *,
-    base: Any,
+    base: dict[str, Any],
     prompt: str | None,
     fields: dict[str, Any],
     thread: tuple[str | None, bool, str | None],
@@ -274,8 +272,6 @@ def _build_request(
     env_items: Sequence[str],
     metadata_items: Sequence[str],
 ) -> dict[str, Any]:
-    if not isinstance(base, dict):
-        raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     request = dict(base)
     if prompt is not None:
         request["prompt"] = sys.stdin.read() if prompt == "-" else prompt

@@ -3,7 +3,6 @@ approve/deny/answer, threads, status."""
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from adaptor._cli_common import (
     home_option,
     json_option,
     not_nan,
+    read_request,
     require_daemon,
     status_decided,
     telling_when_the_daemon_stops,
@@ -53,13 +53,7 @@ def submit(file: IO[bytes], as_json: bool, home: str | None) -> None:
     object or its id is malformed or taken (schema problems come back in the verdict), 69 when
     the home has no spool.  With --json the result is {"id", "daemon_running"}.
     """
-    data = file.read()
-    try:
-        request = orjson.loads(data.removeprefix(codecs.BOM_UTF8))  # as the daemon reads it
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
-    if not isinstance(request, dict):
-        raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
+    request = read_request(file)
     client = Client(home)
     request_id = submit_request(client, request)
     running = _home.daemon_running(_home.Home.at(client.home))
