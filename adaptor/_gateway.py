@@ -6,10 +6,13 @@ with its own event loop; every call runs its handler on a thread of its own, so 
 one that never returns, never stalls the others (see ``_MAX_HANDLER_THREADS`` for the bound).
 
 Every request must carry ``Authorization: Bearer <secret>``, where the secret is 32 random
-bytes made per Agent.  Drivers learn only the *name* of the environment variable holding it
-(``ToolsEndpoint.server.bearer_token_env``, itself random per Agent); the SDK puts the value
-into ``Request.env`` so it reaches the CLI's process without ever being written to argv, a
-config file, an event or a fingerprint.  Anything else gets ``401`` before the MCP layer sees it.
+bytes made per *run* (:meth:`Gateway.admit`) and refused again once that run ended.  Drivers
+learn only the *name* of the environment variable holding it
+(``ToolsEndpoint.server.bearer_token_env``, random per Agent, so a thread's fingerprint does not
+change from run to run); the SDK puts the value into ``Request.env`` so it reaches the CLI's
+process without ever being written to argv, a config file, an event or a fingerprint.  Anything
+else gets ``401`` before the MCP layer sees it.  The secret also tells which run a call serves:
+its handler's :func:`adaptor.tool.cancelled` is that run's.
 
 Tool calls go through :meth:`adaptor.tool.Definition.call`; the gateway publishes no events of
 its own (the driver's parser reports the CLI's tool calls).
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import contextvars
+import hashlib
 import importlib
 import secrets
 import socket
@@ -34,12 +38,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 from adaptor.driver._spi import MCPServerSpec, ToolsEndpoint
 from adaptor.mcp import RESERVED_ENV_PREFIX, RESERVED_KEY
-from adaptor.tool import GENERIC_FAILURE, CallOutcome, Definition, InvalidDefinitionError, log
+from adaptor.tool import (
+    GENERIC_FAILURE,
+    CallOutcome,
+    Cancellation,
+    Definition,
+    InvalidDefinitionError,
+    _current_cancellation,
+    log,
+)
 
 if TYPE_CHECKING:
     import anyio
 
-__all__ = ["Gateway", "require_sdk"]
+__all__ = ["Admission", "Gateway", "require_sdk"]
 
 HOST: Final = "127.0.0.1"
 PATH: Final = "/mcp"
@@ -72,6 +84,9 @@ _SDK_MODULES: Final = (
     "anyio",
 )
 
+# The cancellation of the run whose secret the request being served carried (set per request).
+_serving: contextvars.ContextVar[Cancellation] = contextvars.ContextVar("adaptor.gateway.run")
+
 _Scope = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -103,8 +118,9 @@ class Gateway:
         self._tools = {t.name: t for t in tools}
         self._descriptors = [t.descriptor() for t in tools]
         self.token_env = RESERVED_ENV_PREFIX + secrets.token_hex(8).upper()
-        self._token = secrets.token_urlsafe(32)
-        self._expected = ("Bearer " + self._token).encode()
+        # SHA-256 of each admitted run's "Bearer <secret>" header: looking a presented header up
+        # by its digest tells a timing observer nothing about any secret.
+        self._admitted: dict[bytes, Cancellation] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -119,10 +135,20 @@ class Gateway:
         self._answers: set[asyncio.Future[CallOutcome]] = set()
         self._exchanges: set[_Exchange] = set()
 
-    @property
-    def env(self) -> dict[str, str]:
-        """What the CLI's process needs: the token under its variable name.  Secret."""
-        return {self.token_env: self._token}
+    def admit(self, ended: threading.Event) -> Admission:
+        """A secret for one run's CLI; its calls' handlers see ``ended`` as their cancellation.
+
+        The secret is accepted until :meth:`Admission.dismiss`.
+        """
+        token = secrets.token_urlsafe(32)
+        digest = _digest(("Bearer " + token).encode())
+        with self._lock:
+            self._admitted[digest] = Cancellation(ended)
+        return Admission(self, {self.token_env: token}, digest)
+
+    def _dismiss(self, digest: bytes) -> None:
+        with self._lock:
+            self._admitted.pop(digest, None)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._endpoint else "idle"
@@ -260,7 +286,7 @@ class Gateway:
         )
 
     def _asgi_app(self, manager: Any) -> Callable[[_Scope, _Receive, _Send], Awaitable[None]]:
-        expected = self._expected
+        admitted = self._admitted
 
         async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
             if scope["type"] != "http":
@@ -272,7 +298,8 @@ class Gateway:
             for name, value in scope.get("headers") or ():
                 if name.lower() == b"authorization":
                     presented = value
-            if not hmac.compare_digest(presented, expected):
+            cancellation = admitted.get(_digest(presented)) if presented else None
+            if cancellation is None:
                 await _plain(send, 401, b"unauthorized", [(b"www-authenticate", b"Bearer")])
                 return
             if self._stopping:
@@ -280,10 +307,12 @@ class Gateway:
                 return
             exchange = _Exchange(receive, send)
             self._exchanges.add(exchange)
+            serving = _serving.set(cancellation)  # the MCP layer's tasks inherit it
             try:
                 with exchange.scope:
                     await manager.handle_request(scope, exchange.receive, exchange.send)
             finally:
+                _serving.reset(serving)
                 self._exchanges.discard(exchange)
             await exchange.finish()
 
@@ -348,8 +377,11 @@ class Gateway:
             )
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[CallOutcome] = loop.create_future()
+        cancellation = _serving.get(None)
 
         def run() -> None:
+            if cancellation is not None:  # (in this thread's own context: nothing to reset)
+                _current_cancellation.set(cancellation)
             try:
                 outcome = definition.call(arguments)
             except BaseException:  # call() contains handler failures; this is a last resort
@@ -382,6 +414,28 @@ class Gateway:
     def _release_handler_thread(self) -> None:
         with self._handler_threads_lock:
             self._handler_threads -= 1
+
+
+class Admission:
+    """One run's way in: the env its CLI needs (secret), until :meth:`dismiss`."""
+
+    __slots__ = ("_digest", "_gateway", "env")
+
+    def __init__(self, gateway: Gateway, env: dict[str, str], digest: bytes) -> None:
+        self._gateway = gateway
+        self._digest = digest
+        self.env = env
+
+    def __repr__(self) -> str:
+        return f"Admission({sorted(self.env)!r})"  # names only
+
+    def dismiss(self) -> None:
+        """Refuse the secret from now on (idempotent); a call already running goes on."""
+        self._gateway._dismiss(self._digest)
+
+
+def _digest(header: bytes) -> bytes:
+    return hashlib.sha256(header).digest()
 
 
 class _Exchange:

@@ -56,6 +56,7 @@ from adaptor.result import Result, TranscriptItem
 from adaptor.stream import _STOP_WAIT, Broker, Stream
 
 if TYPE_CHECKING:
+    from adaptor._gateway import Admission
     from adaptor._options import RunOptions
     from adaptor._thread import ThreadSpec
     from adaptor.policy import Policy
@@ -84,8 +85,8 @@ class RunHost(Protocol):
     def _register(self, run: RunPipeline) -> None: ...
     def _unregister(self, run: RunPipeline) -> None: ...
     def _tools_endpoint(
-        self, tools: Sequence[_tool.Definition]
-    ) -> tuple[ToolsEndpoint, Mapping[str, str]]: ...
+        self, tools: Sequence[_tool.Definition], ended: threading.Event
+    ) -> tuple[ToolsEndpoint, Admission]: ...
 
 
 @dataclass
@@ -404,6 +405,9 @@ class RunPipeline:
         self._resolved_skills: tuple[ResolvedSkill, ...] = ()
         self._endpoint: ToolsEndpoint | None = None
         self._tool_env: Mapping[str, str] = {}
+        self._admission: Admission | None = None
+        # The tool calls' cancellation (adaptor.tool.cancelled): set when the run ends, however.
+        self._calls_ended = threading.Event()
         # The run's secrets (see _secrets_of) and what replaces them in everything the run
         # hands out: its events, its Result and its error.
         self._secrets: list[str] = []
@@ -574,7 +578,10 @@ class RunPipeline:
 
                 _schema_checker.warm()  # ready by the model's first call
             try:
-                self._endpoint, self._tool_env = self.host._tools_endpoint(self._tools)
+                self._endpoint, self._admission = self.host._tools_endpoint(
+                    self._tools, self._calls_ended
+                )
+                self._tool_env = self._admission.env
             except errors.AgentClosedError:
                 # close() cancelled this run first: report that, as for any pre-entry cancel.
                 self._raise_if_ended_before_entry()
@@ -935,6 +942,7 @@ class RunPipeline:
             if self._terminal is None:
                 self._terminal = terminal
         self.cancelled.set()
+        self._calls_ended.set()
         if self.broker is not None:
             self.broker.cancel()
         self._expire_open_requests()
@@ -958,6 +966,9 @@ class RunPipeline:
 
     def _teardown(self) -> None:
         self._released.set()
+        self._calls_ended.set()
+        if self._admission is not None:
+            self._admission.dismiss()  # a CLI that outlived its run calls no tool
         if self._plan is not None:
             _thread.release(self._plan)
         if self._timer is not None:

@@ -19,7 +19,7 @@ from adaptor.skill import Provider
 from adaptor.threadstore import Store
 
 if TYPE_CHECKING:
-    from adaptor._gateway import Gateway
+    from adaptor._gateway import Admission, Gateway
     from adaptor.driver._spi import ToolsEndpoint
     from adaptor.events import ApprovalRequest
     from adaptor.policy import Policy
@@ -232,9 +232,9 @@ class Agent:
             gateway.close(max(deadline - time.monotonic(), 0.0))
 
     def _tools_endpoint(
-        self, tools: Sequence[Definition]
-    ) -> tuple[ToolsEndpoint, Mapping[str, str]]:
-        """The running tool gateway (started on first use) and the env its clients need."""
+        self, tools: Sequence[Definition], ended: threading.Event
+    ) -> tuple[ToolsEndpoint, Admission]:
+        """The running tool gateway (started on first use) and one run's admission to it."""
         from adaptor._gateway import Gateway
 
         with self._gateway_lock:
@@ -246,7 +246,7 @@ class Agent:
                 self._gateway = Gateway(tools)
                 # An Agent dropped without close() must not leave its server listening.
                 weakref.finalize(self, self._gateway.close, 1.0)
-            return self._gateway.start(), self._gateway.env
+            return self._gateway.start(), self._gateway.admit(ended)
 
     def _register(self, run: RunPipeline) -> None:
         with self._lock:

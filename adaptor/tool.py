@@ -44,6 +44,10 @@ schemas are checked in process.
 Annotations are tri-state hints for the CLI: ``None`` leaves the hint unset, and MCP then
 assumes a tool may be destructive and open-world.
 
+A handler cannot be stopped, but it can stop itself: :func:`cancelled` says when nobody waits
+for its answer any more (the run it serves was cancelled, ran out of time, or ended).  A handler
+that waits on something slow (a remote agent, a subprocess, a poll) should wait on it.
+
 An Agent serves its tools to the CLI through its tool gateway (``adaptor._gateway``), which
 needs the ``mcp`` extra; without it a run is refused before launch with
 :class:`InvalidDefinitionError` (its cause the ``ImportError``).  Thread runs need a
@@ -65,7 +69,9 @@ import inspect
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
@@ -86,12 +92,14 @@ __all__ = [
     "MAX_RESULT_BYTES",
     "Annotations",
     "CallOutcome",
+    "Cancellation",
     "Definition",
     "InvalidDefinitionError",
     "InvalidInputError",
     "InvalidOutputError",
     "ToolDescriptor",
     "as_rejection",
+    "cancelled",
     "catalogue_fingerprint",
     "check_catalogue",
     "define",
@@ -190,6 +198,52 @@ def as_rejection(err: BaseException | None) -> tuple[str, str] | None:
     if found is None or getattr(found, "_marker", None) is not _MARKER:
         return None
     return found.code, found.message
+
+
+# --- cancellation of a call -------------------------------------------------------------------
+
+
+@final
+class Cancellation:
+    """Whether the answer of the tool call being handled is still wanted (see :func:`cancelled`).
+
+    Read-only: ``is_set()`` and ``wait(timeout)`` as on a ``threading.Event`` (so it can be
+    passed wherever one is waited on, e.g. ``hosttools.a2adelegation``'s ``cancel``).
+    """
+
+    __slots__ = ("_event",)
+
+    def __init__(self, event: threading.Event) -> None:
+        self._event = event
+
+    def is_set(self) -> bool:
+        """``True`` once the call's run was cancelled, ran out of time or ended."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`is_set` or ``timeout`` seconds passed; returns :meth:`is_set`."""
+        return self._event.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"tool.Cancellation(set={self.is_set()})"
+
+
+_NEVER_CANCELLED: Final = Cancellation(threading.Event())
+# Set by the tool gateway in the thread it runs a call's handler on.
+_current_cancellation: ContextVar[Cancellation] = ContextVar("adaptor.tool.cancellation")
+
+
+def cancelled() -> Cancellation:
+    """The cancellation of the call the calling handler serves.
+
+    Set once nobody waits for the answer: the run whose CLI made the call was cancelled, hit
+    its deadline or active-execution budget, or ended (its CLI gave up on the call).  The
+    handler then runs on unless it looks: ``while not tool.cancelled().wait(1): ...``.
+    Outside a call served by an Agent's tool gateway (:meth:`Definition.invoke` in a test) it
+    is never set.  It belongs to the handler's thread: a thread the handler starts gets it
+    passed, not looked up.
+    """
+    return _current_cancellation.get(_NEVER_CANCELLED)
 
 
 # --- definitions -------------------------------------------------------------------------------

@@ -556,6 +556,55 @@ policy = {{ max_timeout = 60 }}
     assert asked["metadata"]["a2a.task_id"] == delegated["remote_task_id"]
 
 
+def _remote_run(served: Served, prompt: str) -> str:
+    """The id of the request ``served`` runs for a delegation of ``prompt``, once it started."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        for path in served.daemon.home.runs.iterdir():
+            if (path / "request.json").exists() and request_of(served, path.name)["prompt"] == prompt:
+                return path.name
+        time.sleep(0.05)
+    raise AssertionError(f"no run of {prompt!r} started on {served.url}")
+
+
+@slow
+def test_cancelling_the_leader_cancels_its_delegation_in_flight(
+    daemon_a: Served, tmp_path: Path
+) -> None:
+    # The delegation ran on until the remote answered or max_timeout ended it: the leader's
+    # cancel never reached the tool's handler.
+    (tmp_path / "config.toml").write_text(
+        f"""
+[a2a.remotes.slow]
+card_url = "{daemon_a.card_url("slow")}"
+bearer_token_env = "{TOKEN_ENV}"
+policy = {{ max_timeout = 600 }}
+"""
+    )
+    prompt = "take all the time you need " + secrets.token_hex(4)
+    b = DaemonProcess(tmp_path / "home", "--config", str(tmp_path / "config.toml")).start()
+    try:
+        call = {"name": "delegate_to_agent", "args": {"agent": "slow", "prompt": prompt}}
+        leader = b.submit(
+            {
+                "driver": "script",
+                "prompt": "ask A",
+                "tools": ["delegate_to_agent"],
+                "config": {"steps": [{"call_tool": call}, {"text": "A answered"}]},
+            }
+        )
+        remote = _remote_run(daemon_a, prompt)
+        spool.Client(b.home.root).cancel(leader)
+        leader_verdict = b.verdict(leader)
+    finally:
+        assert b.stop() == 0
+    # A's run (300 s of sleep) was cancelled by the delegation's remote cancel, not run out.
+    remote_verdict = daemon_a.daemon.verdict(remote, timeout=WAIT)
+    assert isinstance(errors.from_wire(remote_verdict["error"]), errors.RunCancelledError)
+    assert isinstance(errors.from_wire(leader_verdict["error"]), errors.RunCancelledError)
+    assert "A answered" not in json.dumps(leader_verdict)
+
+
 @slow
 @pytest.mark.parametrize(
     ("agent", "code"), [("late", "deadline_exceeded"), ("broken", "agent_error")]

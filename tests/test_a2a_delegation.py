@@ -387,6 +387,48 @@ def test_polls_are_bounded(server: srv.Running, executor: srv.ScriptedExecutor) 
     assert executor.wait_cancelled(err.metadata["remote_task_id"])
 
 
+def test_a_cancel_before_the_stream_named_its_task_still_cancels_it(
+    server: srv.Running, executor: srv.ScriptedExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The leader gave up after the message went out but before the stream's first event: the
+    # delegation knew no task id, cancelled nothing, and the remote task ran on (a daemon's
+    # cancelled leader left its remote agent working).
+    cancel = threading.Event()
+    next_event = a2a.EventStream.next_event
+    first: list[a2a.StreamEvent | None] = []
+
+    def sent_then_cancelled(self: a2a.EventStream, timeout: float | None = None) -> Any:
+        if first:
+            return next_event(self, timeout)
+        first.append(next_event(self, 0))  # sends the message; its answer is still to come
+        assert executor.wait_started(before + 1)
+        cancel.set()
+        return first[0]
+
+    monkeypatch.setattr(a2a.EventStream, "next_event", sent_then_cancelled)
+    before = len(executor.started)  # (the executor serves the whole module)
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=FAST)
+    with _delegator(spec) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "hang", stream=True, cancel=cancel))
+    assert first == [None] and err.code == "cancelled"
+    (started,) = executor.started[before:]
+    assert err.metadata["remote_task_id"] == started
+    assert executor.wait_cancelled(started)
+
+
+def test_a_cancel_before_anything_was_sent_creates_no_remote_task(
+    server: srv.Running, executor: srv.ScriptedExecutor
+) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    before = len(executor.started)
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=FAST)
+    with _delegator(spec) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "hang", stream=True, cancel=cancel))
+    assert err.code == "cancelled" and "remote_task_id" not in err.metadata
+    assert not executor.wait_started(before + 1, timeout=1)
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_local_cancellation_cancels_the_remote_task(
     server: srv.Running, executor: srv.ScriptedExecutor, stream: bool

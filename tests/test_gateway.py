@@ -72,9 +72,15 @@ def gateway() -> Iterator[_gateway.Gateway]:
     gw.close()
 
 
+def admit(gateway: _gateway.Gateway, ended: threading.Event | None = None) -> str:
+    """A secret the gateway accepts, as a run's CLI gets it."""
+    env = gateway.admit(ended or threading.Event()).env
+    return env[gateway.start().server.bearer_token_env]
+
+
 def session_call(gateway: _gateway.Gateway, fn: Any, *, token: str | None = None) -> Any:
     endpoint = gateway.start()
-    secret = gateway.env[endpoint.server.bearer_token_env] if token is None else token
+    secret = admit(gateway) if token is None else token
     result: list[Any] = []
 
     async def main() -> None:
@@ -97,7 +103,7 @@ def test_endpoint_shape(gateway: _gateway.Gateway) -> None:
     assert server.url.startswith("http://127.0.0.1:") and server.url.endswith("/mcp")
     assert server.bearer_token_env.startswith("ADAPTOR_TOOLS_TOKEN_")
     assert endpoint.tools == ("add", "shout")
-    token = gateway.env[server.bearer_token_env]
+    token = admit(gateway)
     assert len(token) >= 32
     for shown in (repr(endpoint), repr(gateway), server.url):
         assert token not in shown
@@ -220,6 +226,57 @@ def test_wrong_or_missing_bearer_is_refused(gateway: _gateway.Gateway, token: st
     )
     assert refused.status_code == 401
     assert refused.headers["www-authenticate"] == "Bearer"
+
+
+def _list_status(gateway: _gateway.Gateway, token: str) -> int:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    return httpx2.post(gateway.start().server.url, json=body, headers=headers).status_code
+
+
+def test_each_run_has_its_own_secret_refused_once_dismissed(gateway: _gateway.Gateway) -> None:
+    # One secret per Agent let a CLI outliving its run (a leftover) go on calling tools.
+    first, second = gateway.admit(threading.Event()), gateway.admit(threading.Event())
+    variable = gateway.start().server.bearer_token_env
+    assert list(first.env) == list(second.env) == [variable]  # one name: fingerprints keep
+    assert first.env[variable] != second.env[variable]
+    assert first.env[variable] not in repr(first)
+    assert _list_status(gateway, first.env[variable]) == 200
+    first.dismiss()
+    first.dismiss()  # idempotent
+    assert _list_status(gateway, first.env[variable]) == 401
+    assert _list_status(gateway, second.env[variable]) == 200
+
+
+def test_a_call_sees_the_cancellation_of_the_run_whose_secret_it_carried() -> None:
+    seen: list[tool.Cancellation] = []
+    entered = threading.Event()
+
+    def waits(value: object) -> str:
+        seen.append(tool.cancelled())
+        entered.set()
+        return "stopped" if seen[-1].wait(30) else "waited out"
+
+    gw = _gateway.Gateway(tool.check_catalogue([tool.define("waits", "d", waits)]))
+    try:
+        mine, other = threading.Event(), threading.Event()
+        token = admit(gw, mine)
+        admit(gw, other)
+        results: list[Any] = []
+
+        async def run(session: ClientSession) -> Any:
+            return await session.call_tool("waits", {})
+
+        caller = threading.Thread(target=lambda: results.append(session_call(gw, run, token=token)))
+        caller.start()
+        assert entered.wait(30)
+        other.set()
+        assert not seen[0].is_set()  # another run's end is not this call's
+        mine.set()
+        caller.join(60)
+        assert [r.content[0].text for r in results] == ["stopped"]
+    finally:
+        gw.close()
 
 
 def test_other_paths_are_not_found(gateway: _gateway.Gateway) -> None:
@@ -408,7 +465,7 @@ def test_a_call_past_the_bound_of_running_handlers_is_an_error_result_at_once(
         assert refused.is_error is True
         text = refused.content[0].text
         assert "too many tool calls still running" in text and "not run" in text
-        assert gw.env[gw.start().server.bearer_token_env] not in text
+        assert "Bearer" not in text
         assert "'fast' not run: 2 handler threads are still running" in caplog.text
         blocked.release.set()
         caller.join(60)
@@ -481,7 +538,7 @@ def test_close_ends_a_request_still_sending_its_body_and_an_open_event_stream(
     gw = Blocked().gateway()
     server = gw.start().server
     port = int(server.url.split(":")[-1].split("/")[0])
-    token = gw.env[server.bearer_token_env]
+    token = admit(gw)
     head = f"Host: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
     with (
         socket.create_connection(("127.0.0.1", port), 30) as sending,

@@ -70,6 +70,44 @@ def test_a_cancelled_run_abandons_a_slow_call() -> None:
         release.set()
 
 
+@pytest.mark.parametrize("end", ["cancel", "deadline"])
+def test_a_handler_learns_that_its_run_ended(end: str) -> None:
+    # A handler could not tell that nobody waited for its answer any more, so a slow one (a
+    # delegation to a remote agent) ran on for as long as it liked.
+    seen: list[tool.Cancellation] = []
+    entered, outcome = threading.Event(), []
+
+    def waits(value: object) -> str:
+        seen.append(tool.cancelled())
+        entered.set()
+        outcome.append(seen[0].wait(30))
+        return "stopped"
+
+    with adaptor.Agent(steps({"name": "waits"}), tools=[tool.define("waits", "d", waits)]) as agent:
+        stream = agent.stream("go", timeout=None if end == "cancel" else 2)
+        assert entered.wait(30)
+        if end == "cancel":
+            assert not seen[0].is_set()
+            stream.cancel()
+        with pytest.raises((adaptor.RunCancelledError, adaptor.RunDeadlineExceededError)):
+            stream.result()
+        assert seen[0].wait(30)
+        entered.clear()
+        second = agent.stream("again")  # the next run's calls get a cancellation of their own
+        assert entered.wait(30)
+        second.cancel()
+        with pytest.raises(adaptor.RunCancelledError):
+            second.result()
+    assert outcome == [True, True]
+    assert seen[1] is not seen[0]
+
+
+def test_outside_a_served_call_a_handler_is_never_cancelled() -> None:
+    checked = tool.define("checked", "d", lambda v: f"cancelled={tool.cancelled().is_set()}")
+    assert checked.invoke({}) == '"cancelled=False"'
+    assert tool.cancelled().wait(0) is False
+
+
 def test_closing_the_agent_with_a_call_still_running_logs_no_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

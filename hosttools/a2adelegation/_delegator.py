@@ -256,6 +256,7 @@ class _Delegation:
         self.limit = 0.0
         self.client: Client | None = None
         self.stream: EventStream | None = None
+        self.sent = False  # the stream's message may have gone out (it goes at the first read)
         self.task_id = ""
         self.context_id = ""
         self.state: TaskState | None = None
@@ -322,6 +323,7 @@ class _Delegation:
         with stream:
             while True:
                 self.check_local()
+                self.sent = True
                 try:
                     event = stream.next_event(self.wait_slice())
                 except StreamRecoveryError as exc:
@@ -520,11 +522,41 @@ class _Delegation:
 
     def abort(self, code: str) -> None:
         if self.stream is not None:
+            if self.sent and not self.task_id:
+                self.await_task_id()
             self.stream.close()
         self.cancel_remote()
         if code == "deadline_exceeded":
             raise self.fail(code, limit_ms=round(self.limit * 1000))
         raise self.fail(code)
+
+    def await_task_id(self) -> None:
+        """Read the open stream (briefly) for the id of the task its message created.
+
+        Cancelled or out of time before the remote named its task, the delegation must still
+        cancel it: the message was sent, so the task runs on without this.
+        """
+        assert self.stream is not None
+        give_up = time.monotonic() + _REMOTE_CANCEL_TIMEOUT
+        while not self.task_id and not self.stream.ended:
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                event = self.stream.next_event(remaining)
+            except Exception as exc:  # best effort, as the cancel itself
+                self.task_id = getattr(exc, "task_id", "") or self.task_id
+                return
+            if isinstance(event, TaskEvent):
+                self.task_id = event.task.id
+                self.state = event.task.state
+            elif isinstance(event, (StatusEvent, TerminalEvent)):
+                self.task_id = event.task_id
+                self.state = event.state
+            elif isinstance(event, ArtifactEvent):
+                self.task_id = event.task_id
+            elif isinstance(event, MessageEvent):
+                return  # answered without a task: nothing runs on
 
     def cancel_remote(self) -> None:
         if self.client is None or not self.task_id or (self.state and self.state.final):

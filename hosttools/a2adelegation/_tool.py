@@ -59,7 +59,9 @@ def handler(
 
     A ``DelegationError`` reaches the model as ``tool.reject(code, fixed message)`` so the
     model learns what failed (``agent_unavailable``, ``remote_failed``, ...) and never a remote
-    agent's own text; its cause chain stays in the host's logs.
+    agent's own text; its cause chain stays in the host's logs.  When the run that made the
+    call ends first (cancelled, out of time), the remote task is cancelled
+    (:func:`adaptor.tool.cancelled`).
     """
 
     def delegate_to_agent(arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,6 +74,7 @@ def handler(
             prompt=arguments["prompt"],
             context_id=arguments.get("context_id") or None,
             timeout=timeout,
+            cancel=tool.cancelled(),
         )
         try:
             result = delegator.delegate(request)

@@ -22,7 +22,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import adaptor
+from adaptor import _gateway
 from adaptor.events import Event, ProcessInfo, ToolCall, ToolResult
 from tests.drivers.mock_openai import OpenAIMock, _output_text, _shell_call
 
@@ -53,6 +56,20 @@ def run(agent: adaptor.Agent, prompt: str, **options: Any) -> tuple[adaptor.Resu
     stream = agent.stream(prompt, **options)
     events = list(stream)
     return stream.result(), events
+
+
+def admissions(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
+    """The env (token variable: secret) each run was admitted to its Agent's gateway with."""
+    seen: list[dict[str, str]] = []
+    admit = _gateway.Gateway.admit
+
+    def recording(self: _gateway.Gateway, ended: Any) -> _gateway.Admission:
+        admission = admit(self, ended)
+        seen.append(dict(admission.env))
+        return admission
+
+    monkeypatch.setattr(_gateway.Gateway, "admit", recording)
+    return seen
 
 
 def tool_events(events: list[Event]) -> list[tuple[str, str, object, bool | None]]:

@@ -18,7 +18,14 @@ from adaptor import mcp, skill, tool
 from adaptor.drivers import claude
 from adaptor.memory import Store
 from tests.drivers.mock_anthropic import AnthropicMock
-from tests.drivers.mock_tools import anthropic_tool_results, echo_server, run, spawn, tool_events
+from tests.drivers.mock_tools import (
+    admissions,
+    anthropic_tool_results,
+    echo_server,
+    run,
+    spawn,
+    tool_events,
+)
 from tests.drivers.test_real_clis import wait_until_gone
 from tests.host_tools import REJECTION, add
 
@@ -27,12 +34,14 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("mcp", reason="host tools and the echo server need the mcp extra")
 
 def test_the_model_calls_a_host_tool(
-    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    admitted = admissions(monkeypatch)
     anthropic.configure(tool=("mcp__adaptor__add", {"a": 2, "b": 3}))
     with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, tools=[add]) as agent:
         result, events = run(agent, "add 2 and 3")
-        token_env, token = next(iter(agent._gateway.env.items()))  # type: ignore[union-attr]
+    ((token_env, token),) = admitted[0].items()
     assert result.text == 'Tool result was: {"total":5}'
     # The handler's answer reached the model's next turn.
     assert anthropic_tool_results(anthropic.messages()[-1]["messages"]) == [('{"total":5}', False)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from adaptor.drivers import codex
 from adaptor.memory import Store
 from tests.drivers.mock_tools import (
     MCPOpenAIMock,
+    admissions,
     echo_server,
     openai_texts,
     openai_tool_outputs,
@@ -47,12 +49,14 @@ def last_output(mock: MCPOpenAIMock) -> str:
 
 
 def test_the_model_calls_a_host_tool(
-    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str
+    codex_config: Callable[..., codex.Config], openai: MCPOpenAIMock, workspace: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    admitted = admissions(monkeypatch)
     openai.mcp_tool = ("add", {"a": 2, "b": 3})
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace, tools=[add]) as agent:
         result, events = run(agent, "add 2 and 3")
-        token_env, token = next(iter(agent._gateway.env.items()))  # type: ignore[union-attr]
+    ((token_env, token),) = admitted[0].items()
     assert '{"total":5}' in last_output(openai)  # the handler's answer reached the model
     assert result.text.startswith("Tool output was: ") and '{"total":5}' in result.text
     assert tool_events(events) == [
@@ -104,7 +108,7 @@ def test_declared_stdio_and_http_servers_are_used(
     # An http server that needs a header: another gateway, whose token the test knows.
     remote = _gateway.Gateway(tool.check_catalogue([add]))
     endpoint = remote.start()
-    header = "Bearer " + remote.env[endpoint.server.bearer_token_env]
+    header = "Bearer " + remote.admit(threading.Event()).env[endpoint.server.bearer_token_env]
     # Required: codex waits for those before the first model request, and only for those.
     servers = [
         mcp.stdio("echo", sys.executable, [echo_server(tmp_path)], env={"ECHO_PREFIX": "it's $x:"},
