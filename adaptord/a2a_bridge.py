@@ -48,6 +48,7 @@ import math
 import re
 import socket
 import threading
+import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import (
@@ -126,6 +127,8 @@ REQUEST_ID_KEY = "adaptord.request_id"
 PROGRESS_KEY = "adaptord.progress"
 FAILURE_KEY = "agentadaptor.failure"
 CANCEL_WAIT = 20.0
+# At a stop: the longest a run with its verdict may take to settle its task.
+_SETTLE_AT_STOP = 5.0
 _FINAL_STATES = frozenset(
     {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
      TaskState.TASK_STATE_REJECTED}
@@ -477,8 +480,10 @@ class ServerThread:
         self._stopping = True
         loop = self._loop
         if self._before_stop is not None and loop is not None and self._thread.is_alive():
-            with contextlib.suppress(Exception):
+            try:
                 asyncio.run_coroutine_threadsafe(self._before_stop(), loop).result(timeout)
+            except Exception as exc:  # the server stops anyway; say what was left undone
+                self._log("a2a.drain_failed", error=repr(exc))
         self._server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -595,6 +600,8 @@ class _Run:
     settled: bool = False
     cancel_requested: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Wakes the task's execute (on the loop) once the task is settled from outside it.
+    stop_following: Callable[[], None] = lambda: None
 
 
 def build_request(
@@ -711,7 +718,7 @@ class SpoolExecutor(AgentExecutor):
             if run.cancel_requested:
                 await asyncio.to_thread(self._request_cancel, run.request_id)
             await updater.start_work()
-            async for item in self._progress(run.request_id):
+            async for item in self._progress(run):
                 if run.settled:
                     break
                 if isinstance(item, str):
@@ -748,17 +755,40 @@ class SpoolExecutor(AgentExecutor):
         except TimeoutError:
             await self._fail(run, Failure("cancelled", "context.Canceled"))
 
-    def _request_cancel(self, request_id: str) -> None:
+    def _request_cancel(self, request_id: str) -> bool:
+        """Mark the request for cancelling unless it has its verdict; whether it had one."""
         try:
-            if self.spool.verdict(request_id) is None:
-                _home.request_cancel(self._home, request_id)
+            if self.spool.verdict(request_id) is not None:
+                return True
+            _home.request_cancel(self._home, request_id)
         except Exception as exc:
             self._log("a2a: cannot cancel a request", id=request_id, error=repr(exc))
+        return False
 
-    async def _progress(self, request_id: str) -> AsyncIterator[str | _Outcome]:
+    async def end_open_tasks(self, settle_within: float) -> None:
+        """The daemon stopped running requests: give every open task its final state.
+
+        A run with its verdict settles its task as usual (waited for up to ``settle_within``
+        seconds); a request without one (queued, or handed back to the spool by the drain) is
+        marked for cancelling, so the next start does not run it for a caller that is gone,
+        and its task fails with ``infrastructure_error``.
+        """
+        for run in list(self._runs.values()):
+            if not run.settled and not await asyncio.to_thread(self._request_cancel, run.request_id):
+                await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
+                run.stop_following()  # its execute returns, so the SDK ends the task's stream
+        deadline = time.monotonic() + settle_within
+        while any(not run.done.is_set() for run in self._runs.values()):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.02)
+
+    async def _progress(self, run: _Run) -> AsyncIterator[str | _Outcome]:
         """The run's text (coalesced per wake-up), then its outcome."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[str | _Outcome] = asyncio.Queue()
+        request_id = run.request_id
+        run.stop_following = lambda: queue.put_nowait(_Outcome())
 
         def post(item: str | _Outcome) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the bridge stopped
@@ -858,7 +888,8 @@ class _Handler(DefaultRequestHandler):
     call until the run ended and then answered with a stale snapshot.
     """
 
-    def __init__(self, executor: AgentExecutor, card: AgentCard) -> None:
+    def __init__(self, executor: SpoolExecutor, card: AgentCard) -> None:
+        self.executor = executor
         self._tasks = _TaskStore(KEPT_FINISHED)
         super().__init__(agent_executor=executor, task_store=self._tasks, agent_card=card)
 
@@ -909,13 +940,13 @@ def build_app(
     cancel_wait: float = CANCEL_WAIT,
     log: Log = _default_log,
     loopback_names: Iterable[str] | None = None,
-) -> tuple[ASGIApp, list[DefaultRequestHandler]]:
+) -> tuple[ASGIApp, list[_Handler]]:
     """One Starlette app serving every agent (see the module doc), and their handlers (drain
     them with ``aclose()`` before stopping the server).  ``loopback_names``: served on a
     loopback address, the host names besides loopback ones a request may name (see
     :class:`LoopbackHostsOnly`)."""
     routes: list[Any] = []
-    handlers: list[DefaultRequestHandler] = []
+    handlers: list[_Handler] = []
     open_paths: list[str] = []
     for agent in agents:
         card = agent_card(agent, base_url, bearer=token is not None)
@@ -934,6 +965,34 @@ def build_app(
     if loopback_names is not None:
         app = LoopbackHostsOnly(app, loopback_names)
     return app, handlers
+
+
+class _InFlight:
+    """Counts the HTTP requests being answered, so a stop can wait for their last bytes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._open = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self._open += 1
+        self._idle.clear()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._open -= 1
+            if not self._open:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> None:
+        """Until no request is being answered, or ``timeout`` seconds passed."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
 
 
 class Bridge:
@@ -996,12 +1055,19 @@ class Bridge:
             loopback_names=names if is_loopback(self.listen) else None,
         )
 
+        in_flight = _InFlight(app)
+
         async def drain() -> None:
+            # Final states first, and the time to send them: closing a handler cuts its
+            # tasks' streams off wherever they are.
+            for handler in handlers:
+                await handler.executor.end_open_tasks(_SETTLE_AT_STOP)
+            await in_flight.wait_idle(_SETTLE_AT_STOP)
             for handler in handlers:
                 await handler.aclose()
 
         self._server = ServerThread(
-            app, sock, name="adaptord-a2a", before_stop=drain, log=self._log, on_death=self._on_death
+            in_flight, sock, name="adaptord-a2a", before_stop=drain, log=self._log, on_death=self._on_death
         )
         if self._log is not _default_log:  # which logs through Python logging itself
             self._server_log = OneLineLogging(self._log, "a2a.server_log", _SERVER_LOGGERS)

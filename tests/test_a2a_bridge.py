@@ -653,6 +653,45 @@ def test_a_message_to_a_running_task_is_refused_at_once(daemon_a: Served) -> Non
     assert "more input" not in prompts
 
 
+@slow
+def test_a_task_still_queued_when_the_daemon_stops_ends_failed(
+    tmp_path: Path, token_env: None
+) -> None:
+    # Its stream just ended (StreamRecoveryError for the caller) and the task kept no final
+    # state: a caller could not tell "the daemon went away" from a dropped connection.
+    (tmp_path / "config.toml").write_text("workers = 1\ngrace = 1\n" + AGENTS)
+    proc = DaemonProcess(
+        tmp_path / "home", "--config", str(tmp_path / "config.toml"), "--a2a", "127.0.0.1:0"
+    ).start()
+    match = re.search(r"url=(http://127\.0\.0\.1:\d+)", proc.wait_for_line("a2a.listening url="))
+    assert match is not None
+    served = Served(proc, match.group(1))
+    try:
+        with served.client("slow") as client:
+            running = client.send("occupy the only worker", return_immediately=True)
+            with client.send_stream("wait in line") as stream:
+                first = events_until(stream, lambda e: isinstance(e, a2a.TaskEvent))[-1]
+                assert isinstance(first, a2a.TaskEvent)
+                request_id = first.task.metadata["adaptord.request_id"]
+                proc.wait_for_line(f"request.queued id={request_id}")
+                proc.signal(signal.SIGTERM)
+                end = events_until(stream, lambda e: isinstance(e, a2a.TerminalEvent))[-1]
+    finally:
+        assert proc.stop() == 0
+    assert isinstance(end, a2a.TerminalEvent) and end.state is a2a.TaskState.FAILED
+    assert end.message is not None
+    assert end.message.text.startswith("infrastructure_error: ")
+    assert end.message.text.endswith("(daemon_stopping)")
+    assert running.id != end.task_id
+    # Handed back to the spool, marked: the next start cancels it rather than running it.
+    again = DaemonProcess(tmp_path / "home", "--config", str(tmp_path / "config.toml")).start()
+    try:
+        verdict = again.verdict(request_id)
+    finally:
+        assert again.stop() == 0
+    assert isinstance(errors.from_wire(verdict["error"]), errors.CancelledError)
+
+
 def test_only_the_latest_finished_tasks_stay_in_memory(tmp_path: Path) -> None:
     # The SDK's store kept every task, with its prompt and answer, for the life of the daemon:
     # serving for weeks, it grew by some 40 KB per 20 KB prompt, for ever.
