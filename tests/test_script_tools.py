@@ -4,7 +4,9 @@ real tool gateway, and the skills, MCP servers and tools its spawn event lists."
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -100,6 +102,32 @@ def test_a_handler_learns_that_its_run_ended(end: str) -> None:
             second.result()
     assert outcome == [True, True]
     assert seen[1] is not seen[0]
+
+
+@pytest.mark.slow
+def test_a_call_waits_for_a_tool_slower_than_five_seconds() -> None:
+    # httpx's default timeout gave up after 5 s: a delegation to a remote agent "failed" with
+    # the remote's work thrown away, although the run had all the time in the world.
+    def slow(value: object) -> str:
+        time.sleep(5.5)
+        return "slow answer"
+
+    with adaptor.Agent(steps({"name": "slow"}), tools=[tool.define("slow", "d", slow)]) as agent:
+        stream = agent.stream("go")
+        events = list(stream)
+        stream.result()
+    assert [(e.result, e.is_error) for e in events if isinstance(e, ToolResult)] == [
+        ("slow answer", False)
+    ]
+
+
+def test_a_transport_failure_names_its_cause() -> None:
+    # Reported as "ExceptionGroup", anyio's wrapper, which told the reader nothing.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{unused.getsockname()[1]}/mcp"  # nobody listens
+        text, is_error = script._call_gateway(url, "token", "add", {}, threading.Event())
+    assert (text, is_error) == ("tool call failed: ConnectError", True)
 
 
 def test_outside_a_served_call_a_handler_is_never_cancelled() -> None:

@@ -754,12 +754,16 @@ class _Player:
         return response.result != "aborted"
 
 
+_CONNECT_TIMEOUT = 30.0  # and for each write; reading the answer waits on the tool
+
+
 def _call_gateway(
     url: str, token: str, name: str, args: Mapping[str, Any], cancelled: CancelSignal
 ) -> tuple[str, bool]:
-    """One ``tools/call`` on the gateway: (the text the model would see, is_error).  A
-    cancellation abandons the call; a transport failure is reported as an error result, as a
-    CLI would report it to its model."""
+    """One ``tools/call`` on the gateway: (the text the model would see, is_error).  The call
+    waits for the tool as long as the run lasts (httpx's default would give up after 5 s); a
+    cancellation abandons it; a transport failure is reported as an error result, as a CLI
+    would report it to its model."""
     import anyio
     import httpx2  # the MCP SDK's HTTP client
     from mcp import ClientSession
@@ -769,7 +773,8 @@ def _call_gateway(
 
     async def call() -> None:
         headers = {"Authorization": f"Bearer {token}"}
-        async with httpx2.AsyncClient(headers=headers) as http:
+        timeout = httpx2.Timeout(_CONNECT_TIMEOUT, read=None)
+        async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
             async with streamable_http_client(url, http_client=http) as (read, write):
                 async with ClientSession(read, write) as session:
                     await session.initialize()
@@ -794,6 +799,8 @@ def _call_gateway(
     try:
         anyio.run(main)
     except Exception as exc:  # reported to the "model" like a CLI would; the run goes on
+        while isinstance(exc, ExceptionGroup) and exc.exceptions:  # anyio's task groups
+            exc = exc.exceptions[0]
         return f"tool call failed: {type(exc).__name__}", True
     return outcome[0] if outcome else ("tool call cancelled", True)
 
