@@ -75,6 +75,11 @@ _CLOSED_BEFORE_RUNNING: Final = CallOutcome(
     text="this call was not run: the host closed its tool server", is_error=True
 )
 _CLOSED_BODY: Final = b"the tool server is closed"
+# What a call gets whose run ended while its handler ran (only a CLI outliving its run is
+# still there to read it): the handler's answer is dropped, as for a call its CLI gave up on.
+_RUN_ENDED: Final = CallOutcome(
+    text="the run this call was made for has ended; the tool's result was dropped", is_error=True
+)
 _SDK_MODULES: Final = (
     "mcp.types",
     "mcp.server.lowlevel",
@@ -389,6 +394,8 @@ class Gateway:
                 outcome = CallOutcome(text=GENERIC_FAILURE, is_error=True)
             finally:
                 self._release_handler_thread()
+            if cancellation is not None and cancellation.is_set():
+                outcome = _RUN_ENDED
             with contextlib.suppress(RuntimeError):  # the gateway's loop already ended
                 loop.call_soon_threadsafe(_settle, answer, outcome)
 

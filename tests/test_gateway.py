@@ -257,7 +257,8 @@ def test_a_call_sees_the_cancellation_of_the_run_whose_secret_it_carried() -> No
         entered.set()
         return "stopped" if seen[-1].wait(30) else "waited out"
 
-    gw = _gateway.Gateway(tool.check_catalogue([tool.define("waits", "d", waits)]))
+    quick = tool.define("quick", "d", lambda value: "quick")
+    gw = _gateway.Gateway(tool.check_catalogue([tool.define("waits", "d", waits), quick]))
     try:
         mine, other = threading.Event(), threading.Event()
         token = admit(gw, mine)
@@ -274,7 +275,11 @@ def test_a_call_sees_the_cancellation_of_the_run_whose_secret_it_carried() -> No
         assert not seen[0].is_set()  # another run's end is not this call's
         mine.set()
         caller.join(60)
-        assert [r.content[0].text for r in results] == ["stopped"]
+        # Its run ended: the answer is not handed to whatever still holds the call.
+        assert [(r.content[0].text, r.is_error) for r in results] == [
+            ("the run this call was made for has ended; the tool's result was dropped", True)
+        ]
+        assert call(gw, "quick", {}).content[0].text == "quick"  # a run still going: answered
     finally:
         gw.close()
 
