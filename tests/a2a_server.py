@@ -123,6 +123,7 @@ class ScriptedExecutor(AgentExecutor):
     ``input``           INPUT_REQUIRED with a question
     ``big <n>``         one artifact of ``n`` bytes, COMPLETED
     ``hang``            WORKING, then waits until cancelled (``cancel()`` publishes CANCELED)
+    ``late <s>``        says nothing for ``s`` seconds, then as ``hang``
     ``whole``           the task in one piece, already COMPLETED, with an artifact ``<payload>``
     ``tokens <n>``      WORKING, one artifact in ``n`` appended chunks ``t0 t1 ...``, COMPLETED
 
@@ -172,6 +173,10 @@ class ScriptedExecutor(AgentExecutor):
             )
             return
         updater = TaskUpdater(event_queue, task_id, context_id)
+        if verb == "late":
+            self._record(self.started, task_id)  # the task exists; its stream names it later
+            await asyncio.sleep(float(payload))
+            verb = "hang"
         if context.current_task is None:
             # The SDK requires the Task itself before any status or artifact update.
             await event_queue.enqueue_event(
@@ -182,7 +187,8 @@ class ScriptedExecutor(AgentExecutor):
                     history=[context.message] if context.message else [],
                 )
             )
-        self._record(self.started, task_id)
+        if task_id not in self.started:
+            self._record(self.started, task_id)
         await updater.start_work(updater.new_agent_message([Part(text="working")]))
         if verb == "fail":
             await updater.failed(updater.new_agent_message([Part(text=SECRET_FAILURE_TEXT)]))

@@ -416,6 +416,30 @@ def test_a_cancel_before_the_stream_named_its_task_still_cancels_it(
     assert executor.wait_cancelled(started)
 
 
+@pytest.mark.slow
+def test_a_remote_slow_to_name_its_task_still_has_it_cancelled(
+    server: srv.Running, executor: srv.ScriptedExecutor
+) -> None:
+    # The delegation waited 5 s for the stream to name the task, then gave up and left the
+    # remote task running.
+    cancel = threading.Event()
+    before = len(executor.started)
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=FAST)
+
+    def cancel_once_started() -> None:
+        assert executor.wait_started(before + 1)
+        cancel.set()
+
+    helper = threading.Thread(target=cancel_once_started)
+    helper.start()
+    with _delegator(spec) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "late 6", stream=True, cancel=cancel))
+    helper.join()
+    assert err.code == "cancelled"
+    (started,) = executor.started[before:]
+    assert executor.wait_cancelled(started)
+
+
 def test_a_cancel_before_anything_was_sent_creates_no_remote_task(
     server: srv.Running, executor: srv.ScriptedExecutor
 ) -> None:

@@ -48,6 +48,8 @@ UpdateSink = Callable[[SubagentUpdate], object]
 
 _now = time.monotonic  # the delegation clock; tests replace it to expire deadlines on cue
 _REMOTE_CANCEL_TIMEOUT = 5.0
+# How long a delegation that must cancel its remote task waits for the stream to name it.
+_AWAIT_TASK_ID = 30.0
 _CANCEL_CHECK_INTERVAL = 0.05
 _CLIENT_TIMEOUT = 30.0
 
@@ -534,10 +536,11 @@ class _Delegation:
         """Read the open stream (briefly) for the id of the task its message created.
 
         Cancelled or out of time before the remote named its task, the delegation must still
-        cancel it: the message was sent, so the task runs on without this.
+        cancel it: the message was sent, so the task runs on without this.  A remote silent for
+        :data:`_AWAIT_TASK_ID` is given up on.
         """
         assert self.stream is not None
-        give_up = time.monotonic() + _REMOTE_CANCEL_TIMEOUT
+        give_up = time.monotonic() + _AWAIT_TASK_ID
         while not self.task_id and not self.stream.ended:
             remaining = give_up - time.monotonic()
             if remaining <= 0:
