@@ -686,6 +686,8 @@ class SpoolExecutor(AgentExecutor):
         # Registered under its id before the submission, so a cancel that arrives meanwhile
         # is not lost (see cancel()); the id is in the task's metadata from the start.
         run = _Run(_home.new_request_id(), updater)
+        # No request is made for a message refused here: the task must not name one.
+        refused = not prompt.strip() or self._stopping()
         # The SDK wants the Task itself before any update about it.
         await event_queue.enqueue_event(
             Task(
@@ -693,13 +695,13 @@ class SpoolExecutor(AgentExecutor):
                 context_id=context_id,
                 status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
                 history=[context.message] if context.message else [],
-                metadata={REQUEST_ID_KEY: run.request_id} if prompt.strip() else None,
+                metadata=None if refused else {REQUEST_ID_KEY: run.request_id},
             )
         )
         if not prompt.strip():
             await updater.reject(updater.new_agent_message([Part(text="the message has no text")]))
             return
-        if self._stopping():
+        if refused:
             await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
             return
         request = {**build_request(self.agent, prompt, task_id, context_id), "id": run.request_id}

@@ -692,6 +692,30 @@ def test_a_task_still_queued_when_the_daemon_stops_ends_failed(
     assert isinstance(errors.from_wire(verdict["error"]), errors.CancelledError)
 
 
+def test_a_message_refused_while_stopping_names_no_request(tmp_path: Path) -> None:
+    # Its task named a request id that was never made: no spool file, no verdict, and
+    # `adaptor wait` on it said there is no such request.
+    (tmp_path / "config.toml").write_text(NO_TOKEN)
+    agents = config_module.load(tmp_path / "config.toml").a2a.agents
+    sock = a2a_bridge.listening_socket(a2a_bridge.Listen("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    app, _ = a2a_bridge.build_app(
+        agents[:1], url, spool.Client(tmp_path / "home"), stopping=lambda: True
+    )
+    server = a2a_bridge.ServerThread(app, sock, name="stopping")
+    server.start()
+    try:
+        with a2a.Client(url + a2a_bridge.card_path(agents[0].key)) as client:
+            task = client.send("too late")
+    finally:
+        server.stop()
+    assert task.state is a2a.TaskState.FAILED
+    assert task.status_message is not None
+    assert task.status_message.text.endswith("(daemon_stopping)")
+    assert a2a_bridge.REQUEST_ID_KEY not in task.metadata
+    assert not (tmp_path / "home").exists()  # nothing was submitted
+
+
 def test_only_the_latest_finished_tasks_stay_in_memory(tmp_path: Path) -> None:
     # The SDK's store kept every task, with its prompt and answer, for the life of the daemon:
     # serving for weeks, it grew by some 40 KB per 20 KB prompt, for ever.
