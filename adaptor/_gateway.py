@@ -6,7 +6,8 @@ with its own event loop; every call runs its handler on a thread of its own, so 
 one that never returns, never stalls the others (see ``_MAX_HANDLER_THREADS`` for the bound).
 
 Every request must carry ``Authorization: Bearer <secret>``, where the secret is 32 random
-bytes made per *run* (:meth:`Gateway.admit`) and refused again once that run ended.  Drivers
+bytes made per *run* (:meth:`Gateway.admit`) and refused again once that run is over (a call
+arriving between the run's end and then is answered, not run).  Drivers
 learn only the *name* of the environment variable holding it
 (``ToolsEndpoint.server.bearer_token_env``, random per Agent, so a thread's fingerprint does not
 change from run to run); the SDK puts the value into ``Request.env`` so it reaches the CLI's
@@ -33,8 +34,9 @@ import importlib
 import secrets
 import socket
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, final
 
 from adaptor.driver._spi import MCPServerSpec, ToolsEndpoint
 from adaptor.mcp import RESERVED_ENV_PREFIX, RESERVED_KEY
@@ -79,6 +81,10 @@ _CLOSED_BODY: Final = b"the tool server is closed"
 # still there to read it): the handler's answer is dropped, as for a call its CLI gave up on.
 _RUN_ENDED: Final = CallOutcome(
     text="the run this call was made for has ended; the tool's result was dropped", is_error=True
+)
+# What a call gets that arrives after its run ended (a CLI still at work while it is stopped).
+_NOT_RUN_ENDED: Final = CallOutcome(
+    text="this call was not run: the run it was made for has ended", is_error=True
 )
 _SDK_MODULES: Final = (
     "mcp.types",
@@ -376,13 +382,15 @@ class Gateway:
         """
         if self._stopping:
             return _CLOSED_BEFORE_RUNNING
+        cancellation = _serving.get(None)
+        if cancellation is not None and cancellation.is_set():
+            return _NOT_RUN_ENDED  # its secret is refused once the run's teardown dismissed it
         if not self._claim_handler_thread():
             return _too_many_running(
                 definition, f"{self._max_handler_threads} handler threads are still running"
             )
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[CallOutcome] = loop.create_future()
-        cancellation = _serving.get(None)
 
         def run() -> None:
             if cancellation is not None:  # (in this thread's own context: nothing to reset)
@@ -423,15 +431,16 @@ class Gateway:
             self._handler_threads -= 1
 
 
+@final
 class Admission:
     """One run's way in: the env its CLI needs (secret), until :meth:`dismiss`."""
 
     __slots__ = ("_digest", "_gateway", "env")
 
-    def __init__(self, gateway: Gateway, env: dict[str, str], digest: bytes) -> None:
+    def __init__(self, gateway: Gateway, env: Mapping[str, str], digest: bytes) -> None:
         self._gateway = gateway
         self._digest = digest
-        self.env = env
+        self.env: Mapping[str, str] = MappingProxyType(dict(env))
 
     def __repr__(self) -> str:
         return f"Admission({sorted(self.env)!r})"  # names only

@@ -44,8 +44,8 @@ schemas are checked in process.
 Annotations are tri-state hints for the CLI: ``None`` leaves the hint unset, and MCP then
 assumes a tool may be destructive and open-world.
 
-A handler cannot be stopped, but it can stop itself: :func:`cancelled` says when nobody waits
-for its answer any more (the run it serves was cancelled, ran out of time, or ended).  A handler
+A handler cannot be stopped, but it can stop itself: :func:`cancelled` says when the run it
+serves has ended (cancelled, out of time, or finished), so nobody waits for its answer.  A handler
 that waits on something slow (a remote agent, a subprocess, a poll) should wait on it.
 
 An Agent serves its tools to the CLI through its tool gateway (``adaptor._gateway``), which
@@ -236,8 +236,9 @@ _current_cancellation: ContextVar[Cancellation] = ContextVar("adaptor.tool.cance
 def cancelled() -> Cancellation:
     """The cancellation of the call the calling handler serves.
 
-    Set once nobody waits for the answer: the run whose CLI made the call was cancelled, hit
-    its deadline or active-execution budget, or ended (its CLI gave up on the call).  The
+    Set once the run whose CLI made the call ends: cancelled, out of time (its deadline or
+    active-execution budget), or finished (a CLI that gave up on the call itself, while its
+    run goes on, cannot be seen here).  The
     handler then runs on unless it looks: ``while not tool.cancelled().wait(1): ...``.
     Outside a call served by an Agent's tool gateway (:meth:`Definition.invoke` in a test) it
     is never set.  It belongs to the handler's thread: a thread the handler starts gets it

@@ -284,6 +284,28 @@ def test_a_call_sees_the_cancellation_of_the_run_whose_secret_it_carried() -> No
         gw.close()
 
 
+def test_a_call_arriving_after_its_run_ended_is_not_run() -> None:
+    # Between a run's end (a cancel, say) and its teardown the secret was still good and the
+    # handler ran: a deploy for a run the user had already cancelled.
+    ran: list[object] = []
+    gw = _gateway.Gateway(tool.check_catalogue([tool.define("deploy", "d", ran.append)]))
+    try:
+        ended = threading.Event()
+        token = admit(gw, ended)
+        ended.set()
+
+        async def run(session: ClientSession) -> Any:
+            return await session.call_tool("deploy", {})
+
+        result = session_call(gw, run, token=token)
+    finally:
+        gw.close()
+    assert (result.content[0].text, result.is_error) == (
+        "this call was not run: the run it was made for has ended", True
+    )
+    assert ran == []
+
+
 def test_other_paths_are_not_found(gateway: _gateway.Gateway) -> None:
     url = gateway.start().server.url.replace("/mcp", "/other")
     assert httpx2.get(url).status_code == 404
