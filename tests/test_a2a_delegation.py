@@ -440,6 +440,28 @@ def test_a_remote_slow_to_name_its_task_still_has_it_cancelled(
     assert executor.wait_cancelled(started)
 
 
+def test_a_cancel_between_opening_the_stream_and_its_first_read_sends_nothing(
+    server: srv.Running, executor: srv.ScriptedExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The message goes out at the stream's first read: reading it only to learn the task id
+    # would make a remote task just to cancel it.
+    cancel = threading.Event()
+    send_stream = a2a.Client.send_stream
+
+    def opened_then_cancelled(self: a2a.Client, *args: Any, **kwargs: Any) -> a2a.EventStream:
+        stream = send_stream(self, *args, **kwargs)
+        cancel.set()
+        return stream
+
+    monkeypatch.setattr(a2a.Client, "send_stream", opened_then_cancelled)
+    before = len(executor.started)
+    spec = d.RemoteAgentSpec("slow", card_url=server.card_url, policy=FAST)
+    with _delegator(spec) as delegator:
+        err = _fails(delegator, d.DelegationRequest("slow", "hang", stream=True, cancel=cancel))
+    assert err.code == "cancelled" and "remote_task_id" not in err.metadata
+    assert not executor.wait_started(before + 1, timeout=1)
+
+
 def test_a_cancel_before_anything_was_sent_creates_no_remote_task(
     server: srv.Running, executor: srv.ScriptedExecutor
 ) -> None:

@@ -48,7 +48,8 @@ UpdateSink = Callable[[SubagentUpdate], object]
 
 _now = time.monotonic  # the delegation clock; tests replace it to expire deadlines on cue
 _REMOTE_CANCEL_TIMEOUT = 5.0
-# How long a delegation that must cancel its remote task waits for the stream to name it.
+# How long a cancelled delegation waits for the stream to name the remote task it must cancel
+# (the leader's answer is dropped anyway); one past its deadline waits _REMOTE_CANCEL_TIMEOUT.
 _AWAIT_TASK_ID = 30.0
 _CANCEL_CHECK_INTERVAL = 0.05
 _CLIENT_TIMEOUT = 30.0
@@ -525,41 +526,38 @@ class _Delegation:
     def abort(self, code: str) -> None:
         if self.stream is not None:
             if self.sent and not self.task_id:
-                self.await_task_id()
+                self.await_task_id(_AWAIT_TASK_ID if code == "cancelled" else _REMOTE_CANCEL_TIMEOUT)
             self.stream.close()
         self.cancel_remote()
         if code == "deadline_exceeded":
             raise self.fail(code, limit_ms=round(self.limit * 1000))
         raise self.fail(code)
 
-    def await_task_id(self) -> None:
-        """Read the open stream (briefly) for the id of the task its message created.
+    def await_task_id(self, within: float) -> None:
+        """Read the open stream, for up to ``within`` seconds, until it names the task its
+        message made.
 
         Cancelled or out of time before the remote named its task, the delegation must still
-        cancel it: the message was sent, so the task runs on without this.  A remote silent for
-        :data:`_AWAIT_TASK_ID` is given up on.
+        cancel it: the message was sent, so the task runs on without this.  (``time.monotonic``,
+        not ``_now``: the tests move the delegation's clock to expire its deadline.)
         """
-        assert self.stream is not None
-        give_up = time.monotonic() + _AWAIT_TASK_ID
-        while not self.task_id and not self.stream.ended:
+        stream = self.stream
+        assert stream is not None
+        give_up = time.monotonic() + within
+        while not stream.task_id and not stream.ended:
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return
             try:
-                event = self.stream.next_event(remaining)
+                event = stream.next_event(remaining)
             except Exception as exc:  # best effort, as the cancel itself
                 self.task_id = getattr(exc, "task_id", "") or self.task_id
                 return
-            if isinstance(event, TaskEvent):
-                self.task_id = event.task.id
-                self.state = event.task.state
-            elif isinstance(event, (StatusEvent, TerminalEvent)):
-                self.task_id = event.task_id
-                self.state = event.state
-            elif isinstance(event, ArtifactEvent):
-                self.task_id = event.task_id
-            elif isinstance(event, MessageEvent):
+            if isinstance(event, MessageEvent):
                 return  # answered without a task: nothing runs on
+            if isinstance(event, TerminalEvent):
+                self.state = event.state  # over already: nothing to cancel
+        self.task_id = stream.task_id or self.task_id
 
     def cancel_remote(self) -> None:
         if self.client is None or not self.task_id or (self.state and self.state.final):
