@@ -127,7 +127,7 @@ REQUEST_ID_KEY = "adaptord.request_id"
 PROGRESS_KEY = "adaptord.progress"
 FAILURE_KEY = "agentadaptor.failure"
 CANCEL_WAIT = 20.0
-# At a stop: the longest a run with its verdict may take to settle its task.
+# At a stop: how long the open tasks may take to get their final states to their callers.
 _SETTLE_AT_STOP = 5.0
 _FINAL_STATES = frozenset(
     {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
@@ -480,10 +480,17 @@ class ServerThread:
         self._stopping = True
         loop = self._loop
         if self._before_stop is not None and loop is not None and self._thread.is_alive():
+            drain = self._before_stop()
             try:
-                asyncio.run_coroutine_threadsafe(self._before_stop(), loop).result(timeout)
-            except Exception as exc:  # the server stops anyway; say what was left undone
-                self._log("a2a.drain_failed", error=repr(exc))
+                done = asyncio.run_coroutine_threadsafe(drain, loop)
+            except RuntimeError:  # the loop has ended already (the server died): nothing to drain
+                drain.close()
+            else:
+                try:
+                    done.result(timeout)
+                except Exception as exc:  # the server stops anyway; say what was left undone
+                    done.cancel()  # not left running on the loop while uvicorn shuts down
+                    self._log("a2a.drain_failed", error=repr(exc))
         self._server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -767,23 +774,27 @@ class SpoolExecutor(AgentExecutor):
             self._log("a2a: cannot cancel a request", id=request_id, error=repr(exc))
         return False
 
-    async def end_open_tasks(self, settle_within: float) -> None:
+    async def end_open_tasks(self, deadline: float) -> None:
         """The daemon stopped running requests: give every open task its final state.
 
-        A run with its verdict settles its task as usual (waited for up to ``settle_within``
-        seconds); a request without one (queued, or handed back to the spool by the drain) is
-        marked for cancelling, so the next start does not run it for a caller that is gone,
-        and its task fails with ``infrastructure_error``.
+        A run with its verdict settles its task as usual (waited for until ``deadline``, a
+        ``time.monotonic()`` value); a request without one (queued, or handed back to the
+        spool by the drain) is marked for cancelling, so the next start does not run it for a
+        caller that is gone, and its task fails with ``infrastructure_error``.
         """
-        for run in list(self._runs.values()):
-            if not run.settled and not await asyncio.to_thread(self._request_cancel, run.request_id):
-                await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
-                run.stop_following()  # its execute returns, so the SDK ends the task's stream
-        deadline = time.monotonic() + settle_within
+        open_runs = [run for run in self._runs.values() if not run.settled]
+        unfinished = await asyncio.to_thread(self._cancel_unfinished, open_runs)
+        for run in unfinished:
+            await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
+            run.stop_following()  # its execute returns, so the SDK ends the task's stream
         while any(not run.done.is_set() for run in self._runs.values()):
             if time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.02)
+
+    def _cancel_unfinished(self, runs: list[_Run]) -> list[_Run]:
+        """Those of ``runs`` without a verdict, each request marked for cancelling."""
+        return [run for run in runs if not self._request_cancel(run.request_id)]
 
     async def _progress(self, run: _Run) -> AsyncIterator[str | _Outcome]:
         """The run's text (coalesced per wake-up), then its outcome."""
@@ -1061,10 +1072,11 @@ class Bridge:
 
         async def drain() -> None:
             # Final states first, and the time to send them: closing a handler cuts its
-            # tasks' streams off wherever they are.
-            for handler in handlers:
-                await handler.executor.end_open_tasks(_SETTLE_AT_STOP)
-            await in_flight.wait_idle(_SETTLE_AT_STOP)
+            # tasks' streams off wherever they are.  One budget for all of it, well inside
+            # ServerThread.stop's wait, so the handlers are always closed.
+            deadline = time.monotonic() + _SETTLE_AT_STOP
+            await asyncio.gather(*(h.executor.end_open_tasks(deadline) for h in handlers))
+            await in_flight.wait_idle(max(deadline - time.monotonic(), 0.0))
             for handler in handlers:
                 await handler.aclose()
 
