@@ -1176,21 +1176,24 @@ class RunPipeline:
         )
 
     def _notice_resolved(self, approval: ApprovalRequest, outcome: Outcome) -> None:
-        resolved_at = outcome.resolved_at or datetime.now(UTC)
-        self.publish(
-            Notice(
-                kind="approval.resolved",
-                text=outcome.result,
-                data={
-                    **_approval_data(approval),
-                    "result": outcome.result,
-                    "choice": outcome.choice,
-                    "text": outcome.text,
-                    "resolved_at": format_time(resolved_at),
-                    "latency": (resolved_at - approval.created_at).total_seconds(),
-                },
-            )
-        )
+        self.publish(resolved_notice(approval, outcome))
+
+
+def resolved_notice(approval: ApprovalRequest, outcome: Outcome) -> Notice:
+    """``approval``'s ``notice.approval.resolved`` (adaptord's too, for one a crash ended)."""
+    resolved_at = outcome.resolved_at or datetime.now(UTC)
+    return Notice(
+        kind="approval.resolved",
+        text=outcome.result,
+        data={
+            **_approval_data(approval),
+            "result": outcome.result,
+            "choice": outcome.choice,
+            "text": outcome.text,
+            "resolved_at": format_time(resolved_at),
+            "latency": (resolved_at - approval.created_at).total_seconds(),
+        },
+    )
 
 
 _NO_SECRETS = Redactor(())

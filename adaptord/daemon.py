@@ -47,6 +47,8 @@ import orjson
 import adaptor
 from adaptor import _durable, _home, _nesting, _redact, _watch, errors, events, skill
 from adaptor import _request as requests
+from adaptor._run import resolved_notice
+from adaptor.approval import Outcome
 from adaptor.drivers import _process
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import CorruptLogError as StoreCorruptLogError
@@ -279,6 +281,8 @@ class Daemon:
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
         self._next_prune = 0.0  # monotonic; when the next pass of retention starts
         self._pruner: threading.Thread | None = None  # the pass in progress
+        # Approvals a crash left pending, by request id, for their runs' logs (recovery).
+        self._stale_approvals: dict[str, list[events.ApprovalRequest]] = {}
         # Off until READY=1: systemd arms its watchdog then, and a ping before would arm it
         # during the start-up, which its start timeout bounds instead.
         self._watchdog = _Watchdog(None)
@@ -1786,9 +1790,10 @@ class Daemon:
         for entry in sorted(self.home.approvals_pending.glob("*.json")):
             approval_id = entry.name[: -len(".json")]
             try:
-                request_id = _home.read_pending(self.home, approval_id).get("request_id")
+                pending = _home.read_pending(self.home, approval_id)
+                request_id = pending.get("request_id")
             except (OSError, ValueError):
-                request_id = None
+                request_id, pending = None, {}
             try:
                 late = _home.abandon(self.home, approval_id)
             except Exception as exc:
@@ -1798,6 +1803,12 @@ class Daemon:
                 "request_id": request_id if _home.is_request_id(request_id) else None,
                 "approval_id": approval_id, "why": "daemon restart", **_ignored(late),
             })
+            if _home.is_request_id(request_id):
+                # Its run's log ends with the outcome too (see _record_interrupted).
+                with contextlib.suppress(Exception):  # a file that is not an approval: no notice
+                    approval = events.from_json({k: v for k, v in pending.items() if k != "request_id"})
+                    if isinstance(approval, events.ApprovalRequest):
+                        self._stale_approvals.setdefault(request_id, []).append(approval)
         return expired
 
     def _sweep_temp_files(self) -> None:
@@ -1864,7 +1875,7 @@ class Daemon:
         # run's own run.finished is in its log already.
         finished = _home.run_finished(state)
         if entered and not finished:
-            self._record_interrupted(state, request)
+            self._record_interrupted(request_id, state, request)
         if requeue and not thread_changed:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
@@ -1927,22 +1938,30 @@ class Daemon:
             return ""
         return "".join(pieces)
 
-    def _record_interrupted(self, state: Mapping[str, Any], request: Any) -> None:
-        """End the interrupted run's events with its ``run.finished``, so a reader of the audit
-        log (``tail -F | jq``, a follower) sees how it ended, as for every other run."""
+    def _record_interrupted(self, request_id: str, state: Mapping[str, Any], request: Any) -> None:
+        """End the interrupted run's events as every other run's end: each approval it was
+        waiting on resolved ``aborted``, then its ``run.finished``, so a reader of the audit
+        log (``tail -F | jq``, a follower) sees how it ended."""
+        stale = self._stale_approvals.pop(request_id, [])
         run_id, session = state.get("run_id"), state.get("session")
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
             return
         key = _thread_key(request) if isinstance(request, Mapping) else None
+        now = datetime.now(UTC)
+        meta = events.EventMeta(run_id=run_id, thread_key=key or "", time=now)
+        ended: list[events.Event] = [
+            replace(
+                resolved_notice(approval, Outcome("aborted", text=_INTERRUPTED, resolved_at=now)),
+                meta=meta,
+            )
+            for approval in stale
+        ]
         finished = events.RunFinished(
-            run_id=run_id,
-            failed=True,
-            reason="infrastructure_error",
-            message=_INTERRUPTED,
-            meta=events.EventMeta(run_id=run_id, thread_key=key or "", time=datetime.now(UTC)),
+            run_id=run_id, failed=True, reason="infrastructure_error", message=_INTERRUPTED, meta=meta
         )
         try:
-            self._events.record(session, finished)
+            for event in [*ended, finished]:
+                self._events.record(session, event)
         except Exception as exc:  # the verdict still says it; the log only misses its end
             self.log("event not recorded", id=state.get("id"), error=f"{type(exc).__name__}: {exc}")
 

@@ -1827,8 +1827,16 @@ def test_a_restart_expires_a_dead_runs_approval_whatever_response_was_left(tmp_p
         expired = _approval_facts(daemon.home, approval_id)[-1]
         assert expired["phase"] == "approval.expired" and expired["request_id"] == rid
         assert expired["why"] == "daemon restart" and expired["ignored_response"] == "approve"
+        # The run's own log says how its approval ended, as after any other end: it stopped
+        # at notice.approval.requested, the outcome only in the lifecycle log.
+        logged = list(Client(daemon.home.root).events(rid))
     finally:
         assert restarted.stop() == 0
+    notices = [(e.kind, e.data["request_id"], e.data.get("result")) for e in logged
+               if isinstance(e, events.Notice) and e.kind.startswith("approval.")]
+    assert notices == [("approval.requested", approval_id, None),
+                       ("approval.resolved", approval_id, "aborted")]
+    assert isinstance(logged[-1], events.RunFinished) and logged[-1].reason == "infrastructure_error"
 
 
 def test_an_approval_a_response_expired_while_the_daemon_was_down_is_audited_and_not_listed(
