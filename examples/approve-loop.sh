@@ -13,7 +13,8 @@ while :; do
     continue
   fi
   idle=0
-  jq -r '.[] | "\(.id) \(.approval_kind)"' <<<"$pending" | while read -r approval kind; do
+  # Not `jq ... | while`: the loop would run in a subshell, whose exit would not end the script.
+  while read -r approval kind; do
     if [ "$kind" = question ]; then
       adaptor deny "$approval" --reason "no questions from the approve loop"
     else
@@ -21,5 +22,5 @@ while :; do
     fi
     # exit 5: someone else answered first, or it expired; nothing to do
     case $? in 0|5) ;; *) exit 1 ;; esac
-  done
+  done < <(jq -r '.[] | "\(.id) \(.approval_kind)"' <<<"$pending")
 done

@@ -100,6 +100,28 @@ def test_tail_audit_log_shell_example(tmp_path: Path) -> None:
     assert daemon.stop() == 0
 
 
+def test_approve_loop_stops_when_an_answer_fails(tmp_path: Path) -> None:
+    # Its exit sat in a pipeline's subshell: the loop tried the same approval every 0.2 s,
+    # for ever, hiding the failure (a full disk, a home it cannot write).
+    fake = tmp_path / "bin" / "adaptor"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = approvals ]; then\n'
+        '  echo \'{"ok": true, "result": [{"id": "a-1", "approval_kind": "permission"}]}\'\n'
+        "  exit 0\n"
+        "fi\n"
+        'echo "adaptor: cannot write the response" >&2\n'
+        "exit 70\n"
+    )
+    fake.chmod(0o755)
+    import os
+
+    proc = _run_example("approve-loop.sh", tmp_path / "home", PATH=f"{fake.parent}:{os.environ['PATH']}")
+    assert proc.returncode == 1
+    assert proc.stderr.count("cannot write the response") == 1
+
+
 @pytest.mark.slow
 def test_approve_loop_shell_example(tmp_path: Path) -> None:
     import time
