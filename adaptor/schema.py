@@ -250,6 +250,13 @@ def compile_schema(schema: object) -> CompiledSchema:
     """
     if isinstance(schema, CompiledSchema):
         return schema
+    try:
+        return _compile(schema)
+    except RecursionError as exc:  # deriving it, or jsonschema checking it, outran the stack
+        raise InvalidOutputSchemaError("the schema is nested too deeply", exc) from exc
+
+
+def _compile(schema: object) -> CompiledSchema:
     if isinstance(schema, str | bytes | bytearray):
         return _compile_document(_parse_schema_text(schema), None)
     if isinstance(schema, Mapping | list | tuple | bool | int | float):
@@ -654,7 +661,7 @@ class _Deriver:
             ]
             if init_only:
                 # Not a field: no schema could ask for it, yet the class cannot be built without.
-                raise TypeError(
+                raise _Underivable(
                     f"{where}: {cls.__name__} has InitVar field(s) {', '.join(init_only)}, "
                     "which no JSON object can supply"
                 )

@@ -26,6 +26,7 @@ from referencing.exceptions import Unresolvable
 
 import adaptor._schema_checker
 import adaptor.schema
+from adaptor import tool
 from adaptor.driver import (
     Descriptor,
     HumanDecisionSupport,
@@ -1115,10 +1116,28 @@ def test_a_dataclass_needing_an_init_var_is_refused_as_a_tool_input() -> None:
         def __post_init__(self, scale: int) -> None:
             self.a *= scale
 
-    with pytest.raises(TypeError, match="InitVar field.*scale"):
+    # A TypeError, outside the taxonomy (and out of tool.define, which never raises).
+    with pytest.raises(InvalidOutputSchemaError, match="InitVar field.*scale"):
         compile_schema(Scaled)
+    assert "InitVar field" in str(tool.define("t", "d", lambda v: v, input=Scaled).problem)
     assert compile_schema(Defaulted).schema["properties"] == {"a": {"type": "integer"}}
     assert convert({"a": 3}, Defaulted).a == 6
+
+
+def test_a_schema_nested_past_the_stack_is_an_invalid_output_schema() -> None:
+    # RecursionError escaped agent.run() from 122 levels on, below the output depth the
+    # checks allow (128).
+    document: dict[str, Any] = {"type": "integer"}
+    for _ in range(122):
+        document = {"type": "array", "items": document}
+    with pytest.raises(InvalidOutputSchemaError, match="nested too deeply") as caught:
+        compile_schema({"type": "object", "properties": {"x": document}})
+    assert isinstance(caught.value.cause, RecursionError)
+    hint: Any = int
+    for _ in range(200):
+        hint = list[hint]
+    with pytest.raises(InvalidOutputSchemaError, match="nested too deeply"):
+        compile_schema(hint)
 
 
 def test_convert_tuple_length() -> None:
