@@ -225,11 +225,18 @@ class _Child:
 _idle: list[_Child] = []
 _warming = False
 _guard = threading.Lock()
+# Notified when a warming child is ready (or failed to start).
+_warmed = threading.Condition(_guard)
 
 
 def _take() -> tuple[_Child, bool]:
-    """A child for one check, and whether it was kept from an earlier one."""
+    """A child for one check, and whether it was kept from an earlier one.
+
+    One still starting (see :func:`warm`) is waited for rather than started twice: the check
+    would wait as long for a child of its own.
+    """
     with _guard:
+        _warmed.wait_for(lambda: _idle or not _warming, _START_LIMIT)
         if _idle:
             return _idle.pop(), True
     return _Child(), False
@@ -267,6 +274,7 @@ def _start_one() -> None:
             if child is not None and len(_idle) < _KEEP_IDLE:
                 _idle.append(child)
                 child = None
+            _warmed.notify_all()
     if child is not None:
         child.close()
 
@@ -289,8 +297,9 @@ def _close_idle() -> None:
 
 def _forget_in_child() -> None:
     # A forked process shares the parent's pipes to these children; it must not use them.
-    global _guard, _warming
+    global _guard, _warmed, _warming
     _guard = threading.Lock()
+    _warmed = threading.Condition(_guard)
     _idle.clear()
     _warming = False
 

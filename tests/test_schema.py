@@ -744,6 +744,28 @@ def test_warm_starts_one_checker_ahead_of_need(monkeypatch: pytest.MonkeyPatch) 
         adaptor._schema_checker._close_idle()
 
 
+def test_a_check_right_after_warm_waits_for_the_starting_checker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A structured run whose agent answered at once (the script driver) started a second
+    # child while the warm one was still importing: two interpreters for one check.
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    started: list[object] = []
+    real = adaptor._schema_checker._Child
+
+    def counted() -> object:
+        started.append(None)
+        return real()
+
+    monkeypatch.setattr(adaptor._schema_checker, "_Child", counted)
+    try:
+        adaptor._schema_checker.warm()
+        assert compile_schema(_PATTERNED).validate_text('{"name": "soon"}', "native").valid
+        assert len(started) == 1
+    finally:
+        adaptor._schema_checker._close_idle()
+
+
 @pytest.mark.parametrize(
     "schema",
     [
