@@ -210,7 +210,14 @@ class Ref:
 
 
 def dir(path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None) -> Skill:
-    """The skill in directory ``path``; its key is the directory's name."""
+    """The skill in directory ``path``; its key is the directory's name.
+
+    An empty ``path`` is no source (:class:`SkillSourceMissingError` when a run resolves it),
+    not the current directory: ``skill.dir(os.environ.get("SKILL_DIR", ""))`` must not stage
+    whatever folder the program runs in.
+    """
+    if os.fspath(path) == "":
+        return Skill("", None, metadata=dict(metadata or {}))
     absolute = os.path.abspath(os.fspath(path))
     return Skill(os.path.basename(absolute), DirSource(absolute), metadata=dict(metadata or {}))
 
@@ -234,8 +241,11 @@ def archive(
 
     ``subpath`` names the directory inside the archive that holds ``SKILL.md``.
     """
+    source: ArchiveSource | None
     if isinstance(path_or_bytes, bytes | bytearray | memoryview):
         source = ArchiveSource(data=bytes(path_or_bytes), subpath=subpath)
+    elif os.fspath(path_or_bytes) == "":  # no source (as skill.dir("")), not the current directory
+        source = None
     else:
         source = ArchiveSource(path=os.path.abspath(os.fspath(path_or_bytes)), subpath=subpath)
     return Skill(key, source, metadata=dict(metadata or {}))

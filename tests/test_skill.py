@@ -615,3 +615,16 @@ def test_one_skill_passed_bare_is_a_clear_type_error(where: str) -> None:
             adaptor.Agent(ScriptedDriver([]), skills=one)  # type: ignore[arg-type]
         else:
             adaptor.Agent(ScriptedDriver([])).stream("go", skills=one)
+
+
+def test_an_empty_path_is_no_source_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # skill.dir("") staged the folder the program ran in (its name as the key):
+    # skill.dir(os.environ.get("SKILL_DIR", "")) in a repository copied the repository.
+    make_dir(tmp_path, "repo")
+    monkeypatch.chdir(tmp_path / "repo")
+    with pytest.raises(skill.SkillKeyMissingError):
+        skill.resolve([skill.dir("")], None)
+    with pytest.raises(skill.SkillSourceMissingError):
+        skill.resolve([skill.archive("k", "")], None)
