@@ -118,7 +118,7 @@ class _RunThreads:
     the caller of ``Agent.stream`` a GIL handoff or more (6% of a daemon worker's time at
     150 requests/s went there, measured).  A run handed to an idle thread starts without
     that wait.  A thread idle for :data:`_IDLE_SECONDS` exits, so only a busy process keeps
-    them.  The thread is named after the run it is running.
+    them.  The thread is named after the run it is running (``adaptor-run-idle`` between runs).
     """
 
     def __init__(self) -> None:
@@ -158,11 +158,14 @@ class _RunThreads:
                     run, name = self._runs.popleft()
                 finally:
                     self._idle -= 1
-            threading.current_thread().name = name
+            thread = threading.current_thread()
+            thread.name = name
             run()
             del run  # an idle thread must not keep its last run alive
+            thread.name = _IDLE_NAME  # a thread dump must not show an ended run as running
 
 
+_IDLE_NAME = "adaptor-run-idle"
 _run_threads = _RunThreads()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_run_threads.reset)

@@ -212,24 +212,29 @@ class Agent:
         for run in active:
             run.cancel()
         deadline = time.monotonic() + limit
+
+        def left() -> float:
+            # (Capped: an infinite timeout, "as long as it takes", overflows a thread wait.)
+            return min(max(deadline - time.monotonic(), 0.0), threading.TIMEOUT_MAX)
+
         # Called from a run's own approval callback: that run ends only once the callback
         # returns, so it is cancelled and not waited for.
         own = run_in_callback()
         with self._idle:
             while any(run is not own for run in self._active):
-                remaining = deadline - time.monotonic()
+                remaining = left()
                 if remaining <= 0:
                     break
                 self._idle.wait(remaining)
         closer = getattr(self.driver, "close_processes", None)
         if callable(closer) and not self._processes_closed:
-            closer(max(deadline - time.monotonic(), 0.0))
+            closer(left())
             self._processes_closed = True
         # After the runs and the CLI processes: a CLI still running may still call a tool.
         with self._gateway_lock:
             gateway, self._gateway = self._gateway, None
         if gateway is not None:
-            gateway.close(max(deadline - time.monotonic(), 0.0))
+            gateway.close(left())
 
     def _tools_endpoint(
         self, tools: Sequence[Definition], ended: threading.Event

@@ -282,6 +282,15 @@ class Result:
     def from_json(cls, obj: Mapping[str, Any]) -> Result:
         if not isinstance(obj, Mapping):  # as events.from_json refuses one
             raise ValueError(f"a Result's JSON form is an object, not {type(obj).__name__}")
+        try:
+            return cls._from_mapping(obj)
+        except (AttributeError, TypeError) as exc:  # a part of the wrong JSON type
+            # ValueError, as for every other malformed record (events, the wire form): a
+            # reader of a damaged verdict file catches that one.
+            raise ValueError(f"malformed Result JSON: {exc}") from exc
+
+    @classmethod
+    def _from_mapping(cls, obj: Mapping[str, Any]) -> Result:
         raw = obj.get("raw") or {}
         terminal = raw.get("terminal")
         return cls(

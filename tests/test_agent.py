@@ -1557,3 +1557,32 @@ def test_close_from_a_runs_own_approval_callback_does_not_wait_for_that_run() ->
     with pytest.raises(adaptor.RunCancelledError):
         stream.result()
     assert agent.closed
+
+
+def test_close_waits_as_long_as_it_takes_with_an_infinite_timeout() -> None:
+    # OverflowError half way through closing: runs cancelled, the driver's processes and the
+    # tool gateway left up.
+    agent = adaptor.Agent(script.Driver(script.Config(steps=({"sleep": 30}, {"text": "done"}))))
+    stream = agent.stream("x")
+    agent.close(timeout=float("inf"))  # with the run still registered: its wait is what overflowed
+    with pytest.raises((adaptor.RunCancelledError, adaptor.CancelledError)):
+        stream.result()
+
+
+def test_a_run_thread_between_runs_is_not_named_after_its_last_run() -> None:
+    with adaptor.Agent(script.Driver(script.Config(steps=({"text": "hi"},)))) as agent:
+        result = agent.run("x")
+        names = {t.name for t in threading.enumerate()}
+    assert f"adaptor-{result.run_id}" not in names  # a dump showed the ended run as running
+
+
+@pytest.mark.parametrize("name", ["script", "claude", "codex", "gemini", "cursor", "codebuddy"])
+def test_a_driver_configs_repr_leaves_its_env_values_out(name: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"adaptor.drivers.{name}")
+    shown = repr(module.Config(env={"API_KEY": "sk-supersecret"}))
+    assert "sk-supersecret" not in shown
+    from adaptor.drivers import command
+
+    assert "sk-supersecret" not in repr(command.Config("x", env={"API_KEY": "sk-supersecret"}))

@@ -356,6 +356,19 @@ def test_result_from_json_refuses_what_is_no_object(garbage: Any) -> None:
         Result.from_json(garbage)
 
 
+@pytest.mark.parametrize(
+    "part", [{"usage": "x"}, {"transcript": "zz"}, {"raw": [1]}, {"structured": 5}],
+    ids=["usage", "transcript", "raw", "structured"],
+)
+def test_result_from_json_refuses_a_part_of_the_wrong_type_with_value_error(
+    part: dict[str, Any],
+) -> None:
+    # An AttributeError, where every other malformed record (events, wire forms) is a
+    # ValueError: a reader of a damaged verdict file catching that one crashed.
+    with pytest.raises(ValueError, match="malformed Result JSON"):
+        Result.from_json({"run_id": "r", **part})
+
+
 def test_decode_never_falls_back_to_text_when_a_schema_was_requested() -> None:
     invalid = Result(
         run_id="r",

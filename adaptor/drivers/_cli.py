@@ -45,7 +45,8 @@ class ProcessConfig:
     (positional construction depends on it)."""
 
     command: str
-    env: Mapping[str, str] = field(default_factory=dict)
+    # Values are secrets (see secret_values): a repr (a log line, a traceback) leaves them out.
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
     extra_args: tuple[str, ...] = ()
     cwd: str | None = None
     grace_period: float = 2.0

@@ -74,7 +74,7 @@ class Spec:
     the variables the driver added on top of the inherited ones (the only ones reported)."""
 
     argv: Sequence[str]
-    env: Mapping[str, str]
+    env: Mapping[str, str] = field(repr=False)  # the child's, secrets included
     env_names: Sequence[str] = ()
     cwd: str | None = None
     stdin: bytes | Literal["closed", "driven"] = "closed"

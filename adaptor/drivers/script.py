@@ -112,7 +112,7 @@ class Config:
     session: str | None = None
     descriptor: Mapping[str, Any] | None = None
     command: str = ""
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # values are secrets
     extra_args: tuple[str, ...] = ()
     cwd: str | None = None
     grace_period: float = 2.0
