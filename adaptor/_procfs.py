@@ -114,6 +114,11 @@ def carrying(entry: bytes) -> list[tuple[int, ProcessStat]]:
 #: such processes run (see ``adaptor.threadstore._holder``).
 STARTER_VAR = "ADAPTOR_STARTED_BY"
 
+#: Set in every agent's environment to a value of its own, which the processes it starts
+#: inherit: it finds those that left its process group (a new session: Gemini CLI's shell tool)
+#: so they are stopped with it (``adaptor.drivers._process``).
+MARK_VAR = "ADAPTOR_RUN_MARK"
+
 
 def started_by_me() -> dict[str, str]:
     """The :data:`STARTER_VAR` entry naming this process, for a child's environment (none

@@ -19,7 +19,8 @@ order, first problem wins (no events are emitted for a refusal):
    with a host, no whitespace and a port (if given) from 1 to 65535, take no command, args
    or env, and no two header names that differ only in case; env and bearer variable names are environment variable names; no field a CLI
    expands ``${VAR}`` in (command, args, URL, env, header values, bearer variable) may name
-   the tool gateway's ``ADAPTOR_TOOLS_TOKEN_*`` variable;
+   the tool gateway's ``ADAPTOR_TOOLS_TOKEN_*`` variable; env may not set
+   ``ADAPTOR_RUN_MARK`` or ``ADAPTOR_STARTED_BY``, which find a run's processes;
 2. the driver declares no MCP support → :class:`MCPUnsupportedError`;
 3. a server's transport is not one the driver supports → :class:`MCPTransportUnsupportedError`.
 
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
+from adaptor import _procfs
 from adaptor.driver import Descriptor, canonical_fingerprint
 from adaptor.driver._spi import MCPServerSpec, MCPTransport
 from adaptor.errors import AdaptorError
@@ -337,6 +339,13 @@ def _normalize(server: Server, where: str) -> MCPServerSpec:
     command = _string(server.command, where, "command")
     args = _strings(server.args, where)
     env = _names_to_strings(server.env, where, "env", _ENV_NAME)
+    marks = sorted(name for name in env if name in (_procfs.MARK_VAR, _procfs.STARTER_VAR))
+    if marks:
+        # Set to another value, they would hide the server's processes from the run's
+        # clean-up (and a thread's lease from its holder check).
+        raise InvalidMCPConfigError(
+            f"{where}: env {', '.join(marks)} is set by adaptor, to find the run's processes"
+        )
     url = _string(server.url, where, "url")
     headers = _names_to_strings(server.headers, where, "headers", _HEADER_NAME)
     bearer = _string(server.bearer_token_env, where, "bearer_token_env")

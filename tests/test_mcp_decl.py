@@ -94,6 +94,9 @@ INVALID: list[tuple[str, Any]] = [
     # ${VAR} in a stdio command is expanded by the CLI too: the token would sit in argv (ps).
     ("gateway token in command", mcp.stdio("a", "${" + mcp.RESERVED_ENV_PREFIX + "AB}")),
     ("gateway token in args", mcp.stdio("a", "c", ["--token=${" + mcp.RESERVED_ENV_PREFIX + "AB}"])),
+    # Set to another value, they hid the server's processes from the run's clean-up.
+    ("the run's mark in env", mcp.stdio("a", "c", env={"ADAPTOR_RUN_MARK": "x"})),
+    ("the starter in env", mcp.stdio("a", "c", env={"ADAPTOR_STARTED_BY": "1:2"})),
     ("url with a space", mcp.http("a", "http://mcp example.com/mcp")),
     ("url with a tab", mcp.sse("a", "http://mcp.example.com/a\tb")),
     ("url with a word for port", mcp.http("a", "http://mcp.example.com:port/mcp")),

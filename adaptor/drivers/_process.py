@@ -62,10 +62,7 @@ _POLL: Final = 0.05
 # the rest of the group is stopped so the pump can see EOF.
 _DRAIN_AFTER_EXIT: Final = 0.2
 _KILL_WAIT: Final = 5.0
-# Set in every agent's environment to a value of its own, which the processes it starts inherit:
-# it finds those that left its process group (a new session: Gemini CLI's shell tool) so they
-# are stopped with it.
-MARK_VAR: Final = "ADAPTOR_RUN_MARK"
+MARK_VAR: Final = _procfs.MARK_VAR
 
 
 @dataclass(frozen=True)
