@@ -553,8 +553,15 @@ def settled_size(f: IO[bytes], path: StrPath) -> int | None:
     lock = os.fspath(path) + ".lock"
     if not os.path.exists(lock):
         return None
-    with exclusive(lock):
-        return os.fstat(f.fileno()).st_size
+    try:
+        with exclusive(lock):
+            return os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        # On a read-only filesystem (an archive, a snapshot) the lock file cannot be opened
+        # for the lock, and no writer can be appending either: read to the end.
+        if exc.errno == errno.EROFS:
+            return None
+        raise
 
 
 _CHUNK = 64 * 1024  # big enough to amortize the loop, small enough to keep replay light
@@ -740,8 +747,8 @@ def last_record(path: str, key: str) -> tuple[int, datetime] | None:
                 except _LineError:
                     if not _durable.may_be_torn(lines[-1]):
                         raise  # corruption: the strict replay below names it
-            return None if found is None else (found[SEQ_KEY], _recorded_at(found))
-            return None if found is None else (found[SEQ_KEY], _recorded_at(found))
+            # The whole record, not its time alone: a key listed must be one since() reads.
+            return None if found is None else (found[SEQ_KEY], _meaning(found).recorded_at)
         except _LineError:
             pass
         f.seek(0)

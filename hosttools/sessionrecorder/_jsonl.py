@@ -597,7 +597,10 @@ class JSONLEventBackend:
         return Path(self._directory)
 
     def path_for(self, key: str) -> Path:
-        """The log file of ``key`` (raises :class:`InvalidSessionKeyError` for a bad key)."""
+        """The log file of ``key`` (raises :class:`InvalidSessionKeyError` for a bad key, and,
+        as every operation, :class:`JSONLEventBackendClosedError` once closed)."""
+        with self._lock:
+            self._check_open()
         return Path(self._path(key))
 
     def _path(self, key: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import operator
+import sys
 import threading
 from collections.abc import Callable, Generator, Iterable
 from datetime import UTC, datetime
@@ -207,7 +208,8 @@ def tail(recorder: EventRecorder, key: str, n: int) -> list[EventRecord]:
     if n == 0:
         records.close()
         return []
-    return list(collections.deque(records, maxlen=n))
+    # (A deque's length is a C ssize_t: no log holds more records than that anyway.)
+    return list(collections.deque(records, maxlen=min(n, sys.maxsize)))
 
 
 def range_(recorder: EventRecorder, key: str, after: int, to: int) -> list[EventRecord]:
@@ -216,8 +218,11 @@ def range_(recorder: EventRecorder, key: str, after: int, to: int) -> list[Event
     Reading stops at ``to``: lines past it are not read, so damage there goes unnoticed here
     (it is never skipped within the range returned).
     """
-    to = _cursor("to", to)
-    records = recorder.iter_since(key, _cursor("after", after))
+    after, to = _cursor("after", after), _cursor("to", to)
+    for name, value in (("after", after), ("to", to)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, not {value}")
+    records = recorder.iter_since(key, after)
     out: list[EventRecord] = []
     try:
         for record in records:
