@@ -492,5 +492,9 @@ def content_text(content: Any) -> str:
 
 
 def snake(name: str) -> str:
-    """``AskUserQuestion`` → ``ask_user_question`` (decision sources)."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    """``AskUserQuestion`` → ``ask_user_question`` (decision sources).
+
+    Only a capital after a small letter or digit starts a word: an MCP tool ``mcp__ADAPTOR__echo``
+    is ``mcp__adaptor__echo``, not ``mcp___a_d_a_p_t_o_r__echo``.
+    """
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()

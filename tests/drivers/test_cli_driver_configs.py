@@ -145,3 +145,16 @@ def test_codex_extra_args_cannot_replace_the_runs_developer_instructions(tmp_pat
             agent.run("go", append_system_prompt="be brief")
     assert caught.value.details == {"kind": "policy_in_extra_args", "extra_args": ["developer_instructions"]}
     assert "append_system_prompt" in str(caught.value) and not (tmp_path / "started").exists()
+
+
+@pytest.mark.parametrize(
+    ("tool", "source"),
+    [("AskUserQuestion", "ask_user_question"), ("Bash", "bash"), ("ExitPlanMode", "exit_plan_mode"),
+     ("mcp__ADAPTOR__echo", "mcp__adaptor__echo"), ("mcp__files__read_file", "mcp__files__read_file"),
+     ("WebFetch2Go", "web_fetch2_go")],
+)
+def test_a_decision_source_names_the_tool_in_snake_case(tool: str, source: str) -> None:
+    # An upper-case MCP key came out letter by letter: claude.mcp___a_d_a_p_t_o_r__echo.
+    from adaptor.drivers import _cli
+
+    assert _cli.snake(tool) == source
