@@ -3,7 +3,6 @@ reports (``--json`` shape on stdout, human text on stderr) and one-line event su
 
 from __future__ import annotations
 
-import codecs
 import functools
 import io
 import os
@@ -18,11 +17,10 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 import click
 import orjson
 
-from adaptor import _home, errors, events
+from adaptor import _home, _request, errors, events
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
-    InvalidRequestError,
     SpoolNotFoundError,
     UnknownRequestError,
     WaitTimeoutError,
@@ -88,16 +86,9 @@ def json_option(func: Callable[P, R]) -> Callable[P, R]:
 
 
 def read_request(file: IO[bytes]) -> dict[str, Any]:
-    """The JSON object of a request file, read as the daemon reads one (a UTF-8 byte-order mark
-    skipped); ``InvalidRequestError`` (exit 2) when it holds none."""
-    data = file.read().removeprefix(codecs.BOM_UTF8)
-    try:
-        request = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError([{"path": "", "message": f"invalid JSON: {exc}"}]) from None
-    if not isinstance(request, dict):
-        raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
-    return request
+    """The JSON object of a request file, read as the daemon reads one (``_request.decode``);
+    ``InvalidRequestError`` (exit 2) when it holds none."""
+    return _request.decode(file.read())
 
 
 def require_daemon(client: Client) -> None:

@@ -54,8 +54,10 @@ def _pointer(path: Iterator[Any] | Any) -> str:
     return "".join(f"/{str(part).replace('~', '~0').replace('/', '~1')}" for part in path)
 
 
-def parse(data: bytes, request_id: str) -> dict[str, Any]:
-    """Decode and validate one request file; raises ``InvalidRequestError`` listing every problem."""
+def decode(data: bytes) -> dict[str, Any]:
+    """The JSON object of a request file's bytes (a UTF-8 byte-order mark skipped), not yet
+    checked against the schema; ``InvalidRequestError`` when it holds none.  The daemon and
+    the CLI (``submit``, ``run --request``) read request files alike through this."""
     try:
         # Windows editors and PowerShell's Out-File start UTF-8 text with a byte-order mark
         # (skipped in approval responses too).
@@ -70,6 +72,12 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     if _nesting.deeper_than(obj, MAX_DEPTH):
         raise InvalidRequestError([{"path": "", "message": f"nested deeper than {MAX_DEPTH} levels"}])
+    return obj
+
+
+def parse(data: bytes, request_id: str) -> dict[str, Any]:
+    """Decode and validate one request file; raises ``InvalidRequestError`` listing every problem."""
+    obj = decode(data)
     problems = [
         {"path": _pointer(error.absolute_path), "message": error.message[:500]}
         for error in sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
