@@ -1572,8 +1572,13 @@ def test_close_waits_as_long_as_it_takes_with_an_infinite_timeout() -> None:
 def test_a_run_thread_between_runs_is_not_named_after_its_last_run() -> None:
     with adaptor.Agent(script.Driver(script.Config(steps=({"text": "hi"},)))) as agent:
         result = agent.run("x")
-        names = {t.name for t in threading.enumerate()}
-    assert f"adaptor-{result.run_id}" not in names  # a dump showed the ended run as running
+        # The run's thread renames itself once run() is over, just after the result is out;
+        # before, it idled for 60 s under the ended run's name.
+        deadline = time.monotonic() + 10
+        while f"adaptor-{result.run_id}" in {t.name for t in threading.enumerate()}:
+            assert time.monotonic() < deadline, "a dump still shows the ended run as running"
+            time.sleep(0.01)
+        assert any(t.name == "adaptor-run-idle" for t in threading.enumerate())
 
 
 @pytest.mark.parametrize("name", ["script", "claude", "codex", "gemini", "cursor", "codebuddy"])
