@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 import click
 import orjson
 
-from adaptor import _home, _request, errors, events
+from adaptor import _home, errors, events
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
@@ -88,6 +88,9 @@ def json_option(func: Callable[P, R]) -> Callable[P, R]:
 def read_request(file: IO[bytes]) -> dict[str, Any]:
     """The JSON object of a request file, read as the daemon reads one (``_request.decode``);
     ``InvalidRequestError`` (exit 2) when it holds none."""
+    # Imported here: its schema validation is not what every command's start should pay for.
+    from adaptor import _request
+
     return _request.decode(file.read())
 
 
