@@ -544,13 +544,18 @@ def _scrub(text: str, redactor: Redactor, *, foreign: bool) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
+    """``value`` as JSON can hold it: a details value of another type (a datetime, a set, a
+    path, bytes) becomes a list or its ``str()``, so every wire form serializes."""
+    if isinstance(value, str | int | float | None):
+        return value
+    if isinstance(value, list | tuple | set | frozenset):
         return [_jsonable(v) for v in value]
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
+    try:
+        return str(value)
+    except Exception:  # a foreign object's __str__ may fail: the wire form must not
+        return f"<{type(value).__qualname__}>"
 
 
 def _next_cause(err: BaseException) -> BaseException | None:

@@ -158,6 +158,11 @@ class TranscriptItem:
         out["usage"] = None if self.usage is None else self.usage.to_json()
         return out
 
+    def _detached(self) -> TranscriptItem:
+        return dataclasses.replace(
+            self, input=_nesting.copy(self.input), metadata=_nesting.copy(self.metadata)
+        )
+
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> TranscriptItem:
         kwargs = {k: v for k, v in obj.items() if k in _TRANSCRIPT_FIELDS}
@@ -220,7 +225,9 @@ class Result:
         return self._raw
 
     def transcript(self) -> list[TranscriptItem]:
-        return list(self._transcript)
+        """The normalized items, as copies: changing an item's ``input`` or ``metadata``
+        changes neither this Result nor what an earlier or later call returns."""
+        return [item._detached() for item in self._transcript]
 
     @overload
     def decode(self, type_: None = None) -> Any: ...

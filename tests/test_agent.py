@@ -23,6 +23,7 @@ import adaptor.schema
 from adaptor import _run, events
 from adaptor.driver import Descriptor, Request, Response
 from adaptor.drivers import script
+from adaptor.result import Result
 from adaptor.testing import ScriptedDriver
 from adaptor.threadstore import JSONLStore
 
@@ -71,6 +72,23 @@ def test_run_returns_final_text_not_stdout() -> None:
     assert "raw noise" in result.raw().stdout
     assert "raw noise" not in result.text
     assert [i.kind for i in result.transcript()] == ["assistant", "assistant"]
+
+
+def test_a_transcript_item_changed_by_its_caller_changes_nothing_else() -> None:
+    agent = adaptor.Agent(
+        ScriptedDriver([{"tool_call": {"name": "grep", "args": {"pattern": "x"}, "result": "ok"}}])
+    )
+    stream = agent.stream("hi")
+    published = [e for e in stream if isinstance(e, events.Notice) and e.kind == "transcript.item"]
+    result = stream.result()
+    first = result.transcript()
+    (call,) = [item for item in first if item.kind == "tool_call"]
+    call.input["pattern"] = "changed"
+    call.metadata["added"] = True
+    (again,) = [item for item in result.transcript() if item.kind == "tool_call"]
+    assert again.input == {"pattern": "x"} and "added" not in again.metadata
+    assert [n.data for n in published] == [i.to_json() for i in result.transcript()]
+    assert Result.from_json(result.to_json()) == result
 
 
 def test_stream_events_are_ordered_and_mirror_the_transcript() -> None:

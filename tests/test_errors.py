@@ -285,6 +285,41 @@ def _chain(err: BaseException | None) -> list[tuple[str, str]]:
     return out
 
 
+def test_details_a_caller_filled_with_python_objects_still_make_a_json_wire_form() -> None:
+    import datetime
+    import json
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    moment = datetime.datetime(2026, 12, 5, 12, 0, tzinfo=datetime.UTC)
+    err = adaptor.AgentFailedError(
+        "failed",
+        details={
+            "when": moment,
+            "where": Path("/srv/work"),
+            "ids": (1, 2),
+            "tags": {"a"},
+            "raw": b"x",
+            "odd": Unprintable(),
+            "nested": {3: [moment]},
+        },
+    )
+    wire = json.loads(json.dumps(errors.to_wire(err)))  # the standard encoder: strict JSON
+    assert wire["details"] == {
+        "when": "2026-12-05 12:00:00+00:00",
+        "where": "/srv/work",
+        "ids": [1, 2],
+        "tags": ["a"],
+        "raw": "b'x'",
+        "odd": "<test_details_a_caller_filled_with_python_objects_still_make_a_json_wire_form.<locals>.Unprintable>",
+        "nested": {"3": ["2026-12-05 12:00:00+00:00"]},
+    }
+    back = errors.from_wire(wire)
+    assert type(back) is adaptor.AgentFailedError and back.details == wire["details"]
+
+
 def test_every_registered_identity_has_a_case() -> None:
     for name in errors._LEAF_MODULES:
         importlib.import_module(name)
