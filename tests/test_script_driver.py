@@ -20,6 +20,7 @@ from adaptor.driver import (
     DecisionRequest,
     DecisionResponse,
     DecisionResult,
+    InvalidDriverConfigError,
     Request,
     Response,
     RunFailure,
@@ -262,6 +263,27 @@ def test_output_json_step_is_emitted_as_text() -> None:
     assert orjson.loads(response.output) == {"ok": True, "n": [1]}
     assert TextDelta(message_id="msg_2", text=response.output) in sink.events
     assert sink.transcript[-1] == TranscriptItem(kind="assistant", text=response.output)
+
+
+@pytest.mark.parametrize(
+    ("depth", "error", "said"),
+    [
+        (300, InvalidDriverConfigError, "output_json: not encodable as JSON"),
+        (1000, ValueError, "nests too deeply"),
+    ],
+)
+def test_output_json_nested_past_what_json_holds_is_a_clear_config_error(
+    depth: int, error: type[Exception], said: str
+) -> None:
+    value: list[Any] = []
+    inner = value
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    # Past the recursion limit the constructor's snapshot fails (it used to raise
+    # RecursionError); below it, the run's validation does (orjson holds 255 levels).
+    with pytest.raises(error, match=said):
+        adaptor.Agent(script.Driver(script.Config(steps=({"output_json": value},)))).run("hi")
 
 
 def test_fail_step_stops_with_the_failure() -> None:

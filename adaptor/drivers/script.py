@@ -144,7 +144,15 @@ class Driver:
     """The script driver.  Construction snapshots the config and does nothing else."""
 
     def __init__(self, config: Config | Mapping[str, Any] | None = None) -> None:
-        self._config: Config = copy.deepcopy(Config() if config is None else _as_config(config))
+        try:
+            self._config: Config = copy.deepcopy(
+                Config() if config is None else _as_config(config)
+            )
+        except RecursionError:
+            # Said here: the step parser would say which value, but it never gets to see it.
+            raise ValueError(
+                "script config: a value nests too deeply to copy (JSON holds at most 255 levels)"
+            ) from None
 
     def __repr__(self) -> str:
         return f"script.Driver(steps={len(self._config.steps)}, session={self._config.session!r})"
