@@ -141,7 +141,11 @@ class SkillMaterializationError(_SkillError):
     def __init__(self, key: str, runtime_name: str, cause: BaseException | None = None) -> None:
         self.key = key
         self.runtime_name = runtime_name
-        super().__init__(f"could not stage skill {key!r} as {runtime_name!r}", cause=cause)
+        message = f"could not stage skill {key!r} as {runtime_name!r}"
+        # Why, said in the message itself: a program or log that shows only str(error) (the
+        # CLI's one line, a verdict's message) would otherwise never say what failed.
+        why = str(cause) if cause is not None else ""
+        super().__init__(f"{message}: {why}" if why else message, cause=cause)
 
 
 class SkillSourceMissingError(_SkillError):

@@ -281,7 +281,12 @@ def test_missing_skill_md(tmp_path: Path) -> None:
     assert "SKILL.md" in str(err.cause)
     failure(tmp_path, skill.archive("b", tar_bytes([(reg("x/SKILL.md"), b"x")])))  # no subpath
     failure(tmp_path, skill.dir(tmp_path / "does-not-exist"))
-    failure(tmp_path, skill.archive("c", tmp_path / "missing.zip"))
+    err = failure(tmp_path, skill.archive("c", tmp_path / "missing.zip"))
+    # The error's own message says why, with the path: many show only str(error).
+    assert str(err) == (
+        "could not stage skill 'c' as 'c': [Errno 2] No such file or directory: "
+        f"'{tmp_path / 'missing.zip'}'"
+    )
     failure(tmp_path, skill.archive("d", b"neither zip nor tar"))
 
 
