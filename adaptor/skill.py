@@ -373,10 +373,11 @@ class Directories:
     """A catalogue of skill folders: ``skill.Directories(["/srv/skills", ...])``.
 
     Each subdirectory of a catalogue directory is the skill :func:`dir` makes of it, under its
-    own name; a key found in several directories comes from the first (as ``PATH`` does).  The
-    directories are looked at on every call, so skills added or removed take effect at the next
-    run.  A key is looked up only as a plain directory name (no ``/``, not ``.`` or ``..``), so
-    a reference cannot reach outside the catalogue; a missing directory offers nothing.
+    own name (hidden ones, starting with ".", are left out); a key found in several directories
+    comes from the first (as ``PATH`` does).  The directories are looked at on every call, so
+    skills added or removed take effect at the next run.  A key is looked up only as a plain
+    directory name (no ``/``, not starting with ``.``), so a reference cannot reach outside the
+    catalogue; a missing directory offers nothing.
     """
 
     def __init__(self, directories: Iterable[str | os.PathLike[str]]) -> None:
@@ -418,7 +419,8 @@ class Directories:
 
 
 def _plain_name(name: str) -> bool:
-    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+    # A hidden folder (".git", ".cache" of a catalogue kept in version control) is no skill.
+    return bool(name) and not name.startswith(".") and "/" not in name and "\\" not in name and "\0" not in name
 
 
 # --- resolution --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import click
 import orjson
@@ -151,10 +152,7 @@ def check(config_path: str | None) -> None:
             click.echo(f"config: ok ({source})")
         catalogue = config.skill_catalogue()
         for directory in catalogue.directories if catalogue else ():
-            # Not an error: the folder may be made after the config.
-            offered = len(skill.Directories([directory]).catalogue())
-            state = f"{offered} skill(s)" if os.path.isdir(directory) else "missing: offers nothing"
-            click.echo(f"skills: {directory} ({state})")
+            ok = _check_skill_directory(directory) and ok
     except config_module.ConfigError as exc:
         click.echo(config_module.one_line(f"config: {exc}"))
         ok = False
@@ -180,6 +178,34 @@ def check(config_path: str | None) -> None:
             version = f"cannot run --version: {exc}"
         click.echo(f"{driver}: {path} ({version})")
     sys.exit(0 if ok else 2)
+
+
+def _check_skill_directory(directory: str) -> bool:
+    """Report what ``directory`` offers; False when a skill in it could not be staged.
+
+    Each skill is staged for real (into a scratch folder, with the limits a run has), so what
+    is reported is what a request selecting it would meet.
+    """
+    if not os.path.isdir(directory):
+        # Not an error: the folder may be made after the config.
+        click.echo(f"skills: {directory} (missing: offers nothing)")
+        return True
+    offered = skill.Directories([directory]).catalogue()
+    failures: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="adaptord-check-") as scratch:
+        for index, each in enumerate(offered):
+            try:
+                skill.materialize([each], os.path.join(scratch, str(index)))
+            except skill.SkillMaterializationError as exc:
+                failures.append((each.key, str(exc.cause) if exc.cause else str(exc)))
+    state = f"{len(offered)} skill(s)"
+    if failures:
+        state += f", {len(failures)} of them cannot be staged"
+    click.echo(f"skills: {directory} ({state})")
+    for key, why in failures:
+        # Every request selecting it fails (exit 3), as the same skill does in-process.
+        click.echo(config_module.one_line(f"skills: {os.path.join(directory, key)}: cannot be staged: {why}"))
+    return not failures
 
 
 def _open_standard_descriptors() -> None:

@@ -2446,6 +2446,34 @@ def test_a_driver_config_its_descriptor_refuses_is_the_same_error_as_in_process(
     assert verdict["error"]["code"] == "ErrInvalidDriverConfig" and verdict["exit_code"] == 3
 
 
+def test_check_stages_each_catalogue_skill_and_fails_on_one_that_cannot_be(tmp_path: Path) -> None:
+    # It only counted folders: one without a SKILL.md was "a skill" that every request
+    # selecting it would fail on (exit 3).
+    catalogue = tmp_path / "skills"
+    (catalogue / "lint").mkdir(parents=True)
+    (catalogue / "lint" / "SKILL.md").write_text("# lint\n")
+    (catalogue / "notes").mkdir()
+    (catalogue / "notes" / "README").write_text("no SKILL.md here\n")
+    (catalogue / ".git").mkdir()  # hidden: not a skill at all
+    config = tmp_path / "config.toml"
+    config.write_text(f'[skills]\ndirs = ["{catalogue}"]\n')
+    check = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 2, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert f"skills: {catalogue} (2 skill(s), 1 of them cannot be staged)" in lines
+    assert f"skills: {catalogue / 'notes'}: cannot be staged: the skill has no SKILL.md at its top level" in lines
+    assert not any(".git" in line for line in lines)
+    (catalogue / "notes" / "SKILL.md").write_text("# notes\n")
+    again = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert again.returncode == 0 and f"skills: {catalogue} (2 skill(s))" in again.stdout.splitlines()
+
+
 def test_skill_catalogue_directories_serve_requests_naming_a_key(tmp_path: Path) -> None:
     # [skills] dirs was parsed and then never used: every {"key": ...} skill was not found.
     catalogue, missing = tmp_path / "skills", tmp_path / "no-such-folder"

@@ -562,6 +562,17 @@ def test_directories_offer_each_folder_under_its_name_the_first_directory_winnin
     assert "later" in catalogue.get_skills(["later"])
 
 
+def test_directories_leave_hidden_folders_out(tmp_path: Path) -> None:
+    # A catalogue kept in git has a .git folder: it is no skill, and listing it made
+    # `adaptord check` report a skill that cannot be staged.
+    _skill_folder(tmp_path, "lint")
+    _skill_folder(tmp_path, ".hidden")
+    (tmp_path / ".git").mkdir()
+    catalogue = skill.Directories([tmp_path])
+    assert [s.key for s in catalogue.catalogue()] == ["lint"]
+    assert catalogue.get_skills([".hidden", ".git", "lint"]) == {"lint": skill.dir(tmp_path / "lint")}
+
+
 @pytest.mark.parametrize("key", ["../outside", "..", ".", "", "a/b", "/etc"])
 def test_directories_never_look_outside_for_a_key(tmp_path: Path, key: str) -> None:
     _skill_folder(tmp_path, "outside")
