@@ -195,6 +195,15 @@ def test_constructor_arguments_of_the_wrong_type_are_refused(tmp_path: Path) -> 
             sr.EventRecorder(wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="clock must be callable"):
         sr.EventRecorder(sr.MemoryEventBackend(), clock="now")  # type: ignore[arg-type]
+    # A validator that is no function was accepted, then every record() failed with
+    # "'int' object is not callable"; a clock returning text, with an AttributeError.
+    with pytest.raises(TypeError, match="key_validator must be callable, not int"):
+        sr.EventRecorder(sr.MemoryEventBackend(), 5)  # type: ignore[arg-type]
+    backend = sr.MemoryEventBackend()
+    texting = sr.EventRecorder(backend, clock=lambda: "2026-12-05T12:00:00Z")  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="the recorder's clock must return a datetime, not str"):
+        texting.record("s", _text(0))
+    assert texting.since("s") == []
 
 
 def test_tail_and_range(env: Env) -> None:

@@ -65,6 +65,9 @@ class EventRecorder:
             )
         if not callable(clock):
             raise TypeError(f"clock must be callable, not {type(clock).__name__}")
+        if key_validator is not None and not callable(key_validator):
+            # Said now: the first record() would only say "'int' object is not callable".
+            raise TypeError(f"key_validator must be callable, not {type(key_validator).__name__}")
         self._backend = backend
         self._validate = key_validator or default_key_validator
         # Keys the default validator accepted already: checking one again is a set lookup.
@@ -95,6 +98,8 @@ class EventRecorder:
             # Said here: the encoder deep down would only say "must be called with a dataclass".
             raise TypeError(f"event must be an adaptor.events event, not {type(event).__name__}")
         moment = self._clock()
+        if type(moment) is not datetime and not isinstance(moment, datetime):
+            raise TypeError(f"the recorder's clock must return a datetime, not {type(moment).__name__}")
         if moment.tzinfo is not UTC:
             if moment.tzinfo is None:
                 raise ValueError("the recorder's clock returned a naive datetime; it must be aware")
