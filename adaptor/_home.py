@@ -576,7 +576,7 @@ def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wai
             # pending file stays for the daemon, which expires it when the run ends or, for a
             # run a crash ended, at its next start: either way with the outcome in the audit
             # log, which a responder cannot write.  Listings leave it out meanwhile.
-            _write_resolved(home, approval_id, "expired")
+            _write_resolved(home, approval_id, "expired", why=ended)
             raise ApprovalExpiredError(f"approval {approval_id!r} expired before this response: {ended}")
         kind = pending.get("approval_kind")
         if action == "approve" and kind == "question":
@@ -597,9 +597,13 @@ def _settled(home: Home, approval_id: str) -> ApprovalResolvedError | None:
     resolved_path = home.approvals_resolved / f"{approval_id}.json"
     if not resolved_path.exists():
         return None
-    result = _read(resolved_path).get("result")
+    resolved = _read(resolved_path)
+    result = resolved.get("result")
     if result == "expired":
-        return ApprovalExpiredError(f"approval {approval_id!r} expired before this response")
+        # Every later responder is told why too, not only the one whose response found it.
+        why = resolved.get("why")
+        said = f": {why}" if isinstance(why, str) and why else ""
+        return ApprovalExpiredError(f"approval {approval_id!r} expired before this response{said}")
     how = f" ({_RESOLVED_AS[result]})" if result in _RESOLVED_AS else ""
     return ApprovalResolvedError(f"approval {approval_id!r} was already resolved{how}")
 
@@ -691,10 +695,11 @@ def take_response(
         return _consume(home, approval_id, apply, refused)
 
 
-def abandon(home: Home, approval_id: str) -> dict[str, Any] | None:
+def abandon(home: Home, approval_id: str, why: str) -> dict[str, Any] | None:
     """The run that asked has ended: expire the approval whatever response was written.
 
-    Returns the response that came too late (removed, never acted on), for the audit log.
+    ``why`` is what a response written later is told.  Returns the response that came too
+    late (removed, never acted on), for the audit log.
     """
     with _durable.exclusive(home.approvals_lock):
         response_path = home.approvals_responses / f"{approval_id}.json"
@@ -705,7 +710,7 @@ def abandon(home: Home, approval_id: str) -> dict[str, Any] | None:
         except _Unusable:
             late = None
             _set_aside(home, response_path, approval_id)
-        _mark_expired(home, approval_id)
+        _mark_expired(home, approval_id, why)
         _remove(response_path)
         return late
 
@@ -821,22 +826,26 @@ def _consume(
                 refused(exc.why, name)
         return None
     won = apply(response)
-    _write_resolved(home, approval_id, str(response.get("action")) if won else "expired")
+    if won:
+        _write_resolved(home, approval_id, str(response.get("action")))
+    else:
+        _write_resolved(home, approval_id, "expired", why="its run ended before it took the response")
     _remove(home.approvals_pending / f"{approval_id}.json")
     _remove(response_path)
     return response, won
 
 
-def _mark_expired(home: Home, approval_id: str) -> None:
-    _write_resolved(home, approval_id, "expired")
+def _mark_expired(home: Home, approval_id: str, why: str) -> None:
+    _write_resolved(home, approval_id, "expired", why=why)
     _remove(home.approvals_pending / f"{approval_id}.json")
 
 
-def _write_resolved(home: Home, approval_id: str, result: str) -> None:
-    """Record how an approval ended: the winning response's action, or ``expired``."""
-    _durable.atomic_write_json(
-        home.approvals_resolved / f"{approval_id}.json", {"id": approval_id, "result": result}
-    )
+def _write_resolved(home: Home, approval_id: str, result: str, *, why: str = "") -> None:
+    """Record how an approval ended: the winning response's action, or ``expired`` and why."""
+    outcome = {"id": approval_id, "result": result}
+    if why:
+        outcome["why"] = why
+    _durable.atomic_write_json(home.approvals_resolved / f"{approval_id}.json", outcome)
 
 
 class _Unusable(Exception):

@@ -1302,8 +1302,9 @@ class Daemon:
             # The SDK settles the request at its deadline too (this route is the run's
             # on_approval callback): then, or once the run ended, a response comes too late.
             if req.settled:
-                late = _home.abandon(self.home, req.id)
-                self._audit_expired(job, req, _why_settled(req), late)
+                why = _why_settled(req)
+                late = _home.abandon(self.home, req.id, _EXPIRED_BECAUSE[why])
+                self._audit_expired(job, req, why, late)
                 return
             taken = _home.take_response(self.home, req.id, hand_over, functools.partial(self._refused, job, req))
             if taken is not None:
@@ -1795,7 +1796,7 @@ class Daemon:
             except (OSError, ValueError):
                 request_id, pending = None, {}
             try:
-                late = _home.abandon(self.home, approval_id)
+                late = _home.abandon(self.home, approval_id, _EXPIRED_BECAUSE["daemon restart"])
             except Exception as exc:
                 self.log("cannot expire a stale approval", approval_id=approval_id, error=type(exc).__name__)
                 continue
@@ -2070,6 +2071,14 @@ def _hand_over(req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> boo
 def _ignored(late: Mapping[str, Any] | None) -> dict[str, str]:
     """The audit field naming a response the run never took, so the log says it was not acted on."""
     return {} if late is None else {"ignored_response": str(late.get("action"))}
+
+
+# What a response to an expired approval is told, by the audit log's ``why``.
+_EXPIRED_BECAUSE = {
+    "deadline": "its deadline passed",
+    "run ended": "the run that asked has ended",
+    "daemon restart": "adaptord stopped while the run that asked was going, which ended it",
+}
 
 
 def _why_settled(req: adaptor.ApprovalRequest) -> str:

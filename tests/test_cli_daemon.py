@@ -1175,7 +1175,13 @@ def test_approval_of_a_run_interrupted_by_a_crash_is_expired(tmp_path: Path) -> 
             client.wait(request_id, timeout=TIMEOUT)  # interrupted: infrastructure_error
         late = Home(root, restarted, tmp_path).cli("approve", approval_id, "--json")
         assert late.returncode == 5
-        assert orjson.loads(late.stdout)["error"]["code"] == "ErrApprovalExpired"
+        error = orjson.loads(late.stdout)["error"]
+        assert error["code"] == "ErrApprovalExpired"
+        # It said only "expired before this response", not why.
+        assert error["message"].endswith(
+            "expired before this response: adaptord stopped while the run that asked was "
+            "going, which ended it"
+        )
     finally:
         assert restarted.stop() == 0
 
@@ -1202,7 +1208,8 @@ def test_approve_after_the_daemon_was_killed_is_expired(tmp_path: Path) -> None:
     assert user.client.approvals() == []
     resolved = orjson.loads((root / "approvals" / "resolved" / f"{approval_id}.json").read_bytes())
     assert resolved["result"] == "expired"
-    assert user.cli("deny", approval_id).returncode == 5  # expired for good
+    again = user.cli("deny", approval_id)  # expired for good, and every responder told why
+    assert again.returncode == 5 and "adaptord is not running" in again.stderr, again.stderr
 
 
 def test_approve_after_the_deadline_of_a_stopped_daemon_is_expired(tmp_path: Path) -> None:
