@@ -246,6 +246,28 @@ class ApprovalRequest(_Event):
     def settled(self) -> bool:
         return self._responder is not None and self._responder.outcome is not None
 
+    # The responder is a handle on the live run, not data: a pickled request (a process pool's
+    # result, a multiprocessing queue) arrives as one read back from a log does, with none,
+    # while copies in this process share it, as dataclasses.replace() copies do.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_responder": None}
+
+    def __copy__(self) -> ApprovalRequest:
+        return self._with_state(dict(self.__dict__))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ApprovalRequest:
+        import copy
+
+        return self._with_state({
+            name: value if name == "_responder" else copy.deepcopy(value, memo)
+            for name, value in self.__dict__.items()
+        })
+
+    def _with_state(self, state: dict[str, Any]) -> ApprovalRequest:
+        duplicate: ApprovalRequest = _new(type(self))
+        _set(duplicate, "__dict__", state)
+        return duplicate
+
     def _live(self) -> Responder:
         from adaptor.errors import ApprovalUnavailableError
 

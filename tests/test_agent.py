@@ -733,6 +733,25 @@ def test_answer_on_binary_kind_is_a_mismatch() -> None:
     assert agent.run("go").text == "ok"
 
 
+def test_a_live_approval_request_pickles_as_a_descriptive_one_and_copies_stay_live() -> None:
+    import copy
+    import pickle
+
+    stream = adaptor.Agent(ScriptedDriver([PERMISSION, {"text": "done"}])).stream("go")
+    for event in stream:
+        if isinstance(event, events.ApprovalRequest):
+            # Pickling raised "cannot pickle '_thread.lock' object" (a process pool, a queue).
+            sent = pickle.loads(pickle.dumps(event))
+            assert sent == event and not sent.settled
+            with pytest.raises(adaptor.ApprovalUnavailableError):
+                sent.approve()
+            shallow, deep = copy.copy(event), copy.deepcopy(event)
+            assert shallow == deep == event and deep.details is not event.details
+            deep.approve()  # a copy in this process answers the live request
+            assert event.settled
+    assert stream.result().text == "done"
+
+
 def test_expired_request_rejects_late_response() -> None:
     agent = adaptor.Agent(
         ScriptedDriver([PERMISSION]),
