@@ -211,8 +211,8 @@ class Stream:
 
     ``result()`` drains the events nobody reads (those of a thread iterating meanwhile are its
     own), blocks until the run ends and returns the same outcome (or raises the same error)
-    on every call.  A consumer that stops iterating
-    early must call ``cancel()``.
+    on every call.  A consumer that stops iterating early must call ``cancel()``, or use the
+    stream as a context manager, whose exit cancels a run still going.
     """
 
     def __init__(
@@ -255,6 +255,17 @@ class Stream:
     def cancel(self) -> None:
         """Abort the run (idempotent).  Buffered events stay readable."""
         self._cancel()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Leaving a ``with agent.stream(...) as stream:`` block ends a run still going: it is
+        cancelled and given :data:`_STOP_WAIT` seconds to stop (its agent process with it), so
+        a consumer that breaks out of its loop or raises leaves nothing running."""
+        if not self._done.is_set():
+            self.cancel()  # (which also releases producers waiting on a full buffer)
+            _waiting.wait_event(self._done, _STOP_WAIT)
 
     def _settle(self, result: Result | None, error: BaseException | None) -> None:
         self._result, self._error = result, error

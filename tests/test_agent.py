@@ -74,6 +74,28 @@ def test_run_returns_final_text_not_stdout() -> None:
     assert [i.kind for i in result.transcript()] == ["assistant", "assistant"]
 
 
+def test_leaving_a_stream_block_early_ends_the_run() -> None:
+    # Without the block, a consumer that broke out of its loop left the run going, and with
+    # a small buffer its thread waited for room for ever (until agent.close()).
+    steps: list[dict[str, Any]] = [{"tool_call": {"name": "grep"}}] * 20
+    steps += [{"sleep": 300}, {"text": "never"}]
+    agent = adaptor.Agent(ScriptedDriver(steps), event_buffer=2)
+    with agent.stream("go") as stream:
+        for index, _ in enumerate(stream):
+            if index == 3:
+                break
+    assert stream._done.is_set()  # the block's exit waited for the run's end
+    with pytest.raises(adaptor.RunCancelledError):
+        stream.result()
+    with pytest.raises(ValueError, match="boom"), agent.stream("go") as raised:
+        raise ValueError("boom")
+    with pytest.raises((adaptor.CancelledError, adaptor.RunCancelledError)):
+        raised.result()
+    with adaptor.Agent(ScriptedDriver([{"text": "hi"}])).stream("go") as finished:
+        assert finished.result().text == "hi"  # a run that ended is left as it is
+    assert finished.result().text == "hi"
+
+
 def test_a_transcript_item_changed_by_its_caller_changes_nothing_else() -> None:
     agent = adaptor.Agent(
         ScriptedDriver([{"tool_call": {"name": "grep", "args": {"pattern": "x"}, "result": "ok"}}])
