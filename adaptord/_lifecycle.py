@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -12,15 +13,31 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from adaptor import _durable, events
 from adaptord.config import one_line
 from hosttools import sessionrecorder as sr
 
 
 def line(fact: str, fields: Mapping[str, Any]) -> str:
-    """A fact's log line for stderr (journald): ``adaptord: FACT key=value ...``, one line."""
-    extra = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+    """A fact's log line for stderr (journald): ``adaptord: FACT key=value ...``, one line.
+
+    A value with a space, quote, ``=`` or line break, or an empty one, is written in double
+    quotes with JSON's escapes (logfmt's convention), so each ``key=value`` reads back whole.
+    """
+    extra = " ".join(f"{k}={_logfmt(v)}" for k, v in fields.items() if v is not None)
     return one_line(f"adaptord: {fact}" + (f" {extra}" if extra else ""))
+
+
+def _logfmt(value: object) -> str:
+    text = str(value)
+    if text and not _NEEDS_QUOTES.search(text):
+        return text
+    return orjson.dumps(text).decode()
+
+
+_NEEDS_QUOTES = re.compile(r'[\s"=]')
 
 
 # Lifecycle facts a reader of the journal is warned of; every other fact is informational.
@@ -99,8 +116,8 @@ class OneLineLogging(logging.Handler):
             fields: dict[str, Any] = {
                 "level": record.levelname.lower(),
                 "logger": record.name,
-                # Quoted: the text may hold what a caller sent, newlines included.
-                "message": repr(lines[0][:_LOGGED_MESSAGE_LIMIT] if lines else ""),
+                # Quoted by line(): the text may hold what a caller sent.
+                "message": lines[0][:_LOGGED_MESSAGE_LIMIT] if lines else "",
             }
             if record.exc_info and record.exc_info[0] is not None:
                 fields["error"] = record.exc_info[0].__name__

@@ -1032,7 +1032,7 @@ def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_
     config.write_text("scan_interval = 0.2\n")
     with InotifyHog() as hog:
         proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
-        proc.wait_for_line("file watcher unavailable; scanning instead error=inotify instance limit reached")
+        proc.wait_for_line('file watcher unavailable; scanning instead error="inotify instance limit reached"')
         client = Client(proc.home.root)
         rid = client.submit(script({"text": "found by a scan"}))
         assert client.wait(rid, timeout=60).text == "found by a scan"  # the client polls too
@@ -1240,8 +1240,8 @@ def test_a_daemon_started_at_its_task_limit_serves_and_starts_the_rest_later(tmp
     with TaskLimit(proc.proc.pid) as limit:
         limit.cap(spare=2)  # the main thread and two more: not the four workers and the watcher
         proc.let_go()
-        proc.wait_for_line("cannot start a worker thread; serving with fewer error=can't start new thread")
-        proc.wait_for_line("file watcher unavailable; scanning instead error=can't start new thread")
+        proc.wait_for_line('cannot start a worker thread; serving with fewer error="can\'t start new thread"')
+        proc.wait_for_line('file watcher unavailable; scanning instead error="can\'t start new thread"')
         proc.wait_for_line("adaptord: ready")
         limit.lift()
         proc.wait_for_line("all workers started workers=4")
@@ -2171,8 +2171,8 @@ def test_a_failure_of_several_lines_is_one_log_line_naming_the_config(tmp_path: 
     proc = DaemonProcess(tmp_path / "home", "--config", str(config), cwd=tmp_path).start()
     line = proc.reload(config, '[tools]\nx = "multiline_tool_module:tool"\n')
     assert line == (
-        f"adaptord: config reload failed; keeping the old config error={config}: tools.x: cannot load "
-        "'multiline_tool_module:tool': ValueError: first line\\nsecond line"
+        f'adaptord: config reload failed; keeping the old config error="{config}: tools.x: cannot load '
+        "'multiline_tool_module:tool': ValueError: first line\\nsecond line\""
     )
     assert proc.stop() == 0
     assert all(line.startswith("adaptord: ") for line in proc.lines), proc.lines
