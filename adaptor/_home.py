@@ -440,9 +440,10 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     data = request_file_bytes(body)
     if not home.spool_tmp.is_dir() or not home.spool_new.is_dir():
         raise FileNotFoundError(f"no adaptord spool under {home.root}")
-    if home.has_verdict(request_id):
-        raise FileExistsError(f"request {request_id!r} already has a verdict")
+    if _taken(home, request_id, None):
+        raise FileExistsError(f"request {request_id!r} was already submitted")
     tmp = home.spool_tmp / f"{request_id}.json"
+    queued = home.spool_new / f"{request_id}.json"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
@@ -450,15 +451,36 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
             while view:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
+            ours = os.fstat(fd).st_ino
         finally:
             os.close(fd)
-        os.link(tmp, home.spool_new / f"{request_id}.json")
+        os.link(tmp, queued)
     finally:
         # Also after a failed write (a full disk): a retry with the same id must find no
         # half-written file in its way.
         os.unlink(tmp)
+    # The link fails only while the other request is still queued; once the daemon claimed it
+    # the spool name is free again.  A request with this id claimed (or answered) meanwhile
+    # makes this one a duplicate, which the daemon would only set aside: take it back.
+    if _taken(home, request_id, ours):
+        with contextlib.suppress(FileNotFoundError):  # (set aside by the daemon already)
+            if os.lstat(queued).st_ino == ours:
+                os.unlink(queued)
+        raise FileExistsError(f"request {request_id!r} was already submitted")
     _durable.fsync_dir(home.spool_new)
     return request_id
+
+
+def _taken(home: Home, request_id: str, ours: int | None) -> bool:
+    """Whether another request with this id was claimed or has its verdict (``ours``: the
+    inode of the file this submitter linked, which the daemon's claim keeps)."""
+    if home.has_verdict(request_id):
+        return True
+    try:
+        claimed = os.lstat(home.claimed / f"{request_id}.json")
+    except FileNotFoundError:
+        return False
+    return claimed.st_ino != ours
 
 
 def request_file_bytes(request: Mapping[str, Any]) -> bytes:

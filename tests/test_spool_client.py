@@ -843,6 +843,48 @@ def test_a_misnamed_spool_file_gets_a_verdict_under_the_id_its_name_carries(home
     assert any(q.endswith("-abc3.json") for q in os.listdir(home.root / "quarantine"))
 
 
+def test_an_id_whose_request_is_running_is_taken(home: Home) -> None:
+    # Once the daemon had claimed a request its spool name was free again: a second request
+    # with the id was "submitted" (exit 0), then set aside unread, and its caller's wait got
+    # the first request's verdict as its own.
+    first = home.client.submit({**script({"sleep": 60}, {"text": "first"}), "id": "dup-running"})
+    state = home.root / "runs" / first / "state.json"
+    wait_until(lambda: state.exists(), "the first request to be claimed")
+    quarantined = set(os.listdir(home.root / "quarantine"))
+    with pytest.raises(FileExistsError, match="already submitted"):
+        home.client.submit({**script({"text": "second"}), "id": "dup-running"})
+    again = home.cli("submit", input=orjson.dumps({**script({"text": "x"}), "id": first}).decode())
+    assert again.returncode == 2 and "already submitted" in again.stderr, again.stderr
+    assert not (home.root / "spool" / "new" / f"{first}.json").exists()
+    assert home.client.cancel(first)
+    with pytest.raises(adaptor.RunCancelledError):
+        home.client.wait(first, timeout=TIMEOUT)
+    assert set(os.listdir(home.root / "quarantine")) == quarantined  # nothing set aside
+
+
+def test_a_submitter_whose_id_was_claimed_as_it_linked_takes_its_request_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other request is claimed between the check and the link: the link succeeds (the
+    # spool name was free), and only the check after it can tell.
+    root = tmp_path / "home"
+    for folder in ("spool/tmp", "spool/new", "claimed", "verdicts"):
+        (root / folder).mkdir(parents=True)
+    (root / "claimed" / "raced.json").write_bytes(b"{}")  # the other request, claimed
+    real = _home._taken
+    checks: list[int | None] = []
+
+    def taken_after_the_link(home: _home.Home, request_id: str, ours: int | None) -> bool:
+        checks.append(ours)
+        return False if ours is None else real(home, request_id, ours)
+
+    monkeypatch.setattr(_home, "_taken", taken_after_the_link)
+    with pytest.raises(FileExistsError, match="already submitted"):
+        _home.submit(_home.Home(root), {**script({"text": "x"}), "id": "raced"})
+    assert len(checks) == 2 and os.listdir(root / "spool" / "new") == []
+    assert os.listdir(root / "spool" / "tmp") == []
+
+
 def test_a_spool_entry_never_gets_a_verdict_for_another_requests_id(home: Home, tmp_path: Path) -> None:
     # A symlink "<id>.json" dropped while request <id> ran got a rejection verdict under that
     # id: the run's own verdict was then never written, and its claimed copy was removed.
