@@ -698,18 +698,35 @@ class _LogReader:
         raise AssertionError("an unterminated line decoded")
 
     def read(self) -> Iterator[EventRecord]:
+        file = self._stream  # a pipe has no offset to go back to: it is read where it stands
+        if file is None:
+            if self._file is not None and self._moved_away():
+                # Rotated or removed: what was appended to it since the last read comes first,
+                # as tail -F reads a file to its end before it goes on with the new one.
+                self._file.seek(self._offset)
+                yield from self._records_from(self._file)
+                self.close()
+            file = self._reopen()
+            if file is None:
+                return
+            file.seek(self._offset)
+        yield from self._records_from(file)
+
+    def _moved_away(self) -> bool:
+        """Whether ``path`` no longer names the open file (it was rotated, replaced or removed)."""
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        return (info.st_dev, info.st_ino) != self._identity
+
+    def _records_from(self, file: IO[bytes]) -> Iterator[EventRecord]:
         # Imported here: importing adaptor must not load the host tools.  The recorder has no
         # public incremental reader; its line decoder is the one strict definition of a record,
         # so following a log uses it rather than a second parser.
         from hosttools import sessionrecorder
         from hosttools.sessionrecorder import _format as log_format
 
-        file = self._stream  # a pipe has no offset to go back to: it is read where it stands
-        if file is None:
-            file = self._reopen()
-            if file is None:
-                return
-            file.seek(self._offset)
         self._partial = None
         for raw in iter(file.readline, b""):
             if not raw.endswith(b"\n"):

@@ -1037,6 +1037,37 @@ def test_a_follower_reads_a_new_log_whole_and_a_restored_copy_not_again(tmp_path
     reader.close()
 
 
+@pytest.mark.parametrize("how", ["rotated", "rotated, new one begun", "removed"])
+def test_a_follower_reads_a_rotated_log_to_its_end_before_the_new_one(tmp_path: Path, how: str) -> None:
+    # What was appended to the old file after the follower's last read was skipped once the
+    # name led to a new file (tail -F reads the old one to its end first): a monitor of the
+    # daemon's lifecycle log lost facts at every rotation.
+    from adaptor.spool import _LogReader
+
+    path = tmp_path / "followed.jsonl"
+    _recorded(tmp_path, ["a", "b"])
+    reader = _LogReader(path)
+
+    def texts() -> list[str]:
+        return [getattr(r.event, "text", "") for r in reader.read()]
+
+    assert texts() == ["a", "b"]
+    _recorded(tmp_path, ["c", "d"])  # not read yet when the log moves on
+    if how.startswith("rotated"):
+        os.rename(path, tmp_path / "rotated.jsonl")
+    else:
+        path.unlink()
+    (tmp_path / "followed.jsonl.lock").unlink()
+    if how == "rotated, new one begun":
+        _recorded(tmp_path, ["new 1"])
+        assert texts() == ["c", "d", "new 1"]  # the old file to its end, then the new one
+    else:
+        assert texts() == ["c", "d"]  # still open: read to its end
+        _recorded(tmp_path, ["new 1"])
+        assert texts() == ["new 1"]
+    reader.close()
+
+
 def test_a_fifo_at_a_verdict_path_is_no_verdict_and_never_waited_on(tmp_path: Path) -> None:
     # Verdicts were opened without O_NONBLOCK: a FIFO at verdicts/<id>.json made `adaptor wait`
     # (and every client call reading that verdict) wait in open() forever for a writer.  Like
