@@ -569,7 +569,40 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
     settles_by = time.monotonic() + 2 * RESPONSE_SETTLE
     while not _respond_once(home, approval_id, action, data, wait=time.monotonic() < settles_by):
         time.sleep(0.05)
+    _await_taken(home, approval_id, action)
     return response
+
+
+# How long a responder waits for the daemon to hand its response to the run (it looks for
+# responses every quarter second, sooner when woken): only a daemon that does not get to run
+# (stopped, starved) takes longer, and then the response is reported written, as before.
+RESPONSE_TAKEN_WITHIN = 10.0
+
+
+def _await_taken(home: Home, approval_id: str, action: str) -> None:
+    """Wait until the daemon took the response just written: return when the run took it,
+    raise ``ApprovalExpiredError`` when it no longer could (its deadline fell between the
+    writing and the taking, its run ended, the daemon stopped).
+
+    Without this wait a response written a moment before the deadline was reported approved
+    while the run failed with ``ApprovalTimeoutError``.
+    """
+    resolved = home.approvals_resolved / f"{approval_id}.json"
+    give_up = time.monotonic() + RESPONSE_TAKEN_WITHIN
+    while time.monotonic() < give_up:
+        running = daemon_running(home)  # asked first: a daemon that took it and then stopped
+        if resolved.exists():
+            settled = _settled(home, approval_id, won_by=action)
+            if settled is not None:
+                raise settled
+            return  # the run took it
+        if not running:
+            # Gone before it took the response: its next start expires the request.
+            raise ApprovalExpiredError(
+                f"approval {approval_id!r} expired before this response: adaptord stopped "
+                "before it took the response, which ended the run that asked"
+            )
+        time.sleep(0.02)
 
 
 def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wait: bool) -> bool:
@@ -613,14 +646,17 @@ def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wai
         return True
 
 
-def _settled(home: Home, approval_id: str) -> ApprovalResolvedError | None:
+def _settled(home: Home, approval_id: str, won_by: str = "") -> ApprovalResolvedError | None:
     """What a response to ``approval_id`` gets once it is settled (its outcome is kept
-    :data:`RESOLVED_KEPT_FOR`), or ``None`` while it is not."""
+    :data:`RESOLVED_KEPT_FOR`), or ``None`` while it is not, or when it was settled by the
+    action ``won_by`` (the caller's own response)."""
     resolved_path = home.approvals_resolved / f"{approval_id}.json"
     if not resolved_path.exists():
         return None
     resolved = _read(resolved_path)
     result = resolved.get("result")
+    if won_by and result == won_by:
+        return None
     if result == "expired":
         # Every later responder is told why too, not only the one whose response found it.
         why = resolved.get("why")
@@ -851,7 +887,9 @@ def _consume(
     if won:
         _write_resolved(home, approval_id, str(response.get("action")))
     else:
-        _write_resolved(home, approval_id, "expired", why="its run ended before it took the response")
+        _write_resolved(
+            home, approval_id, "expired", why="the run no longer took it (its deadline or its end came first)"
+        )
     _remove(home.approvals_pending / f"{approval_id}.json")
     _remove(response_path)
     return response, won

@@ -1241,6 +1241,42 @@ def test_approve_after_the_deadline_of_a_stopped_daemon_is_expired(tmp_path: Pat
         assert daemon.stop() == 0
 
 
+def test_approve_written_before_the_deadline_but_taken_after_it_is_expired(tmp_path: Path) -> None:
+    # The response went in before the deadline, so `approve` said "approved" (exit 0); the
+    # daemon (stopped here, busy or slow in life) took it after the deadline, which the run
+    # had already acted on: the run failed with ApprovalTimeoutError.  `approve` now waits for
+    # the daemon to hand the response over and reports what the run did with it.
+    root = tmp_path / "home"
+    daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
+    user = Home(root, daemon, tmp_path)
+    request_id = user.client.submit(
+        script(PERMISSION, {"text": "approved"}, policy={"approvals": {"timeout": 4}})
+    )
+    pending = pending_approval(user, request_id)
+    deadline = datetime.fromisoformat(pending["deadline"])
+    daemon.signal(signal.SIGSTOP)
+    try:
+        approving = subprocess.Popen(
+            ["adaptor", "approve", pending["id"], "--json"],
+            env=user.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")
+        assert approving.poll() is None  # waiting for the daemon to take it
+    finally:
+        daemon.signal(signal.SIGCONT)
+    try:
+        out, err = approving.communicate(timeout=TIMEOUT)
+        assert approving.returncode == 5, (out, err)
+        error = orjson.loads(out)["error"]
+        assert error["code"] == "ErrApprovalExpired" and "deadline" in error["message"], error
+        with pytest.raises(errors.ApprovalTimeoutError):
+            user.client.wait(request_id, timeout=TIMEOUT)
+        again = user.cli("approve", pending["id"])  # and so is every later responder
+        assert again.returncode == 5 and "deadline" in again.stderr, again.stderr
+    finally:
+        assert daemon.stop() == 0
+
+
 def _inotify_open(pid: int) -> bool:
     """Whether process ``pid`` watches a folder (its wait for a verdict has begun)."""
     try:
