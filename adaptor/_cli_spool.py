@@ -621,7 +621,7 @@ def status(as_json: bool, home: str | None) -> None:
                 text
                 for value, text in (
                     (info["pid"], f"pid {info['pid']}"),
-                    (info["workers"], f"{info['workers']} workers"),
+                    (info["workers"], f"{info['workers']} worker{'' if info['workers'] == 1 else 's'}"),
                     (info["started_at"], f"since {info['started_at']}"),
                 )
                 if value is not None

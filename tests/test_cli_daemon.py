@@ -1022,6 +1022,20 @@ def test_status_of_a_damaged_daemon_state_says_it_is_unreadable(tmp_path: Path) 
     assert f"{daemon.home.daemon_state} is unreadable" in ours.stderr
 
 
+def test_status_names_one_worker_in_the_singular(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("workers = 1\n")
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    try:
+        status = subprocess.run(
+            ["adaptor", "status", "--home", str(daemon.home.root)],
+            capture_output=True, text=True, timeout=TIMEOUT,
+        )
+    finally:
+        assert daemon.stop() == 0
+    assert ", 1 worker, since " in status.stdout.splitlines()[0], status.stdout  # was "1 workers"
+
+
 def test_threads_list_and_show(home: Home) -> None:
     home.client.run(threaded("cli/threads/a"), timeout=TIMEOUT)
     outcome = orjson.loads(home.cli("threads", "list", "--json").stdout)
