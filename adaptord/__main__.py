@@ -1,3 +1,3 @@
-from adaptord.cli import main
+from adaptord._entry import main
 
 main()

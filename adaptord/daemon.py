@@ -53,7 +53,7 @@ from adaptor.drivers import _process
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import CorruptLogError as StoreCorruptLogError
 from adaptor.threadstore import Query, Record
-from adaptord import _leftovers, _lifecycle, _retention, _tempfiles
+from adaptord import _entry, _leftovers, _lifecycle, _retention, _tempfiles
 from adaptord import config as config_module
 from adaptord._lifecycle import LifecycleLog
 from adaptord._store import ReopeningStore
@@ -333,6 +333,8 @@ class Daemon:
         # Set early, they are acted on once serving (a stop then drains at once).
         for sig in _HANDLED_SIGNALS:
             signal.signal(sig, self._on_signal)
+        for signum in _entry.take_early_signals():  # (the command's own start-up)
+            self._on_signal(signum, None)
         try:
             return self._serve_home()
         finally:

@@ -2161,6 +2161,39 @@ def test_every_file_of_the_home_is_private(daemon: DaemonProcess) -> None:
     assert exposed == []
 
 
+_SLOW_START = """
+import builtins, sys, time
+real_import = builtins.__import__
+
+def slow_import(name, *args, **kwargs):
+    if name == "adaptord.cli":  # the daemon's own imports, made slow enough to signal in
+        print("importing", flush=True)
+        time.sleep(1)
+    return real_import(name, *args, **kwargs)
+
+builtins.__import__ = slow_import
+sys.argv = ["adaptord", "serve", "--home", sys.argv[1]]
+from adaptord._entry import main
+main()
+"""
+
+
+def test_signals_while_the_command_imports_the_daemon_are_acted_on_once_it_serves(tmp_path: Path) -> None:
+    # A SIGHUP or SIGTERM in the first few hundred milliseconds (the imports) ended the
+    # process without a word, exit 129 or 143: a supervisor reads that as a crash.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_START, str(tmp_path / "home")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "importing\n"
+    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = [line.split(" ", 2)[1] for line in err.splitlines()]
+    assert lines.index("ready") < lines.index("draining") < lines.index("daemon.stopped"), err
+
+
 def test_a_failure_of_several_lines_is_one_log_line_naming_the_config(tmp_path: Path) -> None:
     # A host tool module raising a message of several lines split the reload's fact over
     # several stderr lines (journald records each as its own, unprefixed entry), and the

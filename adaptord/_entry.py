@@ -1,0 +1,35 @@
+"""The ``adaptord`` command's entry point: takes the stop and reload signals of ``serve`` before
+anything else is imported.
+
+Importing the daemon (click, the SDK, the config, host tools) takes a few hundred milliseconds,
+during which SIGTERM or SIGHUP kept their default action and ended the process without a word
+(exit 143 or 129, which a supervisor reads as a crash).  Taken this early, they are noted and
+acted on by :meth:`adaptord.daemon.Daemon.serve` once it owns them.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+_early: list[int] = []
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _note(signum: int, frame: object) -> None:
+    _early.append(signum)
+
+
+def take_early_signals() -> list[int]:
+    """The signals noted before the daemon took them over, oldest first (and forget them)."""
+    noted, _early[:] = list(_early), []
+    return noted
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["serve"]:
+        for sig in _SIGNALS:
+            signal.signal(sig, _note)
+    from adaptord.cli import main as cli_main
+
+    cli_main()
