@@ -289,8 +289,11 @@ class Client:
     def approve(self, approval_id: str) -> None:
         """Approve a permission or plan-review request.
 
+        Returns once the daemon handed the response to the run that asked (it waits up to 10 s
+        for that; a daemon that does not get to it meanwhile leaves the response written).
         Raises ``ApprovalResolvedError`` (another response won), ``ApprovalExpiredError``
-        (deadline or run end came first, or no daemon serves the home: its runs have ended),
+        (deadline or run end came first, also between the writing and the taking, or no
+        daemon serves the home: its runs have ended),
         ``ApprovalKindMismatchError`` (a question; it stays open) or
         ``ApprovalUnavailableError`` (no such request).
         """
