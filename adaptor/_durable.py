@@ -295,6 +295,40 @@ class SyncBatch:
         another name (a hard link) or a FIFO at ``path`` raises :class:`ForeignFileError`, and
         is left as it was.
         """
+        try:
+            fd = self._open_for_write(path, data, exclusive)
+        except OSError as exc:
+            if not self._make_room(exc):
+                raise
+            fd = self._open_for_write(path, data, exclusive)
+        if fd is None:
+            return
+        self._descriptors.append(fd)
+        _write_all(fd, data)
+        self._start_writeback()
+
+    def _make_room(self, exc: OSError) -> bool:
+        """After an open the process had no descriptor left for: sync and close the files held
+        so far, so the open can be tried again (False: no help in that, the error stands).
+
+        A process short of descriptors (a low ``ulimit -n``, a daemon whose other work holds
+        most of them) could otherwise never complete a batch: each try opened the same files
+        and failed at the same one.  What becomes durable, and in which order, is unchanged.
+        """
+        if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._descriptors:
+            return False
+        descriptors, self._descriptors, self._hinted = self._descriptors, [], 0
+        try:
+            for fd in descriptors:
+                os.fsync(fd)
+        finally:
+            for fd in descriptors:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        return True
+
+    def _open_for_write(self, path: _StrPath, data: bytes, exclusive: bool) -> int | None:
+        """The descriptor :meth:`write` writes ``path`` through; None for a new empty file."""
         flags = os.O_WRONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
         try:
             # Usually the file is new (a run's side files): created here, it is the writer's
@@ -318,20 +352,27 @@ class SyncBatch:
             if not data and not exclusive:
                 # A new empty file has no content to sync (see above).
                 os.close(fd)
-                return
-        self._descriptors.append(fd)
-        _write_all(fd, data)
-        self._start_writeback()
+                return None
+        return fd
 
     def add(self, path: _StrPath) -> None:
         """A file written earlier without fsync; a missing one has nothing to make durable."""
         try:
-            self._descriptors.append(open_regular(path, os.O_RDONLY)[0])
+            fd = self._open_to_sync(path)
         except (FileNotFoundError, ForeignFileError):
             # Replaced since by a symbolic link or a FIFO (whose open would wait forever for a
             # writer): nothing of the writer's is there to sync.
             return
+        self._descriptors.append(fd)
         self._start_writeback()
+
+    def _open_to_sync(self, path: _StrPath) -> int:
+        try:
+            return open_regular(path, os.O_RDONLY)[0]
+        except OSError as exc:
+            if not self._make_room(exc):
+                raise
+            return open_regular(path, os.O_RDONLY)[0]
 
     def add_directory(self, path: _StrPath) -> None:
         self._directories[path] = None

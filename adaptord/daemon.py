@@ -378,6 +378,13 @@ class Daemon:
             # temporary files go where the next start finds them; see _clear_tmp.
             with _leftovers.marking(_leftovers.owner_mark(self.home.root)), _tempfiles.kept_in(self.home.tmp):
                 return self._serve_locked()
+        except OSError as exc:
+            if not _out_of_descriptors(exc):
+                raise
+            # So few descriptors (ulimit -n 6) that the start-up itself ran out: said as a
+            # home it cannot use, as when the first of them fails, never as a traceback.
+            self.log("cannot use the home", home=self.home.root, error=_os_error_text(exc))
+            return 69
         finally:
             library_log.uninstall()
             instance.release()

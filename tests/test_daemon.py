@@ -2161,6 +2161,31 @@ def test_every_file_of_the_home_is_private(daemon: DaemonProcess) -> None:
     assert exposed == []
 
 
+@pytest.mark.parametrize("limit", [6, 7])
+def test_a_start_short_of_descriptors_ends_69_or_serves_never_a_traceback(tmp_path: Path, limit: int) -> None:
+    # Under `ulimit -n 6` the start-up ran out of descriptors listing the approvals: a
+    # traceback and exit 1, which the systemd unit restarts for ever.
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, preexec_fn=low_limit,
+    )
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # serving with what it has: stopped as usual
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    else:
+        assert proc.returncode == 69, err
+        assert 'cannot use the home' in err and 'error="Too many open files"' in err, err
+    assert "Traceback" not in err, err
+
+
 _SLOW_START = """
 import builtins, sys, time
 real_import = builtins.__import__
