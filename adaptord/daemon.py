@@ -2100,7 +2100,8 @@ def _why_settled(req: adaptor.ApprovalRequest) -> str:
 _INTERRUPTED = "the daemon stopped while the run was in progress"
 _VERDICT_UNWRITTEN = (
     "the run finished, but the daemon stopped before its verdict could be written (the disk "
-    "refused it); only the text its audit log holds is kept"
+    "or the system refused it: full, read-only, out of descriptors); only the text its audit "
+    "log holds is kept"
 )
 
 
