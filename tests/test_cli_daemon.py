@@ -1228,38 +1228,14 @@ def test_approve_after_the_daemon_was_killed_is_expired(tmp_path: Path) -> None:
     assert again.returncode == 5 and "adaptord is not running" in again.stderr, again.stderr
 
 
-def test_approve_after_the_deadline_of_a_stopped_daemon_is_expired(tmp_path: Path) -> None:
-    # The pending file's deadline was not checked: with the daemon stopped (SIGSTOP) past it,
-    # `approve` said "approved" and the run went on to succeed.
-    root = tmp_path / "home"
-    daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
-    user = Home(root, daemon, tmp_path)
-    request_id = user.client.submit(
-        script(PERMISSION, {"text": "approved"}, policy={"approvals": {"timeout": 5}})
-    )
-    pending = pending_approval(user, request_id)
-    deadline = datetime.fromisoformat(pending["deadline"])
-    daemon.signal(signal.SIGSTOP)
-    try:
-        wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")
-        late = user.cli("approve", pending["id"], "--json")
-    finally:
-        daemon.signal(signal.SIGCONT)
-    try:
-        assert late.returncode == 5, late.stderr
-        assert orjson.loads(late.stdout)["error"]["code"] == "ErrApprovalExpired"
-        assert "deadline" in late.stderr
-        with pytest.raises(errors.ApprovalTimeoutError):
-            user.client.wait(request_id, timeout=TIMEOUT)
-    finally:
-        assert daemon.stop() == 0
-
-
-def test_approve_written_before_the_deadline_but_taken_after_it_is_expired(tmp_path: Path) -> None:
-    # The response went in before the deadline, so `approve` said "approved" (exit 0); the
+@pytest.mark.parametrize("responded", ["after the deadline", "before the deadline, taken after it"])
+def test_approve_that_the_deadline_beat_is_expired(tmp_path: Path, responded: str) -> None:
+    # After: the pending file's deadline was not checked; with the daemon stopped (SIGSTOP)
+    # past it, `approve` said "approved" and the run went on to succeed.  Before: the
+    # response went in before the deadline, so `approve` said "approved" (exit 0), but the
     # daemon (stopped here, busy or slow in life) took it after the deadline, which the run
-    # had already acted on: the run failed with ApprovalTimeoutError.  `approve` now waits for
-    # the daemon to hand the response over and reports what the run did with it.
+    # had acted on already: it failed with ApprovalTimeoutError.  `approve` now waits for the
+    # daemon to hand the response over and reports what the run did with it.
     root = tmp_path / "home"
     daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
     user = Home(root, daemon, tmp_path)
@@ -1268,14 +1244,19 @@ def test_approve_written_before_the_deadline_but_taken_after_it_is_expired(tmp_p
     )
     pending = pending_approval(user, request_id)
     deadline = datetime.fromisoformat(pending["deadline"])
+    command = ["adaptor", "approve", pending["id"], "--json"]
     daemon.signal(signal.SIGSTOP)
     try:
+        if responded == "after the deadline":
+            wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")
         approving = subprocess.Popen(
-            ["adaptor", "approve", pending["id"], "--json"],
-            env=user.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            command, env=user.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")
-        assert approving.poll() is None  # waiting for the daemon to take it
+        if responded != "after the deadline":
+            wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")
+            assert approving.poll() is None  # waiting for the daemon to take it
+        else:
+            approving.wait(TIMEOUT)
     finally:
         daemon.signal(signal.SIGCONT)
     try:

@@ -2451,6 +2451,13 @@ def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, e
     assert all(fragment in serve.stderr for fragment in expected), serve.stderr
 
 
+def _adaptord_check(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
 def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     # Refused as "Invalid statement (at line 1, column 1)", where request files may carry one.
     from adaptord import config as config_module
@@ -2458,10 +2465,7 @@ def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_bytes(codecs.BOM_UTF8 + b"workers = 3\n[drivers.script]\nsteps = [{text = 'hi'}]\n")
     assert config_module.load(config, required=True).workers == 3
-    check = subprocess.run(
-        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )
+    check = _adaptord_check(config)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -2480,10 +2484,7 @@ def _refused_by_check_and_serve(
     must refuse it (exit 2, no traceback): check's ``config:`` line and both processes."""
     config = tmp_path / "config.toml"
     config.write_text(text)
-    check = subprocess.run(
-        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )
+    check = _adaptord_check(config)
     assert check.returncode == 2, check.stdout + check.stderr
     (reported,) = [line for line in check.stdout.splitlines() if line.startswith("config:")]
     serve = subprocess.run(
@@ -2515,20 +2516,14 @@ def test_check_stages_each_catalogue_skill_and_fails_on_one_that_cannot_be(tmp_p
     (catalogue / ".git").mkdir()  # hidden: not a skill at all
     config = tmp_path / "config.toml"
     config.write_text(f'[skills]\ndirs = ["{catalogue}"]\n')
-    check = subprocess.run(
-        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )
+    check = _adaptord_check(config)
     assert check.returncode == 2, check.stdout + check.stderr
     lines = check.stdout.splitlines()
     assert f"skills: {catalogue} (2 skill(s), 1 of them cannot be staged)" in lines
     assert f"skills: {catalogue / 'notes'}: cannot be staged: the skill has no SKILL.md at its top level" in lines
     assert not any(".git" in line for line in lines)
     (catalogue / "notes" / "SKILL.md").write_text("# notes\n")
-    again = subprocess.run(
-        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )
+    again = _adaptord_check(config)
     assert again.returncode == 0 and f"skills: {catalogue} (2 skill(s))" in again.stdout.splitlines()
 
 
@@ -2542,10 +2537,7 @@ def test_skill_catalogue_directories_serve_requests_naming_a_key(tmp_path: Path)
     (tmp_path / "outside" / "SKILL.md").write_text("# not in the catalogue\n")
     config = tmp_path / "config.toml"
     config.write_text(f'[skills]\ndirs = ["{catalogue}", "{missing}"]\n')
-    check = subprocess.run(
-        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )
+    check = _adaptord_check(config)
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"skills: {catalogue} (2 skill(s))" in check.stdout.splitlines()
     assert f"skills: {missing} (missing: offers nothing)" in check.stdout.splitlines()
