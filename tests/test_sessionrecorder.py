@@ -190,6 +190,8 @@ def test_constructor_arguments_of_the_wrong_type_are_refused(tmp_path: Path) -> 
         sr.JSONLEventBackend(tmp_path, "no")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="max_open_files must be an int, not str"):
         sr.JSONLEventBackend(tmp_path, max_open_files="3")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="directory must be a str or a str path, not bytes"):
+        sr.JSONLEventBackend(os.fsencode(tmp_path))  # type: ignore[arg-type]
     for wrong in (str(tmp_path), sr.JSONLEventBackend):
         with pytest.raises(TypeError, match="backend must be an event backend"):
             sr.EventRecorder(wrong)  # type: ignore[arg-type]

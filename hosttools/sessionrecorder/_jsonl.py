@@ -573,6 +573,9 @@ class JSONLEventBackend:
             raise TypeError(f"max_open_files must be an int, not {type(max_open_files).__name__}")
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")
+        if isinstance(os.fspath(directory), bytes):
+            # Said now: the first append failed with "Can't mix strings and bytes".
+            raise TypeError("directory must be a str or a str path, not bytes")
         self._directory = os.path.abspath(os.fspath(directory))
         if os.path.lexists(self._directory) and not os.path.isdir(self._directory):
             # Fail now rather than on the first append, possibly hours into a daemon's life.
