@@ -116,6 +116,7 @@ def telling_when_the_daemon_stops(
     """
     home = _home.Home.at(client.home)
     done = threading.Event()
+    said_stopped = threading.Event()
 
     def watch() -> None:
         serving = True
@@ -128,8 +129,10 @@ def telling_when_the_daemon_stops(
                 continue
             serving = now
             if serving:
+                said_stopped.clear()
                 say("adaptor: adaptord serves again")
             else:
+                said_stopped.set()
                 say(f"adaptor: adaptord stopped; {_after_restart(home, request_id)} (Ctrl-C {ctrl_c})")
 
     watcher = threading.Thread(target=watch, name="adaptor-daemon-watch", daemon=True)
@@ -143,6 +146,12 @@ def telling_when_the_daemon_stops(
     finally:
         done.set()
         watcher.join(timeout=1)
+        # A restart whose verdict came before the next look: said all the same, or the last
+        # word about the daemon would be that it stopped.
+        if said_stopped.is_set() and not watcher.is_alive():
+            with suppress(OSError):
+                if _home.daemon_running(home):
+                    say("adaptor: adaptord serves again")
 
 
 def _after_restart(home: _home.Home, request_id: str) -> str:

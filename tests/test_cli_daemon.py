@@ -1346,6 +1346,12 @@ def test_run_and_wait_say_when_the_daemon_stops(tmp_path: Path) -> None:
             assert stopped in line and ctrl_c in line, line
         restarted.start()
         assert run.wait(timeout=TIMEOUT) == 1 and wait.wait(timeout=TIMEOUT) == 1
+        for client in (run, wait):
+            # The restart's verdict came before the clients' next look at the daemon: the
+            # last word about it was that it had stopped.
+            assert client.stderr is not None
+            rest = client.stderr.read()
+            assert "adaptor: adaptord serves again" in rest, rest
     finally:
         for client in (run, wait):
             if client.poll() is None:
