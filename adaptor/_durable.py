@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeAlias
+from typing import IO, Any, TypeAlias, TypeVar
 
 import filelock
 import orjson
@@ -61,6 +61,7 @@ __all__ = [
     "unframe",
 ]
 
+_T = TypeVar("_T")
 _StrPath: TypeAlias = "str | os.PathLike[str]"
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -295,17 +296,22 @@ class SyncBatch:
         another name (a hard link) or a FIFO at ``path`` raises :class:`ForeignFileError`, and
         is left as it was.
         """
-        try:
-            fd = self._open_for_write(path, data, exclusive)
-        except OSError as exc:
-            if not self._make_room(exc):
-                raise
-            fd = self._open_for_write(path, data, exclusive)
+        fd = self._opened(lambda: self._open_for_write(path, data, exclusive))
         if fd is None:
             return
         self._descriptors.append(fd)
         _write_all(fd, data)
         self._start_writeback()
+
+    def _opened(self, open_file: Callable[[], _T]) -> _T:
+        """``open_file()``, tried once more when the process had no descriptor left for it,
+        after the files held so far are synced and closed (see :meth:`_make_room`)."""
+        try:
+            return open_file()
+        except OSError as exc:
+            if not self._make_room(exc):
+                raise
+            return open_file()
 
     def _make_room(self, exc: OSError) -> bool:
         """After an open the process had no descriptor left for: sync and close the files held
@@ -358,21 +364,13 @@ class SyncBatch:
     def add(self, path: _StrPath) -> None:
         """A file written earlier without fsync; a missing one has nothing to make durable."""
         try:
-            fd = self._open_to_sync(path)
+            fd = self._opened(lambda: open_regular(path, os.O_RDONLY)[0])
         except (FileNotFoundError, ForeignFileError):
             # Replaced since by a symbolic link or a FIFO (whose open would wait forever for a
             # writer): nothing of the writer's is there to sync.
             return
         self._descriptors.append(fd)
         self._start_writeback()
-
-    def _open_to_sync(self, path: _StrPath) -> int:
-        try:
-            return open_regular(path, os.O_RDONLY)[0]
-        except OSError as exc:
-            if not self._make_room(exc):
-                raise
-            return open_regular(path, os.O_RDONLY)[0]
 
     def add_directory(self, path: _StrPath) -> None:
         self._directories[path] = None

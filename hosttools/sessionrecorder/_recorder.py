@@ -98,7 +98,7 @@ class EventRecorder:
             # Said here: the encoder deep down would only say "must be called with a dataclass".
             raise TypeError(f"event must be an adaptor.events event, not {type(event).__name__}")
         moment = self._clock()
-        if type(moment) is not datetime and not isinstance(moment, datetime):
+        if not isinstance(moment, datetime):
             raise TypeError(f"the recorder's clock must return a datetime, not {type(moment).__name__}")
         if moment.tzinfo is not UTC:
             if moment.tzinfo is None:
