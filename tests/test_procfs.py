@@ -60,6 +60,15 @@ def test_a_proc_of_another_namespace_is_neither_judged_nor_signalled(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's process needs root")
+def _execd(pid: int) -> bool:
+    """Whether process ``pid`` runs ``sleep`` already (not yet the forked test process)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().startswith(b"sleep\0")
+    except OSError:
+        return False
+
+
 def test_another_users_process_carrying_our_mark_is_not_ours(tmp_path: Path) -> None:
     # Root reads every user's environment: a root daemon's leftover clean-up signalled another
     # user's process group whose leader carried the home's mark (set by hand).
@@ -68,6 +77,11 @@ def test_another_users_process_carrying_our_mark_is_not_ours(tmp_path: Path) -> 
     theirs = subprocess.Popen(["sleep", "60"], env=env, user=65534, start_new_session=True)
     ours = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
     try:
+        # Until a child has exec'd, /proc shows its parent's environment, without the mark:
+        # a look before then found neither (under load, in a full parallel run).
+        give_up = time.monotonic() + 30
+        while not all(_execd(proc.pid) for proc in (theirs, ours)) and time.monotonic() < give_up:
+            time.sleep(0.02)
         found = {leftover.pid for leftover in _leftovers.find(owner)}
         assert ours.pid in found and theirs.pid not in found
     finally:
