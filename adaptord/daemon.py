@@ -1442,10 +1442,13 @@ class Daemon:
                 running = self._running.get(request_id)
                 queued = self._unqueue(request_id)
             if running is not None:
-                running.cancel_requested = True
-                if running.stream is not None:
-                    running.stream.cancel()
-                self.audit("request.cancel_requested", request_id)
+                # A second `adaptor cancel` of the same run (its mark is made again once this
+                # sweep took the first) asks for nothing new: one fact per cancelled run.
+                if not running.cancel_requested:
+                    running.cancel_requested = True
+                    if running.stream is not None:
+                        running.stream.cancel()
+                    self.audit("request.cancel_requested", request_id)
             elif queued is not None:
                 self._cancel_unstarted(queued)
                 self._dispatch()  # a job waiting behind it on its thread key may be ready now

@@ -1562,6 +1562,32 @@ def test_cancel_marker_cancels_a_running_request(daemon: DaemonProcess) -> None:
     assert type(err) is errors.RunCancelledError or type(err) is errors.CancelledError
 
 
+def test_cancelling_a_running_request_again_is_one_cancel_requested_fact(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # The agent holds out past SIGTERM until the test lets it go, so the second cancel is
+    # swept while the run still goes.  Each was logged, as if cancelled twice.
+    termed, release = tmp_path / "termed", tmp_path / "release"
+    script_text = f"trap ': > {termed}' TERM; echo going; while [ ! -e {release} ]; do sleep 0.05; done"
+    rid = daemon.submit({
+        "driver": "command", "prompt": "x", "workspace": str(tmp_path),
+        "config": {"command": "/bin/sh", "extra_args": ["-c", script_text], "grace_period": 120},
+    })
+    daemon.wait_for_line(f"request.started id={rid}")
+    marker = daemon.home.cancels / rid
+    _home.request_cancel(daemon.home, rid)
+    while not termed.exists():
+        time.sleep(0.02)
+    _home.request_cancel(daemon.home, rid)
+    while marker.exists():  # swept while the run holds out
+        time.sleep(0.02)
+    release.touch()
+    assert errors.from_wire(daemon.verdict(rid)["error"]).code == errors.RunCancelledError.code
+    facts = [
+        record["event"]["data"]
+        for record in map(orjson.loads, (daemon.home.events / "adaptord.jsonl").read_bytes().splitlines())
+    ]
+    assert [f["phase"] for f in facts if f["request_id"] == rid].count("request.cancel_requested") == 1
+
+
 def test_a_request_cancelled_while_the_daemon_was_down_never_starts(tmp_path: Path) -> None:
     # The next start queued it and handed it to a worker before it read the cancels: the
     # agent ran (its side effects happened) and was killed, or even succeeded.
