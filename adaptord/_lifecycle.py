@@ -141,8 +141,9 @@ class LifecycleLog:
     after the first fact of a batch, so it stays off the path of the request that caused the
     fact (it would compete for the GIL) and more facts share the batch; then it records the
     batch through a session recorder that does not sync per append, syncs once (group
-    commit), and prints the batch's log lines with one call of ``emit`` (the lines joined by
-    ``\n``, without a final one): whoever sees a line finds the record in the file.  Nothing
+    commit), and prints the batch's log lines with one call of ``emit`` (each with its syslog
+    priority): whoever sees a line finds the record in the file.  The daemon's other lines
+    join the queue by :meth:`say` while facts wait, so they keep their place.  Nothing
     is recovered from this log, so nobody waits for it; a power loss can lose the last facts
     not yet synced (the torn tail is repaired by the next append), never a request or a
     verdict.
@@ -159,7 +160,7 @@ class LifecycleLog:
         directory: Path,
         session: str,
         *,
-        emit: Callable[[str], None],
+        emit: Callable[[Sequence[tuple[str, int]]], None],
         on_error: Callable[[str, BaseException], None],
         on_recovered: Callable[[], None] = lambda: None,
         linger: float = 0.005,
@@ -180,7 +181,9 @@ class LifecycleLog:
         self._on_recovered = on_recovered
         self._failing = False  # the last batch failed; reported once until one succeeds
         self._linger = linger
-        self._pending: deque[tuple[events.Notice, str]] = deque()
+        # Facts to record, and log lines of the daemon's (no notice) to print in their turn,
+        # each with its syslog priority.
+        self._pending: deque[tuple[events.Notice | None, str, int]] = deque()
         self._cond = threading.Condition()
         self._queued = 0
         self._done = 0
@@ -192,10 +195,30 @@ class LifecycleLog:
     def record(self, notice: events.Notice, line: str) -> None:
         """Queue ``notice`` for the log and ``line`` for stderr; never blocks on the disk."""
         with self._cond:
-            self._pending.append((notice, line))
+            self._pending.append((notice, line, fact_priority(line)))
             self._queued += 1
             if len(self._pending) == 1:  # later facts join the lingering batch quietly
                 self._cond.notify_all()
+
+    def say(self, line: str, priority: int) -> bool:
+        """Queue ``line`` for stderr behind the facts queued before it, not recorded.
+
+        False when the caller should print it itself: every fact's line is printed already,
+        the log is closing, or the caller is the writer (reporting its own trouble).
+        """
+        with self._cond:
+            if (
+                self._done >= self._queued
+                or self._closing
+                or threading.current_thread() is self._thread
+                or not self._thread.is_alive()
+            ):
+                return False
+            self._pending.append((None, line, priority))
+            self._queued += 1
+            if len(self._pending) == 1:
+                self._cond.notify_all()
+            return True
 
     def rotate(self, larger_than: int) -> None:
         """Have the writer rotate the file if it is larger than ``larger_than`` bytes; never waits.
@@ -234,12 +257,16 @@ class LifecycleLog:
                 if not batch and self._closing:
                     return
             lead = self._rotate(rotate_above) if rotate_above is not None else None
-            written = self._append(([lead] if lead is not None else []) + batch)
-            if written:
+            facts = [(notice, line) for notice, line, _ in batch if notice is not None]
+            written = self._append(([lead] if lead is not None else []) + facts)
+            # The log's own facts (a fresh file's first) come first, then the batch in order.
+            lines = [(line, fact_priority(line)) for _, line in written[: len(written) - len(facts)]]
+            lines += [(line, priority) for _, line, priority in batch]
+            if lines:
                 # The batch's lines in one write: each stays whole, and a burst of facts costs
                 # one system call (and one wake-up of whoever reads the log), not one per fact.
                 with contextlib.suppress(Exception):  # a dead writer would stall every barrier
-                    self._emit("\n".join(line for _, line in written))
+                    self._emit(lines)
             with self._cond:
                 self._done += len(batch)
                 self._cond.notify_all()

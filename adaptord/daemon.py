@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -233,6 +233,7 @@ class Daemon:
         self.a2a = a2a
         self._bridge: Bridge | None = None
         self._log_stream: TextIO | None = log or sys.stderr
+        self._daemon_log: LifecycleLog | None = None  # made by serve(), once the home is ours
         self._journal = log is None and _lifecycle.to_journal()
         self._wake = _Wakeup()
         self._stop = threading.Event()
@@ -290,23 +291,29 @@ class Daemon:
     # -- logging and audit -------------------------------------------------------------------
 
     def log(self, fact: str, *, info: bool = False, **fields: Any) -> None:
-        """One line of the daemon's own on stderr: a problem, unless ``info`` (all is well)."""
-        self._emit(_lifecycle.line(fact, fields), _lifecycle.INFO if info else _lifecycle.WARNING)
+        """One line of the daemon's own on stderr: a problem, unless ``info`` (all is well).
 
-    def _emit(self, line: str, priority: int | None = None) -> None:
-        """Print ``line``: one of :meth:`log`'s at ``priority``, or (None) the lifecycle log's
-        batch of fact lines joined by newlines, each at its fact's priority."""
+        Printed after the lines of the facts recorded before it, which the lifecycle log
+        prints only once they are written: ``cannot write the request copy`` never comes
+        before the ``request.received`` it is about.
+        """
+        line = _lifecycle.line(fact, fields)
+        priority = _lifecycle.INFO if info else _lifecycle.WARNING
+        if self._daemon_log is None or not self._daemon_log.say(line, priority):
+            self._emit([(line, priority)])
+
+    def _emit(self, lines: Sequence[tuple[str, int]]) -> None:
+        """Print ``lines``, each at its syslog priority, with one write."""
         stream = self._log_stream
         if stream is None:  # started with stderr closed: the interpreter made sys.stderr None
             return
         if self._journal:  # systemd reads a "<N>" prefix as the line's priority
-            line = "\n".join(
-                f"<{_lifecycle.fact_priority(one) if priority is None else priority}>{one}"
-                for one in line.split("\n")
-            )
+            text = "\n".join(f"<{priority}>{line}" for line, priority in lines)
+        else:
+            text = "\n".join(line for line, _ in lines)
         try:
-            # One write per line: lines printed by different threads never interleave.
-            stream.write(line + "\n")
+            # One write per batch: lines printed by different threads never interleave.
+            stream.write(text + "\n")
             stream.flush()
         except (OSError, ValueError):  # journald gone or stderr closed: keep serving
             pass
@@ -317,7 +324,11 @@ class Daemon:
         The lifecycle writer prints the line after recording the fact, so whoever sees the
         line finds the record.
         """
-        self._daemon_log.record(*_lifecycle.fact(phase, request_id, **data))
+        notice, line = _lifecycle.fact(phase, request_id, **data)
+        if self._daemon_log is None:  # (before serve() made the log)
+            self._emit([(line, _lifecycle.fact_priority(line))])
+        else:
+            self._daemon_log.record(notice, line)
 
     # -- serve -------------------------------------------------------------------------------
 
@@ -393,7 +404,7 @@ class Daemon:
         # Before the slower start-up below: while this daemon holds the home's lock, `adaptor
         # approve` takes a pending approval's run for alive, and none of these runs is.
         stale_approvals = self._expire_stale_approvals()
-        self._daemon_log = LifecycleLog(
+        self._daemon_log = daemon_log = LifecycleLog(
             self.home.events, _home.DAEMON_SESSION, emit=self._emit,
             on_error=lambda what, exc: self.log(
                 what, error=_os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__
@@ -438,7 +449,7 @@ class Daemon:
             self._recover()
             self._start_observer()
             self._scan()
-            self._daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
+            daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
             _notify("READY=1\nSTATUS=serving")
             self._watchdog = _Watchdog.from_environment()
             self.log("ready", info=True, home=self.home.root, workers=self.workers)
@@ -493,7 +504,7 @@ class Daemon:
                 self._events.close()
             self._store.close()
             with contextlib.suppress(Exception):
-                self._daemon_log.close()
+                daemon_log.close()
 
     def _stop_leftovers(self) -> None:
         """Stop the agents a killed predecessor left running (see :mod:`adaptord._leftovers`).
@@ -1376,7 +1387,7 @@ class Daemon:
             return
         self._next_prune = time.monotonic() + _PRUNE_INTERVAL
         retention = self.config.retention
-        if retention.lifecycle_log_bytes != math.inf:
+        if retention.lifecycle_log_bytes != math.inf and self._daemon_log is not None:
             self._daemon_log.rotate(int(retention.lifecycle_log_bytes))
         pruner = threading.Thread(target=self._prune_pass, args=(retention,), name="adaptord-prune", daemon=True)
         try:

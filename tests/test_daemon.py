@@ -1580,7 +1580,7 @@ def test_cancelling_a_running_request_again_is_one_cancel_requested_fact(daemon:
     while marker.exists():  # swept while the run holds out
         time.sleep(0.02)
     release.touch()
-    assert errors.from_wire(daemon.verdict(rid)["error"]).code == errors.RunCancelledError.code
+    assert type(errors.from_wire(daemon.verdict(rid)["error"])) is errors.RunCancelledError
     facts = [
         record["event"]["data"]
         for record in map(orjson.loads, (daemon.home.events / "adaptord.jsonl").read_bytes().splitlines())
@@ -2944,7 +2944,7 @@ def test_lifecycle_log_group_commits_and_prints_each_line_after_its_record(tmp_p
     failures: list[BaseException] = []
     log = LifecycleLog(
         tmp_path, "adaptord",
-        emit=lambda lines: printed.extend((line, len(reader.since("adaptord"))) for line in lines.split("\n")),
+        emit=lambda lines: printed.extend((line, len(reader.since("adaptord"))) for line, _ in lines),
         on_error=lambda what, exc: failures.append(exc),
     )
     for i in range(50):
@@ -2956,6 +2956,23 @@ def test_lifecycle_log_group_commits_and_prints_each_line_after_its_record(tmp_p
     assert all(in_file >= i + 1 for i, (_, in_file) in enumerate(printed))  # record first, then line
     assert sr.verify(tmp_path / "adaptord.jsonl") == 50
     assert [_fact(r)["i"] for r in reader.since("adaptord")] == list(range(50))
+
+
+def test_a_daemon_line_said_while_facts_wait_is_printed_after_them_unrecorded(tmp_path: Path) -> None:
+    from adaptord._lifecycle import INFO, WARNING, LifecycleLog
+
+    printed: list[tuple[str, int]] = []
+    log = LifecycleLog(tmp_path, "adaptord", emit=printed.extend, on_error=lambda what, exc: None, linger=0.2)
+    assert not log.say("nothing waits", WARNING)  # the caller prints it at once
+    for i in range(3):
+        log.record(events.Notice(kind="lifecycle", text="fact", data={"phase": "fact", "i": i}), f"fact {i}")
+    assert log.say("about fact 2", WARNING)
+    log.record(events.Notice(kind="lifecycle", text="fact", data={"phase": "fact", "i": 3}), "fact 3")
+    assert log.barrier(timeout=30)
+    log.close()
+    assert printed == [("fact 0", INFO), ("fact 1", INFO), ("fact 2", INFO), ("about fact 2", WARNING), ("fact 3", INFO)]
+    assert sr.verify(tmp_path / "adaptord.jsonl") == 4
+    assert not log.say("after the close", WARNING)
 
 
 def test_cancelling_a_waiting_request_keeps_the_rest_of_its_thread_queue(daemon: DaemonProcess) -> None:
