@@ -466,6 +466,10 @@ def describe(exc: BaseException, secrets: Iterable[str] = ()) -> str:
     node: Mapping[str, Any] | None = wire
     while isinstance(node, Mapping):
         line = _describe_one(node, exc if not lines else None)
+        if lines and node.get("code") == "external" and "\n" in line:
+            # A library's cause is one line: its multi-line message (jsonschema's dump of
+            # the metaschema) says what it is about first; --json keeps it whole.
+            line = line.split("\n", 1)[0].rstrip() + " [...]"
         # A library re-raising its cause as is (filelock's IsADirectoryError from the same
         # one) would print one line twice, as if it were its own cause.
         if not lines or line != lines[-1]:

@@ -8,7 +8,10 @@ fields are the public contract; messages are diagnostics only.
 from __future__ import annotations
 
 import builtins
+import copy
 import importlib
+import pickle
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -133,18 +136,60 @@ class AdaptorError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Exception's own would call the class with ``args`` (just the message), which
-        # constructors with other required arguments refuse or misread (ProcessPoolExecutor,
-        # multiprocessing and copy.deepcopy rebuild errors that way).  The state is __dict__,
-        # plus the cause the wire form reports (pickle drops __cause__ otherwise).
+        # constructors with other required arguments refuse or misread (ProcessPoolExecutor
+        # and multiprocessing rebuild errors that way).  The state is __dict__, plus the cause
+        # the wire form reports (pickle drops __cause__ otherwise).  A cause that does not
+        # pickle (a jsonschema error holds lambdas) would make this error unpicklable too: it
+        # travels as the wire form writes it.
+        state = self._state()
+        stand_ins: dict[int, BaseException] = {}
+        for name in ("cause", "__cause__"):
+            cause = state.get(name)
+            if isinstance(cause, BaseException):
+                if id(cause) not in stand_ins:
+                    stand_ins[id(cause)] = _picklable(cause)
+                state[name] = stand_ins[id(cause)]
+        return _rebuilt, (type(self), self.args), state
+
+    # Copies need no pickling: they keep the very cause (copy would use __reduce__ otherwise).
+    def __copy__(self) -> AdaptorError:
+        copied = _rebuilt(type(self), self.args)
+        copied.__setstate__(self._state())
+        return copied
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> AdaptorError:
+        copied = _rebuilt(type(self), copy.deepcopy(self.args, memo))
+        memo[id(self)] = copied
+        copied.__setstate__(copy.deepcopy(self._state(), memo))
+        return copied
+
+    def _state(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         if self.__cause__ is not None:
             state["__cause__"] = self.__cause__
-        return _rebuilt, (type(self), self.args), state
+        return state
 
     def __repr__(self) -> str:
         parts = [repr(self.message)]
         parts += [f"{k}={getattr(self, k, None)!r}" for k in type(self)._fields]
         return f"{type(self).__name__}({', '.join(parts)})"
+
+
+def _picklable(err: BaseException) -> BaseException:
+    """``err`` when it pickles, else an :class:`ExternalError` naming its class and message."""
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        try:
+            message = str(err)
+        except Exception:
+            message = ""
+        stand_in = ExternalError(_type_name(err), message)
+        nested = _next_cause(err)
+        if nested is not None and nested is not err:
+            stand_in.__cause__ = stand_in.cause = _picklable(nested)
+        return stand_in
+    return err
 
 
 def _rebuilt(cls: type[AdaptorError], args: tuple[Any, ...]) -> AdaptorError:
@@ -673,6 +718,21 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+# The thread store's damaged-file error is outside the taxonomy, but ours and public: it comes
+# back as itself, its fields read off its message ("PATH:LINE: WHY").
+_CORRUPT_LOG_TYPE = "adaptor.threadstore.CorruptLogError"
+_CORRUPT_LOG_MESSAGE = re.compile(r"(?P<path>.+):(?P<line>[0-9]+): (?P<why>.*)", re.DOTALL)
+
+
+def _corrupt_log_error(message: str) -> BaseException | None:
+    found = _CORRUPT_LOG_MESSAGE.fullmatch(message)
+    if found is None:
+        return None
+    from adaptor.threadstore import CorruptLogError
+
+    return CorruptLogError(found["path"], int(found["line"]), found["why"])
+
+
 def _decode_one(obj: Mapping[str, Any]) -> BaseException:
     code = obj.get("code")
     code = code if isinstance(code, str) else ""
@@ -686,6 +746,10 @@ def _decode_one(obj: Mapping[str, Any]) -> BaseException:
     details: dict[str, Any] = dict(raw_details) if isinstance(raw_details, dict) else {}
 
     if code == "external":
+        if type_name == _CORRUPT_LOG_TYPE:
+            corrupt = _corrupt_log_error(message)
+            if corrupt is not None:
+                return corrupt
         builtin = _builtin_exception(type_name)
         if builtin is not None:
             try:

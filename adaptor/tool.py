@@ -171,6 +171,10 @@ class _Rejection(Exception):
     def __repr__(self) -> str:
         return f"tool.reject({self.code!r}, {self.message!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own would call the class with the message alone, which it refuses.
+        return reject, (self.code, self.message)
+
 
 def reject(code: str, message: str) -> Exception:
     """The one model-visible expected failure: ``raise tool.reject("not_found", "no such issue")``.

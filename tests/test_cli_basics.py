@@ -224,6 +224,23 @@ def test_an_error_its_library_raised_again_as_its_own_cause_is_said_once(tmp_pat
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_a_librarys_multi_line_cause_is_said_on_one_line(tmp_path: Path) -> None:
+    # jsonschema's SchemaError message goes on to dump the metaschema over a dozen lines.
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": 5}')
+    proc = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--driver", "script", "--config", 'steps=[{"text": "x"}]',
+         "--schema", str(schema), "go"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2, proc.stderr
+    assert lines[1] == (
+        "  caused by: jsonschema.exceptions.SchemaError: 5 is not valid under any of the given schemas [...]"
+    )
+
+
 def test_the_version_the_package_reports_is_pyprojects() -> None:
     # adaptor.__version__ (in adaptord.json and the A2A cards) is written by hand: a release
     # bumping pyproject alone left it behind, while `adaptor --version` read the metadata.

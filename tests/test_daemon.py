@@ -309,6 +309,10 @@ def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon:
     error = verdict["error"]
     assert (error["code"], error["type"]) == ("external", "adaptor.threadstore.CorruptLogError")
     assert error["message"] == f"{log}:2: bad crc"  # the file and its line
+    # What Client.wait raises is the class the run raised in process (it was an ExternalError).
+    rebuilt = errors.from_wire(error)
+    assert type(rebuilt) is adaptor.threadstore.CorruptLogError
+    assert (rebuilt.path, rebuilt.line, rebuilt.why) == (str(log), 2, "bad crc")
     with JSONLStore(log.parent) as store, pytest.raises(adaptor.threadstore.CorruptLogError) as info:
         store.resolve(adaptor.threadstore.Query(key="damaged"))
     assert type(info.value) is adaptor.threadstore.CorruptLogError

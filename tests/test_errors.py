@@ -21,6 +21,7 @@ import adaptor
 from adaptor import errors, tool
 from adaptor.clients import a2a
 from adaptor.driver import SessionConfigFingerprintError
+from adaptor.schema import compile_schema
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import AlreadyExistsError, BusyError, LeaseLostError
 from hosttools import a2adelegation, sessionrecorder
@@ -338,6 +339,57 @@ def test_pickle_and_deepcopy_keep_every_identity(case: Case) -> None:
         assert str(copied) == str(err)
         assert copied.fields() == case.fields
         assert errors.to_wire(copied) == errors.to_wire(err)
+
+
+def test_an_error_whose_cause_does_not_pickle_pickles_with_the_cause_as_the_wire_writes_it() -> None:
+    # jsonschema's SchemaError holds lambdas: an invalid schema's error could not be pickled.
+    with pytest.raises(adaptor.InvalidOutputSchemaError) as info:
+        compile_schema({"type": 5})
+    err = info.value
+    copied = pickle.loads(pickle.dumps(err))
+    assert type(copied) is adaptor.InvalidOutputSchemaError
+    assert type(copied.cause) is errors.ExternalError and copied.__cause__ is copied.cause
+    assert copied.cause.type_name == "jsonschema.exceptions.SchemaError"
+    assert errors.to_wire(copied) == errors.to_wire(err)
+    assert type(copy.deepcopy(err).cause).__name__ == "SchemaError"  # no pickling: kept as is
+
+    class Unpicklable(Exception):
+        def __init__(self) -> None:
+            super().__init__("held a lambda")
+            self.hook = lambda: None
+
+    chained = errors.RunError("infrastructure_error", "outer", cause=Unpicklable())
+    chained.cause.__cause__ = OSError("inner")  # type: ignore[union-attr]
+    back = pickle.loads(pickle.dumps(chained))
+    assert str(back.cause) == "held a lambda" and type(back.cause.__cause__) is OSError
+    assert errors.to_wire(back) == errors.to_wire(chained)
+
+
+def test_a_tool_rejection_and_the_invalid_input_error_it_causes_pickle() -> None:
+    definition = tool.define(
+        "t", "d", lambda arguments: arguments, input={"type": "object", "properties": {"n": {"type": "integer"}}}
+    )
+    with pytest.raises(tool.InvalidInputError) as info:
+        definition.invoke({"n": "seven"})
+    back = pickle.loads(pickle.dumps(info.value))  # unpickling raised TypeError
+    assert repr(back.__cause__) == repr(info.value.__cause__)
+    assert errors.to_wire(back) == errors.to_wire(info.value)
+    rejection = pickle.loads(pickle.dumps(tool.reject("not_found", "no such issue")))
+    assert (rejection.code, rejection.message) == ("not_found", "no such issue")
+
+
+def test_the_thread_stores_corrupt_log_error_comes_back_from_the_wire_as_itself() -> None:
+    from adaptor.threadstore import CorruptLogError
+
+    for path in ("/home/a/threads/log-000001.jsonl", "/odd: name:7: here/log.jsonl"):
+        err = CorruptLogError(path, 12, "bad crc")
+        back = errors.from_wire(errors.to_wire(err))
+        assert type(back) is CorruptLogError
+        assert (back.path, back.line, back.why) == (path, 12, "bad crc")
+    # A message of another shape stays a generic external error.
+    other = errors.from_wire({"code": "external", "type": "adaptor.threadstore.CorruptLogError",
+                              "message": "no line here", "fields": {}, "cause": None})
+    assert type(other) is errors.ExternalError
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
