@@ -196,7 +196,7 @@ def prelaunch(agent: Agent, descriptor: Descriptor) -> tuple[str, str]:
         first, second = fingerprinter(), fingerprinter()
     except SessionConfigFingerprintError as exc:
         raise errors.ThreadIncompatibleError(
-            "the driver configuration cannot be fingerprinted", cause=exc
+            f"the driver configuration cannot be fingerprinted: {exc.why} at {exc.path}", cause=exc
         ) from exc
     except Exception as exc:
         raise errors.ThreadIncompatibleError(
@@ -553,7 +553,9 @@ def _translated(call: Callable[[], _T]) -> _T:
     try:
         return call()
     except BusyError as exc:
-        raise errors.ThreadBusyError(cause=exc) from exc
+        key = exc.target.removeprefix(_key_target(""))
+        message = f"thread {key!r} is busy: another owner holds its lease" if key != exc.target else ""
+        raise errors.ThreadBusyError(message, cause=exc) from exc
     except LeaseLostError as exc:
         raise errors.ThreadLeaseLostError(cause=exc) from exc
     except AlreadyExistsError as exc:

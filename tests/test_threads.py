@@ -236,6 +236,7 @@ def test_a_config_that_cannot_be_fingerprinted_is_incompatible_naming_no_value(s
     cause = errors.find(caught.value, adaptor.driver.SessionConfigFingerprintError)
     assert cause is not None and caught.value.cause is cause
     assert (cause.path, cause.type, cause.kind) == ("HookedConfig.hooks{}", "function", "callable")
+    assert str(caught.value) == f"the driver configuration cannot be fingerprinted: {cause.why} at HookedConfig.hooks{{}}"
     wire = errors.to_wire(caught.value)
     assert secret not in str(wire) and secret not in str(caught.value) + str(cause)
     rebuilt = errors.from_wire(wire)
@@ -294,6 +295,7 @@ def test_busy_loser_never_reaches_the_driver(store: Any) -> None:
         agent.thread("k").run("second")
     assert errors.find(info.value, adaptor.threadstore.BusyError) is not None
     assert errors.exit_code_for(info.value) == 75
+    assert str(info.value) == "thread 'k' is busy: another owner holds its lease"
     assert len(driver.sessions) == calls
     holder.cancel()
     with pytest.raises(adaptor.RunCancelledError):
