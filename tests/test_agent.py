@@ -1526,7 +1526,11 @@ from adaptor.drivers import command
 
 pid_file, how = sys.argv[1:]
 script = f"echo $$ > {pid_file}; echo started; sleep 60"
-agent = adaptor.Agent(command.Driver(command.Config("/bin/sh", extra_args=("-c", script))))
+grace = 2.0
+if how == "stubborn":  # ignores SIGTERM, with a grace longer than the exit waits for its runs
+    script = f"trap '' TERM; echo $$ > {pid_file}; echo started; while :; do sleep 1; done"
+    grace = 300.0
+agent = adaptor.Agent(command.Driver(command.Config("/bin/sh", extra_args=("-c", script), grace_period=grace)))
 stream = agent.stream("go")
 for event in stream:
     if isinstance(event, adaptor.TextDelta) and "started" in event.text:
@@ -1547,11 +1551,12 @@ def _running(pid: int) -> bool:
     return line[line.rfind(b")") + 2 :].split()[0] != b"Z"
 
 
-@pytest.mark.parametrize("how", ["raise", "exit"])
+@pytest.mark.parametrize("how", ["raise", "exit", "stubborn"])
 def test_a_program_that_ends_with_its_run_going_stops_the_agent_process(tmp_path: Any, how: str) -> None:
     # Run threads are daemon threads: a program leaving while a run went on (an exception out
     # of its `for event in stream` loop, a sys.exit) left the agent CLI running on its own,
-    # still working in the workspace with nobody to read its answer.
+    # still working in the workspace with nobody to read its answer.  One ignoring SIGTERM
+    # with a grace_period past the 10 s the exit waits was never sent its SIGKILL.
     pid_file = tmp_path / "pid"
     proc = subprocess.run(
         [sys.executable, "-c", _LEAVES_MID_STREAM, str(pid_file), how],

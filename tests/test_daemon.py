@@ -1357,7 +1357,7 @@ def test_a_run_that_outlasts_its_cancel_is_killed_within_the_drain(tmp_path: Pat
     proc = DaemonProcess(tmp_path / "home", "--grace", "0").start()
     rid = proc.submit({
         "driver": "command", "prompt": "x",
-        "config": {"command": "/bin/sh", "grace_period": 3600,
+        "config": {"command": "/bin/sh", "grace_period": 300,
                    "extra_args": ["-c", f"trap '' TERM; : > {marker}; sleep 1000"]},
     })
     deadline = time.monotonic() + 60
@@ -2601,7 +2601,7 @@ def test_skill_catalogue_settings_that_cannot_work_are_refused(tmp_path: Path, t
 BAD_DRIVER_VALUES = [
     (f'[drivers.claude]\nenv = {{API_KEY = "{SECRET}", DEBUG = 1}}\n', "env: the value of DEBUG must be a string"),
     (f'[drivers.claude]\ncommand = 5\nenv = {{API_KEY = "{SECRET}"}}\n', "command: expected a non-empty string"),
-    ('[drivers.codex]\ngrace_period = -1.0\n', "grace_period: expected a finite number"),
+    ('[drivers.codex]\ngrace_period = -1.0\n', "grace_period: expected a number of seconds from 0 to 300"),
     ('[drivers.script]\nsteps = [{txet = "x"}]\n', "steps[0]: unknown step 'txet'"),
     (f'[drivers.command]\nextra_args = "-c"\nenv = {{T = "{SECRET}"}}\n', "extra_args: expected a list of strings"),
 ]

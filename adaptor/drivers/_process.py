@@ -19,14 +19,15 @@ driver blocked in ``sink.request_decision`` or in a slow parser still gets its p
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import errno
-import math
 import os
 import queue
 import secrets
 import selectors
+import shutil
 import signal
 import stat
 import subprocess
@@ -62,6 +63,9 @@ _POLL: Final = 0.05
 # the rest of the group is stopped so the pump can see EOF.
 _DRAIN_AFTER_EXIT: Final = 0.2
 _KILL_WAIT: Final = 5.0
+# A grace period past minutes would make a run's timeout and its cancel mean nothing for an
+# agent that ignores SIGTERM (its worker taken for as long).
+MAX_GRACE_PERIOD: Final = 300.0
 MARK_VAR: Final = _procfs.MARK_VAR
 
 
@@ -144,8 +148,12 @@ class CannotStart(Exception):
     def binary(cls, binary: str, why: str, cwd: str | None = None) -> CannotStart:
         """Missing, or not executable: ``details.kind == "binary_not_found"`` (CLI exit 69).
         ``cwd``: the directory the child was started in."""
+        interpreter = _missing_interpreter(binary, cwd) if why == "missing" else None
         if why != "missing":
             message = f"{binary}: {why}"
+        elif interpreter is not None:
+            # The file is there: exec's ENOENT is about the interpreter its #! line names.
+            message = f"{binary}: its interpreter {interpreter} does not exist"
         elif os.sep in binary and not os.path.isabs(binary) and cwd is not None:
             # exec resolves it from the child's directory (the workspace), not from the
             # caller's: say where it was looked for, or "./review.sh: no such file" reads as
@@ -165,6 +173,25 @@ class CannotStart(Exception):
             f"{binary}: working directory {cwd} {problem}",
             {"kind": "workspace_unusable", "workspace": cwd},
         )
+
+
+def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
+    """The interpreter a ``#!`` script at ``binary`` names, when the script exists and that does not."""
+    found = os.path.join(cwd or "", binary) if os.sep in binary else shutil.which(binary)
+    if found is None:
+        return None
+    try:
+        with open(found, "rb") as script:
+            head = script.readline(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split()
+    if not words:
+        return None
+    interpreter = os.fsdecode(words[0])
+    return None if os.path.exists(interpreter) else interpreter
 
 
 def workspace_problem(cwd: str) -> str | None:
@@ -252,9 +279,9 @@ def check_common(
     if (
         not isinstance(grace_period, int | float)
         or isinstance(grace_period, bool)
-        or not 0 <= grace_period < math.inf
+        or not 0 <= grace_period <= MAX_GRACE_PERIOD
     ):
-        raise ValueError("grace_period: expected a finite number of seconds >= 0")
+        raise ValueError(f"grace_period: expected a number of seconds from 0 to {MAX_GRACE_PERIOD:g}")
 
 
 _withheld: frozenset[str] = frozenset()
@@ -364,6 +391,7 @@ class Child:
                 },
             )
         )
+        _note_exits()
         try:
             return cls(spec, proc, f"{MARK_VAR}={mark}".encode())
         except BaseException:  # no thread for its pipes (a task limit): it must not run unread
@@ -415,6 +443,7 @@ class Child:
             os.set_blocking(pipe.fileno(), False)
             selector.register(pipe, selectors.EVENT_READ, name)
         exited_at: float | None = None
+        escaped_stopped = False
         try:
             while selector.get_map():
                 ready = selector.select(timeout=_POLL * 2)
@@ -453,7 +482,13 @@ class Child:
                     exited_at = now
                 if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT:
                     self.terminate(self._reason)
-                    if now - exited_at > _DRAIN_AFTER_EXIT + self.spec.grace_period + 1.0:
+                    if not escaped_stopped and not _group_alive(self.pid):
+                        # Only processes that left the group (`setsid server &`) hold the
+                        # pipes: stop them now.  Waiting out the group's grace first delayed
+                        # every such run by it, long enough for its deadline to pass.
+                        escaped_stopped = True
+                        self._stop_escaped()
+                    if now - exited_at > _DRAIN_AFTER_EXIT + self._grace() + 1.0:
                         break
         finally:
             for stream, pieces in pending.items():
@@ -550,10 +585,17 @@ class Child:
                 return
         self._stop_group()  # outside the lock: finish() may be waiting for it
 
+    def _grace(self) -> float:
+        """The grace period, or what is left of :data:`GRACE_AT_EXIT` once the program exits."""
+        if _exit_began is None:
+            return self.spec.grace_period
+        return min(self.spec.grace_period, max(_exit_began + GRACE_AT_EXIT - time.monotonic(), 0.0))
+
     def _stop_group(self) -> None:
         _signal_group(self.pid, signal.SIGTERM)
-        until = time.monotonic() + max(self.spec.grace_period, 0.0)
-        while time.monotonic() < until:
+        began = time.monotonic()
+        # Looked at on every poll: an exit beginning meanwhile shortens the grace.
+        while time.monotonic() < began + self._grace():
             self._proc.poll()
             if not _group_alive(self.pid):
                 return
@@ -615,13 +657,39 @@ class Child:
             return
         for pid, _ in escaped:
             _signal(pid, signal.SIGTERM)
-        until = time.monotonic() + max(self.spec.grace_period, 0.0)
-        while escaped and time.monotonic() < until:
+        began = time.monotonic()
+        while escaped and time.monotonic() < began + self._grace():
             time.sleep(_POLL)
             escaped = [(pid, start) for pid, start in escaped if _procfs.running(pid, start)]
         for pid, start in escaped:
             if _procfs.running(pid, start):
                 _signal(pid, signal.SIGKILL)
+
+
+GRACE_AT_EXIT: Final = 5.0
+"""Seconds an agent still running when the program exits gets between SIGTERM and SIGKILL, at
+most: the SDK waits 10 s at exit for its runs to stop (a daemon thread dies with the program),
+and a longer ``grace_period`` left a SIGTERM-ignoring agent running on its own, for good."""
+
+_exit_began: float | None = None  # monotonic: when the interpreter began its exit
+_exits_noted = False
+
+
+def _note_exits() -> None:
+    """Have the exit noted, before the SDK's own exit handler waits for the runs to stop.
+
+    Registered at the first start, after the SDK's handler (imported with ``adaptor``):
+    exit handlers run last-registered first.
+    """
+    global _exits_noted
+    if not _exits_noted:
+        _exits_noted = True
+        atexit.register(_exit_beginning)
+
+
+def _exit_beginning() -> None:
+    global _exit_began
+    _exit_began = time.monotonic()
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

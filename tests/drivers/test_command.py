@@ -253,3 +253,38 @@ def test_a_process_that_left_the_group_is_stopped_with_the_run(tmp_path: Path, h
             stream.result()
     assert started.exists()
     assert processes_with_env("MARK", marker) == []
+
+
+def test_a_detached_process_holding_the_output_does_not_hold_up_a_finished_run(tmp_path: Path) -> None:
+    # `setsid server &` without redirecting its output: the pipes stay open after the agent
+    # exits.  The run waited the whole grace_period (plus a second) before stopping it, so a
+    # run that had answered and exited 0 ended as ErrDeadlineExceeded once its timeout fell
+    # inside that wait.
+    marker = f"holding-{os.getpid()}"
+    config = command.Config(command="/bin/sh", extra_args=("-c", "setsid sleep 300 & echo answer; exit 0"),
+                            env={"MARK": marker}, grace_period=60.0)
+    agent = adaptor.Agent(command.Driver(config), workspace=str(tmp_path))
+    assert agent.run("go", timeout=20).text == "answer"
+    assert processes_with_env("MARK", marker) == []
+
+
+def test_a_grace_period_is_at_most_five_minutes(tmp_path: Path) -> None:
+    # 1e10 was accepted: an agent ignoring SIGTERM then made the run's timeout and cancel
+    # mean nothing, its worker taken for good.
+    assert adaptor.Agent(command.Driver(command.Config("/bin/cat", grace_period=300))).run("x").text == "x"
+    with pytest.raises(adaptor.InvalidDriverConfigError) as caught:
+        adaptor.Agent(command.Driver(command.Config("/bin/cat", grace_period=300.5))).run("x")
+    assert str(caught.value.cause) == "grace_period: expected a number of seconds from 0 to 300"
+
+
+def test_a_script_whose_interpreter_is_missing_says_so(tmp_path: Path) -> None:
+    # exec fails with ENOENT for the interpreter too: "review.sh: no such file" for a file
+    # that is right there.
+    script = tmp_path / "review.sh"
+    script.write_text("#!/nonexistent/interp -x\necho hi\n")
+    script.chmod(0o755)
+    with pytest.raises(adaptor.RunError) as caught:
+        adaptor.Agent(command.Driver(command.Config(str(script)))).run("x")
+    assert str(caught.value) == f"{script}: its interpreter /nonexistent/interp does not exist"
+    assert caught.value.details == {"kind": "binary_not_found", "binary": str(script)}
+    assert errors.exit_code_for(caught.value) == 69
