@@ -263,6 +263,19 @@ def guard_stderr() -> None:
     sys.stderr = _guarded(sys.stderr, _Stderr)
 
 
+def unguard() -> None:
+    """Give stdout and stderr back as the interpreter opened them (``adaptord serve``: a write
+    that fails must neither end the thread that made it nor silence the log for good)."""
+    for name in ("stdout", "stderr"):
+        original = getattr(sys, f"__{name}__")
+        current = getattr(sys, name)
+        if original is not None and isinstance(getattr(current, "buffer", None), io.BufferedWriter) and isinstance(
+            current.buffer.raw, _Stdout | _Stderr
+        ):
+            current.flush()
+            setattr(sys, name, original)
+
+
 def _guarded(stream: IO[str], raw_class: type[_Stdout | _Stderr]) -> IO[str]:
     try:
         stream.flush()

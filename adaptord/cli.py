@@ -12,7 +12,7 @@ import click
 import orjson
 
 from adaptor import _home, skill
-from adaptor._cli_common import guard_stdout, home_option, not_nan
+from adaptor._cli_common import guard_stderr, guard_stdout, home_option, not_nan, unguard
 from adaptord import config as config_module
 
 DRIVER_BINARIES = {
@@ -60,6 +60,7 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
     """
     from adaptord.daemon import Daemon
 
+    unguard()
     try:
         config = config_module.load(config_path, required=config_path is not None)
     except config_module.ConfigError as exc:
@@ -107,7 +108,6 @@ _STATUS_FIELDS = ("pid", "started_at", "workers", "version", "a2a_url")
 )
 def status(home: str | None, as_json: bool) -> None:
     """Exit 0 while a daemon serves this home, 69 when none does."""
-    guard_stdout("adaptord")
     paths = _home.Home.at(home)
     running = _home.daemon_running(paths)
     info: dict[str, object] = {}
@@ -133,10 +133,6 @@ def check(config_path: str | None) -> None:
     Exit 2 when the config is refused, names a tool that is no valid tool, or names a driver
     command that is not there.
     """
-    # `adaptord check | head -1`: click's own handling of the closed pipe exits 1, a code check
-    # does not use; the reader going away ends it quietly with 0, as every adaptor command.
-    # (Not for serve: a host tool printing in a worker thread must not end that thread.)
-    guard_stdout("adaptord")
     ok = True
     try:
         config = config_module.load(config_path, required=config_path is not None)
@@ -226,4 +222,14 @@ def _open_standard_descriptors() -> None:
 
 def main() -> None:
     _open_standard_descriptors()
+    # Started with stdout or stderr closed, the interpreter left them None (the descriptors are
+    # /dev/null now).  Then, as for every adaptor command: a reader gone (`| head`) ends a
+    # command quietly with 0, a full disk says so with 70, a diagnostic that cannot be written
+    # is dropped and the exit status stays the command's own.  serve gives them back.
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    guard_stdout("adaptord")
+    guard_stderr()
     cli(prog_name="adaptord")

@@ -155,6 +155,29 @@ def test_adaptord_check_ends_quietly_when_its_reader_goes_away(tmp_path: Path) -
     assert proc.wait(timeout=60) == 0 and stderr == b""
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_adaptord_help_version_and_usage_errors_handle_their_output_as_adaptor_does(tmp_path: Path) -> None:
+    # Guarded in status and check only: --help to a full disk was a traceback (exit 1), to a
+    # reader gone exit 1, and a usage error with stderr unwritable exit 1, not 2.
+    for args in (["--help"], ["--version"], ["serve", "--help"], ["check", "--help"]):
+        with open("/dev/full", "wb") as full:
+            proc = subprocess.run(["adaptord", *args], stdout=full, stderr=subprocess.PIPE)
+        assert (proc.returncode, proc.stderr) == (70, b"adaptord: cannot write the output: No space left on device\n")
+        gone = subprocess.Popen(["adaptord", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert gone.stdout is not None and gone.stderr is not None
+        gone.stdout.close()
+        assert (gone.wait(timeout=60), gone.stderr.read()) == (0, b"")
+    with open("/dev/full", "wb") as full:
+        assert subprocess.run(["adaptord", "nosuch"], stderr=full).returncode == 2
+    # A diagnostic that cannot be written is dropped; the report still comes, with its status.
+    named = tmp_path / "afile"
+    named.touch()
+    env = {**os.environ, "ADAPTORD_HOME": str(tmp_path / "home")}
+    with open("/dev/full", "wb") as full:
+        status = subprocess.run(["adaptord", "status", "--home", str(named)], stdout=subprocess.PIPE, stderr=full, env=env)
+    assert (status.returncode, status.stdout) == (69, f"adaptord not running for {tmp_path / 'home'}\n".encode())
+
+
 def test_help_names_the_exit_codes_and_environment_that_apply() -> None:
     # A scripter reads --help, not docs/: the exits and variables each command answers to.
     expected = {
