@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import select
 import signal
 import sys
 import threading
@@ -291,16 +292,45 @@ def _guarded(stream: IO[str], raw_class: type[_Stdout | _Stderr]) -> IO[str]:
     )
 
 
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader went away (or a terminal hung up): what a
+    follower that has nothing to write asks between waits, as only a write would tell it."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: errors and hang-ups are always reported
+    return any(found & (select.POLLERR | select.POLLHUP) for _, found in poller.poll(0))
+
+
+def end_as_reader_gone() -> NoReturn:
+    """End the command as when a write finds the reader gone: quietly, with 0."""
+    _quiet_broken_pipe()
+
+
 def _quiet_broken_pipe() -> NoReturn:
     """The reader went away: end quietly, with 0."""
     _stdout_to_devnull()
     sys.exit(0)
 
 
+_done_before_output = ""
+"""What the command did before printing, said with an output that cannot be written."""
+
+
+def note_done_before_output(text: str) -> None:
+    """Have an output that cannot be written also say ``text`` (``request ID was queued``): a
+    script reading exit 70 as "nothing happened" would do it again."""
+    global _done_before_output
+    _done_before_output = text
+
+
 def _cannot_write(exc: OSError) -> NoReturn:
     _stdout_to_devnull()
+    done = f"; {_done_before_output}" if _done_before_output else ""
     with suppress(OSError):  # stderr may be gone too: the exit code still says it
-        echo(f"{_prog}: cannot write the output: {exc.strerror or exc}", err=True)
+        echo(f"{_prog}: cannot write the output: {exc.strerror or exc}{done}", err=True)
     sys.exit(errors.exit_code_for(exc))
 
 

@@ -18,15 +18,18 @@ from adaptor._cli_common import (
     echo,
     emit_json,
     emit_result,
+    end_as_reader_gone,
     event_line,
     fail,
     guarded,
     home_option,
     json_option,
     not_nan,
+    note_done_before_output,
     read_request,
     require_daemon,
     status_decided,
+    stdout_reader_gone,
     telling_when_the_daemon_stops,
 )
 from adaptor.events import to_json
@@ -51,11 +54,14 @@ def submit(file: IO[bytes], as_json: bool, home: str | None) -> None:
     The request is linked into spool/new atomically; a new time-sortable id is minted when it
     has none.  Without a running daemon it waits in the spool.  Exit 2 when FILE is not a JSON
     object or its id is malformed or taken (schema problems come back in the verdict), 69 when
-    the home has no spool.  With --json the result is {"id", "daemon_running"}.
+    the home has no spool, 70 when the disk refused the file (nothing queued) or the id could
+    not be printed (queued all the same, which stderr says, naming it).  With --json the
+    result is {"id", "daemon_running"}.
     """
     request = read_request(file)
     client = Client(home)
     request_id = submit_request(client, request)
+    note_done_before_output(f"request {request_id} was queued all the same")
     running = _home.daemon_running(_home.Home.at(client.home))
     if as_json:
         emit_result({"id": request_id, "daemon_running": running}, id=request_id)
@@ -260,7 +266,7 @@ def events(
                 as_json,
                 ctrl_c=f"stops following; `adaptor events {request_id} -f` follows again",
             )
-        records = _request_records(client, request_id, follow=follow, since=since)
+        records = _request_records(client, request_id, follow=follow, since=since, wanted=_still_read)
     elif thread_key is not None:
         _check_key(thread_key, "--thread")
         client = Client(home)
@@ -269,7 +275,7 @@ def events(
         log = client.home / "events" / f"{session}.jsonl"
         if not follow and not log.is_file():  # with -f its first run may be yet to come
             raise errors.ThreadNotFoundError(f"no events recorded for thread key {thread_key!r}")
-        records = _log_records(log, follow=follow, since=since)
+        records = _log_records(log, follow=follow, since=since, wanted=_still_read)
     else:
         assert log_file is not None
         if log_file == "-":
@@ -281,7 +287,7 @@ def events(
             # With -f it may appear later, as for tail -F.  Not is_file(): a pipe is read too.
             if not follow and not path.exists():
                 raise click.BadParameter(f"no such file: {log_file}", param_hint="--file")
-            records = _log_records(path, follow=follow, since=since)
+            records = _log_records(path, follow=follow, since=since, wanted=_still_read)
     printed = 0
     with told:
         for record in records:
@@ -290,8 +296,14 @@ def events(
                 emit_json({"host_seq": record.host_seq, "event": to_json(record.event)})
             else:
                 echo(event_line(record.host_seq, record.recorded_at, record.event))
+    if follow and stdout_reader_gone():  # (`events -f | grep -q x`: found, and gone)
+        end_as_reader_gone()
     if request_id is not None and not printed and since == 0:
         _say_why_no_events(Client(home), request_id)
+
+
+def _still_read() -> bool:
+    return not stdout_reader_gone()
 
 
 def _say_why_no_events(client: Client, request_id: str) -> None:

@@ -29,7 +29,7 @@ import heapq
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, NoReturn
@@ -543,9 +543,11 @@ class Client:
 
 
 def _request_records(
-    client: Client, request_id: str, *, follow: bool, since: int = 0
+    client: Client, request_id: str, *, follow: bool, since: int = 0,
+    wanted: Callable[[], bool] = lambda: True,
 ) -> Iterator[EventRecord]:
-    """``EventRecord``s of one request's runs (``host_seq > since``), optionally followed.
+    """``EventRecord``s of one request's runs (``host_seq > since``), optionally followed
+    while ``wanted()`` (asked between waits: the reader of what is followed may be gone).
 
     The request's session log may hold other runs (a thread's earlier turns), so records are
     kept by ``meta.run_id``.  The daemon writes a run id into ``state.json`` before recording
@@ -600,16 +602,19 @@ def _request_records(
                     return
                 client._require_present(request_id)
                 wake.wait(_EVENTS_POLL)
+                if not wanted():
+                    return
     finally:
         if reader is not None:
             reader.close()
 
 
 def _log_records(
-    path: Path, *, follow: bool, since: int = 0, stream: IO[bytes] | None = None
+    path: Path, *, follow: bool, since: int = 0, stream: IO[bytes] | None = None,
+    wanted: Callable[[], bool] = lambda: True,
 ) -> Iterator[EventRecord]:
     """Every ``EventRecord`` of one session log (``host_seq > since``); with ``follow``,
-    forever, like ``tail -F`` (the file may appear later or be replaced).
+    while ``wanted()``, like ``tail -F`` (the file may appear later or be replaced).
 
     A ``stream`` (stdin; ``path`` then only names it in errors), or a ``path`` that is a pipe
     or a device (``<(zcat x.jsonl.gz)``), is read once, to its end, ``follow`` or not: it
@@ -637,6 +642,8 @@ def _log_records(
                     return
                 yield from reader.read()
                 wake.wait(_EVENTS_POLL)
+                if not wanted():
+                    return
     finally:
         reader.close()
 

@@ -275,3 +275,24 @@ def test_the_version_the_package_reports_is_pyprojects() -> None:
     assert adaptor.__version__ == project["version"]
     shown = subprocess.run(["adaptor", "--version"], capture_output=True, text=True, check=True)
     assert shown.stdout.split()[-1] == project["version"]
+
+
+def test_events_f_ends_once_its_reader_is_gone_though_nothing_more_comes(tmp_path: Path) -> None:
+    # `adaptor events --file log -f | grep -q x` never ended: a reader going away is only
+    # seen by a write, and following with nothing new to print writes nothing.
+    from adaptor.events import Notice
+    from hosttools import sessionrecorder as sr
+
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path)) as recorder:
+        recorder.record("quiet", Notice(kind="lifecycle", text="only"))
+    follower = subprocess.Popen(
+        ["adaptor", "events", "--file", str(tmp_path / "quiet.jsonl"), "-f"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert follower.stdout is not None and follower.stderr is not None
+    assert b"notice.lifecycle" in follower.stdout.readline()
+    follower.stdout.close()
+    try:
+        assert (follower.wait(timeout=60), follower.stderr.read()) == (0, b"")
+    finally:
+        follower.kill()

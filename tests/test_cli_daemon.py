@@ -1602,6 +1602,14 @@ def test_an_output_that_cannot_be_written_is_reported_once_with_exit_70(home: Ho
             proc = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, env=home.env(), timeout=TIMEOUT)
             assert proc.returncode == 70, (command, proc.stderr)
             assert proc.stderr.decode().strip() == "adaptor: cannot write the output: No space left on device", command
+    # submit's id unwritten: the request was queued all the same, which a script must be told.
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(["adaptor", "submit", "-"], input=orjson.dumps(script({"text": "once"})),
+                              stdout=full, stderr=subprocess.PIPE, env=home.env(), timeout=TIMEOUT)
+    said = proc.stderr.decode().strip()
+    assert proc.returncode == 70 and said.endswith(" was queued all the same"), said
+    queued = said.removesuffix(" was queued all the same").rsplit(" ", 1)[1]
+    assert home.client.wait(queued, timeout=TIMEOUT).text == "once"
     closed = subprocess.run([*run, "go"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=home.env(),
                             timeout=TIMEOUT, pass_fds=(), preexec_fn=lambda: os.close(1))
     assert (closed.returncode, closed.stderr) == (0, b"")  # stdout closed: as good as /dev/null
