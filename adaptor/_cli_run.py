@@ -365,7 +365,11 @@ def _run_through_daemon(
     require_daemon(client)
     from hosttools.sessionrecorder import JSONLEventLogCorruptError
 
-    request_id = submit_request(client, request)
+    try:
+        request_id = submit_request(client, request)
+    except InvalidRequestError as exc:  # refused here as the daemon refuses it: before a run
+        given: dict[str, Any] = {"id": request["id"]} if isinstance(request.get("id"), str) else {}
+        fail(exc, as_json=as_json, result=None, **given)
     live.label = request_id
     try:
         with live, telling_when_the_daemon_stops(

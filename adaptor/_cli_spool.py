@@ -37,6 +37,7 @@ from adaptor.spool import (
     Client,
     DaemonNotRunningError,
     InvalidRequestError,
+    SpoolNotFoundError,
     UnknownRequestError,
     _log_records,
     _request_records,
@@ -473,7 +474,7 @@ def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> No
 
 @click.group(invoke_without_command=True)
 @home_option
-@click.option("--json", "as_json", is_flag=True, help="With no subcommand: as `threads list --json`.")
+@click.option("--json", "as_json", is_flag=True, help="As the subcommand's --json (`threads --json` is `threads list --json`).")
 @click.pass_context
 def threads(ctx: click.Context, home: str | None, as_json: bool) -> None:
     """The thread store: `threads list` (the default) and `threads show KEY`.
@@ -481,6 +482,8 @@ def threads(ctx: click.Context, home: str | None, as_json: bool) -> None:
     Exit 69 when the home does not exist; `show` exits 4 for a key with no conversation.
     """
     ctx.obj = {"home": home}
+    if as_json:  # `threads --json show K` printed text: the subcommands take it as their own
+        ctx.default_map = {name: {"as_json": True} for name in ("list", "show")}
     if ctx.invoked_subcommand is None:
         ctx.invoke(threads_list, as_json=as_json)
 
@@ -618,7 +621,15 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
 def status(as_json: bool, home: str | None) -> None:
     """The daemon and its queue; exit 0 while it runs, 69 when it does not."""
     client = Client(home)
-    info, problem = client._status()
+    try:
+        info, problem = client._status()
+    except SpoolNotFoundError as exc:  # a file where the home should be
+        if not as_json:
+            raise
+        # The report still comes, as for a home with no daemon: `jq .result.running` is false.
+        nothing = {"home": str(client.home), "running": False, "pid": None, "started_at": None, "workers": None}
+        lists: dict[str, list[str]] = {"queued": [], "in_progress": [], "verdict_deferred": [], "recent": []}
+        fail(exc, as_json=True, result=nothing | lists)
     if problem is not None:  # as `adaptord status` says it: running, details unknown
         echo(f"adaptor: {problem}", err=True)
     if as_json:

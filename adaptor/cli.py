@@ -142,7 +142,8 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
         if failure is None:
             echo(f"ok: {records} records")
         elif isinstance(failure, sessionrecorder.JSONLEventLogCorruptError):
-            hint = " (--repair cuts it)" if failure.why.startswith("torn tail") else ""
+            # Only a regular file can be cut: a pipe's torn tail is its source file's to repair.
+            hint = " (--repair cuts it)" if failure.why.startswith("torn tail") and regular else ""
             echo(f"corrupt: {file} line {failure.line}: {failure.why}{hint}", err=True)
         else:
             echo(f"error: {file}: {failure}", err=True)

@@ -536,6 +536,24 @@ def test_events_of_nothing_say_so(home: Home, tmp_path: Path) -> None:
     assert follow.returncode == 69 and "not running" in follow.stderr
 
 
+def test_threads_json_before_the_subcommand_is_the_subcommands_json(home: Home) -> None:
+    # `threads --json show K` printed text (nothing on stdout for an unknown key).
+    missing = home.cli("threads", "--json", "show", "nosuch")
+    assert missing.returncode == 4 and orjson.loads(missing.stdout)["error"]["code"] == "ErrThreadNotFound"
+    listed = home.cli("threads", "--json", "list")
+    assert listed.returncode == 0 and orjson.loads(listed.stdout) == orjson.loads(home.cli("threads", "list", "--json").stdout)
+
+
+def test_run_json_of_a_request_refused_before_it_was_queued_has_a_null_result(home: Home) -> None:
+    # cli.md: an error before the run started (InvalidRequestError, ...) has "result": null; a
+    # request the client refused itself (an id of the daemon's own) had no result key at all.
+    for extra, prompt in ((["--id", "adaptord", "go"], ""), (["-"], "x" * 1_100_000)):  # past 1 MiB
+        refused = home.cli("run", "--driver", "script", "--config", steps({"text": "x"}), "--json", *extra, input=prompt)
+        outcome = orjson.loads(refused.stdout)
+        assert refused.returncode == outcome["exit_code"] == 2, refused.stderr
+        assert outcome["error"]["code"] == "ErrInvalidRequest" and outcome["result"] is None
+
+
 def test_events_of_a_request_that_never_ran_say_why(home: Home) -> None:
     # Its verdict names an audit log no event was written to: the command printed nothing.
     refused = home.cli(
@@ -1001,6 +1019,10 @@ def test_status_of_a_file_for_a_home_is_69_as_for_every_other_command(tmp_path: 
         )
         assert proc.returncode == 69, (command, proc.stderr)
         said[command[0], "--json" in command] = proc.stderr.strip()
+        if command == ["status", "--json"]:  # its report still comes (`jq .result.running`)
+            outcome = orjson.loads(proc.stdout)
+            assert outcome["result"]["running"] is False and outcome["result"]["queued"] == []
+            assert outcome["error"]["type"] == "adaptor.spool.SpoolNotFoundError"
     assert said["status", False] == said["approvals", False] == said["wait", False] != ""
     assert said["status", False].startswith(f"adaptor: no adaptord spool under {not_a_home}")
 

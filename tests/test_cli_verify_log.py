@@ -211,6 +211,8 @@ def test_dash_reads_the_log_from_stdin(log: Path) -> None:
     assert verify("-", data=whole).stdout == b"ok: 5 records\n"
     torn = verify("--json", "-", data=whole[:-3])
     assert torn.returncode == 70 and json.loads(torn.stdout)["result"]["records"] == 4
+    said = verify("-", data=whole[:-3]).stderr
+    assert b"torn tail" in said and b"--repair" not in said  # which stdin would refuse
     # Nothing on stdin can be cut: the log's own path is needed.
     refused = verify("--repair", "-", data=whole[:-3])
     assert refused.returncode == 2 and b"not stdin" in refused.stderr
