@@ -59,7 +59,8 @@ def _home_named(ctx: click.Context, param: click.Parameter, flag: str | None) ->
     variable = os.environ.get("ADAPTORD_HOME")
     if not variable:
         return flag
-    if flag is not None and _home.Home.at(flag).root != _home.Home.at(variable).root:
+    # (The same directory by another path, a symlink say, is no conflict.)
+    if flag is not None and os.path.realpath(_home.Home.at(flag).root) != os.path.realpath(_home.Home.at(variable).root):
         echo(f"{ctx.find_root().info_name}: ADAPTORD_HOME={variable} takes precedence over --home {flag}", err=True)
     return variable
 

@@ -324,7 +324,7 @@ def _build_request(
     try:
         orjson.dumps(request)
     except TypeError as exc:  # argv and stdin undecodable as UTF-8 come as lone surrogates
-        raise click.UsageError(f"the request cannot be JSON: {exc} (is every argument UTF-8?)") from None
+        raise click.UsageError(f"the request cannot be JSON: {exc} (is every argument, and the prompt read from stdin, UTF-8?)") from None
     return request
 
 

@@ -107,13 +107,12 @@ class SpoolNotFoundError(FileNotFoundError):
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        super().__init__(
-            errno.ENOENT,
-            f"no adaptord spool under {home} (start the daemon with "
-            f"`adaptord serve --home {home}`, or name the home a daemon serves with "
-            "ADAPTORD_HOME or --home)",
-            str(home),
-        )
+        if os.path.lexists(home) and not home.is_dir():  # no daemon could start there either
+            hint = f"{home} is not a directory: name the home a daemon serves with ADAPTORD_HOME or --home"
+        else:
+            hint = (f"start the daemon with `adaptord serve --home {home}`, or name the home a "
+                    "daemon serves with ADAPTORD_HOME or --home")
+        super().__init__(errno.ENOENT, f"no adaptord spool under {home} ({hint})", str(home))
 
     def __str__(self) -> str:
         # OSError's own form, "[Errno 2] <message>: '<home>'", says the home twice.

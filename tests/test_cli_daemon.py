@@ -1025,6 +1025,7 @@ def test_status_of_a_file_for_a_home_is_69_as_for_every_other_command(tmp_path: 
             assert outcome["error"]["type"] == "adaptor.spool.SpoolNotFoundError"
     assert said["status", False] == said["approvals", False] == said["wait", False] != ""
     assert said["status", False].startswith(f"adaptor: no adaptord spool under {not_a_home}")
+    assert "adaptord serve" not in said["status", False]  # it could not start there either
 
 
 def test_status_of_a_damaged_daemon_state_says_it_is_unreadable(tmp_path: Path) -> None:
@@ -1496,7 +1497,7 @@ def test_a_prompt_that_is_not_utf8_or_too_large_is_refused_alike_with_and_withou
 ) -> None:
     config = steps({"text": "ok"})
     for extra in ([], ["--no-daemon"]):
-        for prompt, why in ((b"ab\xff", "is every argument UTF-8?"), (b"x" * 1_500_000, "larger than 1048576 bytes")):
+        for prompt, why in ((b"ab\xff", "is every argument, and the prompt read from stdin, UTF-8?"), (b"x" * 1_500_000, "larger than 1048576 bytes")):
             proc = subprocess.run(
                 ["adaptor", "run", "--driver", "script", "--config", config, *extra, "-"],
                 input=prompt, capture_output=True, env=home.env(), timeout=TIMEOUT,

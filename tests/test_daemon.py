@@ -697,6 +697,10 @@ def test_adaptord_home_takes_precedence_over_the_flag_and_says_so(daemon: Daemon
         assert f"ADAPTORD_HOME={daemon.home.root} takes precedence over --home {elsewhere}" in proc.stderr
         same = subprocess.run([sys.executable, *program, "--home", str(daemon.home.root)], capture_output=True, text=True, env=env, timeout=60)
         assert same.returncode == 0 and same.stderr == ""  # nothing to say when they agree
+        link = tmp_path / f"link-{program[1]}"
+        link.symlink_to(daemon.home.root)  # the same directory by another name agrees too
+        linked = subprocess.run([sys.executable, *program, "--home", str(link)], capture_output=True, text=True, env=env, timeout=60)
+        assert linked.returncode == 0 and linked.stderr == ""
     unset = {k: v for k, v in os.environ.items() if k != "ADAPTORD_HOME"} | {"ADAPTORD_HOME": ""}
     flag = subprocess.run([sys.executable, "-m", "adaptord", "status", "--home", str(daemon.home.root)], capture_output=True, text=True, env=unset, timeout=60)
     assert flag.returncode == 0 and flag.stderr == ""  # an empty variable is no variable
