@@ -62,7 +62,7 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
 
     unguard()
     try:
-        config = config_module.load(config_path, required=config_path is not None)
+        config = config_module.load(config_path, required=config_path is not None, regular=True)
     except config_module.ConfigError as exc:
         click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
         sys.exit(2)
@@ -153,8 +153,12 @@ def check(config_path: str | None) -> None:
         click.echo(config_module.one_line(f"config: {exc}"))
         ok = False
         config = config_module.DaemonConfig()
-    for driver, binary in DRIVER_BINARIES.items():
+    # The command driver has no binary of its own: only one its table names is looked at, and
+    # never run (--version could do anything).
+    for driver, binary in {**DRIVER_BINARIES, "command": None}.items():
         configured = config.driver_defaults(driver).get("command")
+        if configured is None and binary is None:
+            continue
         command = str(configured or binary)
         path = shutil.which(command)
         if path is None:
@@ -166,6 +170,9 @@ def check(config_path: str | None) -> None:
                 ok = False
             else:
                 click.echo(f"{driver}: {command} {missing}")
+            continue
+        if binary is None:
+            click.echo(f"{driver}: {path}")
             continue
         try:
             proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)

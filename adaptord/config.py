@@ -39,11 +39,14 @@ import difflib
 import importlib
 import os
 import re
+import stat
+import sys
 import tomllib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 import orjson
@@ -201,16 +204,16 @@ class DaemonConfig:
         loaded: dict[str, Any] = {}
         for name, target in self.tools.items():
             module_name, _, attribute = target.partition(":")
+            where = f"{self.source}: " if self.source else ""
             if not module_name or not attribute:
-                raise ConfigError(f"tools.{name}: expected 'module:attribute', got {target!r}")
+                raise ConfigError(f"{where}tools.{name}: expected 'module:attribute', got {target!r}")
             try:
-                obj: Any = importlib.import_module(module_name)
+                obj: Any = _tool_module(module_name)
                 for part in attribute.split("."):
                     obj = getattr(obj, part)
             # Any failure of the module's own code (a SyntaxError, a relative name, an error it
             # raises at import) is this config's problem, not the daemon's end.
             except (Exception, SystemExit) as exc:
-                where = f"{self.source}: " if self.source else ""
                 raise ConfigError(
                     f"{where}tools.{name}: cannot load {target!r}: {type(exc).__name__}: {exc}"
                 ) from exc
@@ -227,6 +230,45 @@ class DaemonConfig:
                 raise ConfigError(f"{where}a2a.remotes: {exc}") from exc
             loaded[DELEGATE_TOOL] = delegation_tool(self.a2a.remotes)
         return loaded
+
+
+# Each module load_tools() imported, with its file as it was then (mtime and size; None when
+# it has no file, (-1, -1) when the file is gone).
+_tool_sources: dict[str, tuple[int, int] | None] = {}
+
+
+def _source_stamp(module: ModuleType) -> tuple[int, int] | None:
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str):
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return (-1, -1)
+    return (found.st_mtime_ns, found.st_size)
+
+
+def _tool_module(name: str) -> ModuleType:
+    """``name`` imported; imported afresh when its file changed since this last imported it.
+
+    A reload that kept the imported module ran the old code and said nothing of a module that
+    no longer imports, which the next start then refused (exit 2).  The fresh module is a new
+    object: runs already going keep the old one, whose globals are left alone.  Only the
+    module the config names is imported again, not the modules it imports.
+    """
+    module = sys.modules.get(name)
+    if module is not None and name in _tool_sources and _source_stamp(module) != _tool_sources[name]:
+        del sys.modules[name]
+        importlib.invalidate_caches()  # a file replaced within the finder's cached listing
+        try:
+            module = importlib.import_module(name)
+        except BaseException:
+            sys.modules[name] = module  # the failed reload keeps the old config, and its module
+            raise
+    elif module is None:
+        module = importlib.import_module(name)
+    _tool_sources[name] = _source_stamp(module)
+    return module
 
 
 def invalid_tools(tools: Mapping[str, Any]) -> dict[str, str]:
@@ -276,11 +318,28 @@ def default_config_path() -> Path:
     return xdg_base("XDG_CONFIG_HOME", ".config") / "adaptord" / "config.toml"
 
 
-def load(path: str | os.PathLike[str] | None, *, required: bool = False) -> DaemonConfig:
-    """Read the config file; a missing default file means defaults, a missing explicit one fails."""
+def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular: bool = False) -> DaemonConfig:
+    """Read the config file; a missing default file means defaults, a missing explicit one fails.
+
+    ``regular``: only a regular file (``serve``, which reads it again at every reload: a pipe
+    would read empty then, and a FIFO with no writer would hold the reload for good); else a
+    pipe (``check --config <(...)``) is read too.
+    """
     target = Path(path) if path is not None else default_config_path()
     try:
-        with target.open("rb") as handle:  # a pipe (<(...)) too
+        if regular:
+            # Not blocking on a FIFO's open, then refused by what it is.
+            descriptor = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                os.close(descriptor)
+                raise ConfigError(
+                    f"{target}: not a regular file (adaptord serve reads its config again at every "
+                    "reload: write it to a file)"
+                )
+            handle: BinaryIO = os.fdopen(descriptor, "rb")
+        else:
+            handle = target.open("rb")  # a pipe (<(...)) too
+        with handle:
             data = handle.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:  # /dev/zero, a log named by mistake: never all read
             raise ConfigError(f"{target}: larger than {MAX_CONFIG_BYTES} bytes; is it the config file?")
@@ -384,6 +443,12 @@ def _check_driver_table(name: str, table: Mapping[str, Any], source: str) -> Non
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"{where}: unknown driver{hint}; known: {', '.join(DRIVER_NAMES)}")
     _refuse_unknown(table, _config_fields(name), where)
+    cwd = table.get("cwd")
+    if isinstance(cwd, str) and cwd and not os.path.isabs(cwd):  # as a request's config.cwd is
+        raise ConfigError(
+            f"{where}: cwd must be an absolute path (a relative one names a path under the "
+            "daemon's working directory, / under systemd)"
+        )
     from adaptor import _request
     from adaptor.errors import AdaptorError
 

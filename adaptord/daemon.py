@@ -580,7 +580,7 @@ class Daemon:
         """The reload thread: read the file and import its tools, for the main loop to apply."""
         result: tuple[DaemonConfig, dict[str, Any]] | str
         try:
-            fresh = config_module.load(self.config_path, required=self.config_path is not None)
+            fresh = config_module.load(self.config_path, required=self.config_path is not None, regular=True)
             result = (fresh, fresh.load_tools())
         except Exception as exc:  # never the daemon's end: a reload keeps what it had
             result = str(exc) if isinstance(exc, config_module.ConfigError) else f"{type(exc).__name__}: {exc}"
@@ -1221,7 +1221,7 @@ class Daemon:
     def _stopped_by_drain(self, error: errors.RunCancelledError) -> errors.RunCancelledError:
         """The verdict of a run the daemon's stop cancelled: not to be taken for an
         ``adaptor cancel`` (the request may be worth submitting again)."""
-        why = "signalled again" if self._stop_signals >= 2 else f"the run outlasted its --grace of {self.grace:g} s"
+        why = "signalled again" if self._stop_signals >= 2 else f"the run outlasted the stop's grace of {self.grace:g} s"
         return errors.RunCancelledError(
             f"run cancelled: adaptord stopped ({why})",
             details={**error.details, "daemon_stopped": True},

@@ -1335,7 +1335,7 @@ def test_a_run_the_drain_cancels_says_the_daemon_stopped(tmp_path: Path) -> None
     assert proc.stop() == 0
     error = errors.from_wire(orjson.loads(proc.home.verdict(rid).read_bytes())["error"])
     assert type(error) is errors.RunCancelledError and error.details["daemon_stopped"] is True
-    assert error.message == "run cancelled: adaptord stopped (the run outlasted its --grace of 0.2 s)"
+    assert error.message == "run cancelled: adaptord stopped (the run outlasted the stop's grace of 0.2 s)"
 
 
 def test_a_second_stop_signal_ends_the_drain_grace(tmp_path: Path) -> None:
@@ -2608,16 +2608,64 @@ BAD_DRIVER_VALUES = [
     ('[drivers.codex]\ngrace_period = -1.0\n', "grace_period: expected a number of seconds from 0 to 300"),
     ('[drivers.script]\nsteps = [{txet = "x"}]\n', "steps[0]: unknown step 'txet'"),
     (f'[drivers.command]\nextra_args = "-c"\nenv = {{T = "{SECRET}"}}\n', "extra_args: expected a list of strings"),
+    # Accepted, and every run without a workspace went to the daemon's own directory.
+    ('[drivers.command]\ncwd = "rel/dir"\n', "cwd must be an absolute path"),
 ]
 
 
-@pytest.mark.parametrize("text,why", BAD_DRIVER_VALUES, ids=["env", "command", "grace", "steps", "args"])
+@pytest.mark.parametrize("text,why", BAD_DRIVER_VALUES, ids=["env", "command", "grace", "steps", "args", "cwd"])
 def test_a_driver_table_value_the_driver_refuses_is_refused_at_load(tmp_path: Path, text: str, why: str) -> None:
     reported, check, serve = _refused_by_check_and_serve(tmp_path, text)
     table = text.splitlines()[0]
     assert table in reported and why in reported, reported
     assert SECRET not in check.stdout + check.stderr
     assert why in serve.stderr and SECRET not in serve.stderr, serve.stderr
+
+
+def test_a_config_that_is_no_regular_file_is_refused_by_serve_and_its_reloads(tmp_path: Path) -> None:
+    # A FIFO held `serve` before it served (SIGTERM deferred until then: only SIGKILL ended
+    # it) and, at a reload, the reload thread for good: every later SIGHUP went unheard.  A
+    # pipe (<(cat config.toml)) read empty at a reload: the built-in defaults, said as
+    # "config reloaded".  `check` still reads a pipe once.
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    serve = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home"), "--config", str(fifo)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert serve.returncode == 2 and f"{fifo}: not a regular file" in serve.stderr, serve.stderr
+    piped = subprocess.run(["adaptord", "check", "--config", "/dev/stdin"], input="workers = 2\n",
+                           capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and piped.stdout.startswith("config: ok (/dev/stdin)"), piped.stdout
+    config = tmp_path / "config.toml"
+    config.write_text("workers = 2\n")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    try:
+        config.unlink()
+        os.mkfifo(config)
+        proc.signal(signal.SIGHUP)
+        failed = proc.wait_for_line("config reload failed")
+        assert "not a regular file" in failed, failed
+        config.unlink()
+        assert proc.reload(config, "workers = 2\n[drivers.script]\nsession = \"auto\"\n").startswith(
+            "adaptord: config reloaded"
+        )  # the reload thread was not held: a later SIGHUP is heard
+    finally:
+        assert proc.stop() == 0
+
+
+def test_check_looks_at_the_command_drivers_configured_command_without_running_it(tmp_path: Path) -> None:
+    # `[drivers.command] command` was never looked at: "config: ok" for a path not there.
+    config = tmp_path / "config.toml"
+    for command, fine in (("/nonexistent/bin/agent", False), ("/etc/passwd", False), ("/bin/true", True)):
+        config.write_text(f'[drivers.command]\ncommand = "{command}"\n')
+        check = _adaptord_check(config)
+        assert check.returncode == (0 if fine else 2), check.stdout
+        line = next(line for line in check.stdout.splitlines() if line.startswith("command: "))
+        assert line == ("command: /bin/true" if fine else f"command: {command} is not an executable file "
+                        "(drivers.command.command: every command run would fail)"), line
+    config.write_text("workers = 2\n")
+    assert not any(line.startswith("command") for line in _adaptord_check(config).stdout.splitlines())
 
 
 def test_a_driver_table_is_refused_with_the_error_a_run_of_it_fails_with(tmp_path: Path) -> None:

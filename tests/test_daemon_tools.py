@@ -224,3 +224,48 @@ def test_check_reports_tools_the_missing_mcp_extra_cannot_serve(tmp_path: Path) 
     checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
     assert checked.returncode == 2, checked.stdout + checked.stderr
     assert "tools.add: not a valid tool: host-defined tools need the MCP SDK, the mcp extra" in checked.stdout
+
+
+_VERSIONED_TOOL = '''
+from adaptor import tool
+
+ver = tool.define("ver", "Which code answers", lambda args: {{"ver": "{version}"}},
+                  input={{"type": "object"}}, read_only=True)
+'''
+
+
+def test_a_reload_imports_a_changed_tool_module_afresh_and_refuses_a_broken_one(tmp_path: Path) -> None:
+    # The reload kept the module imported at start: the old code answered, and a module that
+    # no longer imported was "config reloaded", then refused by the next start (exit 2).
+    library = tmp_path / "pylib"
+    library.mkdir()
+    module = library / "versioned_tools.py"
+    config = tmp_path / "config.toml"
+    config.write_text('[tools]\nver = "versioned_tools:ver"\n')
+
+    def write(text: str, age: int) -> None:
+        module.write_text(text)
+        stamp = module.stat().st_mtime + age  # another second: the bytecode cache compares seconds
+        os.utime(module, (stamp, stamp))
+
+    write(_VERSIONED_TOOL.format(version="v1"), 0)
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), env={"PYTHONPATH": str(library)}).start()
+
+    def answer() -> str:
+        rid = proc.submit({"driver": "script", "prompt": "x", "tools": ["ver"],
+                           "config": {"steps": [{"call_tool": {"name": "ver", "args": {}}}, {"text": "done"}]}})
+        assert proc.verdict(rid)["ok"]
+        [result] = [e.result for e in audit(proc, rid) if isinstance(e, events.ToolResult)]
+        return str(orjson.loads(result)["ver"])
+
+    try:
+        assert answer() == "v1"
+        write(_VERSIONED_TOOL.format(version="v2"), 10)
+        assert proc.reload(config, config.read_text()).startswith("adaptord: config reloaded")
+        assert answer() == "v2"
+        write("def broken(:\n", 20)
+        failed = proc.reload(config, config.read_text())
+        assert failed.startswith("adaptord: config reload failed") and "SyntaxError" in failed, failed
+        assert answer() == "v2"  # the old config, and its module, go on
+    finally:
+        assert proc.stop() == 0
