@@ -377,6 +377,8 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     tools = raw.get("tools", {})
     if not isinstance(tools, dict) or not all(isinstance(v, str) for v in tools.values()):
         raise ConfigError(f"{source}: [tools] maps names to 'module:attribute' strings")
+    if "" in tools:  # no request could select it ("tools": [""] is refused)
+        raise ConfigError(f"{source}: [tools] has an empty name")
     skills = raw.get("skills", {})
     if not isinstance(skills, dict):
         raise ConfigError(f"{source}: [skills] must be a table (dirs = [...])")

@@ -2473,11 +2473,14 @@ MISSPELT_CONFIGS = [
         '[a2a.agents.r.request]\ndriver = "claude"\n[a2a.agents.r.request.config]\nmodle = "opus"\n',
         ["a2a.agents.r.request.config", "'modle'", "did you mean 'model'?"],
     ),
+    # No request can select it: it was accepted, and said nothing.
+    ('[tools]\n"" = "tests.host_tools:add"\n', ["[tools] has an empty name"]),
 ]
 
 
 @pytest.mark.parametrize(
-    "text,expected", MISSPELT_CONFIGS, ids=["claude", "script", "driver", "no-driver", "skills", "a2a-template"]
+    "text,expected", MISSPELT_CONFIGS,
+    ids=["claude", "script", "driver", "no-driver", "skills", "a2a-template", "empty-tool-name"],
 )
 def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, expected: list[str]) -> None:
     reported, check, serve = _refused_by_check_and_serve(tmp_path, text)
