@@ -175,8 +175,9 @@ class AdaptorError(Exception):
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
-def _picklable(err: BaseException) -> BaseException:
-    """``err`` when it pickles, else an :class:`ExternalError` naming its class and message."""
+def _picklable(err: BaseException, depth: int = 0) -> BaseException:
+    """``err`` when it pickles, else an :class:`ExternalError` naming its class and message
+    (with its own cause chain so made, to the wire form's depth)."""
     try:
         pickle.loads(pickle.dumps(err))
     except Exception:
@@ -186,8 +187,8 @@ def _picklable(err: BaseException) -> BaseException:
             message = ""
         stand_in = ExternalError(_type_name(err), message)
         nested = _next_cause(err)
-        if nested is not None and nested is not err:
-            stand_in.__cause__ = stand_in.cause = _picklable(nested)
+        if nested is not None and nested is not err and depth < FIND_NODE_LIMIT:
+            stand_in.__cause__ = stand_in.cause = _picklable(nested, depth + 1)
         return stand_in
     return err
 

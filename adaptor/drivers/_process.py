@@ -488,7 +488,7 @@ class Child:
                         # every such run by it, long enough for its deadline to pass.
                         escaped_stopped = True
                         self._stop_escaped()
-                    if now - exited_at > _DRAIN_AFTER_EXIT + self._grace() + 1.0:
+                    if now > self._kill_at(exited_at + _DRAIN_AFTER_EXIT) + 1.0:
                         break
         finally:
             for stream, pieces in pending.items():
@@ -585,17 +585,18 @@ class Child:
                 return
         self._stop_group()  # outside the lock: finish() may be waiting for it
 
-    def _grace(self) -> float:
-        """The grace period, or what is left of :data:`GRACE_AT_EXIT` once the program exits."""
+    def _kill_at(self, began: float) -> float:
+        """When a SIGTERM sent at ``began`` is followed by SIGKILL: after the grace period, or
+        :data:`GRACE_AT_EXIT` into the program's exit, whichever comes first.  Asked on every
+        poll, as the exit may begin meanwhile."""
         if _exit_began is None:
-            return self.spec.grace_period
-        return min(self.spec.grace_period, max(_exit_began + GRACE_AT_EXIT - time.monotonic(), 0.0))
+            return began + self.spec.grace_period
+        return min(began + self.spec.grace_period, _exit_began + GRACE_AT_EXIT)
 
     def _stop_group(self) -> None:
         _signal_group(self.pid, signal.SIGTERM)
         began = time.monotonic()
-        # Looked at on every poll: an exit beginning meanwhile shortens the grace.
-        while time.monotonic() < began + self._grace():
+        while time.monotonic() < self._kill_at(began):
             self._proc.poll()
             if not _group_alive(self.pid):
                 return
@@ -658,7 +659,7 @@ class Child:
         for pid, _ in escaped:
             _signal(pid, signal.SIGTERM)
         began = time.monotonic()
-        while escaped and time.monotonic() < began + self._grace():
+        while escaped and time.monotonic() < self._kill_at(began):
             time.sleep(_POLL)
             escaped = [(pid, start) for pid, start in escaped if _procfs.running(pid, start)]
         for pid, start in escaped:
