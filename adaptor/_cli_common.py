@@ -223,7 +223,7 @@ class _Stdout(io.FileIO):
         try:
             return super().write(data)
         except BrokenPipeError:
-            _quiet_broken_pipe()
+            end_as_reader_gone()
         except OSError as exc:
             _cannot_write(exc)
 
@@ -306,12 +306,7 @@ def stdout_reader_gone() -> bool:
 
 
 def end_as_reader_gone() -> NoReturn:
-    """End the command as when a write finds the reader gone: quietly, with 0."""
-    _quiet_broken_pipe()
-
-
-def _quiet_broken_pipe() -> NoReturn:
-    """The reader went away: end quietly, with 0."""
+    """The reader went away (a write found it, or :func:`stdout_reader_gone`): end quietly, with 0."""
     _stdout_to_devnull()
     sys.exit(0)
 
