@@ -370,6 +370,8 @@ class Daemon:
             instance.acquire(timeout=2)
             held = os.stat(self.home.daemon_lock)
             self._lock_identity = (held.st_dev, held.st_ino)
+            if held.st_mode & 0o077:  # made 0644 by an earlier build: every file of a home is 0600
+                os.chmod(self.home.daemon_lock, 0o600)
         except filelock.Timeout:
             self.log("another adaptord is already running for this home", home=self.home.root)
             return 69

@@ -2195,6 +2195,18 @@ def test_every_file_of_the_home_is_private(daemon: DaemonProcess) -> None:
     assert exposed == []
 
 
+def test_a_lock_file_an_earlier_build_made_0644_is_made_private(tmp_path: Path) -> None:
+    # Builds before filelock was given a mode left adaptord.lock 0644, for good.
+    first = DaemonProcess(tmp_path / "home").start()
+    assert first.stop() == 0
+    first.home.daemon_lock.chmod(0o644)
+    again = DaemonProcess(tmp_path / "home").start()
+    try:
+        assert stat.S_IMODE(again.home.daemon_lock.stat().st_mode) == 0o600
+    finally:
+        assert again.stop() == 0
+
+
 @pytest.mark.parametrize("limit", [6, 7])
 def test_a_start_short_of_descriptors_ends_69_or_serves_never_a_traceback(tmp_path: Path, limit: int) -> None:
     # Under `ulimit -n 6` the start-up ran out of descriptors listing the approvals: a
