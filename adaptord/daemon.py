@@ -1478,8 +1478,10 @@ class Daemon:
         """The verdict of a job cancelled before it started: ``CancelledError``, nothing run."""
         self.audit("request.cancel_requested", job.id)
         self._prepare_run_dir_or_log(job)
+        # A requeued request whose earlier attempt a crash interrupted did start, once.
+        why = f"cancelled before its attempt {job.attempt + 1} started" if job.attempt else "cancelled before it started"
         self._write_verdict(
-            job.id, run_id=None, result=None, error=errors.CancelledError("cancelled before it started"),
+            job.id, run_id=None, result=None, error=errors.CancelledError(why),
             received_at=job.received_at, started_at=None, session=None,
             secrets=self._secrets_of(job.request), job=job,
         )

@@ -1375,6 +1375,21 @@ def test_a_run_that_outlasts_its_cancel_is_killed_within_the_drain(tmp_path: Pat
     assert marked_processes(proc.home.root) == []
 
 
+def test_a_requeued_request_cancelled_while_the_daemon_was_down_says_which_attempt_never_started(tmp_path: Path) -> None:
+    # Its verdict said "cancelled before it started" of a request whose first attempt ran.
+    proc = DaemonProcess(tmp_path / "home").start()
+    rid = proc.submit(script({"text": "working"}, {"sleep": 60}, on_interrupt="requeue"))
+    proc.wait_for_line(f"request.started id={rid}")
+    proc.kill9()
+    _home.request_cancel(proc.home, rid)
+    again = DaemonProcess(tmp_path / "home").start()
+    try:
+        error = errors.from_wire(again.verdict(rid)["error"])
+        assert type(error) is errors.CancelledError and str(error) == "cancelled before its attempt 2 started"
+    finally:
+        assert again.stop() == 0
+
+
 def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc = DaemonProcess(home).start()
