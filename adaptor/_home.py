@@ -462,13 +462,35 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     # The link fails only while the other request is still queued; once the daemon claimed it
     # the spool name is free again.  A request with this id claimed (or answered) meanwhile
     # makes this one a duplicate, which the daemon would only set aside: take it back.
-    if _taken(home, request_id, ours):
+    if _lost_to_another(home, request_id, queued, ours):
         with contextlib.suppress(FileNotFoundError):  # (set aside by the daemon already)
             if os.lstat(queued).st_ino == ours:
                 os.unlink(queued)
         raise FileExistsError(f"request {request_id!r} was already submitted")
     _durable.fsync_dir(home.spool_new)
     return request_id
+
+
+def _lost_to_another(home: Home, request_id: str, queued: Path, ours: int) -> bool:
+    """Whether, once this submitter linked its file (inode ``ours``) at ``queued``, the id
+    turned out to be another request's.
+
+    The daemon may claim the file, and even answer it (a request it refuses), at once: a
+    claim or a verdict is another's only if it was there while this file still waited in the
+    spool (the daemon removes the spool name before it answers).  A file that left the spool
+    is this request's claim or verdict, unless the daemon set it aside as a duplicate.
+    """
+    taken = _taken(home, request_id, ours)
+    try:
+        still_queued = os.lstat(queued).st_ino == ours
+    except FileNotFoundError:
+        still_queued = False
+    if still_queued:
+        return taken
+    suffix = f"-{request_id}.json"
+    with contextlib.suppress(OSError), os.scandir(home.quarantine) as aside:
+        return any(entry.name.endswith(suffix) and entry.inode() == ours for entry in aside)
+    return False
 
 
 def _taken(home: Home, request_id: str, ours: int | None) -> bool:

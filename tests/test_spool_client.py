@@ -885,6 +885,38 @@ def test_a_submitter_whose_id_was_claimed_as_it_linked_takes_its_request_back(
     assert os.listdir(root / "spool" / "tmp") == []
 
 
+@pytest.mark.parametrize("daemon_does", ["answers it", "sets it aside"])
+def test_a_submitter_tells_its_own_request_answered_at_once_from_a_duplicate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon_does: str
+) -> None:
+    # The daemon claims the linked file and refuses it (a bad driver) before the check after
+    # the link: the verdict, the request's own, was taken for another request's, and submit
+    # raised "already submitted" for a request it had queued (1 in 30 under load).
+    root = tmp_path / "home"
+    for folder in ("spool/tmp", "spool/new", "claimed", "verdicts", "quarantine"):
+        (root / folder).mkdir(parents=True)
+    real_link = os.link
+
+    def link_then_the_daemon(source: Any, target: Any, **kwargs: Any) -> None:
+        real_link(source, target, **kwargs)
+        queued = root / "spool" / "new" / "quick.json"
+        if daemon_does == "answers it":
+            real_link(queued, root / "claimed" / "quick.json")
+            os.unlink(queued)
+            (root / "verdicts" / "quick.json").write_bytes(b"{}")
+            os.unlink(root / "claimed" / "quick.json")
+        else:  # an answered request with this id came first: this one is its duplicate
+            (root / "verdicts" / "quick.json").write_bytes(b"{}")
+            os.rename(queued, root / "quarantine" / f"{time.time_ns()}-quick.json")
+
+    monkeypatch.setattr(_home.os, "link", link_then_the_daemon)
+    if daemon_does == "answers it":
+        assert _home.submit(_home.Home(root), {**script({"text": "x"}), "id": "quick"}) == "quick"
+    else:
+        with pytest.raises(FileExistsError, match="already submitted"):
+            _home.submit(_home.Home(root), {**script({"text": "x"}), "id": "quick"})
+
+
 def test_a_spool_entry_never_gets_a_verdict_for_another_requests_id(home: Home, tmp_path: Path) -> None:
     # A symlink "<id>.json" dropped while request <id> ran got a rejection verdict under that
     # id: the run's own verdict was then never written, and its claimed copy was removed.
