@@ -909,7 +909,7 @@ def test_a_submitter_tells_its_own_request_answered_at_once_from_a_duplicate(
             (root / "verdicts" / "quick.json").write_bytes(b"{}")
             os.rename(queued, root / "quarantine" / f"{time.time_ns()}-quick.json")
 
-    monkeypatch.setattr(_home.os, "link", link_then_the_daemon)
+    monkeypatch.setattr(os, "link", link_then_the_daemon)
     if daemon_does == "answers it":
         assert _home.submit(_home.Home(root), {**script({"text": "x"}), "id": "quick"}) == "quick"
     else:
