@@ -281,6 +281,7 @@ class Daemon:
         self._next_worker_try = 0.0  # monotonic; when a refused worker thread is tried again
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
         self._next_prune = 0.0  # monotonic; when the next pass of retention starts
+        self._next_rotation_check = 0.0  # monotonic; when the lifecycle log's size is looked at next
         self._pruner: threading.Thread | None = None  # the pass in progress
         # Approvals a crash left pending, by request id, for their runs' logs (recovery).
         self._stale_approvals: dict[str, list[events.ApprovalRequest]] = {}
@@ -1378,19 +1379,23 @@ class Daemon:
     # -- retention -----------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        """Every _PRUNE_INTERVAL (and at the first turn of the main loop, and after a reload):
-        rotate the lifecycle log if it grew too large, and start a pass removing what is past
+        """Every scan interval, have the lifecycle log rotated if it grew too large (checked
+        hourly, a busy daemon wrote it far past its limit); every _PRUNE_INTERVAL (and at the
+        first turn of the main loop, and after a reload), start a pass removing what is past
         retention, so a daemon that runs for months does not fill its disk.
 
         The pass runs in a thread of its own: on a home with months of requests it may take
         a while, and the main loop goes on claiming meanwhile.
         """
-        if time.monotonic() < self._next_prune or (self._pruner is not None and self._pruner.is_alive()):
-            return
-        self._next_prune = time.monotonic() + _PRUNE_INTERVAL
         retention = self.config.retention
-        if retention.lifecycle_log_bytes != math.inf and self._daemon_log is not None:
-            self._daemon_log.rotate(int(retention.lifecycle_log_bytes))
+        now = time.monotonic()
+        if now >= self._next_rotation_check:
+            self._next_rotation_check = now + self.config.scan_interval
+            if retention.lifecycle_log_bytes != math.inf and self._daemon_log is not None:
+                self._daemon_log.rotate(int(retention.lifecycle_log_bytes))  # the writer looks, off this loop
+        if now < self._next_prune or (self._pruner is not None and self._pruner.is_alive()):
+            return
+        self._next_prune = now + _PRUNE_INTERVAL
         pruner = threading.Thread(target=self._prune_pass, args=(retention,), name="adaptord-prune", daemon=True)
         try:
             pruner.start()
