@@ -41,6 +41,7 @@ from adaptor.spool import (
     UnknownRequestError,
     _log_records,
     _request_records,
+    _status_report,
 )
 
 
@@ -627,9 +628,7 @@ def status(as_json: bool, home: str | None) -> None:
         if not as_json:
             raise
         # The report still comes, as for a home with no daemon: `jq .result.running` is false.
-        nothing = {"home": str(client.home), "running": False, "pid": None, "started_at": None, "workers": None}
-        lists: dict[str, list[str]] = {"queued": [], "in_progress": [], "verdict_deferred": [], "recent": []}
-        fail(exc, as_json=True, result=nothing | lists)
+        fail(exc, as_json=True, result=_status_report(_home.Home.at(client.home)))
     if problem is not None:  # as `adaptord status` says it: running, details unknown
         echo(f"adaptor: {problem}", err=True)
     if as_json:

@@ -354,17 +354,10 @@ class Client:
                     deferred.append(request_id)
             elif status != "done":  # done: the verdict is written, the claim not yet removed
                 queued.append(request_id)
-        return {
-            "home": str(home.root),
-            "running": running,
-            "pid": info.get("pid"),
-            "started_at": info.get("started_at"),
-            "workers": info.get("workers"),
-            "queued": sorted(queued),
-            "in_progress": sorted(in_progress),
-            "verdict_deferred": sorted(deferred),
-            "recent": self._recent_verdicts(),
-        }, problem
+        return _status_report(
+            home, running=running, info=info, queued=queued, in_progress=in_progress,
+            deferred=deferred, recent=self._recent_verdicts(),
+        ), problem
 
     def _recent_verdicts(self) -> list[dict[str, Any]]:
         entries: list[tuple[int, str]] = []
@@ -838,6 +831,32 @@ class _Wakeup:
 
 
 # --- small file helpers -------------------------------------------------------------------------
+
+
+def _status_report(
+    home: _home.Home,
+    *,
+    running: bool = False,
+    info: Mapping[str, Any] | None = None,
+    queued: Sequence[str] = (),
+    in_progress: Sequence[str] = (),
+    deferred: Sequence[str] = (),
+    recent: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """:meth:`Client.status`'s report (with no argument but ``home``: nothing running, nothing
+    waiting, as ``adaptor status --json`` reports a file standing where the home should be)."""
+    info = info or {}
+    return {
+        "home": str(home.root),
+        "running": running,
+        "pid": info.get("pid"),
+        "started_at": info.get("started_at"),
+        "workers": info.get("workers"),
+        "queued": sorted(queued),
+        "in_progress": sorted(in_progress),
+        "verdict_deferred": sorted(deferred),
+        "recent": list(recent),
+    }
 
 
 def _read_object(path: Path) -> dict[str, Any]:

@@ -256,11 +256,11 @@ class LifecycleLog:
                 rotate_above, self._rotate_above = self._rotate_above, None
                 if not batch and self._closing:
                     return
-            lead = self._rotate(rotate_above) if rotate_above is not None else None
-            facts = [(notice, line) for notice, line, _ in batch if notice is not None]
-            written = self._append(([lead] if lead is not None else []) + facts)
+            rotated = self._rotate(rotate_above) if rotate_above is not None else None
+            own = [rotated] if rotated is not None else []
+            own = self._append(own, [(notice, line) for notice, line, _ in batch if notice is not None])
             # The log's own facts (a fresh file's first) come first, then the batch in order.
-            lines = [(line, fact_priority(line)) for _, line in written[: len(written) - len(facts)]]
+            lines = [(line, fact_priority(line)) for _, line in own]
             lines += [(line, priority) for _, line, priority in batch]
             if lines:
                 # The batch's lines in one write: each stays whole, and a burst of facts costs
@@ -271,19 +271,22 @@ class LifecycleLog:
                 self._done += len(batch)
                 self._cond.notify_all()
 
-    def _append(self, batch: list[tuple[events.Notice, str]]) -> list[tuple[events.Notice, str]]:
-        """Record ``batch``; returns it, led by a fact of this log's own when it started a fresh file."""
-        if not batch:
-            return batch
+    def _append(
+        self, own: list[tuple[events.Notice, str]], batch: list[tuple[events.Notice, str]]
+    ) -> list[tuple[events.Notice, str]]:
+        """Record ``own`` (this log's facts) then ``batch``; returns ``own``, led by one more when
+        this started a fresh file."""
+        if not own and not batch:
+            return own
         if self._recorder is not None and (self._identity is None or _identity(self._path) != self._identity):
             # Moved away or removed by hand: the open file no longer has the log's name.
             self._drop_recorder()
-            batch = [self._fresh_file("lifecycle_log.reopened", why="the file was moved away or removed"), *batch]
+            own = [self._fresh_file("lifecycle_log.reopened", why="the file was moved away or removed"), *own]
         try:
             if self._recorder is None or self._backend is None:
                 self._backend = sr.JSONLEventBackend(self._directory, sync_on_append=False)
                 self._recorder = sr.EventRecorder(self._backend, key_validator=lambda key: None)
-            for notice, _ in batch:
+            for notice, _ in [*own, *batch]:
                 self._last_seq = self._recorder.record(self._session, notice).host_seq
             self._backend.flush()
             # The next batch is at least a linger away, longer than the lock would linger
@@ -297,14 +300,14 @@ class LifecycleLog:
             if not self._failing:  # a full disk fails every batch: one line, not hundreds
                 self._failing = True
                 self._on_error("audit log write failed", exc)
-            return batch
+            return own
         # Looked at after the append: a file moved away meanwhile leaves None, so the next
         # batch opens the name afresh rather than trusting the file it appended to.
         self._identity = _identity(self._path)
         if self._failing:
             self._failing = False
             self._on_recovered()
-        return batch
+        return own
 
     def _rotate(self, larger_than: int) -> tuple[events.Notice, str] | None:
         """Rename the file if larger than ``larger_than`` bytes; the fresh file's first fact."""

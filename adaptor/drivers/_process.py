@@ -50,6 +50,7 @@ __all__ = [
     "Spec",
     "cannot_start",
     "check_common",
+    "check_grace_period",
     "child_env",
     "config_from_dict",
     "monotonic_deadline",
@@ -276,6 +277,11 @@ def check_common(
         raise ValueError("command and extra_args cannot hold a NUL character")
     if cwd is not None and (not isinstance(cwd, str) or not cwd):
         raise TypeError("cwd: expected a non-empty string or null")
+    check_grace_period(grace_period)
+
+
+def check_grace_period(grace_period: object) -> None:
+    """``ValueError`` unless ``grace_period`` is a number of seconds from 0 to :data:`MAX_GRACE_PERIOD`."""
     if (
         not isinstance(grace_period, int | float)
         or isinstance(grace_period, bool)

@@ -437,8 +437,7 @@ def _validate(config: Config) -> list[_Step]:
         raise TypeError("extra_args: expected a list of strings")
     if config.cwd is not None:
         _string(config.cwd, "cwd")
-    if not _is_number(config.grace_period) or not 0 <= config.grace_period <= _process.MAX_GRACE_PERIOD:
-        raise ValueError(f"grace_period: expected a number of seconds from 0 to {_process.MAX_GRACE_PERIOD:g}")
+    _process.check_grace_period(config.grace_period)
     if config.session is not None:
         _string(config.session, "session", empty=False)
     _build_descriptor(config.descriptor)
