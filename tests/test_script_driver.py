@@ -371,6 +371,14 @@ def test_cancel_interrupts_a_sleep() -> None:
     assert kinds(sink).count("text.start") == 1
 
 
+def test_a_sleep_past_any_timer_waits_for_the_runs_deadline() -> None:
+    # 1e10 s is more than a lock's wait takes (threading.TIMEOUT_MAX): it failed the run with
+    # OverflowError as an infrastructure error instead of ending at the run's timeout.
+    agent = adaptor.Agent(script.Driver(script.Config(steps=({"sleep": 1e10}, {"text": "x"}))))
+    with pytest.raises(adaptor.RunDeadlineExceededError):
+        agent.run("p", timeout=0.2)
+
+
 def test_cancelled_before_the_first_step_runs_nothing() -> None:
     sink = RecordingSink()
     sink.cancelled.set()

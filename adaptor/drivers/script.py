@@ -55,6 +55,7 @@ import dataclasses
 import math
 import secrets
 import signal
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast, get_args
@@ -644,7 +645,8 @@ class _Player:
                         self._stopped()
                         return
                 case _Sleep(seconds=seconds):
-                    if self.sink.cancelled.wait(seconds):
+                    # Past TIMEOUT_MAX (~292 years) a lock's wait raises OverflowError.
+                    if self.sink.cancelled.wait(None if seconds >= threading.TIMEOUT_MAX else seconds):
                         self._stopped()
                         return
                 case _Chunk(stream=stream, line=line):
