@@ -324,6 +324,10 @@ def _build_request(
     try:
         orjson.dumps(request)
     except TypeError as exc:  # argv and stdin undecodable as UTF-8 come as lone surrogates
+        try:
+            _home.require_writable_numbers(request)
+        except ValueError:
+            return request  # an option's integer past 64 bits: refused as a NaN is, below
         raise click.UsageError(f"the request cannot be JSON: {exc} (is every argument, and the prompt read from stdin, UTF-8?)") from None
     return request
 

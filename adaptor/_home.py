@@ -507,22 +507,28 @@ def _taken(home: Home, request_id: str, ours: int | None) -> bool:
 
 def request_file_bytes(request: Mapping[str, Any]) -> bytes:
     """``request`` as its request file holds it; ``ValueError`` for what the daemon would not
-    run as given: a NaN or infinity, or more than :data:`MAX_REQUEST_BYTES`."""
-    data = orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE)
+    run as given: a NaN or infinity, an integer past 64 bits, or more than
+    :data:`MAX_REQUEST_BYTES`."""
+    try:
+        data = orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        require_writable_numbers(request)  # says where an integer past 64 bits is
+        raise
     if b"null" in data:  # only then can a NaN have been written; dumps refused cycles already
-        _require_finite(request)
+        require_writable_numbers(request)
     if len(data) > MAX_REQUEST_BYTES:
         raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes ({len(data)})")
     return data
 
 
-def _require_finite(request: Mapping[str, Any]) -> None:
-    """Refuse what JSON cannot hold: orjson writes NaN and infinities as ``null``, so
-    ``"timeout": nan`` (a ``ValueError`` in-process) would run with no deadline at all."""
-    found = _nesting.non_finite_at(request)
+def require_writable_numbers(request: Mapping[str, Any]) -> None:
+    """``ValueError`` for a number a request file cannot carry as it is: orjson writes NaN and
+    infinities as ``null``, so ``"timeout": nan`` (a ``ValueError`` in-process) would run with
+    no deadline at all, and it writes no integer past 64 bits."""
+    found = _nesting.unwritable_number_at(request)
     if found is not None:
         where, value = found
-        raise ValueError(f"request value at {where or '/'} is {value!r}, which JSON cannot hold")
+        raise ValueError(f"request value at {where or '/'} is {_nesting.describe_number(value)}")
 
 
 def request_cancel(home: Home, request_id: str) -> None:

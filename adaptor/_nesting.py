@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["copy", "copy_json", "deeper_than", "dumps", "non_finite_at"]
+__all__ = ["copy", "copy_json", "deeper_than", "describe_number", "dumps", "unwritable_number_at"]
 
 _ORJSON_DEPTH = 254  # the deepest orjson writes
 
@@ -31,16 +31,26 @@ def deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def non_finite_at(value: Any) -> tuple[str, float] | None:
-    """The JSON pointer (``""`` for ``value`` itself) and the value of a NaN or an infinity in
-    ``value``, if it holds one: orjson writes them as ``null``, so a value that is not the one
-    given would be stored or sent.  Follows what orjson encodes natively: mappings, lists,
-    tuples and dataclass instances."""
+# The integers orjson reads and writes as integers: it refuses to write one outside, and reads
+# one outside as the nearest float, silently another value.
+_INT_LOW, _INT_HIGH = -(2**63), 2**64 - 1
+
+
+def unwritable_number_at(value: Any) -> tuple[str, float | int] | None:
+    """The JSON pointer (``""`` for ``value`` itself) and the value of a number JSON files here
+    cannot carry as it is, if ``value`` holds one: a NaN or an infinity (orjson writes them as
+    ``null``) or an integer outside -2**63 .. 2**64-1 (orjson writes none, and reads one as a
+    float).  Follows what orjson encodes natively: mappings, lists, tuples and dataclass
+    instances."""
     pending: list[tuple[str, Any]] = [("", value)]
     while pending:  # iterative: a value from outside may nest deeper than the stack
         where, node = pending.pop()
         if isinstance(node, float):
             if not math.isfinite(node):
+                return where, node
+            continue
+        if isinstance(node, int):
+            if not _INT_LOW <= node <= _INT_HIGH:
                 return where, node
             continue
         items: Iterable[tuple[object, Any]]
@@ -54,6 +64,15 @@ def non_finite_at(value: Any) -> tuple[str, float] | None:
             continue
         pending.extend((f"{where}/{key}", item) for key, item in items)
     return None
+
+
+def describe_number(value: float | int) -> str:
+    """What :func:`unwritable_number_at` found and why it cannot go, for a message."""
+    if isinstance(value, float):
+        return f"{value!r}, which JSON cannot hold"
+    # (str() of an int of more than 4,300 digits raises.)
+    shown = str(value) if abs(value) < 10**40 else "an integer of more than 40 digits"
+    return f"{shown}, outside the integers -2**63 .. 2**64-1 that are kept exactly"
 
 
 def copy(value: Any, *, depth: int | None = None) -> Any:

@@ -415,7 +415,7 @@ class Definition:
             ) from exc
         # orjson writes NaN and the infinities as null: the model would be told a value that
         # is not the handler's.  Only a result with a null can hold one, so only that is walked.
-        non_finite = _nesting.non_finite_at(result) if b"null" in raw else None
+        non_finite = _nesting.unwritable_number_at(result) if b"null" in raw else None
         if non_finite is not None:
             where, value = non_finite
             raise InvalidOutputError(

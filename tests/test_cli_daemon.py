@@ -1547,6 +1547,18 @@ def test_a_limit_json_cannot_hold_is_refused_alike_with_and_without_the_daemon(
         assert "which JSON cannot hold" in out["error"]["message"], (extra, out)
 
 
+def test_an_option_integer_past_64_bits_is_refused_naming_it(home: Home) -> None:
+    # It said "the request cannot be JSON: Integer exceeds 64-bit range (is every argument,
+    # and the prompt read from stdin, UTF-8?)".
+    for extra in ([], ["--no-daemon"]):
+        proc = home.cli("run", "--driver", "script", "--policy-max-retries", "99999999999999999999999", *extra, "--json", "go")
+        out = orjson.loads(proc.stdout)
+        assert proc.returncode == 2 and out["error"]["code"] == "ErrInvalidRequest", (extra, out)
+        message = out["error"]["message"]
+        assert "/policy/approvals/max_retries is 99999999999999999999999, outside the integers" in message, message
+        assert "UTF-8" not in message
+
+
 class _Terminal:
     """``adaptor ARGS`` on a pseudo-terminal of its own, read as a user would see it."""
 

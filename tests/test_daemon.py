@@ -338,6 +338,9 @@ def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon:
         ("bad-driver.json", orjson.dumps({"driver": "nope", "prompt": "x"}), "driver"),
         # resume_only was silently ignored: a fork always starts a new thread.
         ("resume-fork.json", orjson.dumps({"driver": "script", "prompt": "x", "thread": {"key": "k", "resume_only": True, "fork_from": "p"}}), "/thread/resume_only"),
+        # orjson read it as 1.8446744073709552e+19 and the agent got that (a prompt of digits
+        # is fine: only numbers count).
+        ("big-int.json", b'{"driver": "script", "prompt": "12345678901234567890123", "config": {"steps": [{"output_json": {"n": 18446744073709551617}}]}}', "/config/steps/0/output_json/n"),
     ],
 )
 def test_hostile_files_get_rejection_verdicts(daemon: DaemonProcess, name: str, content: bytes, why: str) -> None:

@@ -699,6 +699,9 @@ def test_submit_refuses_what_is_no_json_object(tmp_path: Path) -> None:
         client.submit(script({"text": "x"}, timeout=float("nan")))
     with pytest.raises(ValueError, match="at /config/steps/0/sleep is inf"):
         client.submit(script({"sleep": float("inf")}))
+    # orjson writes no integer past 64 bits: a bare TypeError named no place.
+    with pytest.raises(ValueError, match=r"at /timeout is 1180591620717411303424, outside the integers"):
+        client.submit(script({"text": "x"}, timeout=2**70))
     # Larger than a request file may be: spooled, it was set aside unread by the daemon.
     with pytest.raises(ValueError, match="larger than 1048576 bytes"):
         client.submit(script({"text": "x"}, prompt="y" * _home.MAX_REQUEST_BYTES))
