@@ -189,6 +189,10 @@ class LifecycleLog:
         self._done = 0
         self._closing = False
         self._rotate_above: int | None = None  # a rotation asked for: above this many bytes
+        # Whether the file holds facts beyond the one that began it (unknown: yes).  A file
+        # holding only its "rotated" fact is never rotated again: under a limit smaller than
+        # that fact, an idle daemon rotated its log every scan interval, for ever.
+        self._grown = True
         self._thread = threading.Thread(target=self._run, name="adaptord-lifecycle", daemon=True)
         self._thread.start()
 
@@ -257,8 +261,9 @@ class LifecycleLog:
                 if not batch and self._closing:
                     return
             rotated = self._rotate(rotate_above) if rotate_above is not None else None
-            own = [rotated] if rotated is not None else []
-            own = self._append(own, [(notice, line) for notice, line, _ in batch if notice is not None])
+            facts = [(notice, line) for notice, line, _ in batch if notice is not None]
+            own = self._append([rotated] if rotated is not None else [], facts)
+            self._grown = bool(facts) or (self._grown and rotated is None)
             # The log's own facts (a fresh file's first) come first, then the batch in order.
             lines = [(line, fact_priority(line)) for _, line in own]
             lines += [(line, priority) for _, line, priority in batch]
@@ -312,7 +317,7 @@ class LifecycleLog:
     def _rotate(self, larger_than: int) -> tuple[events.Notice, str] | None:
         """Rename the file if larger than ``larger_than`` bytes; the fresh file's first fact."""
         try:
-            if os.lstat(self._path).st_size <= larger_than:
+            if not self._grown or os.lstat(self._path).st_size <= larger_than:
                 return None
             self._drop_recorder()  # synced and closed: nothing is appended to the old name
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -416,6 +416,25 @@ def test_retention_settings_are_checked_and_inf_keeps_for_ever(tmp_path: Path) -
 # --- the lifecycle log rotated by size ---------------------------------------------------------
 
 
+def test_a_log_holding_only_its_rotated_fact_is_not_rotated_again(tmp_path: Path) -> None:
+    # Under a limit smaller than that fact, an idle daemon rotated its log every scan interval
+    # for ever (a file a second, each holding the one fact that the previous one was rotated).
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.05\n[retention]\nlifecycle_log_mb = 0.0001\n")  # 104 bytes
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    try:
+        # Its facts come at the start and the end; in between, 0.6 s (12 scan intervals) idle.
+        rid = daemon.submit({**script("done"), "config": {"steps": [{"sleep": 0.6}, {"text": "done"}]}})
+        daemon.verdict(rid)
+        daemon.wait_for_line(f"verdict.written id={rid}")
+    finally:
+        assert daemon.stop() == 0, "\n".join(daemon.lines)
+    started = next(i for i, line in enumerate(daemon.lines) if f"request.started id={rid}" in line)
+    ended = next(i for i, line in enumerate(daemon.lines) if f"verdict.written id={rid}" in line)
+    rotations = [line for line in daemon.lines[started:ended] if "lifecycle_log.rotated" in line]
+    assert len(rotations) <= 1, rotations  # (the one the start's facts may make)
+
+
 def test_the_lifecycle_log_is_rotated_by_size_and_both_files_verify(tmp_path: Path) -> None:
     # events/adaptord.jsonl grew for ever (about 2.5 KB a request: 25 MB a day at 10,000).
     config = tmp_path / "config.toml"
