@@ -419,9 +419,16 @@ def _text_argument(param_hint: str) -> Iterator[None]:
         raise click.BadParameter(str(exc), param_hint=param_hint) from None
 
 
-def _responded(approval_id: str, action: str, as_json: bool) -> None:
+def _responded(approval_id: str, action: str, as_json: bool, taken: bool) -> None:
+    if not taken:
+        echo(
+            f"adaptor: adaptord did not take the response within {_home.RESPONSE_TAKEN_WITHIN:g} s "
+            "(stopped or starved?); it stays written, and counts only if the run takes it before "
+            "the request's deadline: `adaptor wait` on the request tells",
+            err=True,
+        )
     if as_json:
-        emit_result({"id": approval_id, "action": action})
+        emit_result({"id": approval_id, "action": action, "taken": taken})
     else:
         echo(f"{action}: {approval_id}")
 
@@ -438,8 +445,8 @@ def approve(approval_id: str, as_json: bool, home: str | None) -> None:
     ended, or no adaptord serves the home), it is a question (answer it), or there is no such
     request.
     """
-    Client(home).approve(approval_id)
-    _responded(approval_id, "approved", as_json)
+    taken = Client(home).approve(approval_id)
+    _responded(approval_id, "approved", as_json, taken)
 
 
 @click.command()
@@ -452,8 +459,8 @@ def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None
     """Deny a pending request of any kind (exit 5 as for approve; 2 when the reason is not
     UTF-8 or longer than a response file holds, 64 KiB)."""
     with _text_argument("--reason"):
-        Client(home).deny(approval_id, reason)
-    _responded(approval_id, "denied", as_json)
+        taken = Client(home).deny(approval_id, reason)
+    _responded(approval_id, "denied", as_json, taken)
 
 
 @click.command()
@@ -466,8 +473,8 @@ def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> No
     """Answer a pending question with OPTION (exit 5 as for approve; 2 as for deny, or for an
     empty OPTION)."""
     with _text_argument("OPTION"):
-        Client(home).answer(approval_id, option)
-    _responded(approval_id, "answered", as_json)
+        taken = Client(home).answer(approval_id, option)
+    _responded(approval_id, "answered", as_json, taken)
 
 
 # --- threads ------------------------------------------------------------------------------------

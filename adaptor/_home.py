@@ -571,8 +571,12 @@ class ResponseTextError(ValueError):
     raised before anything is written."""
 
 
-def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dict[str, Any]:
+def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> bool:
     """Record a human response to a pending approval (``approve``, ``deny`` or ``answer``).
+
+    True once the run took it; False when the daemon did not get to it within
+    :data:`RESPONSE_TAKEN_WITHIN` (stopped, starved): the response stays written, and counts
+    only if the run takes it before its deadline.
 
     Raises the approval responder errors: ``ApprovalUnavailableError`` (no such request),
     ``ApprovalResolvedError`` (another response won), ``ApprovalExpiredError`` (deadline or run
@@ -597,8 +601,7 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
     settles_by = time.monotonic() + 2 * RESPONSE_SETTLE
     while not _respond_once(home, approval_id, action, data, wait=time.monotonic() < settles_by):
         time.sleep(0.05)
-    _await_taken(home, approval_id, action)
-    return response
+    return _await_taken(home, approval_id, action)
 
 
 # How long a responder waits for the daemon to hand its response to the run (it looks for
@@ -607,10 +610,11 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> dic
 RESPONSE_TAKEN_WITHIN = 10.0
 
 
-def _await_taken(home: Home, approval_id: str, action: str) -> None:
-    """Wait until the daemon took the response just written: return when the run took it,
-    raise ``ApprovalExpiredError`` when it no longer could (its deadline fell between the
-    writing and the taking, its run ended, the daemon stopped).
+def _await_taken(home: Home, approval_id: str, action: str) -> bool:
+    """Wait until the daemon took the response just written: True when the run took it, False
+    when the daemon did not get to it within :data:`RESPONSE_TAKEN_WITHIN`; raise
+    ``ApprovalExpiredError`` when it no longer could (its deadline fell between the writing
+    and the taking, its run ended, the daemon stopped).
 
     Without this wait a response written a moment before the deadline was reported approved
     while the run failed with ``ApprovalTimeoutError``.
@@ -623,7 +627,7 @@ def _await_taken(home: Home, approval_id: str, action: str) -> None:
             settled = _settled(home, approval_id, won_by=action)
             if settled is not None:
                 raise settled
-            return  # the run took it
+            return True  # the run took it
         if not running:
             # Gone before it took the response: its next start expires the request.
             raise ApprovalExpiredError(
@@ -631,6 +635,7 @@ def _await_taken(home: Home, approval_id: str, action: str) -> None:
                 "before it took the response, which ended the run that asked"
             )
         time.sleep(0.02)
+    return False
 
 
 def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wait: bool) -> bool:

@@ -286,33 +286,35 @@ class Client:
             found.append((str(pending.get("created_at") or ""), path.name, pending))
         return [pending for _, _, pending in sorted(found, key=lambda entry: entry[:2])]
 
-    def approve(self, approval_id: str) -> None:
+    def approve(self, approval_id: str) -> bool:
         """Approve a permission or plan-review request.
 
-        Returns once the daemon handed the response to the run that asked (it waits up to 10 s
-        for that; a daemon that does not get to it meanwhile leaves the response written).
+        Returns True once the daemon handed the response to the run that asked.  It waits up
+        to 10 s for that: a daemon that does not get to it meanwhile (stopped, starved) leaves
+        the response written, and False is returned: the response counts only if the run
+        takes it before the request's deadline (:meth:`wait` on the request tells).
         Raises ``ApprovalResolvedError`` (another response won), ``ApprovalExpiredError``
         (deadline or run end came first, also between the writing and the taking, or no
         daemon serves the home: its runs have ended),
         ``ApprovalKindMismatchError`` (a question; it stays open) or
         ``ApprovalUnavailableError`` (no such request).
         """
-        self._respond(approval_id, "approve")
+        return self._respond(approval_id, "approve")
 
-    def deny(self, approval_id: str, reason: str = "") -> None:
+    def deny(self, approval_id: str, reason: str = "") -> bool:
         """Deny any kind of request; raises like :meth:`approve` (never a kind mismatch), and
         ``ValueError``, writing nothing, for a ``reason`` that is not UTF-8 or too long for a
         response file (64 KiB), ``TypeError`` for one that is no ``str``."""
-        self._respond(approval_id, "deny", reason)
+        return self._respond(approval_id, "deny", reason)
 
-    def answer(self, approval_id: str, option: str) -> None:
+    def answer(self, approval_id: str, option: str) -> bool:
         """Answer a question with ``option``; raises like :meth:`deny`, and ``ValueError`` for
         an empty option (deny the question instead)."""
-        self._respond(approval_id, "answer", option)
+        return self._respond(approval_id, "answer", option)
 
-    def _respond(self, approval_id: str, action: str, text: str = "") -> None:
+    def _respond(self, approval_id: str, action: str, text: str = "") -> bool:
         self._require_spool()
-        _home.respond(self._home, approval_id, action, text=text)
+        return _home.respond(self._home, approval_id, action, text=text)
 
     # -- the daemon --------------------------------------------------------------------------
 

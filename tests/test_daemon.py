@@ -1754,7 +1754,7 @@ def test_a_response_to_a_request_whose_file_a_script_left_half_written_wins(daem
     approval_id = _pending_approval(daemon)
     response = daemon.home.approvals_responses / f"{approval_id}.json"
     response.write_bytes(b'{"action": "de')  # in place, and the script died there
-    assert _home.respond(daemon.home, approval_id, "approve")["action"] == "approve"
+    assert _home.respond(daemon.home, approval_id, "approve") is True  # the run took it
     assert daemon.verdict(rid)["ok"]
     (quarantined,) = daemon.home.quarantine.glob(f"approval-response-{approval_id}-*")
     assert quarantined.read_bytes() == b'{"action": "de'
@@ -1785,6 +1785,29 @@ def test_a_response_file_no_request_waits_for_is_set_aside_and_said(daemon: Daem
     daemon.wait_for_line("approval.response_refused approval_id=no-such-approval")
 
 
+def test_a_response_the_daemon_does_not_take_in_time_is_reported_so(daemon: DaemonProcess) -> None:
+    # With the daemon stopped (SIGSTOP, a starved machine) `adaptor approve` said "approved",
+    # exit 0, exactly as for a response the run took; the run could then time out all the same.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+        policy={"approvals": {"timeout": 120}},
+    ))
+    approval_id = _pending_approval(daemon)
+    env = {**os.environ, "ADAPTORD_HOME": str(daemon.home.root)}
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        approved = subprocess.run(
+            ["adaptor", "approve", approval_id, "--json"], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    assert approved.returncode == 0, approved.stderr
+    assert orjson.loads(approved.stdout)["result"] == {"id": approval_id, "action": "approved", "taken": False}
+    assert "adaptord did not take the response within 10 s" in approved.stderr, approved.stderr
+    assert daemon.verdict(rid)["ok"]  # taken once the daemon went on, before the deadline
+
+
 def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: Path) -> None:
     # It took any file there for a winning response: "already resolved" while the request
     # was still open (for good with no daemon to set the file aside).
@@ -1801,7 +1824,7 @@ def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: P
     serving = filelock.FileLock(str(home.daemon_lock), mode=0o600, thread_local=False)
     with serving:
         for approval_id in ("ap-1", "ap-2"):
-            assert _home.respond(home, approval_id, "approve")["action"] == "approve"
+            assert _home.respond(home, approval_id, "approve") is False  # the stand-in takes none
             response = home.approvals_responses / f"{approval_id}.json"
             assert orjson.loads(response.read_bytes())["action"] == "approve"
             assert list(home.quarantine.glob(f"approval-response-{approval_id}-*"))
