@@ -67,6 +67,7 @@ def to_journal() -> bool:
 
 def fact(phase: str, request_id: str | None = None, **data: Any) -> tuple[events.Notice, str]:
     """A lifecycle fact: its record (a ``notice.lifecycle`` event) and its log line."""
+    data = {name: _utf8(value) for name, value in data.items()}
     notice = events.Notice(
         kind="lifecycle",
         text=phase,
@@ -76,6 +77,23 @@ def fact(phase: str, request_id: str | None = None, **data: Any) -> tuple[events
     )
     shown = {k: v for k, v in data.items() if isinstance(v, str | int | float)}
     return notice, line(phase, {"id": request_id, **shown})
+
+
+def _utf8(value: Any) -> Any:
+    """``value`` with every str UTF-8 can write: a file name that is not UTF-8 (``b\\xfe.json``
+    in spool/new, read as ``"b\\udcfe.json"``) failed its fact's record, and every fact after it
+    in the batch was lost with it."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if isinstance(value, list | tuple):
+        return [_utf8(item) for item in value]
+    if isinstance(value, dict):
+        return {_utf8(key): _utf8(item) for key, item in value.items()}
+    return value
 
 
 _LOGGED_MESSAGE_LIMIT = 200

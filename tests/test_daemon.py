@@ -354,6 +354,29 @@ def test_hostile_files_get_rejection_verdicts(daemon: DaemonProcess, name: str, 
     assert daemon.verdict(daemon.submit(script({"text": "still here"})))["ok"]
 
 
+def test_a_spool_name_that_is_not_utf8_loses_no_fact(tmp_path: Path) -> None:
+    # Its quarantine fact (file="b\udcfe.json") could not be written, and every fact after it
+    # in the same batch was lost with it, verdict.written of other requests among them.
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    for name in (b"a1.json", b"b\xfe.json", b"good.json"):
+        (home.spool_new / os.fsdecode(name)).write_bytes(orjson.dumps(script({"text": "t"})))
+    daemon = DaemonProcess(home.root).start()  # its first scan takes all three in one batch
+    try:
+        assert daemon.verdict("good")["ok"] and daemon.verdict("a1")["ok"]
+        daemon.wait_for_line("verdict.written id=good")
+        daemon.wait_for_line("verdict.written id=a1")
+    finally:
+        assert daemon.stop() == 0
+    assert not any("audit log write failed" in line for line in daemon.lines), daemon.lines
+    reader = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
+    facts = [_fact(r) for r in reader.since("adaptord")]
+    (aside,) = [f for f in facts if f["phase"] == "request.quarantined"]
+    assert aside["file"].endswith("b\\udcfe.json"), aside
+    for rid in ("a1", "good"):
+        assert [f["phase"] for f in facts if f["request_id"] == rid].count("verdict.written") == 1, facts
+
+
 def test_a_request_written_with_a_byte_order_mark_runs(daemon: DaemonProcess, tmp_path: Path) -> None:
     # Windows editors and PowerShell's Out-File write one; such a request was rejected as
     # invalid JSON (exit 2) while an approval response written the same way was accepted.
