@@ -360,6 +360,13 @@ class Daemon:
             self._wake.close()
 
     def _serve_home(self) -> int:
+        try:
+            str(self.home.root).encode()
+        except UnicodeEncodeError:
+            # Its path goes into adaptord.json, its audit logs and every verdict's events, all
+            # UTF-8 JSON: refused here, it was a traceback (exit 1, restarted under systemd).
+            self.log("cannot use the home", home=self.home.root, error="its path is not UTF-8")
+            return 69
         unsafe = _home.not_private(self.home)
         if unsafe is not None:
             self.log("refusing a home others can write to", why=unsafe)

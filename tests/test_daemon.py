@@ -2247,6 +2247,18 @@ def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> N
         assert proc.stderr.strip().splitlines()[-1].startswith("adaptord: cannot use the home")
 
 
+def test_a_home_whose_path_is_not_utf8_is_one_line_and_exit_69(tmp_path: Path) -> None:
+    # It made the home, then failed writing adaptord.json: a traceback and exit 1 at every start.
+    home = os.path.join(os.fsencode(tmp_path), b"lat\xe9home")
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", home], capture_output=True, timeout=60
+    )
+    assert proc.returncode == 69 and b"Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(b"adaptord: cannot use the home"), proc.stderr
+    assert b'error="its path is not UTF-8"' in proc.stderr
+    assert not os.path.exists(home)
+
+
 def test_every_file_of_the_home_is_private(daemon: DaemonProcess) -> None:
     # daemon.md: created 0700, files 0600.  The daemon lock was 0644 (filelock's default).
     rid = daemon.submit(script({"text": "x"}, thread={"key": "private"}, config={"steps": [{"text": "x"}], "session": "auto"}))
