@@ -302,10 +302,15 @@ def _build_request(
         # so a numeric-looking one cannot end up quoted in a schema error.
         value = raw if key_path[0] == "env" else _json_or_text(raw)
         _put(config, key_path, value)
-    if "cwd" not in config:
+    if "cwd" not in config and "workspace" not in request:
         # The daemon runs elsewhere; an agent started from a shell works where the shell is,
         # unless the run names its directory (a workspace would win over the config's cwd).
-        request.setdefault("workspace", os.getcwd())
+        try:
+            request["workspace"] = os.getcwd()
+        except FileNotFoundError:  # (asked for even with --workspace given, it failed those too)
+            raise click.UsageError(
+                "the current directory no longer exists: give the run --workspace DIR, or cd to one"
+            ) from None
     for item in env_items:
         name, sep, value = item.partition("=")
         if not sep:

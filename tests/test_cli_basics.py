@@ -296,3 +296,14 @@ def test_events_f_ends_once_its_reader_is_gone_though_nothing_more_comes(tmp_pat
         assert (follower.wait(timeout=60), follower.stderr.read()) == (0, b"")
     finally:
         follower.kill()
+
+
+def test_a_deleted_current_directory_matters_only_without_a_workspace(tmp_path: Path) -> None:
+    # The current directory was asked for even with --workspace given: a bare
+    # "FileNotFoundError: [Errno 2] No such file or directory", exit 70.
+    run = 'mkdir gone && cd gone && rmdir ../gone && exec adaptor run --no-daemon --driver script --config \'steps=[{"text": "t"}]\' "$@" x'
+    given = subprocess.run(["sh", "-c", run, "sh", "--workspace", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (given.returncode, given.stdout) == (0, "t\n"), given.stderr
+    missing = subprocess.run(["sh", "-c", run, "sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2, missing.stderr
+    assert "the current directory no longer exists: give the run --workspace DIR" in missing.stderr
