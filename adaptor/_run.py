@@ -9,6 +9,7 @@ the Result gathered so far.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -22,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
-from adaptor import _private_dirs, _procfs, _thread, errors
+from adaptor import _exiting, _private_dirs, _procfs, _thread, errors
 from adaptor import mcp as _mcp
 from adaptor import skill as _skill
 from adaptor import tool as _tool
@@ -214,8 +215,22 @@ class _Unsettled:
         for run in runs:
             run.cancel()
         deadline = time.monotonic() + _STOP_WAIT
-        for run in runs:
-            run.stream._done.wait(max(deadline - time.monotonic(), 0.0))
+        try:
+            for run in runs:
+                run.stream._done.wait(max(deadline - time.monotonic(), 0.0))
+        except BaseException:
+            # A second Ctrl-C, or a SIGTERM handler's sys.exit(), while waiting: the agents are
+            # killed now rather than left running on their own once the interpreter is gone
+            # (and the exception, which an exit handler cannot pass on, is not printed).
+            _exiting.cut_the_wait_short()
+            with contextlib.suppress(BaseException):
+                deadline = time.monotonic() + _CUT_SHORT_WAIT
+                for run in runs:
+                    run.stream._done.wait(max(deadline - time.monotonic(), 0.0))
+
+
+# How long an exit whose wait was cut short still gives its runs to have their agents killed.
+_CUT_SHORT_WAIT = 1.0
 
 
 _unsettled = _Unsettled()

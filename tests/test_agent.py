@@ -1530,6 +1530,9 @@ grace = 2.0
 if how == "stubborn":  # ignores SIGTERM, with a grace longer than the exit waits for its runs
     script = f"trap '' TERM; echo $$ > {pid_file}; echo started; while :; do sleep 1; done"
     grace = 300.0
+if how == "stubborn-interrupted":  # it notes the SIGTERM, for the test to send its Ctrl-C then
+    script = f"trap 'echo > {pid_file}.term' TERM; echo $$ > {pid_file}; echo started; while :; do sleep 1; done"
+    grace = 300.0
 agent = adaptor.Agent(command.Driver(command.Config("/bin/sh", extra_args=("-c", script), grace_period=grace)))
 stream = agent.stream("go")
 for event in stream:
@@ -1568,6 +1571,39 @@ def test_a_program_that_ends_with_its_run_going_stops_the_agent_process(tmp_path
         assert not _running(pid)
     finally:
         if _running(pid):  # (the agent's process group: its `sleep` too)
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_ctrl_c_during_the_exit_wait_kills_the_agent_at_once(tmp_path: Any) -> None:
+    # A second Ctrl-C (or a SIGTERM handler's sys.exit) while the exit waited for the runs to
+    # stop cut that wait short: "Exception ignored in atexit callback ... KeyboardInterrupt",
+    # and the agent, which ignores SIGTERM, was never sent its SIGKILL.
+    pid_file = tmp_path / "pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LEAVES_MID_STREAM, str(pid_file), "stubborn-interrupted"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        _wait_for(lambda: os.path.exists(f"{pid_file}.term") or proc.poll() is not None)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3 and "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    pid = int(pid_file.read_text())
+    try:
+        _wait_for(lambda: not _running(pid), timeout=10)  # (reaped by init once orphaned)
+    finally:
+        if _running(pid):
             os.killpg(pid, signal.SIGKILL)
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
-from adaptor import _procfs
+from adaptor import _exiting, _procfs
 from adaptor.driver import CancelSignal, EventSink, Response, RunFailure
 from adaptor.events import ProcessInfo
 
@@ -595,9 +595,11 @@ class Child:
         """When a SIGTERM sent at ``began`` is followed by SIGKILL: after the grace period, or
         :data:`GRACE_AT_EXIT` into the program's exit, whichever comes first.  Asked on every
         poll, as the exit may begin meanwhile."""
-        if _exit_began is None:
+        if _exiting.cut_short:
+            return began
+        if _exiting.began is None:
             return began + self.spec.grace_period
-        return min(began + self.spec.grace_period, _exit_began + GRACE_AT_EXIT)
+        return min(began + self.spec.grace_period, _exiting.began + GRACE_AT_EXIT)
 
     def _stop_group(self) -> None:
         _signal_group(self.pid, signal.SIGTERM)
@@ -678,7 +680,6 @@ GRACE_AT_EXIT: Final = 5.0
 most: the SDK waits 10 s at exit for its runs to stop (a daemon thread dies with the program),
 and a longer ``grace_period`` left a SIGTERM-ignoring agent running on its own, for good."""
 
-_exit_began: float | None = None  # monotonic: when the interpreter began its exit
 _exits_noted = False
 
 
@@ -691,12 +692,7 @@ def _note_exits() -> None:
     global _exits_noted
     if not _exits_noted:
         _exits_noted = True
-        atexit.register(_exit_beginning)
-
-
-def _exit_beginning() -> None:
-    global _exit_began
-    _exit_began = time.monotonic()
+        atexit.register(_exiting.begin)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
