@@ -231,6 +231,8 @@ class _Unsettled:
 
 # How long an exit whose wait was cut short still gives its runs to have their agents killed.
 _CUT_SHORT_WAIT = 1.0
+# How often a run waiting for its on_approval callback looks whether the request expired.
+_HANDLER_POLL = 0.05
 
 
 _unsettled = _Unsettled()
@@ -1098,6 +1100,38 @@ class RunPipeline:
         self._notice_resolved(approval, outcome)
         return outcome, approval
 
+    def _call_handler(
+        self, handler: Callable[[ApprovalRequest], object], approval: ApprovalRequest, responder: Responder
+    ) -> tuple[object, BaseException | None] | None:
+        """Call ``on_approval`` in a thread of its own: ``(returned, raised)`` once it returns,
+        or None as soon as the request expires while it still runs.
+
+        Called on the run's thread, a callback blocked on a human made the run's timeout and
+        cancel() wait for it to return: the run could not end before the callback did.
+        """
+        outcome: list[tuple[object, BaseException | None]] = []
+        done = threading.Event()
+
+        def call() -> None:
+            # Agent.close() from inside the callback must not wait for this run.
+            outer, _in_callback.run = getattr(_in_callback, "run", None), self
+            try:
+                outcome.append((handler(approval), None))
+            except BaseException as exc:
+                outcome.append((None, exc))
+            finally:
+                _in_callback.run = outer
+                done.set()
+
+        try:
+            threading.Thread(target=call, name=f"adaptor-approval_{approval.id}", daemon=True).start()
+        except RuntimeError:  # no thread to be had (a task limit): called here, as before
+            call()
+        while not done.wait(_HANDLER_POLL):
+            if responder.expired:
+                return None
+        return outcome[0]
+
     def _wait_for_answer(
         self, approval: ApprovalRequest, responder: Responder, timeout: float | None
     ) -> Outcome:
@@ -1110,25 +1144,30 @@ class RunPipeline:
                 expiry = threading.Timer(timeout, responder.expire, ("timed_out",))
                 expiry.daemon = True
                 expiry.start()
-            returned: object = None
-            outer, _in_callback.run = getattr(_in_callback, "run", None), self
             try:
-                returned = handler(approval)
-            except errors.ApprovalResolvedError:
-                # A response too late (or a second one): the outcome that won stands.
-                pass
-            except BaseException as exc:
-                # KeyboardInterrupt and SystemExit too: this is the run's own thread, where no
-                # signal lands, so the callback raised them itself.  Let through, they would
-                # unwind the driver (the error then blaming it) and leave the request open,
-                # a response after the run's end taken as if it counted.
-                responder.expire("aborted")
-                self.end(_Terminal("handler", "approval handler raised", cause=exc))
-                return Outcome("aborted")
+                called = self._call_handler(handler, approval, responder)
             finally:
-                _in_callback.run = outer
                 if expiry is not None:
                     expiry.cancel()
+            if called is None:
+                # Expired (its deadline, the run's deadline, a cancel) while the callback still
+                # runs, waiting for a human: the run goes on without it.
+                outcome = responder.outcome
+                assert outcome is not None
+                return outcome
+            returned, raised = called
+            if isinstance(raised, errors.ApprovalResolvedError):
+                # A response too late (or a second one): the outcome that won stands.
+                raised = None
+            if raised is not None:
+                # KeyboardInterrupt and SystemExit too: the callback's thread is no main
+                # thread, where signals land, so the callback raised them itself.  Let
+                # through, they would unwind the driver (the error then blaming it) and
+                # leave the request open, a response after the run's end taken as if it
+                # counted.
+                responder.expire("aborted")
+                self.end(_Terminal("handler", "approval handler raised", cause=raised))
+                return Outcome("aborted")
             outcome = responder.outcome
             if outcome is None and responder.overdue:
                 # A handler that waited out the deadline (a human who never answered).

@@ -82,6 +82,11 @@ class Responder:
         self._settle(request, Outcome("answered", choice=choice, text=option))
 
     @property
+    def expired(self) -> bool:
+        """Whether the request expired (its deadline, the run's end or cancel) unanswered."""
+        return self._expired
+
+    @property
     def overdue(self) -> bool:
         """Whether the deadline has passed (responses from now on lose)."""
         return self._expires is not None and time.monotonic() >= self._expires

@@ -1659,6 +1659,39 @@ def test_close_from_a_runs_own_approval_callback_does_not_wait_for_that_run() ->
     assert agent.closed
 
 
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+def test_a_callback_waiting_for_a_human_does_not_hold_up_the_runs_end(how: str) -> None:
+    # The callback ran on the run's own thread: the run's timeout and cancel() ended it only
+    # once the callback returned (12 s later for one waiting 12 s; never for one never
+    # answered), though the request had expired long before.
+    answered = threading.Event()
+    returned = threading.Event()
+    seen: list[adaptor.ApprovalRequest] = []
+
+    def waits_for_a_human(request: adaptor.ApprovalRequest) -> None:
+        seen.append(request)
+        answered.wait(30)
+        returned.set()
+
+    steps: list[dict[str, Any]] = [{"approval": {"kind": "permission", "title": "edit?"}}, {"text": "x"}]
+    agent = adaptor.Agent(ScriptedDriver(steps), on_approval=waits_for_a_human)
+    try:
+        if how == "timeout":
+            with pytest.raises(adaptor.RunDeadlineExceededError):
+                agent.run("go", timeout=0.5)
+        else:
+            stream = agent.stream("go")
+            _wait_for(lambda: bool(seen))
+            stream.cancel()
+            with pytest.raises(adaptor.RunCancelledError):
+                stream.result()
+        assert not returned.is_set()  # ended while the callback still waited
+        assert seen[0].settled  # and the callback is told it is too late
+    finally:
+        answered.set()
+        agent.close()
+
+
 def test_close_waits_as_long_as_it_takes_with_an_infinite_timeout() -> None:
     # OverflowError half way through closing: runs cancelled, the driver's processes and the
     # tool gateway left up.
