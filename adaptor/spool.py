@@ -27,6 +27,7 @@ import contextlib
 import errno
 import heapq
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -110,7 +111,7 @@ class SpoolNotFoundError(FileNotFoundError):
         if os.path.lexists(home) and not home.is_dir():  # no daemon could start there either
             hint = f"{home} is not a directory: name the home a daemon serves with ADAPTORD_HOME or --home"
         else:
-            hint = (f"start the daemon with `adaptord serve --home {home}`, or name the home a "
+            hint = (f"start the daemon with `adaptord serve --home {shlex.quote(str(home))}`, or name the home a "
                     "daemon serves with ADAPTORD_HOME or --home")
         super().__init__(errno.ENOENT, f"no adaptord spool under {home} ({hint})", str(home))
 
@@ -130,7 +131,7 @@ class DaemonNotRunningError(Exception):
     def __init__(self, home: Path) -> None:
         self.home = home
         super().__init__(
-            f"adaptord is not running for {home} (start it with `adaptord serve --home {home}`"
+            f"adaptord is not running for {home} (start it with `adaptord serve --home {shlex.quote(str(home))}`"
             " or `systemctl --user start adaptord`; `adaptor run --no-daemon` runs in-process)"
         )
 

@@ -13,6 +13,7 @@ import _thread
 import errno
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import adaptor
 from adaptor import _home, _request, errors, events
 from adaptor.spool import (
     Client,
+    DaemonNotRunningError,
     InvalidRequestError,
     SpoolNotFoundError,
     UnknownRequestError,
@@ -1141,3 +1143,11 @@ def test_a_fifo_at_a_cancel_markers_name_asks_for_the_cancel_without_waiting(tmp
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cancel requested for req-1" in proc.stderr
     assert not (tmp_path / "victim").exists()
+
+
+def test_the_command_a_message_suggests_can_be_pasted_for_any_home(tmp_path: Path) -> None:
+    # `adaptord serve --home /x/no such home` broke at the spaces when pasted.
+    home = tmp_path / "no such home"
+    for error in (SpoolNotFoundError(home), DaemonNotRunningError(home)):
+        command = str(error).split("`")[1]
+        assert shlex.split(command) == ["adaptord", "serve", "--home", str(home)], str(error)
