@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 import orjson
 
-from adaptor import _home, _redact, drivers, errors, events
+from adaptor import _home, _nesting, _redact, drivers, errors, events
 from adaptor._cli_common import (
     StopSignal,
     clip,
@@ -329,9 +329,7 @@ def _build_request(
     try:
         orjson.dumps(request)
     except TypeError as exc:  # argv and stdin undecodable as UTF-8 come as lone surrogates
-        try:
-            _home.require_writable_numbers(request)
-        except ValueError:
+        if _nesting.unwritable_number_at(request) is not None:
             return request  # an option's integer past 64 bits: refused as a NaN is, below
         raise click.UsageError(f"the request cannot be JSON: {exc} (is every argument, and the prompt read from stdin, UTF-8?)") from None
     return request

@@ -507,12 +507,15 @@ def _taken(home: Home, request_id: str, ours: int | None) -> bool:
 
 def request_file_bytes(request: Mapping[str, Any]) -> bytes:
     """``request`` as its request file holds it; ``ValueError`` for what the daemon would not
-    run as given: a NaN or infinity, an integer past 64 bits, or more than
-    :data:`MAX_REQUEST_BYTES`."""
+    run as given: a NaN or infinity, an integer past 64 bits, text that is not UTF-8, or more
+    than :data:`MAX_REQUEST_BYTES`."""
     try:
         data = orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError:
         require_writable_numbers(request)  # says where an integer past 64 bits is
+        where = _nesting.unwritable_text_at(request)
+        if where is not None:  # (the text itself is not shown: it may be a secret)
+            raise ValueError(f"request value at {where or '/'} is not valid UTF-8 (it holds a lone surrogate)") from None
         raise
     if b"null" in data:  # only then can a NaN have been written; dumps refused cycles already
         require_writable_numbers(request)

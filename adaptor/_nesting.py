@@ -14,7 +14,15 @@ from typing import Any
 
 import orjson
 
-__all__ = ["copy", "copy_json", "deeper_than", "describe_number", "dumps", "unwritable_number_at"]
+__all__ = [
+    "copy",
+    "copy_json",
+    "deeper_than",
+    "describe_number",
+    "dumps",
+    "unwritable_number_at",
+    "unwritable_text_at",
+]
 
 _ORJSON_DEPTH = 254  # the deepest orjson writes
 
@@ -64,6 +72,35 @@ def unwritable_number_at(value: Any) -> tuple[str, float | int] | None:
             continue
         pending.extend((f"{where}/{key}", item) for key, item in items)
     return None
+
+
+def unwritable_text_at(value: Any) -> str | None:
+    """The JSON pointer (``""`` for ``value`` itself) of a str that is not UTF-8 (a lone
+    surrogate: an undecodable argument or file name, surrogate-escaped) in ``value``, as a key
+    or a value, if it holds one; the pointer's own such characters are shown escaped."""
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:
+        where, node = pending.pop()
+        if isinstance(node, str):
+            if not _is_utf8(node):
+                return where.encode("utf-8", "backslashreplace").decode()
+            continue
+        if isinstance(node, Mapping):
+            for key, item in node.items():
+                if isinstance(key, str) and not _is_utf8(key):
+                    return f"{where}/{key}".encode("utf-8", "backslashreplace").decode()
+                pending.append((f"{where}/{key}", item))
+        elif isinstance(node, list | tuple):
+            pending.extend((f"{where}/{index}", item) for index, item in enumerate(node))
+    return None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def describe_number(value: float | int) -> str:

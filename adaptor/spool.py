@@ -176,7 +176,7 @@ class Client:
         :meth:`wait`.  Raises :class:`SpoolNotFoundError` when the home has no spool,
         ``ValueError`` for a malformed ``id``, a NaN or infinity anywhere in the request (JSON
         has none; it would be written as ``null``), an integer outside -2**63 .. 2**64-1 (not
-        kept exactly) or a request over 1 MiB (the daemon sets such
+        kept exactly), text that is not UTF-8 (a lone surrogate) or a request over 1 MiB (the daemon sets such
         a file aside unread), ``TypeError`` when ``request`` is no mapping
         or holds what is not JSON, and ``FileExistsError`` when the id is taken.
         """

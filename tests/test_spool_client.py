@@ -704,6 +704,11 @@ def test_submit_refuses_what_is_no_json_object(tmp_path: Path) -> None:
     # orjson writes no integer past 64 bits: a bare TypeError named no place.
     with pytest.raises(ValueError, match=r"at /timeout is 1180591620717411303424, outside the integers"):
         client.submit(script({"text": "x"}, timeout=2**70))
+    # Nor a lone surrogate: a bare "TypeError: str is not valid UTF-8" named no place.
+    with pytest.raises(ValueError, match=r"^request value at /prompt is not valid UTF-8"):
+        client.submit(script({"text": "x"}, prompt="a\ud800"))
+    with pytest.raises(ValueError, match=r"^request value at /metadata/k\\udcfe is not valid UTF-8"):
+        client.submit(script({"text": "x"}, metadata={"k\udcfe": "v"}))
     # Larger than a request file may be: spooled, it was set aside unread by the daemon.
     with pytest.raises(ValueError, match="larger than 1048576 bytes"):
         client.submit(script({"text": "x"}, prompt="y" * _home.MAX_REQUEST_BYTES))
