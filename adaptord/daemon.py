@@ -367,6 +367,15 @@ class Daemon:
             # UTF-8 JSON: refused here, it was a traceback (exit 1, restarted under systemd).
             self.log("cannot use the home", home=self.home.root, error="its path is not UTF-8")
             return 69
+        length = len(os.fsencode(self.home.root))
+        if length > _LONGEST_HOME:
+            # Its files' paths would pass PATH_MAX: a request with a long id then got no
+            # verdict at all (ENAMETOOLONG), and ran again at every start.
+            self.log("cannot use the home", home=self.home.root, error=(
+                f"its path is {length} bytes long; at most {_LONGEST_HOME} leave room for its "
+                f"files' paths ({_PATH_MAX} bytes in all)"
+            ))
+            return 69
         unsafe = _home.not_private(self.home)
         if unsafe is not None:
             self.log("refusing a home others can write to", why=unsafe)
@@ -2126,6 +2135,12 @@ def _why_settled(req: adaptor.ApprovalRequest) -> str:
         return "deadline"
     return "run ended"
 
+
+# Linux's PATH_MAX, and the longest path the home's files add to its own (a quarantined
+# approval response: "quarantine/approval-response-" + a 201-character id + a stamp + ".json",
+# then a temporary suffix while it is written), with room to spare.
+_PATH_MAX = 4096
+_LONGEST_HOME = _PATH_MAX - 400
 
 _INTERRUPTED = "the daemon stopped while the run was in progress"
 _VERDICT_UNWRITTEN = (

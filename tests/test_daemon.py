@@ -2259,6 +2259,20 @@ def test_a_home_whose_path_is_not_utf8_is_one_line_and_exit_69(tmp_path: Path) -
     assert not os.path.exists(home)
 
 
+def test_a_home_too_long_for_its_files_paths_is_one_line_and_exit_69(tmp_path: Path) -> None:
+    # Near PATH_MAX, a request with a long id got no verdict (File name too long), was listed
+    # as queued though it ran, and ran again at every start.
+    home = tmp_path.joinpath(*["d" * 200] * 19)
+    assert 3696 < len(os.fsencode(home)) < 4096
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(home)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 69 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("adaptord: cannot use the home"), proc.stderr
+    assert f"its path is {len(os.fsencode(home))} bytes long; at most 3696" in proc.stderr
+    assert not tmp_path.joinpath("d" * 200).exists()
+
+
 def test_every_file_of_the_home_is_private(daemon: DaemonProcess) -> None:
     # daemon.md: created 0700, files 0600.  The daemon lock was 0644 (filelock's default).
     rid = daemon.submit(script({"text": "x"}, thread={"key": "private"}, config={"steps": [{"text": "x"}], "session": "auto"}))
