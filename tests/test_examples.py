@@ -39,6 +39,14 @@ def test_custom_driver_example_runs_and_conforms() -> None:
     ]
 
 
+def test_asyncio_example_runs_gathers_and_cancels() -> None:
+    assert _run_python_example("asyncio_app.py") == [
+        "gathered: ['hello', 'hello', 'hello']",
+        "timed out: the slow run was cancelled",
+        "closed",
+    ]
+
+
 def _daemon(tmp_path: Path):  # type: ignore[no-untyped-def]
     from tests.daemon_harness import DaemonProcess
 
