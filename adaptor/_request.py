@@ -88,7 +88,10 @@ def _refuse_inexact_integers(text: str) -> None:
     found = _nesting.unwritable_number_at(exact)
     if found is not None:
         # The value itself is left out: a request's numbers are not checked for secrets.
-        message = "an integer outside -2**63 .. 2**64-1, which would not be kept exactly (write it as a string)"
+        message = (
+            "an integer outside -2**63 .. 2**64-1, which would not be kept exactly (write it as "
+            "a float, such as 1e40, or as a string)"
+        )
         raise InvalidRequestError([{"path": found[0], "message": message}])
 
 

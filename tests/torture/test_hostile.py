@@ -167,12 +167,14 @@ def test_output_schemas_too_costly_to_check_cannot_hold_the_daemon(
 
 
 def test_numbers_beyond_64_bits(daemon: DaemonProcess) -> None:
-    # A timeout of 10**40 seconds is read as a float and means "no deadline" in practice.
-    daemon.drop(
-        "bigint.json",
-        b'{"driver": "script", "prompt": "x", "config": {"steps": [{"text": "ok"}]}, "timeout": 1'
-        + b"0" * 40
-        + b"}"
-    )
+    # An integer literal past 64 bits was read as the nearest float: harmless for a timeout,
+    # another value for the data an agent is given.  It is refused, naming its place; the
+    # same timeout written as a float means "no deadline" in practice.
+    body = b'{"driver": "script", "prompt": "x", "config": {"steps": [{"text": "ok"}]}, "timeout": '
+    daemon.drop("bigint.json", body + b"1" + b"0" * 40 + b"}")
     verdict = daemon.verdict("bigint")
+    assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", verdict
+    assert [e["path"] for e in verdict["error"]["fields"]["errors"]] == ["/timeout"], verdict
+    daemon.drop("bigfloat.json", body + b"1e40}")
+    verdict = daemon.verdict("bigfloat")
     assert verdict["ok"] and verdict["result"]["text"] == "ok"
