@@ -855,7 +855,7 @@ class Daemon:
         claimed = self.home.claimed / name
         if self.home.has_verdict(request_id) or os.path.lexists(claimed):
             # (Also the spool name a crash left next to its claim: another name of that file.)
-            self._quarantine(source, name, None, "a request with this id was already received")
+            self._quarantine(source, name, None, "a request with this id was already received", id_in_use=request_id)
             return None
         if info.st_nlink > 1 and not self._only_staged(source, info):
             # Another name outside the spool: changing the file (its mode, below) would change
@@ -984,9 +984,12 @@ class Daemon:
             self._apply_cancels()  # one may have come while its file was being written
             self._dispatch()
 
-    def _quarantine(self, source: Path, name: str, request_id: str | None, why: str) -> None:
+    def _quarantine(
+        self, source: Path, name: str, request_id: str | None, why: str, *, id_in_use: str | None = None
+    ) -> None:
         """Move a spool entry aside; with ``request_id`` (the id its name carries), give that
-        id a rejection verdict, unless the id is another request's."""
+        id a rejection verdict, unless the id is another request's (``id_in_use``: known to be,
+        said in the fact)."""
         target = self.home.quarantine / f"{time.time_ns()}-{name[:150] or 'unnamed'}"
         try:
             os.rename(source, target)
@@ -1000,7 +1003,8 @@ class Daemon:
             # it: a request has exactly one verdict, its own.
             self.audit("request.quarantined", None, why=why, file=target.name, id_in_use=request_id)
             return
-        self.audit("request.quarantined", request_id, why=why, file=target.name)
+        in_use = {} if id_in_use is None else {"id_in_use": id_in_use}
+        self.audit("request.quarantined", request_id, why=why, file=target.name, **in_use)
         if request_id is not None:
             problem = f"{why}; the file was moved to quarantine/{target.name}"
             self._reject(request_id, InvalidRequestError([{"path": "", "message": problem}]), _now())
@@ -1209,7 +1213,8 @@ class Daemon:
                 self._save_state(
                     job, "running", started_at=started_at, session=session, thread_before=thread_before
                 )
-                self.audit("request.started", job.id, attempt=job.attempt)  # its line: state.json exists
+                # Its line: state.json exists.  The run id joins the fact to the run's events.
+                self.audit("request.started", job.id, attempt=job.attempt, run_id=stream.run_id)
                 self._sync_state(job)
                 if job.cancel_requested:
                     stream.cancel()
@@ -1628,7 +1633,9 @@ class Daemon:
                 "result": result_json,
                 "error": wire,
                 "exit_code": 0 if error is None else errors.exit_code_for(error),
-                "events": None if session is None else f"events/{session}.jsonl",
+                # None too when the run recorded nothing (refused before its driver started):
+                # a path to a file that never comes kept `tail -F` waiting for ever.
+                "events": None if session is None or not self._has_audit_log(session) else f"events/{session}.jsonl",
                 "received_at": received_at,
                 "started_at": started_at,
                 "finished_at": _now(),
@@ -1646,6 +1653,7 @@ class Daemon:
             self.audit(
                 "verdict.written", request_id, ok=error is None,
                 code=None if wire is None else wire["code"], exit_code=verdict["exit_code"],
+                **({} if run_id is None else {"run_id": run_id}),
             )
         # Once the verdict exists the state no longer matters to recovery: no sync, and a
         # state the disk refuses now stays as it was.
@@ -1656,6 +1664,9 @@ class Daemon:
                 self._write_state_raw(request_id, job.state, folder_exists=job.run_dir_ready)
             else:
                 self._write_state_raw(request_id, done, merge=True)
+
+    def _has_audit_log(self, session: str) -> bool:
+        return os.path.lexists(self.home.events / f"{session}.jsonl")
 
     def _write_side_files(
         self, request_id: str, result: adaptor.Result | None, redactor: _redact.Redactor,

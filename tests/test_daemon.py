@@ -1855,6 +1855,32 @@ def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: P
                 _home.respond(home, approval_id, "deny")
 
 
+def test_the_lifecycle_log_joins_the_audit_logs_and_names_every_id(daemon: DaemonProcess) -> None:
+    # No fact carried a run id and no event a request id: once retention removed the verdict,
+    # a request's facts could not be tied to its events.  A request refused before its driver
+    # started had a verdict naming an audit log that never came (`tail -F` waited for ever), and
+    # a resubmitted id's quarantine fact did not name it.
+    ran = daemon.submit(script({"text": "x"}))
+    refused = daemon.submit(script({"text": "x"}, policy={"sandbox": "nope"}))
+    verdict, refusal = daemon.verdict(ran), daemon.verdict(refused)
+    assert refusal["error"]["code"] == "ErrInvalidPolicy" and refusal["events"] is None, refusal
+    daemon.drop(f"{ran}.json", orjson.dumps(script({"text": "again"})))
+    daemon.wait_for_line(f"id_in_use={ran}")
+    daemon.wait_for_line(f"verdict.written id={refused}")
+    reader = sr.EventRecorder(sr.JSONLEventBackend(daemon.home.events), key_validator=lambda k: None)
+    facts = [_fact(r) for r in reader.since("adaptord")]
+    started = [f for f in facts if f["phase"] == "request.started" and f["request_id"] == ran]
+    written = [f for f in facts if f["phase"] == "verdict.written" and f["request_id"] == ran]
+    assert [f["run_id"] for f in started + written] == [verdict["run_id"]] * 2, facts
+    events = [r.event for r in reader.since(ran)]
+    assert {e.meta.run_id for e in events} == {verdict["run_id"]}
+    refused_started = [f for f in facts if f["phase"] == "request.started" and f["request_id"] == refused]
+    assert [f["run_id"] for f in refused_started] == [refusal["run_id"]]
+    assert not (daemon.home.events / f"{refused}.jsonl").exists()
+    (again,) = [f for f in facts if f["phase"] == "request.quarantined" and f.get("id_in_use") == ran]
+    assert "already received" in again["why"]
+
+
 def _approval_facts(home: _home.Home, approval_id: str) -> list[dict[str, Any]]:
     reader = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
     return [_fact(r) for r in reader.since("adaptord") if _fact(r).get("approval_id") == approval_id]
