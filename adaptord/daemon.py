@@ -1998,6 +1998,15 @@ class Daemon:
             return ""
         return "".join(pieces)
 
+    def _last_sequence(self, session: str, run_id: str) -> int:
+        """The highest ``meta.sequence`` of ``run_id``'s events in the session's log (0: none)."""
+        last = 0
+        with contextlib.suppress(Exception):  # unreadable: numbered from 1, the log still ends
+            for record in self._events.iter_since(session):
+                if record.event.meta.run_id == run_id:
+                    last = max(last, record.event.meta.sequence)
+        return last
+
     def _record_interrupted(self, request_id: str, state: Mapping[str, Any], request: Any) -> None:
         """End the interrupted run's events as every other run's end: each approval it was
         waiting on resolved ``aborted``, then its ``run.finished``, so a reader of the audit
@@ -2019,9 +2028,11 @@ class Daemon:
         finished = events.RunFinished(
             run_id=run_id, failed=True, reason="infrastructure_error", message=_INTERRUPTED, meta=meta
         )
+        # Numbered on from the run's last event: recorded with sequence 0, they sorted first.
+        last = self._last_sequence(session, run_id)
         try:
-            for event in [*ended, finished]:
-                self._events.record(session, event)
+            for number, event in enumerate([*ended, finished], start=last + 1):
+                self._events.record(session, replace(event, meta=replace(meta, sequence=number)))
         except Exception as exc:  # the verdict still says it; the log only misses its end
             self.log("event not recorded", id=state.get("id"), error=f"{type(exc).__name__}: {exc}")
 

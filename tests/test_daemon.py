@@ -1965,6 +1965,9 @@ def test_a_restart_expires_a_dead_runs_approval_whatever_response_was_left(tmp_p
     assert notices == [("approval.requested", approval_id, None),
                        ("approval.resolved", approval_id, "aborted")]
     assert isinstance(logged[-1], events.RunFinished) and logged[-1].reason == "infrastructure_error"
+    # Numbered on from the run's own events (they had sequence 0 and sorted first).
+    sequences = [e.meta.sequence for e in logged if e.meta.run_id == logged[-1].run_id]
+    assert sequences == list(range(1, len(sequences) + 1)), sequences
 
 
 def test_an_approval_a_response_expired_while_the_daemon_was_down_is_audited_and_not_listed(
