@@ -897,7 +897,9 @@ class Daemon:
     ) -> None:
         """Read and validate a claimed request, then queue it (or write its rejection)."""
         if not again:
-            self.audit("request.received", request_id, attempt=attempt)
+            # (A request found claimed at a start was received before: said, or the log showed
+            # it received twice with nothing in between.)
+            self.audit("request.received", request_id, attempt=attempt, **({} if prior is None else {"recovered": True}))
         self._being_written.pop(request_id, None)
         try:
             body = requests.read_limited(claimed, _home.MAX_REQUEST_BYTES)
@@ -2082,6 +2084,7 @@ class Daemon:
                 if job.state:  # a recovered attempt's state; a fresh request has none
                     job.state["status"] = "requeued"
                     self._write_state_raw(job.id, job.state)
+                self.audit("request.requeued", job.id, why="adaptord stopped before it started; the next start runs it")
         self.log("draining", running=len(self._running), grace=self.grace)
         # The handler takes no lock (see _on_signal), so it cannot wake this wait: the wait
         # looks for a second signal between short slices.

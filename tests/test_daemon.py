@@ -807,6 +807,8 @@ def test_sigterm_drains_running_work_and_writes_its_verdict(tmp_path: Path) -> N
     )
     proc.wait_for_line(f"request.started id={rid}")
     proc.wait_for_line(f"request.started id={on_thread}")
+    behind = proc.submit({"driver": "script", "prompt": "x", "thread": {"key": "drained"}, "config": {"steps": []}})
+    proc.wait_for_line(f"request.queued id={behind}")
     proc.signal(signal.SIGTERM)
     # Not stop(): its SIGTERM, handled after this one (a loaded machine), ends the drain's grace.
     assert proc.wait_exit() == 0
@@ -815,6 +817,10 @@ def test_sigterm_drains_running_work_and_writes_its_verdict(tmp_path: Path) -> N
     verdict = orjson.loads(proc.home.verdict(on_thread).read_bytes())
     assert verdict["ok"] and verdict["result"]["text"] == "finished too"
     assert not [line for line in proc.lines if "worker failed" in line]
+    # The one queued behind its thread went back to the spool, which the log says: it showed
+    # it received twice, with nothing in between, once the next start claimed it again.
+    assert (proc.home.spool_new / f"{behind}.json").exists()
+    assert _lifecycle(proc.home, behind) == ["request.received", "request.queued", "request.requeued"]
 
 
 def test_a_burst_of_signals_cannot_deadlock_the_main_loop(tmp_path: Path) -> None:
@@ -2923,6 +2929,9 @@ def test_crash_after_the_claim_runs_the_request_once(tmp_path: Path) -> None:
     assert verdict["received_at"] == events.format_time(claimed_at)  # the claim's time, not the restart's
     proc.wait_for_line("verdict.written id=claimed-only")
     assert _lifecycle(home, "claimed-only").count("request.started") == 1
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(home.events), key_validator=lambda k: None)
+    received = [_fact(r) for r in recorder.since("adaptord") if _fact(r)["phase"] == "request.received"]
+    assert [f.get("recovered") for f in received] == [True]  # received before the crash
     assert proc.stop() == 0
     assert list(home.claimed.iterdir()) == []
 
