@@ -563,7 +563,24 @@ def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = N
 def _shown(text: str) -> str:
     # One line per item: a key or title holding a newline (or a terminal escape) is shown
     # JSON-quoted, to a pipe too (--json has it as it is).
-    return text if text.isprintable() else orjson.dumps(text).decode()
+    return text if text.isprintable() else _quoted(text)
+
+
+def _quoted(text: str) -> str:
+    """``text`` JSON-quoted, with what JSON leaves as it is but is no printable character (a
+    right-to-left override that reorders the line, a zero-width space) escaped too."""
+    quoted = orjson.dumps(text).decode()
+    if quoted.isprintable():
+        return quoted
+    return "".join(char if char.isprintable() else _json_escape(char) for char in quoted)
+
+
+def _json_escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes a character past the BMP
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _shown_key(key: str) -> str:
@@ -571,7 +588,7 @@ def _shown_key(key: str) -> str:
     would not read back as itself (a blank end, the two spaces that separate the columns, a
     leading quote that makes it look quoted already)."""
     if key != key.strip() or "  " in key or key.startswith('"'):
-        return orjson.dumps(key).decode()
+        return _quoted(key)
     return _shown(key)
 
 

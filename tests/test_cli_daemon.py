@@ -1095,6 +1095,13 @@ def test_threads_quote_a_key_that_would_not_read_back_as_itself(home: Home) -> N
     shown = home.cli("threads", "show", odd[0]).stdout.splitlines()
     assert 'key: " cli/quote/padded "' in shown
 
+    # A right-to-left override or a zero-width space was quoted but printed as it is inside
+    # the quotes: the override still reordered the line on a terminal.
+    for key, quoted in (("cli/quote/\u202eevil", '"cli/quote/\\u202eevil"'), ("cli/quote/zero\u200bwidth", '"cli/quote/zero\\u200bwidth"')):
+        home.client.run(threaded(key), timeout=TIMEOUT)
+        listed = home.cli("threads").stdout.splitlines()
+        assert any(line.startswith(quoted + "  script  ") for line in listed), (key, listed)
+
 
 def test_events_of_an_empty_thread_key_is_a_usage_error(home: Home) -> None:
     # With -f it waited forever for a log no run can write; without, it said exit 4.
