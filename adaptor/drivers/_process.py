@@ -362,6 +362,10 @@ class Child:
     def start(cls, spec: Spec, sink: EventSink) -> Child:
         """Start ``spec`` and emit its ``process.spawn`` event; raises :class:`BinaryNotFound`."""
         binary = spec.argv[0]
+        if spec.cwd is not None and "\0" in spec.cwd:
+            # No path holds one (Popen's ValueError "embedded null byte" failed the run as the
+            # driver's own error): the directory is unusable, as a missing one is.
+            raise CannotStart.workspace(binary, spec.cwd.replace("\0", "\\0"), "holds a NUL character")
         stdin: int = subprocess.DEVNULL if spec.stdin == "closed" else subprocess.PIPE
         mark = spec.mark or new_mark()
         try:

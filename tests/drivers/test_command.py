@@ -227,6 +227,13 @@ def test_a_missing_workspace_is_told_apart_from_a_missing_binary(tmp_path: Path)
     assert caught.value.details == {"kind": "workspace_unusable", "workspace": str(gone)}
     assert str(caught.value) == f"/bin/cat: working directory {gone} does not exist"
     assert errors.exit_code_for(caught.value) == 1
+    # A NUL in the config's cwd failed as the driver's own error ("driver 'command' raised
+    # ValueError", embedded null byte), with no kind.
+    nul = adaptor.Agent(command.Driver(command.Config(command="/bin/cat", cwd=f"{tmp_path}\0x")))
+    with pytest.raises(adaptor.RunError) as caught:
+        nul.run("hi")
+    assert caught.value.details == {"kind": "workspace_unusable", "workspace": f"{tmp_path}\\0x"}
+    assert str(caught.value) == f"/bin/cat: working directory {tmp_path}\\0x holds a NUL character"
 
 
 @pytest.mark.parametrize("how", ["finished", "cancelled", "timed out"])
