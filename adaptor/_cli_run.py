@@ -124,7 +124,8 @@ def _policy_options(func: F) -> F:
     multiple=True,
     metavar="KEY=VALUE",
     help="Driver config; VALUE is JSON when it parses (steps=[...], grace_period=2), else a "
-    "string; KEY may be dotted (descriptor.sessions.supports_resume=false).  Repeatable.",
+    "string (one starting with [ or { must be JSON); KEY may be dotted "
+    "(descriptor.sessions.supports_resume=false).  Repeatable.",
 )
 @click.option(
     "--env",
@@ -300,7 +301,7 @@ def _build_request(
     for key_path, raw in _assignments(config_items, "--config"):
         # Environment values are secrets and always strings: never reinterpreted as JSON,
         # so a numeric-looking one cannot end up quoted in a schema error.
-        value = raw if key_path[0] == "env" else _json_or_text(raw)
+        value = raw if key_path[0] == "env" else _json_or_text(raw, ".".join(key_path))
         _put(config, key_path, value)
     if "cwd" not in config and "workspace" not in request:
         # The daemon runs elsewhere; an agent started from a shell works where the shell is,
@@ -344,10 +345,14 @@ def _assignments(items: Sequence[str], option: str) -> Iterator[tuple[tuple[str,
         yield path, raw
 
 
-def _json_or_text(raw: str) -> Any:
+def _json_or_text(raw: str, key: str) -> Any:
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if raw.lstrip().startswith(("[", "{")):
+            # Meant as JSON (a list, an object) and not JSON: taken as a string, it failed later
+            # as "steps: expected a list of steps" for a NaN in it.
+            raise click.BadParameter(f"{key}: not valid JSON: {exc}", param_hint="--config") from None
         return raw
 
 

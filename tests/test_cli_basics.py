@@ -307,3 +307,18 @@ def test_a_deleted_current_directory_matters_only_without_a_workspace(tmp_path: 
     missing = subprocess.run(["sh", "-c", run, "sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2, missing.stderr
     assert "the current directory no longer exists: give the run --workspace DIR" in missing.stderr
+
+
+def test_a_config_value_meant_as_json_must_be_json() -> None:
+    # A NaN in steps=[...] made the value a string, refused later as "steps: expected a list
+    # of steps"; a plain word is still a string.
+    bad = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--driver", "script", "--config", 'steps=[{"sleep": NaN}]', "x"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert bad.returncode == 2 and "steps: not valid JSON" in bad.stderr, bad.stderr
+    good = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--driver", "command", "--config", "command=/bin/cat", "echoed"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (good.returncode, good.stdout) == (0, "echoed\n"), good.stderr
