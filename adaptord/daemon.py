@@ -1961,7 +1961,7 @@ class Daemon:
                 "infrastructure_error",
                 message,
                 details=details,
-                result=adaptor.Result(run_id=run_id or "", text=self._text_so_far(state)),
+                result=self._result_so_far(state),
             )
         else:
             error = errors.AdaptorError("the daemon stopped before the agent started")
@@ -1980,25 +1980,35 @@ class Daemon:
             started_at=state.get("started_at"), session=state.get("session"), secrets=secrets, job=job,
         )
 
-    def _text_so_far(self, state: Mapping[str, Any]) -> str:
-        """The interrupted run's answer as far as its audit log has it: the text of its last
-        assistant message (a Result's ``text`` is the final message only).  ``""`` when the
-        log has none or cannot be read (the verdict does not wait on a damaged log)."""
+    def _result_so_far(self, state: Mapping[str, Any]) -> adaptor.Result:
+        """The interrupted run's Result as far as its audit log has it: the text of its last
+        assistant message (a Result's ``text`` is the final message only) and its raw output
+        (``runs/<id>/stdout`` was empty while the log held what the agent printed).  Empty
+        when the log has none or cannot be read (the verdict does not wait on a damaged log)."""
         run_id, session = state.get("run_id"), state.get("session")
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
-            return ""
+            return adaptor.Result(run_id=run_id if isinstance(run_id, str) else "")
         message: str | None = None
         pieces: list[str] = []
+        raw: dict[str, list[str]] = {"stdout": [], "stderr": []}
         try:
             for record in self._events.iter_since(session):
                 event = record.event
-                if isinstance(event, events.TextDelta) and event.meta.run_id == run_id and event.phase == "content":
+                if event.meta.run_id != run_id:
+                    continue
+                if isinstance(event, events.TextDelta) and event.phase == "content":
                     if event.message_id != message:
                         message, pieces = event.message_id, []
                     pieces.append(event.text)
+                elif isinstance(event, events.ProcessInfo) and event.kind in raw:
+                    raw[event.kind].append(event.text)
         except Exception:  # corrupt, unreadable: the text is a courtesy, the verdict is not
-            return ""
-        return "".join(pieces)
+            return adaptor.Result(run_id=run_id)
+        return adaptor.Result.from_json({
+            "run_id": run_id,
+            "text": "".join(pieces),
+            "raw": {stream: "".join(chunks) for stream, chunks in raw.items()},
+        })
 
     def _last_sequence(self, session: str, run_id: str) -> int:
         """The highest ``meta.sequence`` of ``run_id``'s events in the session's log (0: none)."""

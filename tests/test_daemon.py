@@ -1425,7 +1425,7 @@ def test_a_requeued_request_cancelled_while_the_daemon_was_down_says_which_attem
 def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc = DaemonProcess(home).start()
-    failing = proc.submit(script({"text": "working"}, {"sleep": 60}))
+    failing = proc.submit(script({"stdout": "printed"}, {"text": "working"}, {"sleep": 60}))
     requeued = proc.submit(script({"text": "working"}, {"sleep": 60}, on_interrupt="requeue"))
     proc.wait_for_line(f"request.started id={failing}")
     proc.wait_for_line(f"request.started id={requeued}")
@@ -1456,8 +1456,10 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     err = errors.from_wire(verdict["error"])
     assert type(err) is errors.RunError and err.reason == "infrastructure_error"
     assert err.details["interrupted"] is True
-    # The answer as far as it got (its result had no text at all).
+    # The answer as far as it got (its result had no text at all), and what it printed (its
+    # runs/<id>/stdout was empty while the audit log held it).
     assert verdict["result"]["text"] == "working"
+    assert (home / verdict["result"]["raw"]["stdout"]).read_text() == "printed\n"
     # Its audit log ends as every run's does, with run.finished (it had no end at all).
     ended = list(Client(home).events(failing))[-1]
     assert isinstance(ended, events.RunFinished) and ended.failed
