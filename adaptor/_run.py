@@ -1104,7 +1104,8 @@ class RunPipeline:
         self, handler: Callable[[ApprovalRequest], object], approval: ApprovalRequest, responder: Responder
     ) -> tuple[object, BaseException | None] | None:
         """Call ``on_approval`` in a thread of its own: ``(returned, raised)`` once it returns,
-        or None as soon as the request expires while it still runs.
+        or None as soon as the request is settled while it still runs (answered by it, which
+        may go on with other work, or expired: its deadline, the run's end, a cancel).
 
         Called on the run's thread, a callback blocked on a human made the run's timeout and
         cancel() wait for it to return: the run could not end before the callback did.
@@ -1128,7 +1129,7 @@ class RunPipeline:
         except RuntimeError:  # no thread to be had (a task limit): called here, as before
             call()
         while not done.wait(_HANDLER_POLL):
-            if responder.expired:
+            if responder.outcome is not None:
                 return None
         return outcome[0]
 
@@ -1150,8 +1151,9 @@ class RunPipeline:
                 if expiry is not None:
                     expiry.cancel()
             if called is None:
-                # Expired (its deadline, the run's deadline, a cancel) while the callback still
-                # runs, waiting for a human: the run goes on without it.
+                # Settled while the callback still runs (it answered and went on with other
+                # work, or it waits for a human and the request expired): the run goes on
+                # without it.
                 outcome = responder.outcome
                 assert outcome is not None
                 return outcome

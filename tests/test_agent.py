@@ -1692,6 +1692,27 @@ def test_a_callback_waiting_for_a_human_does_not_hold_up_the_runs_end(how: str) 
         agent.close()
 
 
+def test_a_callback_that_answers_then_goes_on_does_not_hold_up_the_run() -> None:
+    # One that approved, then posted to a chat (or waited for a follow-up), held the run
+    # until it returned: past its timeout, past cancel(), for ever if it never did.
+    later = threading.Event()
+    returned = threading.Event()
+
+    def approves_then_goes_on(request: adaptor.ApprovalRequest) -> None:
+        request.approve()
+        later.wait(30)
+        returned.set()
+
+    steps: list[dict[str, Any]] = [{"approval": {"kind": "permission", "title": "edit?"}}, {"text": "done"}]
+    agent = adaptor.Agent(ScriptedDriver(steps), on_approval=approves_then_goes_on)
+    try:
+        assert agent.run("go", timeout=20).text == "done"
+        assert not returned.is_set()
+    finally:
+        later.set()
+        agent.close()
+
+
 def test_close_waits_as_long_as_it_takes_with_an_infinite_timeout() -> None:
     # OverflowError half way through closing: runs cancelled, the driver's processes and the
     # tool gateway left up.
