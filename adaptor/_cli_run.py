@@ -255,10 +255,15 @@ def _say_cancelled(text: str) -> None:
 
 
 def _load_schema(file: IO[bytes]) -> Any:
+    data = file.read().removeprefix(codecs.BOM_UTF8)
     try:
-        return orjson.loads(file.read().removeprefix(codecs.BOM_UTF8))
+        schema = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--schema") from None
+    where = _nesting.inexact_integer_at(data)
+    if where is not None:
+        raise click.BadParameter(f"{where or '/'}: {_nesting.INEXACT_INTEGER}", param_hint="--schema")
+    return schema
 
 
 def _build_request(
@@ -347,13 +352,17 @@ def _assignments(items: Sequence[str], option: str) -> Iterator[tuple[tuple[str,
 
 def _json_or_text(raw: str, key: str) -> Any:
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         if raw.lstrip().startswith(("[", "{")):
             # Meant as JSON (a list, an object) and not JSON: taken as a string, it failed later
             # as "steps: expected a list of steps" for a NaN in it.
             raise click.BadParameter(f"{key}: not valid JSON: {exc}", param_hint="--config") from None
         return raw
+    where = _nesting.inexact_integer_at(raw)
+    if where is not None:
+        raise click.BadParameter(f"{key}{where}: {_nesting.INEXACT_INTEGER}", param_hint="--config")
+    return value
 
 
 def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:

@@ -8,7 +8,9 @@ counts arrays and objects: ``[]`` and ``{"a": 1}`` are one level, ``[[]]`` two.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,6 +21,7 @@ __all__ = [
     "copy_json",
     "deeper_than",
     "describe_number",
+    "inexact_integer_at",
     "dumps",
     "unwritable_number_at",
     "unwritable_text_at",
@@ -72,6 +75,26 @@ def unwritable_number_at(value: Any) -> tuple[str, float | int] | None:
             continue
         pending.extend((f"{where}/{key}", item) for key, item in items)
     return None
+
+
+# orjson reads an integer past 64 bits as the nearest float (18446744073709551617 became
+# 1.8446744073709552e+19 in the agent's input, silently): only a run of 19 digits can be one.
+_LONG_NUMBER = re.compile(rb"\d{19}")
+
+INEXACT_INTEGER = (
+    "an integer outside -2**63 .. 2**64-1, which would not be kept exactly (write it as a float, "
+    "such as 1e40, or as a string)"
+)
+
+
+def inexact_integer_at(text: str | bytes) -> str | None:
+    """The JSON pointer of an integer past 64 bits in the JSON ``text`` (one orjson parsed), if
+    it holds one: orjson reads such an integer as another value, the nearest float."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if not _LONG_NUMBER.search(data):
+        return None
+    found = unwritable_number_at(json.loads(text))  # every integer as written
+    return None if found is None else found[0]
 
 
 def unwritable_text_at(value: Any) -> str | None:

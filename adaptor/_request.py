@@ -13,7 +13,6 @@ import hashlib
 import importlib
 import json
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -73,26 +72,11 @@ def decode(data: bytes) -> dict[str, Any]:
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     if _nesting.deeper_than(obj, MAX_DEPTH):
         raise InvalidRequestError([{"path": "", "message": f"nested deeper than {MAX_DEPTH} levels"}])
-    if _LONG_NUMBER.search(text):
-        _refuse_inexact_integers(text)
-    return obj
-
-
-# orjson reads an integer past 64 bits as the nearest float (18446744073709551617 became
-# 1.8446744073709552e+19 in the agent's input, silently): only a run of 19 digits can be one.
-_LONG_NUMBER = re.compile(r"\d{19}")
-
-
-def _refuse_inexact_integers(text: str) -> None:
-    exact = json.loads(text)  # every integer as written (orjson took the text: no NaN in it)
-    found = _nesting.unwritable_number_at(exact)
-    if found is not None:
+    where = _nesting.inexact_integer_at(text)
+    if where is not None:
         # The value itself is left out: a request's numbers are not checked for secrets.
-        message = (
-            "an integer outside -2**63 .. 2**64-1, which would not be kept exactly (write it as "
-            "a float, such as 1e40, or as a string)"
-        )
-        raise InvalidRequestError([{"path": found[0], "message": message}])
+        raise InvalidRequestError([{"path": where, "message": _nesting.INEXACT_INTEGER}])
+    return obj
 
 
 def parse(data: bytes, request_id: str) -> dict[str, Any]:

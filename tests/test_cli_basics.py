@@ -322,3 +322,21 @@ def test_a_config_value_meant_as_json_must_be_json() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert (good.returncode, good.stdout) == (0, "echoed\n"), good.stderr
+
+
+def test_an_option_value_with_an_integer_past_64_bits_is_refused_naming_it(tmp_path: Path) -> None:
+    # --config and --schema read it as the nearest float, silently ({"n":1.8446744073709552e+19}
+    # answered), while the same request in a file was refused.
+    config = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--driver", "script", "--config",
+         'steps=[{"output_json": {"n": 18446744073709551616}}]', "x"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert config.returncode == 2 and "steps/0/output_json/n: an integer outside" in config.stderr, config.stderr
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "maximum": 18446744073709551616}')
+    refused = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--driver", "script", "--schema", str(schema), "x"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert refused.returncode == 2 and "/maximum: an integer outside" in refused.stderr, refused.stderr
