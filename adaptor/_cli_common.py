@@ -596,9 +596,28 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
             # A command that cancels what it is about (run) says so itself, before this.
             interrupted(bool(kwargs.get("as_json")), stop, cancelled=False, **_about(kwargs))
         except Exception as exc:
+            usage = cwd_gone(exc)
+            if usage is not None:
+                raise usage from None
             fail(exc, as_json=bool(kwargs.get("as_json")), **_about(kwargs))
 
     return wrapper
+
+
+def cwd_gone(exc: BaseException) -> click.UsageError | None:
+    """The usage error a ``FileNotFoundError`` is when it comes of a current directory that was
+    removed (a relative path, ``--workspace ..``, ``ADAPTORD_HOME=../h``, cannot be resolved
+    from it): it was a traceback, or a bare ``[Errno 2] No such file or directory``."""
+    if not isinstance(exc, FileNotFoundError):
+        return None
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return click.UsageError(
+            "the current directory no longer exists, so a relative path cannot be resolved: "
+            "cd to a directory, or give absolute paths"
+        )
+    return None
 
 
 def _about(arguments: Mapping[str, object]) -> dict[str, Any]:

@@ -186,7 +186,13 @@ def main() -> None:
     # on stdout, exit 2).
     _cli_common._owns_process = True
     try:
-        code = cli.main(prog_name="adaptor", standalone_mode=False)
+        try:
+            code = cli.main(prog_name="adaptor", standalone_mode=False)
+        except FileNotFoundError as exc:  # (a relative path click resolves, before the command)
+            usage = _cli_common.cwd_gone(exc)
+            if usage is None:
+                raise
+            raise usage from None
     except click.ClickException as exc:
         if "--json" in sys.argv[1:]:
             emit_json({"ok": False, "exit_code": exc.exit_code, "error": _usage_wire(exc)})

@@ -12,7 +12,7 @@ import click
 import orjson
 
 from adaptor import _home, skill
-from adaptor._cli_common import guard_stderr, guard_stdout, home_option, not_nan, unguard
+from adaptor._cli_common import cwd_gone, guard_stderr, guard_stdout, home_option, not_nan, unguard
 from adaptord import config as config_module
 
 DRIVER_BINARIES = {
@@ -239,4 +239,11 @@ def main() -> None:
         sys.stderr = open(os.devnull, "w")
     guard_stdout("adaptord")
     guard_stderr()
-    cli(prog_name="adaptord")
+    try:
+        cli(prog_name="adaptord")
+    except FileNotFoundError as exc:
+        usage = cwd_gone(exc)
+        if usage is None:
+            raise
+        usage.show()
+        sys.exit(usage.exit_code)

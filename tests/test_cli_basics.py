@@ -307,6 +307,18 @@ def test_a_deleted_current_directory_matters_only_without_a_workspace(tmp_path: 
     missing = subprocess.run(["sh", "-c", run, "sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2, missing.stderr
     assert "the current directory no longer exists: give the run --workspace DIR" in missing.stderr
+    # A relative path from there cannot be resolved: a traceback (click resolves --workspace,
+    # adaptord the home) or a bare "[Errno 2] No such file or directory", exit 70.
+    gone = "mkdir gone2 && cd gone2 && rmdir ../gone2 && exec \"$@\""
+    for command, env in (
+        (["adaptor", "run", "--no-daemon", "--driver", "script", "--workspace", "../ws", "x"], {}),
+        (["adaptor", "status"], {"ADAPTORD_HOME": "../h"}),
+        (["adaptord", "status"], {"ADAPTORD_HOME": "../h"}),
+    ):
+        proc = subprocess.run(["sh", "-c", gone, "sh", *command], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, **env})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr)
+        assert "the current directory no longer exists, so a relative path cannot be resolved" in proc.stderr
 
 
 def test_a_config_value_meant_as_json_must_be_json() -> None:
