@@ -638,6 +638,15 @@ def _await_taken(home: Home, approval_id: str, action: str) -> bool:
                 "before it took the response, which ended the run that asked"
             )
         time.sleep(0.02)
+    # Not taken yet (a daemon stopped or starved).  Past the deadline it never counts: the run
+    # times the request out once the daemon goes on.
+    with contextlib.suppress(OSError, ValueError):
+        past = _past_deadline(_read(home.approvals_pending / f"{approval_id}.json"))
+        if past is not None:
+            raise ApprovalExpiredError(
+                f"approval {approval_id!r} expired before adaptord took this response: {past} "
+                "while adaptord did not get to it (stopped or starved?)"
+            )
     return False
 
 

@@ -1839,6 +1839,29 @@ def test_a_response_the_daemon_does_not_take_in_time_is_reported_so(daemon: Daem
     assert daemon.verdict(rid)["ok"]  # taken once the daemon went on, before the deadline
 
 
+def test_a_response_the_daemon_did_not_take_before_the_deadline_is_refused(daemon: DaemonProcess) -> None:
+    # Written in time, but the stopped daemon did not take it before the deadline, which passed
+    # meanwhile: it was reported written (exit 0), though the run then timed the request out.
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+        policy={"approvals": {"timeout": 3}},
+    ))
+    approval_id = _pending_approval(daemon)
+    env = {**os.environ, "ADAPTORD_HOME": str(daemon.home.root)}
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        approved = subprocess.run(
+            ["adaptor", "approve", approval_id, "--json"], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    out = orjson.loads(approved.stdout)
+    assert approved.returncode == 5 and out["error"]["code"] == "ErrApprovalExpired", approved.stdout
+    assert "expired before adaptord took this response" in out["error"]["message"]
+    assert daemon.verdict(rid)["error"]["code"] == "ErrApprovalTimeout"
+
+
 def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: Path) -> None:
     # It took any file there for a winning response: "already resolved" while the request
     # was still open (for good with no daemon to set the file aside).
