@@ -337,7 +337,13 @@ def _build_request(
     except TypeError as exc:  # argv and stdin undecodable as UTF-8 come as lone surrogates
         if _nesting.unwritable_number_at(request) is not None:
             return request  # an option's integer past 64 bits: refused as a NaN is, below
-        raise click.UsageError(f"the request cannot be JSON: {exc} (is every argument, and the prompt read from stdin, UTF-8?)") from None
+        where = _nesting.unwritable_text_at(request)
+        if where is not None:
+            raise click.UsageError(
+                f"the request cannot be JSON: its value at {where or '/'} is not UTF-8 (is every "
+                "argument, and the prompt read from stdin, UTF-8?)"
+            ) from None
+        raise click.UsageError(f"the request cannot be JSON: {exc}") from None
     return request
 
 

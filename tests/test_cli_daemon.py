@@ -1504,7 +1504,7 @@ def test_a_prompt_that_is_not_utf8_or_too_large_is_refused_alike_with_and_withou
 ) -> None:
     config = steps({"text": "ok"})
     for extra in ([], ["--no-daemon"]):
-        for prompt, why in ((b"ab\xff", "is every argument, and the prompt read from stdin, UTF-8?"), (b"x" * 1_500_000, "larger than 1048576 bytes")):
+        for prompt, why in ((b"ab\xff", "its value at /prompt is not UTF-8 (is every argument, and the prompt read from stdin, UTF-8?)"), (b"x" * 1_500_000, "larger than 1048576 bytes")):
             proc = subprocess.run(
                 ["adaptor", "run", "--driver", "script", "--config", config, *extra, "-"],
                 input=prompt, capture_output=True, env=home.env(), timeout=TIMEOUT,
