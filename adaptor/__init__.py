@@ -11,6 +11,59 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ below imports on demand
+    # The public submodules, which __getattr__ serves as attributes after a plain `import
+    # adaptor` (`adaptor.memory.Store()`): some were seen only as other modules imported them.
+    from adaptor import (
+        agent as agent,
+    )
+    from adaptor import (
+        approval as approval,
+    )
+    from adaptor import (
+        driver as driver,
+    )
+    from adaptor import (
+        drivers as drivers,
+    )
+    from adaptor import (
+        errors as errors,
+    )
+    from adaptor import (
+        events as events,
+    )
+    from adaptor import (
+        mcp as mcp,
+    )
+    from adaptor import (
+        memory as memory,
+    )
+    from adaptor import (
+        policy as policy,
+    )
+    from adaptor import (
+        result as result,
+    )
+    from adaptor import (
+        schema as schema,
+    )
+    from adaptor import (
+        skill as skill,
+    )
+    from adaptor import (
+        spool as spool,
+    )
+    from adaptor import (
+        stream as stream,
+    )
+    from adaptor import (
+        testing as testing,
+    )
+    from adaptor import (
+        threadstore as threadstore,
+    )
+    from adaptor import (
+        tool as tool,
+    )
     from adaptor.agent import Agent, Runner, Thread
     from adaptor.approval import approve_all, deny_all
     from adaptor.driver import (

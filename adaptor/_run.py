@@ -507,10 +507,7 @@ class RunPipeline:
             # Its message may quote the agent (a provider's 401 quoting the key), and so may a
             # cause from anywhere; the Result it carries is redacted already.
             redact_error(error, self._redactor)
-        if isinstance(error, errors.RunError):
-            result_for_event = error.result
-        else:
-            result_for_event = result
+        result_for_event: Result | None = error.result if isinstance(error, errors.RunError) else result
         self.stream._settle(result, error)
         _unsettled.discard(self)
         assert self.broker is not None

@@ -63,7 +63,7 @@ class Agent:
         on_approval: Callable[[ApprovalRequest], None] | None = None,
         spawn: bool = False,
         thread_store: Store | None = None,
-        tools: Sequence[Definition] = (),
+        tools: Sequence[Definition] | None = (),
         skill_provider: Provider | None = None,
         event_buffer: int = 1024,
         blocking_events: bool = False,

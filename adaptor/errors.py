@@ -248,7 +248,8 @@ class AgentClosedError(AdaptorError):
 class RunError(AdaptorError):
     """A completed business failure after the driver was entered.
 
-    ``result`` holds the audit data gathered so far; it is always set on errors raised by a run.
+    ``result`` holds the audit data gathered so far (an empty ``Result`` when the error was
+    made without one, as ``from_wire`` without ``result=`` makes it).
     """
 
     code = "RunError"
@@ -258,7 +259,7 @@ class RunError(AdaptorError):
 
     reason: str
     details: dict[str, Any]
-    result: Result | None
+    result: Result
 
     def __init__(
         self,
@@ -271,8 +272,18 @@ class RunError(AdaptorError):
     ) -> None:
         self.reason = reason
         self.details = dict(details or {})
-        self.result = result
+        # Typed as always there, so `err.result.text` needs no None check (it was
+        # `Result | None` though every run sets it).
+        self.result = _no_result() if result is None else result
         super().__init__(message or f"run failed: {reason or 'agent_error'}", cause=cause)
+
+
+def _no_result() -> Result:
+    """The empty Result of a RunError made without one (imported late: the result module
+    is not loaded by ``import adaptor.errors`` alone)."""
+    from adaptor.result import Result
+
+    return Result(run_id="")
 
 
 class _FixedReasonRunError(RunError):
@@ -770,7 +781,7 @@ def _decode_one(obj: Mapping[str, Any]) -> BaseException:
         if isinstance(err, RunError):
             err.reason = reason
             err.details = details
-            err.result = None
+            err.result = _no_result()
         return err
 
     # Unknown code or a known code whose shape does not fit: a generic error that keeps the
@@ -800,7 +811,7 @@ def from_wire(obj: object, result: Result | None = None) -> BaseException:
     if not isinstance(obj, dict):
         raise ValueError(f"an error's wire form must be a JSON object, not {type(obj).__name__}")
     head = _decode_one(obj)
-    if isinstance(head, RunError):
+    if isinstance(head, RunError) and result is not None:
         head.result = result
     node, current = head, obj.get("cause")
     seen = {id(obj)}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeVar, overload
+from typing import Any, Final, Literal, TypeVar, cast, overload
 
 import orjson
 
 from adaptor import _nesting
 
 __all__ = [
+    "DecodeError",
     "RawStreams",
     "Result",
     "StructuredOutput",
@@ -233,7 +234,9 @@ class Result:
     def decode(self, type_: None = None) -> Any: ...
     @overload
     def decode(self, type_: type[T]) -> T: ...
-    def decode(self, type_: type[Any] | None = None) -> Any:
+    @overload
+    def decode(self, type_: object) -> Any: ...  # a hint no type[T] holds: `list[int] | None`
+    def decode(self, type_: object = None) -> Any:
         """The structured value when a schema was requested, else ``text`` parsed as JSON.
 
         With a schema it never falls back to ``text``: invalid or missing output raises
@@ -259,7 +262,7 @@ class Result:
         from adaptor.schema import _type_name, convert
 
         try:
-            return convert(value, type_)
+            return convert(value, cast("type[Any]", type_))
         except ValueError as exc:
             # One class for "no usable value": ``except DecodeError`` must not let a value of
             # the wrong shape through as a bare ValueError.

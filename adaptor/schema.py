@@ -30,6 +30,7 @@ from typing import (
     TypeVar,
     get_args,
     get_origin,
+    overload,
 )
 
 import orjson
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import ValidationError
     from referencing import Resource
+
 
 __all__ = [
     "MAX_OUTPUT_DEPTH",
@@ -1187,7 +1189,11 @@ def _json_equal(a: object, b: object) -> bool:
 # --- run helper ---------------------------------------------------------------------------------
 
 
-def run_as(runner: Any, prompt: str, type_: type[T], **opts: Any) -> tuple[T, Result]:
+@overload
+def run_as(runner: Any, prompt: str, type_: type[T], **opts: Any) -> tuple[T, Result]: ...
+@overload
+def run_as(runner: Any, prompt: str, type_: object, **opts: Any) -> tuple[Any, Result]: ...
+def run_as(runner: Any, prompt: str, type_: object, **opts: Any) -> tuple[Any, Result]:
     """Run with a schema derived from ``type_`` and decode the value into it.
 
     An explicit ``schema=`` in ``opts`` wins over the derived one.  Run errors and decode

@@ -381,6 +381,10 @@ class Directories:
     """
 
     def __init__(self, directories: Iterable[str | os.PathLike[str]]) -> None:
+        if isinstance(directories, str | bytes | os.PathLike):
+            # A str is an iterable of str: it was taken letter by letter ("must be absolute:
+            # w, o, r, k, ...").
+            raise TypeError("Directories takes a list of directories, not one path: Directories([path])")
         self._directories = tuple(os.fspath(d) for d in directories)
         relative = [d for d in self._directories if not os.path.isabs(d)]
         if relative:

@@ -697,7 +697,7 @@ def test_deny_aborts_with_partial_result() -> None:
         agent.run("go")
     err = info.value
     assert err.details["kind"] == "permission" and err.details["text"] == "not today"
-    assert [i.text for i in err.result.transcript() if i.kind == "assistant"] == ["plan"]  # type: ignore[union-attr]
+    assert [i.text for i in err.result.transcript() if i.kind == "assistant"] == ["plan"]
 
 
 def test_ask_without_callback_times_out() -> None:
@@ -1745,3 +1745,19 @@ def test_a_driver_configs_repr_leaves_its_env_values_out(name: str) -> None:
     from adaptor.drivers import command
 
     assert "sk-supersecret" not in repr(command.Config("x", env={"API_KEY": "sk-supersecret"}))
+
+
+def test_documented_calls_type_check_as_they_run() -> None:
+    # Checked by mypy --strict with the rest of the suite (tests/test_static.py): `tools=None`
+    # ("no tools") and a hint no type[T] holds were refused by the annotations though they run.
+    steps = ({"text": "[1, 2]"},)
+    agent = adaptor.Agent(script.Driver(script.Config(steps=steps)), tools=None)
+    result = agent.run("x")
+    numbers: list[int] | None = result.decode(list[int] | None)
+    assert numbers == [1, 2]
+    value, _ = adaptor.run_as(agent, "x", list[int] | None)
+    assert value == [1, 2]
+    try:
+        raise adaptor.AgentFailedError("boom")
+    except adaptor.RunError as err:
+        assert err.result.text == ""  # always a Result: no None check needed

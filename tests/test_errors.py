@@ -805,3 +805,17 @@ def test_find_refuses_what_is_no_exception() -> None:
     with pytest.raises(TypeError, match="not str"):
         errors.find("boom", errors.RunError)  # type: ignore[arg-type]
     assert errors.find(None, errors.RunError) is None and not errors.matches(None, errors.RunError)
+
+
+def test_a_run_error_always_has_a_result() -> None:
+    # Typed `Result | None` though every run sets it: each documented `err.result.text` needed
+    # a None check under mypy --strict.  Made without one, it is an empty Result.
+    from adaptor.result import Result
+
+    made = errors.RunError("agent_error", "x")
+    rebuilt = errors.from_wire(errors.to_wire(errors.AgentFailedError("boom")))
+    assert isinstance(rebuilt, errors.RunError)
+    for err in (made, rebuilt):
+        assert isinstance(err.result, Result) and err.result.text == ""
+    kept = Result(run_id="run_1", text="so far")
+    assert errors.from_wire(errors.to_wire(errors.AgentFailedError("boom")), result=kept).result is kept  # type: ignore[attr-defined]

@@ -644,3 +644,10 @@ def test_an_empty_path_is_no_source_not_the_current_directory(
         skill.resolve([skill.dir("")], None)
     with pytest.raises(skill.SkillSourceMissingError):
         skill.resolve([skill.archive("k", "")], None)
+
+
+def test_a_catalogue_of_one_path_given_bare_says_to_pass_a_list(tmp_path: Path) -> None:
+    # A str is an iterable of str: it was taken letter by letter ("must be absolute: w, o, r").
+    with pytest.raises(TypeError, match=r"takes a list of directories, not one path"):
+        skill.Directories(str(tmp_path))
+    assert skill.Directories([str(tmp_path)]).directories == (str(tmp_path),)

@@ -127,7 +127,7 @@ from adaptor.errors import ResumeRejectedError
 from adaptor.events import Notice, TextDelta, Thinking, ToolCall, ToolResult
 from adaptor.result import StructuredOutput, TranscriptItem
 
-__all__ = ["CLI_VERSION", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
+__all__ = ["CLI_VERSION", "PERMISSION_MODES", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
 TYPE: Final = "claude"
 PROVIDER: Final = "anthropic"
