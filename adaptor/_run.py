@@ -1158,6 +1158,10 @@ class RunPipeline:
             if isinstance(raised, errors.ApprovalResolvedError):
                 # A response too late (or a second one): the outcome that won stands.
                 raised = None
+            if raised is not None and responder.outcome is not None and not responder.expired:
+                # It answered, then raised: the answer stands, as when the raise comes after
+                # the run went on (whether it did depended on a poll's timing).
+                raised = None
             if raised is not None:
                 # KeyboardInterrupt and SystemExit too: the callback's thread is no main
                 # thread, where signals land, so the callback raised them itself.  Let

@@ -1711,6 +1711,15 @@ def test_a_callback_that_answers_then_goes_on_does_not_hold_up_the_run() -> None
     finally:
         later.set()
         agent.close()
+    # One that raises right after answering: its answer stands too (the run failed with
+    # "approval handler raised" when the raise came before the run's next look).
+
+    def approves_then_raises(request: adaptor.ApprovalRequest) -> None:
+        request.approve()
+        raise RuntimeError("after the answer")
+
+    with adaptor.Agent(ScriptedDriver(steps), on_approval=approves_then_raises) as raising:
+        assert raising.run("go", timeout=20).text == "done"
 
 
 def test_close_waits_as_long_as_it_takes_with_an_infinite_timeout() -> None:
