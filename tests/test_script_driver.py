@@ -425,7 +425,8 @@ def test_an_unusable_workspace_fails_as_a_cli_drivers_would(tmp_path: Path) -> N
     a_file.write_text("x")
     shut = tmp_path / "shut"
     shut.mkdir(mode=0)
-    cases = [(tmp_path / "missing", "does not exist"), (a_file, "is not a directory")]
+    # (A NUL failed as the driver's own ValueError: os.stat raises that, not OSError.)
+    cases = [(tmp_path / "missing", "does not exist"), (a_file, "is not a directory"), (f"{tmp_path}\0x", "holds a NUL character")]
     if os.geteuid() != 0:  # root enters any folder
         cases.append((shut, "cannot be entered (permission denied)"))
     for workspace, problem in cases:

@@ -195,9 +195,14 @@ def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
     return None if os.path.exists(interpreter) else interpreter
 
 
+_NUL_IN_CWD = "holds a NUL character"
+
+
 def workspace_problem(cwd: str) -> str | None:
     """What makes ``cwd`` unusable as a working directory (as a child's chdir would fail), or
     ``None``: for a driver that starts no process and must fail as one that does."""
+    if "\0" in cwd:
+        return _NUL_IN_CWD  # (os.stat raises ValueError for it, not OSError)
     try:
         found = os.stat(cwd)
     except OSError as exc:
@@ -365,7 +370,7 @@ class Child:
         if spec.cwd is not None and "\0" in spec.cwd:
             # No path holds one (Popen's ValueError "embedded null byte" failed the run as the
             # driver's own error): the directory is unusable, as a missing one is.
-            raise CannotStart.workspace(binary, spec.cwd.replace("\0", "\\0"), "holds a NUL character")
+            raise CannotStart.workspace(binary, spec.cwd.replace("\0", "\\0"), _NUL_IN_CWD)
         stdin: int = subprocess.DEVNULL if spec.stdin == "closed" else subprocess.PIPE
         mark = spec.mark or new_mark()
         try:
