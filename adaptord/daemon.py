@@ -196,6 +196,7 @@ class Job:
     run_dir_synced: bool = False
     # Events the audit log refused (a full disk): the first failure is logged, the rest counted.
     unrecorded: int = 0
+    recorded: bool = False  # any of its run's events is in its audit log
     # A long prompt is not kept while the request waits (see _accept): read again at its start.
     prompt_left_on_disk: bool = False
     # The run's secret values, fixed at its start with the config it runs with: a reload during
@@ -1319,6 +1320,7 @@ class Daemon:
                 # stack): an agent's tool arguments can be.  Recorded with its deepest parts
                 # replaced by a note, as in the run's files.
                 self._events.record(session, _as_recorded(event, redactor, bound=True))
+            job.recorded = True
         except Exception as exc:
             job.unrecorded += 1
             if job.unrecorded == 1:
@@ -1637,7 +1639,7 @@ class Daemon:
                 "exit_code": 0 if error is None else errors.exit_code_for(error),
                 # None too when the run recorded nothing (refused before its driver started):
                 # a path to a file that never comes kept `tail -F` waiting for ever.
-                "events": None if session is None or not self._has_audit_log(session) else f"events/{session}.jsonl",
+                "events": None if session is None or not self._recorded(session, job) else f"events/{session}.jsonl",
                 "received_at": received_at,
                 "started_at": started_at,
                 "finished_at": _now(),
@@ -1667,7 +1669,12 @@ class Daemon:
             else:
                 self._write_state_raw(request_id, done, merge=True)
 
-    def _has_audit_log(self, session: str) -> bool:
+    def _recorded(self, session: str, job: Job | None) -> bool:
+        """Whether the run recorded anything: its job says (a thread's log holds earlier
+        turns, not this one's, for a turn refused before its driver started); without one (a
+        run recovered after a crash), whether its log exists."""
+        if job is not None:
+            return job.recorded
         return os.path.lexists(self.home.events / f"{session}.jsonl")
 
     def _write_side_files(
@@ -1972,6 +1979,7 @@ class Daemon:
             # The request copy is written again: the start did not sync it (a power loss may
             # have lost it); the verdict syncs it with the run folder.
             job = Job(id=request_id, request=request, received_at=received_at, attempt=attempt, state=dict(state))
+            job.recorded = entered  # (and its log was given the run.finished it lacked)
             if not self._prepare_run_dir_or_log(job):
                 job = None
         result = error.result if isinstance(error, errors.RunError) else None

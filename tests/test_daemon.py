@@ -1460,6 +1460,7 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     # runs/<id>/stdout was empty while the audit log held it).
     assert verdict["result"]["text"] == "working"
     assert (home / verdict["result"]["raw"]["stdout"]).read_text() == "printed\n"
+    assert verdict["events"] == f"events/{failing}.jsonl"
     # Its audit log ends as every run's does, with run.finished (it had no end at all).
     ended = list(Client(home).events(failing))[-1]
     assert isinstance(ended, events.RunFinished) and ended.failed
@@ -1889,6 +1890,11 @@ def test_the_lifecycle_log_joins_the_audit_logs_and_names_every_id(daemon: Daemo
     refused = daemon.submit(script({"text": "x"}, policy={"sandbox": "nope"}))
     verdict, refusal = daemon.verdict(ran), daemon.verdict(refused)
     assert refusal["error"]["code"] == "ErrInvalidPolicy" and refusal["events"] is None, refusal
+    # Nor a thread's turn refused so: its log holds the earlier turns, none of this one.
+    turn = {"driver": "script", "prompt": "x", "thread": {"key": "joined"}, "config": {"steps": [{"text": "x"}], "session": "auto"}}
+    assert daemon.verdict(daemon.submit(turn))["events"] is not None
+    refused_turn = daemon.verdict(daemon.submit({**turn, "policy": {"sandbox": "nope"}}))
+    assert refused_turn["error"]["code"] == "ErrInvalidPolicy" and refused_turn["events"] is None, refused_turn
     daemon.drop(f"{ran}.json", orjson.dumps(script({"text": "again"})))
     daemon.wait_for_line(f"id_in_use={ran}")
     daemon.wait_for_line(f"verdict.written id={refused}")
