@@ -1942,10 +1942,12 @@ class Daemon:
         )
         # Its verdict was being written when the daemon stopped (deferred by a full disk): the
         # run's own run.finished is in its log already.
-        finished = _home.run_finished(state)
+        # Or killed between the run's end, in its log, and its verdict: it is not run again,
+        # and its log is not given a second, contradicting run.finished.
+        finished = _home.run_finished(state) or (entered and self._finished_in_log(state))
         if entered and not finished:
             self._record_interrupted(request_id, state, request)
-        if requeue and not thread_changed:
+        if requeue and not thread_changed and not finished:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
         run_id = state.get("run_id")
@@ -2017,6 +2019,17 @@ class Daemon:
             "text": "".join(pieces),
             "raw": {stream: "".join(chunks) for stream, chunks in raw.items()},
         })
+
+    def _finished_in_log(self, state: Mapping[str, Any]) -> bool:
+        """Whether the run's audit log has its ``run.finished`` (False when unreadable)."""
+        run_id, session = state.get("run_id"), state.get("session")
+        if not isinstance(run_id, str) or not isinstance(session, str) or not session:
+            return False
+        with contextlib.suppress(Exception):
+            for record in self._events.iter_since(session):
+                if isinstance(record.event, events.RunFinished) and record.event.meta.run_id == run_id:
+                    return True
+        return False
 
     def _last_sequence(self, session: str, run_id: str) -> int:
         """The highest ``meta.sequence`` of ``run_id``'s events in the session's log (0: none)."""

@@ -2996,10 +2996,12 @@ def test_crash_after_the_start_sync_is_an_interrupted_run(tmp_path: Path) -> Non
     assert proc.stop() == 0
 
 
-def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progress(tmp_path: Path) -> None:
+@pytest.mark.parametrize("state_says", ["done", "running"])
+def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progress(tmp_path: Path, state_says: str) -> None:
     """Stopped while the run's verdict was deferred (a full disk): the run had finished, its
     state says done.  Its verdict said "stopped while the run was in progress" and its log got
-    a second run.finished."""
+    a second run.finished.  Killed (kill -9) between the run's end in its log and its verdict,
+    its state still says running: the same, and a requeue request was run again."""
     home = _home.Home.at(tmp_path / "home")
     first = DaemonProcess(home.root).start()
     # on_interrupt requeue is for runs cut short: this one ran to its end, and running it
@@ -3011,7 +3013,9 @@ def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progres
     request = orjson.loads((home.run_dir(rid) / "request.json").read_bytes())
     home.verdict(rid).unlink()
     (home.claimed / f"{rid}.json").write_bytes(orjson.dumps(request))
-    assert orjson.loads(home.run_state(rid).read_bytes())["status"] == "done"
+    state = orjson.loads(home.run_state(rid).read_bytes())
+    assert state["status"] == "done"
+    home.run_state(rid).write_bytes(orjson.dumps({**state, "status": state_says}))
 
     proc = DaemonProcess(home.root).start()
     verdict = proc.verdict(rid)
