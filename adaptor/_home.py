@@ -78,8 +78,15 @@ def default_home() -> Path:
     """``ADAPTORD_HOME``, else ``$XDG_STATE_HOME/adaptord``, else ``~/.local/state/adaptord``."""
     explicit = os.environ.get("ADAPTORD_HOME")
     if explicit:
-        return Path(explicit).expanduser().absolute()
+        return _absolute(explicit)
     return xdg_base("XDG_STATE_HOME", ".local/state") / "adaptord"
+
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    """``path`` absolute and without ``..``: ``cwd/../h`` kept the directory it was named from
+    in the home's path, and a daemon whose starting directory was then removed took its home
+    for gone and stopped."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def xdg_base(variable: str, default: str) -> Path:
@@ -128,7 +135,7 @@ class Home:
 
     @classmethod
     def at(cls, root: str | os.PathLike[str] | None = None) -> Home:
-        return cls(Path(root).expanduser().absolute() if root is not None else default_home())
+        return cls(_absolute(root) if root is not None else default_home())
 
     # public
     @cached_property

@@ -2307,6 +2307,20 @@ def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> N
         assert proc.stderr.strip().splitlines()[-1].startswith("adaptord: cannot use the home")
 
 
+def test_a_home_named_relative_to_a_directory_since_removed_keeps_serving(tmp_path: Path) -> None:
+    # `--home ../home` was kept as START/../home: once START was removed the home looked gone,
+    # and the daemon stopped with exit 70 (a restart under systemd) though the home was intact.
+    start = tmp_path / "start"
+    start.mkdir()
+    daemon = DaemonProcess(tmp_path / "home", "--home", "../home", cwd=start).start()
+    try:
+        daemon.wait_for_line(f"adaptord: ready home={tmp_path / 'home'} ")
+        start.rmdir()
+        assert daemon.verdict(daemon.submit(script({"text": "still serving"})))["ok"]
+    finally:
+        assert daemon.stop() == 0, "\n".join(daemon.lines)
+
+
 def test_a_home_whose_path_is_not_utf8_is_one_line_and_exit_69(tmp_path: Path) -> None:
     # It made the home, then failed writing adaptord.json: a traceback and exit 1 at every start.
     home = os.path.join(os.fsencode(tmp_path), b"lat\xe9home")
