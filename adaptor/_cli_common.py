@@ -697,6 +697,9 @@ def compact(value: Any) -> str:
 # it, move the cursor): every control character but tab is shown escaped.
 _ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if code != 0x09}
 _ESCAPED |= {0x0A: "\\n", 0x0D: "\\r"}
+# Nor reorder it: the bidirectional embeddings, overrides and isolates ("Trojan Source") turn
+# the rest of a line around (an approval prompt's title, a tool call's arguments).
+_ESCAPED |= {code: f"\\u{code:04x}" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 # Text of many lines (an answer) keeps its newlines.
 _ESCAPED_IN_TEXT = {code: escaped for code, escaped in _ESCAPED.items() if code != 0x0A}
 

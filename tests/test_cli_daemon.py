@@ -153,6 +153,16 @@ def test_approvals_show_an_agent_title_on_one_line(home: Home) -> None:
     assert home.client.wait(request_id, timeout=TIMEOUT).text == "ok"
 
 
+def test_events_do_not_let_an_agent_reorder_a_line(home: Home) -> None:
+    # A right-to-left override in what the agent said was printed as it is: the rest of the
+    # line read backwards on a terminal (an approval's title in the live prompt too).
+    rid = home.client.submit(script({"text": "rm \u202eevil\u202c \u2067x"}))
+    home.client.wait(rid, timeout=TIMEOUT)
+    out = home.cli("events", rid).stdout
+    assert "rm \\u202eevil\\u202c \\u2067x" in out, out
+    assert not any(char in out for char in "\u202e\u202c\u2067")
+
+
 def test_approvals_show_what_each_choice_means(home: Home) -> None:
     # Only the keys were shown: "choices: pg, lite", the labels and descriptions in --json only.
     choices = [
