@@ -73,7 +73,7 @@ def unwritable_number_at(value: Any) -> tuple[str, float | int] | None:
             items = ((f.name, getattr(node, f.name)) for f in dataclasses.fields(node))
         else:
             continue
-        pending.extend((f"{where}/{key}", item) for key, item in items)
+        pending.extend((f"{where}/{_token(key)}", item) for key, item in items)
     return None
 
 
@@ -111,11 +111,16 @@ def unwritable_text_at(value: Any) -> str | None:
         if isinstance(node, Mapping):
             for key, item in node.items():
                 if isinstance(key, str) and not _is_utf8(key):
-                    return f"{where}/{key}".encode("utf-8", "backslashreplace").decode()
-                pending.append((f"{where}/{key}", item))
+                    return f"{where}/{_token(key)}".encode("utf-8", "backslashreplace").decode()
+                pending.append((f"{where}/{_token(key)}", item))
         elif isinstance(node, list | tuple):
             pending.extend((f"{where}/{index}", item) for index, item in enumerate(node))
     return None
+
+
+def _token(key: object) -> str:
+    """``key`` as a JSON pointer's reference token (RFC 6901: ``~`` and ``/`` escaped)."""
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 def _is_utf8(text: str) -> bool:

@@ -709,6 +709,9 @@ def test_submit_refuses_what_is_no_json_object(tmp_path: Path) -> None:
         client.submit(script({"text": "x"}, prompt="a\ud800"))
     with pytest.raises(ValueError, match=r"^request value at /metadata/k\\udcfe is not valid UTF-8"):
         client.submit(script({"text": "x"}, metadata={"k\udcfe": "v"}))
+    # A place is a JSON pointer: "/" and "~" in a key escaped (RFC 6901), as schema errors have it.
+    with pytest.raises(ValueError, match=r"^request value at /metadata/a~1b~0c is 1180591620717411303424"):
+        client.submit(script({"text": "x"}, metadata={"a/b~c": 2**70}))
     # Larger than a request file may be: spooled, it was set aside unread by the daemon.
     with pytest.raises(ValueError, match="larger than 1048576 bytes"):
         client.submit(script({"text": "x"}, prompt="y" * _home.MAX_REQUEST_BYTES))
