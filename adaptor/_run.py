@@ -1109,6 +1109,7 @@ class RunPipeline:
         """
         outcome: list[tuple[object, BaseException | None]] = []
         done = threading.Event()
+        moved_on = threading.Event()
 
         def call() -> None:
             # Agent.close() from inside the callback must not wait for this run.
@@ -1117,6 +1118,8 @@ class RunPipeline:
                 outcome.append((handler(approval), None))
             except BaseException as exc:
                 outcome.append((None, exc))
+                if moved_on.is_set():
+                    self._raised_after_settling(approval, exc)
             finally:
                 _in_callback.run = outer
                 done.set()
@@ -1127,8 +1130,18 @@ class RunPipeline:
             call()
         while not done.wait(_HANDLER_POLL):
             if responder.outcome is not None:
+                moved_on.set()
                 return None
         return outcome[0]
+
+    def _raised_after_settling(self, approval: ApprovalRequest, exc: BaseException) -> None:
+        """Say what a callback raised once its request was settled, which no run takes up
+        (it went unnoticed)."""
+        if not isinstance(exc, errors.ApprovalResolvedError):  # (a late answer: it lost)
+            _approval_log.warning(
+                "on_approval callback raised after its request %s was settled: %s: %s",
+                approval.id, type(exc).__name__, self._redactor.text(str(exc)),
+            )
 
     def _wait_for_answer(
         self, approval: ApprovalRequest, responder: Responder, timeout: float | None
@@ -1161,6 +1174,7 @@ class RunPipeline:
             if raised is not None and responder.outcome is not None and not responder.expired:
                 # It answered, then raised: the answer stands, as when the raise comes after
                 # the run went on (whether it did depended on a poll's timing).
+                self._raised_after_settling(approval, raised)
                 raised = None
             if raised is not None:
                 # KeyboardInterrupt and SystemExit too: the callback's thread is no main
@@ -1259,6 +1273,7 @@ def resolved_notice(approval: ApprovalRequest, outcome: Outcome) -> Notice:
 _NO_SECRETS = Redactor(())
 # A driver's misuse the SDK survives (a late emit): a warning, never a failed run.
 _log = logging.getLogger("adaptor.driver")
+_approval_log = logging.getLogger("adaptor.approval")
 
 
 def _secrets_of(driver: Driver, driver_type: str, servers: Sequence[MCPServerSpec]) -> list[str]:

@@ -1692,7 +1692,7 @@ def test_a_callback_waiting_for_a_human_does_not_hold_up_the_runs_end(how: str) 
         agent.close()
 
 
-def test_a_callback_that_answers_then_goes_on_does_not_hold_up_the_run() -> None:
+def test_a_callback_that_answers_then_goes_on_does_not_hold_up_the_run(caplog: pytest.LogCaptureFixture) -> None:
     # One that approved, then posted to a chat (or waited for a follow-up), held the run
     # until it returned: past its timeout, past cancel(), for ever if it never did.
     later = threading.Event()
@@ -1714,12 +1714,23 @@ def test_a_callback_that_answers_then_goes_on_does_not_hold_up_the_run() -> None
     # One that raises right after answering: its answer stands too (the run failed with
     # "approval handler raised" when the raise came before the run's next look).
 
+    # What it raised is said on the adaptor.approval logger, whenever it comes (it was silent).
+    raised, never = threading.Event(), threading.Event()
+
     def approves_then_raises(request: adaptor.ApprovalRequest) -> None:
         request.approve()
+        never.wait(0.3 if raised.is_set() else 0)  # a pause, the second time
         raise RuntimeError("after the answer")
 
-    with adaptor.Agent(ScriptedDriver(steps), on_approval=approves_then_raises) as raising:
-        assert raising.run("go", timeout=20).text == "done"
+    for _ in range(2):  # at once (the run sees it), then after the run went on
+        with caplog.at_level("WARNING", logger="adaptor.approval"):
+            with adaptor.Agent(ScriptedDriver(steps), on_approval=approves_then_raises) as raising:
+                assert raising.run("go", timeout=20).text == "done"
+        raised.set()
+    deadline = time.monotonic() + 30
+    while len([r for r in caplog.records if "after the answer" in r.getMessage()]) < 2:
+        assert time.monotonic() < deadline, caplog.records
+        time.sleep(0.02)
 
 
 def test_close_waits_as_long_as_it_takes_with_an_infinite_timeout() -> None:
