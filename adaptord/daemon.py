@@ -197,6 +197,7 @@ class Job:
     # Events the audit log refused (a full disk): the first failure is logged, the rest counted.
     unrecorded: int = 0
     recorded: bool = False  # any of its run's events is in its audit log
+    routes: int = 0  # its approvals' routes still going (each on a thread of the SDK's)
     # A long prompt is not kept while the request waits (see _accept): read again at its start.
     prompt_left_on_disk: bool = False
     # The run's secret values, fixed at its start with the config it runs with: a reload during
@@ -1240,6 +1241,7 @@ class Daemon:
         if isinstance(error, errors.RunError):
             result = error.result
         run_id = job.run_ids[-1] if job.run_ids else None
+        self._routes_ended(job)
         self._write_verdict(
             job.id, run_id=run_id, result=result, error=error, received_at=job.received_at,
             started_at=started_at, session=session, secrets=secrets, job=job, flush_events=True,
@@ -1337,6 +1339,24 @@ class Daemon:
 
     def _route_approval(self, job: Job, req: adaptor.ApprovalRequest) -> None:
         """The ``on_approval`` handler of daemon runs: a pending file answered by the CLI."""
+        with self._approval_changed:
+            job.routes += 1
+        try:
+            self._route(job, req)
+        finally:
+            with self._approval_changed:
+                job.routes -= 1
+                self._approval_changed.notify_all()
+
+    def _routes_ended(self, job: Job) -> None:
+        """Wait (a few seconds at most) until the job's approval routes have ended: the run
+        goes on once a request is settled, without waiting for its route, whose last fact
+        (`approval.expired`) must still come before the verdict's."""
+        with self._approval_changed:
+            self._approval_changed.notify_all()  # a route waiting for its next poll looks now
+            self._approval_changed.wait_for(lambda: job.routes == 0, timeout=_ROUTES_END_WITHIN)
+
+    def _route(self, job: Job, req: adaptor.ApprovalRequest) -> None:
         redactor = _redact.Redactor(self._job_secrets(job))
         # The tool input in its details is the agent's, which may nest too deeply to write.
         record = redactor.value(_nesting.copy(events.to_json(req), depth=_FILE_DEPTH))
@@ -2197,6 +2217,8 @@ def _why_settled(req: adaptor.ApprovalRequest) -> str:
 # then a temporary suffix while it is written), with room to spare.
 _PATH_MAX = 4096
 _LONGEST_HOME = _PATH_MAX - 400
+
+_ROUTES_END_WITHIN = 5.0
 
 _INTERRUPTED = "the daemon stopped while the run was in progress"
 _VERDICT_UNWRITTEN = (
