@@ -1964,9 +1964,10 @@ class Daemon:
         # run's own run.finished is in its log already.
         # Or killed between the run's end, in its log, and its verdict: it is not run again,
         # and its log is not given a second, contradicting run.finished.
-        finished = _home.run_finished(state) or (entered and self._finished_in_log(state))
+        last_sequence, logged_end = self._run_in_log(state) if entered else (0, False)
+        finished = _home.run_finished(state) or logged_end
         if entered and not finished:
-            self._record_interrupted(request_id, state, request)
+            self._record_interrupted(request_id, state, request, last_sequence)
         if requeue and not thread_changed and not finished:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return
@@ -2040,27 +2041,23 @@ class Daemon:
             "raw": {stream: "".join(chunks) for stream, chunks in raw.items()},
         })
 
-    def _finished_in_log(self, state: Mapping[str, Any]) -> bool:
-        """Whether the run's audit log has its ``run.finished`` (False when unreadable)."""
+    def _run_in_log(self, state: Mapping[str, Any]) -> tuple[int, bool]:
+        """The highest ``meta.sequence`` of the run's events in its audit log (0: none), and
+        whether its ``run.finished`` is there; ``(0, False)`` when unreadable."""
         run_id, session = state.get("run_id"), state.get("session")
+        last, finished = 0, False
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
-            return False
-        with contextlib.suppress(Exception):
-            for record in self._events.iter_since(session):
-                if isinstance(record.event, events.RunFinished) and record.event.meta.run_id == run_id:
-                    return True
-        return False
-
-    def _last_sequence(self, session: str, run_id: str) -> int:
-        """The highest ``meta.sequence`` of ``run_id``'s events in the session's log (0: none)."""
-        last = 0
+            return last, finished
         with contextlib.suppress(Exception):  # unreadable: numbered from 1, the log still ends
             for record in self._events.iter_since(session):
                 if record.event.meta.run_id == run_id:
                     last = max(last, record.event.meta.sequence)
-        return last
+                    finished = finished or isinstance(record.event, events.RunFinished)
+        return last, finished
 
-    def _record_interrupted(self, request_id: str, state: Mapping[str, Any], request: Any) -> None:
+    def _record_interrupted(
+        self, request_id: str, state: Mapping[str, Any], request: Any, last_sequence: int
+    ) -> None:
         """End the interrupted run's events as every other run's end: each approval it was
         waiting on resolved ``aborted``, then its ``run.finished``, so a reader of the audit
         log (``tail -F | jq``, a follower) sees how it ended."""
@@ -2082,9 +2079,8 @@ class Daemon:
             run_id=run_id, failed=True, reason="infrastructure_error", message=_INTERRUPTED, meta=meta
         )
         # Numbered on from the run's last event: recorded with sequence 0, they sorted first.
-        last = self._last_sequence(session, run_id)
         try:
-            for number, event in enumerate([*ended, finished], start=last + 1):
+            for number, event in enumerate([*ended, finished], start=last_sequence + 1):
                 self._events.record(session, replace(event, meta=replace(meta, sequence=number)))
         except Exception as exc:  # the verdict still says it; the log only misses its end
             self.log("event not recorded", id=state.get("id"), error=f"{type(exc).__name__}: {exc}")
