@@ -519,26 +519,26 @@ def request_file_bytes(request: Mapping[str, Any]) -> bytes:
     try:
         data = orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError:
-        require_writable_numbers(request)  # says where an integer past 64 bits is
-        where = _nesting.unwritable_text_at(request)
-        if where is not None:  # (the text itself is not shown: it may be a secret)
-            raise ValueError(f"request value at {where or '/'} is not valid UTF-8 (it holds a lone surrogate)") from None
+        _require_writable(request)  # says where an integer past 64 bits, or bad text, is
         raise
     if b"null" in data:  # only then can a NaN have been written; dumps refused cycles already
-        require_writable_numbers(request)
+        _require_writable(request)
     if len(data) > MAX_REQUEST_BYTES:
         raise ValueError(f"the request is larger than {MAX_REQUEST_BYTES} bytes ({len(data)})")
     return data
 
 
-def require_writable_numbers(request: Mapping[str, Any]) -> None:
-    """``ValueError`` for a number a request file cannot carry as it is: orjson writes NaN and
+def _require_writable(request: Mapping[str, Any]) -> None:
+    """``ValueError`` for what a request file cannot carry as it is: orjson writes NaN and
     infinities as ``null``, so ``"timeout": nan`` (a ``ValueError`` in-process) would run with
-    no deadline at all, and it writes no integer past 64 bits."""
+    no deadline at all, and it writes no integer past 64 bits nor text that is not UTF-8."""
     found = _nesting.unwritable_number_at(request)
     if found is not None:
         where, value = found
         raise ValueError(f"request value at {where or '/'} is {_nesting.describe_number(value)}")
+    text_at = _nesting.unwritable_text_at(request)
+    if text_at is not None:  # (the text itself is not shown: it may be a secret)
+        raise ValueError(f"request value at {text_at or '/'} is not valid UTF-8 (it holds a lone surrogate)")
 
 
 def request_cancel(home: Home, request_id: str) -> None:

@@ -231,7 +231,7 @@ class _Unsettled:
 
 # How long an exit whose wait was cut short still gives its runs to have their agents killed.
 _CUT_SHORT_WAIT = 1.0
-# How often a run waiting for its on_approval callback looks whether the request expired.
+# How often a run waiting for its on_approval callback looks whether the request is settled.
 _HANDLER_POLL = 0.05
 
 
