@@ -76,8 +76,24 @@ _POLICY_OPTIONS: tuple[tuple[str, tuple[str, ...], Any, str], ...] = (
 
 def _policy_options(func: F) -> F:
     for name, _, kind, help_text in reversed(_POLICY_OPTIONS):
-        func = click.option(f"--policy-{name}", type=kind, help=help_text)(func)
+        callback = _writable_number if kind in (int, float) else None
+        func = click.option(f"--policy-{name}", type=kind, callback=callback, help=help_text)(func)
     return func
+
+
+_UNLIMITED_WHEN_LEFT_OUT = frozenset({"timeout", "policy_active_execution_timeout"})
+
+
+def _writable_number(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A number option's callback: what a request file cannot carry (NaN, an infinity, an
+    integer past 64 bits) is refused naming the option, not a place in a request the user
+    never wrote."""
+    value = not_nan(ctx, param, value)
+    if value is not None and _nesting.unwritable_number_at(value) is not None:
+        unlimited = value == float("inf") and param.name in _UNLIMITED_WHEN_LEFT_OUT
+        hint = " (leave the option out for no limit)" if unlimited else ""
+        raise click.BadParameter(_nesting.describe_number(value) + hint, ctx=ctx, param=param)
+    return value
 
 
 @click.command()
@@ -106,7 +122,7 @@ def _policy_options(func: F) -> F:
 @click.option(
     "--timeout",
     type=float,
-    callback=not_nan,
+    callback=_writable_number,
     help="Seconds the run may take (from its start) before RunDeadlineExceededError.",
 )
 @click.option(
@@ -259,6 +275,9 @@ def _load_schema(file: IO[bytes]) -> Any:
     try:
         schema = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        found = _nesting.unreadable_number_at(data, exc)
+        if found is not None:
+            raise click.BadParameter(f"{found[0] or '/'}: {found[1]}", param_hint="--schema") from None
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--schema") from None
     where = _nesting.inexact_integer_at(data)
     if where is not None:
@@ -360,6 +379,9 @@ def _json_or_text(raw: str, key: str) -> Any:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        found = _nesting.unreadable_number_at(raw, exc)
+        if found is not None:  # 1e400 was taken as the string "1e400", and refused later
+            raise click.BadParameter(f"{key}{found[0]}: {found[1]}", param_hint="--config") from None
         if raw.lstrip().startswith(("[", "{")):
             # Meant as JSON (a list, an object) and not JSON: taken as a string, it failed later
             # as "steps: expected a list of steps" for a NaN in it.

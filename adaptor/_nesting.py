@@ -23,6 +23,7 @@ __all__ = [
     "describe_number",
     "inexact_integer_at",
     "dumps",
+    "unreadable_number_at",
     "unwritable_number_at",
     "unwritable_text_at",
 ]
@@ -95,6 +96,30 @@ def inexact_integer_at(text: str | bytes) -> str | None:
         return None
     found = unwritable_number_at(json.loads(text))  # every integer as written
     return None if found is None else found[0]
+
+
+PAST_DOUBLE = "a number past the range of a float (about 1.8e308), which would not be kept"
+
+
+def unreadable_number_at(text: str | bytes, error: orjson.JSONDecodeError) -> tuple[str, str] | None:
+    """Where and why, as a JSON pointer and a message, when orjson refused the JSON ``text`` for
+    a number past a float's range (an integer of 309 digits or more, ``1e400``): its own message,
+    "number is infinity when parsed as double", says neither which value nor where."""
+    if "infinity" not in str(error):
+        return None
+    try:  # the standard library reads such numbers (as an int, or as an infinity)
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return None
+    found = unwritable_number_at(value)
+    if found is None:
+        return None
+    where, number = found
+    return where, INEXACT_INTEGER if isinstance(number, int) else PAST_DOUBLE
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def unwritable_text_at(value: Any) -> str | None:

@@ -67,7 +67,9 @@ def decode(data: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError([{"path": "", "message": f"{_NOT_JSON}: {exc}"}]) from None
+        found = _nesting.unreadable_number_at(text, exc)
+        where, why = ("", f"{_NOT_JSON}: {exc}") if found is None else found
+        raise InvalidRequestError([{"path": where, "message": why}]) from None
     if not isinstance(obj, dict):
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     if _nesting.deeper_than(obj, MAX_DEPTH):

@@ -352,3 +352,25 @@ def test_an_option_value_with_an_integer_past_64_bits_is_refused_naming_it(tmp_p
         capture_output=True, text=True, timeout=60,
     )
     assert refused.returncode == 2 and "/maximum: an integer outside" in refused.stderr, refused.stderr
+
+
+def test_a_number_past_a_floats_range_is_refused_naming_where_it_is(tmp_path: Path) -> None:
+    # orjson refuses 1e400 (or 400 digits) with "number is infinity when parsed as double",
+    # naming no place: --config took the value as the string "1e400" (refused later as "expected
+    # a number"), --schema and request files said only "not JSON".
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["adaptor", "run", "--no-daemon", "--driver", "script", *args, "x"],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    config = run("--config", "grace_period=1e400")
+    assert config.returncode == 2 and "grace_period: a number past the range of a float" in config.stderr, config.stderr
+    nested = run("--config", 'steps=[{"output_json": {"n": ' + "9" * 400 + "}}]")
+    assert nested.returncode == 2 and "steps/0/output_json/n: an integer outside" in nested.stderr, nested.stderr
+    (tmp_path / "schema.json").write_text('{"type": "object", "maximum": -1e999}')
+    schema = run("--schema", "schema.json")
+    assert schema.returncode == 2 and "/maximum: a number past the range of a float" in schema.stderr, schema.stderr
+    (tmp_path / "request.json").write_text('{"driver": "script", "prompt": "x", "metadata": {"a/b": [1e400]}}')
+    request = subprocess.run(["adaptor", "run", "--no-daemon", "--request", "request.json"],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert request.returncode == 2 and "/metadata/a~1b/0: a number past the range" in request.stderr, request.stderr
+

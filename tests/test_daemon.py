@@ -341,6 +341,11 @@ def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon:
         # orjson read it as 1.8446744073709552e+19 and the agent got that (a prompt of digits
         # is fine: only numbers count).
         ("big-int.json", b'{"driver": "script", "prompt": "12345678901234567890123", "config": {"steps": [{"output_json": {"n": 18446744073709551617}}]}}', "/config/steps/0/output_json/n"),
+        # orjson refused these as "number is infinity when parsed as double", naming no place.
+        pytest.param("huge-int.json", b'{"driver": "script", "prompt": "x", "timeout": ' + b"9" * 400 + b"}",
+                     "/timeout: an integer outside", id="huge-int"),
+        pytest.param("huge-float.json", b'{"driver": "script", "prompt": "x", "metadata": {"n": [-1e999]}}',
+                     "/metadata/n/0: a number past the range", id="huge-float"),
     ],
 )
 def test_hostile_files_get_rejection_verdicts(daemon: DaemonProcess, name: str, content: bytes, why: str) -> None:
