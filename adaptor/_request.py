@@ -74,10 +74,10 @@ def decode(data: bytes) -> dict[str, Any]:
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     if _nesting.deeper_than(obj, MAX_DEPTH):
         raise InvalidRequestError([{"path": "", "message": f"nested deeper than {MAX_DEPTH} levels"}])
-    where = _nesting.inexact_integer_at(text)
-    if where is not None:
+    inexact = _nesting.inexact_integer_at(text)
+    if inexact is not None:
         # The value itself is left out: a request's numbers are not checked for secrets.
-        raise InvalidRequestError([{"path": where, "message": _nesting.INEXACT_INTEGER}])
+        raise InvalidRequestError([{"path": inexact, "message": _nesting.INEXACT_INTEGER}])
     return obj
 
 
