@@ -908,7 +908,8 @@ class RunPipeline:
     def _terminal_error(self, terminal: _Terminal, result: Result) -> errors.RunError:
         if terminal.kind == "cancelled":
             return errors.RunCancelledError(
-                "run cancelled", result=result, cause=errors.CancelledError()
+                terminal.message or "run cancelled", details=terminal.details, result=result,
+                cause=errors.CancelledError(),
             )
         if terminal.kind == "deadline":
             return errors.RunDeadlineExceededError(
@@ -964,10 +965,10 @@ class RunPipeline:
             self.broker.cancel()
         self._expire_open_requests()
 
-    def cancel(self) -> None:
+    def cancel(self, message: str = "", details: Mapping[str, Any] | None = None) -> None:
         if self.stream._done.is_set():
             return
-        self.end(_Terminal("cancelled"))
+        self.end(_Terminal("cancelled", message, dict(details or {})))
 
     def _on_deadline(self) -> None:
         self.end(_Terminal("deadline"))

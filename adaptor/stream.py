@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from adaptor import _waiting
 from adaptor.events import (
@@ -219,7 +219,7 @@ class Stream:
         self,
         run_id: str,
         broker: Broker | None,
-        cancel: Callable[[], None],
+        cancel: Callable[[str, Mapping[str, Any]], None],
     ) -> None:
         self._run_id = run_id
         self._broker = broker
@@ -254,7 +254,13 @@ class Stream:
 
     def cancel(self) -> None:
         """Abort the run (idempotent).  Buffered events stay readable."""
-        self._cancel()
+        self._cancel("", {})
+
+    def _cancel_as(self, message: str, details: Mapping[str, Any]) -> None:
+        """:meth:`cancel`, the run's ``RunCancelledError`` (and so its ``RunFinished``) saying
+        ``message`` with ``details``: for a host cancelling for a reason of its own (the
+        daemon's stop), which its audit log and its verdict then tell alike."""
+        self._cancel(message, details)
 
     def __enter__(self) -> Stream:
         return self

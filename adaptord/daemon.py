@@ -1221,7 +1221,7 @@ class Daemon:
                 self.audit("request.started", job.id, attempt=job.attempt, run_id=stream.run_id)
                 self._sync_state(job)
                 if job.cancel_requested:
-                    stream.cancel()
+                    self._cancel_run(job, stream)
                 for event in stream:
                     self._record(session, event, redactor, job)
                 if job.unrecorded > 1:
@@ -1236,8 +1236,6 @@ class Daemon:
                 with contextlib.suppress(OSError):  # the verdict says what went wrong
                     self._save_state(job, "running", started_at=started_at, session=session)
             self.audit("request.started", job.id, attempt=job.attempt)
-        if isinstance(error, errors.RunCancelledError) and job.stopped_by_drain:
-            error = self._stopped_by_drain(error)
         if isinstance(error, errors.RunError):
             result = error.result
         run_id = job.run_ids[-1] if job.run_ids else None
@@ -1247,16 +1245,15 @@ class Daemon:
             started_at=started_at, session=session, secrets=secrets, job=job, flush_events=True,
         )  # the claimed copy is removed with the verdict
 
-    def _stopped_by_drain(self, error: errors.RunCancelledError) -> errors.RunCancelledError:
-        """The verdict of a run the daemon's stop cancelled: not to be taken for an
-        ``adaptor cancel`` (the request may be worth submitting again)."""
+    def _cancel_run(self, job: Job, stream: adaptor.Stream) -> None:
+        """Cancel ``job``'s run; one the daemon's stop cancels says so, in its ``RunFinished``
+        and its verdict alike: it is not to be taken for an ``adaptor cancel`` (the request
+        may be worth submitting again)."""
+        if not job.stopped_by_drain:
+            stream.cancel()
+            return
         why = "signalled again" if self._stop_signals >= 2 else f"the run outlasted the stop's grace of {self.grace:g} s"
-        return errors.RunCancelledError(
-            f"run cancelled: adaptord stopped ({why})",
-            details={**error.details, "daemon_stopped": True},
-            result=error.result,
-            cause=error.cause,
-        )
+        stream._cancel_as(f"run cancelled: adaptord stopped ({why})", {"daemon_stopped": True})
 
     def _link_in_the_way(self, request_id: str) -> str | None:
         """Why the request cannot start: a link where its run folder or its verdict goes (or a
@@ -2151,7 +2148,7 @@ class Daemon:
             job.cancel_requested = True
             job.stopped_by_drain = True
             if job.stream is not None:
-                job.stream.cancel()
+                self._cancel_run(job, job.stream)
         # From here the drain is bounded by _STOP_TAIL whatever the requests ask for, so that
         # a unit's TimeoutStopSec above grace + _STOP_TAIL never has to SIGKILL the daemon
         # before its verdicts are written.

@@ -1373,6 +1373,10 @@ def test_a_run_the_drain_cancels_says_the_daemon_stopped(tmp_path: Path) -> None
     error = errors.from_wire(orjson.loads(proc.home.verdict(rid).read_bytes())["error"])
     assert type(error) is errors.RunCancelledError and error.details["daemon_stopped"] is True
     assert error.message == "run cancelled: adaptord stopped (the run outlasted the stop's grace of 0.2 s)"
+    # Its audit log's run.finished mirrors the verdict (it said "run cancelled", as after
+    # `adaptor cancel`).
+    ended = list(Client(proc.home.root).events(rid))[-1]
+    assert isinstance(ended, events.RunFinished) and (ended.reason, ended.message) == ("cancelled", error.message)
 
 
 def test_a_second_stop_signal_ends_the_drain_grace(tmp_path: Path) -> None:
@@ -1388,6 +1392,8 @@ def test_a_second_stop_signal_ends_the_drain_grace(tmp_path: Path) -> None:
     verdict = proc.verdict(rid)
     assert verdict["error"]["code"] == "ErrRunCancelled"
     assert verdict["error"]["message"] == "run cancelled: adaptord stopped (signalled again)"
+    ended = list(Client(proc.home.root).events(rid))[-1]
+    assert isinstance(ended, events.RunFinished) and ended.message == verdict["error"]["message"]
     assert proc.proc is not None and proc.proc.wait(timeout=60) == 0
 
 
