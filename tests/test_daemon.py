@@ -1491,6 +1491,13 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
 
     assert sorted(p.name for p in last.home.verdicts.iterdir()) == sorted([f"{failing}.json", f"{requeued}.json"])
     assert list(last.home.claimed.iterdir()) == []
+    # As docs/daemon.md says: request.received counts the attempts made, request.started the
+    # one starting.
+    reader = sr.EventRecorder(sr.JSONLEventBackend(last.home.events), key_validator=lambda k: None)
+    facts = [_fact(r) for r in reader.since("adaptord") if _fact(r).get("request_id") == requeued]
+    counted = [(f["phase"], f["attempt"]) for f in facts if f["phase"] in ("request.received", "request.started")]
+    assert counted == [("request.received", 0), ("request.started", 1), ("request.received", 1),
+                       ("request.started", 2), ("request.received", 2), ("request.started", 3)], counted
 
 
 def test_interrupted_verdict_rewrites_a_lost_request_copy(tmp_path: Path) -> None:
