@@ -39,6 +39,7 @@ from adaptor.spool import (
     InvalidRequestError,
     SpoolNotFoundError,
     UnknownRequestError,
+    _ForeignVerdictError,
     _log_records,
     _request_records,
     _status_report,
@@ -162,8 +163,8 @@ def report_verdict(
     )
     try:
         result = client._outcome(verdict)
-    except UnknownRequestError:
-        raise  # removed while it was read: the client's own error, not the verdict's
+    except (UnknownRequestError, _ForeignVerdictError):
+        raise  # removed while it was read, or unreadable: the client's own error, not the verdict's
     except Exception as exc:
         code = verdict.get("exit_code")
         fail(

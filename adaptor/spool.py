@@ -465,6 +465,13 @@ class Client:
         are read: retention removes a request's verdict first, then its files, so what was
         read may miss some of them, and the request is forgotten anyway.
         """
+        written_as = verdict.get("format")
+        if written_as != _home.VERDICT_FORMAT:
+            # Read as this version's, a newer format's verdict could mean something else.
+            raise _ForeignVerdictError(
+                f"{self._home.verdict(str(verdict.get('id')))} is a verdict of format {written_as!r}, "
+                f"not {_home.VERDICT_FORMAT!r}: written by another version of adaptord?"
+            )
         result = self._rebuild_result(verdict)
         request_id = verdict.get("id")
         if _home.is_request_id(request_id) and not self._home.has_verdict(request_id):
@@ -861,6 +868,10 @@ def _status_report(
         "verdict_deferred": sorted(deferred),
         "recent": list(recent),
     }
+
+
+class _ForeignVerdictError(ValueError):
+    """A verdict file of a format this version cannot read (never one its daemon writes)."""
 
 
 def _read_object(path: Path) -> dict[str, Any]:

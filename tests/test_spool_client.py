@@ -1159,3 +1159,17 @@ def test_the_command_a_message_suggests_can_be_pasted_for_any_home(tmp_path: Pat
     for error in (SpoolNotFoundError(home), DaemonNotRunningError(home)):
         command = str(error).split("`")[1]
         assert shlex.split(command) == ["adaptord", "serve", "--home", str(home)], str(error)
+
+
+def test_a_verdict_of_another_format_is_refused_not_misread(home: Home) -> None:
+    # A verdict of a format this version does not write (a newer daemon's) was read as if it
+    # were its own: `wait` exited 0 with whatever its fields meant there.
+    request_id = home.client.submit(script({"text": "hi"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    path = home.root / "verdicts" / f"{request_id}.json"
+    path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), "format": "adaptord.verdict/2"}))
+    said = f"{path} is a verdict of format 'adaptord.verdict/2', not 'adaptord.verdict/1'"
+    with pytest.raises(ValueError, match=re.escape(said)):
+        home.client.wait(request_id, timeout=TIMEOUT)
+    done = home.cli("wait", request_id, "--json")
+    assert done.returncode == 70 and said in orjson.loads(done.stdout)["error"]["message"], done.stdout
