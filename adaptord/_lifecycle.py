@@ -214,10 +214,11 @@ class LifecycleLog:
         self._thread = threading.Thread(target=self._run, name="adaptord-lifecycle", daemon=True)
         self._thread.start()
 
-    def record(self, notice: events.Notice, line: str) -> None:
-        """Queue ``notice`` for the log and ``line`` for stderr; never blocks on the disk."""
+    def record(self, notice: events.Notice, line: str, priority: int | None = None) -> None:
+        """Queue ``notice`` for the log and ``line`` for stderr (at ``priority``, by default
+        its fact's); never blocks on the disk."""
         with self._cond:
-            self._pending.append((notice, line, fact_priority(line)))
+            self._pending.append((notice, line, fact_priority(line) if priority is None else priority))
             self._queued += 1
             if len(self._pending) == 1:  # later facts join the lingering batch quietly
                 self._cond.notify_all()

@@ -321,6 +321,18 @@ class Daemon:
         except (OSError, ValueError):  # journald gone or stderr closed: keep serving
             pass
 
+    def _log_and_record(self, fact: str, phase: str, *, info: bool, **fields: Any) -> None:
+        """:meth:`log`'s line, its fields also recorded as the lifecycle fact ``phase`` (for
+        whoever follows the lifecycle log, where the line alone left no trace)."""
+        shown = {key: value for key, value in fields.items() if value is not None}
+        notice, _ = _lifecycle.fact(phase, **shown)
+        line = _lifecycle.line(fact, fields)
+        priority = _lifecycle.INFO if info else _lifecycle.WARNING
+        if self._daemon_log is None:
+            self._emit([(line, priority)])
+        else:
+            self._daemon_log.record(notice, line, priority)
+
     def audit(self, phase: str, request_id: str | None = None, **data: Any) -> None:
         """One lifecycle fact in events/adaptord.jsonl (and one log line), never waited for.
 
@@ -610,7 +622,9 @@ class Daemon:
 
     def _apply_reload(self, reloaded: tuple[DaemonConfig, dict[str, Any]] | str) -> None:
         if isinstance(reloaded, str):
-            self.log("config reload failed; keeping the old config", error=reloaded)
+            self._log_and_record(
+                "config reload failed; keeping the old config", "config.reload_failed", info=False, error=reloaded
+            )
             return
         fresh, tools = reloaded
         # The workers are started, the drain's grace and the served A2A agents fixed at start:
@@ -627,8 +641,9 @@ class Daemon:
         self._withhold_credentials()
         self._next_prune = 0.0  # [retention] may have changed: applied at the next turn
         self._warn_invalid_tools(tools)
-        self.log(
+        self._log_and_record(
             "config reloaded",
+            "config.reloaded",
             info=True,
             source=fresh.source,
             # The default file removed: built-in defaults now, its tools and drivers gone.

@@ -2504,6 +2504,14 @@ def test_sighup_reloads_the_config(tmp_path: Path) -> None:
     proc.signal(signal.SIGHUP)
     assert "config reloaded" in proc.wait_for_line("restart_needed_for=workers")
     assert proc.stop() == 0
+    # Each reload is a lifecycle fact too (its line alone left no trace in the files).
+    reader = sr.EventRecorder(sr.JSONLEventBackend(proc.home.events), key_validator=lambda k: None)
+    reloads = [f for f in map(_fact, reader.since("adaptord")) if f["phase"].startswith("config.")]
+    assert [f["phase"] for f in reloads] == ["config.reloaded", "config.reload_failed", "config.reload_failed",
+                                            "config.reload_failed", "config.reloaded"], reloads
+    assert reloads[0]["source"] == str(config) and "restart_needed_for" not in reloads[0]
+    assert "cannot load 'broken_tool_module:tool'" in reloads[3]["error"]
+    assert reloads[4]["restart_needed_for"] == "workers"
     check = subprocess.run(
         [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
