@@ -23,9 +23,12 @@ def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def wait_condition(condition: threading.Condition) -> None:
-    """One ``condition.wait()`` (the caller holds it and re-checks its predicate after)."""
-    condition.wait(_SLICE if _on_main_thread() else None)
+def wait_condition(condition: threading.Condition, timeout: float | None = None) -> None:
+    """One ``condition.wait(timeout)``, at most a slice on the main thread (the caller holds
+    it and re-checks its predicate, and its deadline, after)."""
+    if _on_main_thread():
+        timeout = _SLICE if timeout is None else min(timeout, _SLICE)
+    condition.wait(timeout)
 
 
 def wait_event(event: threading.Event, timeout: float | None = None) -> bool:

@@ -225,7 +225,7 @@ class Agent:
                 remaining = left()
                 if remaining <= 0:
                     break
-                self._idle.wait(remaining)
+                _waiting.wait_condition(self._idle, remaining)
         closer = getattr(self.driver, "close_processes", None)
         if callable(closer) and not self._processes_closed:
             closer(left())

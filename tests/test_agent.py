@@ -1474,6 +1474,56 @@ agent.close()
 """
 
 
+_INTERRUPTED_WHILE_CLOSING = """
+import os, signal, sys, threading, time
+import adaptor
+from adaptor.drivers import command
+
+pid_file, marker = sys.argv[1:]
+# It ignores the cancel's SIGTERM (and so does its sleep), for longer than the test waits.
+script = f"trap '' TERM; echo $$ > {pid_file}; sleep 5; : > {marker}"
+agent = adaptor.Agent(command.Driver(command.Config("/bin/sh", extra_args=("-c", script), grace_period=60)))
+
+def run():
+    try:
+        agent.run("go")
+    except adaptor.RunError:
+        pass
+
+def started():
+    while not (os.path.exists(pid_file) and open(pid_file).read().strip()):
+        time.sleep(0.01)
+    return int(open(pid_file).read())
+
+def interrupt_from_here_while_closing():
+    started()
+    time.sleep(0.5)  # the main thread is waiting in close() by now
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # handled on this thread
+
+threading.Thread(target=run, daemon=True).start()
+pid = started()
+threading.Thread(target=interrupt_from_here_while_closing, daemon=True).start()
+try:
+    agent.close(60)
+except KeyboardInterrupt:
+    print("interrupted")
+os.killpg(pid, signal.SIGKILL)
+os._exit(0)
+"""
+
+
+def test_ctrl_c_handled_on_another_thread_interrupts_agent_close(tmp_path: Any) -> None:
+    # close(timeout) waited for the runs in one wait of the whole timeout: a Ctrl-C the kernel
+    # handed to another thread was not seen until the runs had ended (or the timeout passed).
+    marker = tmp_path / "side-effect"
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_WHILE_CLOSING, str(tmp_path / "pid"), str(marker)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.stdout == "interrupted\n", proc.stderr
+    assert not marker.exists()  # interrupted while the agent slept, not once it was done
+
+
 @pytest.mark.parametrize("waiting", ["run", "iterating"])
 def test_a_signal_handled_on_another_thread_still_interrupts_the_main_threads_wait(
     tmp_path: Any, waiting: str
