@@ -2025,8 +2025,9 @@ class Daemon:
 
     def _result_so_far(self, state: Mapping[str, Any]) -> adaptor.Result:
         """The interrupted run's Result as far as its audit log has it: the text of its last
-        assistant message (a Result's ``text`` is the final message only) and its raw output
-        (``runs/<id>/stdout`` was empty while the log held what the agent printed).  Empty
+        assistant message (a Result's ``text`` is the final message only), its raw output and
+        its transcript (``runs/<id>/stdout`` and ``transcript.json`` were empty while the log
+        held what the agent printed and said).  Empty
         when the log has none or cannot be read (the verdict does not wait on a damaged log)."""
         run_id, session = state.get("run_id"), state.get("session")
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
@@ -2034,6 +2035,7 @@ class Daemon:
         message: str | None = None
         pieces: list[str] = []
         raw: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        transcript: list[Any] = []
         try:
             for record in self._events.iter_since(session):
                 event = record.event
@@ -2045,13 +2047,16 @@ class Daemon:
                     pieces.append(event.text)
                 elif isinstance(event, events.ProcessInfo) and event.kind in raw:
                     raw[event.kind].append(event.text)
+                elif isinstance(event, events.Notice) and event.kind == "transcript.item":
+                    transcript.append(event.data)
+            return adaptor.Result.from_json({
+                "run_id": run_id,
+                "text": "".join(pieces),
+                "raw": {stream: "".join(chunks) for stream, chunks in raw.items()},
+                "transcript": transcript,
+            })
         except Exception:  # corrupt, unreadable: the text is a courtesy, the verdict is not
             return adaptor.Result(run_id=run_id)
-        return adaptor.Result.from_json({
-            "run_id": run_id,
-            "text": "".join(pieces),
-            "raw": {stream: "".join(chunks) for stream, chunks in raw.items()},
-        })
 
     def _run_in_log(self, state: Mapping[str, Any]) -> tuple[int, bool]:
         """The highest ``meta.sequence`` of the run's events in its audit log (0: none), and

@@ -1471,6 +1471,11 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     # runs/<id>/stdout was empty while the audit log held it).
     assert verdict["result"]["text"] == "working"
     assert (home / verdict["result"]["raw"]["stdout"]).read_text() == "printed\n"
+    # ... and its transcript as far as it got (runs/<id>/transcript.json was empty).
+    with pytest.raises(errors.RunError) as waited:
+        Client(home).wait(failing, timeout=10)
+    transcript = waited.value.result.transcript()
+    assert [item.text for item in transcript if item.kind == "assistant"] == ["working"], transcript
     assert verdict["events"] == f"events/{failing}.jsonl"
     # Its audit log ends as every run's does, with run.finished (it had no end at all).
     ended = list(Client(home).events(failing))[-1]
