@@ -136,7 +136,8 @@ def check(config_path: str | None) -> None:
     ok = True
     try:
         config = config_module.load(config_path, required=config_path is not None)
-        invalid = config_module.invalid_tools(config.load_tools())
+        tools = config.load_tools()
+        invalid = config_module.invalid_tools(tools)
         source = config.source or "defaults; no config file"
         if invalid:
             # The daemon serves with such a tool, and every request selecting it fails (exit 3).
@@ -146,6 +147,9 @@ def check(config_path: str | None) -> None:
             ok = False
         else:
             click.echo(f"config: ok ({source})")
+        for name, keys in config_module.shared_tool_names(tools).items():
+            shown = ", ".join(f"tools.{key}" for key in keys)
+            click.echo(f"{shown}: all serve the tool {name!r}: a request may select only one of them")
         catalogue = config.skill_catalogue()
         for directory in catalogue.directories if catalogue else ():
             ok = _check_skill_directory(directory) and ok

@@ -294,6 +294,18 @@ def invalid_tools(tools: Mapping[str, Any]) -> dict[str, str]:
     return problems
 
 
+def shared_tool_names(tools: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The tool names more than one ``[tools]`` key serves (each valid tool's own name, which the
+    agent sees), with those keys: each key works alone, but a request selecting two of them
+    fails (two tools of one name, ``ErrInvalidDefinition``)."""
+    keys: dict[str, list[str]] = {}
+    for key, obj in tools.items():
+        name = getattr(obj, "name", None)
+        if isinstance(name, str):
+            keys.setdefault(name, []).append(key)
+    return {name: sorted(named) for name, named in keys.items() if len(named) > 1}
+
+
 def delegation_tool(remotes: tuple[RemoteAgentSpec, ...]) -> Definition:
     """``delegate_to_agent`` over ``remotes`` as an ``adaptor.tool`` definition.
 

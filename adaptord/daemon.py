@@ -569,6 +569,8 @@ class Daemon:
     def _warn_invalid_tools(self, tools: Mapping[str, Any]) -> None:
         for name, why in config_module.invalid_tools(tools).items():
             self.log("not a valid tool: requests selecting it fail with ErrInvalidDefinition", tool=name, why=why)
+        for name, keys in config_module.shared_tool_names(tools).items():
+            self.log("tools serving one tool name: a request may select only one of them", name=name, tools=",".join(keys))
 
     def _on_signal(self, signum: int, frame: object) -> None:
         # No lock may be taken here.  The handler runs in the main thread between any two of

@@ -208,6 +208,29 @@ def test_check_reports_a_tool_entry_that_is_no_tool_and_serve_warns(daemon: Daem
     assert any("not a valid tool" in line and "tool=undescribed" in line for line in daemon.lines), daemon.lines
 
 
+def test_keys_serving_one_tool_name_are_noted_by_check_and_serve(tmp_path: Path) -> None:
+    # Two [tools] keys whose definitions share a name were "config: ok", silently: a request
+    # selecting both failed with "two tools are named 'add'" (exit 3).
+    config = tmp_path / "aliases.toml"
+    config.write_text('[tools]\nadd = "tests.host_tools:add"\nplus = "tests.host_tools:add"\n')
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    checked = subprocess.run(
+        [sys.executable, "-m", "adaptord", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **env},
+    )
+    assert "tools.add, tools.plus: all serve the tool 'add': a request may select only one of them" in checked.stdout
+    assert checked.stdout.startswith("config: ok"), checked.stdout  # each key alone works
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), env=env).start()
+    try:
+        assert any("tools serving one tool name" in line and "name=add tools=add,plus" in line for line in proc.lines), proc.lines
+        one = proc.submit({"driver": "script", "prompt": "x", "config": {"steps": [{"text": "t"}]}, "tools": ["plus"]})
+        assert proc.verdict(one)["ok"] is True
+        both = proc.submit({"driver": "script", "prompt": "x", "config": {"steps": [{"text": "t"}]}, "tools": ["add", "plus"]})
+        assert "two tools are named 'add'" in proc.verdict(both)["error"]["message"]
+    finally:
+        assert proc.stop() == 0
+
+
 def test_check_reports_tools_the_missing_mcp_extra_cannot_serve(tmp_path: Path) -> None:
     # Without the MCP SDK `adaptord check` said "config: ok", and every request selecting a
     # configured tool then failed (exit 3).
