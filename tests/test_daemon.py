@@ -2232,8 +2232,12 @@ def test_a_stuck_main_loop_stops_the_watchdog_pings(tmp_path: Path) -> None:
     # stderr pipe, as when journald does not read) must go quiet, whatever the other threads do.
     notify = _NotifySocket(tmp_path / "notify.sock")
     read_end, write_end = os.pipe()
+    # A [tools] entry that is no tool: each reload's main loop says so on stderr itself (its
+    # "config reloaded" is a lifecycle fact, printed by the lifecycle log's own thread).
+    config = tmp_path / "config.toml"
+    config.write_text('[tools]\nplain = "os.path:join"\n')
     proc = subprocess.Popen(
-        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home")],
+        [sys.executable, "-m", "adaptord", "serve", "--home", str(tmp_path / "home"), "--config", str(config)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=write_end,
         env={**os.environ, "NOTIFY_SOCKET": notify.path, **_WATCHDOG},
     )
@@ -2249,7 +2253,7 @@ def test_a_stuck_main_loop_stops_the_watchdog_pings(tmp_path: Path) -> None:
             while True:
                 os.write(filler, b"x" * 4096)
         os.close(filler)
-        proc.send_signal(signal.SIGHUP)  # the main loop logs "config reloaded": it blocks there
+        proc.send_signal(signal.SIGHUP)  # the main loop logs "not a valid tool": it blocks there
         deadline = time.monotonic() + 60
         while notify.during(1.0):  # pings sent before it got there
             assert time.monotonic() < deadline, "the pings went on"
