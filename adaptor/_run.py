@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import os
@@ -17,7 +18,7 @@ import secrets as _secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -66,6 +67,21 @@ if TYPE_CHECKING:
 
 def new_run_id() -> str:
     return "run_" + _secrets.token_hex(8)
+
+
+_preset_run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("adaptor_run_id", default=None)
+
+
+@contextlib.contextmanager
+def run_id_as(run_id: str) -> Iterator[None]:
+    """The run started in this block (on this thread) gets ``run_id``: for a host that must
+    record the run's id durably before the run can start (the daemon, whose crash recovery
+    must find every attempt whose agent may have started)."""
+    token = _preset_run_id.set(run_id)
+    try:
+        yield
+    finally:
+        _preset_run_id.reset(token)
 
 
 class RunHost(Protocol):
@@ -396,7 +412,7 @@ class RunPipeline:
         # The agent's session this run ended in, as its driver's checkpoint names it: the
         # thread_id of RunFinished, so a log tells which session each turn ran in.
         self._session_id = ""
-        self.run_id = new_run_id()
+        self.run_id = _preset_run_id.get() or new_run_id()
         self.started = time.monotonic()
         # A deadline beyond any real run (e.g. 1e40 s from a config file) is no deadline at all;
         # datetime and timer arithmetic would overflow on it.

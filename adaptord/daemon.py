@@ -47,7 +47,7 @@ import orjson
 import adaptor
 from adaptor import _durable, _home, _nesting, _redact, _watch, errors, events, skill
 from adaptor import _request as requests
-from adaptor._run import resolved_notice
+from adaptor._run import new_run_id, resolved_notice, run_id_as
 from adaptor.approval import Outcome
 from adaptor.drivers import _process
 from adaptor.spool import InvalidRequestError
@@ -1223,19 +1223,23 @@ class Daemon:
             # after this turn was saved to its thread (then it must not run again).
             thread_before = self._thread_mark(request)
             try:
-                stream = call.start()
-                job.stream = stream
-                job.run_ids.append(stream.run_id)
-                # The run folder and its state (with the run id, before any of the run's events:
-                # readers of the audit log rely on it) are written while the driver starts, not
-                # before: the pickup waits for none of it.  The attempt is then made durable, so
-                # a crash from here on is an interrupted run, never a silent second one.
+                # The run folder and its state, with the run's id, are written before the run
+                # can start (a kill -9 between its agent's start and this write ran it again:
+                # recovery found no attempt) and before any of its events (readers of the
+                # audit log rely on it); made durable only once the driver starts: the pickup
+                # waits for no fsync.  A crash from here on is an interrupted run, never a
+                # silent second one.
+                attempt_run_id = new_run_id()
+                job.run_ids.append(attempt_run_id)
                 self._prepare_run_dir(job)
                 self._save_state(
                     job, "running", started_at=started_at, session=session, thread_before=thread_before
                 )
+                with run_id_as(attempt_run_id):
+                    stream = call.start()
+                job.stream = stream
                 # Its line: state.json exists.  The run id joins the fact to the run's events.
-                self.audit("request.started", job.id, attempt=job.attempt, run_id=stream.run_id)
+                self.audit("request.started", job.id, attempt=job.attempt, run_id=attempt_run_id)
                 self._sync_state(job)
                 if job.cancel_requested:
                     self._cancel_run(job, stream)
@@ -1246,6 +1250,8 @@ class Daemon:
                 result = stream.result()
             except BaseException as exc:
                 error = exc
+                if job.stream is None:  # it never started (its folder could not be written)
+                    job.run_ids.pop()
             finally:
                 call.close(self.grace)
         if not job.run_dir_ready:  # the run never started; the folder still gets its request copy

@@ -1433,6 +1433,46 @@ def test_a_requeued_request_cancelled_while_the_daemon_was_down_says_which_attem
         assert again.stop() == 0
 
 
+def _children(pid: int) -> list[str]:
+    found: list[str] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += (task / "children").read_text().split()
+    return found
+
+
+def test_a_kill9_as_the_agent_starts_never_runs_it_a_second_time(tmp_path: Path) -> None:
+    # The run state was written only after the driver had been started: a kill -9 between the
+    # agent's start and that write left the request with no attempt on record, so the restart
+    # ran its agent again (and its verdict was the second run's success).
+    marker = tmp_path / "runs.log"
+    agent = tmp_path / "agent.sh"
+    agent.write_text(f'#!/bin/sh\necho "ran $$" >> {marker}\nexec sleep 60\n')
+    agent.chmod(0o755)
+    for attempt in range(3):
+        home = tmp_path / f"home{attempt}"
+        marker.unlink(missing_ok=True)
+        proc = DaemonProcess(home, "--workers", "1").start()
+        assert proc.proc is not None
+        # A large prompt: its redacted copy, written before the state, took long enough for
+        # the agent to start first every time.
+        rid = proc.submit({"driver": "command", "prompt": "x" * 500_000, "config": {"command": str(agent)}})
+        while not _children(proc.proc.pid):  # the agent's process exists from here on
+            assert proc.proc.poll() is None
+        proc.proc.send_signal(signal.SIGSTOP)  # the moment itself, as a kill -9 would leave it
+        recorded = proc.home.run_state(rid).exists() and orjson.loads(proc.home.run_state(rid).read_bytes())
+        proc.kill9()
+        assert recorded and recorded["run_id"], recorded
+        restarted = DaemonProcess(home, "--workers", "1").start()
+        try:
+            error = errors.from_wire(restarted.verdict(rid)["error"])
+            assert type(error) is errors.RunError and error.details["interrupted"] is True, error
+        finally:
+            assert restarted.stop() == 0
+        ran = marker.read_text().splitlines() if marker.exists() else []
+        assert len(ran) <= 1, ran  # (none: killed before its shell got that far)
+
+
 def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc = DaemonProcess(home).start()
