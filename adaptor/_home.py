@@ -381,7 +381,9 @@ def after_restart(state: Mapping[str, Any]) -> Literal["queued", "requeue", "ver
     not the thread's record was saved.
     """
     attempt = int(state.get("attempt") or 0)
-    if state.get("status") in (None, "queued") or attempt == 0:
+    # "done": that run's verdict was written and its claimed copy removed, so the claimed
+    # request is a later one of the same id (the earlier verdict removed by hand).
+    if state.get("status") in (None, "queued", "done") or attempt == 0:
         return "queued"
     if run_finished(state):
         # Running it again would repeat all it did: on_interrupt is for runs cut short.

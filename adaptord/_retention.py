@@ -232,6 +232,18 @@ def _clear_trash(folder: os.PathLike[str], pruned: Pruned) -> None:
         _remove(path, pruned, None)
 
 
+def discard_run_dir(home: _home.Home, request_id: str) -> None:
+    """Remove ``runs/<id>/`` at once (renamed aside first, so a name left by an error is only
+    a leftover a later pass clears); raises the ``OSError`` that stopped it."""
+    path = home.run_dir(request_id)
+    trash = path.with_name(f"{_TRASH}{path.name}-{secrets.token_hex(4)}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    remove_entry(trash)
+
+
 def remove_entry(path: str | os.PathLike[str]) -> bool:
     """Remove a file, a link (never followed) or a whole folder; ``False`` when it was gone
     already.  Raises the ``OSError`` that stopped it."""

@@ -796,12 +796,43 @@ class Daemon:
                     os.unlink(self.home.spool_new / name)
             for _, request_id, path in claimed:
                 try:
-                    self._accept(request_id, path, attempt=0, received_at=received_at)
+                    prior = self._carried_state(request_id)
+                    if prior is None:
+                        self._accept(request_id, path, attempt=0, received_at=received_at)
+                    else:
+                        self._accept(
+                            request_id, path, attempt=int(prior.get("attempt") or 0),
+                            received_at=str(prior.get("received_at") or received_at), prior=prior,
+                        )
                 except Exception as exc:
                     self.log("could not accept a request", id=request_id, error=f"{type(exc).__name__}: {exc}")
                 self._dispatch()
         self._apply_cancels()
         self._dispatch()
+
+    def _carried_state(self, request_id: str) -> dict[str, Any] | None:
+        """The run state a request just claimed from the spool goes on with: its own earlier
+        attempts' when a stop put it back there (status ``requeued``: a restart had recovered
+        it), so its attempts go on counting; ``None`` otherwise.  Any other state under its id
+        is an earlier request's, whose verdict was removed by hand before the id was submitted
+        again: that run folder goes, so nothing of it is taken for this request's (a restart
+        read its ``done`` as this request's run, finished with its verdict unwritten)."""
+        try:
+            state = _durable.read_json(self.home.run_state(request_id))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            state = None
+        if isinstance(state, dict) and state.get("status") == "requeued":
+            return state
+        self._discard_earlier_run(request_id)
+        return None
+
+    def _discard_earlier_run(self, request_id: str) -> None:
+        try:
+            _retention.discard_run_dir(self.home, request_id)
+        except OSError as exc:
+            self.log("cannot remove an earlier request's run folder", id=request_id, error=_os_error_text(exc))
 
     def _lock_lost(self) -> str | None:
         """Why this daemon no longer holds its home's lock file, if it does not."""
@@ -1956,6 +1987,12 @@ class Daemon:
         try:
             state = _durable.read_json(self.home.run_state(request_id))
         except (OSError, ValueError):
+            state = {}
+        if state.get("status") == "done":
+            # A verdict was written for that run (and its claimed copy removed): this claimed
+            # request is a later one of the same id, received before the earlier run's folder
+            # could be discarded (see _carried_state).
+            self._discard_earlier_run(request_id)
             state = {}
         received_at = state.get("received_at") or _claimed_at(claimed)
         attempt = int(state.get("attempt") or 0)

@@ -3085,10 +3085,13 @@ def test_crash_after_the_start_sync_is_an_interrupted_run(tmp_path: Path) -> Non
     assert proc.stop() == 0
 
 
-@pytest.mark.parametrize("state_says", ["done", "running"])
+@pytest.mark.parametrize("state_says", [_home.FINISHED, "running"])
 def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progress(tmp_path: Path, state_says: str) -> None:
     """Stopped while the run's verdict was deferred (a full disk): the run had finished, its
-    state says done.  Its verdict said "stopped while the run was in progress" and its log got
+    state says finished.  (A state of "done" is written only once the verdict is: beside a
+    claimed request without one, it is an earlier request's of the same id, whose verdict was
+    removed by hand; see test_an_id_submitted_again_after_its_verdict_was_removed_...)  Its
+    verdict said "stopped while the run was in progress" and its log got
     a second run.finished.  Killed (kill -9) between the run's end in its log and its verdict,
     its state still says running: the same, and a requeue request was run again."""
     home = _home.Home.at(tmp_path / "home")
@@ -3098,7 +3101,7 @@ def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progres
     rid = first.submit({**script({"text": "the answer"}), "on_interrupt": "requeue"})
     run_id = first.verdict(rid)["run_id"]
     assert first.stop() == 0
-    # What the stop leaves: the claim and a state of "done", but no verdict.
+    # What the stop leaves: the claim and a state of "finished", but no verdict.
     request = orjson.loads((home.run_dir(rid) / "request.json").read_bytes())
     home.verdict(rid).unlink()
     (home.claimed / f"{rid}.json").write_bytes(orjson.dumps(request))
@@ -3307,3 +3310,59 @@ def test_cancelling_a_waiting_request_keeps_the_rest_of_its_thread_queue(daemon:
     assert daemon.verdict(holder)["error"]["code"] == "ErrRunCancelled"
     verdict = daemon.verdict(third)
     assert verdict["ok"] and verdict["result"]["text"] == "third"
+
+
+def test_an_id_submitted_again_after_its_verdict_was_removed_is_never_taken_for_the_earlier_run(tmp_path: Path) -> None:
+    # Its verdict removed by hand (the docs allow the id to be submitted again then), the
+    # earlier run's folder stayed: a restart while the new request was queued read that run's
+    # "done" state as this request's run, finished with its verdict unwritten, and gave it the
+    # earlier answer and run id without running it.
+    home = tmp_path / "home"
+    proc = DaemonProcess(home, "--workers", "1").start()
+    first = proc.verdict(proc.submit({**script({"text": "OLD answer"}), "id": "again"}))
+    assert first["result"]["text"] == "OLD answer"
+    proc.home.verdict("again").unlink()
+    blocker = proc.submit(script({"sleep": 60}))
+    proc.wait_for_line(f"request.started id={blocker}")
+    proc.submit({**script({"text": "NEW answer"}), "id": "again"})
+    deadline = time.monotonic() + 60
+    while sum("request.queued id=again" in line for line in proc.lines) < 2:  # the first's, then this
+        assert time.monotonic() < deadline, proc.lines
+        time.sleep(0.01)
+    assert not (proc.home.run_dir("again") / "result.json").exists()  # the earlier run's files went
+    proc.kill9()
+    restarted = DaemonProcess(home).start()
+    try:
+        verdict = restarted.verdict("again")
+        assert verdict["ok"] is True and verdict["result"]["text"] == "NEW answer", verdict
+        assert verdict["run_id"] != first["run_id"]
+    finally:
+        assert restarted.stop() == 0
+
+
+def test_a_recovered_attempt_a_stop_puts_back_keeps_counting(tmp_path: Path) -> None:
+    # A request recovered with an attempt behind it, then put back in the spool by a stop
+    # before it started again, started over at attempt 1 at the next start: four runs of an
+    # `on_interrupt: "requeue"` request promised at most three.
+    home = tmp_path / "home"
+    first = DaemonProcess(home, "--workers", "2").start()
+    holder = first.submit({**script({"sleep": 60}), "thread": {"key": "k1"}})
+    first.wait_for_line(f"request.started id={holder}")
+    behind = first.submit({**script({"sleep": 60}), "thread": {"key": "k1"}})  # waits for the key
+    first.wait_for_line(f"request.queued id={behind}")
+    requeued = first.submit(script({"text": "working"}, {"sleep": 60}, on_interrupt="requeue"))
+    first.wait_for_line(f"request.started id={requeued} attempt=1")
+    first.kill9()
+    # One worker: the request behind the key (claimed first, never started) takes it, and the
+    # recovered one waits, queued, until the stop puts it back in the spool.
+    second = DaemonProcess(home, "--workers", "1", "--grace", "0.2").start()
+    second.wait_for_line(f"request.started id={behind}")
+    second.wait_for_line(f"request.queued id={requeued}")
+    assert second.stop() == 0
+    assert any(f"request.requeued id={requeued}" in line for line in second.lines), second.lines
+    third = DaemonProcess(home).start()
+    try:
+        third.wait_for_line(f"request.started id={requeued} attempt=2")
+        assert any(f"request.received id={requeued} attempt=1 recovered=True" in line for line in third.lines), third.lines
+    finally:
+        third.kill9()
