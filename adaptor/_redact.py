@@ -109,7 +109,14 @@ class Redactor:
             new_item = walk(item)
             if new_item is not item:
                 changes[name] = new_item
-        return dataclasses.replace(value, **changes) if changes else value
+        if not changes:
+            return value
+        try:
+            return dataclasses.replace(value, **changes)
+        except Exception:
+            # Its own checks refuse the redacted values (an InitVar replace() cannot pass, a
+            # __post_init__ that validates a key's shape): what it shows, redacted, stands in.
+            return self._str(_shown(value))
 
     def _deep(self, value: Any) -> Any:
         """:meth:`_value` for values nested deeper than the stack: JSON arrays and objects are
@@ -323,6 +330,24 @@ def redact_credentials(text: str) -> str:
     return text
 
 
+def _unredactable(error: BaseException) -> str:
+    """What ``error`` says, for its ``args`` when they cannot be redacted in place (something
+    in them refuses the redacted values): the text stands in, redacted, so that no secret stays
+    for want of a way to replace it."""
+    try:
+        return str(error)
+    except Exception:
+        return _shown(error.args)
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, or a placeholder when its ``__repr__`` raises."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} whose repr() failed>"
+
+
 def redact_error(error: BaseException, redactor: Redactor) -> None:
     """Replace the secrets in ``error`` and its cause chain, in place: messages, ``args``,
     details, the Result a RunError carries, notes."""
@@ -332,13 +357,19 @@ def redact_error(error: BaseException, redactor: Redactor) -> None:
 
     for node in errors._walk(error):
         try:
-            args = redactor.value(node.args)
+            try:
+                args = redactor.value(node.args)
+            except Exception:  # (see _unredactable)
+                args = (redactor.text(_unredactable(node)),)
             if args is not node.args:
                 node.args = args
             for name, item in list(vars(node).items()):
                 if isinstance(item, BaseException):
                     continue  # the chain's next link: reached by the walk
-                new_item = redactor.value(item)
+                try:
+                    new_item = redactor.value(item)
+                except Exception:
+                    new_item = redactor.text(_shown(item))
                 if new_item is not item:
                     setattr(node, name, new_item)
             if isinstance(node, OSError):

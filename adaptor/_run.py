@@ -65,6 +65,14 @@ if TYPE_CHECKING:
     from adaptor.schema import CompiledSchema, Mechanism
 
 
+def _text_of(error: BaseException) -> str:
+    """``str(error)`` for the run's RunFinished, which must be delivered whatever it raises."""
+    try:
+        return str(error)
+    except Exception:
+        return f"{type(error).__name__} (its str() failed)"
+
+
 def new_run_id() -> str:
     return "run_" + _secrets.token_hex(8)
 
@@ -522,7 +530,17 @@ class RunPipeline:
         if error is not None:
             # Its message may quote the agent (a provider's 401 quoting the key), and so may a
             # cause from anywhere; the Result it carries is redacted already.
-            redact_error(error, self._redactor)
+            try:
+                redact_error(error, self._redactor)
+            except Exception as exc:
+                # Never a run left unsettled (its result() waited for ever), nor a secret shown:
+                # the error that could not be redacted is not passed on.
+                error = errors.RunError(
+                    "infrastructure_error",
+                    f"the run failed with a {type(error).__name__}, not shown: redacting it failed "
+                    f"({type(exc).__name__})",
+                    result=error.result if isinstance(error, errors.RunError) else result,
+                )
         result_for_event: Result | None = error.result if isinstance(error, errors.RunError) else result
         self.stream._settle(result, error)
         _unsettled.discard(self)
@@ -965,7 +983,7 @@ class RunPipeline:
             usage=None if result is None else result.usage,
             failed=error is not None,
             reason=reason,
-            message="" if error is None else str(error),
+            message="" if error is None else _text_of(error),
         )
 
     # -- ending a run ------------------------------------------------------------------------

@@ -9,12 +9,14 @@ process, and its MCP servers' env values and headers (docs/drivers.md, "Secrets"
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +306,48 @@ def test_an_emit_after_run_returned_is_dropped_with_one_warning(caplog: pytest.L
     assert result.text == "ok"
     warned = [r.getMessage() for r in caplog.records if r.name == "adaptor.driver"]
     assert len(warned) == 1 and "emitted TextDelta after its run() returned; dropped" in warned[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _ApiKey:
+    """A value of a user's own that refuses anything but a key's shape."""
+
+    value: str
+
+    def __post_init__(self) -> None:
+        if not self.value.startswith("sk-"):
+            raise ValueError("not an API key")
+
+
+def test_an_error_whose_secret_cannot_be_replaced_in_place_still_ends_the_run() -> None:
+    # Redacting the error rebuilt the _ApiKey with "<redacted>", which it refused: the run's
+    # thread died with that ValueError, result() waited for ever and no RunFinished came.
+    def leaky(request: adaptor.ApprovalRequest) -> None:
+        raise RuntimeError("refused", _ApiKey(SECRET))
+
+    config = script.Config(env={"TOKEN": SECRET}, steps=({"approval": {"kind": "permission"}}, {"text": "x"}))
+    agent = adaptor.Agent(script.Driver(config), on_approval=leaky)
+    stream = agent.stream("go")
+    outcome: list[BaseException] = []
+    seen: list[adaptor.Event] = []
+
+    def settle() -> None:
+        seen.extend(stream)
+        try:
+            stream.result()
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=settle, daemon=True)
+    waiter.start()
+    waiter.join(60)
+    assert not waiter.is_alive(), "result() never returned"
+    (error,) = outcome
+    assert isinstance(error, adaptor.AgentFailedError), error
+    finished = [e for e in seen if isinstance(e, events.RunFinished)]
+    assert len(finished) == 1 and finished[0].failed
+    cause = error.cause
+    shown_everywhere = [str(error), repr(error), repr(cause), str(cause), finished[0].message, json.dumps(error.to_wire())]
+    assert not any(SECRET in text for text in shown_everywhere), shown_everywhere
+    assert "<redacted>" in repr(cause)  # what the key showed, redacted, stands in for it
+    agent.close()
