@@ -474,8 +474,10 @@ class RunPipeline:
         _unsettled.add(self)
         self.broker.publish(RunStarted(run_id=self.run_id))
         try:
-            if self.timeout is not None:
-                self._timer = threading.Timer(_interval(self.timeout), self._on_deadline)
+            if self.deadline is not None:
+                # From the deadline taken when the run was made, not from now: the static
+                # checks in between are the run's time too.
+                self._timer = threading.Timer(_interval(self.deadline - time.monotonic()), self._on_deadline)
                 self._timer.daemon = True
                 self._timer.start()
             _run_threads.start(self._execute, f"adaptor-{self.run_id}")
@@ -1049,6 +1051,10 @@ class RunPipeline:
         attempt = 0
         while True:
             outcome, approval = self._ask(request, attempt)
+            if outcome.result == "aborted" and self.deadline is not None and time.monotonic() >= self.deadline:
+                # Refused a response after the run's deadline, before its timer (late on a busy
+                # machine) ended the run: it ends now, as the deadline says.
+                self._on_deadline()
             if outcome.result in ("approved", "answered", "aborted"):
                 return _response(approval.id, outcome)
             timed_out = outcome.result == "timed_out"
@@ -1086,6 +1092,7 @@ class RunPipeline:
             request.kind,
             tuple(c.key for c in request.choices),
             None if timeout is None else time.monotonic() + timeout,
+            run_ends=self.deadline,
         )
         approval = ApprovalRequest(
             id=request_id,

@@ -43,15 +43,22 @@ class Responder:
     The first settle wins; later responses raise ``ApprovalResolvedError``, or
     ``ApprovalExpiredError`` when the SDK expired the request first or ``expires`` (a
     ``time.monotonic()`` instant) has passed: a response after the deadline never wins, even
-    when nothing expired the request yet.  Methods never block.
+    when nothing expired the request yet.  Nor does one after ``run_ends``, the run's own
+    deadline, which ends the run however late its timer fires (the request is then
+    ``aborted``, not timed out).  Methods never block.
     """
 
     def __init__(
-        self, kind: str, choice_keys: tuple[str, ...], expires: float | None = None
+        self,
+        kind: str,
+        choice_keys: tuple[str, ...],
+        expires: float | None = None,
+        run_ends: float | None = None,
     ) -> None:
         self._kind = kind
         self._choice_keys = choice_keys
         self._expires = expires
+        self._run_ends = run_ends
         self._lock = threading.Lock()
         self._settled = threading.Event()
         self._outcome: Outcome | None = None
@@ -93,8 +100,12 @@ class Responder:
 
     def _settle(self, request: ApprovalRequest, outcome: Outcome) -> None:
         with self._lock:
-            if self._outcome is None and self.overdue:
-                self._expire_locked("timed_out")
+            if self._outcome is None:
+                ends = self._run_ends
+                if ends is not None and time.monotonic() >= ends and (self._expires is None or ends <= self._expires):
+                    self._expire_locked("aborted")
+                elif self.overdue:
+                    self._expire_locked("timed_out")
             if self._expired:
                 raise ApprovalExpiredError(f"approval {request.id!r} expired before this response")
             if self._outcome is not None:

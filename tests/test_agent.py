@@ -791,6 +791,28 @@ def test_expired_request_rejects_late_response() -> None:
     assert isinstance(info.value, adaptor.ApprovalResolvedError)
 
 
+def test_a_response_after_the_runs_own_deadline_never_wins() -> None:
+    # The request's deadline is the run's (timeout 0.3 s, before the approval's 30 s), but
+    # only the approval's was enforced at the response: an approve() in the few milliseconds
+    # before the run's timer fired (later still on a busy machine) was taken, and the run
+    # succeeded past its timeout.
+    from datetime import UTC, datetime, timedelta
+
+    for _ in range(10):
+        agent = adaptor.Agent(script.Driver(script.Config(steps=({"approval": {"kind": "permission"}}, {"text": "done"}))))
+        stream = agent.stream("go", timeout=0.3)
+        for event in stream:
+            if isinstance(event, events.ApprovalRequest):
+                assert event.deadline is not None
+                while datetime.now(UTC) < event.deadline + timedelta(microseconds=200):
+                    pass
+                with pytest.raises(adaptor.ApprovalExpiredError):
+                    event.approve()
+        with pytest.raises(adaptor.RunDeadlineExceededError):
+            stream.result()
+        agent.close()
+
+
 def test_a_callback_waiting_for_a_human_is_told_at_the_deadline_and_late_answers_lose() -> None:
     seen: list[tuple[bool, bool]] = []
 
