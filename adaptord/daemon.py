@@ -11,11 +11,13 @@ running (:mod:`adaptord._leftovers`), then gives every claimed request without a
 one outcome (``on_interrupt``: fail, or requeue up to three attempts in all).
 
 What is fsynced when (docs/daemon.md, "What is on disk when"): the claim (the ``claimed/`` link)
-before anything else happens to the request; the started attempt's ``state.json`` right after
-the driver starts, off the pickup path; the run's audit log, the request copy, its side files
-and the verdict before the verdict appears.  Everything else (later state updates, the
-daemon's lifecycle log) is written without waiting for the disk: a ``kill -9`` loses none of it
-(the page cache outlives the process), and recovery relies on none of it.
+before anything else happens to the request; the started attempt's ``state.json`` (written
+before the driver starts) right after the driver starts, off the pickup path; the run's audit
+log, the request copy, its side files and the verdict before the verdict appears.  Everything
+else (later state updates, the daemon's lifecycle log) is written without waiting for the
+disk: a ``kill -9`` loses none of it once written (the page cache outlives the process; the
+lifecycle log's writer thread holds its last few milliseconds of facts), and recovery relies
+on none of it.
 """
 
 from __future__ import annotations
@@ -1961,6 +1963,15 @@ class Daemon:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
 
+    def _sweep_run_temp_files(self, request_id: str) -> None:
+        """Remove what a crash left half written in a claimed request's run folder (a request
+        copy or a state being replaced: ``request.json.tmp-<hex>``, a redacted copy of the
+        request, stayed there for good)."""
+        with contextlib.suppress(OSError):
+            for path in self.home.run_dir(request_id).glob("*.tmp-*"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
     def _recover(self) -> None:
         self._sweep_temp_files()
         queued = 0
@@ -1981,6 +1992,7 @@ class Daemon:
         if not name.endswith(".json") or not _home.REQUEST_ID.fullmatch(request_id):
             self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
             return False
+        self._sweep_run_temp_files(request_id)
         if self.home.has_verdict(request_id):
             self._cleanup_claim(request_id)  # crashed between the verdict and the cleanup
             return False

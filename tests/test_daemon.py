@@ -3109,8 +3109,12 @@ def test_a_finished_run_whose_verdict_was_never_written_is_not_called_in_progres
     assert state["status"] == "done"
     home.run_state(rid).write_bytes(orjson.dumps({**state, "status": state_says}))
 
+    # A kill -9 mid-write leaves its temporary file (a redacted request copy): it stayed for good.
+    half_written = home.run_dir(rid) / "request.json.tmp-0123456789abcdef"
+    half_written.write_bytes(b'{"prompt": "half')
     proc = DaemonProcess(home.root).start()
     verdict = proc.verdict(rid)
+    assert not half_written.exists()
     err = errors.from_wire(verdict["error"])
     assert type(err) is errors.RunError and err.reason == "infrastructure_error"
     assert err.details["interrupted"] and err.details["finished"]
