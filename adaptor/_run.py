@@ -1225,7 +1225,10 @@ class RunPipeline:
                 # leave the request open, a response after the run's end taken as if it
                 # counted.
                 responder.expire("aborted")
-                self.end(_Terminal("handler", "approval handler raised", cause=raised))
+                # Named in the message: the one line a log or `adaptor run` shows of it.
+                said = _text_of(raised)
+                why = f"approval handler raised {type(raised).__name__}" + (f": {_one_line(said)}" if said else "")
+                self.end(_Terminal("handler", why, cause=raised))
                 return Outcome("aborted")
             outcome = responder.outcome
             if outcome is None and responder.overdue:

@@ -1032,6 +1032,8 @@ def test_a_handler_raising_a_base_exception_fails_the_run_like_any_raising_handl
     with pytest.raises(adaptor.AgentFailedError, match="approval handler raised") as info:
         stream.result()
     assert info.value.cause is raised
+    # It says what was raised (it said only "approval handler raised").
+    assert str(info.value).startswith(f"approval handler raised {type(raised).__name__}"), info.value
     assert_lifecycle(evs)
     resolved = [e for e in evs if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
     assert [e.data["result"] for e in resolved] == ["aborted"]
