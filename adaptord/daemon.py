@@ -2012,12 +2012,13 @@ class Daemon:
         if outcome == "queued":
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return True
-        self._interrupted(request_id, claimed, state, attempt, received_at, requeue=outcome == "requeue")
-        return False
+        return self._interrupted(request_id, claimed, state, attempt, received_at, requeue=outcome == "requeue")
 
     def _interrupted(
         self, request_id: str, claimed: Path, state: Mapping[str, Any], attempt: int, received_at: str, *, requeue: bool
-    ) -> None:
+    ) -> bool:
+        """Give an interrupted run its verdict, or queue it again (True: counted with the
+        requests recovery queued)."""
         entered = _home.run_entered(state)
         try:
             request = orjson.loads(requests.read_limited(claimed, _home.MAX_REQUEST_BYTES))
@@ -2039,7 +2040,7 @@ class Daemon:
             self._record_interrupted(request_id, state, request, last_sequence)
         if requeue and not thread_changed and not finished:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
-            return
+            return True
         run_id = state.get("run_id")
         if entered:
             details: dict[str, Any] = {"interrupted": True, "attempts": attempt}
@@ -2079,6 +2080,7 @@ class Daemon:
             request_id, run_id=run_id, result=result, error=error, received_at=received_at,
             started_at=state.get("started_at"), session=state.get("session"), secrets=secrets, job=job,
         )
+        return False
 
     def _result_so_far(self, state: Mapping[str, Any]) -> adaptor.Result:
         """The interrupted run's Result as far as its audit log has it: the text of its last

@@ -1503,6 +1503,8 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
     assert not proc.home.verdict(failing).exists()
 
     restarted = DaemonProcess(home).start()
+    # The requeued one is counted with the requests recovery queued again (it was not).
+    restarted.wait_for_line("adaptord: recovered queued requests count=1")
     verdict = restarted.verdict(failing)
     err = errors.from_wire(verdict["error"])
     assert type(err) is errors.RunError and err.reason == "infrastructure_error"
