@@ -1275,12 +1275,16 @@ def _line_number(fd: int, offset: int) -> int:
     return count + 1
 
 
-def _check_tail(fd: int, size: int, path: str, seq_key: str) -> tuple[int, RepairReport | None]:
+def _check_tail(
+    fd: int, size: int, path: str, seq_key: str, version: int | None = None
+) -> tuple[int, RepairReport | None]:
     """Return ``(last_good_seq, torn)`` from the last two lines only.
 
     The line before the last must be valid (else :class:`CorruptLogError`); the last line is a
     torn tail if it is unterminated or fails JSON, crc or sequence checks, and
-    :func:`may_be_torn` (else :class:`CorruptLogError` too).
+    :func:`may_be_torn` (else :class:`CorruptLogError` too).  A whole line of another format
+    ``version`` (a newer adaptor's) is :class:`CorruptLogError` as well: appended after, a
+    record would be acknowledged that no reader of this version can reach.
     """
     if size == 0:
         return 0, None
@@ -1294,14 +1298,16 @@ def _check_tail(fd: int, size: int, path: str, seq_key: str) -> tuple[int, Repai
             prev = _parse(_pread_exact(fd, last_start - prev_start, prev_start), seq_key, None)
         except ValueError as exc:
             raise CorruptLogError(path, _line_number(fd, prev_start), str(exc)) from None
+        _require_version(prev, version, path, fd, prev_start)
         prev_seq = prev[seq_key]
     if terminated:
         raw = _pread_exact(fd, size - last_start, last_start)
         try:
-            _parse(raw, seq_key, prev_seq + 1)
+            last = _parse(raw, seq_key, prev_seq + 1)
         except ValueError as exc:
             why = str(exc)
         else:
+            _require_version(last, version, path, fd, last_start)
             return prev_seq + 1, None
     else:
         raw = _pread_exact(fd, min(size - last_start, _PREVIEW_BYTES), last_start)
@@ -1309,6 +1315,12 @@ def _check_tail(fd: int, size: int, path: str, seq_key: str) -> tuple[int, Repai
     if not may_be_torn(raw):
         raise CorruptLogError(path, _line_number(fd, last_start), not_torn(why))
     return prev_seq, RepairReport(path, last_start, size - last_start, _preview(raw))
+
+
+def _require_version(record: Mapping[str, Any], version: int | None, path: str, fd: int, offset: int) -> None:
+    if version is not None and record.get("v") != version:
+        why = f"unsupported format version {record.get('v')!r:.40}"
+        raise CorruptLogError(path, _line_number(fd, offset), why)
 
 
 class DurableLog:
@@ -1560,7 +1572,11 @@ class DurableLog:
         # sits past it, so an unchanged size means nobody else appended since our last append.
         if size == self._seen_size:
             return
-        last_seq, torn = _check_tail(fd, size, self._path, self._seq_key)
+        if size < self._seen_size:
+            # Acknowledged data is never cut (a torn tail only sits past it): the file was
+            # replaced or cut by hand, and appending would hand out its sequence numbers again.
+            raise CorruptLogError(self._path, _line_number(fd, size), "log shrank below acknowledged data")
+        last_seq, torn = _check_tail(fd, size, self._path, self._seq_key, self._version)
         if torn is not None:
             try:
                 os.ftruncate(fd, torn.offset)

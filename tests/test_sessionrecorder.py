@@ -2343,3 +2343,41 @@ def test_path_for_is_refused_once_closed(tmp_path: Path) -> None:
     backend.close()
     with pytest.raises(sr.JSONLEventBackendClosedError):
         backend.path_for("k")
+
+
+def test_a_writer_refuses_to_append_after_a_line_of_another_format_version(tmp_path: Path) -> None:
+    # A well-framed last line of a newer format (v 2) passed the writer's tail check, framing
+    # only: record() appended after it and acknowledged a record no reader of this version can
+    # reach (each calls that line corruption, and repair rightly refuses to cut it).
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(tmp_path))
+    recorder.record("s", TextDelta(text="one"))
+    recorder.close()
+    path = tmp_path / "s.jsonl"
+    newer = unframe(path.read_bytes().splitlines()[-1])
+    newer.pop("crc")
+    path.write_bytes(path.read_bytes() + frame({**newer, "host_seq": 2, "v": 2}))
+    before = path.read_bytes()
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(tmp_path))
+    with pytest.raises(sr.JSONLEventLogCorruptError, match="line 2: unsupported format version 2"):
+        recorder.record("s", TextDelta(text="never acknowledged"))
+    recorder.close()
+    assert path.read_bytes() == before
+
+
+def test_a_writer_whose_log_shrank_under_it_never_hands_out_a_sequence_number_again(tmp_path: Path) -> None:
+    # A backup put back over the log (or a copytruncate) while a writer had it open: the next
+    # record got host_seq 3 again, after 5 had been handed out, and a reader at cursor 5 never
+    # saw it.
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(tmp_path))
+    path = tmp_path / "k.jsonl"
+    for text in ("a0", "a1"):
+        recorder.record("k", TextDelta(text=text))
+    backup = path.read_bytes()
+    for text in ("a2", "a3", "a4"):
+        recorder.record("k", TextDelta(text=text))
+    _durable.release_lingering(str(path) + ".lock")  # as any other process might take it now
+    path.write_bytes(backup)
+    with pytest.raises(sr.JSONLEventLogCorruptError, match="log shrank below acknowledged data"):
+        recorder.record("k", TextDelta(text="new"))
+    recorder.close()
+    assert path.read_bytes() == backup
