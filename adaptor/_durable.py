@@ -1551,6 +1551,14 @@ class DurableLog:
             # A FIFO would make every later step (the tail check's read, a rollback's reopen)
             # wait forever: refused, like any file that is not regular, before it is touched.
             fd, found = open_regular(self._path, flags)
+            if found.st_size == 0:
+                # Perhaps made by a writer killed before it synced its folder: the name this
+                # append's data is acknowledged under must be durable too.
+                try:
+                    fsync_dir(os.path.dirname(os.path.abspath(self._path)))
+                except BaseException:
+                    os.close(fd)
+                    raise
             self._fd = fd
             return fd, found.st_size
         else:

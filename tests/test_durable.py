@@ -282,6 +282,20 @@ def test_append_creates_parent_directories(tmp_path: Path) -> None:
     assert _mode(path.parent) == 0o700
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_an_empty_log_another_writer_left_has_its_name_synced_before_the_first_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer killed between creating the log (O_EXCL) and syncing its folder leaves an empty
+    # file; the next writer opened it and acknowledged appends whose file name was never synced.
+    path = tmp_path / "log.jsonl"
+    path.touch(mode=0o600)
+    synced = record_fsyncs(monkeypatch, tmp_path)
+    with DurableLog(path) as log:
+        log.append({"n": 1})
+    assert os.path.basename(synced[0]) == tmp_path.name, synced
+
+
 def test_two_instances_in_one_process_interleave(log_path: Path) -> None:
     a, b = DurableLog(log_path), DurableLog(log_path)
     for i in range(20):
