@@ -10,8 +10,13 @@ like credentials (:func:`redact_credentials`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
+import enum
+import fractions
 import re
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -80,7 +85,16 @@ class Redactor:
         if kind is _TUPLE:
             items = [self._value(v) for v in value]
             return tuple(items) if any(a is not b for a, b in zip(items, value, strict=True)) else value
+        if kind is _OBJECT:
+            return self._object(value)
         return self._dataclass(value, self._value)
+
+    def _object(self, value: Any) -> Any:
+        """An object this walk cannot rebuild: kept, unless what it shows holds a secret; then
+        that, redacted, stands in for it."""
+        shown = _shown(value)
+        redacted = self.text(shown)
+        return value if redacted == shown else redacted
 
     def _str(self, value: str) -> str:
         redacted = self.text(value)
@@ -91,7 +105,7 @@ class Redactor:
         changed = False
         out: dict[Any, Any] = {}
         for key, item in value.items():
-            new_key = self._str(key) if isinstance(key, str) else key
+            new_key = self._str(key) if isinstance(key, str) else walk(key)
             new_item = walk(item)
             changed = changed or new_key is not key or new_item is not item
             out[new_key] = new_item
@@ -131,17 +145,23 @@ class Redactor:
             return tuple(self._deep(v) for v in value)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return self._dataclass(value, self._deep)
-        return value
+        return self._value(value)
 
     def _json_iteratively(self, value: dict[Any, Any] | list[Any]) -> Any:
         root: dict[Any, Any] | list[Any] = {} if isinstance(value, dict) else []
         pending: list[tuple[Any, Any]] = [(value, root)]
+        # A dict or list met again (a cycle: a user's value holding itself) is not walked
+        # again, which went on for ever, its copy growing until memory ran out.
+        copied_already = {id(value)}
         while pending:
             source, target = pending.pop()
             items = source.items() if isinstance(source, dict) else enumerate(source)
             for key, child in items:
-                if isinstance(child, dict | list):
-                    copied: Any = {} if isinstance(child, dict) else []
+                if isinstance(child, dict | list) and id(child) in copied_already:
+                    copied: Any = _REPEATED
+                elif isinstance(child, dict | list):
+                    copied_already.add(id(child))
+                    copied = {} if isinstance(child, dict) else []
                     pending.append((child, copied))
                 else:
                     copied = self._value(child)
@@ -240,7 +260,13 @@ def _secret_begun_at_end(text: str, secrets: tuple[str, ...]) -> int:
 
 
 # How _value treats a type, found once per type: a run's events are of a dozen types.
-_SCALAR, _TEXT, _MAPPING, _LIST, _TUPLE, _DATACLASS = range(6)
+_SCALAR, _TEXT, _MAPPING, _LIST, _TUPLE, _DATACLASS, _OBJECT = range(7)
+# Values that cannot hold text: kept as they are.  Any other object (a named tuple, a class
+# of a user's own in an exception's args) is kept unless what it shows holds a secret.
+_PLAIN: tuple[type, ...] = (
+    int, float, complex, bool, type(None), bytes, datetime.date, datetime.time,
+    datetime.timedelta, decimal.Decimal, fractions.Fraction, uuid.UUID, enum.Enum, type,
+)
 _KINDS: dict[type, int] = {t: _SCALAR for t in (int, float, bool, type(None), bytes)}
 _KINDS.update({str: _TEXT, dict: _MAPPING, list: _LIST, tuple: _TUPLE})
 
@@ -254,8 +280,10 @@ def _kind_of(cls: type) -> int:
         kind = _LIST
     elif dataclasses.is_dataclass(cls):
         kind = _DATACLASS
-    else:  # numbers, datetimes, enums, a tuple subclass (a named tuple: not rebuilt), ...
+    elif issubclass(cls, _PLAIN):  # numbers, datetimes, enums, ...
         kind = _SCALAR
+    else:  # a tuple subclass (a named tuple: not rebuilt), an object of a user's own, ...
+        kind = _OBJECT
     _KINDS[cls] = kind
     return kind
 
@@ -338,6 +366,9 @@ def _unredactable(error: BaseException) -> str:
         return str(error)
     except Exception:
         return _shown(error.args)
+
+
+_REPEATED = "<a dict or list met again: not copied again>"
 
 
 def _shown(value: object) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -95,6 +95,42 @@ def test_values_nested_deeper_than_the_stack_are_redacted() -> None:
     for _ in range(5000):
         (node,) = node
     assert node == [REDACTED, {"k": REDACTED}]
+
+
+def test_a_value_holding_itself_is_redacted_without_walking_for_ever() -> None:
+    # A handler's exception carrying a dict that holds itself: the walk went round the cycle
+    # for ever, its copy growing until memory ran out, and the run never ended.
+    secret = "sk-cycle-0123456789"
+    cyclic: dict[str, Any] = {"key": secret}
+    cyclic["me"] = cyclic
+    redacted = Redactor([secret]).value(("refused", cyclic))
+    assert redacted[1]["key"] == REDACTED and isinstance(redacted[1]["me"], str)
+    assert secret not in repr(redacted)
+
+
+class _Shape(NamedTuple):
+    key: str
+
+
+class _Slotted:
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"_Slotted(key={self.key!r})"
+
+
+def test_an_object_the_walk_cannot_rebuild_is_replaced_when_it_shows_a_secret() -> None:
+    # A named tuple, an object of a class of one's own and a dict key were kept as they were:
+    # repr() of an error holding one showed the key.
+    secret = "sk-object-0123456789"
+    redactor = Redactor([secret])
+    for value in (_Shape(secret), _Slotted(secret), {_Shape(secret): 1}):
+        assert secret not in repr(redactor.value(("refused", value))), value
+    harmless = (_Shape("notes.txt"), _Slotted("x"))
+    assert redactor.value(harmless) is harmless  # nothing shown to hide: kept as it is
 
 
 def test_a_value_without_secrets_is_handed_back_as_it_is() -> None:
