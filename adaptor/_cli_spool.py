@@ -39,7 +39,6 @@ from adaptor.spool import (
     InvalidRequestError,
     SpoolNotFoundError,
     UnknownRequestError,
-    _ForeignVerdictError,
     _log_records,
     _request_records,
     _status_report,
@@ -163,8 +162,8 @@ def report_verdict(
     )
     try:
         result = client._outcome(verdict)
-    except (UnknownRequestError, _ForeignVerdictError):
-        raise  # removed while it was read, or unreadable: the client's own error, not the verdict's
+    except UnknownRequestError:
+        raise  # removed while it was read: the client's own error, not the verdict's
     except Exception as exc:
         code = verdict.get("exit_code")
         fail(

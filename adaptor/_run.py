@@ -1226,7 +1226,10 @@ class RunPipeline:
                 # counted.
                 responder.expire("aborted")
                 # Named in the message: the one line a log or `adaptor run` shows of it.
-                said = _text_of(raised)
+                try:
+                    said = str(raised)
+                except Exception:  # (its type alone, then)
+                    said = ""
                 why = f"approval handler raised {type(raised).__name__}" + (f": {_one_line(said)}" if said else "")
                 self.end(_Terminal("handler", why, cause=raised))
                 return Outcome("aborted")

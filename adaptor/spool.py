@@ -189,16 +189,28 @@ class Client:
             raise
 
     def verdict(self, request_id: str) -> dict[str, Any] | None:
-        """The request's verdict file as JSON, or ``None`` while it has none."""
+        """The request's verdict file as JSON, or ``None`` while it has none.
+
+        ``ValueError`` (naming the file) for one that is not valid JSON or of another
+        ``format``: another version's verdict, read as this version's, could mean something
+        else.
+        """
         self._check_id(request_id)
+        path = self._home.verdict(request_id)
         try:
-            verdict = _read_object(self._home.verdict(request_id))
+            verdict = _read_object(path)
         except FileNotFoundError:
             return None
         except _durable.ForeignFileError:
             # A symbolic link or a FIFO is no verdict (and a FIFO's open would wait forever):
             # the daemon replaces it with one.
             return None
+        written_as = verdict.get("format")
+        if written_as != _home.VERDICT_FORMAT:
+            said = "has no format" if written_as is None else f"is of format {written_as!r:.60}"
+            raise ValueError(
+                f"{path} {said}, not {_home.VERDICT_FORMAT!r}: a verdict of another version of adaptord?"
+            )
         return verdict
 
     def wait(self, request_id: str, timeout: float | None = None) -> Result:
@@ -465,13 +477,6 @@ class Client:
         are read: retention removes a request's verdict first, then its files, so what was
         read may miss some of them, and the request is forgotten anyway.
         """
-        written_as = verdict.get("format")
-        if written_as != _home.VERDICT_FORMAT:
-            # Read as this version's, a newer format's verdict could mean something else.
-            raise _ForeignVerdictError(
-                f"{self._home.verdict(str(verdict.get('id')))} is a verdict of format {written_as!r}, "
-                f"not {_home.VERDICT_FORMAT!r}: written by another version of adaptord?"
-            )
         result = self._rebuild_result(verdict)
         request_id = verdict.get("id")
         if _home.is_request_id(request_id) and not self._home.has_verdict(request_id):
@@ -868,10 +873,6 @@ def _status_report(
         "verdict_deferred": sorted(deferred),
         "recent": list(recent),
     }
-
-
-class _ForeignVerdictError(ValueError):
-    """A verdict file of a format this version cannot read (never one its daemon writes)."""
 
 
 def _read_object(path: Path) -> dict[str, Any]:

@@ -819,16 +819,25 @@ class Daemon:
         is an earlier request's, whose verdict was removed by hand before the id was submitted
         again: that run folder goes, so nothing of it is taken for this request's (a restart
         read its ``done`` as this request's run, finished with its verdict unwritten)."""
-        try:
-            state = _durable.read_json(self.home.run_state(request_id))
-        except FileNotFoundError:
+        state = self._state_in_own_folder(request_id)
+        if state is None:
             return None
-        except (OSError, ValueError):
-            state = None
-        if isinstance(state, dict) and state.get("status") == "requeued":
+        if state.get("status") == "requeued":
             return state
         self._discard_earlier_run(request_id)
         return None
+
+    def _state_in_own_folder(self, request_id: str) -> dict[str, Any] | None:
+        """``runs/<id>/state.json`` when ``runs/<id>`` is a folder (not a link, not a file: a
+        request finding one of those is refused at its start, as ever, and nothing of it is
+        touched) holding a readable state; ``None`` otherwise."""
+        try:
+            if not stat.S_ISDIR(os.lstat(self.home.run_dir(request_id)).st_mode):
+                return None
+            state = _durable.read_json(self.home.run_state(request_id))
+        except (OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
 
     def _discard_earlier_run(self, request_id: str) -> None:
         try:
@@ -1966,11 +1975,20 @@ class Daemon:
     def _sweep_run_temp_files(self, request_id: str) -> None:
         """Remove what a crash left half written in a claimed request's run folder (a request
         copy or a state being replaced: ``request.json.tmp-<hex>``, a redacted copy of the
-        request, stayed there for good)."""
-        with contextlib.suppress(OSError):
-            for path in self.home.run_dir(request_id).glob("*.tmp-*"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+        request, stayed there for good).  Only in a folder: a link there is never followed."""
+        try:
+            folder = os.open(self.home.run_dir(request_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            for name in os.listdir(folder):
+                if ".tmp-" in name:
+                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                        os.unlink(name, dir_fd=folder)
+        except OSError:
+            pass
+        finally:
+            os.close(folder)
 
     def _recover(self) -> None:
         self._sweep_temp_files()
@@ -2003,8 +2021,9 @@ class Daemon:
         if state.get("status") == "done":
             # A verdict was written for that run (and its claimed copy removed): this claimed
             # request is a later one of the same id, received before the earlier run's folder
-            # could be discarded (see _carried_state).
-            self._discard_earlier_run(request_id)
+            # could be discarded (see _carried_state); a state seen through a link is nobody's.
+            if self._state_in_own_folder(request_id) is not None:
+                self._discard_earlier_run(request_id)
             state = {}
         received_at = state.get("received_at") or _claimed_at(claimed)
         attempt = int(state.get("attempt") or 0)

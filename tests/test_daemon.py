@@ -463,14 +463,45 @@ def test_a_symlinked_run_folder_is_never_written_through(daemon: DaemonProcess, 
     # files were all written there.  Now nothing runs: the request is rejected.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    # What a run folder holds, as if an earlier request's: taken for one, it was removed (the
+    # link) at the request's receipt, and the request ran.  A plain file there went the same way.
+    (elsewhere / "state.json").write_bytes(orjson.dumps({"id": "linked", "status": "done", "attempt": 1}))
+    (elsewhere / "notes.tmp-1").write_text("someone's notes\n")
     (daemon.home.runs / "linked").symlink_to(elsewhere)
+    (daemon.home.runs / "filed").write_text("a file of someone's\n")
     rid = daemon.submit(script({"text": "x"}, id="linked"))
     verdict = daemon.verdict(rid)
     assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", verdict
     assert "runs/linked is a symbolic link" in verdict["error"]["message"]
     assert verdict["run_id"] is None and verdict["result"] is None
-    assert list(elsewhere.iterdir()) == []
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["notes.tmp-1", "state.json"]
+    assert (daemon.home.runs / "linked").is_symlink()
+    filed = daemon.verdict(daemon.submit(script({"text": "x"}, id="filed")))
+    assert "runs/filed is not a folder" in filed["error"]["message"], filed
+    assert (daemon.home.runs / "filed").read_text() == "a file of someone's\n"
     assert daemon.verdict(daemon.submit(script({"text": "still here"})))["ok"]
+
+
+def test_a_restart_never_follows_a_link_at_a_claimed_requests_run_folder(tmp_path: Path) -> None:
+    # Its sweep of half-written temporary files followed runs/<id> as a link and removed a
+    # `notes.tmp-1` of someone's outside the home.
+    home = tmp_path / "home"
+    proc = DaemonProcess(home, "--workers", "1").start()
+    blocker = proc.submit(script({"sleep": 60}))
+    proc.wait_for_line(f"request.started id={blocker}")
+    queued = proc.submit(script({"text": "x"}))
+    proc.wait_for_line(f"request.queued id={queued}")
+    proc.kill9()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "notes.tmp-1").write_text("someone's notes\n")
+    (proc.home.runs / queued).symlink_to(elsewhere)
+    restarted = DaemonProcess(home).start()
+    try:
+        assert "is a symbolic link" in restarted.verdict(queued)["error"]["message"]
+    finally:
+        assert restarted.stop() == 0
+    assert (elsewhere / "notes.tmp-1").read_text() == "someone's notes\n"
 
 
 @pytest.mark.parametrize("kind", ["symlink", "hard link", "fifo"])

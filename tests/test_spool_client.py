@@ -1168,8 +1168,16 @@ def test_a_verdict_of_another_format_is_refused_not_misread(home: Home) -> None:
     home.client.wait(request_id, timeout=TIMEOUT)
     path = home.root / "verdicts" / f"{request_id}.json"
     path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), "format": "adaptord.verdict/2"}))
-    said = f"{path} is a verdict of format 'adaptord.verdict/2', not 'adaptord.verdict/1'"
+    said = f"{path} is of format 'adaptord.verdict/2', not 'adaptord.verdict/1'"
     with pytest.raises(ValueError, match=re.escape(said)):
         home.client.wait(request_id, timeout=TIMEOUT)
     done = home.cli("wait", request_id, "--json")
     assert done.returncode == 70 and said in orjson.loads(done.stdout)["error"]["message"], done.stdout
+    assert orjson.loads(done.stdout)["error"]["type"] == "ValueError"
+    # Named by its file, not by the id inside it (which another format need not even have).
+    path.write_bytes(orjson.dumps({"format": "adaptord.verdict/2", "id": "someone-else"}))
+    with pytest.raises(ValueError, match=re.escape(said)):
+        home.client.wait(request_id, timeout=TIMEOUT)
+    path.write_bytes(orjson.dumps({"id": request_id, "ok": True}))
+    with pytest.raises(ValueError, match=re.escape(f"{path} has no format")):
+        home.client.wait(request_id, timeout=TIMEOUT)
