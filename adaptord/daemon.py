@@ -1268,20 +1268,18 @@ class Daemon:
                 # The run folder and its state, with the run's id, are written before the run
                 # can start (a kill -9 between its agent's start and this write ran it again:
                 # recovery found no attempt) and before any of its events (readers of the
-                # audit log rely on it); made durable only once the driver starts, and the
-                # request copy written then too (recovery writes it again): the pickup waits
-                # for no fsync.  A crash from here on is an interrupted run, never a silent
-                # second one.
+                # audit log rely on it); made durable only once the driver starts: the pickup
+                # waits for no fsync.  A crash from here on is an interrupted run, never a
+                # silent second one.
                 attempt_run_id = new_run_id()
                 job.run_ids.append(attempt_run_id)
-                self._make_run_dir(job)
+                self._prepare_run_dir(job)
                 self._save_state(
                     job, "running", started_at=started_at, session=session, thread_before=thread_before
                 )
                 with run_id_as(attempt_run_id):
                     stream = call.start()
                 job.stream = stream
-                self._write_request_copy(job)
                 # Its line: state.json exists.  The run id joins the fact to the run's events.
                 self.audit("request.started", job.id, attempt=job.attempt, run_id=attempt_run_id)
                 self._sync_state(job)
@@ -1298,7 +1296,7 @@ class Daemon:
                     job.run_ids.pop()
             finally:
                 call.close(self.grace)
-        if job.stream is None:  # the run never started; the folder still gets its request copy
+        if not job.run_dir_ready:  # the run never started; the folder still gets its request copy
             if self._prepare_run_dir_or_log(job):
                 with contextlib.suppress(OSError):  # the verdict says what went wrong
                     self._save_state(job, "running", started_at=started_at, session=session)
@@ -1835,10 +1833,6 @@ class Daemon:
 
     def _prepare_run_dir(self, job: Job) -> None:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
-        self._make_run_dir(job)
-        self._write_request_copy(job)
-
-    def _make_run_dir(self, job: Job) -> None:
         run_dir = self.home.run_dir(job.id)
         try:
             # A request's first start finds no run folder (_link_in_the_way has just looked):
@@ -1846,16 +1840,13 @@ class Daemon:
             os.mkdir(run_dir, 0o700)
         except OSError:  # there already (an earlier attempt's), or runs/ removed by hand
             _durable.ensure_dir(run_dir, durable=False, follow_links=False)
-        job.run_dir_ready = True
-
-    def _write_request_copy(self, job: Job) -> None:
-        run_dir = self.home.run_dir(job.id)
         whole = self._sparing_descriptors(lambda: self._whole_request(job))
         copy = requests.redacted_request(whole, self._job_secrets(job))
         self._sparing_descriptors(
             lambda: _durable.atomic_write_json(run_dir / "request.json", copy, durable=False)
         )
         job.unsynced.append(run_dir / "request.json")
+        job.run_dir_ready = True
 
     def _prepare_run_dir_or_log(self, job: Job) -> bool:
         """:meth:`_prepare_run_dir` where a verdict follows anyway: a failure is only logged."""
