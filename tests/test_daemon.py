@@ -1472,6 +1472,29 @@ def _children(pid: int) -> list[str]:
     return found
 
 
+def test_a_request_whose_copy_cannot_be_written_never_starts_its_agent(tmp_path: Path) -> None:
+    # Its copy written after the agent's start, a copy the disk refused (here a folder in its
+    # way) failed the request with its agent already started: it ran while its verdict and its
+    # log said it never had.
+    marker = tmp_path / "ran.log"
+    agent = tmp_path / "agent.sh"
+    agent.write_text(f'#!/bin/sh\necho ran >> {marker}\n')
+    agent.chmod(0o755)
+    proc = DaemonProcess(tmp_path / "home", "--workers", "1").start()
+    try:
+        blocker = proc.submit(script({"sleep": 60}))
+        proc.wait_for_line(f"request.started id={blocker}")
+        (proc.home.runs / "blocked" / "request.json").mkdir(parents=True)
+        proc.submit({"id": "blocked", "driver": "command", "prompt": "x", "config": {"command": str(agent)}})
+        proc.wait_for_line("request.queued id=blocked")
+        _home.request_cancel(proc.home, blocker)
+        verdict = proc.verdict("blocked")
+        assert verdict["exit_code"] == 70 and "IsADirectoryError" in str(verdict["error"]), verdict
+    finally:
+        assert proc.stop() == 0
+    assert not marker.exists()
+
+
 def test_a_kill9_as_the_agent_starts_never_runs_it_a_second_time(tmp_path: Path) -> None:
     # The run state was written only after the driver had been started: a kill -9 between the
     # agent's start and that write left the request with no attempt on record, so the restart
