@@ -166,7 +166,7 @@ class Redactor:
                 else:
                     copied = self._value(child)
                 if isinstance(target, dict):
-                    target[self._str(key) if isinstance(key, str) else key] = copied
+                    target[self._str(key) if isinstance(key, str) else self._value(key)] = copied
                 else:
                     target.append(copied)
         return root
@@ -264,10 +264,10 @@ _SCALAR, _TEXT, _MAPPING, _LIST, _TUPLE, _DATACLASS, _OBJECT = range(7)
 # Values that cannot hold text: kept as they are.  Any other object (a named tuple, a class
 # of a user's own in an exception's args) is kept unless what it shows holds a secret.
 _PLAIN: tuple[type, ...] = (
-    int, float, complex, bool, type(None), bytes, datetime.date, datetime.time,
+    int, float, complex, bool, type(None), datetime.date, datetime.time,
     datetime.timedelta, decimal.Decimal, fractions.Fraction, uuid.UUID, enum.Enum, type,
 )
-_KINDS: dict[type, int] = {t: _SCALAR for t in (int, float, bool, type(None), bytes)}
+_KINDS: dict[type, int] = {t: _SCALAR for t in (int, float, bool, type(None))}
 _KINDS.update({str: _TEXT, dict: _MAPPING, list: _LIST, tuple: _TUPLE})
 
 
@@ -280,7 +280,10 @@ def _kind_of(cls: type) -> int:
         kind = _LIST
     elif dataclasses.is_dataclass(cls):
         kind = _DATACLASS
-    elif issubclass(cls, _PLAIN):  # numbers, datetimes, enums, ...
+    elif issubclass(cls, _PLAIN) or cls.__repr__ is object.__repr__:
+        # Numbers, datetimes, enums, ...; and objects whose repr() shows no data of theirs
+        # (a live approval's responder: <adaptor.approval.Responder object at 0x...>, which
+        # an env value "adaptor" would otherwise have turned into a string).
         kind = _SCALAR
     else:  # a tuple subclass (a named tuple: not rebuilt), an object of a user's own, ...
         kind = _OBJECT

@@ -207,7 +207,9 @@ class Client:
             return None
         written_as = verdict.get("format")
         if written_as != _home.VERDICT_FORMAT:
-            said = "has no format" if written_as is None else f"is of format {written_as!r:.60}"
+            shown = repr(written_as)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            said = "has no format" if written_as is None else f"is of format {shown}"
             raise ValueError(
                 f"{path} {said}, not {_home.VERDICT_FORMAT!r}: a verdict of another version of adaptord?"
             )
@@ -394,6 +396,8 @@ class Client:
                 verdict = _read_object(self._home.verdicts / name)
             except (OSError, ValueError):
                 continue
+            if verdict.get("format") != _home.VERDICT_FORMAT:
+                continue  # another version's: not read as this one's (wait refuses it, naming it)
             error = verdict.get("error")
             recent.append(
                 {

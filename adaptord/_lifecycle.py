@@ -144,12 +144,13 @@ class OneLineLogging(logging.Handler):
             self.handleError(record)
 
 
-def _identity(path: str) -> tuple[int, int] | None:
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """The file at ``path`` (device, inode) and its size, or ``None`` when there is none."""
     try:
         found = os.lstat(path)
     except OSError:
         return None
-    return found.st_dev, found.st_ino
+    return found.st_dev, found.st_ino, found.st_size
 
 
 class LifecycleLog:
@@ -192,7 +193,7 @@ class LifecycleLog:
         self._backend: sr.JSONLEventBackend | None = None
         # The file the recorder appends to, as its name showed it after the last batch
         # (None: not known, so the next batch opens the name afresh).
-        self._identity: tuple[int, int] | None = None
+        self._identity: tuple[int, int, int] | None = None
         self._last_seq = 0  # the host_seq of the last record this log appended
         self._emit = emit
         self._on_error = on_error
@@ -302,10 +303,10 @@ class LifecycleLog:
         this started a fresh file."""
         if not own and not batch:
             return own
-        if self._recorder is not None and (self._identity is None or _identity(self._path) != self._identity):
-            # Moved away or removed by hand: the open file no longer has the log's name.
+        changed = self._changed_by_hand() if self._recorder is not None else None
+        if changed is not None:
             self._drop_recorder()
-            own = [self._fresh_file("lifecycle_log.reopened", why="the file was moved away or removed"), *own]
+            own = [self._fresh_file("lifecycle_log.reopened", why=changed), *own]
         try:
             if self._recorder is None or self._backend is None:
                 self._backend = sr.JSONLEventBackend(self._directory, sync_on_append=False)
@@ -332,6 +333,17 @@ class LifecycleLog:
             self._failing = False
             self._on_recovered()
         return own
+
+    def _changed_by_hand(self) -> str | None:
+        """Why the file the recorder appends to is no longer the log as this writer left it:
+        moved away or removed (the open file no longer has the log's name), or cut short (a
+        log rotator's copytruncate: appended to, it would refuse, the batch lost)."""
+        now = _identity(self._path)
+        if self._identity is None or now is None or now[:2] != self._identity[:2]:
+            return "the file was moved away or removed"
+        if now[2] < self._identity[2]:
+            return "the file was cut short (a copytruncate?)"
+        return None
 
     def _rotate(self, larger_than: int) -> tuple[events.Notice, str] | None:
         """Rename the file if larger than ``larger_than`` bytes; the fresh file's first fact."""

@@ -131,6 +131,23 @@ def test_an_object_the_walk_cannot_rebuild_is_replaced_when_it_shows_a_secret() 
         assert secret not in repr(redactor.value(("refused", value))), value
     harmless = (_Shape("notes.txt"), _Slotted("x"))
     assert redactor.value(harmless) is harmless  # nothing shown to hide: kept as it is
+    # Bytes, and a key of a dict the walk copies without recursion (a cycle), showed it too.
+    cyclic: dict[Any, Any] = {}
+    cyclic[(secret,)] = cyclic
+    for shown in (b"key " + secret.encode(), cyclic):
+        assert secret not in repr(redactor.value(("refused", shown))), shown
+
+
+def test_an_object_showing_no_data_of_its_own_is_never_replaced() -> None:
+    # A live approval's responder shows only its class and address; an env value "adaptor"
+    # (six letters: a secret) turned it into a string, and approve() on the event then failed.
+    from adaptor.approval import Responder
+    from adaptor.events import ApprovalRequest
+
+    responder = Responder("permission", ("approve",))
+    event = ApprovalRequest(id="a1", run_id="r1", kind="permission", title="adaptor wants to write", _responder=responder)
+    redacted = Redactor(["adaptor"]).value(event)
+    assert redacted._responder is responder and redacted.title == f"{REDACTED} wants to write"
 
 
 def test_a_value_without_secrets_is_handed_back_as_it_is() -> None:

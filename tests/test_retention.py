@@ -192,6 +192,26 @@ def test_a_lifecycle_log_moved_away_starts_afresh_under_its_name(daemon: DaemonP
     daemon.wait_for_line("lifecycle_log.reopened")
 
 
+def test_a_lifecycle_log_cut_short_starts_afresh_and_loses_no_fact(daemon: DaemonProcess) -> None:
+    # A log rotator's copytruncate: the writer refused to append to a log shorter than what it
+    # had acknowledged, so that batch of facts was lost ("audit log write failed"), and the
+    # file went on without a word of why it began again.
+    log = daemon.home.events / "adaptord.jsonl"
+    before = daemon.submit(script("before"))
+    daemon.verdict(before)
+    daemon.wait_for_line(f"verdict.written id={before}")
+    with open(log, "r+b") as cut:
+        cut.truncate(0)
+    after = daemon.submit(script("after"))
+    daemon.verdict(after)
+    daemon.wait_for_line(f"verdict.written id={after}")
+    fresh = facts(log)
+    assert fresh[0]["phase"] == "lifecycle_log.reopened" and "cut short" in fresh[0]["why"], fresh[0]
+    assert {"request.received", "request.queued", "verdict.written"} <= {f["phase"] for f in fresh if f["request_id"] == after}
+    assert sr.verify(log) == len(fresh)
+    assert not any("audit log write failed" in line for line in daemon.lines), daemon.lines
+
+
 
 # --- retention ---------------------------------------------------------------------------------
 

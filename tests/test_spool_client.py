@@ -1174,6 +1174,8 @@ def test_a_verdict_of_another_format_is_refused_not_misread(home: Home) -> None:
     done = home.cli("wait", request_id, "--json")
     assert done.returncode == 70 and said in orjson.loads(done.stdout)["error"]["message"], done.stdout
     assert orjson.loads(done.stdout)["error"]["type"] == "ValueError"
+    # Nor is it listed among the recent verdicts as if it were this version's (it said ok).
+    assert request_id not in [v["id"] for v in home.client.status()["recent"]]
     # Named by its file, not by the id inside it (which another format need not even have).
     path.write_bytes(orjson.dumps({"format": "adaptord.verdict/2", "id": "someone-else"}))
     with pytest.raises(ValueError, match=re.escape(said)):
