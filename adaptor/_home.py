@@ -659,10 +659,28 @@ def _await_taken(home: Home, approval_id: str, action: str) -> bool:
     return False
 
 
+class ApprovalsLockedError(TimeoutError):
+    """The daemon held the approvals lock for :data:`RESPONSE_TAKEN_WITHIN` seconds (stopped or
+    starved while holding it): the response was not written."""
+
+
+def _lock_waited_too_long(give_up: float) -> Callable[[], None]:
+    def check() -> None:
+        if time.monotonic() >= give_up:
+            raise ApprovalsLockedError(
+                f"adaptord held the approvals lock for {RESPONSE_TAKEN_WITHIN:g} s (stopped or "
+                "starved?); the response was not written: try again"
+            )
+    return check
+
+
 def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wait: bool) -> bool:
     """One try of :func:`respond`, under the lock: True once written, False (only if ``wait``)
-    when a response file still being written is to be waited for."""
-    with _durable.exclusive(home.approvals_lock):
+    when a response file still being written is to be waited for.  A daemon stopped while it
+    held the lock (its reaper lets it go a few milliseconds after its last use) is waited for
+    :data:`RESPONSE_TAKEN_WITHIN` seconds at most: ``adaptor approve`` waited for ever."""
+    give_up = time.monotonic() + RESPONSE_TAKEN_WITHIN
+    with _durable.exclusive(home.approvals_lock, while_waiting=_lock_waited_too_long(give_up)):
         response_path = home.approvals_responses / f"{approval_id}.json"
         settled = _settled(home, approval_id)
         if settled is not None:

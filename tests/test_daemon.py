@@ -1946,6 +1946,19 @@ def _approve_while_the_daemon_is_stopped(daemon: DaemonProcess, approval_timeout
     approval_id = _pending_approval(daemon)
     env = {**os.environ, "ADAPTORD_HOME": str(daemon.home.root)}
     assert daemon.proc is not None
+    # Stopped only once it let go of the approvals lock it wrote the request under (it keeps
+    # it a few milliseconds): stopped holding it is another case (see the test below).
+    import fcntl
+
+    with open(daemon.home.approvals_lock, "a") as probe:
+        while True:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.01)
+                continue
+            fcntl.flock(probe, fcntl.LOCK_UN)
+            break
     daemon.proc.send_signal(signal.SIGSTOP)
     try:
         return rid, subprocess.run(
@@ -1964,6 +1977,24 @@ def test_a_response_the_daemon_does_not_take_in_time_is_reported_so(daemon: Daem
     assert (result["action"], result["taken"]) == ("approved", False), result
     assert "adaptord did not take the response within 10 s" in approved.stderr, approved.stderr
     assert daemon.verdict(rid)["ok"]  # taken once the daemon went on, before the deadline
+
+
+def test_approve_does_not_wait_for_ever_on_a_daemon_stopped_holding_the_approvals_lock(daemon: DaemonProcess) -> None:
+    # A daemon stopped (SIGSTOP, starved) in the milliseconds it keeps the approvals lock after
+    # using it: `adaptor approve` waited for the lock for ever (a CI run's approve timed out).
+    import fcntl
+
+    rid = daemon.submit(script({"approval": {"kind": "permission", "title": "x"}}, {"text": "done"}))
+    approval_id = _pending_approval(daemon)
+    env = {**os.environ, "ADAPTORD_HOME": str(daemon.home.root)}
+    with open(daemon.home.approvals_lock, "a") as held:  # as the stopped daemon holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        refused = subprocess.run(["adaptor", "approve", approval_id], capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 70, refused.stderr
+    assert "adaptord held the approvals lock for 10 s (stopped or starved?); the response was not written" in refused.stderr
+    approved = subprocess.run(["adaptor", "approve", approval_id], capture_output=True, text=True, env=env, timeout=60)
+    assert approved.returncode == 0, approved.stderr  # not written before: this one counts
+    assert daemon.verdict(rid)["ok"]
 
 
 def test_a_response_the_daemon_did_not_take_before_the_deadline_is_refused(daemon: DaemonProcess) -> None:
