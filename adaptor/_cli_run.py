@@ -273,16 +273,11 @@ def _say_cancelled(text: str) -> None:
 def _load_schema(file: IO[bytes]) -> Any:
     data = file.read().removeprefix(codecs.BOM_UTF8)
     try:
-        schema = orjson.loads(data)
+        return _nesting.loads_exactly(data)
     except orjson.JSONDecodeError as exc:
-        found = _nesting.unreadable_number_at(data, exc)
-        if found is not None:
-            raise click.BadParameter(f"{found[0] or '/'}: {found[1]}", param_hint="--schema") from None
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--schema") from None
-    where = _nesting.inexact_integer_at(data)
-    if where is not None:
-        raise click.BadParameter(f"{where or '/'}: {_nesting.INEXACT_INTEGER}", param_hint="--schema")
-    return schema
+    except _nesting.InexactNumberError as exc:
+        raise click.BadParameter(str(exc), param_hint="--schema") from None
 
 
 def _build_request(
@@ -377,20 +372,15 @@ def _assignments(items: Sequence[str], option: str) -> Iterator[tuple[tuple[str,
 
 def _json_or_text(raw: str, key: str) -> Any:
     try:
-        value = orjson.loads(raw)
+        return _nesting.loads_exactly(raw)
+    except _nesting.InexactNumberError as exc:  # 1e400 was taken as the string "1e400"
+        raise click.BadParameter(f"{key}{exc.where}: {exc.why}", param_hint="--config") from None
     except orjson.JSONDecodeError as exc:
-        found = _nesting.unreadable_number_at(raw, exc)
-        if found is not None:  # 1e400 was taken as the string "1e400", and refused later
-            raise click.BadParameter(f"{key}{found[0]}: {found[1]}", param_hint="--config") from None
         if raw.lstrip().startswith(("[", "{")):
             # Meant as JSON (a list, an object) and not JSON: taken as a string, it failed later
             # as "steps: expected a list of steps" for a NaN in it.
             raise click.BadParameter(f"{key}: not valid JSON: {exc}", param_hint="--config") from None
         return raw
-    where = _nesting.inexact_integer_at(raw)
-    if where is not None:
-        raise click.BadParameter(f"{key}{where}: {_nesting.INEXACT_INTEGER}", param_hint="--config")
-    return value
 
 
 def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:

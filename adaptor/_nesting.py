@@ -21,9 +21,9 @@ __all__ = [
     "copy_json",
     "deeper_than",
     "describe_number",
-    "inexact_integer_at",
     "dumps",
-    "unreadable_number_at",
+    "InexactNumberError",
+    "loads_exactly",
     "unwritable_number_at",
     "unwritable_text_at",
 ]
@@ -88,26 +88,44 @@ INEXACT_INTEGER = (
 )
 
 
-def inexact_integer_at(text: str | bytes) -> str | None:
-    """The JSON pointer of an integer past 64 bits in the JSON ``text`` (one orjson parsed), if
-    it holds one: orjson reads such an integer as another value, the nearest float."""
-    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    if not _LONG_NUMBER.search(data):
-        return None
-    found = unwritable_number_at(json.loads(text))  # every integer as written
-    return None if found is None else found[0]
+class InexactNumberError(ValueError):
+    """JSON text holding a number orjson would not read as written: ``where`` (a JSON pointer,
+    ``""`` for the whole text) and ``why``."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where or '/'}: {why}")
+        self.where, self.why = where, why
 
 
 PAST_DOUBLE = "a number past the range of a float (about 1.8e308), which would not be kept"
 
 
-def unreadable_number_at(text: str | bytes, error: orjson.JSONDecodeError) -> tuple[str, str] | None:
-    """Where and why, as a JSON pointer and a message, when orjson refused the JSON ``text`` for
-    a number past a float's range (an integer of 309 digits or more, ``1e400``): its own message,
-    "number is infinity when parsed as double", says neither which value nor where."""
-    if "infinity" not in str(error):
-        return None
-    try:  # the standard library reads such numbers (as an int, or as an infinity)
+def loads_exactly(text: str | bytes) -> Any:
+    """``orjson.loads(text)``, refusing with :class:`InexactNumberError` a number it would not
+    read as written: an integer past 64 bits (read as the nearest float, silently another
+    value) or a number past a float's range (its own error, "number is infinity when parsed
+    as double", says neither which value nor where).  Other bad JSON raises
+    ``orjson.JSONDecodeError`` as ever."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        if "infinity" in str(exc):
+            found = _as_written_at(text)
+            if found is not None:
+                raise InexactNumberError(*found) from None
+        raise
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if _LONG_NUMBER.search(data):  # only a run of 19 digits can be such an integer
+        found = _as_written_at(text)
+        if found is not None:
+            raise InexactNumberError(*found)
+    return value
+
+
+def _as_written_at(text: str | bytes) -> tuple[str, str] | None:
+    """Where and why, read by the standard library (every number as written), when ``text``
+    holds a number JSON here cannot carry; ``None`` when it does not or cannot be read so."""
+    try:
         value = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError):
         return None

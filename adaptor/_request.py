@@ -65,19 +65,16 @@ def decode(data: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise InvalidRequestError([{"path": "", "message": f"{_NOT_UTF8}: {exc.reason} at byte {exc.start}"}]) from None
     try:
-        obj = orjson.loads(text)
+        obj = _nesting.loads_exactly(text)
     except orjson.JSONDecodeError as exc:
-        found = _nesting.unreadable_number_at(text, exc)
-        where, why = ("", f"{_NOT_JSON}: {exc}") if found is None else found
-        raise InvalidRequestError([{"path": where, "message": why}]) from None
+        raise InvalidRequestError([{"path": "", "message": f"{_NOT_JSON}: {exc}"}]) from None
+    except _nesting.InexactNumberError as exc:
+        # The value itself is left out: a request's numbers are not checked for secrets.
+        raise InvalidRequestError([{"path": exc.where, "message": exc.why}]) from None
     if not isinstance(obj, dict):
         raise InvalidRequestError([{"path": "", "message": "a request must be a JSON object"}])
     if _nesting.deeper_than(obj, MAX_DEPTH):
         raise InvalidRequestError([{"path": "", "message": f"nested deeper than {MAX_DEPTH} levels"}])
-    inexact = _nesting.inexact_integer_at(text)
-    if inexact is not None:
-        # The value itself is left out: a request's numbers are not checked for secrets.
-        raise InvalidRequestError([{"path": inexact, "message": _nesting.INEXACT_INTEGER}])
     return obj
 
 

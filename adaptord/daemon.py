@@ -1965,30 +1965,7 @@ class Daemon:
     def _sweep_temp_files(self) -> None:
         """Remove half-written temp files a crash left next to verdicts and approvals."""
         for directory in (self.home.verdicts, self.home.approvals_pending):
-            for path in directory.glob(".*.tmp-*"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            for path in directory.glob("*.tmp-*"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-
-    def _sweep_run_temp_files(self, request_id: str) -> None:
-        """Remove what a crash left half written in a claimed request's run folder (a request
-        copy or a state being replaced: ``request.json.tmp-<hex>``, a redacted copy of the
-        request, stayed there for good).  Only in a folder: a link there is never followed."""
-        try:
-            folder = os.open(self.home.run_dir(request_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            for name in os.listdir(folder):
-                if ".tmp-" in name:
-                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                        os.unlink(name, dir_fd=folder)
-        except OSError:
-            pass
-        finally:
-            os.close(folder)
+            _remove_temp_files(directory)
 
     def _recover(self) -> None:
         self._sweep_temp_files()
@@ -2010,20 +1987,19 @@ class Daemon:
         if not name.endswith(".json") or not _home.REQUEST_ID.fullmatch(request_id):
             self._quarantine(claimed, name, None, "unexpected file in the claimed folder")
             return False
-        self._sweep_run_temp_files(request_id)
+        # What a crash left half written in its run folder (a request copy or a state being
+        # replaced: request.json.tmp-<hex>, a redacted copy of the request, stayed for good).
+        _remove_temp_files(self.home.run_dir(request_id))
         if self.home.has_verdict(request_id):
             self._cleanup_claim(request_id)  # crashed between the verdict and the cleanup
             return False
-        try:
-            state = _durable.read_json(self.home.run_state(request_id))
-        except (OSError, ValueError):
-            state = {}
+        # (A state seen through a link at runs/<id> is nobody's: as none.)
+        state = self._state_in_own_folder(request_id) or {}
         if state.get("status") == "done":
             # A verdict was written for that run (and its claimed copy removed): this claimed
             # request is a later one of the same id, received before the earlier run's folder
-            # could be discarded (see _carried_state); a state seen through a link is nobody's.
-            if self._state_in_own_folder(request_id) is not None:
-                self._discard_earlier_run(request_id)
+            # could be discarded (see _carried_state).
+            self._discard_earlier_run(request_id)
             state = {}
         received_at = state.get("received_at") or _claimed_at(claimed)
         attempt = int(state.get("attempt") or 0)
@@ -2310,6 +2286,24 @@ _PATH_MAX = 4096
 _LONGEST_HOME = _PATH_MAX - 400
 
 _ROUTES_END_WITHIN = 5.0
+
+
+def _remove_temp_files(folder: Path) -> None:
+    """Remove the temporary files (``*.tmp-<hex>``, hidden or not) a crash left half written in
+    ``folder``; a link at ``folder`` is never followed (a run folder may be one a user put)."""
+    try:
+        opened = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(opened):
+            if ".tmp-" in name:
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(name, dir_fd=opened)
+    except OSError:
+        pass
+    finally:
+        os.close(opened)
 
 _INTERRUPTED = "the daemon stopped while the run was in progress"
 _VERDICT_UNWRITTEN = (
