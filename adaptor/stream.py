@@ -154,9 +154,12 @@ class Broker:
         with self._publish_lock, self._cond:
             if self._finished:
                 return
+            terminal = make_terminal()
             if self._loss:
-                self._flush_loss("cancelled" if cancelled else "backpressure")
-            self._append(self._number(make_terminal()))
+                # Events a run's end left unread were lost to that end (its deadline, a denied
+                # approval...), which the final RunFinished names; not to a cancel() it never had.
+                self._flush_loss((terminal.reason or "cancelled") if cancelled else "backpressure")
+            self._append(self._number(terminal))
             self._finished = True
 
     # -- the consumer ------------------------------------------------------------------------

@@ -1079,6 +1079,25 @@ def test_slow_consumer_forces_drops_reported_by_dropped_events() -> None:
     assert [e.phase for e in evs if isinstance(e, events.TextDelta)] == ["start", "content", "end"]
 
 
+def test_the_final_dropped_of_a_run_its_deadline_ended_names_the_deadline() -> None:
+    # Nobody read while the run went on, so its end left content unread: lost to the deadline,
+    # which the RunFinished after it names too, not to a cancel() nobody called.
+    steps = [{"text": f"c{i}"} for i in range(50)] + [{"sleep": 30}]
+    stream = adaptor.Agent(ScriptedDriver(steps), event_buffer=1).stream("go", timeout=0.5)
+    broker = stream._broker
+    assert broker is not None
+    _until(lambda: broker.finished)
+    evs = collect(stream)
+    with pytest.raises(adaptor.RunDeadlineExceededError):
+        stream.result()
+    finished = evs[-1]
+    assert isinstance(finished, events.RunFinished) and finished.reason == "deadline_exceeded"
+    final = evs[-2]
+    assert isinstance(final, events.Dropped) and final.count > 0
+    assert final.reason == "deadline_exceeded"
+    assert_lifecycle(evs)
+
+
 def test_blocking_events_never_drop() -> None:
     driver = Burst([{"text": "done"}], lines=100)
     stream = adaptor.Agent(driver, event_buffer=2, blocking_events=True).stream("go")
