@@ -29,7 +29,6 @@ from adaptor._cli_common import (
     guarded,
     home_option,
     interrupted,
-    not_nan,
     read_request,
     require_daemon,
     shown,
@@ -76,24 +75,44 @@ _POLICY_OPTIONS: tuple[tuple[str, tuple[str, ...], Any, str], ...] = (
 
 def _policy_options(func: F) -> F:
     for name, _, kind, help_text in reversed(_POLICY_OPTIONS):
-        callback = _writable_number if kind in (int, float) else None
-        func = click.option(f"--policy-{name}", type=kind, callback=callback, help=help_text)(func)
+        option_type: Any = _RequestNumber(kind, unlimited=name == "active-execution-timeout") if kind in (int, float) else kind
+        func = click.option(f"--policy-{name}", type=option_type, help=help_text)(func)
     return func
 
 
-_UNLIMITED_WHEN_LEFT_OUT = frozenset({"timeout", "policy_active_execution_timeout"})
+if TYPE_CHECKING:
+    _NumberType = click.ParamType[Any]  # (generic only in the newer clicks we also accept)
+else:
+    _NumberType = click.ParamType
 
 
-def _writable_number(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """A number option's callback: what a request file cannot carry (NaN, an infinity, an
-    integer past 64 bits) is refused naming the option, not a place in a request the user
-    never wrote."""
-    value = not_nan(ctx, param, value)
-    if value is not None and _nesting.unwritable_number_at(value) is not None:
-        unlimited = value == float("inf") and param.name in _UNLIMITED_WHEN_LEFT_OUT
-        hint = " (leave the option out for no limit)" if unlimited else ""
-        raise click.BadParameter(_nesting.describe_number(value) + hint, ctx=ctx, param=param)
-    return value
+class _RequestNumber(_NumberType):
+    """A number a request carries: what JSON cannot hold (NaN, an infinity, a float too big to be
+    anything else, an integer past 64 bits) is refused naming the option and what was typed, not
+    a place in a request the user never wrote."""
+
+    def __init__(self, kind: type[int] | type[float], *, unlimited: bool = False) -> None:
+        self._base: _NumberType = click.INT if kind is int else click.FLOAT
+        self.name = self._base.name
+        # Leaving the option out is how to say "no limit": say so to whoever typed inf.
+        self._unlimited = unlimited
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = self._base.convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value} is not a number of seconds", param, ctx)
+        if _nesting.unwritable_number_at(number) is None:
+            return number
+        typed = str(value).strip()
+        if isinstance(number, int):
+            why = _nesting.describe_number(number)
+        elif typed.lstrip("+-").lower() in ("inf", "infinity"):
+            why = f"{typed}, which JSON cannot hold"
+        else:
+            why = f"{typed}, too large: it reads as {number!r}, which JSON cannot hold"
+        if self._unlimited and number == float("inf"):
+            why += " (leave the option out for no limit)"
+        self.fail(why, param, ctx)
 
 
 @click.command()
@@ -121,8 +140,7 @@ def _writable_number(ctx: click.Context, param: click.Parameter, value: float | 
 @click.option("--model", help="The model, when the driver lets you choose.")
 @click.option(
     "--timeout",
-    type=float,
-    callback=_writable_number,
+    type=_RequestNumber(float, unlimited=True),
     help="Seconds the run may take (from its start) before RunDeadlineExceededError.",
 )
 @click.option(

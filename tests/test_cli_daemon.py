@@ -1549,6 +1549,9 @@ def test_a_request_file_run_reads_as_submit_reads_it(home: Home) -> None:
         (["--policy-active-execution-timeout", "inf"], "inf, which JSON cannot hold (leave the option out for no limit)"),
         (["--policy-approval-timeout", "-inf"], "-inf, which JSON cannot hold"),
         (["--timeout", "inf"], "inf, which JSON cannot hold (leave the option out for no limit)"),
+        # Quoted as typed: it said "inf, which JSON cannot hold" of a 1e400 nobody wrote as inf.
+        (["--timeout", "1e400"], "1e400, too large: it reads as inf, which JSON cannot hold (leave the option"),
+        (["--policy-approval-timeout", "-1E999"], "-1E999, too large: it reads as -inf, which JSON cannot hold"),
         # It said "the request cannot be JSON: Integer exceeds 64-bit range (is every argument,
         # and the prompt read from stdin, UTF-8?)".
         (["--policy-max-retries", "9" * 23], "99999999999999999999999, outside the integers -2**63 .. 2**64-1"),
