@@ -196,6 +196,7 @@ def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
 
 
 _NUL_IN_CWD = "holds a NUL character"
+_NOT_A_PROGRAM = "not a program this system can run (a script must begin with a #! line)"
 
 
 def workspace_problem(cwd: str) -> str | None:
@@ -394,6 +395,9 @@ class Child:
                 raise CannotStart.binary(binary, "missing", spec.cwd) from exc
             if isinstance(exc, PermissionError):
                 raise CannotStart.binary(binary, "not executable") from exc
+            if exc.errno == errno.ENOEXEC:
+                # A shell script without its #! line (a shell would run it; exec cannot).
+                raise CannotStart.binary(binary, _NOT_A_PROGRAM) from exc
             raise
         sink.emit(
             ProcessInfo(
@@ -459,6 +463,7 @@ class Child:
             selector.register(pipe, selectors.EVENT_READ, name)
         exited_at: float | None = None
         escaped_stopped = False
+        next_check = 0.0
         try:
             while selector.get_map():
                 ready = selector.select(timeout=_POLL * 2)
@@ -487,12 +492,15 @@ class Child:
                             self._lines.put(Line(stream, data[:-1], ending=b"\r\n"))
                         else:
                             self._lines.put(Line(stream, data))
-                if ready:
-                    continue
-                # Quiet pipes: if the leader is gone, whoever still holds them is a leftover of
-                # its group.  Stop the group so the pipes close; give up on a process that
-                # escaped the group (setsid) once the stop sequence is over.
                 now = time.monotonic()
+                if ready and now < next_check:
+                    continue
+                # Quiet pipes, or a while of output: if the leader is gone, whoever still holds
+                # them is a leftover of its group.  Stop the group so the pipes close; give up
+                # on a process that escaped the group (setsid) once the stop sequence is over.
+                # (Looked at only when the pipes fell quiet, a leftover that kept writing, a
+                # dev server's log, kept the run from ending for ever, past its deadline.)
+                next_check = now + _POLL * 2
                 if exited_at is None and self._proc.poll() is not None:
                     exited_at = now
                 if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT:

@@ -3,11 +3,14 @@ exit status, environment, timeout and the refusals of everything a plain executa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -273,6 +276,64 @@ def test_a_detached_process_holding_the_output_does_not_hold_up_a_finished_run(t
     agent = adaptor.Agent(command.Driver(config), workspace=str(tmp_path))
     assert agent.run("go", timeout=20).text == "answer"
     assert processes_with_env("MARK", marker) == []
+
+
+@pytest.mark.parametrize("where", ["in its group", "escaped"])
+def test_a_leftover_that_keeps_writing_the_output_does_not_hold_up_a_finished_run(
+    tmp_path: Path, where: str
+) -> None:
+    # A dev server or `tail -f` logging more than ten lines a second to the agent's output:
+    # its exit was looked for only when the pipes fell quiet, so the run never ended (without
+    # a timeout), or ended at its deadline as ErrDeadlineExceeded though the agent had
+    # answered and exited 0; cancel and the deadline did not end it either when it escaped.
+    marker = f"chatty-{where.replace(' ', '-')}-{os.getpid()}"
+    writer = "sh -c 'while :; do echo tick; sleep 0.02; done'"
+    launch = f"setsid {writer} &" if where == "escaped" else f"{writer} &"
+    config = command.Config(command="/bin/sh", extra_args=("-c", f"echo answer; {launch} exit 0"),
+                            env={"MARK": marker}, grace_period=1.0)
+    agent = adaptor.Agent(command.Driver(config), workspace=str(tmp_path))
+    outcome: list[object] = []
+    runner = threading.Thread(target=lambda: outcome.append(agent.run("go")), daemon=True)
+    runner.start()
+    runner.join(30)
+    left = processes_with_env("MARK", marker)
+    for pid in left:  # (the old code's leftovers: not for the next tests)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not runner.is_alive() and left == []
+    [result] = outcome
+    assert isinstance(result, adaptor.Result) and result.text.startswith("answer\n")
+    going_on = command.Config(command="/bin/sh", extra_args=("-c", f"{launch} exec sleep 300"),
+                              env={"MARK": marker}, grace_period=1.0)
+    stream = adaptor.Agent(command.Driver(going_on), workspace=str(tmp_path)).stream("go")
+    def cancel_at_the_first_tick() -> None:
+        for event in stream:
+            if isinstance(event, ProcessInfo) and event.text == "tick\n":
+                stream.cancel()
+
+    cancelling = threading.Thread(target=cancel_at_the_first_tick, daemon=True)
+    cancelling.start()
+    cancelling.join(30)
+    left = processes_with_env("MARK", marker)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not cancelling.is_alive() and left == []
+    with pytest.raises(adaptor.RunCancelledError):
+        stream.result()
+
+
+def test_a_script_without_its_interpreter_line_is_not_a_program(tmp_path: Path) -> None:
+    # exec's ENOEXEC failed the run as the driver's own error ("driver 'command' raised
+    # OSError"), no details: the commonest mistake with a script of one's own.
+    path = tmp_path / "review.sh"
+    path.write_text("echo hi\n")
+    path.chmod(0o755)
+    with pytest.raises(adaptor.RunError) as caught:
+        adaptor.Agent(command.Driver(command.Config(str(path)))).run("x")
+    assert str(caught.value) == f"{path}: not a program this system can run (a script must begin with a #! line)"
+    assert caught.value.details == {"kind": "binary_not_found", "binary": str(path)}
+    assert errors.exit_code_for(caught.value) == 69
 
 
 def test_a_grace_period_is_at_most_five_minutes(tmp_path: Path) -> None:
