@@ -141,9 +141,10 @@ _CWD_PROBLEMS: Final = {
 class CannotStart(Exception):
     """The agent's process could not be started: its binary, or its working directory."""
 
-    def __init__(self, message: str, details: Mapping[str, str]) -> None:
+    def __init__(self, message: str, details: Mapping[str, str], code: str = "infrastructure_error") -> None:
         super().__init__(message)
         self.details = dict(details)
+        self.code = code
 
     @classmethod
     def binary(cls, binary: str, why: str, cwd: str | None = None) -> CannotStart:
@@ -166,6 +167,21 @@ class CannotStart(Exception):
         else:
             message = f"{binary} not found on PATH"
         return cls(message, {"kind": "binary_not_found", "binary": binary})
+
+    @classmethod
+    def too_long(cls, binary: str, argv: Sequence[str]) -> CannotStart:
+        """A command line the system refuses (E2BIG): ``unsupported_driver``, ``kind ==
+        "argument_limit"``, as a driver's own size checks say it (codebuddy's)."""
+        sizes = [len(os.fsencode(arg)) + 1 for arg in argv]
+        longest = max(range(len(sizes)), key=sizes.__getitem__)
+        if sizes[longest] > _MAX_ARG_BYTES:
+            # Shown by position and size only: an argument may be a prompt, or hold a secret.
+            why = (f"its argument {longest} is {sizes[longest] - 1:,} bytes, over the system's "
+                   f"limit of {_MAX_ARG_BYTES - 1:,} for one argument")
+        else:
+            why = f"its command line and environment are over the system's limit ({sum(sizes):,} bytes of arguments)"
+        return cls(f"{binary} cannot be started: {why} (E2BIG)", {"kind": "argument_limit"},
+                   code="unsupported_driver")
 
     @classmethod
     def workspace(cls, binary: str, cwd: str, problem: str) -> CannotStart:
@@ -197,6 +213,8 @@ def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
 
 _NUL_IN_CWD = "holds a NUL character"
 _NOT_A_PROGRAM = "not a program this system can run (a script must begin with a #! line)"
+# Linux's limit on one argument or environment string, with its NUL (MAX_ARG_STRLEN).
+_MAX_ARG_BYTES: Final = 32 * 4096
 
 
 def workspace_problem(cwd: str) -> str | None:
@@ -219,7 +237,7 @@ def cannot_start(error: CannotStart) -> Response:
     """The Response every driver returns when its CLI cannot be started."""
     return Response(
         exit_code=None,
-        failure=RunFailure(code="infrastructure_error", message=str(error), details=error.details),
+        failure=RunFailure(code=error.code, message=str(error), details=error.details),
     )
 
 
@@ -398,6 +416,8 @@ class Child:
             if exc.errno == errno.ENOEXEC:
                 # A shell script without its #! line (a shell would run it; exec cannot).
                 raise CannotStart.binary(binary, _NOT_A_PROGRAM) from exc
+            if exc.errno == errno.E2BIG:
+                raise CannotStart.too_long(binary, spec.argv) from exc
             raise
         sink.emit(
             ProcessInfo(

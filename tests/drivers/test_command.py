@@ -336,6 +336,22 @@ def test_a_script_without_its_interpreter_line_is_not_a_program(tmp_path: Path) 
     assert errors.exit_code_for(caught.value) == 69
 
 
+def test_a_command_line_over_the_system_limit_is_refused_as_an_argument_limit(tmp_path: Path) -> None:
+    # claude's --json-schema and codex's developer_instructions carry a schema or an appended
+    # prompt inline: over 128 KiB, exec's E2BIG failed the run as the driver's own OSError.
+    # The argument is named by position and size, never shown (it may be a prompt).
+    marker = tmp_path / "ran"
+    huge = "s" * 200_000
+    config = command.Config(command="/bin/sh", extra_args=("-c", f"touch {marker}", huge))
+    with pytest.raises(adaptor.RunError) as caught:
+        adaptor.Agent(command.Driver(config)).run("x")
+    assert caught.value.reason == "unsupported_driver"
+    assert caught.value.details == {"kind": "argument_limit"}
+    assert str(caught.value) == ("/bin/sh cannot be started: its argument 3 is 200,000 bytes, over the "
+                                 "system's limit of 131,071 for one argument (E2BIG)")
+    assert not marker.exists()
+
+
 def test_a_grace_period_is_at_most_five_minutes(tmp_path: Path) -> None:
     # 1e10 was accepted: an agent ignoring SIGTERM then made the run's timeout and cancel
     # mean nothing, its worker taken for good.
