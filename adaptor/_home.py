@@ -453,31 +453,53 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
         raise FileExistsError(f"request {request_id!r} was already submitted")
     tmp = home.spool_tmp / f"{request_id}.json"
     queued = home.spool_new / f"{request_id}.json"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    ours: int | None = None
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-            ours = os.fstat(fd).st_ino
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+                ours = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            os.link(tmp, queued)
         finally:
-            os.close(fd)
-        os.link(tmp, queued)
-    finally:
-        # Also after a failed write (a full disk): a retry with the same id must find no
-        # half-written file in its way.
-        os.unlink(tmp)
-    # The link fails only while the other request is still queued; once the daemon claimed it
-    # the spool name is free again.  A request with this id claimed (or answered) meanwhile
-    # makes this one a duplicate, which the daemon would only set aside: take it back.
-    if _lost_to_another(home, request_id, queued, ours):
-        with contextlib.suppress(FileNotFoundError):  # (set aside by the daemon already)
-            if os.lstat(queued).st_ino == ours:
-                os.unlink(queued)
-        raise FileExistsError(f"request {request_id!r} was already submitted")
-    _durable.fsync_dir(home.spool_new)
+            # Also after a failed write (a full disk): a retry with the same id must find no
+            # half-written file in its way.
+            os.unlink(tmp)
+        # The link fails only while the other request is still queued; once the daemon claimed
+        # it the spool name is free again.  A request with this id claimed (or answered)
+        # meanwhile makes this one a duplicate, which the daemon would only set aside: take it
+        # back.
+        if _lost_to_another(home, request_id, queued, ours):
+            with contextlib.suppress(FileNotFoundError):  # (set aside by the daemon already)
+                if os.lstat(queued).st_ino == ours:
+                    os.unlink(queued)
+            raise FileExistsError(f"request {request_id!r} was already submitted")
+        _durable.fsync_dir(home.spool_new)
+    except BaseException as exc:
+        if ours is not None and not isinstance(exc, Exception):
+            # Interrupted (a Ctrl-C, a SIGTERM handler's exit) once the file may be queued:
+            # the caller never learns the id, so the request must not run on unasked.
+            _take_back(home, request_id, queued, ours)
+        raise
     return request_id
+
+
+def _take_back(home: Home, request_id: str, queued: Path, ours: int) -> None:
+    """Withdraw the request this submitter linked (inode ``ours``): removed while still queued,
+    and cancelled if the daemon claimed it already (a verdict already written stays)."""
+    with contextlib.suppress(OSError):
+        if os.lstat(queued).st_ino == ours:
+            os.unlink(queued)
+    with contextlib.suppress(OSError):
+        # The daemon claims by linking the file into claimed/ before it unlinks the spool
+        # name: the claimed file is the linked one, and may be there with the spool name still.
+        if os.lstat(home.claimed / f"{request_id}.json").st_ino == ours:
+            request_cancel(home, request_id)
 
 
 def _lost_to_another(home: Home, request_id: str, queued: Path, ours: int) -> bool:

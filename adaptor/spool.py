@@ -178,7 +178,10 @@ class Client:
         has none; it would be written as ``null``), an integer outside -2**63 .. 2**64-1 (not
         kept exactly), text that is not UTF-8 (a lone surrogate) or a request over 1 MiB (the daemon sets such
         a file aside unread), ``TypeError`` when ``request`` is no mapping
-        or holds what is not JSON, and ``FileExistsError`` when the id is taken.
+        or holds what is not JSON, and ``FileExistsError`` when the id is taken.  Interrupted
+        (a Ctrl-C, a SIGTERM handler's exit) once its file may be queued, it takes the request
+        back, cancelling it if the daemon claimed it already: whatever ``submit`` raises, no
+        request of it runs on unasked.
         """
         self._require_spool()
         try:

@@ -29,7 +29,7 @@ import orjson
 import pytest
 
 import adaptor
-from adaptor import _home, _request, errors, events
+from adaptor import _durable, _home, _request, errors, events
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
@@ -896,6 +896,32 @@ def test_a_submitter_whose_id_was_claimed_as_it_linked_takes_its_request_back(
         _home.submit(_home.Home(root), {**script({"text": "x"}), "id": "raced"})
     assert len(checks) == 2 and os.listdir(root / "spool" / "new") == []
     assert os.listdir(root / "spool" / "tmp") == []
+
+
+@pytest.mark.parametrize("daemon_did", ["nothing yet", "claimed it"])
+def test_a_ctrl_c_as_submit_ends_takes_the_request_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon_did: str
+) -> None:
+    # A Ctrl-C (or a SIGTERM handler's exit) in the last steps of submit, once the file was
+    # linked into the spool: submit raised, its caller (Client.run, `adaptor run`) never
+    # learnt the id, and the request ran to completion though `adaptor run` said it stopped.
+    root = tmp_path / "home"
+    for folder in ("spool/tmp", "spool/new", "claimed", "verdicts", "quarantine", "control/cancel"):
+        (root / folder).mkdir(parents=True)
+    real_fsync_dir = _durable.fsync_dir
+
+    def interrupted_while_syncing(path: Any) -> None:
+        if Path(path) == root / "spool" / "new":
+            if daemon_did == "claimed it":  # as the daemon claims: link, the spool name kept
+                os.link(root / "spool" / "new" / "mine.json", root / "claimed" / "mine.json")
+            signal.raise_signal(signal.SIGINT)
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(_durable, "fsync_dir", interrupted_while_syncing)
+    with pytest.raises(KeyboardInterrupt):
+        _home.submit(_home.Home(root), {**script({"text": "x"}), "id": "mine"})
+    assert os.listdir(root / "spool" / "new") == [] and os.listdir(root / "spool" / "tmp") == []
+    assert os.listdir(root / "control" / "cancel") == (["mine"] if daemon_did == "claimed it" else [])
 
 
 @pytest.mark.parametrize("daemon_does", ["answers it", "sets it aside"])
