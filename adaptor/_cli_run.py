@@ -422,13 +422,16 @@ def _run_through_daemon(
     require_daemon(client)
     from hosttools.sessionrecorder import JSONLEventLogCorruptError
 
+    request_id: str | None = None
     try:
-        request_id = submit_request(client, request)
-    except InvalidRequestError as exc:  # refused here as the daemon refuses it: before a run
-        given: dict[str, Any] = {"id": request["id"]} if isinstance(request.get("id"), str) else {}
-        fail(exc, as_json=as_json, result=None, **given)
-    live.label = request_id
-    try:
+        # Inside the try that cancels: a Ctrl-C just after submit returned must cancel too (one
+        # within it finds the request taken back by submit itself).
+        try:
+            request_id = submit_request(client, request)
+        except InvalidRequestError as exc:  # refused here as the daemon refuses it: before a run
+            given: dict[str, Any] = {"id": request["id"]} if isinstance(request.get("id"), str) else {}
+            fail(exc, as_json=as_json, result=None, **given)
+        live.label = request_id
         with live, telling_when_the_daemon_stops(
             client, request_id, live.note, ctrl_c="stops waiting and cancels it"
         ):
@@ -442,6 +445,8 @@ def _run_through_daemon(
                 live.stop_following(f"adaptor: cannot show the run's events ({exc}); waiting for its verdict")
                 client._await_verdict(request_id, None)
     except KeyboardInterrupt as stop:
+        if request_id is None:
+            interrupted(as_json, stop)
         client.cancel(request_id)
         _say_cancelled(f"adaptor: cancelled {request_id}{_by(stop)}")
         interrupted(as_json, stop, id=request_id)

@@ -239,15 +239,19 @@ class Client:
         and ``adaptor run`` do: the caller never learnt its id.  :class:`WaitTimeoutError`
         names the request, which goes on.
         """
-        request_id = self.submit(request)
+        request_id: str | None = None
         try:
+            # Inside the try: an interrupt just after submit returned must cancel too (one
+            # within it finds the request taken back by submit itself).
+            request_id = self.submit(request)
             return self.wait(request_id, timeout)
         except WaitTimeoutError:
             raise
         except BaseException:
             # A verdict's own error finds nothing to cancel (cancel() returns False).
-            with contextlib.suppress(Exception):  # (gone with its home, say): it goes on
-                self.cancel(request_id)
+            if request_id is not None:
+                with contextlib.suppress(Exception):  # (gone with its home, say): it goes on
+                    self.cancel(request_id)
             raise
 
     def events(self, request_id: str, follow: bool = False) -> Iterator[Event]:
