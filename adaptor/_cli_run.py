@@ -231,11 +231,24 @@ def run(
       NO_COLOR        on a terminal: no faint styling
       TERM=dumb       on a terminal: no escapes at all, no progress line
     """
-    if prompt == "-" and request_file is not None and request_file.name == "<stdin>":
-        # Both read stdin: the request would take it all, and the prompt would silently be "".
-        raise click.UsageError("PROMPT '-' and --request - both read stdin; give one of them a file")
+    readers = [
+        name for name, reads in (
+            ("PROMPT '-'", prompt == "-"),
+            ("--request -", request_file is not None and request_file.name == "<stdin>"),
+            ("--schema -", schema_file is not None and schema_file.name == "<stdin>"),
+        ) if reads
+    ]
+    if len(readers) > 1:
+        # The first would take it all, and the others would silently read "" (an empty prompt).
+        raise click.UsageError(
+            f"{' and '.join(readers)} both read stdin; give one of them a file" if len(readers) == 2
+            else f"{', '.join(readers[:-1])} and {readers[-1]} all read stdin; give all but one of them a file"
+        )
+    base = read_request(request_file) if request_file is not None else {}
+    if "driver" in base and _from_environment("driver"):
+        driver = None  # $ADAPTOR_DRIVER is the default: a --request file naming its driver wins
     request = _build_request(
-        base=read_request(request_file) if request_file is not None else {},
+        base=base,
         prompt=prompt,
         fields={
             "driver": driver,
@@ -296,6 +309,12 @@ def _load_schema(file: IO[bytes]) -> Any:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--schema") from None
     except _nesting.InexactNumberError as exc:
         raise click.BadParameter(str(exc), param_hint="--schema") from None
+
+
+def _from_environment(parameter: str) -> bool:
+    """Whether the current command's ``parameter`` was taken from its environment variable."""
+    source = click.get_current_context().get_parameter_source(parameter)
+    return source is click.core.ParameterSource.ENVIRONMENT
 
 
 def _build_request(

@@ -417,6 +417,11 @@ def test_usage_errors_exit_2(home: Home) -> None:
     # Both from stdin: the request took it all and the prompt was silently "" (exit 0).
     both = home.cli("run", "--request", "-", "-", input=orjson.dumps(script({"text": "x"})).decode())
     assert both.returncode == 2 and "both read stdin" in both.stderr
+    # --schema - too: the prompt was silently "" (exit 0), or the schema "not JSON: zero-length".
+    schema_too = home.cli("run", "--driver", "script", "--schema", "-", "-", input='{"type": "object"}')
+    assert schema_too.returncode == 2 and "PROMPT '-' and --schema - both read stdin" in schema_too.stderr
+    all_three = home.cli("run", "--request", "-", "--schema", "-", "-", input="{}")
+    assert all_three.returncode == 2 and "--request - and --schema - all read stdin" in all_three.stderr
     # NaN passes FloatRange (it compares false with both bounds): it meant "no limit".
     for args in (["wait", "x", "--timeout", "nan"], ["run", "--timeout", "nan", "--driver", "script", "go"]):
         refused = home.cli(*args)
@@ -1520,6 +1525,24 @@ def test_a_prompt_that_is_not_utf8_or_too_large_is_refused_alike_with_and_withou
                 input=prompt, capture_output=True, env=home.env(), timeout=TIMEOUT,
             )
             assert proc.returncode == 2 and why in proc.stderr.decode(), (extra, proc.stderr[-300:])
+
+
+def test_the_driver_a_request_file_names_wins_over_adaptor_driver(home: Home) -> None:
+    # $ADAPTOR_DRIVER is the default --driver: it replaced the file's driver, and the request
+    # ran on another agent (script: exit 0, no text) with nothing said.
+    request = orjson.dumps({"driver": "command", "prompt": "from the file", "config": {"command": "/bin/cat"}})
+    for extra in ([], ["--no-daemon"]):
+        for env, driver_option, said in (
+            ({"ADAPTOR_DRIVER": "script"}, [], "from the file"),
+            ({}, ["--driver", "script"], ""),  # an explicit --driver still overrides the file
+        ):
+            ran = subprocess.run(
+                ["adaptor", "run", "--request", "-", "--json", *driver_option, *extra],
+                input=request, capture_output=True, env={**home.env(), **env}, timeout=TIMEOUT,
+            )
+            out = orjson.loads(ran.stdout)
+            assert (ran.returncode, out["result"]["text"]) == (0, said), (extra, env, out)
+            assert out["result"]["provider"] == ("command" if said else "script")
 
 
 def test_a_request_file_run_reads_as_submit_reads_it(home: Home) -> None:
