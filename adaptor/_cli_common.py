@@ -623,7 +623,10 @@ def cwd_gone(exc: BaseException) -> click.UsageError | None:
 def _about(arguments: Mapping[str, object]) -> dict[str, Any]:
     """The request a command was about, for its ``--json`` object (``"id"``), when it names one."""
     request_id = arguments.get("request_id")
-    return {"id": request_id} if isinstance(request_id, str) else {}
+    if not isinstance(request_id, str):
+        return {}
+    # An undecodable argument (a lone surrogate) is no id, and JSON cannot carry it as it is.
+    return {"id": request_id.encode("utf-8", "backslashreplace").decode()}
 
 
 def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

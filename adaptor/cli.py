@@ -21,6 +21,7 @@ from adaptor._cli_common import (
     emit_result,
     guard_stderr,
     guard_stdout,
+    guarded,
 )
 
 
@@ -46,6 +47,7 @@ def cli() -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the outcome object; its result is the table."
 )
+@guarded
 def exit_codes(as_json: bool) -> None:
     """Print the exit codes every adaptor command uses, then the exits by a signal."""
     table = (*errors.EXIT_CODES, *SIGNAL_EXITS)
@@ -65,6 +67,7 @@ def exit_codes(as_json: bool) -> None:
     help="Cut a torn last line (a crash mid-append) first. Never touches damage before it.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@guarded
 def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     """Strictly check a session-recorder event log (events/<session>.jsonl).
 

@@ -1832,6 +1832,38 @@ def _handles(pid: int, signum: int) -> bool:
     return False
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_verify_log_reading_a_pipe_with_its_json_object(stop: signal.Signals) -> None:
+    # verify-log had no guard: a Ctrl-C exited 1 (a RunError's code) with click's "Aborted!",
+    # a SIGTERM killed it, neither with its --json object.
+    proc = subprocess.Popen(
+        ["adaptor", "verify-log", "--json", "-"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(functools.partial(_handles, proc.pid, signal.SIGTERM), "the command's signal handler")
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + stop, (out, err)
+    outcome = orjson.loads(out)
+    assert (outcome["ok"], outcome["exit_code"]) == (False, 128 + stop)
+    assert outcome["error"]["message"] == f"stopped by {'Ctrl-C' if stop == signal.SIGINT else stop.name}"
+
+
+def test_an_undecodable_id_gets_its_json_object(home: Home) -> None:
+    # The id (a lone surrogate from the undecodable argument) went into the object as it was:
+    # a TypeError traceback, exit 1, no object.
+    for command in ("wait", "cancel", "events"):
+        proc = subprocess.run(
+            [b"adaptor", command.encode(), b"\xff", b"--json"], capture_output=True, env=home.env(), timeout=TIMEOUT
+        )
+        outcome = orjson.loads(proc.stdout)
+        assert (proc.returncode, outcome["exit_code"], outcome["id"]) == (2, 2, "\\udcff"), (command, proc.stderr)
+        assert outcome["error"]["type"] == "adaptor.spool.UnknownRequestError"
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_ends_wait_and_events_as_ctrl_c_does(home: Home, stop: signal.Signals) -> None:
     # `timeout 60 adaptor wait ID --json | jq` got no object: the command died by the signal.
