@@ -311,6 +311,15 @@ def _load_schema(file: IO[bytes]) -> Any:
         raise click.BadParameter(str(exc), param_hint="--schema") from None
 
 
+def _object_field(request: dict[str, Any], name: str) -> dict[str, Any]:
+    """The request's ``name`` object, made empty when missing, for options to add to; a
+    --request file's value of another type is refused (options cannot add to it)."""
+    value = request.setdefault(name, {})
+    if not isinstance(value, dict):
+        raise click.BadParameter(f"its {name} must be an object", param_hint="--request")
+    return value
+
+
 def _from_environment(parameter: str) -> bool:
     """Whether the current command's ``parameter`` was taken from its environment variable."""
     source = click.get_current_context().get_parameter_source(parameter)
@@ -348,12 +357,13 @@ def _build_request(
         raise click.UsageError("--resume-only and --fork-from need --thread KEY")
     if schema is not None:
         request["schema"] = schema
-    for path, value in policy.items():
-        if value is not None:
-            _put(request.setdefault("policy", {}), path, value)
-    config = request.setdefault("config", {})
-    if not isinstance(config, dict):
-        raise click.BadParameter("its config must be an object", param_hint="--request")
+    given_policy = {path: value for path, value in policy.items() if value is not None}
+    if given_policy:
+        if request.get("policy") is None:  # ("policy": null is no policy: the options make one)
+            request["policy"] = {}
+        for path, value in given_policy.items():
+            _put(_object_field(request, "policy"), path, value)
+    config = _object_field(request, "config")
     for key_path, raw in _assignments(config_items, "--config"):
         # Environment values are secrets and always strings: never reinterpreted as JSON,
         # so a numeric-looking one cannot end up quoted in a schema error.
@@ -382,7 +392,7 @@ def _build_request(
     if not config:
         del request["config"]
     for key_path, raw in _assignments(metadata_items, "--metadata"):
-        request.setdefault("metadata", {})[".".join(key_path)] = raw
+        _object_field(request, "metadata")[".".join(key_path)] = raw
     try:
         orjson.dumps(request)
     except TypeError as exc:  # argv and stdin undecodable as UTF-8 come as lone surrogates

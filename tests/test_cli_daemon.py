@@ -1545,6 +1545,25 @@ def test_the_driver_a_request_file_names_wins_over_adaptor_driver(home: Home) ->
             assert out["result"]["provider"] == ("command" if said else "script")
 
 
+def test_options_adding_to_a_request_files_field_of_another_type_are_usage_errors(home: Home) -> None:
+    # A --policy-* or --metadata option on a file whose policy or metadata is no object failed
+    # with an internal TypeError (exit 70); "policy": null, which the schema allows, too.
+    cases = (
+        ({"policy": "strict"}, ["--policy-sandbox", "read_only"], "its policy must be an object"),
+        ({"metadata": ["a"]}, ["--metadata", "a=1"], "its metadata must be an object"),
+    )
+    for fields, option, said in cases:
+        request = orjson.dumps({"driver": "script", "prompt": "x", **fields})
+        proc = subprocess.run(["adaptor", "run", "--request", "-", "--json", *option],
+                              input=request, capture_output=True, env=home.env(), timeout=TIMEOUT)
+        out = orjson.loads(proc.stdout)
+        assert (proc.returncode, out["error"]["message"]) == (2, f"Invalid value for --request: {said}")
+    no_policy = orjson.dumps({"driver": "script", "prompt": "x", "policy": None, "config": {"steps": [{"text": "ok"}]}})
+    ran = subprocess.run(["adaptor", "run", "--request", "-", "--policy-max-retries", "2"],
+                         input=no_policy, capture_output=True, env=home.env(), timeout=TIMEOUT)
+    assert (ran.returncode, ran.stdout) == (0, b"ok\n"), ran.stderr
+
+
 def test_a_request_file_run_reads_as_submit_reads_it(home: Home) -> None:
     # `adaptor run --request` called a file that is not JSON a usage error of click's own
     # (`external`, click.exceptions.BadParameter), where `adaptor submit` of the same file is
