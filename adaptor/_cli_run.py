@@ -362,13 +362,13 @@ def _build_request(
         if request.get("policy") is None:  # ("policy": null is no policy: the options make one)
             request["policy"] = {}
         for path, value in given_policy.items():
-            _put(_object_field(request, "policy"), path, value)
+            _put(_object_field(request, "policy"), path, value, within="policy")
     config = _object_field(request, "config")
     for key_path, raw in _assignments(config_items, "--config"):
         # Environment values are secrets and always strings: never reinterpreted as JSON,
         # so a numeric-looking one cannot end up quoted in a schema error.
         value = raw if key_path[0] == "env" else _json_or_text(raw, ".".join(key_path))
-        _put(config, key_path, value)
+        _put(config, key_path, value, within="config")
     if "cwd" not in config and "workspace" not in request:
         # The daemon runs elsewhere; an agent started from a shell works where the shell is,
         # unless the run names its directory (a workspace would win over the config's cwd).
@@ -388,7 +388,7 @@ def _build_request(
             value = os.environ[name]
         if not name:
             raise click.BadParameter("expected NAME or NAME=VALUE", param_hint="--env")
-        _put(config, ("env", name), value)
+        _put(config, ("env", name), value, within="config")
     if not config:
         del request["config"]
     for key_path, raw in _assignments(metadata_items, "--metadata"):
@@ -430,13 +430,32 @@ def _json_or_text(raw: str, key: str) -> Any:
         return raw
 
 
-def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
-    for part in path[:-1]:
+def _put(target: dict[str, Any], path: Sequence[str], value: Any, *, within: str) -> None:
+    """Set ``within.path`` (``policy.approvals.timeout``) to ``value``, making the objects on the
+    way; one of another type on the way (a --request file's, an earlier option's) is refused:
+    replaced, what it said would be dropped without a word (a file's approvals policy)."""
+    for depth, part in enumerate(path[:-1], start=1):
         child = target.get(part)
-        if not isinstance(child, dict):
+        if child is None:  # (null: nothing there)
             child = target[part] = {}
+        elif not isinstance(child, dict):
+            where = ".".join((within, *path[:depth]))
+            raise click.UsageError(
+                f"cannot set {'.'.join((within, *path))}: {where} is {_json_type(child)} (given by"
+                " --request or an earlier option), not an object"
+            )
         target = child
     target[path[-1]] = value
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else f"a {type(value).__name__}"
 
 
 # --- running --------------------------------------------------------------------------------------

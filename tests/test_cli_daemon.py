@@ -1558,6 +1558,21 @@ def test_options_adding_to_a_request_files_field_of_another_type_are_usage_error
                               input=request, capture_output=True, env=home.env(), timeout=TIMEOUT)
         out = orjson.loads(proc.stdout)
         assert (proc.returncode, out["error"]["message"]) == (2, f"Invalid value for --request: {said}")
+    # One level down the file's value was replaced by an object: its approvals policy (or its
+    # env) was dropped without a word, the run went on (exit 0).
+    nested = (
+        ({"policy": {"approvals": "auto_reject"}}, ["--policy-approval-timeout", "30"],
+         "cannot set policy.approvals.timeout: policy.approvals is a string"),
+        ({"config": {"env": "FOO=bar"}}, ["--env", "BAZ=1"], "cannot set config.env.BAZ: config.env is a string"),
+        ({}, ["--config", "a=1", "--config", "a.b=2"], "cannot set config.a.b: config.a is a number"),
+    )
+    for fields, option, said in nested:
+        for extra in ([], ["--no-daemon"]):
+            request = orjson.dumps({"driver": "script", "prompt": "x", **fields})
+            proc = subprocess.run(["adaptor", "run", "--request", "-", "--json", *option, *extra],
+                                  input=request, capture_output=True, env=home.env(), timeout=TIMEOUT)
+            out = orjson.loads(proc.stdout)
+            assert proc.returncode == 2 and out["error"]["message"].startswith(said), (option, extra, out)
     no_policy = orjson.dumps({"driver": "script", "prompt": "x", "policy": None, "config": {"steps": [{"text": "ok"}]}})
     ran = subprocess.run(["adaptor", "run", "--request", "-", "--policy-max-retries", "2"],
                          input=no_policy, capture_output=True, env=home.env(), timeout=TIMEOUT)
