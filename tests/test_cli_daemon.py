@@ -1548,7 +1548,7 @@ def test_the_driver_a_request_file_names_wins_over_adaptor_driver(home: Home) ->
 def test_options_adding_to_a_request_files_field_of_another_type_are_usage_errors(home: Home) -> None:
     # A --policy-* or --metadata option on a file whose policy or metadata is no object failed
     # with an internal TypeError (exit 70); "policy": null, which the schema allows, too.
-    cases = (
+    cases: tuple[tuple[dict[str, Any], list[str], str], ...] = (
         ({"policy": "strict"}, ["--policy-sandbox", "read_only"], "its policy must be an object"),
         ({"metadata": ["a"]}, ["--metadata", "a=1"], "its metadata must be an object"),
     )
@@ -1560,7 +1560,7 @@ def test_options_adding_to_a_request_files_field_of_another_type_are_usage_error
         assert (proc.returncode, out["error"]["message"]) == (2, f"Invalid value for --request: {said}")
     # One level down the file's value was replaced by an object: its approvals policy (or its
     # env) was dropped without a word, the run went on (exit 0).
-    nested = (
+    nested: tuple[tuple[dict[str, Any], list[str], str], ...] = (
         ({"policy": {"approvals": "auto_reject"}}, ["--policy-approval-timeout", "30"],
          "cannot set policy.approvals.timeout: policy.approvals is a string"),
         ({"config": {"env": "FOO=bar"}}, ["--env", "BAZ=1"], "cannot set config.env.BAZ: config.env is a string"),
