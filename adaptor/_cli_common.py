@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 import click
 import orjson
 
-from adaptor import _home, errors, events
+from adaptor import _home, _nesting, errors, events
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
@@ -354,8 +354,27 @@ def emit_json(obj: Any) -> None:
 
     A stdout that refuses it ends the command in :class:`_Stdout`, as for any other output.
     """
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+    try:
+        data = orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        if _nesting.unwritable_text_at(obj) is None:
+            raise
+        # An undecodable argument or file name (a lone surrogate) quoted in a message or an
+        # id: shown escaped, as the text output shows it, rather than no object at all.
+        data = orjson.dumps(_escaped(obj), option=orjson.OPT_APPEND_NEWLINE)
+    sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
+
+
+def _escaped(value: Any) -> Any:
+    """``value`` with its text (keys too) made UTF-8 by backslash-escaping lone surrogates."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, dict):
+        return {_escaped(key): _escaped(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(item) for item in value]
+    return value
 
 
 def emit_result(
@@ -623,10 +642,7 @@ def cwd_gone(exc: BaseException) -> click.UsageError | None:
 def _about(arguments: Mapping[str, object]) -> dict[str, Any]:
     """The request a command was about, for its ``--json`` object (``"id"``), when it names one."""
     request_id = arguments.get("request_id")
-    if not isinstance(request_id, str):
-        return {}
-    # An undecodable argument (a lone surrogate) is no id, and JSON cannot carry it as it is.
-    return {"id": request_id.encode("utf-8", "backslashreplace").decode()}
+    return {"id": request_id} if isinstance(request_id, str) else {}
 
 
 def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

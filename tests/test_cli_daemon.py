@@ -1896,6 +1896,14 @@ def test_an_undecodable_id_gets_its_json_object(home: Home) -> None:
         outcome = orjson.loads(proc.stdout)
         assert (proc.returncode, outcome["exit_code"], outcome["id"]) == (2, 2, "\\udcff"), (command, proc.stderr)
         assert outcome["error"]["type"] == "adaptor.spool.UnknownRequestError"
+    # Any message quoting an undecodable argument or file name got no object either.
+    for args, code, said in (
+        ([b"events", b"--json", b"--file", b"missing\xff.jsonl"], 2, "no such file: missing\\udcff.jsonl"),
+        ([b"status", b"--json", b"x\xff"], 2, "Got unexpected extra argument (x\\udcff)"),
+    ):
+        proc = subprocess.run([b"adaptor", *args], capture_output=True, env=home.env(), timeout=TIMEOUT)
+        outcome = orjson.loads(proc.stdout)
+        assert (proc.returncode, outcome["exit_code"]) == (code, code) and said in outcome["error"]["message"], proc.stderr
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
