@@ -169,17 +169,23 @@ class CannotStart(Exception):
         return cls(message, {"kind": "binary_not_found", "binary": binary})
 
     @classmethod
-    def too_long(cls, binary: str, argv: Sequence[str]) -> CannotStart:
+    def too_long(cls, binary: str, argv: Sequence[str], env: Mapping[str, str]) -> CannotStart:
         """A command line the system refuses (E2BIG): ``unsupported_driver``, ``kind ==
         "argument_limit"``, as a driver's own size checks say it (codebuddy's)."""
-        sizes = [len(os.fsencode(arg)) + 1 for arg in argv]
-        longest = max(range(len(sizes)), key=sizes.__getitem__)
-        if sizes[longest] > _MAX_ARG_BYTES:
-            # Shown by position and size only: an argument may be a prompt, or hold a secret.
-            why = (f"its argument {longest} is {sizes[longest] - 1:,} bytes, over the system's "
-                   f"limit of {_MAX_ARG_BYTES - 1:,} for one argument")
+        # Each string with its NUL, as the kernel counts them.  Shown by position or name and
+        # size only: an argument may be a prompt, a variable's value a secret.
+        arguments = [len(os.fsencode(arg)) + 1 for arg in argv]
+        variables = {name: len(os.fsencode(f"{name}={value}")) + 1 for name, value in env.items()}
+        longest = max(range(len(arguments)), key=arguments.__getitem__)
+        biggest = max(variables, key=variables.__getitem__, default=None)
+        limit = f"over the system's limit of {_MAX_ARG_BYTES - 1:,} bytes for one"
+        if arguments[longest] > _MAX_ARG_BYTES:
+            why = f"its argument {longest} is {arguments[longest] - 1:,} bytes, {limit}"
+        elif biggest is not None and variables[biggest] > _MAX_ARG_BYTES:
+            why = f"its environment variable {biggest} is {variables[biggest] - 1:,} bytes, {limit}"
         else:
-            why = f"its command line and environment are over the system's limit ({sum(sizes):,} bytes of arguments)"
+            total = sum(arguments) + sum(variables.values())
+            why = f"its command line and environment together ({total:,} bytes) are over the system's limit"
         return cls(f"{binary} cannot be started: {why} (E2BIG)", {"kind": "argument_limit"},
                    code="unsupported_driver")
 
@@ -192,15 +198,33 @@ class CannotStart(Exception):
         )
 
 
-def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
-    """The interpreter a ``#!`` script at ``binary`` names, when the script exists and that does not."""
+def _head(binary: str, cwd: str | None) -> bytes | None:
+    """The first line (at most 256 bytes) of the file exec ran for ``binary``, if readable."""
     found = os.path.join(cwd or "", binary) if os.sep in binary else shutil.which(binary)
     if found is None:
         return None
     try:
-        with open(found, "rb") as script:
-            head = script.readline(256)
+        with open(found, "rb") as program:
+            return program.readline(256)
     except OSError:
+        return None
+
+
+def _not_a_program(binary: str, cwd: str | None) -> str:
+    """Why exec refused ``binary`` as a program (ENOEXEC), as far as its first bytes tell."""
+    head = _head(binary, cwd)
+    if head is not None and head.startswith(b"\x7fELF"):
+        return "a program built for another system (its architecture or format cannot run here)"
+    if head == b"":
+        return "an empty file, not a program"
+    # A shell script without its #! line (a shell would run it; exec cannot).
+    return "not a program this system can run (a script must begin with a #! line)"
+
+
+def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
+    """The interpreter a ``#!`` script at ``binary`` names, when the script exists and that does not."""
+    head = _head(binary, cwd)
+    if head is None:
         return None
     if not head.startswith(b"#!"):
         return None
@@ -212,7 +236,6 @@ def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
 
 
 _NUL_IN_CWD = "holds a NUL character"
-_NOT_A_PROGRAM = "not a program this system can run (a script must begin with a #! line)"
 # Linux's limit on one argument or environment string, with its NUL (MAX_ARG_STRLEN).
 _MAX_ARG_BYTES: Final = 32 * 4096
 
@@ -392,6 +415,7 @@ class Child:
             raise CannotStart.workspace(binary, spec.cwd.replace("\0", "\\0"), _NUL_IN_CWD)
         stdin: int = subprocess.DEVNULL if spec.stdin == "closed" else subprocess.PIPE
         mark = spec.mark or new_mark()
+        env = {**spec.env, MARK_VAR: mark, **_procfs.started_by_me()}
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -399,7 +423,7 @@ class Child:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=spec.cwd,
-                env={**spec.env, MARK_VAR: mark, **_procfs.started_by_me()},
+                env=env,
                 start_new_session=True,
                 close_fds=True,
             )
@@ -414,10 +438,9 @@ class Child:
             if isinstance(exc, PermissionError):
                 raise CannotStart.binary(binary, "not executable") from exc
             if exc.errno == errno.ENOEXEC:
-                # A shell script without its #! line (a shell would run it; exec cannot).
-                raise CannotStart.binary(binary, _NOT_A_PROGRAM) from exc
+                raise CannotStart.binary(binary, _not_a_program(binary, spec.cwd)) from exc
             if exc.errno == errno.E2BIG:
-                raise CannotStart.too_long(binary, spec.argv) from exc
+                raise CannotStart.too_long(binary, spec.argv, env) from exc
             raise
         sink.emit(
             ProcessInfo(

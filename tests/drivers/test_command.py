@@ -334,6 +334,20 @@ def test_a_script_without_its_interpreter_line_is_not_a_program(tmp_path: Path) 
     assert str(caught.value) == f"{path}: not a program this system can run (a script must begin with a #! line)"
     assert caught.value.details == {"kind": "binary_not_found", "binary": str(path)}
     assert errors.exit_code_for(caught.value) == 69
+    # A program for another machine (the wrong download of an agent's CLI) and an empty file
+    # are refused by exec the same way: not told to add a #! line.
+    foreign = tmp_path / "agent-arm64"
+    program = bytearray(Path("/bin/true").read_bytes())
+    program[18:20] = (0xB7).to_bytes(2, "little")  # e_machine: AArch64
+    foreign.write_bytes(program)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    for binary, why in ((foreign, "a program built for another system (its architecture or format cannot run here)"),
+                        (empty, "an empty file, not a program")):
+        binary.chmod(0o755)
+        with pytest.raises(adaptor.RunError) as caught:
+            adaptor.Agent(command.Driver(command.Config(str(binary)))).run("x")
+        assert (str(caught.value), caught.value.details["kind"]) == (f"{binary}: {why}", "binary_not_found")
 
 
 def test_a_command_line_over_the_system_limit_is_refused_as_an_argument_limit(tmp_path: Path) -> None:
@@ -348,7 +362,20 @@ def test_a_command_line_over_the_system_limit_is_refused_as_an_argument_limit(tm
     assert caught.value.reason == "unsupported_driver"
     assert caught.value.details == {"kind": "argument_limit"}
     assert str(caught.value) == ("/bin/sh cannot be started: its argument 3 is 200,000 bytes, over the "
-                                 "system's limit of 131,071 for one argument (E2BIG)")
+                                 "system's limit of 131,071 bytes for one (E2BIG)")
+    assert not marker.exists()
+    # One environment variable over the limit was blamed on the total, "10 bytes of arguments".
+    config = command.Config(command="/bin/sh", extra_args=("-c", f"touch {marker}"), env={"BIG": "s" * 200_000})
+    with pytest.raises(adaptor.RunError) as caught:
+        adaptor.Agent(command.Driver(config)).run("x")
+    assert caught.value.details == {"kind": "argument_limit"}
+    assert str(caught.value) == ("/bin/sh cannot be started: its environment variable BIG is 200,004 bytes, "
+                                 "over the system's limit of 131,071 bytes for one (E2BIG)")
+    many = command.Config(command="/bin/sh", extra_args=("-c", f"touch {marker}", *["s" * 100_000] * 40))
+    with pytest.raises(adaptor.RunError) as caught:
+        adaptor.Agent(command.Driver(many)).run("x")
+    assert re.fullmatch(r"/bin/sh cannot be started: its command line and environment together \([\d,]+ bytes\) "
+                        r"are over the system's limit \(E2BIG\)", str(caught.value)), str(caught.value)
     assert not marker.exists()
 
 
