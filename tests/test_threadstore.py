@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptor import _durable, memory
-from adaptor._durable import scan
+from adaptor._durable import frame, scan, unframe
 from adaptor.driver import SessionState
 from adaptor.errors import from_wire, to_wire
 from adaptor.threadstore import (
@@ -941,6 +941,34 @@ def test_torn_tail_is_ignored_then_repaired_and_corruption_is_reported(tmp_path:
     with JSONLStore(directory) as store, pytest.raises(CorruptLogError) as info:
         store.resolve(Query(key="k"))
     assert info.value.line == 2
+
+
+@pytest.mark.parametrize("last_line", ["a newer version's", "a note by hand"])
+def test_a_last_line_no_crash_leaves_is_corruption_to_readers_as_to_writers(
+    tmp_path: Path, last_line: str
+) -> None:
+    # Readers took any bad last line for a torn append and skipped it: the thread it saved
+    # read as missing (`adaptor threads show` exit 4, "offer a new thread") while every write
+    # refused the store as corrupt.
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k")
+    log = directory / "log-000001.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    if last_line == "a newer version's":
+        newer = unframe(lines[-1].rstrip(b"\n"))
+        lines[-1] = frame({**newer, "v": 2})  # whole, in sequence, its crc valid
+        why = "unsupported format version 2"
+    else:
+        lines.append(b"restored from a backup by ops\n")
+        why = "invalid json; not a torn record of this log"
+    log.write_bytes(b"".join(lines))
+    with JSONLStore(directory) as store, pytest.raises(CorruptLogError) as read:
+        store.resolve(Query(key="k"))
+    assert read.value.why.startswith(why)
+    with JSONLStore(directory) as store, pytest.raises(CorruptLogError) as written:
+        start(store, "r2", "k2")
+    assert (written.value.line, written.value.why) == (read.value.line, read.value.why)
 
 
 def test_an_instance_reads_the_files_afresh_after_reporting_them_changed_under_it(

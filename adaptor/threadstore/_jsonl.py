@@ -82,6 +82,8 @@ from adaptor._durable import (
     ensure_dir,
     exclusive,
     lock_epoch,
+    may_be_torn,
+    not_torn,
     open_for_read,
     open_regular,
     release_lingering,
@@ -183,6 +185,21 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed event: {exc}") from None
     return event
+
+
+def _torn_tail(raw: bytes, terminated: bool, expected_seq: int) -> bool:
+    """Whether a bad last line is what a crash mid-append leaves, judged as the writer judges it
+    (DurableLog's tail check): the beginning of a record, zeros or a bare newline, never a whole
+    record in sequence (of another format version, or of a shape this version does not know)."""
+    if not may_be_torn(raw):
+        return False
+    if not terminated:
+        return True
+    try:
+        event = unframe(raw)
+    except ValueError:
+        return True
+    return event.get("seq") != expected_seq
 
 
 def is_store_log(path: str) -> bool:
@@ -640,8 +657,10 @@ class JSONLStore:
         state = self._state
         try:
             for index, raw in enumerate(lines):
+                last = index == len(lines) - 1
+                terminated = not (last and self._offset + len(raw) == size)
                 try:
-                    if index == len(lines) - 1 and self._offset + len(raw) == size:
+                    if not terminated:
                         raise ValueError("unterminated last line")
                     event = _parse_event(raw, self._seq + 1)
                 except ValueError as exc:
@@ -650,8 +669,15 @@ class JSONLStore:
                     # truncates it), and a bad line followed only by unsynced lease events of
                     # an earlier boot is what a power cut leaves (see the module docstring).
                     # Anything else is corruption and must not be skipped.
-                    if ahead or index == len(lines) - 1:
+                    if ahead:
                         return
+                    if last:
+                        if _torn_tail(raw, terminated, self._seq + 1):
+                            return
+                        # As the next writer finds it: a reader that skipped it said a thread
+                        # did not exist (exit 4) while every write said the store is corrupt.
+                        why = str(exc) if may_be_torn(raw) else not_torn(str(exc))
+                        raise CorruptLogError(path, self._seq + 1, why) from None
                     if _power_cut_suffix(lines[index + 1 :], self._offset):
                         self._artifact_at = self._offset
                         return
