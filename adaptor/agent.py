@@ -17,6 +17,7 @@ from adaptor.driver import Driver
 from adaptor.errors import AgentClosedError
 from adaptor.skill import Provider
 from adaptor.threadstore import Store
+from adaptor.threadstore._types import MAX_TTL
 
 if TYPE_CHECKING:
     from adaptor._gateway import Admission, Gateway
@@ -105,6 +106,9 @@ class Agent:
         renewal = _waiting.seconds("lease_renewal", lease_renewal)
         if ttl is None or renewal is None or ttl <= 0 or renewal <= 0:
             raise ValueError("lease_ttl and lease_renewal must be positive")
+        if ttl > MAX_TTL:
+            # Every store refuses a longer lease: each thread run failed, after it started.
+            raise ValueError(f"lease_ttl must be at most ten years ({MAX_TTL:,.0f} s), not {ttl!r}")
         self.lease_ttl = float(ttl)
         self.lease_renewal = float(renewal)
         # Construction does no I/O: tools are checked, and their gateway started, by the first

@@ -574,6 +574,9 @@ def test_an_option_of_the_wrong_type_is_a_type_error_at_once(option: str, value:
         ("event_buffer", 0, ValueError, "event_buffer must be at least 1"),
         ("lease_ttl", "300", TypeError, "lease_ttl must be a number of seconds"),
         ("lease_renewal", float("nan"), ValueError, "lease_renewal must be a number of seconds"),
+        # Every store refuses a lease that long: each thread run failed after it started.
+        ("lease_ttl", float("inf"), ValueError, r"lease_ttl must be at most ten years \(315,360,000 s\), not inf"),
+        ("lease_ttl", 316_224_000, ValueError, "lease_ttl must be at most ten years"),
         # One tool, not a list: "'Definition' object is not iterable".
         ("tools", adaptor.tool.define("t", "d", lambda v: 1), TypeError, "tools takes a list"),
     ],

@@ -910,6 +910,14 @@ def test_files_are_private_and_readable_with_jq_style_tools(tmp_path: Path) -> N
     assert [e["kind"] for e in events] == ["lease", "finalize", "lease"]
 
 
+def test_an_empty_directory_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An unset variable's "" made the current directory a store (its log and lock written there).
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="a thread store needs a directory, not an empty path"):
+        JSONLStore("")
+    assert os.listdir(tmp_path) == []
+
+
 def test_symlinked_snapshot_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "threads"
     with JSONLStore(directory) as store:

@@ -257,7 +257,12 @@ class JSONLStore:
     def __init__(
         self, directory: str | os.PathLike[str], *, clock: Callable[[], float] = time.time
     ) -> None:
-        self._dir = os.path.abspath(os.fspath(directory))
+        path = os.fspath(directory)
+        if path == "":
+            # (abspath would make it the current directory: an unset variable's "" turned the
+            # working directory into a store.)
+            raise ValueError("a thread store needs a directory, not an empty path")
+        self._dir = os.path.abspath(path)
         ensure_dir(self._dir)
         self._clock = clock
         self._lock_path = os.path.join(self._dir, _LOCK)

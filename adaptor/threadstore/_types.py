@@ -27,7 +27,7 @@ __all__ = [
 Status = Literal["active", "archived"]
 _STATUSES: tuple[Status, ...] = ("active", "archived")
 # Ten years: far beyond any sane lease, well inside what datetime can represent.
-_MAX_TTL = 10 * 365 * 86400.0
+MAX_TTL = 10 * 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def check_text(name: str, value: object, *, allow_empty: bool = False) -> str:
 def check_ttl(ttl: object) -> float:
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
-    if not (math.isfinite(ttl) and 0 < ttl <= _MAX_TTL):
+    if not (math.isfinite(ttl) and 0 < ttl <= MAX_TTL):
         raise ValueError(f"ttl must be a positive number of seconds up to ten years, not {ttl!r}")
     return float(ttl)
 
