@@ -441,21 +441,11 @@ def _put(target: dict[str, Any], path: Sequence[str], value: Any, *, within: str
         elif not isinstance(child, dict):
             where = ".".join((within, *path[:depth]))
             raise click.UsageError(
-                f"cannot set {'.'.join((within, *path))}: {where} is {_json_type(child)} (given by"
-                " --request or an earlier option), not an object"
+                f"cannot set {'.'.join((within, *path))}: {where} is of type"
+                f" {_nesting.json_type(child)} (given by --request or an earlier option), not an object"
             )
         target = child
     target[path[-1]] = value
-
-
-def _json_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else f"a {type(value).__name__}"
 
 
 # --- running --------------------------------------------------------------------------------------

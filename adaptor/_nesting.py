@@ -23,6 +23,7 @@ __all__ = [
     "describe_number",
     "dumps",
     "InexactNumberError",
+    "json_type",
     "loads_exactly",
     "unwritable_number_at",
     "unwritable_text_at",
@@ -172,6 +173,25 @@ def _is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def json_type(value: object) -> str:
+    """The JSON type ``value`` would be (``"integer"``, ``"object"``, ...), else its Python type's name."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
 
 
 def describe_number(value: float | int) -> str:

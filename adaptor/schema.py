@@ -278,7 +278,7 @@ def _compile(schema: object) -> CompiledSchema:
 def _compile_document(document: object, type_: type | None) -> CompiledSchema:
     schema = _plain_json(document)
     if not isinstance(schema, dict):
-        raise InvalidOutputSchemaError(f"a schema must be a JSON object, got {_json_type(schema)}")
+        raise InvalidOutputSchemaError(f"a schema must be a JSON object, got {_nesting.json_type(schema)}")
     dialect = schema.get("$schema")
     if dialect is not None and (not isinstance(dialect, str) or dialect.rstrip("#") != _DIALECT):
         # Validating with draft 2020-12 rules a schema written for another draft would
@@ -832,7 +832,7 @@ def _enum_schema(values: list[object], where: str) -> dict[str, Any]:
     if not values:
         raise _Underivable(f"{where}: an enum needs at least one member")
     schema: dict[str, Any] = {"enum": values}
-    kinds = {_json_type(v) for v in values}
+    kinds = {_nesting.json_type(v) for v in values}
     if kinds == {"integer", "number"}:
         kinds = {"number"}
     if len(kinds) == 1:  # a "type" next to "enum" is redundant but helps provider enforcement
@@ -1176,7 +1176,7 @@ def _expect(value: Any, kind: Any, where: str, name: str) -> Any:
 
 
 def _mismatch(where: str, expected: str, value: Any) -> ValueError:
-    return ValueError(f"{where}: expected {expected}, got {_json_type(value)}")
+    return ValueError(f"{where}: expected {expected}, got {_nesting.json_type(value)}")
 
 
 def _json_equal(a: object, b: object) -> bool:
@@ -1212,24 +1212,6 @@ def _join(where: str, key: str) -> str:
     if key.isidentifier():
         return f"{where}.{key}"
     return f"{where}[{json.dumps(key, ensure_ascii=False)}]"
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
 
 
 def _type_name(hint: object) -> str:

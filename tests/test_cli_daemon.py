@@ -1562,9 +1562,9 @@ def test_options_adding_to_a_request_files_field_of_another_type_are_usage_error
     # env) was dropped without a word, the run went on (exit 0).
     nested: tuple[tuple[dict[str, Any], list[str], str], ...] = (
         ({"policy": {"approvals": "auto_reject"}}, ["--policy-approval-timeout", "30"],
-         "cannot set policy.approvals.timeout: policy.approvals is a string"),
-        ({"config": {"env": "FOO=bar"}}, ["--env", "BAZ=1"], "cannot set config.env.BAZ: config.env is a string"),
-        ({}, ["--config", "a=1", "--config", "a.b=2"], "cannot set config.a.b: config.a is a number"),
+         "cannot set policy.approvals.timeout: policy.approvals is of type string"),
+        ({"config": {"env": "FOO=bar"}}, ["--env", "BAZ=1"], "cannot set config.env.BAZ: config.env is of type string"),
+        ({}, ["--config", "a=1", "--config", "a.b=2"], "cannot set config.a.b: config.a is of type integer"),
     )
     for fields, option, said in nested:
         for extra in ([], ["--no-daemon"]):

@@ -323,17 +323,7 @@ def test_a_leftover_that_keeps_writing_the_output_does_not_hold_up_a_finished_ru
         stream.result()
 
 
-def test_a_script_without_its_interpreter_line_is_not_a_program(tmp_path: Path) -> None:
-    # exec's ENOEXEC failed the run as the driver's own error ("driver 'command' raised
-    # OSError"), no details: the commonest mistake with a script of one's own.
-    path = tmp_path / "review.sh"
-    path.write_text("echo hi\n")
-    path.chmod(0o755)
-    with pytest.raises(adaptor.RunError) as caught:
-        adaptor.Agent(command.Driver(command.Config(str(path)))).run("x")
-    assert str(caught.value) == f"{path}: not a program this system can run (a script must begin with a #! line)"
-    assert caught.value.details == {"kind": "binary_not_found", "binary": str(path)}
-    assert errors.exit_code_for(caught.value) == 69
+def test_a_program_for_another_system_or_an_empty_file_says_so(tmp_path: Path) -> None:
     # A program for another machine (the wrong download of an agent's CLI) and an empty file
     # are refused by exec the same way: not told to add a #! line.
     foreign = tmp_path / "agent-arm64"
@@ -388,14 +378,23 @@ def test_a_grace_period_is_at_most_five_minutes(tmp_path: Path) -> None:
     assert str(caught.value.cause) == "grace_period: expected a number of seconds from 0 to 300"
 
 
-def test_a_script_whose_interpreter_is_missing_says_so(tmp_path: Path) -> None:
-    # exec fails with ENOENT for the interpreter too: "review.sh: no such file" for a file
-    # that is right there.
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        # exec fails with ENOENT for the interpreter too: "review.sh: no such file" for a file
+        # that is right there.
+        ("#!/nonexistent/interp -x\necho hi\n", "its interpreter /nonexistent/interp does not exist"),
+        # exec's ENOEXEC failed the run as the driver's own error ("driver 'command' raised
+        # OSError"), no details: the commonest mistake with a script of one's own.
+        ("echo hi\n", "not a program this system can run (a script must begin with a #! line)"),
+    ],
+)
+def test_a_script_exec_cannot_run_says_why(tmp_path: Path, body: str, why: str) -> None:
     script = tmp_path / "review.sh"
-    script.write_text("#!/nonexistent/interp -x\necho hi\n")
+    script.write_text(body)
     script.chmod(0o755)
     with pytest.raises(adaptor.RunError) as caught:
         adaptor.Agent(command.Driver(command.Config(str(script)))).run("x")
-    assert str(caught.value) == f"{script}: its interpreter /nonexistent/interp does not exist"
+    assert str(caught.value) == f"{script}: {why}"
     assert caught.value.details == {"kind": "binary_not_found", "binary": str(script)}
     assert errors.exit_code_for(caught.value) == 69
