@@ -951,32 +951,56 @@ def test_torn_tail_is_ignored_then_repaired_and_corruption_is_reported(tmp_path:
     assert info.value.line == 2
 
 
-@pytest.mark.parametrize("last_line", ["a newer version's", "a note by hand"])
-def test_a_last_line_no_crash_leaves_is_corruption_to_readers_as_to_writers(
-    tmp_path: Path, last_line: str
+@pytest.mark.parametrize(
+    "tail", ["a newer version's", "a note by hand", "a note of two lines", "a newer version's, then torn"]
+)
+def test_lines_no_crash_leaves_at_the_end_are_corruption_to_readers_as_to_writers(
+    tmp_path: Path, tail: str
 ) -> None:
     # Readers took any bad last line for a torn append and skipped it: the thread it saved
     # read as missing (`adaptor threads show` exit 4, "offer a new thread") while every write
-    # refused the store as corrupt.
+    # refused the store as corrupt.  Two lines of a note, or a newer adaptor's whole record
+    # with a torn one after it, were taken for power-cut damage and cut by the next writer.
     directory = tmp_path / "threads"
     with JSONLStore(directory) as store:
         start(store, "r1", "k")
     log = directory / "log-000001.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
-    if last_line == "a newer version's":
+    line = len(lines)
+    if tail.startswith("a newer version's"):
         newer = unframe(lines[-1].rstrip(b"\n"))
         lines[-1] = frame({**newer, "v": 2})  # whole, in sequence, its crc valid
+        if tail.endswith("then torn"):
+            lines.append(b'{"crc":1')
         why = "unsupported format version 2"
     else:
         lines.append(b"restored from a backup by ops\n")
+        if tail == "a note of two lines":
+            lines.append(b"see ticket OPS-42\n")
+        line += 1
         why = "invalid json; not a torn record of this log"
     log.write_bytes(b"".join(lines))
+    damaged = log.read_bytes()
     with JSONLStore(directory) as store, pytest.raises(CorruptLogError) as read:
         store.resolve(Query(key="k"))
-    assert read.value.why.startswith(why)
+    assert read.value.line == line and read.value.why.startswith(why)
     with JSONLStore(directory) as store, pytest.raises(CorruptLogError) as written:
         start(store, "r2", "k2")
-    assert (written.value.line, written.value.why) == (read.value.line, read.value.why)
+    assert written.value.line == line
+    assert log.read_bytes() == damaged  # kept as it is: nothing cut
+
+
+def test_an_empty_last_line_is_torn_to_readers_and_cut_by_the_next_writer(tmp_path: Path) -> None:
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        record = start(store, "r1", "k")
+    log = directory / "log-000001.jsonl"
+    whole = log.read_bytes()
+    log.write_bytes(whole + b"\n")
+    with JSONLStore(directory) as store:
+        assert store.resolve(Query(key="k")) == record
+        start(store, "r2", "k2")
+    assert log.read_bytes().startswith(whole) and b"\n\n" not in log.read_bytes()
 
 
 def test_an_instance_reads_the_files_afresh_after_reporting_them_changed_under_it(

@@ -188,10 +188,11 @@ def _parse_event(raw: bytes, expected_seq: int) -> Event:
 
 
 def _torn_tail(raw: bytes, terminated: bool, expected_seq: int) -> bool:
-    """Whether a bad last line is what a crash mid-append leaves, judged as the writer judges it
-    (DurableLog's tail check): the beginning of a record, zeros or a bare newline, never a whole
-    record in sequence (of another format version, or of a shape this version does not know)."""
-    if not may_be_torn(raw):
+    """Whether a bad last line (``raw``, without its newline) is what a crash mid-append leaves,
+    judged as the writer judges it (DurableLog's tail check): the beginning of a record, zeros
+    or an empty line, never a whole record in sequence (of another format version, or of a
+    shape this version does not know) nor text another hand wrote."""
+    if raw and not may_be_torn(raw):
         return False
     if not terminated:
         return True
@@ -200,6 +201,19 @@ def _torn_tail(raw: bytes, terminated: bool, expected_seq: int) -> bool:
     except ValueError:
         return True
     return event.get("seq") != expected_seq
+
+
+def _crash_leftover(raw: bytes) -> bool:
+    """Whether a line (without its newline) holds only what a crash can leave where a line was
+    being written: the beginning of a record, zeros or nothing.  Not a whole record, nor a note
+    someone appended (text of several lines is no power-cut damage either)."""
+    if raw and not may_be_torn(raw):
+        return False
+    try:
+        unframe(raw)
+    except ValueError:
+        return True
+    return False
 
 
 def is_store_log(path: str) -> bool:
@@ -222,6 +236,8 @@ def _power_cut_suffix(lines: list[bytes], damage_at: int) -> bool:
         try:
             event = unframe(raw)
         except ValueError:
+            if not _crash_leftover(raw):
+                return False  # text someone appended: no power cut wrote it
             continue
         if event.get("kind") != "lease" or "reserve" in event:
             return False  # synced: everything before it was flushed with it
@@ -676,17 +692,16 @@ class JSONLStore:
                     # Anything else is corruption and must not be skipped.
                     if ahead:
                         return
-                    if last:
-                        if _torn_tail(raw, terminated, self._seq + 1):
-                            return
-                        # As the next writer finds it: a reader that skipped it said a thread
-                        # did not exist (exit 4) while every write said the store is corrupt.
-                        why = str(exc) if may_be_torn(raw) else not_torn(str(exc))
-                        raise CorruptLogError(path, self._seq + 1, why) from None
-                    if _power_cut_suffix(lines[index + 1 :], self._offset):
+                    # (A last line no crash leaves is corruption as the next writer finds it:
+                    # a reader that skipped it said a thread did not exist, exit 4, while every
+                    # write said the store is corrupt.)
+                    if last and _torn_tail(raw, terminated, self._seq + 1):
+                        return
+                    if not last and _crash_leftover(raw) and _power_cut_suffix(lines[index + 1 :], self._offset):
                         self._artifact_at = self._offset
                         return
-                    raise CorruptLogError(path, self._seq + 1, str(exc)) from None
+                    why = str(exc) if not raw or may_be_torn(raw) else not_torn(str(exc))
+                    raise CorruptLogError(path, self._seq + 1, why) from None
                 synced = event.get("synced")
                 if synced is not None and synced > self._synced:
                     self._synced = synced
