@@ -210,13 +210,28 @@ def _head(binary: str, cwd: str | None) -> bytes | None:
         return None
 
 
+# How programs of other systems begin: ELF (another architecture), Windows' PE, Mach-O (32 and
+# 64 bits, either byte order) and its universal binaries.
+_PROGRAM_MAGICS: Final = (
+    b"\x7fELF", b"MZ", b"\xce\xfa\xed\xfe", b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xce",
+    b"\xfe\xed\xfa\xcf", b"\xca\xfe\xba\xbe",
+)
+
+
 def _not_a_program(binary: str, cwd: str | None) -> str:
     """Why exec refused ``binary`` as a program (ENOEXEC), as far as its first bytes tell."""
     head = _head(binary, cwd)
-    if head is not None and head.startswith(b"\x7fELF"):
+    if head is None:
+        return "not a program this system can run"
+    if head.startswith(_PROGRAM_MAGICS):
         return "a program built for another system (its architecture or format cannot run here)"
     if head == b"":
         return "an empty file, not a program"
+    if head.startswith(b"#!"):
+        # (A venv copied from another machine: its python is that machine's.)
+        words = head[2:].split()
+        interpreter = os.fsdecode(words[0]) if words else "(none named)"
+        return f"its interpreter {interpreter} is not a program this system can run"
     # A shell script without its #! line (a shell would run it; exec cannot).
     return "not a program this system can run (a script must begin with a #! line)"
 

@@ -330,10 +330,15 @@ def test_a_program_for_another_system_or_an_empty_file_says_so(tmp_path: Path) -
     program = bytearray(Path("/bin/true").read_bytes())
     program[18:20] = (0xB7).to_bytes(2, "little")  # e_machine: AArch64
     foreign.write_bytes(program)
+    mac = tmp_path / "agent-macos"
+    mac.write_bytes(b"\xcf\xfa\xed\xfe" + bytes(60))  # Mach-O, 64 bits
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
-    for binary, why in ((foreign, "a program built for another system (its architecture or format cannot run here)"),
-                        (empty, "an empty file, not a program")):
+    copied_venv = tmp_path / "tool.py"  # a script whose interpreter is another machine's
+    copied_venv.write_text(f"#!{mac}\nprint('hi')\n")
+    foreign_why = "a program built for another system (its architecture or format cannot run here)"
+    for binary, why in ((foreign, foreign_why), (mac, foreign_why), (empty, "an empty file, not a program"),
+                        (copied_venv, f"its interpreter {mac} is not a program this system can run")):
         binary.chmod(0o755)
         with pytest.raises(adaptor.RunError) as caught:
             adaptor.Agent(command.Driver(command.Config(str(binary)))).run("x")
