@@ -76,6 +76,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
@@ -232,7 +233,7 @@ class Driver(_cli.CliDriver[Config]):
 
     def run(self, request: Request, sink: EventSink) -> Response:
         config = self._config_for(request)
-        refusal = _permission_overridden(request, config.extra_args)
+        refusal = _permission_overridden(request, config.extra_args) or _tool_names_too_long(request)
         if refusal is not None:
             return refusal
         plan = _plan(config, request, persistent_allowed=not self._pool.closed)
@@ -321,6 +322,8 @@ class _Plan:
     spawn: bool
     signature: str
     mcp: tuple[MCPServerSpec, ...] = ()
+    # The gateway token's variable: declared stdio servers (third-party code) must not get it.
+    tools_token_env: str | None = None
     required_mcp: frozenset[str] = frozenset()
     allowed_tools: tuple[str, ...] = ()
     skills: tuple[ResolvedSkill, ...] = ()
@@ -363,6 +366,11 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         servers.append(endpoint.server)
         required.add(endpoint.server.key)  # without it the host's tools are missing
         allowed = tuple(_mcp_tool_name(endpoint.server.key, name) for name in endpoint.tools)
+        if _TOOL_TIMEOUT_VAR not in {**os.environ, **config.env, **request.env}:
+            # Claude Code gives up on an MCP call after 60 s by default and hands the model
+            # "The operation timed out." while the host's handler runs on: a host tool (a
+            # delegation to another agent) may take as long as its run.
+            owned[_TOOL_TIMEOUT_VAR] = str(_tool_call_limit_ms(request))
     persistent = (
         persistent_allowed
         and config.idle_timeout > 0
@@ -399,6 +407,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         spawn=request.spawn,
         signature=signature,
         mcp=tuple(servers),
+        tools_token_env=None if endpoint is None else endpoint.server.bearer_token_env,
         required_mcp=frozenset(required),
         allowed_tools=allowed,
         skills=tuple(request.skills),
@@ -424,6 +433,43 @@ def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Respo
         return None
     what = f"the policy's permission {approvals.permission!r} (they may pre-approve tools)"
     return _cli.overridden_by_extra_args("claude", what, found)
+
+
+_TOOL_TIMEOUT_VAR: Final = "MCP_TOOL_TIMEOUT"
+# Node's timers take at most 2**31-1 ms (about 24.8 days); a longer delay fires at once.
+_LONGEST_TIMER_MS: Final = 2**31 - 1
+
+
+def _tool_call_limit_ms(request: Request) -> int:
+    """How long claude may wait on one MCP tool call: until the run's deadline (the run ends
+    the call then), or as long as its timers go."""
+    if request.deadline is None:
+        return _LONGEST_TIMER_MS
+    left = (request.deadline - datetime.now(UTC)).total_seconds()
+    return min(max(int(left * 1000) + 1000, 60_000), _LONGEST_TIMER_MS)
+
+
+# The longest tool name Anthropic's API takes: Claude Code leaves out, without a word to the
+# run, an MCP tool whose mcp__<server>__<tool> name is longer.
+_MAX_TOOL_NAME: Final = 128
+
+
+def _tool_names_too_long(request: Request) -> Response | None:
+    """A refusal for host tools whose names claude would drop: the model could never call them."""
+    endpoint = request.tools_endpoint
+    if endpoint is None:
+        return None
+    longest = _MAX_TOOL_NAME - len(_mcp_tool_name(endpoint.server.key, ""))
+    dropped = sorted(name for name in endpoint.tools if len(_mcp_tool_name(endpoint.server.key, name)) > _MAX_TOOL_NAME)
+    if not dropped:
+        return None
+    shown = ", ".join(repr(name[:40] + "...") for name in dropped[:3])
+    return Response(exit_code=None, failure=RunFailure(
+        code="unsupported_driver",
+        message=f"claude cannot offer host tools with names over {longest} characters (its API takes "
+                f"mcp__{endpoint.server.key}__<name> names up to {_MAX_TOOL_NAME}): {shown}",
+        details={"kind": "tool_name_too_long", "tools": dropped},
+    ))
 
 
 def _approval_transport(request: Request) -> tuple[bool, bool]:
@@ -489,17 +535,20 @@ def _mcp_tool_name(server: str, tool: str) -> str:
     return f"mcp__{_NOT_IN_TOOL_NAME.sub('_', server)}__{_NOT_IN_TOOL_NAME.sub('_', tool)}"
 
 
-def _mcp_config(servers: tuple[MCPServerSpec, ...]) -> dict[str, Any]:
+def _mcp_config(servers: tuple[MCPServerSpec, ...], withheld: str | None = None) -> dict[str, Any]:
     """The ``--mcp-config`` document.  ``env`` and header values are secrets: the caller
     writes this to a 0600 file only.  A bearer variable becomes ``${VAR}``, which the CLI
-    expands from its own environment, so the token itself is never written."""
+    expands from its own environment, so the token itself is never written.  ``withheld``
+    (the tool gateway's token variable) is emptied for stdio servers, which start with the
+    CLI's environment: a declared server's code could otherwise call every host tool."""
     rendered: dict[str, Any] = {}
     for server in servers:
         entry: dict[str, Any]
         if server.transport == "stdio":
             entry = {"type": "stdio", "command": server.command, "args": list(server.args)}
-            if server.env:
-                entry["env"] = dict(server.env)
+            env = {**({withheld: ""} if withheld else {}), **server.env}
+            if env:
+                entry["env"] = env
         else:
             entry = {"type": server.transport, "url": server.url}
             headers = dict(server.headers)
@@ -538,7 +587,7 @@ class _Files:
             # mkstemp creates the file 0600: it may hold env and header values.
             fd, mcp_config = tempfile.mkstemp(prefix="mcp-", suffix=".json", dir=private)
             with os.fdopen(fd, "wb") as handle:
-                handle.write(orjson.dumps(_mcp_config(plan.mcp)))
+                handle.write(orjson.dumps(_mcp_config(plan.mcp, plan.tools_token_env)))
         if plan.skills:
             # Claude Code loads <dir>/.claude/skills/* from every --add-dir directory.  The
             # directory holds only these links, so the access --add-dir grants covers nothing

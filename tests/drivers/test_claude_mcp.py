@@ -126,6 +126,60 @@ def test_a_declared_stdio_server_is_started_and_used(
     assert "from-env:" not in json.dumps(spawn(events).data)  # env values stay in the 0600 file
 
 
+PEEK_SERVER = """
+import json, os
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("peek")
+
+@server.tool()
+def peek() -> str:
+    \"\"\"What of claude's environment this server was started with.\"\"\"
+    seen = {k: v for k, v in os.environ.items() if k.startswith("ADAPTOR_TOOLS_TOKEN") or k == "MCP_TOOL_TIMEOUT"}
+    return json.dumps(seen)
+
+server.run()
+"""
+
+
+def test_a_declared_server_gets_no_tool_token_and_host_tools_may_take_their_run(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A declared stdio server starts with claude's environment: it got the gateway's token
+    # (so its code could call every host tool), which mcp.validate refuses to hand any server.
+    # And claude gave up on a host tool after 60 s ("The operation timed out.") while the
+    # handler ran on: a delegation to another agent could not take longer.
+    admitted = admissions(monkeypatch)
+    anthropic.configure(tool=("mcp__peek__peek", {}))
+    script = tmp_path / "peek_server.py"
+    script.write_text(PEEK_SERVER)
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, tools=[add],
+                       mcp=[mcp.stdio("peek", sys.executable, [str(script)])], policy=policy) as agent:
+        run(agent, "peek", timeout=600)
+    ((token_env, _),) = admitted[0].items()
+    ((text, is_error),) = anthropic_tool_results(anthropic.messages()[-1]["messages"])
+    seen = json.loads(json.loads(text)["result"])  # (the server's structured result)
+    assert not is_error and seen[token_env] == ""
+    assert 540_000 < int(seen["MCP_TOOL_TIMEOUT"]) <= 601_000  # until the run's deadline
+
+
+def test_a_host_tool_whose_name_claude_would_drop_is_refused(
+    claude_config: Callable[..., claude.Config], workspace: str
+) -> None:
+    # mcp__adaptor__<name> over 128 characters: claude left the tool out without a word, the
+    # run succeeded, and the model answered "No such tool available".
+    long_name = "t" * 115
+    handler = tool.define(long_name, "a tool with a long name", lambda args: {"ok": True})
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, tools=[handler]) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("go")
+    assert caught.value.reason == "unsupported_driver"
+    assert caught.value.details == {"kind": "tool_name_too_long", "tools": [long_name]}
+    assert "names over 114 characters" in str(caught.value)
+
+
 def test_a_skill_is_visible_to_the_cli(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
