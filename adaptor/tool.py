@@ -504,9 +504,14 @@ def define(
         if input is not None:
             input_schema = _compile(input, f"{label}: input")
             if input_schema.schema.get("type") != "object":
+                # pydantic writes a recursive model as {"$defs": ..., "$ref": "#/$defs/<it>"}.
+                hint = (
+                    ': its root is a "$ref" (as pydantic writes a recursive model); write the '
+                    'root object out, its "$defs" beside it' if "$ref" in input_schema.schema else ""
+                )
                 raise InvalidDefinitionError(
                     f"{label}: the input schema must describe a JSON object "
-                    '(top-level "type": "object")'
+                    f'(top-level "type": "object"){hint}'
                 )
         if output is not None:
             output_schema = _compile(output, f"{label}: output")

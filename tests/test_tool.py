@@ -185,6 +185,21 @@ def test_schema_problems_join_their_cause() -> None:
     assert isinstance(d.problem.__cause__, adaptor.InvalidOutputSchemaError)
 
 
+class Tree(pydantic.BaseModel):
+    value: int
+    children: list[Tree] = []
+
+
+def test_a_recursive_models_root_ref_is_named_in_the_refusal() -> None:
+    # pydantic writes it as {"$defs": ..., "$ref": ...}: refused as if it described no object.
+    problem = tool.define("tree", "d", lambda v: v, input=Tree).problem
+    assert isinstance(problem, tool.InvalidDefinitionError)
+    assert str(problem).endswith(
+        'its root is a "$ref" (as pydantic writes a recursive model); write the root object out, '
+        'its "$defs" beside it'
+    )
+
+
 def test_catalogue_rejects_duplicates_and_strangers() -> None:
     a = tool.define("a", "d", lambda v: v)
     with pytest.raises(tool.InvalidDefinitionError, match="two tools"):
