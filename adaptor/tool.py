@@ -119,6 +119,10 @@ _MAX_CODE_BYTES = 64
 _MAX_MESSAGE_BYTES = 4096
 _MAX_ECHO_BYTES = 64
 _INVALID_JSON: Final = "invalid JSON arguments; send a JSON object and retry"
+_INEXACT_NUMBER: Final = (
+    "a number in the arguments cannot be read exactly (an integer past 64 bits, or past a "
+    "float's range); send it as a string and retry"
+)
 _NO_ARGUMENTS: Final[Mapping[str, Any]] = {
     "type": "object",
     "properties": {},
@@ -685,7 +689,11 @@ def _parse_arguments(arguments: str | bytes | Mapping[str, Any] | None) -> Any:
     if isinstance(arguments, str | bytes) and not arguments.strip():
         return {}
     try:
-        value = orjson.loads(arguments)
+        value = _nesting.loads_exactly(arguments)
+    except _nesting.InexactNumberError:
+        # Valid JSON an object may well be: "invalid JSON arguments" sent the model looking
+        # for a syntax error.  (Where it is goes unsaid: a key is the model's text.)
+        _fail_input(_INEXACT_NUMBER)
     except orjson.JSONDecodeError:
         _fail_input(_INVALID_JSON)
     if not isinstance(value, dict):

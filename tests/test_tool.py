@@ -330,6 +330,10 @@ SECRET = "s3cr3t-value-xyz"
         ({"number": SECRET}, 'wrong type at "$.number": expected integer'),
         ({"label": SECRET}, 'missing required field "number"'),
         ({"number": 1, "extra_" + "x" * 100: SECRET}, "invalid field"),
+        # Valid JSON objects: "invalid JSON arguments" and "expected number" sent the model
+        # looking for the wrong mistake.
+        ('{"number": 123456789012345678901234567890}', "cannot be read exactly"),
+        ('{"number": 1e400}', "cannot be read exactly"),
     ],
 )
 def test_invalid_input_is_safe(arguments: Any, fragment: str) -> None:
