@@ -681,6 +681,9 @@ def _parse_arguments(arguments: str | bytes | Mapping[str, Any] | None) -> Any:
     if arguments is None:
         return {}
     if isinstance(arguments, Mapping):
+        if _nesting.unwritable_number_at(arguments) is not None:
+            # What the gateway's MCP parser made of 1e400 (inf) or a 30-digit integer.
+            _fail_input(_INEXACT_NUMBER)
         try:
             # A round trip: the handler gets plain JSON data, never the caller's objects.
             return orjson.loads(orjson.dumps(arguments))

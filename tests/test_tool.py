@@ -334,6 +334,9 @@ SECRET = "s3cr3t-value-xyz"
         # looking for the wrong mistake.
         ('{"number": 123456789012345678901234567890}', "cannot be read exactly"),
         ('{"number": 1e400}', "cannot be read exactly"),
+        # As the gateway hands them over, parsed by the MCP SDK.
+        ({"number": 123456789012345678901234567890}, "cannot be read exactly"),
+        ({"number": float("inf")}, "cannot be read exactly"),
     ],
 )
 def test_invalid_input_is_safe(arguments: Any, fragment: str) -> None:

@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import os
 import queue
+import re
 import secrets
 import selectors
 import shutil
@@ -153,6 +154,9 @@ class CannotStart(Exception):
         interpreter = _missing_interpreter(binary, cwd) if why == "missing" else None
         if why != "missing":
             message = f"{binary}: {why}"
+        elif interpreter is not None and interpreter.endswith("\r"):
+            message = (f"{binary}: its #! line ends in a carriage return (the file has Windows line "
+                       f"ends), so its interpreter is {interpreter[:-1]} followed by one, which does not exist")
         elif interpreter is not None:
             # The file is there: exec's ENOENT is about the interpreter its #! line names.
             message = f"{binary}: its interpreter {interpreter} does not exist"
@@ -198,6 +202,10 @@ class CannotStart(Exception):
         )
 
 
+# What Linux reads of a #! line (BINPRM_BUF_SIZE), its newline included.
+_SHEBANG_BYTES: Final = 256
+
+
 def _head(binary: str, cwd: str | None) -> bytes | None:
     """The first line (at most 256 bytes) of the file exec ran for ``binary``, if readable."""
     found = os.path.join(cwd or "", binary) if os.sep in binary else shutil.which(binary)
@@ -205,7 +213,7 @@ def _head(binary: str, cwd: str | None) -> bytes | None:
         return None
     try:
         with open(found, "rb") as program:
-            return program.readline(256)
+            return program.readline(_SHEBANG_BYTES)
     except OSError:
         return None
 
@@ -228,25 +236,30 @@ def _not_a_program(binary: str, cwd: str | None) -> str:
     if head == b"":
         return "an empty file, not a program"
     if head.startswith(b"#!"):
+        if len(head) >= _SHEBANG_BYTES and not head.endswith(b"\n"):
+            return f"its #! line is longer than the system reads ({_SHEBANG_BYTES - 1} bytes)"
         # (A venv copied from another machine: its python is that machine's.)
-        words = head[2:].split()
-        interpreter = os.fsdecode(words[0]) if words else "(none named)"
-        return f"its interpreter {interpreter} is not a program this system can run"
+        return f"its interpreter {_interpreter(head) or '(none named)'} is not a program this system can run"
     # A shell script without its #! line (a shell would run it; exec cannot).
     return "not a program this system can run (a script must begin with a #! line)"
+
+
+def _interpreter(head: bytes) -> str | None:
+    """The interpreter a ``#!`` line names, as exec reads it: up to a space, a tab or the
+    newline, so a carriage return (a file with Windows line ends) is part of the name."""
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].lstrip(b" \t")
+    name = re.split(rb"[ \t]", line, maxsplit=1)[0]
+    return os.fsdecode(name) if name else None
 
 
 def _missing_interpreter(binary: str, cwd: str | None) -> str | None:
     """The interpreter a ``#!`` script at ``binary`` names, when the script exists and that does not."""
     head = _head(binary, cwd)
-    if head is None:
+    interpreter = None if head is None else _interpreter(head)
+    if interpreter is None:
         return None
-    if not head.startswith(b"#!"):
-        return None
-    words = head[2:].split()
-    if not words:
-        return None
-    interpreter = os.fsdecode(words[0])
     return None if os.path.exists(interpreter) else interpreter
 
 

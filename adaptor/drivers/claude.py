@@ -540,7 +540,8 @@ def _mcp_config(servers: tuple[MCPServerSpec, ...], withheld: str | None = None)
     writes this to a 0600 file only.  A bearer variable becomes ``${VAR}``, which the CLI
     expands from its own environment, so the token itself is never written.  ``withheld``
     (the tool gateway's token variable) is emptied for stdio servers, which start with the
-    CLI's environment: a declared server's code could otherwise call every host tool."""
+    CLI's environment: a declared server does not inherit the token (code running as the same
+    user can still read the CLI's environment)."""
     rendered: dict[str, Any] = {}
     for server in servers:
         entry: dict[str, Any]

@@ -392,6 +392,12 @@ def test_a_grace_period_is_at_most_five_minutes(tmp_path: Path) -> None:
         # exec's ENOEXEC failed the run as the driver's own error ("driver 'command' raised
         # OSError"), no details: the commonest mistake with a script of one's own.
         ("echo hi\n", "not a program this system can run (a script must begin with a #! line)"),
+        # Checked out with Windows line ends: exec looks for "/bin/sh\r"; it said "no such file"
+        # of the script that is right there.
+        ("#!/bin/sh\r\necho hi\r\n", "its #! line ends in a carriage return (the file has Windows line "
+         "ends), so its interpreter is /bin/sh followed by one, which does not exist"),
+        # A cut-off path was named as the interpreter that could not run.
+        ("#!/" + "d" * 300 + "/python\nprint()\n", "its #! line is longer than the system reads (255 bytes)"),
     ],
 )
 def test_a_script_exec_cannot_run_says_why(tmp_path: Path, body: str, why: str) -> None:
