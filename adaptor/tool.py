@@ -121,7 +121,7 @@ _MAX_ECHO_BYTES = 64
 _INVALID_JSON: Final = "invalid JSON arguments; send a JSON object and retry"
 _INEXACT_NUMBER: Final = (
     "a number in the arguments cannot be read exactly (an integer past 64 bits, or past a "
-    "float's range); send it as a string and retry"
+    "float's range); send a number within range (or text, where the field takes text) and retry"
 )
 _NO_ARGUMENTS: Final[Mapping[str, Any]] = {
     "type": "object",
