@@ -49,8 +49,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
-import orjson
-
 from adaptor._home import OWNER_VAR, xdg_base
 from adaptor.drivers import NAMES as DRIVER_NAMES
 from adaptor.skill import Directories
@@ -363,6 +361,8 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular
         return DaemonConfig()
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{target}: {exc}") from exc
+    except RecursionError:  # tomllib follows [[[...]]] with Python's stack
+        raise ConfigError(f"{target}: nested too deeply to read") from None
     return _parse(raw, str(target))
 
 
@@ -458,6 +458,8 @@ def _check_driver_table(name: str, table: Mapping[str, Any], source: str) -> Non
         raise ConfigError(f"{where}: unknown driver{hint}; known: {', '.join(DRIVER_NAMES)}")
     _refuse_unknown(table, _config_fields(name), where)
     cwd = table.get("cwd")
+    if isinstance(cwd, str) and "\0" in cwd:  # no directory has one: every run would fail
+        raise ConfigError(f"{where}: cwd holds a NUL character")
     if isinstance(cwd, str) and cwd and not os.path.isabs(cwd):  # as a request's config.cwd is
         raise ConfigError(
             f"{where}: cwd must be an absolute path (a relative one names a path under the "
@@ -544,8 +546,9 @@ def _parse_agent(
     key: str, raw: dict[str, Any], source: str, tools: set[str], drivers: Mapping[str, Mapping[str, Any]]
 ) -> ExposedAgent:
     where = f"{source}: a2a.agents.{key}"
-    if not _AGENT_KEY.fullmatch(key):
-        raise ConfigError(f"{where}: the name must match [A-Za-z0-9_.-]{{1,64}}")
+    if not _AGENT_KEY.fullmatch(key) or key in (".", ".."):
+        # (".." and "." are path segments: /agents/.. is /, where no agent answers.)
+        raise ConfigError(f"{where}: the name must match [A-Za-z0-9_.-]{{1,64}}, and not be . or ..")
     unknown = sorted(set(raw) - {"display_name", "description", "skills", "request", "threads"})
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s): {', '.join(unknown)}")
@@ -562,16 +565,18 @@ def _parse_agent(
     taken = [name for name in forbidden if name in template]
     if taken:
         raise ConfigError(f"{where}.request: {', '.join(taken)}: set by the bridge per message, not here")
-    from adaptor import _request
+    from adaptor import _home, _request
     from adaptor.errors import AdaptorError
     from adaptor.spool import InvalidRequestError
 
     # The same validation a spool request gets, so a bad template fails at start, not per task.
     try:
-        _request.parse(orjson.dumps({**template, "prompt": "probe"}), "a2a-template")
+        # As a request file is written: orjson alone writes NaN and inf as null, which passed
+        # here and then failed every message to the agent ("too large: ... inf").
+        _request.parse(_home.request_file_bytes({**template, "prompt": "probe"}), "a2a-template")
     except InvalidRequestError as exc:
         raise ConfigError(f"{where}.request: {_described(exc, [])}") from None
-    except orjson.JSONEncodeError as exc:
+    except (ValueError, TypeError) as exc:  # (orjson's JSONEncodeError is a TypeError)
         raise ConfigError(f"{where}.request: {exc}") from None
     missing = [name for name in template.get("tools") or () if name not in tools]
     if missing:

@@ -798,6 +798,14 @@ def test_only_loopback_goes_without_a_token(monkeypatch: pytest.MonkeyPatch) -> 
         ({"agents": {"x": {"request": {"driver": "script", "prompt": "p"}}}}, "set by the bridge"),
         ({"agents": {"x": {}}}, "request template table is required"),
         ({"agents": {"x y": {"request": {"driver": "script"}}}}, "the name must match"),
+        # A path segment: /agents/.. is /, the agent advertised there could not be reached.
+        ({"agents": {"..": {"request": {"driver": "script"}}}}, "and not be . or .."),
+        ({"agents": {".": {"request": {"driver": "script"}}}}, "and not be . or .."),
+        # orjson wrote them as null, which passed; then every message failed ("too large: ...").
+        ({"agents": {"x": {"request": {"driver": "script", "timeout": float("inf")}}}},
+         "request value at /timeout is inf, which JSON cannot hold"),
+        ({"agents": {"x": {"request": {"driver": "script", "timeout": float("nan")}}}},
+         "request value at /timeout is nan, which JSON cannot hold"),
         ({"agents": {"x": {"request": {"driver": "script", "tools": ["t"]}}}}, "no host tool"),
         ({"agents": {"x": {"request": {"driver": "script"}, "skills": [{}]}}}, "non-empty id"),
         ({"remotes": {"r": {"card_url": "ftp://x"}}}, "a2a.remotes.r"),

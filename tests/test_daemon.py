@@ -2951,16 +2951,38 @@ BAD_DRIVER_VALUES = [
     (f'[drivers.command]\nextra_args = "-c"\nenv = {{T = "{SECRET}"}}\n', "extra_args: expected a list of strings"),
     # Accepted, and every run without a workspace went to the daemon's own directory.
     ('[drivers.command]\ncwd = "rel/dir"\n', "cwd must be an absolute path"),
+    # Accepted; then every run failed: "working directory ... holds a NUL character".
+    ('[drivers.script]\ncwd = "/tmp\\u0000x"\n', "cwd holds a NUL character"),
 ]
 
 
-@pytest.mark.parametrize("text,why", BAD_DRIVER_VALUES, ids=["env", "command", "grace", "steps", "args", "cwd"])
+@pytest.mark.parametrize(
+    "text,why", BAD_DRIVER_VALUES, ids=["env", "command", "grace", "steps", "args", "cwd", "cwd-nul"]
+)
 def test_a_driver_table_value_the_driver_refuses_is_refused_at_load(tmp_path: Path, text: str, why: str) -> None:
     reported, check, serve = _refused_by_check_and_serve(tmp_path, text)
     table = text.splitlines()[0]
     assert table in reported and why in reported, reported
     assert SECRET not in check.stdout + check.stderr
     assert why in serve.stderr and SECRET not in serve.stderr, serve.stderr
+
+
+def test_a_default_config_that_is_a_fifo_is_refused_by_a_run_without_the_daemon(tmp_path: Path) -> None:
+    # `adaptor run --no-daemon` opened it and waited for a writer for ever; serve refuses it.
+    (tmp_path / "adaptord").mkdir()
+    os.mkfifo(tmp_path / "adaptord" / "config.toml")
+    ran = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--driver", "script", "go"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
+    )
+    assert ran.returncode == 2 and "config.toml: not a regular file" in ran.stderr, ran.stderr
+
+
+def test_a_config_nested_too_deeply_to_read_is_refused_by_check_and_serve(tmp_path: Path) -> None:
+    # A RecursionError traceback and exit 1, which systemd's unit restarted every 2 s.
+    reported, _, serve = _refused_by_check_and_serve(tmp_path, "x = " + "[" * 600 + "]" * 600 + "\n")
+    assert reported.endswith("config.toml: nested too deeply to read"), reported
+    assert "nested too deeply to read" in serve.stderr
 
 
 def test_a_config_that_is_no_regular_file_is_refused_by_serve_and_its_reloads(tmp_path: Path) -> None:
