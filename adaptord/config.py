@@ -350,6 +350,9 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular
         else:
             handle = target.open("rb")  # a pipe (<(...)) too
         with handle:
+            untrusted = _writable_by_others(target, os.fstat(handle.fileno()))
+            if untrusted is not None:
+                raise ConfigError(untrusted)
             data = handle.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:  # /dev/zero, a log named by mistake: never all read
             raise ConfigError(f"{target}: larger than {MAX_CONFIG_BYTES} bytes; is it the config file?")
@@ -364,6 +367,22 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular
     except RecursionError:  # tomllib follows [[[...]]] with Python's stack
         raise ConfigError(f"{target}: nested too deeply to read") from None
     return _parse(raw, str(target))
+
+
+def _writable_by_others(target: Path, found: os.stat_result) -> str | None:
+    """Why a config file cannot be trusted, or ``None``: it names the commands the daemon runs
+    (``[drivers.*] command``, ``[tools]``, ``env``), so one another user owns (root aside) or
+    that group or others may write is refused, as a home like that is."""
+    if not stat.S_ISREG(found.st_mode):
+        return None  # a pipe (check --config <(...)) is the caller's own
+    me = os.geteuid()
+    if found.st_uid not in (me, 0):
+        return f"{target}: belongs to uid {found.st_uid}, not to this user (uid {me}) nor root"
+    if found.st_mode & 0o022:
+        who = "others" if found.st_mode & 0o002 else "its group"
+        return (f"{target}: writable by {who} (mode {stat.S_IMODE(found.st_mode):o}), who could have "
+                f"the daemon run commands as this user; make it private: chmod go-w {target}")
+    return None
 
 
 def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:

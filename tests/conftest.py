@@ -24,6 +24,15 @@ def _ctrl_c_reaches_the_tests() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _files_private_to_their_writer() -> Iterator[None]:
+    """The config files the tests write must not be group-writable (the daemon refuses such
+    a file), whatever umask the developer's shell has (002 under user private groups)."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _no_home_from_the_shell() -> Iterator[None]:
     """A developer's ADAPTORD_HOME would take precedence over every test's ``--home``."""
     saved = os.environ.pop("ADAPTORD_HOME", None)

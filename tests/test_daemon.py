@@ -2978,6 +2978,20 @@ def test_a_default_config_that_is_a_fifo_is_refused_by_a_run_without_the_daemon(
     assert ran.returncode == 2 and "config.toml: not a regular file" in ran.stderr, ran.stderr
 
 
+@pytest.mark.parametrize(("mode", "who"), [(0o666, "others"), (0o664, "its group")])
+def test_a_config_others_can_write_is_refused_by_check_and_serve(tmp_path: Path, mode: int, who: str) -> None:
+    # It names the commands the daemon runs: served without a word, whoever could write it
+    # had the daemon run their program as its user (a home like that is refused).
+    config = tmp_path / "config.toml"
+    config.write_text("workers = 2\n")
+    config.chmod(mode)
+    reported, _, serve = _refused_by_check_and_serve(tmp_path, "workers = 2\n")
+    said = f"config.toml: writable by {who} (mode {mode:o})"
+    assert said in reported and said in serve.stderr, (reported, serve.stderr)
+    config.chmod(0o644)
+    assert _adaptord_check(config).stdout.startswith("config: ok")
+
+
 def test_a_config_nested_too_deeply_to_read_is_refused_by_check_and_serve(tmp_path: Path) -> None:
     # A RecursionError traceback and exit 1, which systemd's unit restarted every 2 s.
     reported, _, serve = _refused_by_check_and_serve(tmp_path, "x = " + "[" * 600 + "]" * 600 + "\n")
