@@ -949,8 +949,12 @@ def test_remotes_make_the_delegate_tool_selectable() -> None:
         ({"policy": "fast"}, "policy must be a table of Policy fields"),
         ({"policy": {"require_streaming": "no"}}, "Policy.require_streaming must be true or false"),
         ({"policy": {"allow_input_required": "false"}}, "Policy.allow_input_required must be true or false"),
+        # "" sent no token at all, without a word ([a2a] bearer_token_env = "" is refused).
+        ({"bearer_token_env": ""}, "bearer_token_env must name an environment variable"),
+        ({"bearer_token_env": 5}, "bearer_token_env must name an environment variable"),
     ],
-    ids=["card-url", "card", "display-name", "origins-string", "origins-number", "policy", "streaming", "input"],
+    ids=["card-url", "card", "display-name", "origins-string", "origins-number", "policy", "streaming", "input",
+         "token-env-empty", "token-env-number"],
 )
 def test_a_remote_value_of_the_wrong_type_is_refused(remote: dict[str, Any], why: str) -> None:
     table = {"card_url": "https://box.example/.well-known/agent-card.json", **remote}

@@ -125,6 +125,9 @@ class RemoteAgentSpec:
         if set(policy_obj) - policy_fields:
             raise ValueError(f"unknown policy keys: {sorted(set(policy_obj) - policy_fields)}")
         token_env = obj.get("bearer_token_env")
+        if token_env is not None and (not isinstance(token_env, str) or not token_env):
+            # "" sent no token at all, without a word: name a variable or leave the key out.
+            raise ValueError("bearer_token_env must name an environment variable (leave it out for no token)")
         return cls(
             key=obj["key"],
             card_url=obj.get("card_url"),
