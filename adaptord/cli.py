@@ -135,7 +135,9 @@ def check(config_path: str | None) -> None:
     """
     ok = True
     try:
-        config = config_module.load(config_path, required=config_path is not None)
+        # A pipe is read only when named (`--config <(...)`): a FIFO at the default path held
+        # the check for good, as `serve` and `run --no-daemon` refuse it.
+        config = config_module.load(config_path, required=config_path is not None, regular=config_path is None)
         tools = config.load_tools()
         invalid = config_module.invalid_tools(tools)
         source = config.source or "defaults; no config file"

@@ -588,6 +588,10 @@ def _parse_agent(
     from adaptor.errors import AdaptorError
     from adaptor.spool import InvalidRequestError
 
+    template_config = template.get("config")
+    if isinstance(template_config, dict) and "\0" in str(template_config.get("cwd", "")):
+        # (As in a [drivers.*] table: no directory has one, every task would fail.)
+        raise ConfigError(f"{where}.request.config: cwd holds a NUL character")
     # The same validation a spool request gets, so a bad template fails at start, not per task.
     try:
         # As a request file is written: orjson alone writes NaN and inf as null, which passed

@@ -2976,6 +2976,10 @@ def test_a_default_config_that_is_a_fifo_is_refused_by_a_run_without_the_daemon(
         capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
     )
     assert ran.returncode == 2 and "config.toml: not a regular file" in ran.stderr, ran.stderr
+    # So does `adaptord check` of the default file (a pipe it reads only when named).
+    checked = subprocess.run(["adaptord", "check"], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
+    assert checked.returncode == 2 and "config.toml: not a regular file" in checked.stdout, checked.stdout
 
 
 @pytest.mark.parametrize(("mode", "who"), [(0o666, "others"), (0o664, "its group")])

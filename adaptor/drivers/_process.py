@@ -154,12 +154,13 @@ class CannotStart(Exception):
         interpreter = _missing_interpreter(binary, cwd) if why == "missing" else None
         if why != "missing":
             message = f"{binary}: {why}"
-        elif interpreter is not None and interpreter.endswith("\r"):
+        elif interpreter is not None and interpreter.endswith("\r") and os.path.exists(interpreter[:-1]):
             message = (f"{binary}: its #! line ends in a carriage return (the file has Windows line "
                        f"ends), so its interpreter is {interpreter[:-1]} followed by one, which does not exist")
         elif interpreter is not None:
             # The file is there: exec's ENOENT is about the interpreter its #! line names.
-            message = f"{binary}: its interpreter {interpreter} does not exist"
+            shown = interpreter if interpreter.isprintable() else repr(interpreter)  # (a "\r" in it)
+            message = f"{binary}: its interpreter {shown} does not exist"
         elif os.sep in binary and not os.path.isabs(binary) and cwd is not None:
             # exec resolves it from the child's directory (the workspace), not from the
             # caller's: say where it was looked for, or "./review.sh: no such file" reads as

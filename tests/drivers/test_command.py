@@ -396,6 +396,8 @@ def test_a_grace_period_is_at_most_five_minutes(tmp_path: Path) -> None:
         # of the script that is right there.
         ("#!/bin/sh\r\necho hi\r\n", "its #! line ends in a carriage return (the file has Windows line "
          "ends), so its interpreter is /bin/sh followed by one, which does not exist"),
+        # Only when the interpreter is there without the carriage return is that the cause.
+        ("#!/nonexistent/sh\r\necho hi\r\n", "its interpreter '/nonexistent/sh\\r' does not exist"),
         # A cut-off path was named as the interpreter that could not run.
         ("#!/" + "d" * 300 + "/python\nprint()\n", "its #! line is longer than the system reads (255 bytes)"),
     ],
