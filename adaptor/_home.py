@@ -296,12 +296,19 @@ def not_private(home: Home) -> str | None:
             return f"{path} belongs to uid {found.st_uid}, not to this user (uid {me})"
         if stat.S_ISLNK(found.st_mode):
             return f"{path} is a symbolic link"
-        if found.st_mode & 0o022:
-            return (
-                f"{path} is writable by {'others' if found.st_mode & 0o002 else 'its group'} "
-                f"(mode {stat.S_IMODE(found.st_mode):o}); make it private: chmod go-w {path}"
-            )
+        writable = writable_by(found)
+        if writable is not None:
+            return f"{path} is {writable}; make it private: chmod go-w {path}"
     return None
+
+
+def writable_by(found: os.stat_result) -> str | None:
+    """``"writable by others (mode 666)"`` (or ``by its group``) for what someone besides its
+    owner may write, else ``None``: what the daemon must not trust (its home, its config)."""
+    if not found.st_mode & 0o022:
+        return None
+    who = "others" if found.st_mode & 0o002 else "its group"
+    return f"writable by {who} (mode {stat.S_IMODE(found.st_mode):o})"
 
 
 def daemon_running(home: Home) -> bool:

@@ -103,7 +103,11 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
         # Silently ignored before: a fork always makes a new thread, it resumes nothing.
         problems.append({"path": "/thread/resume_only", "message": "cannot be true with fork_from (a fork starts a new thread)"})
     config = obj.get("config")
-    if isinstance(config, dict) and isinstance(config.get("cwd"), str) and not os.path.isabs(config["cwd"]):
+    cwd = config.get("cwd") if isinstance(config, dict) else None
+    if isinstance(cwd, str) and "\0" in cwd:
+        # No directory has one: the run would fail at its start (an A2A template, every task).
+        problems.append({"path": "/config/cwd", "message": "holds a NUL character"})
+    elif isinstance(cwd, str) and not os.path.isabs(cwd):
         # The working directory in place of a workspace: refused for the same reason.
         problems.append({"path": "/config/cwd", "message": "must be an absolute path"})
     if problems:

@@ -49,7 +49,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
-from adaptor._home import OWNER_VAR, xdg_base
+from adaptor._home import OWNER_VAR, writable_by, xdg_base
 from adaptor.drivers import NAMES as DRIVER_NAMES
 from adaptor.skill import Directories
 
@@ -378,10 +378,10 @@ def _writable_by_others(target: Path, found: os.stat_result) -> str | None:
     me = os.geteuid()
     if found.st_uid not in (me, 0):
         return f"{target}: belongs to uid {found.st_uid}, not to this user (uid {me}) nor root"
-    if found.st_mode & 0o022:
-        who = "others" if found.st_mode & 0o002 else "its group"
-        return (f"{target}: writable by {who} (mode {stat.S_IMODE(found.st_mode):o}), who could have "
-                f"the daemon run commands as this user; make it private: chmod go-w {target}")
+    writable = writable_by(found)
+    if writable is not None:
+        return (f"{target}: {writable}, who could have the daemon run commands as this user; make "
+                f"it private: chmod go-w {target}")
     return None
 
 
@@ -588,10 +588,6 @@ def _parse_agent(
     from adaptor.errors import AdaptorError
     from adaptor.spool import InvalidRequestError
 
-    template_config = template.get("config")
-    if isinstance(template_config, dict) and "\0" in str(template_config.get("cwd", "")):
-        # (As in a [drivers.*] table: no directory has one, every task would fail.)
-        raise ConfigError(f"{where}.request.config: cwd holds a NUL character")
     # The same validation a spool request gets, so a bad template fails at start, not per task.
     try:
         # As a request file is written: orjson alone writes NaN and inf as null, which passed

@@ -808,7 +808,7 @@ def test_only_loopback_goes_without_a_token(monkeypatch: pytest.MonkeyPatch) -> 
          "request value at /timeout is nan, which JSON cannot hold"),
         # Passed, then every message failed: "working directory ... holds a NUL character".
         ({"agents": {"x": {"request": {"driver": "script", "config": {"cwd": "/tmp\0x"}}}}},
-         "a2a.agents.x.request.config: cwd holds a NUL character"),
+         "a2a.agents.x.request: /config/cwd: holds a NUL character"),
         ({"agents": {"x": {"request": {"driver": "script", "tools": ["t"]}}}}, "no host tool"),
         ({"agents": {"x": {"request": {"driver": "script"}, "skills": [{}]}}}, "non-empty id"),
         ({"remotes": {"r": {"card_url": "ftp://x"}}}, "a2a.remotes.r"),

@@ -335,6 +335,8 @@ def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon:
         ("relative-archive.json", orjson.dumps({"driver": "script", "prompt": "x", "skills": [{"key": "k", "archive": "k.zip"}]}), "/skills/0/archive"),
         # The working directory in place of a workspace: relative to the daemon's, as above.
         ("relative-cwd.json", orjson.dumps({"driver": "command", "prompt": "x", "config": {"command": "/bin/true", "cwd": "rel"}}), "/config/cwd"),
+        # It failed at the run's start (exit 1), after the request was taken as valid.
+        ("nul-cwd.json", orjson.dumps({"driver": "command", "prompt": "x", "config": {"command": "/bin/true", "cwd": "/tmp\0x"}}), "/config/cwd: holds a NUL character"),
         ("bad-driver.json", orjson.dumps({"driver": "nope", "prompt": "x"}), "driver"),
         # resume_only was silently ignored: a fork always starts a new thread.
         ("resume-fork.json", orjson.dumps({"driver": "script", "prompt": "x", "thread": {"key": "k", "resume_only": True, "fork_from": "p"}}), "/thread/resume_only"),

@@ -192,15 +192,14 @@ def _torn_tail(raw: bytes, terminated: bool, expected_seq: int) -> bool:
     judged as the writer judges it (DurableLog's tail check): the beginning of a record, zeros
     or an empty line, never a whole record in sequence (of another format version, or of a
     shape this version does not know) nor text another hand wrote."""
-    if raw and not may_be_torn(raw):
-        return False
     if not terminated:
+        return may_be_torn(raw)
+    if _crash_leftover(raw):
         return True
-    try:
-        event = unframe(raw)
+    try:  # a whole record out of sequence: the writer's tail check cuts it as torn too
+        return unframe(raw).get("seq") != expected_seq
     except ValueError:
-        return True
-    return event.get("seq") != expected_seq
+        return False  # text another hand wrote
 
 
 def _crash_leftover(raw: bytes) -> bool:
