@@ -20,11 +20,11 @@ driver blocked in ``sink.request_decision`` or in a slow parser still gets its p
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import errno
 import os
-import queue
 import re
 import secrets
 import selectors
@@ -65,6 +65,14 @@ _POLL: Final = 0.05
 # the rest of the group is stopped so the pump can see EOF.
 _DRAIN_AFTER_EXIT: Final = 0.2
 _KILL_WAIT: Final = 5.0
+# How many bytes of read but unparsed output may wait for the driver.  Past it the pump stops
+# reading, the pipe fills and the child waits in its write: a CLI (or something it started)
+# printing faster than its driver parses held it all in memory, without bound, and after a
+# deadline the driver still parsed the whole backlog (a 2 s deadline ended after 11 s).
+_BACKLOG_BYTES: Final = 2 * 1024 * 1024
+# What a queued line costs besides its bytes (the Line, its event, its parse): a flood of empty
+# lines is held back too.
+_LINE_COST: Final = 256
 # A grace period past minutes would make a run's timeout and its cancel mean nothing for an
 # agent that ignores SIGTERM (its worker taken for as long).
 MAX_GRACE_PERIOD: Final = 300.0
@@ -405,6 +413,56 @@ def secret_values(env: Mapping[str, str], credentials: Iterable[str] = ()) -> li
 _EOF: Final = object()
 
 
+class _Backlog:
+    """The lines the pump read and the driver has not taken yet, bounded by
+    :data:`_BACKLOG_BYTES` (one line always fits, however long) until :meth:`unbound`."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Line | object] = collections.deque()
+        self._bytes = 0
+        self._bounded = True
+        self._changed = threading.Condition()
+
+    def put(self, line: Line) -> None:
+        """Queue ``line``, waiting while the backlog is full."""
+        size = len(line.data) + _LINE_COST
+        with self._changed:
+            while self._bounded and self._items and self._bytes + size > _BACKLOG_BYTES:
+                self._changed.wait()
+            self._items.append(line)
+            self._bytes += size
+            self._changed.notify_all()
+
+    def end(self) -> None:
+        with self._changed:
+            self._items.append(_EOF)
+            self._changed.notify_all()
+
+    def get(self) -> Line | object:
+        """The next line, or :data:`_EOF` (which stays queued for later calls)."""
+        with self._changed:
+            while not self._items:
+                self._changed.wait()
+            item = self._items[0]
+            if item is not _EOF:
+                self._items.popleft()
+                assert isinstance(item, Line)
+                self._bytes -= len(item.data) + _LINE_COST
+                self._changed.notify_all()
+            return item
+
+    def unbound(self) -> None:
+        """Let the pump queue without waiting: nobody may read any more (the run is over), and
+        a pump waiting for room would never see the pipes close."""
+        with self._changed:
+            self._bounded = False
+            self._changed.notify_all()
+
+    def holds_stdout(self) -> bool:
+        with self._changed:
+            return any(isinstance(item, Line) and item.stream == "stdout" for item in self._items)
+
+
 @dataclass
 class _Capture:
     stdout: bytearray = field(default_factory=bytearray)
@@ -419,7 +477,7 @@ class Child:
         self.pid = proc.pid
         self._proc = proc
         self._mark = mark  # b"ADAPTOR_RUN_MARK=<value>" as its environment holds it
-        self._lines: queue.Queue[Line | object] = queue.Queue()
+        self._lines = _Backlog()
         self._stdin_lock = threading.Lock()
         self._capture = _Capture()
         self._capture_lock = threading.Lock()
@@ -589,7 +647,7 @@ class Child:
             for stream, pieces in pending.items():
                 self._put_partial(stream, pieces)
             selector.close()
-            self._lines.put(_EOF)
+            self._lines.end()
 
     def _put_partial(self, stream: StreamName, pieces: list[bytes]) -> None:
         """Queue what was read after a stream's last newline, if anything, as a partial line."""
@@ -605,7 +663,6 @@ class Child:
         while True:
             item = self._lines.get()
             if item is _EOF:
-                self._lines.put(_EOF)  # later calls see the end too
                 return
             assert isinstance(item, Line)
             raw = item.data + item.ending
@@ -631,10 +688,7 @@ class Child:
     def quiet(self) -> bool:
         """No stdout line is waiting to be read: a persistent child printed nothing after its
         turn's terminal event (what it did print would be read as the next turn's)."""
-        with self._lines.mutex:
-            return not any(
-                isinstance(item, Line) and item.stream == "stdout" for item in self._lines.queue
-            )
+        return not self._lines.holds_stdout()
 
     @contextlib.contextmanager
     def watch(self, cancelled: CancelSignal, deadline: float | None) -> Iterator[None]:
@@ -721,6 +775,7 @@ class Child:
     def finish(self) -> Exit:
         """Wait for the leader, stop what is left of its group and what escaped it, drain the
         pipes and reap."""
+        self._lines.unbound()
         self._proc.wait()
         self._pump.join()  # ends by itself: EOF, or the leftover group stopped (see the pump)
         if _group_alive(self.pid):

@@ -109,6 +109,44 @@ def test_a_long_line_arriving_in_many_reads_is_joined_once(
     ]
 
 
+def test_a_child_printing_faster_than_its_driver_reads_waits_and_loses_nothing(
+    fake_exe: FakeExe, tmp_path: Path
+) -> None:
+    # 64 MiB of 1 KiB lines that nobody reads for a while.  The pump once queued all of it in
+    # memory (and after a deadline the driver still parsed the whole backlog); now it stops
+    # reading at about 2 MiB, the pipe fills and the child waits in its write.
+    progress = tmp_path / "written"
+    exe = fake_exe("flood", f"""
+        import os, sys
+        line = b"y" * 1023 + b"\\n"
+        for n in range(1, 65537):
+            sys.stdout.buffer.write(line)
+            if n % 64 == 0:
+                sys.stdout.flush()
+                with open({str(progress)!r} + ".tmp", "w") as f:
+                    f.write(str(n))
+                os.replace({str(progress)!r} + ".tmp", {str(progress)!r})
+    """)
+    sink = RecordingSink()
+    child = Child.start(_spec([exe]), sink)
+    try:
+        seen, still = "", 0
+        for _ in range(600):  # the child stalls (or, unbounded, finishes) well within a minute
+            time.sleep(0.1)
+            now = progress.read_text() if progress.exists() else ""
+            still = still + 1 if now == seen else 0
+            seen = now
+            if still >= 10 or not child.alive:
+                break
+        assert seen and int(seen) <= 3 * 1024, f"the child wrote {seen} lines that nobody read"
+        assert child.alive
+        lines = _drain(child, sink)
+    finally:
+        child.terminate()
+        child.finish()
+    assert len(lines) == 65536 and set(lines) == {("stdout", b"y" * 1023, False)}
+
+
 def test_stdin_is_closed_or_fed(fake_exe: FakeExe) -> None:
     exe = fake_exe("cat", "import sys\nprint(repr(sys.stdin.read()))\n")
     for stdin, expected in (("closed", b"''"), (b"the prompt", b"'the prompt'")):
