@@ -306,9 +306,22 @@ def stdout_reader_gone() -> bool:
 
 
 def end_as_reader_gone() -> NoReturn:
-    """The reader went away (a write found it, or :func:`stdout_reader_gone`): end quietly, with 0."""
+    """The reader went away (a write found it, or :func:`stdout_reader_gone`): end quietly, with
+    0 unless the command already knows its outcome (:func:`note_outcome`)."""
     _stdout_to_devnull()
-    sys.exit(0)
+    sys.exit(_outcome)
+
+
+_outcome = 0
+"""The exit status of a command whose reader went away: 0, or what :func:`note_outcome` said."""
+
+
+def note_outcome(code: int) -> None:
+    """Have the command exit ``code`` should its reader go away before it printed everything:
+    a checker's verdict is its exit status (``adaptord check | head -1`` of a refused config
+    exited 0)."""
+    global _outcome
+    _outcome = code
 
 
 _done_before_output = ""

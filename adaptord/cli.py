@@ -7,12 +7,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 import click
 import orjson
 
 from adaptor import _home, skill
-from adaptor._cli_common import cwd_gone, guard_stderr, guard_stdout, home_option, not_nan, unguard
+from adaptor._cli_common import (
+    cwd_gone,
+    guard_stderr,
+    guard_stdout,
+    home_option,
+    not_nan,
+    note_outcome,
+    unguard,
+)
 from adaptord import config as config_module
 
 DRIVER_BINARIES = {
@@ -110,6 +119,7 @@ def status(home: str | None, as_json: bool) -> None:
     """Exit 0 while a daemon serves this home, 69 when none does."""
     paths = _home.Home.at(home)
     running = _home.daemon_running(paths)
+    note_outcome(0 if running else 69)
     info: dict[str, object] = {}
     if running:
         try:
@@ -130,10 +140,15 @@ def status(home: str | None, as_json: bool) -> None:
 def check(config_path: str | None) -> None:
     """Validate the config file and report which agent CLIs are on PATH, with versions.
 
-    Exit 2 when the config is refused, names a tool that is no valid tool, or names a driver
-    command that is not there.
+    Exit 2 when the config is refused, names a tool that is no valid tool, names a driver
+    command that is not there, or offers a skill that cannot be staged; the exit status is the
+    verdict even when the reader goes away (`adaptord check | head -1`).
     """
     ok = True
+    # The report is printed once it is whole, with the verdict as the exit status even when
+    # the reader goes away first (`adaptord check | head -1`).
+    report: list[str] = []
+    say = report.append
     try:
         # A pipe is read only when named (`--config <(...)`): a FIFO at the default path held
         # the check for good, as `serve` and `run --no-daemon` refuse it.
@@ -143,20 +158,20 @@ def check(config_path: str | None) -> None:
         source = config.source or "defaults; no config file"
         if invalid:
             # The daemon serves with such a tool, and every request selecting it fails (exit 3).
-            click.echo(f"config: loads, but requests selecting these tools would fail ({source}):")
+            say(f"config: loads, but requests selecting these tools would fail ({source}):")
             for name, why in invalid.items():
-                click.echo(f"tools.{name}: not a valid tool: {why}")
+                say(f"tools.{name}: not a valid tool: {why}")
             ok = False
         else:
-            click.echo(f"config: ok ({source})")
+            say(f"config: ok ({source})")
         for name, keys in config_module.shared_tool_names(tools).items():
             shown = ", ".join(f"tools.{key}" for key in keys)
-            click.echo(f"{shown}: all serve the tool {name!r}: a request may select only one of them")
+            say(f"{shown}: all serve the tool {name!r}: a request may select only one of them")
         catalogue = config.skill_catalogue()
         for directory in catalogue.directories if catalogue else ():
-            ok = _check_skill_directory(directory) and ok
+            ok = _check_skill_directory(directory, say) and ok
     except config_module.ConfigError as exc:
-        click.echo(config_module.one_line(f"config: {exc}"))
+        say(config_module.one_line(f"config: {exc}"))
         ok = False
         config = config_module.DaemonConfig()
     # The command driver has no binary of its own: only one its table names is looked at, and
@@ -172,24 +187,26 @@ def check(config_path: str | None) -> None:
             if configured:
                 # Named in the config, unlike a CLI merely not installed: every run of this
                 # driver would fail (exit 69), so the config is not ok.
-                click.echo(f"{driver}: {command} {missing} (drivers.{driver}.command: every {driver} run would fail)")
+                say(f"{driver}: {command} {missing} (drivers.{driver}.command: every {driver} run would fail)")
                 ok = False
             else:
-                click.echo(f"{driver}: {command} {missing}")
+                say(f"{driver}: {command} {missing}")
             continue
         if binary is None:
-            click.echo(f"{driver}: {path}")
+            say(f"{driver}: {path}")
             continue
         try:
             proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
             version = (proc.stdout or proc.stderr).strip().splitlines()[0] if (proc.stdout or proc.stderr).strip() else "?"
         except (OSError, subprocess.TimeoutExpired) as exc:
             version = f"cannot run --version: {exc}"
-        click.echo(f"{driver}: {path} ({version})")
+        say(f"{driver}: {path} ({version})")
+    note_outcome(0 if ok else 2)
+    click.echo("\n".join(report))
     sys.exit(0 if ok else 2)
 
 
-def _check_skill_directory(directory: str) -> bool:
+def _check_skill_directory(directory: str, say: Callable[[str], object]) -> bool:
     """Report what ``directory`` offers; False when a skill in it could not be staged.
 
     Each skill is staged for real (into a scratch folder, with the limits a run has), so what
@@ -197,7 +214,7 @@ def _check_skill_directory(directory: str) -> bool:
     """
     if not os.path.isdir(directory):
         # Not an error: the folder may be made after the config.
-        click.echo(f"skills: {directory} (missing: offers nothing)")
+        say(f"skills: {directory} (missing: offers nothing)")
         return True
     offered = skill.Directories([directory]).catalogue()
     failures: list[tuple[str, str]] = []
@@ -210,10 +227,10 @@ def _check_skill_directory(directory: str) -> bool:
     state = f"{len(offered)} skill(s)"
     if failures:
         state += f", {len(failures)} of them cannot be staged"
-    click.echo(f"skills: {directory} ({state})")
+    say(f"skills: {directory} ({state})")
     for key, why in failures:
         # Every request selecting it fails (exit 3), as the same skill does in-process.
-        click.echo(config_module.one_line(f"skills: {os.path.join(directory, key)}: cannot be staged: {why}"))
+        say(config_module.one_line(f"skills: {os.path.join(directory, key)}: cannot be staged: {why}"))
     return not failures
 
 

@@ -2835,6 +2835,32 @@ def _adaptord_check(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [(["check", "--config", "{dir}/refused.toml"], 2), (["check", "--config", "{dir}/fine.toml"], 0),
+     (["status", "--home", "{dir}/home"], 69)],
+)
+def test_a_verdict_stays_the_exit_status_when_the_reader_is_gone(
+    tmp_path: Path, command: list[str], expected: int
+) -> None:
+    # `adaptord check | head -1` of a refused config exited 0: a reader gone ended it "quietly
+    # with 0" at its next write, before its verdict (and before that, click's own handling of
+    # the closed pipe exited 1).  Here the reader is gone before anything is written, so the
+    # first write meets it.
+    (tmp_path / "refused.toml").write_text("wrokers = 2\n")
+    (tmp_path / "fine.toml").write_text("workers = 2\n")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "adaptord", *(part.format(dir=tmp_path) for part in command)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (expected, "")
+
+
 def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     # Refused as "Invalid statement (at line 1, column 1)", where request files may carry one.
     from adaptord import config as config_module
