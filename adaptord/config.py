@@ -357,7 +357,11 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular
         if len(data) > MAX_CONFIG_BYTES:  # /dev/zero, a log named by mistake: never all read
             raise ConfigError(f"{target}: larger than {MAX_CONFIG_BYTES} bytes; is it the config file?")
         # Windows editors start UTF-8 text with a byte-order mark, as request files may.
-        raw = tomllib.loads(data.decode("utf-8").removeprefix("\ufeff"))
+        text = data.decode("utf-8").removeprefix("\ufeff")
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{target}: {_with_key_named(str(exc), text)}") from exc
     except FileNotFoundError:
         if required:
             raise ConfigError(f"{target}: no such file") from None
@@ -367,6 +371,33 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular
     except RecursionError:  # tomllib follows [[[...]]] with Python's stack
         raise ConfigError(f"{target}: nested too deeply to read") from None
     return _parse(raw, str(target))
+
+
+_OVERWRITE = re.compile(r"Cannot overwrite a value \(at line (\d+), column \d+\)")
+
+
+def _with_key_named(message: str, text: str) -> str:
+    """tomllib's "Cannot overwrite a value (at line 7, column 12)", with the key set there (a
+    second `workers = 3`, a `command` set twice in one table): the value is never quoted."""
+    found = _OVERWRITE.fullmatch(message)
+    if found is None:
+        return message
+    lines = text.splitlines()
+    end = int(found.group(1))  # where the second value ends: it may span lines
+    for start in range(min(end, len(lines)) - 1, max(end - 1000, 0) - 1, -1):
+        key, equals, _ = lines[start].partition("=")
+        if not equals:
+            continue
+        try:
+            tomllib.loads("\n".join(lines[start:end]))
+        except tomllib.TOMLDecodeError:
+            continue  # a line inside a multi-line value
+        try:
+            tomllib.loads(f"{key} = 0")
+        except tomllib.TOMLDecodeError:
+            return message  # a quoted key holding "=": not told apart from its value here
+        return f"{message}: {key.strip()} is set twice" if len(key) <= 200 else message
+    return message
 
 
 def _writable_by_others(target: Path, found: os.stat_result) -> str | None:

@@ -2815,12 +2815,17 @@ MISSPELT_CONFIGS = [
     ),
     # No request can select it: it was accepted, and said nothing.
     ('[tools]\n"" = "tests.host_tools:add"\n', ["[tools] has an empty name"]),
+    # A key set twice: tomllib says only where the second value ends (a multi-line one here).
+    (
+        '[drivers.claude]\ncommand = "claude"\nmodel = "opus"\ncommand = """\nx = y\n"""\n',
+        ["Cannot overwrite a value (at line 6, column 4): command is set twice"],
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "text,expected", MISSPELT_CONFIGS,
-    ids=["claude", "script", "driver", "no-driver", "skills", "a2a-template", "empty-tool-name"],
+    ids=["claude", "script", "driver", "no-driver", "skills", "a2a-template", "empty-tool-name", "set-twice"],
 )
 def test_a_misspelt_config_key_or_driver_is_refused(tmp_path: Path, text: str, expected: list[str]) -> None:
     reported, check, serve = _refused_by_check_and_serve(tmp_path, text)
