@@ -1,3 +1,3 @@
-from adaptor.cli import main
+from adaptor._entry import main
 
 main()

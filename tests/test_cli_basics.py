@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -134,6 +135,42 @@ def test_a_relative_xdg_directory_is_ignored_as_the_xdg_spec_asks(tmp_path: Path
     assert json.loads(status.stdout)["result"]["home"] == str(user / ".local" / "state" / "adaptord")
     check = subprocess.run(["adaptord", "check"], capture_output=True, text=True, cwd=cwd, env=env)
     assert check.stdout.splitlines()[0] == "config: ok (defaults; no config file)", check.stdout
+
+
+_SIGNAL_AT_IMPORT = """
+import os, sys
+
+class _SignalAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "click":  # the CLI is being imported: the command has not begun
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), int(os.environ["SIGNAL_AT_IMPORT"]))
+        return None
+
+sys.meta_path.insert(0, _SignalAtImport())
+"""
+
+
+@pytest.mark.parametrize(("signum", "by"), [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+@pytest.mark.parametrize("command", [["adaptor"], [sys.executable, "-m", "adaptor"]])
+def test_a_signal_while_the_cli_is_imported_ends_it_as_one_a_moment_later_would(
+    tmp_path: Path, signum: int, by: str, command: list[str]
+) -> None:
+    # A Ctrl-C in the first 0.1 s printed a KeyboardInterrupt traceback from inside an import
+    # (exit 1), and a SIGTERM ended the command without its --json object.
+    (tmp_path / "sitecustomize.py").write_text(_SIGNAL_AT_IMPORT)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SIGNAL_AT_IMPORT": str(int(signum)),
+           "ADAPTORD_HOME": str(tmp_path / "home")}
+    for as_json in (False, True):
+        done = subprocess.run([*command, "status", *(["--json"] if as_json else [])],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert (done.returncode, done.stderr) == (128 + signum, "")
+        if as_json:
+            report = json.loads(done.stdout)
+            assert (report["exit_code"], report["error"]["type"]) == (128 + signum, "CancelledError")
+            assert report["error"]["message"] == f"stopped by {by}"
+        else:
+            assert done.stdout == ""
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
