@@ -4,7 +4,8 @@ anything else is imported.
 Importing the daemon (click, the SDK, the config, host tools) takes a few hundred milliseconds,
 during which SIGTERM or SIGHUP kept their default action and ended the process without a word
 (exit 143 or 129, which a supervisor reads as a crash).  Taken this early, they are noted and
-acted on by :meth:`adaptord.daemon.Daemon.serve` once it owns them.
+acted on by :meth:`adaptord.daemon.Daemon.serve` once it owns them.  The other commands end at
+once with 128 + the signal's number once imported, as they would a moment later.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ def take_early_signals() -> list[int]:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["serve"]:
-        for sig in _SIGNALS:
-            signal.signal(sig, _note)
+    previous = {sig: signal.signal(sig, _note) for sig in _SIGNALS}
     from adaptord.cli import main as cli_main
 
+    if sys.argv[1:2] != ["serve"]:
+        # check, status: nothing began yet, so a signal noted ends them as Ctrl-C would a
+        # moment later (exit 130, or 128 + its number), without an import's traceback.
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if _early:
+            sys.exit(128 + _early[0])
     cli_main()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import ParamSpec
 
 import click
 import orjson
@@ -23,6 +26,8 @@ from adaptor._cli_common import (
     unguard,
 )
 from adaptord import config as config_module
+
+P = ParamSpec("P")
 
 DRIVER_BINARIES = {
     "claude": "claude",
@@ -101,12 +106,27 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
     sys.exit(code)
 
 
+def _ctrl_c_exits_130(command: Callable[P, None]) -> Callable[P, None]:
+    """A Ctrl-C ends ``command`` with 130, as every ``adaptor`` command, not with click's
+    "Aborted!" and exit 1 (the status of no outcome of ours)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+        except KeyboardInterrupt:
+            sys.exit(128 + signal.SIGINT)
+
+    return wrapper
+
+
 # `status --json` prints each of these always, null where it does not apply (no daemon, a
 # damaged adaptord.json, no A2A listener): scripts doing `jq .pid` read one shape.
 _STATUS_FIELDS = ("pid", "started_at", "workers", "version", "a2a_url")
 
 
 @cli.command()
+@_ctrl_c_exits_130
 @home_option
 @click.option(
     "--json",
@@ -136,6 +156,7 @@ def status(home: str | None, as_json: bool) -> None:
 
 
 @cli.command()
+@_ctrl_c_exits_130
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file (default: $XDG_CONFIG_HOME/adaptord/config.toml).")
 def check(config_path: str | None) -> None:
     """Validate the config file and report which agent CLIs are on PATH, with versions.

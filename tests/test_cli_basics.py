@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,40 @@ def test_a_signal_while_the_cli_is_imported_ends_it_as_one_a_moment_later_would(
             assert report["error"]["message"] == f"stopped by {by}"
         else:
             assert done.stdout == ""
+
+
+@pytest.mark.parametrize("command", [["status"], ["check", "--config", "/nonexistent.toml"]])
+def test_adaptord_check_and_status_end_as_a_ctrl_c_would_while_still_importing(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # Noted only for serve: check and status printed an import's KeyboardInterrupt traceback.
+    (tmp_path / "sitecustomize.py").write_text(_SIGNAL_AT_IMPORT)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SIGNAL_AT_IMPORT": str(int(signal.SIGINT)),
+           "ADAPTORD_HOME": str(tmp_path / "home")}
+    done = subprocess.run(["adaptord", *command], capture_output=True, text=True, env=env, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+
+
+def test_a_ctrl_c_during_adaptord_check_exits_130(tmp_path: Path) -> None:
+    # Click's own handling: "Aborted!" and exit 1, the status of no outcome of adaptord's.
+    asked = tmp_path / "asked"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    claude = bin_dir / "claude"  # takes its time to answer --version
+    claude.write_text(f'#!/bin/sh\ntouch "{asked}"\nsleep 30\necho "claude 1.0"\n')
+    claude.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "XDG_CONFIG_HOME": str(tmp_path)}
+    proc = subprocess.Popen(["adaptord", "check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        for _ in range(600):
+            if asked.exists():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (130, b"")
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
