@@ -39,6 +39,7 @@ import difflib
 import importlib
 import os
 import re
+import shlex
 import stat
 import sys
 import tomllib
@@ -411,8 +412,10 @@ def _writable_by_others(target: Path, found: os.stat_result) -> str | None:
         return f"{target}: belongs to uid {found.st_uid}, not to this user (uid {me}) nor root"
     writable = writable_by(found)
     if writable is not None:
+        # The file itself, not /dev/stdin (`check --config /dev/stdin < config.toml`): a chmod of
+        # that in the user's shell would change their terminal.
         return (f"{target}: {writable}, who could have the daemon run commands as this user; make "
-                f"it private: chmod go-w {target}")
+                f"it private: chmod go-w {shlex.quote(os.path.realpath(target))}")
     return None
 
 

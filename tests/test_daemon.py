@@ -3029,6 +3029,20 @@ def test_a_config_others_can_write_is_refused_by_check_and_serve(tmp_path: Path,
     assert _adaptord_check(config).stdout.startswith("config: ok")
 
 
+def test_the_advice_for_a_config_others_can_write_names_the_file_itself(tmp_path: Path) -> None:
+    # `check --config /dev/stdin < config.toml` advised `chmod go-w /dev/stdin`, which in the
+    # user's shell changes their terminal.
+    config = tmp_path / "my configs" / "config.toml"
+    config.parent.mkdir()
+    config.write_text("workers = 2\n")
+    config.chmod(0o664)
+    with config.open("rb") as stdin:
+        check = subprocess.run([sys.executable, "-m", "adaptord", "check", "--config", "/dev/stdin"],
+                               stdin=stdin, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2
+    assert f"make it private: chmod go-w '{config}'" in check.stdout, check.stdout
+
+
 def test_a_config_nested_too_deeply_to_read_is_refused_by_check_and_serve(tmp_path: Path) -> None:
     # A RecursionError traceback and exit 1, which systemd's unit restarted every 2 s.
     reported, _, serve = _refused_by_check_and_serve(tmp_path, "x = " + "[" * 600 + "]" * 600 + "\n")
