@@ -715,18 +715,23 @@ def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wai
         if settled is not None:
             raise settled
         held = _holds_response(home, response_path, approval_id)
-        if held == "writing" and wait:
+        pending_path = home.approvals_pending / f"{approval_id}.json"
+        try:
+            pending: Mapping[str, Any] | None = _read(pending_path)
+        except FileNotFoundError:
+            pending = None
+        # Asked before the response held: one that no run can take any more (its deadline
+        # passed while the daemon did not get to it) won nothing, and a second responder told
+        # "already resolved" would take it that someone's answer counted.
+        ended = None if pending is None else _why_ended(home, pending)
+        if ended is None and held == "writing" and wait:
             return False
-        if held is not None:
+        if ended is None and held is not None:
             raise ApprovalResolvedError(
                 f"approval {approval_id!r} was already resolved (a response is being handed over)"
             )
-        pending_path = home.approvals_pending / f"{approval_id}.json"
-        try:
-            pending = _read(pending_path)
-        except FileNotFoundError:
-            raise ApprovalUnavailableError(f"no pending approval {approval_id!r}") from None
-        ended = _why_ended(home, pending)
+        if pending is None:
+            raise ApprovalUnavailableError(f"no pending approval {approval_id!r}")
         if ended is not None:
             # Written now, the response would be reported accepted and never acted on.  The
             # pending file stays for the daemon, which expires it when the run ends or, for a

@@ -1300,6 +1300,11 @@ def test_approve_that_the_deadline_beat_is_expired(tmp_path: Path, responded: st
         if responded != "after the deadline":
             wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")
             assert approving.poll() is None  # waiting for the daemon to take it
+            # A second responder meanwhile was told "already resolved (a response is being
+            # handed over)", as if the first one had counted: none can any more.
+            second = user.cli("deny", pending["id"], "--json")
+            assert second.returncode == 5, second.stderr
+            assert orjson.loads(second.stdout)["error"]["code"] == "ErrApprovalExpired", second.stdout
         else:
             approving.wait(TIMEOUT)
     finally:
