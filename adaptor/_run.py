@@ -967,7 +967,12 @@ class RunPipeline:
             return errors.ApprovalDeniedError(terminal.message, details=terminal.details, result=result)
         if terminal.kind == "approval_timeout":
             return errors.ApprovalTimeoutError(terminal.message, details=terminal.details, result=result)
-        if terminal.kind == "lease_lost":
+        if terminal.kind == "lease_lost" or (
+            # The callback's own I/O failed (the daemon's pending file on a full disk): an
+            # infrastructure failure, as errors.md has every I/O error once the driver runs,
+            # not the agent's.
+            terminal.kind == "handler" and isinstance(terminal.cause, OSError)
+        ):
             return errors.RunError(
                 "infrastructure_error", terminal.message, result=result, cause=terminal.cause
             )

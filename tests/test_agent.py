@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import os
 import signal
@@ -1016,6 +1017,21 @@ def test_handler_that_raises_or_does_not_resolve_fails_the_run() -> None:
     # deny_all is a factory: passed uncalled, it returns the handler and resolves nothing.
     with pytest.raises(adaptor.AgentFailedError, match=r"it returned a function.*deny_all\("):
         adaptor.Agent(ScriptedDriver([PERMISSION]), on_approval=adaptor.deny_all).run("go")  # type: ignore[arg-type]
+
+
+def test_a_handler_whose_own_io_fails_fails_the_run_as_infrastructure() -> None:
+    # The daemon's handler writes the pending file: on a full disk the verdict blamed the agent
+    # (AgentFailedError, agent_error).  errors.md: an I/O error once the driver runs is a
+    # RunError with reason infrastructure_error.
+    def raising(req: events.ApprovalRequest) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(adaptor.RunError) as info:
+        adaptor.Agent(ScriptedDriver([PERMISSION]), on_approval=raising).run("go")
+    assert not isinstance(info.value, adaptor.AgentFailedError)
+    assert info.value.reason == "infrastructure_error"
+    assert isinstance(info.value.cause, OSError)
+    assert "approval handler raised OSError" in str(info.value)
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt(), SystemExit(3)])
