@@ -47,7 +47,8 @@ Phase = Literal["start", "content", "end"]
 
 def format_time(moment: datetime) -> str:
     """RFC 3339 UTC with microseconds, e.g. ``2026-12-02T10:00:00.000000Z``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Not strftime("%Y..."): it does not zero-pad a year before 1000, which no reader parses.
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_time(text: str) -> datetime:
@@ -334,8 +335,6 @@ def _format_time_fast(moment: datetime) -> str:
     key = (utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second)
     prefix = _second_texts.get(key)
     if prefix is None:
-        if utc.year < 1000:
-            return format_time(utc)  # strftime does not zero-pad such years; isoformat would
         if len(_second_texts) >= 64:
             _second_texts.clear()  # (racing threads may clear twice: harmless)
         prefix = _second_texts[key] = utc.replace(microsecond=0, tzinfo=None).isoformat() + "."

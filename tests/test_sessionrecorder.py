@@ -140,6 +140,42 @@ def test_record_allocates_host_seq_per_key(env: Env) -> None:
             got[0].host_seq = 9  # type: ignore[misc]
 
 
+@pytest.mark.parametrize(
+    "event",
+    [
+        TextDelta(text="x", phase="delta"),  # type: ignore[arg-type]
+        ProcessInfo(kind="exit"),  # type: ignore[arg-type]
+        ApprovalRequest(id="a1", kind="choice"),  # type: ignore[arg-type]
+    ],
+    ids=["phase", "process-kind", "approval-kind"],
+)
+def test_an_event_no_reader_takes_is_refused_before_it_is_written(env: Env, event: Event) -> None:
+    # Acknowledged with a host_seq, it made the key unreadable from that line on (since(),
+    # tail(), verify() raised for good, and no repair cuts such a line); the memory backend
+    # read it back, against "the same contract".
+    with env.recorder() as recorder:
+        recorder.record("k", _text(0))
+        with pytest.raises(ValueError, match="event cannot be recorded: .* is '(delta|exit|choice)'"):
+            recorder.record("k", event)
+        recorder.record("k", _text(1))
+        assert [(r.host_seq, _text_of(r)) for r in recorder.since("k")] == [(1, "text 0"), (2, "text 1")]
+    if env.name == "jsonl":
+        sr.verify(env.root / "events" / "k.jsonl")
+
+
+@pytest.mark.parametrize("moment", [datetime.min.replace(tzinfo=UTC), datetime(999, 1, 1, tzinfo=UTC)])
+def test_times_before_the_year_1000_are_written_as_readers_read_them(env: Env, moment: datetime) -> None:
+    # strftime("%Y") wrote year 999 as "999" and year 1 as "1", which fromisoformat refuses:
+    # a clock (or an event's meta time) that far back made the key unreadable.
+    with env.recorder(clock=lambda: moment) as recorder:
+        recorder.record("k", TextDelta(text="x", meta=EventMeta(time=moment)))
+        [record] = recorder.since("k")
+        assert record.recorded_at == moment and record.event.meta.time == moment
+    assert format_time(moment) == f"{moment.year:04d}-01-01T00:00:00.000000Z"
+    if env.name == "jsonl":
+        sr.verify(env.root / "events" / "k.jsonl")
+
+
 def test_since_is_strictly_greater_and_ascending(env: Env) -> None:
     with env.recorder() as recorder:
         for i in range(5):

@@ -145,13 +145,32 @@ def _meaning(obj: dict[str, Any]) -> EventRecord:
         event = from_json(payload)
     except Exception as exc:  # from_json's decoders raise whatever hostile input provokes
         raise _LineError(f"bad event: {exc}", framing=False) from None
+    stray = _stray_literal(event)
+    if stray is not None:
+        # from_json takes e.g. "text.sideways" as a TextDelta with phase "sideways"; no writer
+        # of this format produces that (the recorder refuses it), so the line is not an event
+        # we know.
+        raise _LineError(f"bad event: {kind} has {stray[0]}={stray[1]!r:.80}", framing=False)
+    return EventRecord(obj[SEQ_KEY], recorded_at, event)
+
+
+def unreadable(event: _events.Event) -> str | None:
+    """Why a reader would refuse ``event`` once written (a ``Literal`` field holding a value
+    its type does not list: ``TextDelta(phase="delta")``), or ``None``.  Refused before it is
+    written: every later record of its key would be unreadable after it."""
+    stray = _stray_literal(event)
+    if stray is None:
+        return None
+    name, value, allowed = stray
+    return f"{type(event).__name__}.{name} is {value!r:.80}, none of {', '.join(map(repr, allowed))}"
+
+
+def _stray_literal(event: _events.Event) -> tuple[str, object, tuple[object, ...]] | None:
     for name, allowed in _literal_fields(type(event)).items():
         value = getattr(event, name)
         if value not in allowed:
-            # from_json takes e.g. "text.sideways" as a TextDelta with phase "sideways"; no
-            # writer of this format produces that, so the line is not an event we know.
-            raise _LineError(f"bad event: {kind} has {name}={value!r:.80}", framing=False)
-    return EventRecord(obj[SEQ_KEY], recorded_at, event)
+            return name, value, allowed
+    return None
 
 
 _LITERALS: dict[type, dict[str, tuple[object, ...]]] = {}

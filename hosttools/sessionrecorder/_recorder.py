@@ -13,6 +13,7 @@ from types import TracebackType
 
 from adaptor.events import ApprovalRequest, Event, _Event
 
+from . import _format
 from ._model import (
     EventBackend,
     EventRecord,
@@ -97,6 +98,10 @@ class EventRecorder:
         if not isinstance(event, _Event):
             # Said here: the encoder deep down would only say "must be called with a dataclass".
             raise TypeError(f"event must be an adaptor.events event, not {type(event).__name__}")
+        unreadable = _format.unreadable(event)
+        if unreadable is not None:
+            # Written, it made every later record of the key unreadable (the reader refuses it).
+            raise ValueError(f"event cannot be recorded: {unreadable}")
         moment = self._clock()
         if not isinstance(moment, datetime):
             raise TypeError(f"the recorder's clock must return a datetime, not {type(moment).__name__}")
