@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeAlias, TypeVar
+from typing import IO, Any, Final, TypeAlias, TypeVar
 
 import filelock
 import orjson
@@ -1323,6 +1323,11 @@ def _require_version(record: Mapping[str, Any], version: int | None, path: str, 
         raise CorruptLogError(path, _line_number(fd, offset), why)
 
 
+SHRANK: Final = "log shrank below acknowledged data"
+"""The ``why`` of the :class:`CorruptLogError` of a file that shrank under its writer: unlike
+other corruption, the file may read as whole, so only the writer's memory knows."""
+
+
 class DurableLog:
     """Append-only framed JSONL file.
 
@@ -1382,6 +1387,7 @@ class DurableLog:
         self._suspect: OSError | None = None
         self._closed = False
         self._lock_entry: _Exclusive | None = None
+        self._file_id: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"DurableLog({self._path!r})"
@@ -1414,6 +1420,19 @@ class DurableLog:
     def size(self) -> int:
         """The file's size right after this instance's last append (-1 before the first)."""
         return self._seen_size
+
+    @property
+    def file_id(self) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of the file the last append wrote to (None before the first):
+        another file once the path was replaced, or the file moved away or deleted."""
+        return self._file_id
+
+    def duplicate_descriptor(self) -> int:
+        """A new descriptor of the file the last append wrote to (``os.dup``), for syncing it
+        later whatever happens to its path or to this instance; the caller closes it."""
+        if self._fd is None:
+            raise ValueError(f"{self!r} has no file open")
+        return os.dup(self._fd)
 
     @property
     def repair_count(self) -> int:
@@ -1531,14 +1550,20 @@ class DurableLog:
     def _open(self) -> tuple[int, int]:
         """The descriptor to append through and the file's current size."""
         if self._fd is not None:
-            # A compactor may rename a fresh file over the path (or a person delete it);
-            # appending through the old descriptor would write into an orphaned inode.  The
-            # fstat that reads the size also says whether the inode still has a name, which
-            # saves looking the path up.  (Only after the lock epoch moved: a compactor holds
-            # the lock; a person deleting the file is noticed once the flock is taken anew.)
+            # A compactor may rename a fresh file over the path, a person delete the file or
+            # move it away (logrotate's rename); appending through the old descriptor would
+            # write into an orphaned inode, or into the file under its new name while the
+            # path holds another.  (Only after the lock epoch moved: a compactor holds the
+            # lock; a person's change is noticed once the flock is taken anew.)
             mine = os.fstat(self._fd)
             if mine.st_nlink > 0:
-                return self._fd, mine.st_size
+                try:
+                    there = os.stat(self._path, follow_symlinks=False)
+                except FileNotFoundError:
+                    there = None
+                if there is not None and os.path.samestat(mine, there):
+                    self._file_id = (mine.st_dev, mine.st_ino)
+                    return self._fd, mine.st_size
             fd, self._fd = self._fd, None
             self._seen_size = -1
             os.close(fd)
@@ -1560,6 +1585,7 @@ class DurableLog:
                     os.close(fd)
                     raise
             self._fd = fd
+            self._file_id = (found.st_dev, found.st_ino)
             return fd, found.st_size
         else:
             try:
@@ -1572,7 +1598,9 @@ class DurableLog:
                     os.unlink(self._path)
                 raise
         self._fd = fd
-        # Created empty just now (O_EXCL), under the lock every writer takes: no fstat needed.
+        made = os.fstat(fd)
+        self._file_id = (made.st_dev, made.st_ino)
+        # Created empty just now (O_EXCL), under the lock every writer takes.
         return fd, 0
 
     def _check_file(self, fd: int, size: int) -> None:
@@ -1583,7 +1611,7 @@ class DurableLog:
         if size < self._seen_size:
             # Acknowledged data is never cut (a torn tail only sits past it): the file was
             # replaced or cut by hand, and appending would hand out its sequence numbers again.
-            raise CorruptLogError(self._path, _line_number(fd, size), "log shrank below acknowledged data")
+            raise CorruptLogError(self._path, _line_number(fd, size), SHRANK)
         last_seq, torn = _check_tail(fd, size, self._path, self._seq_key, self._version)
         if torn is not None:
             try:

@@ -346,6 +346,26 @@ def test_writer_follows_a_file_replaced_by_compaction(log_path: Path) -> None:
     assert [r.get("snapshot", r.get("i")) for r in _assert_seqs(log_path, 2)] == [True, 3]
 
 
+@pytest.mark.parametrize("rotation", ["moved away", "moved away, a new file made"])
+def test_writer_follows_the_path_when_its_file_is_moved_away(log_path: Path, rotation: str) -> None:
+    # `mv log log.1` (logrotate's rename, with or without its `create`): the file still had a
+    # name, so the writer went on appending to log.1 while readers of `log` saw nothing, and
+    # a second writer started `log` over from seq 1 beside it.
+    log = DurableLog(log_path)
+    log.append({"i": 0})
+    first = log.file_id
+    rotated = log_path.with_name(log_path.name + ".1")
+    log_path.rename(rotated)
+    if rotation != "moved away":
+        log_path.touch()
+    _durable.release_lingering(str(log_path) + ".lock")  # as any other process might take it now
+    assert log.append({"i": 1})["seq"] == 1  # a new file: its own sequence
+    assert log.file_id != first
+    log.close()
+    assert [r["i"] for r in _assert_seqs(log_path, 1)] == [1]
+    assert [r["i"] for r in _assert_seqs(rotated, 1)] == [0]
+
+
 def test_writer_refuses_a_symlinked_log(tmp_path: Path) -> None:
     real = tmp_path / "real.jsonl"
     real.write_bytes(b"")

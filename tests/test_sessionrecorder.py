@@ -1605,16 +1605,15 @@ def test_a_key_poisoned_by_a_descriptor_shortage_lets_its_descriptors_go(
     # Out of descriptors, a buffered key could not open its sync descriptor and was poisoned;
     # a poisoned key was never retired, so it held its log's descriptor for good and a
     # process short of descriptors (the daemon under a low ulimit -n) stayed short.
-    from hosttools.sessionrecorder import _jsonl
 
     backend = sr.JSONLEventBackend(events_dir, sync_on_append=False)
     recorder = sr.EventRecorder(backend)
-    shortage = OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(events_dir / "s.jsonl"))
+    shortage = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
-    def no_descriptor(path: str) -> int:
+    def no_descriptor(log: _durable.DurableLog) -> int:
         raise shortage
 
-    monkeypatch.setattr(_jsonl, "_open_for_sync", no_descriptor)
+    monkeypatch.setattr(_durable.DurableLog, "duplicate_descriptor", no_descriptor)
     assert recorder.record("s", _text(0)).host_seq == 1  # written, not durable: poisoned
     monkeypatch.undo()
     path = (events_dir / "s.jsonl").resolve()
@@ -2400,6 +2399,46 @@ def test_a_writer_refuses_to_append_after_a_line_of_another_format_version(tmp_p
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("how", ["replaced", "deleted", "moved away"])
+@pytest.mark.parametrize("synced_by", ["flush", "close"])
+def test_buffered_appends_are_synced_in_the_file_they_went_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, synced_by: str
+) -> None:
+    # With sync_on_append=False the key kept syncing the file it had first written: after the
+    # log was replaced (a copy put back over it), deleted or moved away, records went to the
+    # new file while flush() and close() synced only the old one, and said they were durable.
+    backend = sr.JSONLEventBackend(tmp_path, sync_on_append=False)
+    recorder = sr.EventRecorder(backend)
+    path = tmp_path / "k.jsonl"
+    recorder.record("k", TextDelta(text="one"))
+    old = path.stat().st_ino
+    if how == "replaced":
+        copy = tmp_path / "k.copy"
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+    elif how == "deleted":
+        path.unlink()
+    else:
+        path.rename(tmp_path / "k.jsonl.1")
+    _durable.release_lingering(str(path) + ".lock")  # as any other process might take it now
+    recorder.record("k", TextDelta(text="two"))
+    new = path.stat().st_ino
+    assert new != old and b'"two"' in path.read_bytes()
+    synced: list[int] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    if synced_by == "flush":
+        backend.flush("k")
+        assert new in synced, (synced, old, new)
+    recorder.close()
+    assert new in synced, (synced, old, new)
+
+
 def test_a_writer_whose_log_shrank_under_it_never_hands_out_a_sequence_number_again(tmp_path: Path) -> None:
     # A backup put back over the log (or a copytruncate) while a writer had it open: the next
     # record got host_seq 3 again, after 5 had been handed out, and a reader at cursor 5 never
@@ -2413,7 +2452,10 @@ def test_a_writer_whose_log_shrank_under_it_never_hands_out_a_sequence_number_ag
         recorder.record("k", TextDelta(text=text))
     _durable.release_lingering(str(path) + ".lock")  # as any other process might take it now
     path.write_bytes(backup)
+    # Every time: the refusal held for one call, and the next record got host_seq 3.
+    for _ in range(3):
+        with pytest.raises(sr.JSONLEventLogCorruptError, match="log shrank below acknowledged data"):
+            recorder.record("k", TextDelta(text="new"))
     with pytest.raises(sr.JSONLEventLogCorruptError, match="log shrank below acknowledged data"):
-        recorder.record("k", TextDelta(text="new"))
-    recorder.close()
+        recorder.close()
     assert path.read_bytes() == backup

@@ -18,6 +18,7 @@ from typing import Any, Literal, NoReturn
 import orjson
 
 from adaptor._durable import (
+    SHRANK,
     CorruptLogError,
     DurableLog,
     RepairReport,
@@ -144,6 +145,7 @@ class _Session:
     # Buffered mode only: opened right after the first append so a later write-back error is
     # reported to it (an fd opened after the error would never see it).
     _sync_fd: int | None = None
+    _sync_file: tuple[int, int] | None = None  # (st_dev, st_ino) of _sync_fd
     _dirty: bool = False
     # Buffered mode: where this key's lines written since its last good sync begin and end in
     # the file; the start is None once another writer's lines sit between them (then they
@@ -346,7 +348,15 @@ class _Session:
                 written = log.append_many(bodies)
         except CorruptLogError as exc:
             self._drop_log()
-            raise JSONLEventLogCorruptError(self.key, exc.line, why=exc.why) from exc
+            try:
+                raise JSONLEventLogCorruptError(self.key, exc.line, why=exc.why) from exc
+            except JSONLEventLogCorruptError as error:
+                if exc.why == SHRANK:
+                    # Kept for every later call on the key: the shrunk log reads as whole, and
+                    # the next writer went on from its last record, handing out the sequence
+                    # numbers this backend had acknowledged again.
+                    self.poison = _Failure.of(error)
+                raise
         except OSError as exc:
             # The flock still lingers from the failed append, so checking the rollback under
             # it normally sees the file as that append left it; if another writer got in
@@ -367,6 +377,11 @@ class _Session:
         if log.repair_count != known_repairs:
             self.repairs.extend(log.repaired[known_repairs:])
         if not self.sync:
+            if self._sync_fd is not None and self._sync_file != log.file_id:
+                # The append went to another file (the log was replaced, moved away or
+                # deleted): syncing the old one from now on would leave these lines unsynced
+                # while flush() said they were durable.
+                self._follow_the_log()
             if not self._dirty:
                 self._unsynced_from = log.appended_at
             elif log.appended_at != self._unsynced_end:
@@ -375,22 +390,41 @@ class _Session:
             self._dirty = True
             if self._sync_fd is None:
                 try:
+                    # The very file this append wrote to, not the path's file of a moment later.
                     try:
-                        self._sync_fd = _open_for_sync(self.path)
+                        self._sync_fd = log.duplicate_descriptor()
                     except OSError as exc:
-                        if not self._freed_descriptors(exc, self.path):
+                        if not self._freed_descriptors(exc, None):
                             raise
-                        self._sync_fd = _open_for_sync(self.path)
+                        self._sync_fd = log.duplicate_descriptor()
+                    self._sync_file = log.file_id
                 except OSError as exc:
                     # The record is written (and must be reported as such), but this key's
                     # buffered data can no longer be made durable: say so from now on.
                     self.poison = _Failure.of(exc)
         return written
 
-    def _freed_descriptors(self, error: OSError, *opened: str) -> bool:
+    def _follow_the_log(self) -> None:
+        """Sync what this key wrote to the file it wrote to before, and sync the log's new
+        file from now on (opened by the caller)."""
+        fd, self._sync_fd, self._sync_file = self._sync_fd, None, None
+        assert fd is not None
+        try:
+            if self._dirty:
+                # Those lines were acknowledged; the file holding them is no longer the key's
+                # log, so a failure cannot be cut away there: it poisons the key.
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    self.poison = _Failure.of(exc)
+                self._dirty = False
+        finally:
+            os.close(fd)
+
+    def _freed_descriptors(self, error: OSError, *opened: str | None) -> bool:
         """Whether ``error`` is this process out of descriptors when opening the log, its lock
-        or its directory (so nothing was written), and other sessions have now closed some of
-        theirs."""
+        or its directory (so nothing was written; ``None``: duplicating one), and other
+        sessions have now closed some of theirs."""
         return (
             error.errno in (errno.EMFILE, errno.ENFILE)
             and error.filename in (opened or (self.path, self.lock_path, os.path.dirname(self.path)))
