@@ -311,8 +311,16 @@ class LifecycleLog:
             if self._recorder is None or self._backend is None:
                 self._backend = sr.JSONLEventBackend(self._directory, sync_on_append=False)
                 self._recorder = sr.EventRecorder(self._backend, key_validator=lambda key: None)
+            known_repairs = len(self._backend.repairs)
             for notice, _ in [*own, *batch]:
                 self._last_seq = self._recorder.record(self._session, notice).host_seq
+            # A torn tail a crash left is cut by the first append (storage.md: "and record that
+            # they did"): said in the log itself and on stderr, or it went without a trace.
+            for report in self._backend.repairs[known_repairs:]:
+                repaired = fact("lifecycle_log.repaired", None, offset=report.offset,
+                                dropped_bytes=report.dropped_bytes)
+                self._last_seq = self._recorder.record(self._session, repaired[0]).host_seq
+                own = [*own, repaired]
             self._backend.flush()
             # The next batch is at least a linger away, longer than the lock would linger
             # unused: let it go now rather than have the reaper thread woken to do it.

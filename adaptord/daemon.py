@@ -251,6 +251,9 @@ class Daemon:
         # ended.  Set by that thread: the fresh config and its tools, or why they were refused.
         self._reloader: threading.Thread | None = None
         self._reloaded: tuple[DaemonConfig, dict[str, Any]] | str | None = None
+        # How many of the audit logs' torn-tail repairs were told (see _tell_repairs).
+        self._repairs_told = 0
+        self._repairs_lock = threading.Lock()
         self._lock = threading.Lock()
         # The schedule (under _lock): jobs that may start now, the line of jobs on each thread
         # key in arrival order (its first holds the key, or is next to: a job may start once
@@ -1389,6 +1392,8 @@ class Daemon:
             job.unrecorded += 1
             if job.unrecorded == 1:
                 self.log("event not recorded", id=job.id, error=f"{type(exc).__name__}: {exc}")
+        if self._events_backend.repair_count != self._repairs_told:
+            self._tell_repairs()
         if isinstance(event, events.Notice) and event.data.get("phase") == "driver.started":
             try:
                 self._save_state(job, "running", entered=True, session=session)
@@ -1396,6 +1401,18 @@ class Daemon:
                 # The run goes on: recovery counts a run with a run id as entered anyway
                 # (see _home.run_entered), which is what this state would have said.
                 self.log("cannot write the run state", id=job.id, error=_os_error_text(exc))
+
+    def _tell_repairs(self) -> None:
+        """Say which audit logs had a torn tail cut (a crash's, found by the first append after
+        it: a requeued run's, an interrupted run's record): storage.md has writers record that
+        they did, and it went without a trace."""
+        with self._repairs_lock:
+            told = self._repairs_told
+            cut = self._events_backend.repairs[told:]
+            self._repairs_told = told + len(cut)
+        for report in cut:
+            self.audit("audit_log.repaired", log=os.path.basename(report.path),
+                       offset=report.offset, dropped_bytes=report.dropped_bytes)
 
     # -- approvals as files --------------------------------------------------------------------
 
@@ -2155,6 +2172,8 @@ class Daemon:
                 self._events.record(session, replace(event, meta=replace(meta, sequence=number)))
         except Exception as exc:  # the verdict still says it; the log only misses its end
             self.log("event not recorded", id=state.get("id"), error=f"{type(exc).__name__}: {exc}")
+        if self._events_backend.repair_count != self._repairs_told:
+            self._tell_repairs()
 
     def _thread_mark(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """The thread's active record as the run starts (``{"id": None}``: none yet), for

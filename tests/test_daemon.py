@@ -1557,8 +1557,15 @@ def test_kill9_mid_run_gives_exactly_one_verdict(tmp_path: Path) -> None:
         __import__("time").sleep(0.02)
     proc.kill9()
     assert not proc.home.verdict(failing).exists()
+    # What a kill -9 (a power cut) mid-append leaves: a torn last line, which the next append
+    # cuts, recording that it did (it went without a trace).
+    for log in (proc.home.events / f"{failing}.jsonl", proc.home.events / "adaptord.jsonl"):
+        with log.open("ab") as torn:
+            torn.write(b'{"crc":12,"event":{"kind":"te')
 
     restarted = DaemonProcess(home).start()
+    restarted.wait_for_line("adaptord: lifecycle_log.repaired offset=")
+    restarted.wait_for_line(f"adaptord: audit_log.repaired log={failing}.jsonl offset=")
     # The requeued one is counted with the requests recovery queued again (it was not).
     restarted.wait_for_line("adaptord: recovered queued requests count=1")
     verdict = restarted.verdict(failing)

@@ -650,6 +650,11 @@ class JSONLEventBackend:
         """Torn tails (crash artifacts) this backend cut before appending, oldest first."""
         return list(self._repairs)
 
+    @property
+    def repair_count(self) -> int:
+        """``len(self.repairs)`` without copying the list (to look after every append)."""
+        return len(self._repairs)
+
     # --- the EventBackend protocol ----------------------------------------------------------
 
     def load(self, key: str) -> Generator[EventRecord, None, None]:
