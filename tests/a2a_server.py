@@ -347,6 +347,62 @@ def status_route(
     return Route(path, endpoint, methods=["POST"])
 
 
+class Trickle:
+    """A misbehaving remote's answer: HTTP 200 and ``head``, then ``total`` bytes of ``fill``, one
+    every ``interval`` seconds, to every GET and POST at ``path``.
+
+    ``sent`` counts the bytes of the trickle sent so far; ``over`` is set when it stopped,
+    because all was sent or because the caller went away (Starlette cancels a streaming answer
+    when its client disconnects).  A caller that gives up early leaves ``sent`` far below
+    ``total``: what the tests check instead of how long anything took.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        total: int = 400,
+        interval: float = 0.05,
+        fill: bytes = b" ",
+        head: bytes = b"",
+        media_type: str = "application/json",
+    ) -> None:
+        self.path = path
+        self.total = total
+        self.interval = interval
+        self.fill = fill
+        self.head = head
+        self.media_type = media_type
+        self.sent = 0
+        self.requests = 0
+        self.over = threading.Event()
+
+    def route(self) -> BaseRoute:
+        from starlette.responses import StreamingResponse
+        from starlette.routing import Route
+
+        async def body() -> Any:
+            try:
+                if self.head:
+                    yield self.head
+                for _ in range(self.total):
+                    await asyncio.sleep(self.interval)
+                    yield self.fill
+                    self.sent += len(self.fill)
+            finally:
+                self.over.set()
+
+        async def endpoint(_: Any) -> Response:
+            self.requests += 1
+            return StreamingResponse(body(), media_type=self.media_type)
+
+        return Route(self.path, endpoint, methods=["GET", "POST"])
+
+    def gave_up_early(self, within: float = 60.0) -> bool:
+        """The caller went away after a small part of the trickle (a generous margin)."""
+        return self.over.wait(within) and self.sent < self.total // 4
+
+
 # --- serving in a thread ------------------------------------------------------------------------
 
 

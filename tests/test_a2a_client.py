@@ -113,6 +113,52 @@ def test_an_unreachable_agent_is_a_connection_error() -> None:
             c.agent_card()
 
 
+def _slow_call(op: str) -> Callable[[a2a.Client], object]:
+    calls: dict[str, Callable[[a2a.Client], object]] = {
+        "agent_card": lambda c: c.agent_card(),
+        "agent_card(timeout)": lambda c: c.agent_card(timeout=0.5),
+        "send": lambda c: c.send("echo hi"),
+        "send(timeout)": lambda c: c.send("echo hi", timeout=0.5),
+        "get_task": lambda c: c.get_task("t-1"),
+        "get_task(timeout)": lambda c: c.get_task("t-1", timeout=0.5),
+        "cancel_task": lambda c: c.cancel_task("t-1"),
+        "cancel_task(timeout)": lambda c: c.cancel_task("t-1", timeout=0.5),
+    }
+    return calls[op]
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        "agent_card",
+        "agent_card(timeout)",
+        "send",
+        "send(timeout)",
+        "get_task",
+        "get_task(timeout)",
+        "cancel_task",
+        "cancel_task(timeout)",
+    ],
+)
+def test_a_remote_answering_a_byte_at_a_time_is_bounded_as_a_whole(op: str) -> None:
+    # httpx's timeouts bound each read: a remote sending a byte a second held Client(timeout=2)
+    # .agent_card() for a minute.  The call's bound covers the whole answer.
+    trickle = srv.Trickle("/slow")
+    per_call = op.endswith("(timeout)")
+    with srv.scripted_server(extra_routes=[trickle.route()]) as running:
+        if op.startswith("agent_card"):
+            c = a2a.Client(running.base_url + "/slow", timeout=30 if per_call else 0.5)
+        else:
+            card = srv.card_json(
+                srv.agent_card(running.base_url, interface_url=running.base_url + "/slow")
+            )
+            c = a2a.Client(card=card, timeout=30 if per_call else 0.5)
+        with c, pytest.raises(TimeoutError, match="timed out"):
+            _slow_call(op)(c)
+        assert trickle.requests == 1
+        assert trickle.gave_up_early(), trickle.sent
+
+
 # --- operations --------------------------------------------------------------------------------
 
 

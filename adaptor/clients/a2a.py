@@ -29,7 +29,15 @@ import re
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+)
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -438,8 +446,10 @@ class Client:
     stripped from every request (redirects included) to any other origin, and a card that points
     an interface elsewhere while ``auth`` is set fails discovery with ``UntrustedOriginError``.
 
-    ``timeout`` bounds each unary request (``send`` waits for the remote task unless
-    ``return_immediately``, so size it for that); streams have no read timeout, bound them with
+    ``timeout`` bounds each unary request as a whole, however slowly the remote answers
+    (``send`` waits for the remote task unless ``return_immediately``, so size it for that; the
+    card fetch a first call makes counts against that call's bound); each call may bound itself
+    with its own ``timeout``.  Streams have no read timeout, bound them with
     ``EventStream.next_event(timeout)``.  Transport failures raise builtin ``ConnectionError``
     and ``TimeoutError``, and so does a remote that answers HTTP 5xx (but 501), 408 or 429:
     ``ConnectionError`` naming the status, with a ``retry_after`` attribute (seconds) when the
@@ -499,9 +509,10 @@ class Client:
 
     # -- operations
 
-    def agent_card(self) -> AgentCard:
-        """The validated card (fetched on first use)."""
-        return self._run(self._ready()).card
+    def agent_card(self, *, timeout: float | None = None) -> AgentCard:
+        """The validated card (fetched on first use, within ``timeout`` or the client's)."""
+        _check_timeout("timeout", timeout)
+        return self._run(self._bounded("agent_card", timeout, self._ready)).card
 
     def send(
         self,
@@ -510,21 +521,28 @@ class Client:
         *,
         task_id: str | None = None,
         return_immediately: bool = False,
+        timeout: float | None = None,
     ) -> Task:
         """SendMessage; returns the task snapshot (a bare message reply becomes a completed task).
 
         By default the remote answers when the task is final; with ``return_immediately`` it
-        answers at once and the caller polls ``get_task``.
+        answers at once and the caller polls ``get_task``.  ``timeout`` replaces the client's
+        for this call.
         """
         _check_message(text, context_id, task_id)
-        return self._run(self._send(text, context_id, task_id, return_immediately))
+        _check_timeout("timeout", timeout)
+        return self._run(
+            self._bounded(
+                "send", timeout, lambda: self._send(text, context_id, task_id, return_immediately)
+            )
+        )
 
     def send_stream(
         self, text: str, context_id: str | None = None, *, task_id: str | None = None
     ) -> EventStream:
         """SendStreamingMessage; ``UnsupportedError`` when the card does not offer streaming."""
         _check_message(text, context_id, task_id)
-        session = self._run(self._ready())
+        session = self._run(self._bounded("send_stream", None, self._ready))
         if not session.card.streaming:
             raise UnsupportedError("A2A send_stream: the remote agent does not support streaming")
         request = _message_request(text, context_id, task_id, return_immediately=False)
@@ -536,7 +554,7 @@ class Client:
     def subscribe(self, task_id: str) -> EventStream:
         """SubscribeToTask: the events of a running task from now on."""
         _check_task_id("subscribe", task_id)
-        session = self._run(self._ready())
+        session = self._run(self._bounded("subscribe", None, self._ready))
         if not session.card.streaming:
             raise UnsupportedError("A2A subscribe: the remote agent does not support streaming")
         from a2a.types import SubscribeToTaskRequest
@@ -550,13 +568,17 @@ class Client:
         """GetTask; ``NotFoundError`` when the remote does not know the task."""
         _check_task_id("get_task", task_id)
         _check_timeout("timeout", timeout)
-        return self._run(self._get_task("get_task", task_id, timeout))
+        return self._run(
+            self._bounded("get_task", timeout, lambda: self._get_task("get_task", task_id, timeout))
+        )
 
     def cancel_task(self, task_id: str, *, timeout: float | None = None) -> Task:
         """CancelTask; a task that is already terminal is returned as it is."""
         _check_task_id("cancel_task", task_id)
         _check_timeout("timeout", timeout)
-        return self._run(self._cancel_task(task_id, timeout))
+        return self._run(
+            self._bounded("cancel_task", timeout, lambda: self._cancel_task(task_id, timeout))
+        )
 
     def close(self) -> None:
         """Close open streams, the HTTP client and the loop thread.  Idempotent."""
@@ -586,6 +608,24 @@ class Client:
         return stream
 
     # -- async side (runs on the loop thread)
+
+    async def _bounded(self, op: str, timeout: float | None, work: Callable[[], Awaitable[T]]) -> T:
+        """``work()`` within ``timeout`` (else the client's) seconds as a whole.
+
+        httpx's timeouts bound each network read: a remote sending a byte now and then held a
+        call for as long as it liked.  The SDK's own timeouts stay underneath as a second bound.
+        """
+        limit = self._timeout if timeout is None else timeout
+        if limit is None:
+            return await work()
+        bound = asyncio.timeout(limit)
+        try:
+            async with bound:
+                return await work()
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise  # the transport's own timeout, already mapped
+            raise TimeoutError(f"A2A {op}: timed out after {limit:g} s") from exc
 
     async def _ready(self) -> _Session:
         async with self._discovery:
@@ -806,7 +846,7 @@ class Client:
         if not state.task_id:
             raise dropped
         try:
-            task = await self._get_task(op, state.task_id, None)
+            task = await self._bounded(op, None, lambda: self._get_task(op, state.task_id, None))
         except asyncio.CancelledError:
             raise
         except Exception:
