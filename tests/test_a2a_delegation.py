@@ -377,6 +377,37 @@ def test_a_real_deadline_expires(server: srv.Running) -> None:
     assert err.code == "deadline_exceeded" and err.metadata["limit_ms"] == 200
 
 
+@pytest.mark.parametrize("bound", ["request-timeout", "policy-max-timeout", "client-timeout"])
+@pytest.mark.parametrize("what", ["card", "send"])
+def test_a_request_the_remote_answers_a_byte_at_a_time_ends_at_the_deadline(
+    what: str, bound: str
+) -> None:
+    # The card fetch and the polling send are requests, not stream reads: they ran on the
+    # client's 30 s bound, so timeout=2 failed after 30 s as agent_unavailable (retryable).
+    trickle = srv.Trickle("/slow")
+    with srv.scripted_server(extra_routes=[trickle.route()]) as running:
+        if what == "card":
+            where: dict[str, Any] = {"card_url": running.base_url + "/slow"}
+        else:
+            card = srv.agent_card(
+                running.base_url, interface_url=running.base_url + "/slow", streaming=False
+            )
+            where = {"card": srv.card_json(card)}
+        policy = d.Policy(max_timeout=1) if bound == "policy-max-timeout" else d.Policy()
+        spec = d.RemoteAgentSpec("slow", policy=policy, **where)
+        timeout = 1.0 if bound == "request-timeout" else None
+        client_timeout = 1.0 if bound == "client-timeout" else 30.0
+        with d.Delegator(d.Registry([spec]), client_timeout=client_timeout) as delegator:
+            err = _fails(delegator, d.DelegationRequest("slow", "hi", timeout=timeout))
+        assert trickle.gave_up_early(), trickle.sent
+    if bound == "client-timeout":
+        # The client's own bound, well before the deadline: the remote is slow, try again.
+        assert err.code == "agent_unavailable" and err.retryable
+    else:
+        assert err.code == "deadline_exceeded" and not err.retryable
+        assert err.metadata["limit_ms"] == 1000
+
+
 def test_polls_are_bounded(server: srv.Running, executor: srv.ScriptedExecutor) -> None:
     spec = d.RemoteAgentSpec(
         "slow", card_url=server.card_url, policy=d.Policy(poll_interval=0.01, max_polls=3)

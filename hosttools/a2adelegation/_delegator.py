@@ -219,6 +219,10 @@ class _ClientPool:
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
 
+    def timeout_for(self, spec: RemoteAgentSpec) -> float:
+        """The bound of one request to ``spec``'s agent, deadline aside."""
+        return min(self._timeout, spec.policy.max_timeout)
+
     def get(self, spec: RemoteAgentSpec) -> Client:
         with self._lock:
             client = self._clients.get(spec.key)
@@ -228,7 +232,7 @@ class _ClientPool:
                     card=spec.card,
                     auth=spec.auth,
                     trusted_origins=spec.trusted_origins,
-                    timeout=min(self._timeout, spec.policy.max_timeout),
+                    timeout=self.timeout_for(spec),
                 )
             return client
 
@@ -257,6 +261,7 @@ class _Delegation:
         self.agent = request.agent
         self.deadline = 0.0
         self.limit = 0.0
+        self.client_timeout = _CLIENT_TIMEOUT
         self.client: Client | None = None
         self.stream: EventStream | None = None
         self.sent = False  # the stream's message may have gone out (it goes at the first read)
@@ -277,6 +282,7 @@ class _Delegation:
         self.policy = policy = spec.policy
         self.limit = min(self.request.timeout or policy.max_timeout, policy.max_timeout)
         self.deadline = _now() + self.limit
+        self.client_timeout = self.pool.timeout_for(spec)
         self.emit("started", display_name=spec.name)
         from . import DelegationError
 
@@ -296,10 +302,11 @@ class _Delegation:
             self.client = client = self.pool.get(spec)
         except ImportError as exc:  # the a2a extra is missing: this host's setup, no remote's
             raise self.fail("configuration_error", reason="a2a_sdk_missing", cause=exc) from exc
+        bound, by_deadline = self.request_bound()
         try:
-            card = client.agent_card()
+            card = client.agent_card(timeout=bound)
         except Exception as exc:
-            raise self.client_failure(exc) from exc
+            raise self.request_failure(exc, by_deadline) from exc
         self.check_local()
         if (policy.require_streaming or self.request.stream) and not card.streaming:
             raise self.fail("capability_unsupported", reason="streaming_unsupported")
@@ -359,12 +366,16 @@ class _Delegation:
         policy = self.policy
         task: Task | None = None
         if not known:
+            bound, by_deadline = self.request_bound()
             try:
                 task = client.send(
-                    self.request.prompt, self.request.context_id, return_immediately=True
+                    self.request.prompt,
+                    self.request.context_id,
+                    return_immediately=True,
+                    timeout=bound,
                 )
             except Exception as exc:
-                raise self.client_failure(exc) from exc
+                raise self.request_failure(exc, by_deadline) from exc
             self.observe_task(task)
         polls = 0
         while task is None or not task.state.final:
@@ -373,11 +384,11 @@ class _Delegation:
                 raise self.fail("deadline_exceeded", reason="max_polls", max_polls=policy.max_polls)
             self.pause(policy.poll_interval)
             polls += 1
+            bound, by_deadline = self.request_bound()
             try:
-                timeout = min(max(self.remaining(), 0.001), _CLIENT_TIMEOUT)
-                task = client.get_task(self.task_id, timeout=timeout)
+                task = client.get_task(self.task_id, timeout=bound)
             except Exception as exc:
-                raise self.client_failure(exc) from exc
+                raise self.request_failure(exc, by_deadline) from exc
             self.observe_task(task)
         return self.finish(task.state, task.status_message, task=task, recovered=known)
 
@@ -501,6 +512,18 @@ class _Delegation:
     def remaining(self) -> float:
         return self.deadline - _now()
 
+    def request_bound(self) -> tuple[float, bool]:
+        """The bound of the next request to the remote, and whether it is the deadline's.
+
+        A request (the card fetch, the polling send, a poll) cannot be sliced as a stream's
+        reads are: it gets what is left of the deadline, so a remote that never answers fails
+        the delegation at its deadline, not at the client's own bound.
+        """
+        remaining = max(self.remaining(), 0.001)
+        if remaining <= self.client_timeout:
+            return remaining, True
+        return self.client_timeout, False
+
     def wait_slice(self) -> float:
         remaining = max(self.remaining(), 0.0)
         # A CancelSignal cannot wake a blocked read, so reads are sliced while one is set up.
@@ -524,14 +547,18 @@ class _Delegation:
         self.check_local()
 
     def abort(self, code: str) -> None:
+        raise self.stopped(code)
+
+    def stopped(self, code: str) -> DelegationError:
+        """Stop here (cancelled, or out of time): the remote task is cancelled."""
         if self.stream is not None:
             if self.sent and not self.task_id:
                 self.await_task_id(_AWAIT_TASK_ID if code == "cancelled" else _REMOTE_CANCEL_TIMEOUT)
             self.stream.close()
         self.cancel_remote()
         if code == "deadline_exceeded":
-            raise self.fail(code, limit_ms=round(self.limit * 1000))
-        raise self.fail(code)
+            return self.fail(code, limit_ms=round(self.limit * 1000))
+        return self.fail(code)
 
     def await_task_id(self, within: float) -> None:
         """Read the open stream, for up to ``within`` seconds, until it names the task its
@@ -568,6 +595,12 @@ class _Delegation:
             log.debug("remote cancel of task %s failed: %r", self.task_id, exc)
 
     # -- failures and progress
+
+    def request_failure(self, exc: BaseException, by_deadline: bool) -> DelegationError:
+        """``client_failure``, but a request cut short by the deadline is its own failure."""
+        if by_deadline and isinstance(exc, TimeoutError):
+            return self.stopped("deadline_exceeded")
+        return self.client_failure(exc)
 
     def client_failure(self, exc: BaseException) -> DelegationError:
         if isinstance(exc, InvalidAgentCardError):
