@@ -323,6 +323,55 @@ def test_each_streamed_chunk_is_measured_once() -> None:
     assert _CountedText.measured == 500
 
 
+class _CountedMessage(a2a.Message):
+    """A message that counts how often it is compared."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        type(self).compared += 1
+        return super().__eq__(other)
+
+    __hash__ = a2a.Message.__hash__
+
+
+def test_status_messages_are_kept_once_each_and_bounded() -> None:
+    # The adaptord bridge sends one status message per text delta: looking each up in the list
+    # of all before it made a delegation quadratic (20,000 updates: a minute), and all were kept.
+    from hosttools.a2adelegation._delegator import _Delegation
+
+    registry = d.Registry([d.RemoteAgentSpec("x", card_url="http://127.0.0.1:9/card")])
+    delegation = _Delegation(registry, None, None, d.DelegationRequest("x", "go"))  # type: ignore[arg-type]
+    count = 3000
+
+    def message(index: int) -> a2a.Message:
+        part = a2a.Part("text", text=f"tok{index} ")
+        return _CountedMessage(f"m{index}", "agent", parts=(part,))
+
+    for index in range(count):
+        delegation.set_state(a2a.TaskState.WORKING, message(index))
+        delegation.set_state(a2a.TaskState.WORKING, message(index))  # the same one, again
+    final = a2a.Message("last", "agent", parts=(a2a.Part("text", text="done"),))
+    result = delegation.finish(a2a.TaskState.COMPLETED, final, task=None, recovered=False)
+    assert _CountedMessage.compared <= 2 * count  # linear: one lookup per update
+    assert result.text == "done"
+    assert len(result.messages) == 1000  # the latest, each once
+    assert result.messages[-1] == final
+    assert [m.message_id for m in result.messages[:2]] == [f"m{count - 999}", f"m{count - 998}"]
+
+
+def test_messages_with_data_parts_are_kept_once_each() -> None:
+    from hosttools.a2adelegation._delegator import _Delegation
+
+    registry = d.Registry([d.RemoteAgentSpec("x", card_url="http://127.0.0.1:9/card")])
+    delegation = _Delegation(registry, None, None, d.DelegationRequest("x", "go"))  # type: ignore[arg-type]
+    for data in ({"a": [1]}, {"a": [1]}, {"a": [2]}):
+        part = a2a.Part("data", data=data)
+        delegation.set_state(a2a.TaskState.WORKING, a2a.Message("m", "agent", parts=(part,)))
+    result = delegation.finish(a2a.TaskState.COMPLETED, None, task=None, recovered=False)
+    assert [m.parts[0].data for m in result.messages] == [{"a": [1]}, {"a": [2]}]
+
+
 # --- local cancellation and deadlines ----------------------------------------------------------
 
 

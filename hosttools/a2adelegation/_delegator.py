@@ -8,7 +8,8 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,6 +54,9 @@ _REMOTE_CANCEL_TIMEOUT = 5.0
 _AWAIT_TASK_ID = 30.0
 _CANCEL_CHECK_INTERVAL = 0.05
 _CLIENT_TIMEOUT = 30.0
+# The messages a DelegationResult keeps (the latest; the last one is the answer's text when
+# there are no artifacts).
+_KEPT_MESSAGES = 1000
 
 # Fixed, safe texts: a DelegationError never repeats anything the remote agent said.
 _MESSAGES = {
@@ -144,8 +148,9 @@ class DelegationRequest:
 class DelegationResult:
     """A delegation that reached ``completed`` (or ``input_required`` when the policy allows).
 
-    ``text`` is the artifacts' text, or the final message's when there are none.  ``task`` is
-    the last full snapshot fetched (None when everything came from the stream).
+    ``text`` is the artifacts' text, or the final message's when there are none.  ``messages``
+    are the distinct messages the remote sent (status and progress), the latest 1,000 of them.
+    ``task`` is the last full snapshot fetched (None when everything came from the stream).
     """
 
     delegation_id: str
@@ -270,7 +275,7 @@ class _Delegation:
         self.state: TaskState | None = None
         self.streamed = False
         self.artifacts = _Artifacts()
-        self.messages: list[Message] = []
+        self.messages = _Messages()
         self.policy = Policy()
 
     # -- the flow
@@ -413,7 +418,7 @@ class _Delegation:
             )
         elif isinstance(event, MessageEvent):
             self.context_id = event.message.context_id or self.context_id
-            self.messages.append(event.message)
+            self.messages.add(event.message, last=True)
             self.emit("delta", delta=event.message.text)
             return self.finish(TaskState.COMPLETED, None, task=None, recovered=False)
         elif isinstance(event, TerminalEvent):
@@ -439,8 +444,8 @@ class _Delegation:
                 self.add_artifact(artifact, append=False)
 
     def set_state(self, state: TaskState, message: Message | None) -> None:
-        if message is not None and message not in self.messages:
-            self.messages.append(message)
+        if message is not None:
+            self.messages.add(message)
         if state is self.state:
             return
         self.state = state
@@ -461,8 +466,8 @@ class _Delegation:
     def finish(
         self, state: TaskState, message: Message | None, *, task: Task | None, recovered: bool
     ) -> DelegationResult:
-        if message is not None and message not in self.messages:
-            self.messages.append(message)
+        if message is not None:
+            self.messages.add(message)
         self.state = state
         remote_status = state.value
         promoted = _promoted(state, message)
@@ -484,8 +489,9 @@ class _Delegation:
             raise self.fail("remote_failed", reason="input_required", remote_status=remote_status)
         artifacts = self.artifacts.assembled()
         text = "".join(a.text for a in artifacts)
-        if not text and self.messages:
-            text = self.messages[-1].text
+        last = self.messages.last()
+        if not text and last is not None:
+            text = last.text
         self.emit(
             "finished",
             state=state.value,
@@ -501,7 +507,7 @@ class _Delegation:
             remote_task_id=self.task_id,
             remote_context_id=self.context_id,
             artifacts=artifacts,
-            messages=tuple(self.messages),
+            messages=self.messages.kept(),
             streamed=self.streamed,
             recovered=recovered,
             task=task,
@@ -669,6 +675,57 @@ class _Delegation:
             self.on_update(update)
         except Exception:  # a progress observer cannot fail the delegation
             log.exception("a2adelegation progress sink failed")
+
+
+class _Messages:
+    """The messages of one delegation, each once, the latest ``_KEPT_MESSAGES`` of them.
+
+    A remote reporting progress a token at a time (the adaptord bridge sends a status message
+    per text delta) sends thousands: looking each up in a list made a delegation quadratic
+    (20,000 took a minute), and keeping them all let a chatty remote grow it without end.
+    """
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[Hashable, Message] = OrderedDict()
+
+    def add(self, message: Message, *, last: bool = False) -> None:
+        """Keep ``message`` unless an equal one is kept; ``last`` moves that one to the end."""
+        key = _message_key(message)
+        if key in self._kept:
+            if last:
+                self._kept.move_to_end(key)
+            return
+        self._kept[key] = message
+        if len(self._kept) > _KEPT_MESSAGES:
+            self._kept.popitem(last=False)
+
+    def last(self) -> Message | None:
+        return next(reversed(self._kept.values()), None)
+
+    def kept(self) -> tuple[Message, ...]:
+        return tuple(self._kept.values())
+
+
+def _message_key(message: Message) -> Hashable:
+    """What tells ``message`` apart from another: what its equality compares."""
+    try:
+        hash(message)
+    except TypeError:  # a data part holding a dict or a list
+        return (
+            message.message_id,
+            message.role,
+            message.context_id,
+            message.task_id,
+            tuple(
+                (p.kind, p.text, p.url, p.raw, p.media_type, p.filename, _data_key(p.data))
+                for p in message.parts
+            ),
+        )
+    return message
+
+
+def _data_key(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 class _Artifacts:
