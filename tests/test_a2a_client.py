@@ -6,8 +6,9 @@ import email.utils
 import json
 import subprocess
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -762,6 +763,60 @@ def test_the_token_is_redacted_in_json_text_a_remote_escaped_it_in(
     )
     assert err.raw == 'rejected {"auth": "<redacted>"}'
     assert all(escaped not in text for text in _shown(err)), _shown(err)
+
+
+# --- closing --------------------------------------------------------------------------------------
+
+
+def test_closing_closes_the_async_generators_still_open_on_the_loop() -> None:
+    # The SDK's and httpx's streams are async generators: one left open when the loop stopped
+    # was finalized later as a task on a stopped loop ("Task was destroyed but it is pending!
+    # ... async_generator_athrow" at exit, intermittently), its cleanup never run.
+    from adaptor.clients.a2a import _LoopThread
+
+    cleaned = threading.Event()
+
+    async def stream() -> AsyncIterator[int]:
+        try:
+            yield 1
+            yield 2
+        finally:
+            cleaned.set()
+
+    async def first(events: AsyncIterator[int]) -> int:
+        return await anext(events)
+
+    runner = _LoopThread()
+    left_open = stream()
+    assert runner.run(first(left_open)) == 1
+    runner.stop()
+    assert cleaned.is_set()
+
+
+_CLOSE_SCRIPT = """
+import sys
+from adaptor.clients import a2a
+from tests import a2a_server as srv
+
+with srv.scripted_server() as running:
+    for _ in range(int(sys.argv[1])):
+        with a2a.Client(running.card_url) as c, c.send_stream("echo hi") as stream:
+            events = list(stream)
+        assert isinstance(events[-1], a2a.TerminalEvent)
+print("closed")
+"""
+
+
+def test_the_documented_usage_closes_without_noise() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLOSE_SCRIPT, "20"],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.strip() == "closed", proc.stderr
+    assert "Task was destroyed" not in proc.stderr, proc.stderr
 
 
 # --- stream recovery after the server is killed ------------------------------------------------

@@ -1079,9 +1079,10 @@ class _LoopThread:
         if loop is None or thread is None:
             return
         # Whatever still runs (a blocked send in another thread) ends with CancelledError
-        # instead of waiting forever on a stopped loop.
+        # instead of waiting forever on a stopped loop, and the async generators still open
+        # (the SDK's and httpx's streams) are closed while the loop can run their cleanup.
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(_cancel_others(), loop).result(_CLOSE_TIMEOUT)
+            asyncio.run_coroutine_threadsafe(_wind_down(loop), loop).result(_CLOSE_TIMEOUT)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(_CLOSE_TIMEOUT)
         if not thread.is_alive():
@@ -1101,12 +1102,25 @@ class _LoopThread:
             return self._loop
 
 
+async def _wind_down(loop: asyncio.AbstractEventLoop) -> None:
+    await _cancel_others()
+    # A generator collected without being closed schedules its aclose() as a task: without
+    # this, the loop stopped with such a task pending ("Task was destroyed but it is
+    # pending! ... async_generator_athrow" at exit).
+    await loop.shutdown_asyncgens()
+    await _cancel_others()
+
+
 async def _cancel_others() -> None:
-    current = asyncio.current_task()
-    others = [task for task in asyncio.all_tasks() if task is not current]
-    for task in others:
-        task.cancel()
-    await asyncio.gather(*others, return_exceptions=True)
+    # Cancelling a task can leave others behind (the cleanup it schedules): again, briefly.
+    for _ in range(3):
+        current = asyncio.current_task()
+        others = [task for task in asyncio.all_tasks() if task is not current]
+        if not others:
+            return
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
 
 async def _aclose_quietly(iterator: AsyncIterator[Any]) -> None:
