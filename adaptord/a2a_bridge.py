@@ -662,6 +662,16 @@ def _follow(
         post(_Outcome(error=exc))
 
 
+def _too_large(request: Mapping[str, Any]) -> str:
+    """Why ``request`` is too large for the spool, or "" (what ``submit`` would refuse it for,
+    known before the task names a request id that will never be made)."""
+    try:
+        _home.request_file_bytes({"format": _home.REQUEST_FORMAT, **request})
+    except ValueError as exc:  # the only one a message can cause: too large a request
+        return f"the message is too large: {exc}"
+    return ""
+
+
 class SpoolExecutor(AgentExecutor):
     """Runs each A2A message as a request through the daemon's spool (see the module doc)."""
 
@@ -693,8 +703,14 @@ class SpoolExecutor(AgentExecutor):
         # Registered under its id before the submission, so a cancel that arrives meanwhile
         # is not lost (see cancel()); the id is in the task's metadata from the start.
         run = _Run(_home.new_request_id(), updater)
+        request: dict[str, Any] | None = None
+        too_large = ""
+        if prompt.strip() and not self._stopping():
+            built = build_request(self.agent, prompt, task_id, context_id)
+            request = {**built, "id": run.request_id}
+            too_large = _too_large(request)
         # No request is made for a message refused here: the task must not name one.
-        refused = not prompt.strip() or self._stopping()
+        refused = request is None or bool(too_large)
         # The SDK wants the Task itself before any update about it.
         await event_queue.enqueue_event(
             Task(
@@ -708,17 +724,19 @@ class SpoolExecutor(AgentExecutor):
         if not prompt.strip():
             await updater.reject(updater.new_agent_message([Part(text="the message has no text")]))
             return
-        if refused:
+        if too_large:
+            await updater.reject(updater.new_agent_message([Part(text=too_large)]))
+            return
+        if request is None:
             await self._fail(run, Failure("infrastructure_error", "daemon_stopping"))
             return
-        request = {**build_request(self.agent, prompt, task_id, context_id), "id": run.request_id}
         self._runs[task_id] = run
         try:
             try:
                 await asyncio.to_thread(self.spool.submit, request)
-            except ValueError as exc:  # the only one a message can cause: too large a request
-                too_large = f"the message is too large: {exc}"
-                await updater.reject(updater.new_agent_message([Part(text=too_large)]))
+            except ValueError as exc:  # checked above (_too_large); kept for a spool that differs
+                rejected = f"the message is too large: {exc}"
+                await updater.reject(updater.new_agent_message([Part(text=rejected)]))
                 return
             except Exception as exc:
                 self._log("a2a: cannot submit a request", agent=self.agent.key, error=repr(exc))

@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn", reason="needs uvicorn: pip install -e '.[test]'")
 
 import httpx
 
-from adaptor import errors, spool
+from adaptor import _home, errors, spool
 from adaptor.clients import a2a
 from adaptord import a2a_bridge
 from adaptord import config as config_module
@@ -714,6 +714,28 @@ def test_a_message_refused_while_stopping_names_no_request(tmp_path: Path) -> No
     assert task.status_message.text.endswith("(daemon_stopping)")
     assert a2a_bridge.REQUEST_ID_KEY not in task.metadata
     assert not (tmp_path / "home").exists()  # nothing was submitted
+
+
+def test_a_message_refused_as_too_large_names_no_request(tmp_path: Path) -> None:
+    # Its REJECTED task named the request id minted for it, though no request was ever made
+    # under it: `adaptor events <id>` and the run folders knew nothing of it.
+    (tmp_path / "config.toml").write_text(NO_TOKEN)
+    agents = config_module.load(tmp_path / "config.toml").a2a.agents
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    sock = a2a_bridge.listening_socket(a2a_bridge.Listen("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    app, _ = a2a_bridge.build_app(agents[:1], url, spool.Client(home.root))
+    server = a2a_bridge.ServerThread(app, sock, name="too-large")
+    server.start()
+    try:
+        with a2a.Client(url + a2a_bridge.card_path(agents[0].key)) as client:
+            task = client.send("y" * (a2a_bridge.MAX_BODY // 2 + 10))
+    finally:
+        server.stop()
+    assert task.state is a2a.TaskState.REJECTED and "the message is too large" in task.text
+    assert a2a_bridge.REQUEST_ID_KEY not in task.metadata
+    assert list(home.spool_new.iterdir()) == []  # nothing was submitted
 
 
 def test_only_the_latest_finished_tasks_stay_in_memory(tmp_path: Path) -> None:
