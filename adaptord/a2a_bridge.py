@@ -162,8 +162,10 @@ def _default_log(fact: str, **fields: Any) -> None:
 # The libraries serving the bridge log through Python logging, which the daemon does not
 # configure: their records reached stderr through logging's last-resort handler, as bare text
 # and multi-line tracebacks (a malformed request from any caller printed one), some quoting
-# what the caller sent.
-_SERVER_LOGGERS = ("a2a", "uvicorn")
+# what the caller sent.  asyncio and opentelemetry report for them too: a task of theirs left
+# pending ("Task was destroyed but it is pending!"), the SDK's tracing spans closed on it
+# ("Failed to detach context"), each with a traceback.
+_SERVER_LOGGERS = ("a2a", "uvicorn", "asyncio", "opentelemetry")
 
 
 # --- where to listen ------------------------------------------------------------------------------
@@ -916,7 +918,9 @@ class _Handler(DefaultRequestHandler):
     Knowing a context id is what lets a caller continue a conversation (see docs/a2a.md);
     listing the tasks would hand every caller every context id, prompt and answer.  A message
     naming a task that still runs starts nothing (one message, one run); the SDK held such a
-    call until the run ended and then answered with a stale snapshot.
+    call until the run ended and then answered with a stale snapshot.  One naming a finished
+    task is refused here too, as the SDK would: the SDK set up the task's event queue first
+    and left its dispatch task pending, reported with a traceback when it was collected.
     """
 
     def __init__(self, executor: SpoolExecutor, card: AgentCard) -> None:
@@ -924,29 +928,35 @@ class _Handler(DefaultRequestHandler):
         self._tasks = _TaskStore(KEPT_FINISHED)
         super().__init__(agent_executor=executor, task_store=self._tasks, agent_card=card)
 
-    async def _refuse_a_running_task(
+    async def _refuse_a_known_task(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> None:
         task_id = params.message.task_id
         if not task_id:
             return
         task = await self._tasks.get(task_id, context)
-        if task is not None and task.status.state not in _FINAL_STATES:
+        if task is None:
+            return  # the SDK answers not-found
+        state = task.status.state
+        if state in _FINAL_STATES:
             raise UnsupportedOperationError(
-                message=f"task {task_id} is still running; a message to it starts nothing"
+                message=f"Task {task_id} is in terminal state: {TaskState.Name(state)}"
             )
+        raise UnsupportedOperationError(
+            message=f"task {task_id} is still running; a message to it starts nothing"
+        )
 
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | A2AMessage:
-        await self._refuse_a_running_task(params, context)
+        await self._refuse_a_known_task(params, context)
         result: Task | A2AMessage = await super().on_message_send(params, context)
         return result
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
-        await self._refuse_a_running_task(params, context)
+        await self._refuse_a_known_task(params, context)
         async for event in super().on_message_send_stream(params, context):
             yield event
 

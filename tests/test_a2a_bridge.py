@@ -1061,6 +1061,33 @@ def test_a_malformed_call_is_one_prefixed_log_line(tmp_path: Path) -> None:
     assert [line for line in proc.lines if not line.startswith("adaptord: ")] == []
 
 
+def test_refused_calls_about_a_finished_task_leave_no_traceback(tmp_path: Path) -> None:
+    # A message naming a finished task was refused by the a2a-sdk only after it had set up the
+    # task's event queue, whose pending dispatch task was later reported on stderr as bare
+    # multi-line text ("Failed to detach context", "Task was destroyed but it is pending!").
+    config = tmp_path / "config.toml"
+    config.write_text('[a2a.agents.echo.request]\ndriver = "script"\n')
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--a2a", "127.0.0.1:0").start()
+    try:
+        match = re.search(r"url=(\S+)", proc.wait_for_line("a2a.listening url="))
+        assert match is not None
+        with a2a.Client(f"{match.group(1)}/agents/echo/.well-known/agent-card.json") as client:
+            done = client.send("hi")
+            assert done.state.terminal
+            for _ in range(3):
+                with pytest.raises(a2a.UnsupportedError):
+                    client.send("again", task_id=done.id)
+                with pytest.raises(a2a.UnsupportedError):
+                    list(client.send_stream("again", task_id=done.id))
+                assert client.cancel_task(done.id).state is done.state
+            # What the refusals left behind is collected meanwhile, or at the stop at the latest.
+            for _ in range(5):
+                assert client.send("more").state.terminal
+    finally:
+        assert proc.stop() == 0
+    assert [line for line in proc.lines if not line.startswith("adaptord: ")] == []
+
+
 def test_the_bridges_own_failures_are_one_daemon_fact_each(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
