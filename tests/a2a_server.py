@@ -347,11 +347,19 @@ def status_route(
     return Route(path, endpoint, methods=["POST"])
 
 
+SSE_EVENT_HEAD = (
+    b'data: {"jsonrpc": "2.0", "id": 1, "result": {"statusUpdate": {"taskId": "t", '
+    b'"contextId": "c", "status": {"state": "TASK_STATE_WORKING", "message": {"messageId": '
+    b'"m", "role": "ROLE_AGENT", "parts": [{"text": "'
+)
+"""The start of an SSE event whose text part a ``Trickle`` can make endless."""
+
+
 class Trickle:
     """A misbehaving remote's answer: HTTP 200 and ``head``, then ``total`` bytes of ``fill``, one
     every ``interval`` seconds, to every GET and POST at ``path``.
 
-    ``sent`` counts the bytes of the trickle sent so far; ``over`` is set when it stopped,
+    ``sent`` counts the bytes of the trickle (``fill`` times up to ``total``) sent so far; ``over`` is set when it stopped,
     because all was sent or because the caller went away (Starlette cancels a streaming answer
     when its client disconnects).  A caller that gives up early leaves ``sent`` far below
     ``total``: what the tests check instead of how long anything took.
@@ -400,7 +408,7 @@ class Trickle:
 
     def gave_up_early(self, within: float = 60.0) -> bool:
         """The caller went away after a small part of the trickle (a generous margin)."""
-        return self.over.wait(within) and self.sent < self.total // 4
+        return self.over.wait(within) and self.sent < self.total * len(self.fill) // 4
 
 
 # --- serving in a thread ------------------------------------------------------------------------

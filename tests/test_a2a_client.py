@@ -160,6 +160,64 @@ def test_a_remote_answering_a_byte_at_a_time_is_bounded_as_a_whole(op: str) -> N
         assert trickle.gave_up_early(), trickle.sent
 
 
+def _endless(path: str, head: bytes, media_type: str = "application/json") -> srv.Trickle:
+    # 16 MiB as fast as the client reads it: far more than the bound the tests set.
+    return srv.Trickle(
+        path, total=4096, interval=0, fill=b"x" * 4096, head=head, media_type=media_type
+    )
+
+
+def test_an_endless_agent_card_is_refused_at_its_bound() -> None:
+    # The SDK read a card whole into memory: a remote sending a 4 GiB one took 4 GiB.
+    endless = _endless("/card", b'{"name": "')
+    with srv.scripted_server(extra_routes=[endless.route()]) as running:
+        with (
+            a2a.Client(running.base_url + "/card") as c,
+            pytest.raises(a2a.ProtocolError) as caught,
+        ):
+            c.agent_card()
+        assert endless.gave_up_early(), endless.sent
+    assert caught.value.reason == f"the answer larger than {a2a.MAX_CARD_BYTES} bytes"
+
+
+@pytest.mark.parametrize("op", ["send", "get_task", "send_stream"])
+def test_an_endless_answer_or_event_is_refused_at_its_bound(
+    op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One endless SSE line (or JSON body) was read whole before anything looked at it, whatever
+    # a delegation's max_artifact_bytes.  The bound (32 MiB) is lowered to keep the test light.
+    limit = 256 << 10
+    monkeypatch.setattr(a2a, "MAX_RESPONSE_BYTES", limit, raising=False)
+    if op == "send_stream":
+        endless = _endless("/rpc", srv.SSE_EVENT_HEAD, "text/event-stream")
+    else:
+        endless = _endless("/rpc", b'{"jsonrpc": "2.0", "id": 1, "result": {"id": "')
+    with srv.scripted_server(extra_routes=[endless.route()]) as running:
+        card = srv.agent_card(running.base_url, interface_url=running.base_url + "/rpc")
+        with (
+            a2a.Client(card=srv.card_json(card)) as c,
+            pytest.raises(a2a.ProtocolError) as caught,
+        ):
+            if op == "send":
+                c.send("hi")
+            elif op == "get_task":
+                c.get_task("t-1")
+            else:
+                list(c.send_stream("hi"))
+        assert endless.gave_up_early(), endless.sent
+    what = "an event" if op == "send_stream" else "the answer"
+    assert caught.value.reason == f"{what} larger than {limit} bytes"
+
+
+def test_the_event_bound_is_per_event(client: a2a.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A long stream of small events is no endless answer.
+    monkeypatch.setattr(a2a, "MAX_RESPONSE_BYTES", 4096, raising=False)
+    with client.send_stream("tokens 2000") as stream:
+        events = list(stream)
+    assert isinstance(events[-1], a2a.TerminalEvent)
+    assert sum(isinstance(e, a2a.ArtifactEvent) for e in events) == 2000
+
+
 # --- operations --------------------------------------------------------------------------------
 
 

@@ -300,6 +300,29 @@ def test_an_answer_streamed_in_many_chunks_is_assembled_and_bounded(server: srv.
     assert err.code == "policy_violation"
 
 
+def test_an_endless_event_is_a_protocol_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One endless SSE line was read whole (1 GiB under max_artifact_bytes=1 MiB) before the
+    # policy could look at it.  The client's bound (32 MiB) is lowered to keep the test light.
+    monkeypatch.setattr(a2a, "MAX_RESPONSE_BYTES", 256 << 10, raising=False)
+    endless = srv.Trickle(
+        "/rpc",
+        total=4096,
+        interval=0,
+        fill=b"x" * 4096,
+        head=srv.SSE_EVENT_HEAD,
+        media_type="text/event-stream",
+    )
+    with srv.scripted_server(extra_routes=[endless.route()]) as running:
+        card = srv.agent_card(running.base_url, interface_url=running.base_url + "/rpc")
+        spec = d.RemoteAgentSpec(
+            "endless", card=srv.card_json(card), policy=d.Policy(max_artifact_bytes=1 << 20)
+        )
+        with _delegator(spec) as delegator:
+            err = _fails(delegator, d.DelegationRequest("endless", "hi"))
+        assert endless.gave_up_early(), endless.sent
+    assert err.code == "protocol_error"
+
+
 class _CountedText(str):
     """Text that counts how often its bytes are measured."""
 

@@ -23,6 +23,7 @@ import contextlib
 import copy
 import email.utils
 import enum
+import functools
 import json
 import os
 import re
@@ -66,6 +67,8 @@ __all__ = [
     "Client",
     "EventStream",
     "InvalidAgentCardError",
+    "MAX_CARD_BYTES",
+    "MAX_RESPONSE_BYTES",
     "Message",
     "MessageEvent",
     "NotFoundError",
@@ -432,6 +435,13 @@ def _strip_userinfo(url: str) -> str:
 _BINDINGS = ("JSONRPC", "HTTP+JSON")
 _WELL_KNOWN_CARD_PATH = "/.well-known/agent-card.json"
 _CLOSE_TIMEOUT = 5.0
+# The most a remote may send as one answer before the client stops reading (docs/a2a.md): an
+# agent card, and any other response body or single SSE event (a task snapshot holds its
+# artifacts, a delegation's up to 8 MiB by default, as escaped JSON).  Without them one endless
+# answer was read whole into memory.
+MAX_CARD_BYTES = 1 << 20
+MAX_RESPONSE_BYTES = 32 << 20
+_MAX_BYTES_EXTENSION = "adaptor.max_bytes"
 T = TypeVar("T")
 
 
@@ -645,7 +655,10 @@ class Client:
                 timeout=timeout,
                 follow_redirects=True,
                 max_redirects=10,
-                event_hooks={"request": [self._authorize]},
+                # Compressed answers would be bounded on what was sent, not on what it inflates
+                # to (and an SSE stream's events could not be told apart).
+                headers={"Accept-Encoding": "identity"},
+                event_hooks={"request": [self._authorize], "response": [_bound_response]},
             )
         return self._http
 
@@ -686,7 +699,9 @@ class Client:
         try:
             assert self._card_url is not None
             base, path = _split_card_url(self._card_url)
-            kwargs = {} if self._timeout is None else {"timeout": self._timeout}
+            kwargs: dict[str, Any] = {"extensions": {_MAX_BYTES_EXTENSION: MAX_CARD_BYTES}}
+            if self._timeout is not None:
+                kwargs["timeout"] = self._timeout
             return await A2ACardResolver(http, base, path).get_agent_card(http_kwargs=kwargs)
         except (AdaptorError, asyncio.CancelledError):
             # Ours already (the auth's own UnauthorizedError): raising it "from" itself made it
@@ -1111,6 +1126,67 @@ async def _wind_down(loop: asyncio.AbstractEventLoop) -> None:
     await _cancel_others()
 
 
+class _ResponseTooLarge(Exception):
+    """A remote's answer (or one SSE event of it) over its bound; ``_map_error`` makes it a
+    ``ProtocolError``."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.limit = limit
+        self.what = what
+        super().__init__(f"{what} larger than {limit} bytes")
+
+
+async def _bound_response(response: httpx.Response) -> None:
+    """httpx's response hook: the body is read through a bounded stream, so an answer over its
+    bound fails while it arrives instead of after it was held whole."""
+    limit = response.request.extensions.get(_MAX_BYTES_EXTENSION, MAX_RESPONSE_BYTES)
+    events = "text/event-stream" in response.headers.get("content-type", "")
+    response.stream = _bounded_stream_class()(response.stream, limit, events=events)
+
+
+@functools.cache
+def _bounded_stream_class() -> Callable[..., httpx.AsyncByteStream]:
+    import httpx  # httpx checks the type of a response's stream; imported on first use
+
+    class BoundedStream(httpx.AsyncByteStream):
+        """A response's raw byte stream that stops at ``limit`` bytes: in all, or, for an SSE
+        stream (``events``), since the last event's end (a blank line)."""
+
+        def __init__(self, inner: Any, limit: int, *, events: bool) -> None:
+            self._inner = inner
+            self._limit = limit
+            self._events = events
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            held = 0
+            tail = b""  # the end of the previous chunk: an event's end may straddle two
+            async for chunk in self._inner:
+                if self._events:
+                    window = tail + chunk
+                    ends = [
+                        window.rfind(sep) + len(sep) for sep in _SSE_EVENT_ENDS if sep in window
+                    ]
+                    end = max(ends, default=0)
+                    # An end inside the tail was seen with the previous chunk.
+                    held = len(window) - end if end > len(tail) else held + len(chunk)
+                    tail = window[-3:]
+                else:
+                    held += len(chunk)
+                if held > self._limit:
+                    what = "an event" if self._events else "the answer"
+                    raise _ResponseTooLarge(self._limit, what)
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    return BoundedStream
+
+
+# A blank line ends an SSE event, whichever line ending the remote uses.
+_SSE_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
 async def _cancel_others() -> None:
     # Cancelling a task can leave others behind (the cleanup it schedules): again, briefly.
     for _ in range(3):
@@ -1407,6 +1483,8 @@ def _map_error(
 
     if isinstance(exc, AdaptorError):
         return exc
+    if isinstance(exc, _ResponseTooLarge):
+        return ProtocolError(op, f"{exc.what} larger than {exc.limit} bytes", exc)
     _scrub_chain(exc, secrets)
     malformed = "malformed event" if stream else "malformed response"
     if isinstance(exc, sdk.TaskNotFoundError):
