@@ -383,6 +383,7 @@ class Trickle:
         self.media_type = media_type
         self.sent = 0
         self.requests = 0
+        self.started = threading.Event()  # a request came in
         self.over = threading.Event()
 
     def route(self) -> BaseRoute:
@@ -402,6 +403,7 @@ class Trickle:
 
         async def endpoint(_: Any) -> Response:
             self.requests += 1
+            self.started.set()
             return StreamingResponse(body(), media_type=self.media_type)
 
         return Route(self.path, endpoint, methods=["GET", "POST"])

@@ -480,6 +480,25 @@ def test_a_request_the_remote_answers_a_byte_at_a_time_ends_at_the_deadline(
         assert err.metadata["limit_ms"] == 1000
 
 
+def test_a_request_that_fails_after_a_local_cancel_is_cancelled() -> None:
+    # The card fetch cannot be interrupted (it finishes first, within the client's bound): its
+    # failure then was reported as agent_unavailable, retryable, though the leader had given up.
+    trickle = srv.Trickle("/slow")
+    cancel = threading.Event()
+    with srv.scripted_server(extra_routes=[trickle.route()]) as running:
+        spec = d.RemoteAgentSpec("slow", card_url=running.base_url + "/slow")
+
+        def cancel_once_the_fetch_is_under_way() -> None:
+            if trickle.started.wait(60):
+                cancel.set()
+
+        threading.Thread(target=cancel_once_the_fetch_is_under_way).start()
+        with d.Delegator(d.Registry([spec]), client_timeout=1.0) as delegator:
+            err = _fails(delegator, d.DelegationRequest("slow", "hi", cancel=cancel))
+        assert trickle.gave_up_early(), trickle.sent
+    assert err.code == "cancelled"
+
+
 def test_polls_are_bounded(server: srv.Running, executor: srv.ScriptedExecutor) -> None:
     spec = d.RemoteAgentSpec(
         "slow", card_url=server.card_url, policy=d.Policy(poll_interval=0.01, max_polls=3)

@@ -603,7 +603,11 @@ class _Delegation:
     # -- failures and progress
 
     def request_failure(self, exc: BaseException, by_deadline: bool) -> DelegationError:
-        """``client_failure``, but a request cut short by the deadline is its own failure."""
+        """``client_failure``, but a request cut short by the deadline is its own failure, and
+        one that failed after a local cancel is that cancel (the leader gave up on the answer)."""
+        cancel = self.request.cancel
+        if cancel is not None and cancel.is_set():
+            return self.stopped("cancelled")
         if by_deadline and isinstance(exc, TimeoutError):
             return self.stopped("deadline_exceeded")
         return self.client_failure(exc)
