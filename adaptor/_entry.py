@@ -21,7 +21,11 @@ def _note(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    previous = {sig: signal.signal(sig, _note) for sig in _SIGNALS}
+    # A signal the parent left ignored (nohup, a script's `&` for SIGINT) stays ignored, as
+    # the commands themselves leave it.
+    previous = {
+        sig: signal.signal(sig, _note) for sig in _SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN
+    }
     from adaptor import _cli_common, cli
 
     for sig, handler in previous.items():

@@ -28,10 +28,17 @@ def take_early_signals() -> list[int]:
 
 
 def main() -> None:
-    previous = {sig: signal.signal(sig, _note) for sig in _SIGNALS}
+    serving = sys.argv[1:2] == ["serve"]
+    # serve acts on every one of them once serving; check and status leave a signal the parent
+    # ignored (nohup, a script's `&` for SIGINT) ignored.
+    previous = {
+        sig: signal.signal(sig, _note)
+        for sig in _SIGNALS
+        if serving or signal.getsignal(sig) is not signal.SIG_IGN
+    }
     from adaptord.cli import main as cli_main
 
-    if sys.argv[1:2] != ["serve"]:
+    if not serving:
         # check, status: nothing began yet, so a signal noted ends them as Ctrl-C would a
         # moment later (exit 130, or 128 + its number), without an import's traceback.
         for sig, handler in previous.items():

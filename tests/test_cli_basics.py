@@ -186,6 +186,21 @@ def test_adaptord_check_and_status_end_as_a_ctrl_c_would_while_still_importing(
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
 
 
+@pytest.mark.parametrize("command", [["adaptor", "status", "--json"], ["adaptord", "status"]])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_a_signal_the_parent_ignores_stays_ignored_while_the_cli_imports(
+    tmp_path: Path, command: list[str], signum: int
+) -> None:
+    # nohup (SIGHUP) and a script's `cmd &` (SIGINT) start a command with them ignored; taken
+    # during the import all the same, one ended it (129, 130) where it used to go on.
+    (tmp_path / "sitecustomize.py").write_text(_SIGNAL_AT_IMPORT)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SIGNAL_AT_IMPORT": str(int(signum)),
+           "ADAPTORD_HOME": str(tmp_path / "home")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60,
+                          preexec_fn=lambda: signal.signal(signum, signal.SIG_IGN))
+    assert done.returncode == 69, (done.stdout, done.stderr)  # no daemon: the command ran
+
+
 def test_a_ctrl_c_during_adaptord_check_exits_130(tmp_path: Path) -> None:
     # Click's own handling: "Aborted!" and exit 1, the status of no outcome of adaptord's.
     asked = tmp_path / "asked"
