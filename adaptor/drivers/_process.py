@@ -421,6 +421,7 @@ class _Backlog:
         self._items: collections.deque[Line | object] = collections.deque()
         self._bytes = 0
         self._bounded = True
+        self._full = False  # the pump waits for room: the pipes hold what it has not read
         self._changed = threading.Condition()
 
     def put(self, line: Line) -> None:
@@ -428,7 +429,9 @@ class _Backlog:
         size = len(line.data) + _LINE_COST
         with self._changed:
             while self._bounded and self._items and self._bytes + size > _BACKLOG_BYTES:
+                self._full = True
                 self._changed.wait()
+            self._full = False
             self._items.append(line)
             self._bytes += size
             self._changed.notify_all()
@@ -458,9 +461,13 @@ class _Backlog:
             self._bounded = False
             self._changed.notify_all()
 
-    def holds_stdout(self) -> bool:
+    def may_hold_stdout(self) -> bool:
+        """A stdout line is waiting, or may be: while the backlog is full (of stderr, say), what
+        the pipes hold is not read."""
         with self._changed:
-            return any(isinstance(item, Line) and item.stream == "stdout" for item in self._items)
+            return self._full or any(
+                isinstance(item, Line) and item.stream == "stdout" for item in self._items
+            )
 
 
 @dataclass
@@ -688,7 +695,7 @@ class Child:
     def quiet(self) -> bool:
         """No stdout line is waiting to be read: a persistent child printed nothing after its
         turn's terminal event (what it did print would be read as the next turn's)."""
-        return not self._lines.holds_stdout()
+        return not self._lines.may_hold_stdout()
 
     @contextlib.contextmanager
     def watch(self, cancelled: CancelSignal, deadline: float | None) -> Iterator[None]:

@@ -147,6 +147,32 @@ def test_a_child_printing_faster_than_its_driver_reads_waits_and_loses_nothing(
     assert len(lines) == 65536 and set(lines) == {("stdout", b"y" * 1023, False)}
 
 
+def test_a_child_held_up_by_a_full_backlog_is_not_quiet(fake_exe: FakeExe) -> None:
+    # 3 MiB on stderr, then a line on stdout: with the backlog full of stderr the stdout line
+    # stays unread in the pipe, and `quiet` (which claude asks before it reuses a kept process
+    # for the next turn) said True, so that line would be read as the next turn's.
+    exe = fake_exe("stderr-burst", """
+        import sys, time
+        sys.stderr.write(("e" * 99 + "\\n") * 30000)
+        sys.stderr.flush()
+        print("STALE", flush=True)
+        time.sleep(60)
+    """)
+    child = Child.start(_spec([exe], stdin="driven"), RecordingSink())
+    try:
+        for _ in range(600):
+            if not child.quiet:
+                break
+            time.sleep(0.05)
+        assert not child.quiet
+        # Read on, the line comes: it was there to be read.
+        assert any(line.data == b"STALE" for line in child.lines(RecordingSink()) if line.stream == "stdout")
+    finally:
+        child.terminate()
+        _drain(child, RecordingSink())
+        child.finish()
+
+
 def test_stdin_is_closed_or_fed(fake_exe: FakeExe) -> None:
     exe = fake_exe("cat", "import sys\nprint(repr(sys.stdin.read()))\n")
     for stdin, expected in (("closed", b"''"), (b"the prompt", b"'the prompt'")):
