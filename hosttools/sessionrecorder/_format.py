@@ -156,8 +156,12 @@ def _meaning(obj: dict[str, Any]) -> EventRecord:
 
 def unreadable(event: _events.Event) -> str | None:
     """Why a reader would refuse ``event`` once written (a ``Literal`` field holding a value
-    its type does not list: ``TextDelta(phase="delta")``), or ``None``.  Refused before it is
+    its type does not list: ``TextDelta(phase="delta")``; a meta sequence that is no
+    integer), or ``None``.  Refused before it is
     written: every later record of its key would be unreadable after it."""
+    sequence = event.meta.sequence
+    if not isinstance(sequence, int):  # the reader takes it as int(...): "7x", None, nan fail
+        return f"{type(event).__name__}.meta.sequence is {sequence!r:.80}, not an integer"
     stray = _stray_literal(event)
     if stray is None:
         return None
