@@ -397,7 +397,10 @@ def _with_key_named(message: str, text: str) -> str:
             tomllib.loads(f"{key} = 0")
         except tomllib.TOMLDecodeError:
             return message  # a quoted key holding "=": not told apart from its value here
-        return f"{message}: {key.strip()} is set twice" if len(key) <= 200 else message
+        if len(key) > 200:
+            return message
+        # Said with care: the key may be set once in a table declared twice (`[t]` and `[[t]]`).
+        return f"{message}, setting {key.strip()}: that key, or a table holding it, is defined twice"
     return message
 
 

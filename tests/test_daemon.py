@@ -2825,7 +2825,8 @@ MISSPELT_CONFIGS = [
     # A key set twice: tomllib says only where the second value ends (a multi-line one here).
     (
         '[drivers.claude]\ncommand = "claude"\nmodel = "opus"\ncommand = """\nx = y\n"""\n',
-        ["Cannot overwrite a value (at line 6, column 4): command is set twice"],
+        ["Cannot overwrite a value (at line 6, column 4), setting command: that key, or a table "
+         "holding it, is defined twice"],
     ),
 ]
 
