@@ -1039,16 +1039,21 @@ def test_a_public_url_with_a_path_is_the_cards_base() -> None:
     assert card.supported_interfaces[0].url == "https://box.example:8443/a2a/agents/echo"
 
 
-def test_a_malformed_call_is_one_prefixed_log_line(tmp_path: Path) -> None:
-    # The a2a-sdk logged a caller's malformed request through Python logging, which reached the
-    # daemon's stderr as bare text and a multi-line traceback quoting what the caller sent.
+def _echo_bridge(tmp_path: Path) -> tuple[DaemonProcess, str]:
+    """A daemon serving one script-driver agent, ``echo``, over A2A; and that agent's URL."""
     config = tmp_path / "config.toml"
     config.write_text('[a2a.agents.echo.request]\ndriver = "script"\n')
     proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--a2a", "127.0.0.1:0").start()
+    match = re.search(r"url=(\S+)", proc.wait_for_line("a2a.listening url="))
+    assert match is not None
+    return proc, f"{match.group(1)}/agents/echo"
+
+
+def test_a_malformed_call_is_one_prefixed_log_line(tmp_path: Path) -> None:
+    # The a2a-sdk logged a caller's malformed request through Python logging, which reached the
+    # daemon's stderr as bare text and a multi-line traceback quoting what the caller sent.
+    proc, rpc = _echo_bridge(tmp_path)
     try:
-        match = re.search(r"url=(\S+)", proc.wait_for_line("a2a.listening url="))
-        assert match is not None
-        rpc = f"{match.group(1)}/agents/echo"
         bad_params = {
             "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
             "params": {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": 5}]}},
@@ -1065,13 +1070,9 @@ def test_refused_calls_about_a_finished_task_leave_no_traceback(tmp_path: Path) 
     # A message naming a finished task was refused by the a2a-sdk only after it had set up the
     # task's event queue, whose pending dispatch task was later reported on stderr as bare
     # multi-line text ("Failed to detach context", "Task was destroyed but it is pending!").
-    config = tmp_path / "config.toml"
-    config.write_text('[a2a.agents.echo.request]\ndriver = "script"\n')
-    proc = DaemonProcess(tmp_path / "home", "--config", str(config), "--a2a", "127.0.0.1:0").start()
+    proc, rpc = _echo_bridge(tmp_path)
     try:
-        match = re.search(r"url=(\S+)", proc.wait_for_line("a2a.listening url="))
-        assert match is not None
-        with a2a.Client(f"{match.group(1)}/agents/echo/.well-known/agent-card.json") as client:
+        with a2a.Client(f"{rpc}/.well-known/agent-card.json") as client:
             done = client.send("hi")
             assert done.state.terminal
             for _ in range(3):
