@@ -170,10 +170,14 @@ def check(config_path: str | None) -> None:
     # the reader goes away first (`adaptord check | head -1`).
     report: list[str] = []
     say = report.append
+    config = config_module.DaemonConfig()
     try:
         # A pipe is read only when named (`--config <(...)`): a FIFO at the default path held
         # the check for good, as `serve` and `run --no-daemon` refuse it.
         config = config_module.load(config_path, required=config_path is not None, regular=config_path is None)
+        # A config that loads but whose tools do not (no such module) is still checked for its
+        # drivers and skills: they were checked as the defaults' ("claude not found on PATH"
+        # for a configured /usr/local/bin/claude).
         tools = config.load_tools()
         invalid = config_module.invalid_tools(tools)
         source = config.source or "defaults; no config file"
@@ -188,13 +192,12 @@ def check(config_path: str | None) -> None:
         for name, keys in config_module.shared_tool_names(tools).items():
             shown = ", ".join(f"tools.{key}" for key in keys)
             say(f"{shown}: all serve the tool {name!r}: a request may select only one of them")
-        catalogue = config.skill_catalogue()
-        for directory in catalogue.directories if catalogue else ():
-            ok = _check_skill_directory(directory, say) and ok
     except config_module.ConfigError as exc:
         say(config_module.one_line(f"config: {exc}"))
         ok = False
-        config = config_module.DaemonConfig()
+    catalogue = config.skill_catalogue()
+    for directory in catalogue.directories if catalogue else ():
+        ok = _check_skill_directory(directory, say) and ok
     # The command driver has no binary of its own: only one its table names is looked at, and
     # never run (--version could do anything).
     for driver, binary in {**DRIVER_BINARIES, "command": None}.items():

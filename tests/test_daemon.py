@@ -3104,6 +3104,25 @@ def test_check_looks_at_the_command_drivers_configured_command_without_running_i
     assert not any(line.startswith("command") for line in _adaptord_check(config).stdout.splitlines())
 
 
+def test_check_of_a_config_whose_tools_do_not_load_still_checks_its_drivers_and_skills(tmp_path: Path) -> None:
+    # The tools' import error replaced the whole config with the defaults: the configured
+    # claude command was reported as "claude not found on PATH" and the skills not at all.
+    skills = tmp_path / "skills"
+    (skills / "lint").mkdir(parents=True)
+    (skills / "lint" / "SKILL.md").write_text("# lint\n")
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[tools]\nsearch = "no_such_module_here:search"\n[drivers.claude]\ncommand = "{tmp_path}/claude"\n'
+        f'[skills]\ndirs = ["{skills}"]\n'
+    )
+    check = _adaptord_check(config)
+    assert check.returncode == 2, check.stdout
+    lines = check.stdout.splitlines()
+    assert lines[0].startswith("config: ") and "no_such_module_here" in lines[0], lines
+    assert f"claude: {tmp_path}/claude is not an executable file (drivers.claude.command: every claude run would fail)" in lines
+    assert f"skills: {skills} (1 skill(s))" in lines
+
+
 def test_a_driver_table_is_refused_with_the_error_a_run_of_it_fails_with(tmp_path: Path) -> None:
     # The daemon's preflight restated the run's driver check and named the driver by its
     # table ('script') where the run names it by its descriptor's type, as the verdict shows.
