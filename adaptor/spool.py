@@ -59,6 +59,12 @@ __all__ = [
 _VERDICT_POLL = 0.5
 _EVENTS_POLL = 0.25
 _RECENT_VERDICTS = 10
+# How long a quarantined entry carrying an id keeps the id known: the daemon writes the entry's
+# rejection verdict right after moving it aside, so a waiter may find the entry first.  Older,
+# the entry is no request's in flight: a duplicate quarantined beside a request that had its
+# verdict (id_in_use) never gets one, and kept the id known once that verdict was removed (by
+# hand or by retention), so `adaptor wait` waited for ever.
+_QUARANTINE_IN_FLIGHT = 60.0
 
 
 class InvalidRequestError(AdaptorError):
@@ -446,7 +452,12 @@ class Client:
         for path in _listing(home.quarantine):
             stamp, _, original = path.name.partition("-")
             if stamp.isdigit() and _home.request_id_in_name(original) == request_id:
-                return True
+                try:
+                    moved = os.lstat(path).st_ctime  # the rename into quarantine sets it
+                except OSError:
+                    continue
+                if time.time() - moved < _QUARANTINE_IN_FLIGHT:
+                    return True
         return False
 
     def _require_known(self, request_id: str) -> None:

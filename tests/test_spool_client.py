@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ import orjson
 import pytest
 
 import adaptor
-from adaptor import _durable, _home, _request, errors, events
+from adaptor import _durable, _home, _request, errors, events, spool
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
@@ -808,6 +809,29 @@ def test_a_quarantined_name_that_ends_like_an_id_is_not_that_request(home: Home,
         with pytest.raises(UnknownRequestError):
             home.client.cancel(rid)
     assert home.cli("wait", "42", "--timeout", "1").returncode == 2
+
+
+def test_a_duplicate_quarantined_beside_a_finished_request_does_not_keep_it_known(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second X.json for a finished X is quarantined (id_in_use) and never gets a verdict.
+    # Once X's verdict and files were removed (by hand, or by retention), the quarantined
+    # file still made X "known": `adaptor wait X` waited for ever (124 with --timeout),
+    # `cancel` said "requested", where the docs say "no request 'X'" (exit 2).
+    rid = home.client.submit(script({"text": "once"}))
+    assert home.client.wait(rid, timeout=TIMEOUT).text == "once"
+    home.daemon.drop(f"{rid}.json", orjson.dumps({**script({"text": "twice"}), "id": rid}))
+    _handled(home)
+    assert any(name.endswith(f"-{rid}.json") for name in os.listdir(home.root / "quarantine"))
+    (home.root / "verdicts" / f"{rid}.json").unlink()
+    shutil.rmtree(home.root / "runs" / rid)
+    # The entry is as old as any the daemon is done with (its rejection verdict, when it
+    # gets one, follows the move at once).
+    monkeypatch.setattr(spool, "_QUARANTINE_IN_FLIGHT", 0.0)
+    with pytest.raises(UnknownRequestError):
+        home.client.wait(rid, timeout=3)
+    with pytest.raises(UnknownRequestError):
+        home.client.cancel(rid)
 
 
 def _handled(home: Home) -> None:
