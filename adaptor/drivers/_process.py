@@ -422,6 +422,9 @@ class _Backlog:
         self._bytes = 0
         self._bounded = True
         self._full = False  # the pump waits for room: the pipes hold what it has not read
+        # The pump holds stdout bytes after the last newline (a line still being written):
+        # set by the pump alone, read by may_hold_stdout().
+        self.partial_stdout = False
         self._changed = threading.Condition()
 
     def put(self, line: Line) -> None:
@@ -463,9 +466,9 @@ class _Backlog:
 
     def may_hold_stdout(self) -> bool:
         """A stdout line is waiting, or may be: while the backlog is full (of stderr, say), what
-        the pipes hold is not read."""
+        the pipes hold is not read; bytes without their newline yet are a line begun."""
         with self._changed:
-            return self._full or any(
+            return self._full or self.partial_stdout or any(
                 isinstance(item, Line) and item.stream == "stdout" for item in self._items
             )
 
@@ -617,6 +620,8 @@ class Child:
                     pieces = pending[stream]
                     if b"\n" not in chunk:
                         pieces.append(chunk)
+                        if stream == "stdout":
+                            self._lines.partial_stdout = True
                         continue
                     *complete, tail = chunk.split(b"\n")
                     if pieces:
@@ -624,6 +629,8 @@ class Child:
                         pieces.clear()
                     if tail:
                         pieces.append(tail)
+                    if stream == "stdout":
+                        self._lines.partial_stdout = bool(tail)
                     for data in complete:
                         if data.endswith(b"\r"):
                             self._lines.put(Line(stream, data[:-1], ending=b"\r\n"))

@@ -173,6 +173,31 @@ def test_a_child_held_up_by_a_full_backlog_is_not_quiet(fake_exe: FakeExe) -> No
         child.finish()
 
 
+def test_a_child_that_began_a_line_after_its_turn_is_not_quiet(fake_exe: FakeExe) -> None:
+    # Bytes without their newline were held by the pump, neither queued nor flagged: `quiet`
+    # said True, claude reused the process, and its next turn's first line read
+    # "STALE-NO-NEWLINE" glued to it.
+    exe = fake_exe("half-line", """
+        import sys
+        sys.stdout.write("TERMINAL\\nSTALE-NO-NEWLINE")
+        sys.stdout.flush()
+        sys.stdin.read()
+    """)
+    child = Child.start(_spec([exe], stdin="driven"), RecordingSink())
+    try:
+        assert next(child.lines(RecordingSink())).data == b"TERMINAL"
+        for _ in range(600):
+            if not child.quiet:
+                break
+            time.sleep(0.05)
+        assert not child.quiet
+    finally:
+        child.close_stdin()
+        lines = _drain(child, RecordingSink())
+        child.finish()
+    assert lines == [("stdout", b"STALE-NO-NEWLINE", True)]
+
+
 def test_stdin_is_closed_or_fed(fake_exe: FakeExe) -> None:
     exe = fake_exe("cat", "import sys\nprint(repr(sys.stdin.read()))\n")
     for stdin, expected in (("closed", b"''"), (b"the prompt", b"'the prompt'")):
