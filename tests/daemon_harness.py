@@ -132,6 +132,30 @@ class DaemonProcess:
         assert self.proc is not None
         self.proc.send_signal(signum)
 
+    def stop_off_the_approvals_lock(self) -> None:
+        """SIGSTOP the daemon at a moment it does not hold the approvals lock.
+
+        It keeps that lock a few milliseconds after each use, and a run waiting on an approval
+        takes it every quarter second to look for responses: stopped holding it, a responder
+        waits 10 s for it (another case, tested on its own).  So: stopped, then looked at, and
+        let go on and stopped again while it holds the lock.
+        """
+        import fcntl
+
+        assert self.proc is not None
+        with open(self.home.approvals_lock, "a") as probe:
+            while True:
+                self.proc.send_signal(signal.SIGSTOP)
+                _wait_stopped(self.proc.pid)
+                try:
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    self.proc.send_signal(signal.SIGCONT)
+                    time.sleep(0.01)
+                    continue
+                fcntl.flock(probe, fcntl.LOCK_UN)
+                return
+
     def signal_until_gone(self, *signums: int, timeout: float = 60.0) -> int:
         """Send ``signums`` in turn, one every millisecond, until the daemon exits; its status.
 
@@ -226,3 +250,13 @@ def identities(pids: list[int]) -> set[tuple[int, int]]:
         if fields[0] != b"Z":
             found.add((pid, int(fields[19])))
     return found
+
+
+def _wait_stopped(pid: int) -> None:
+    """Return once process ``pid`` is stopped (SIGSTOP is delivered asynchronously)."""
+    for _ in range(2000):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in ("T", "t"):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop")

@@ -1290,7 +1290,7 @@ def test_approve_that_the_deadline_beat_is_expired(tmp_path: Path, responded: st
     pending = pending_approval(user, request_id)
     deadline = datetime.fromisoformat(pending["deadline"])
     command = ["adaptor", "approve", pending["id"], "--json"]
-    daemon.signal(signal.SIGSTOP)
+    daemon.stop_off_the_approvals_lock()
     try:
         if responded == "after the deadline":
             wait_until(lambda: datetime.now(UTC) > deadline, "the deadline to pass")

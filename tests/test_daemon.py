@@ -1955,20 +1955,7 @@ def _approve_while_the_daemon_is_stopped(daemon: DaemonProcess, approval_timeout
     approval_id = _pending_approval(daemon)
     env = {**os.environ, "ADAPTORD_HOME": str(daemon.home.root)}
     assert daemon.proc is not None
-    # Stopped only once it let go of the approvals lock it wrote the request under (it keeps
-    # it a few milliseconds): stopped holding it is another case (see the test below).
-    import fcntl
-
-    with open(daemon.home.approvals_lock, "a") as probe:
-        while True:
-            try:
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                time.sleep(0.01)
-                continue
-            fcntl.flock(probe, fcntl.LOCK_UN)
-            break
-    daemon.proc.send_signal(signal.SIGSTOP)
+    daemon.stop_off_the_approvals_lock()
     try:
         return rid, subprocess.run(
             ["adaptor", "approve", approval_id, "--json"], capture_output=True, text=True, env=env, timeout=60
