@@ -10,39 +10,28 @@ once with 128 + the signal's number once imported, as they would a moment later.
 
 from __future__ import annotations
 
-import signal
 import sys
 
-_early: list[int] = []
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def _note(signum: int, frame: object) -> None:
-    _early.append(signum)
+from adaptor import _entry as _early_signals
 
 
 def take_early_signals() -> list[int]:
     """The signals noted before the daemon took them over, oldest first (and forget them)."""
-    noted, _early[:] = list(_early), []
-    return noted
+    return _early_signals.take_noted()
 
 
 def main() -> None:
     serving = sys.argv[1:2] == ["serve"]
     # serve acts on every one of them once serving; check and status leave a signal the parent
     # ignored (nohup, a script's `&` for SIGINT) ignored.
-    previous = {
-        sig: signal.signal(sig, _note)
-        for sig in _SIGNALS
-        if serving or signal.getsignal(sig) is not signal.SIG_IGN
-    }
+    previous = _early_signals.note_signals(even_ignored=serving)
     from adaptord.cli import main as cli_main
 
     if not serving:
         # check, status: nothing began yet, so a signal noted ends them as Ctrl-C would a
         # moment later (exit 130, or 128 + its number), without an import's traceback.
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if _early:
-            sys.exit(128 + _early[0])
+        _early_signals.restore(previous)
+        noted = _early_signals.take_noted()
+        if noted:
+            sys.exit(128 + noted[0])
     cli_main()
