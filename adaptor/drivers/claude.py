@@ -162,7 +162,8 @@ class Config(_cli.CliConfig):
     """Claude Code's configuration.
 
     ``model`` is passed as ``--model`` (a run's ``model=`` wins); ``permission_mode`` as
-    ``--permission-mode`` (one of :data:`PERMISSION_MODES`; empty: the CLI's default);
+    ``--permission-mode`` (one of :data:`PERMISSION_MODES`; empty: the CLI's default; one that
+    decides without asking yields to permission ``ask``/``auto_reject``);
     ``config_dir`` becomes ``CLAUDE_CONFIG_DIR`` (the profile holding sessions, settings and
     credentials; ``None``: the CLI's default under ``$HOME``).  ``idle_timeout`` is how long a
     thread's process is kept for its next turn (0 turns reuse off).
@@ -314,6 +315,7 @@ class _Plan:
     # An explicit permission policy of ask or auto_reject: no settings file of the workspace
     # may pre-approve tools past it (see _argv).
     guarded: bool
+    permission_mode: str
     partial: bool
     schema: str | None
     append: str | None
@@ -341,6 +343,11 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     interactive, skip_permissions = _approval_transport(request)
     approvals = None if request.policy is None else request.policy.approvals
     guarded = approvals is not None and approvals.permission in ("ask", "auto_reject")
+    permission_mode = config.permission_mode
+    if guarded and permission_mode not in _ASKING_MODES:
+        # The run's explicit policy wins over a configured mode that would decide without
+        # asking, and over a defaultMode in the user's settings (said on the command line).
+        permission_mode = "default"
     schema = None
     if request.output_schema is not None and request.structured_output_source == "native":
         # Claude Code validates with a draft-07 engine that rejects the 2020-12 meta-schema id.
@@ -384,7 +391,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     model = request.model_override or config.model
     signature = hashlib.sha256(
         orjson.dumps(
-            [config.command, list(config.extra_args), config.permission_mode, model,
+            [config.command, list(config.extra_args), permission_mode, model,
              interactive, skip_permissions, guarded, request.streaming, request.append_system_prompt or "",
              session_cwd, sorted({k: v for layer in layers for k, v in layer.items()}.items())]
         )
@@ -399,6 +406,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         interactive=interactive,
         skip_permissions=skip_permissions,
         guarded=guarded,
+        permission_mode=permission_mode,
         partial=request.streaming,
         schema=schema,
         append=request.append_system_prompt or None,
@@ -413,6 +421,11 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         skills=tuple(request.skills),
     )
 
+
+# Permission modes in which the CLI asks (through --permission-prompt-tool) before a tool runs
+# that needs permission ("manual" is the CLI's alias of "default"); the others decide alone
+# (acceptEdits, auto, bypassPermissions allow; dontAsk denies without asking).
+_ASKING_MODES: Final = frozenset({"default", "manual", "plan"})
 
 # extra_args that pre-approve tools (a settings object or file may hold permissions.allow, or
 # hooks that allow; --setting-sources would bring the workspace's settings files back): the CLI
@@ -508,8 +521,8 @@ def _argv(config: Config, plan: _Plan, files: _Files) -> list[str]:
         # The workspace's .claude/settings.json and settings.local.json (a cloned repository's)
         # may allow tools or hold hooks that approve them: only the user's own settings load.
         argv += ["--setting-sources", "user"]
-    if config.permission_mode:
-        argv += ["--permission-mode", config.permission_mode]
+    if plan.permission_mode:
+        argv += ["--permission-mode", plan.permission_mode]
     if plan.argv_model:
         argv += ["--model", plan.argv_model]
     if plan.resume_id is not None:

@@ -106,6 +106,9 @@ EFFORTS: Final = ("minimal", "low", "medium", "high", "xhigh", "max")
 PERMISSION_MODES: Final = (
     "default", "acceptEdits", "plan", "auto", "dontAsk", "bypassPermissions"
 )
+# The modes in which the CLI asks before a tool runs that needs permission; the others decide
+# alone (acceptEdits, auto, bypassPermissions allow; dontAsk denies without asking).
+_ASKING_MODES: Final = frozenset({"default", "plan"})
 
 _INITIALIZE_ID: Final = "agent-adaptor-initialize"
 _INITIALIZE: Final = orjson.dumps({
@@ -148,7 +151,8 @@ class Config(_cli.CliConfig):
 
     ``model`` (``--model``; a run's ``model=`` wins), ``effort`` (``--effort``, one of
     :data:`EFFORTS`), ``permission_mode`` (``--permission-mode``, one of
-    :data:`PERMISSION_MODES`; overrides the mode the driver derives from the policy) and
+    :data:`PERMISSION_MODES`; overrides the mode the driver derives from the policy, except
+    that a mode deciding without asking yields to permission ``ask``/``auto_reject``) and
     ``max_turns`` (``--max-turns``).
     """
 
@@ -250,6 +254,8 @@ class _Plan:
     schema: str | None  # native structured output: print mode with one JSON result
     partial: bool
     permission_mode: str
+    # An explicit permission policy of ask or auto_reject: its mode is always on the command line.
+    guarded: bool
     append: str | None
     env_layers: tuple[Mapping[str, str], ...]
 
@@ -271,6 +277,12 @@ def _plan(config: Config, request: Request) -> _Plan:
         document = {k: v for k, v in request.output_schema.schema.items() if k != "$schema"}
         schema = orjson.dumps(document).decode()
     auto_approve = approvals is not None and approvals.permission == "auto_approve"
+    guarded = approvals is not None and approvals.permission in ("ask", "auto_reject")
+    permission_mode = config.permission_mode or ("bypassPermissions" if auto_approve else "default")
+    if guarded and permission_mode not in _ASKING_MODES:
+        # The run's explicit policy wins over a configured mode that would decide without
+        # asking, and over a default mode in the user's settings (said on the command line).
+        permission_mode = "default"
     prompt = _cli.prompt_of(request)
     owned = {"CODEBUDDY_CODE_ENTRYPOINT": "sdk-py"} if control else {}
     return _Plan(
@@ -282,8 +294,8 @@ def _plan(config: Config, request: Request) -> _Plan:
         control=control,
         schema=schema,
         partial=request.streaming,
-        permission_mode=config.permission_mode
-        or ("bypassPermissions" if auto_approve else "default"),
+        permission_mode=permission_mode,
+        guarded=guarded,
         append=request.append_system_prompt or None,
         env_layers=(dict(config.env), dict(request.env), owned),
     )
@@ -327,7 +339,7 @@ def _argv(config: Config, plan: _Plan) -> tuple[list[str], list[str]]:
             argv.append("--include-partial-messages")
     if plan.resume_id is not None:
         argv += ["--resume", plan.resume_id]
-    if not plan.control or config.permission_mode:
+    if not plan.control or config.permission_mode or plan.guarded:
         argv += ["--permission-mode", plan.permission_mode]
     if plan.model:
         argv += ["--model", plan.model]

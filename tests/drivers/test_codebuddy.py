@@ -113,7 +113,8 @@ def test_permission_control_session(make_agent: MakeAgent, fake: FakeCLI, answer
     with make_agent("tool", policy=adaptor.Policy(approvals=ASK), on_approval=decide) as agent:
         result = agent.run("please touch made.txt")
     argv = records(fake, "argv")[0]
-    assert argv == ["--input-format=stream-json", "--output-format=stream-json", "--verbose"]
+    assert argv == ["--input-format=stream-json", "--output-format=stream-json", "--verbose",
+                    "--permission-mode", "default"]
     assert "CODEBUDDY_CODE_ENTRYPOINT" in records(fake, "env")[0]
     init, user, reply = records(fake, "stdin")
     assert init == {"type": "control_request", "request_id": "agent-adaptor-initialize",
@@ -135,6 +136,31 @@ def test_permission_control_session(make_agent: MakeAgent, fake: FakeCLI, answer
         assert result.text == "Tool denied."
     assert records(fake, "stdin-rest") == [""]  # stdin was closed after the terminal result
     assert result.metadata["transport"] == "control"
+
+
+@pytest.mark.parametrize(
+    ("permission", "configured", "passed"),
+    [
+        ("ask", "acceptEdits", "default"),
+        ("ask", "bypassPermissions", "default"),
+        ("auto_reject", "dontAsk", "default"),
+        ("auto_reject", "auto", "default"),
+        ("ask", "plan", "plan"),
+        ("auto_approve", "acceptEdits", "acceptEdits"),
+    ],
+)
+def test_permission_mode_that_decides_alone_yields_to_an_asking_policy(
+    make_agent: MakeAgent, fake: FakeCLI, permission: str, configured: str, passed: str
+) -> None:
+    # A configured mode that allows or denies without asking went on the control transport's
+    # command line as it was: the CLI would never have asked, whatever the run's policy said.
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(
+        permission=permission, plan_review="ask", on_reject="continue"))
+    with make_agent(policy=policy, config={"permission_mode": configured}) as agent:
+        agent.run("hello")
+    argv = records(fake, "argv")[0]
+    assert argv[0] == "--input-format=stream-json"
+    assert argv[argv.index("--permission-mode") + 1] == passed
 
 
 def test_plan_review_and_question(make_agent: MakeAgent, fake: FakeCLI) -> None:

@@ -166,6 +166,51 @@ def test_claude_workspace_settings_cannot_pre_approve_past_the_policy(
     assert [r.kind for r in asked] == (["permission"] if mode == "ask" else [])
 
 
+@pytest.mark.parametrize(
+    ("mode", "configured"),
+    [
+        ("ask", "acceptEdits"),
+        ("ask", "bypassPermissions"),
+        ("ask", "dontAsk"),
+        ("ask", "user settings: acceptEdits"),
+        ("auto_reject", "acceptEdits"),
+    ],
+)
+def test_claude_permission_mode_that_decides_alone_yields_to_the_policy(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    tmp_path: Path, mode: str, configured: str,
+) -> None:
+    # A config's permission_mode (or the profile's defaultMode) that allows or denies without
+    # asking beat the run's explicit policy: under acceptEdits the write ran with "ask" and
+    # "auto_reject" alike, and no approval was ever raised.
+    fields: dict[str, str] = {}
+    if configured.startswith("user settings: "):
+        profile = tmp_path / "claude-profile"
+        profile.mkdir()
+        default_mode = configured.removeprefix("user settings: ")
+        (profile / "settings.json").write_text(json.dumps({"permissions": {"defaultMode": default_mode}}))
+    else:
+        fields["permission_mode"] = configured
+    config = claude_config(**fields)
+    if configured == "bypassPermissions":  # what the CLI needs to take this mode as root
+        config = dataclasses.replace(config, env={**config.env, "IS_SANDBOX": "1"})
+    target = os.path.join(workspace, "hello.txt")
+    anthropic.configure(tool=("Write", {"file_path": target, "content": "hi\n"}))
+    asked: list[str] = []
+
+    def deny(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request.kind)
+        request.deny("denied by the test")
+
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission=mode, on_reject="continue"))
+    with adaptor.Agent(claude.Driver(config), workspace=workspace, policy=policy,
+                       on_approval=deny) as agent:
+        result = agent.run("write hello.txt")
+    assert not os.path.exists(target), result.text
+    assert asked == (["permission"] if mode == "ask" else [])
+    assert "Write" in result.metadata["permission_denials"]
+
+
 def test_claude_question_and_default_denial(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
