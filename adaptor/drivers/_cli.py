@@ -364,11 +364,16 @@ class FailureShapes:
     auth: re.Pattern[str]
     rate_limit: re.Pattern[str]
     unavailable: re.Pattern[str]
+    # The CLI's own words for a lasting ``quota`` failure (a plan without the product, say),
+    # beside the providers' words :func:`lasting_kind` knows.
+    quota: re.Pattern[str] | None = None
 
     def kind(self, message: str) -> FailureKind:
         lasting = lasting_kind(message)
         if lasting:
             return lasting
+        if self.quota is not None and self.quota.search(message):
+            return "quota"
         status = quoted_status(message)
         if status is not None and status_kind(status):
             return status_kind(status)

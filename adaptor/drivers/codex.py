@@ -142,16 +142,22 @@ _FAILURES: Final = _cli.FailureShapes(
     # A quota exceeded without the words of a spent one (OpenAI's insufficient_quota, which
     # codex 0.171.0 reports as "Quota exceeded. Check your plan and billing details.": that is
     # ``quota``, see _cli.lasting_kind) passes like a rate limit; a disk quota is an OS error.
+    # codex 0.171.0 words a ChatGPT plan's spent usage (a 429 usage_limit_reached, which it
+    # says resets) "You've hit your usage limit. ... or try again later.", and an overloaded
+    # model (server_is_overloaded) "Selected model is at capacity.", without the status.
     rate_limit=re.compile(
-        r"too many requests|rate limit|(?<!disk )quota exceeded|exceeded your current quota",
+        r"too many requests|rate limit|usage limit|(?<!disk )quota exceeded|"
+        r"exceeded your current quota",
         re.IGNORECASE,
     ),
     unavailable=re.compile(
-        r"high demand|overloaded|internal server error|service unavailable|"
+        r"high demand|overloaded|at capacity|internal server error|service unavailable|"
         r"bad gateway|stream disconnected|connection failed|waiting for network|"
         r"error sending request|connection refused",
         re.IGNORECASE,
     ),
+    # A ChatGPT plan that does not include Codex (usage_not_included): no retry mends it.
+    quota=re.compile(r"to use codex with your chatgpt plan, upgrade", re.IGNORECASE),
 )
 
 

@@ -741,14 +741,27 @@ def test_codex_structured_output_outside_the_strict_subset_goes_through_the_prom
 
 
 @pytest.mark.parametrize(
-    ("status", "kind", "retryable"),
-    [(401, "auth", False), (429, "rate_limit", True), (500, "provider_unavailable", True)],
+    ("status", "error", "kind", "retryable"),
+    [
+        (401, None, "auth", False),
+        (429, None, "rate_limit", True),
+        (500, None, "provider_unavailable", True),
+        # Codex words these its own way and drops the status: "Selected model is at
+        # capacity..." and "You've hit your usage limit... or try again later." had no kind.
+        (503, {"type": "server_error", "code": "server_is_overloaded",
+               "message": "Our servers are currently overloaded. Please try again later."},
+         "provider_unavailable", True),
+        (429, {"type": "usage_limit_reached", "message": "The usage limit has been reached",
+               "plan_type": "plus", "resets_in_seconds": 3600},
+         "rate_limit", True),
+    ],
+    ids=["401", "429", "500", "overloaded", "usage_limit"],
 )
 def test_codex_http_errors(
     codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str,
-    status: int, kind: str, retryable: bool,
+    status: int, error: dict[str, object] | None, kind: str, retryable: bool,
 ) -> None:
-    openai.configure(status=status)
+    openai.configure(status=status, **({} if error is None else {"error": error}))
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
         with pytest.raises(adaptor.AgentFailedError) as caught:
             agent.run("say hello")
@@ -770,8 +783,12 @@ def test_codex_http_errors(
                "your input and try again.", "type": "invalid_request_error", "param": "input",
                "code": "context_length_exceeded"},
          "context_too_long", "ran out of room in the model's context window"),
+        # A ChatGPT plan without Codex: no retry mends it.
+        (429, {"message": "not included", "type": "usage_not_included", "param": None,
+               "code": None},
+         "quota", "To use Codex with your ChatGPT plan, upgrade to Plus"),
     ],
-    ids=["quota", "model_not_found", "context_too_long"],
+    ids=["quota", "model_not_found", "context_too_long", "plan_without_codex"],
 )
 def test_codex_errors_no_retry_mends_have_their_own_kinds(
     codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str,
