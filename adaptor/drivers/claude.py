@@ -834,6 +834,9 @@ class _Parser:
         self.open_tools: set[str] = set()
         self.open_blocks: dict[int, tuple[str, str]] = {}  # index -> (kind, lifecycle id)
         self.streamed: set[str] = set()
+        # Streamed messages no assistant line has confirmed yet -> their text and thinking
+        # lifecycle ids: a message the CLI's API call was retried after never is.
+        self.unconfirmed: dict[str, list[str]] = {}
         self.message = ""
         self.assistant_lines = 0
         self.denials: list[Any] = []
@@ -985,6 +988,7 @@ class _Parser:
             why = as_str(event.get("error")) or "unknown"
             self.last_error = (f"API request failed ({why}{f', HTTP {http}' if http else ''});"
                                f" retry {event.get('attempt')} of {event.get('max_retries')}")
+            self._abandon_unconfirmed()
             self._item(kind="system", subtype="api_retry", metadata=meta, text=self.last_error)
         elif subtype == "permission_denied":
             self._item(kind="system", subtype="permission_denied",
@@ -1003,6 +1007,7 @@ class _Parser:
             self.message = (message_id if message_id and isinstance(message_id, str)
                             else f"m{self.assistant_lines}")
             self.streamed.add(self.message)
+            self.unconfirmed[self.message] = []
             self.open_blocks.clear()
         elif not isinstance(index, int):
             return
@@ -1016,6 +1021,7 @@ class _Parser:
             if start_type == "text" or start_type == "thinking":
                 ident = self.protocol.fresh_id(f"{self.message}/{index}")
                 self.open_blocks[index] = (start_type, ident)
+                self.unconfirmed.setdefault(self.message, []).append(ident)
                 self.emit(_STARTS[start_type](ident))
             elif start_type == "tool_use":
                 ident = as_str(block.get("id"))  # type: ignore[union-attr]
@@ -1056,6 +1062,12 @@ class _Parser:
         if not isinstance(message_id, str):  # as_str, inline: once per assistant line
             message_id = ""
         live = message_id not in self.streamed
+        if live:
+            # The CLI fell back to a request that does not stream: what it streamed before
+            # was cut off and is not part of the answer.
+            self._abandon_unconfirmed()
+        else:
+            self.unconfirmed.pop(message_id, None)
         item = self.protocol.item
         for position, block in enumerate(content):
             if not isinstance(block, dict):
@@ -1093,6 +1105,18 @@ class _Parser:
                 self.final = []  # text before a tool call is not the final answer
                 if name == "ExitPlanMode" and isinstance(tool_input, dict):
                     self.exit_plans[ident] = as_str(tool_input.get("plan"))
+
+    def _abandon_unconfirmed(self) -> None:
+        """Tell consumers that the text streamed for messages no assistant line confirmed is
+        not the answer (the CLI retried the API call after the stream was cut)."""
+        abandoned = [ident for idents in self.unconfirmed.values() for ident in idents]
+        self.unconfirmed.clear()
+        if abandoned:
+            self.emit(Notice(
+                kind="lifecycle",
+                text="text streamed before the CLI retried its API call is not part of the answer",
+                data={"warning": "streamed_text_abandoned", "message_ids": abandoned},
+            ))
 
     def _whole_block(self, kind: str, base: str, text: str) -> None:
         """A block that was not streamed: its whole lifecycle at once."""

@@ -546,6 +546,31 @@ def test_claude_bad_key_retried_until_the_deadline_says_why(
         caught.value)
 
 
+def test_claude_text_streamed_before_a_retried_api_call_is_said_abandoned(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The stream is cut after its first delta: the CLI retries (streaming again, cut again),
+    # then falls back to a request that does not stream.  The cut messages' text looked like
+    # finished answers: a consumer printing text deltas showed "Hello Hello Hello from ...".
+    anthropic.configure(truncate=True)
+    config = claude_config()
+    config = dataclasses.replace(config, env={**config.env, "CLAUDE_CODE_MAX_RETRIES": "1"})
+    with adaptor.Agent(claude.Driver(config), workspace=workspace) as agent:
+        stream = agent.stream("say hello", timeout=90)
+        events = list(stream)
+        result = stream.result()
+    abandoned = [
+        ident
+        for e in events
+        if isinstance(e, Notice) and e.data.get("warning") == "streamed_text_abandoned"
+        for ident in e.data["message_ids"]
+    ]
+    streamed = [(e.message_id, e.text) for e in events if isinstance(e, TextDelta) and e.phase == "content"]
+    assert len(abandoned) == 2 and all(text == "Hello " for ident, text in streamed if ident in abandoned)
+    kept = "".join(text for ident, text in streamed if ident not in abandoned)
+    assert kept == result.text == "Hello from the mock Anthropic server."
+
+
 def test_claude_unreachable_server(claude_config: Callable[..., claude.Config], workspace: str) -> None:
     config = claude_config(base_url=f"http://127.0.0.1:{closed_port()}")
     with adaptor.Agent(claude.Driver(config), workspace=workspace) as agent:
