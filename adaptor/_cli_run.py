@@ -505,7 +505,12 @@ def _run_in_process(
 
     request_id = str(request.get("id") or _home.new_request_id())
     try:
-        config = daemon_config.load(None, regular=True)  # (a FIFO there held the run for good)
+        config = daemon_config.load(
+            None,
+            regular=True,
+            why_regular="adaptor run --no-daemon takes its driver tables from it, and a FIFO "
+            "would hold the run",
+        )
     except daemon_config.ConfigError as exc:
         # adaptord refuses a broken config file as bad usage (exit 2); so does this path.
         fail(exc, as_json=as_json, exit_code=2, secrets=requests.secrets_of(request), id=request_id)

@@ -329,12 +329,21 @@ def default_config_path() -> Path:
     return xdg_base("XDG_CONFIG_HOME", ".config") / "adaptord" / "config.toml"
 
 
-def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular: bool = False) -> DaemonConfig:
+_READ_AT_RELOADS = "adaptord serve reads its config again at every reload"
+
+
+def load(
+    path: str | os.PathLike[str] | None,
+    *,
+    required: bool = False,
+    regular: bool = False,
+    why_regular: str = _READ_AT_RELOADS,
+) -> DaemonConfig:
     """Read the config file; a missing default file means defaults, a missing explicit one fails.
 
     ``regular``: only a regular file (``serve``, which reads it again at every reload: a pipe
     would read empty then, and a FIFO with no writer would hold the reload for good); else a
-    pipe (``check --config <(...)``) is read too.
+    pipe (``check --config <(...)``) is read too.  ``why_regular`` is the refusal's reason.
     """
     target = Path(path) if path is not None else default_config_path()
     try:
@@ -343,10 +352,7 @@ def load(path: str | os.PathLike[str] | None, *, required: bool = False, regular
             descriptor = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             if not stat.S_ISREG(os.fstat(descriptor).st_mode):
                 os.close(descriptor)
-                raise ConfigError(
-                    f"{target}: not a regular file (adaptord serve reads its config again at every "
-                    "reload: write it to a file)"
-                )
+                raise ConfigError(f"{target}: not a regular file ({why_regular}: write it to a file)")
             handle: BinaryIO = os.fdopen(descriptor, "rb")
         else:
             handle = target.open("rb")  # a pipe (<(...)) too

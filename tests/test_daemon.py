@@ -3005,6 +3005,8 @@ def test_a_default_config_that_is_a_fifo_is_refused_by_a_run_without_the_daemon(
         capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
     )
     assert ran.returncode == 2 and "config.toml: not a regular file" in ran.stderr, ran.stderr
+    # Its reason is the run's, not serve's reload (which this run has nothing to do with).
+    assert "takes its driver tables from it" in ran.stderr and "reload" not in ran.stderr, ran.stderr
     # So does `adaptord check` of the default file (a pipe it reads only when named).
     checked = subprocess.run(["adaptord", "check"], capture_output=True, text=True, timeout=60,
                              env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
