@@ -615,6 +615,29 @@ def _jsonable(value: Any) -> Any:
         return f"<{type(value).__qualname__}>"
 
 
+_KEY_REPR_LIMIT = 4096
+
+
+def _builtin_args(cls: type[BaseException], message: str) -> tuple[object, ...]:
+    """The arguments that give a built-in exception ``message`` as its ``str()`` again.
+
+    ``str(KeyError(key))`` is ``repr(key)``: the key, read back from that, rather than the
+    message, which KeyError would quote a second time (``"'session_id'"``).
+    """
+    if issubclass(cls, KeyError) and not message:
+        return ()  # KeyError() says "", KeyError("") says "''"
+    if issubclass(cls, KeyError) and len(message) <= _KEY_REPR_LIMIT:
+        import ast  # only here: most programs never read a KeyError back
+
+        try:
+            key = ast.literal_eval(message)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return (message,)
+        if isinstance(key, str | int | float | bool | bytes | tuple) and repr(key) == message:
+            return (key,)
+    return (message,)
+
+
 def _next_cause(err: BaseException) -> BaseException | None:
     if err.__cause__ is not None:
         return err.__cause__
@@ -765,7 +788,7 @@ def _decode_one(obj: Mapping[str, Any]) -> BaseException:
         builtin = _builtin_exception(type_name)
         if builtin is not None:
             try:
-                return builtin(message)
+                return builtin(*_builtin_args(builtin, message))
             except Exception:  # an exception class with an unusual constructor
                 pass
         return ExternalError(type_name or "Exception", message)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from adaptor import _waiting
+from adaptor import _waiting, errors
 from adaptor.events import (
     Dropped,
     Event,
@@ -231,6 +231,7 @@ class Stream:
         self._result: Result | None = None
         self._error: BaseException | None = None
         self._error_traceback: TracebackType | None = None
+        self._error_cause: BaseException | None = None
 
     @property
     def run_id(self) -> str:
@@ -250,8 +251,10 @@ class Stream:
         _waiting.wait_event(self._done)
         if self._error is not None:
             # From the traceback it was settled with, so one error raised again and again
-            # (a host polling result()) does not grow a longer traceback each time.
-            raise self._error.with_traceback(self._error_traceback)
+            # (a host polling result()) does not grow a longer traceback each time; and from
+            # the cause it was settled with, so that raised inside an `except` block it does
+            # not take that block's exception for its cause (raising sets __context__).
+            raise self._error.with_traceback(self._error_traceback) from self._error_cause
         assert self._result is not None
         return self._result
 
@@ -279,6 +282,7 @@ class Stream:
     def _settle(self, result: Result | None, error: BaseException | None) -> None:
         self._result, self._error = result, error
         self._error_traceback = None if error is None else error.__traceback__
+        self._error_cause = None if error is None else errors._next_cause(error)
         self._done.set()
 
     def _result_for_run(self) -> Result:

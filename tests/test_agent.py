@@ -21,7 +21,7 @@ import pytest
 import adaptor
 import adaptor.memory
 import adaptor.schema
-from adaptor import _run, events
+from adaptor import _run, errors, events
 from adaptor.driver import Descriptor, Request, Response
 from adaptor.drivers import script
 from adaptor.result import Result
@@ -1480,6 +1480,38 @@ def test_result_raises_the_same_error_with_the_same_traceback_every_time() -> No
             frames, tb = frames + 1, tb.tb_next
         lengths.append(frames)
     assert len(set(lengths)) == 1, lengths  # grew by two frames per call before
+
+
+def _failing_callback(request: adaptor.ApprovalRequest) -> None:
+    raise LookupError("the callback's own failure")
+
+
+@pytest.mark.parametrize("how", ["plain failure", "failure with a cause"])
+def test_result_raised_again_inside_an_except_block_keeps_the_error_s_cause(how: str) -> None:
+    # result() raised the one stored error again; raised inside an `except` block it took that
+    # block's exception as its __context__, and every holder of the error saw it as its cause
+    # (to_wire, errors.find) from then on.
+    if how == "plain failure":
+        agent = adaptor.Agent(ScriptedDriver([{"exit": 2}]))
+        stream = agent.stream("go")
+    else:
+        policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
+        agent = adaptor.Agent(ScriptedDriver([{"approval": {"kind": "permission"}}]), policy=policy)
+        stream = agent.stream("go", on_approval=_failing_callback)
+    with agent, pytest.raises(adaptor.AdaptorError) as caught:
+        stream.result()
+    first = caught.value
+    wire = errors.to_wire(first)
+    unrelated: dict[str, int] = {}
+    try:
+        unrelated["key"]
+    except KeyError:
+        with pytest.raises(adaptor.AdaptorError) as again:
+            stream.result()
+    assert again.value is first  # the same error every time
+    assert errors.to_wire(again.value) == wire
+    assert not errors.matches(first, KeyError)
+    assert errors.matches(first, LookupError) is (how == "failure with a cause")
 
 
 def test_ctrl_c_while_run_waits_cancels_the_run_and_stops_its_process(tmp_path: Any) -> None:

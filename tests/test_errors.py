@@ -510,6 +510,23 @@ def test_foreign_exceptions_rebuild_as_builtins_or_external() -> None:
     assert errors.to_wire(back2) == wire
 
 
+@pytest.mark.parametrize(
+    "cause",
+    [KeyError("session_id"), KeyError(3), KeyError("it's"), KeyError(("a", 1)), KeyError("a", "b"),
+     KeyError(), LookupError("plain")],
+    ids=repr,
+)
+def test_a_builtin_cause_reads_back_with_its_own_message(cause: BaseException) -> None:
+    # KeyError's str() is the repr of its key; rebuilt from that message it quoted it again
+    # ("'session_id'" came back as "\"'session_id'\""), so a cause read from a verdict
+    # differed from the in-process one.
+    err = errors.AgentFailedError("x", cause=cause)
+    back = _roundtrip(err)
+    assert type(back.__cause__) is type(cause)
+    assert str(back.__cause__) == str(cause)
+    assert errors.to_wire(back) == errors.to_wire(err)
+
+
 def test_from_wire_attaches_result_to_outer_run_error() -> None:
     sentinel = object()
     back = errors.from_wire(errors.to_wire(errors.AgentFailedError("x")), result=sentinel)  # type: ignore[arg-type]
