@@ -851,8 +851,8 @@ class RunPipeline:
         assert response is not None
         if response.failure is not None:
             failure = response.failure
-            raise errors.run_error_for_reason(
-                errors.reason_for_driver_code(failure.code),
+            raise errors.run_error_for_driver_code(
+                failure.code,
                 failure.message,
                 details=dict(failure.details),
                 result=result,

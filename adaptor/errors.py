@@ -370,52 +370,32 @@ class ActiveExecutionTimeoutError(RunError):
 
 
 # Driver failure codes that map onto a reason with its own class.
-_REASON_CLASSES: dict[str, type[_FixedReasonRunError]] = {
-    "approval_denied": ApprovalDeniedError,
-    "approval_timeout": ApprovalTimeoutError,
+# The driver failure codes errors.md maps, and the class each becomes.  No other code ever
+# becomes a subclass: a driver's "deadline_exceeded" would be a RunDeadlineExceededError (a
+# TimeoutError) with none of the details the SDK's own deadline gives.
+_DRIVER_CODE_CLASSES: dict[str, type[_FixedReasonRunError]] = {
+    "decision_rejected": ApprovalDeniedError,
+    "decision_timeout": ApprovalTimeoutError,
     "agent_error": AgentFailedError,
+    "": AgentFailedError,
     "cancelled": RunCancelledError,
-    "policy_violation": PolicyViolationError,
-    "deadline_exceeded": RunDeadlineExceededError,
-}
-
-_DRIVER_CODE_REASONS = {
-    "decision_rejected": "approval_denied",
-    "decision_timeout": "approval_timeout",
-    "agent_error": "agent_error",
-    "": "agent_error",
-    "cancelled": "cancelled",
-    "policy_error": "policy_violation",
+    "policy_error": PolicyViolationError,
 }
 
 
-def reason_for_driver_code(code: str | None) -> str:
-    """Map a driver's failure code onto a ``FailureReason``; unknown codes stay verbatim."""
-    return _DRIVER_CODE_REASONS.get(code or "", code or "agent_error")
-
-
-def run_error_for_reason(
-    reason: str,
+def run_error_for_driver_code(
+    code: str | None,
     message: str = "",
     *,
     details: Mapping[str, Any] | None = None,
     result: Result | None = None,
-    cause: BaseException | None = None,
 ) -> RunError:
-    """Build the RunError class that owns ``reason`` (plain ``RunError`` for any other)."""
-    cls = _REASON_CLASSES.get(reason)
+    """The RunError of a driver's failure: a mapped code's subclass, else a plain
+    ``RunError`` whose reason is the code verbatim."""
+    cls = _DRIVER_CODE_CLASSES.get(code or "")
     if cls is None:
-        if reason == "active_execution_timeout":
-            limit = (details or {}).get("limit", 0)
-            return ActiveExecutionTimeoutError(
-                limit if isinstance(limit, int | float) else 0,
-                message,
-                details=details,
-                result=result,
-                cause=cause,
-            )
-        return RunError(reason, message, details=details, result=result, cause=cause)
-    return cls(message, details=details, result=result, cause=cause)
+        return RunError(str(code), message, details=details, result=result)
+    return cls(message, details=details, result=result)
 
 
 # --- thread errors ----------------------------------------------------------------------------

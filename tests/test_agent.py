@@ -178,6 +178,14 @@ def test_non_zero_exit_can_never_succeed() -> None:
         ("policy_error", adaptor.PolicyViolationError, "policy_violation"),
         ("rate_limited", adaptor.RunError, "rate_limited"),
         ("quota_exhausted_v2", adaptor.RunError, "quota_exhausted_v2"),
+        # Codes that are the reasons of subclasses, but not mapped driver codes: a driver's
+        # "deadline_exceeded" was a RunDeadlineExceededError (a TimeoutError) without the
+        # details of the SDK's own deadline, an "active_execution_timeout" one with limit=0.
+        ("deadline_exceeded", adaptor.RunError, "deadline_exceeded"),
+        ("active_execution_timeout", adaptor.RunError, "active_execution_timeout"),
+        ("approval_denied", adaptor.RunError, "approval_denied"),
+        ("approval_timeout", adaptor.RunError, "approval_timeout"),
+        ("policy_violation", adaptor.RunError, "policy_violation"),
     ],
 )
 def test_driver_failure_codes_map_to_reasons(code: str, cls: type, reason: str) -> None:
