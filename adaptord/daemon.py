@@ -2047,7 +2047,9 @@ class Daemon:
         # Or killed between the run's end, in its log, and its verdict: it is not run again,
         # and its log is not given a second, contradicting run.finished.
         last_sequence, logged_end = self._run_in_log(state) if entered else (0, False)
-        finished = _home.run_finished(state) or logged_end
+        # Its state says finished only when its verdict was deferred (the disk refused it).
+        deferred = _home.run_finished(state)
+        finished = deferred or logged_end
         if entered and not finished:
             self._record_interrupted(request_id, state, request, last_sequence)
         if requeue and not thread_changed and not finished:
@@ -2059,7 +2061,7 @@ class Daemon:
             message = _INTERRUPTED
             if finished:
                 details["finished"] = True
-                message = _VERDICT_UNWRITTEN
+                message = _VERDICT_REFUSED if deferred else _VERDICT_CUT_OFF
             if thread_changed:
                 # Most likely this turn, saved just before the crash: running it again would
                 # send its prompt into the conversation twice.
@@ -2325,10 +2327,14 @@ def _remove_temp_files(folder: Path) -> None:
         os.close(opened)
 
 _INTERRUPTED = "the daemon stopped while the run was in progress"
-_VERDICT_UNWRITTEN = (
+_VERDICT_REFUSED = (
     "the run finished, but the daemon stopped before its verdict could be written (the disk "
     "or the system refused it: full, read-only, out of descriptors); only the text its audit "
     "log holds is kept"
+)
+_VERDICT_CUT_OFF = (
+    "the run finished, but the daemon stopped (it was killed, or crashed) before it wrote the "
+    "run's verdict; only the text its audit log holds is kept"
 )
 
 
