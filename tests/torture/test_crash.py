@@ -37,6 +37,8 @@ _AGENT_TAG = "ADAPTOR_TORTURE_AGENT"
 # running, only that daemon's clean-up can have stopped it.
 _LONG = 5
 _BACKTRACKS = r"^(\w+\s?)+$"
+# The message of the run.finished recovery writes for a run a kill cut short (docs/daemon.md).
+_INTERRUPTED = "the daemon stopped while the run was in progress"
 
 
 def _request(i: int, rng: random.Random, home: Path) -> dict[str, Any]:
@@ -145,21 +147,10 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
             assert report is not None
             sr.verify(log)
 
-    # nothing doubled: a request that may not be requeued ran at most once (a kill before it
-    # started puts it back in the queue; one after gives it its interrupted verdict)
-    with sr.EventRecorder(sr.JSONLEventBackend(paths.events)) as audit:
-        for rid, request in zip(ids, requests, strict=True):
-            if request.get("on_interrupt") == "requeue" or "thread" in request:
-                continue
-            runs = [r.event for r in audit.iter_since(rid) if isinstance(r.event, events.RunStarted)]
-            assert len(runs) <= 1, (rid, runs)
-
-    # thread records are consistent: each shared key resolves to one active, resumable record
-    store = JSONLStore(paths.threads)
-    for k in range(5):
-        record = store.resolve(Query(key=f"shared/{k}"))
-        if record is not None:
-            assert record.status == "active" and record.state is not None and record.state.resume_id
+    with sr.EventRecorder(sr.JSONLEventBackend(paths.events), key_validator=lambda key: None) as audit:
+        facts = [record.event for record in audit.iter_since(_home.DAEMON_SESSION)]
+        _assert_nothing_ran_twice(paths, audit, ids, requests, facts)
+        _assert_threads_kept_their_ok_turns(paths, audit, ids, requests)
 
     # no daemon survived, and no agent process either: each start stopped what the kill before
     # it left running, and the last daemon stopped its own
@@ -167,9 +158,6 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     assert leftover.stdout.strip() == ""
     assert processes_with_env(_AGENT_TAG, str(home)) == []
     assert _checkers(home) == []
-    lifecycle = sr.EventRecorder(sr.JSONLEventBackend(paths.events), key_validator=lambda key: None)
-    facts = [record.event for record in lifecycle.iter_since(_home.DAEMON_SESSION)]
-    lifecycle.close()
     stopped = sum(isinstance(fact, events.Notice) and fact.text == "leftovers.stopped" for fact in facts)
     interrupted = sum(isinstance(fact, events.Notice) and fact.text == "request.interrupted" for fact in facts)
     print(
@@ -180,3 +168,94 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     # (a long agent cannot have ended by itself before it).
     assert interrupted > 0
     assert stopped > 0 or not long_orphaned
+
+
+def _phase(fact: events.Event) -> str | None:
+    return fact.data.get("phase") if isinstance(fact, events.Notice) and fact.kind == "lifecycle" else None
+
+
+def _assert_nothing_ran_twice(
+    paths: _home.Home, audit: sr.EventRecorder, ids: list[str], requests: list[dict[str, Any]], facts: list[events.Event]
+) -> None:
+    """A request runs again only where docs/daemon.md lets it: interrupted with ``on_interrupt:
+    "requeue"`` and attempts left, and, for a thread's turn, only if its agent was not entered
+    (the agent keeps the conversation: a second attempt would send the prompt into it twice)."""
+    per_request: dict[str, list[dict[str, Any]]] = {rid: [] for rid in ids}
+    for fact in facts:
+        if _phase(fact) in ("request.started", "request.interrupted"):
+            assert isinstance(fact, events.Notice)
+            per_request[fact.data["request_id"]].append(fact.data)
+    for rid, request in zip(ids, requests, strict=True):
+        requeue = request.get("on_interrupt") == "requeue"
+        thread = "thread" in request
+        # A lifecycle fact is not waited for, so a kill may lose one; the run ids in the run's
+        # state are written before its agent can start, so they count every attempt.
+        run_ids = orjson.loads(paths.run_state(rid).read_bytes()).get("run_ids") or []
+        # A thread's turn runs again only if no attempt got as far as a run id (the SDK's
+        # admission, counted as entered): one run id at most.
+        allowed = _home.MAX_ATTEMPTS if requeue and not thread else 1
+        assert len(run_ids) <= allowed, (rid, request.get("on_interrupt"), thread, run_ids)
+        seen = per_request[rid]
+        started = [noted["run_id"] for noted in seen if noted["phase"] == "request.started" and noted.get("run_id")]
+        assert len(started) <= allowed and set(started) <= set(run_ids), (rid, seen, run_ids)
+        may_start = True
+        admitted = False
+        for noted in seen:
+            if noted["phase"] == "request.started":
+                assert may_start, (rid, "started again after an interrupt that forbids it", seen)
+                admitted = bool(noted.get("run_id"))
+                continue
+            if thread and admitted:
+                # The SDK had admitted the run: its agent may have had the prompt.
+                assert noted["entered"], (rid, "an admitted thread turn said not entered", seen)
+            may_start = (
+                requeue
+                and noted["attempt"] < _home.MAX_ATTEMPTS
+                and not (thread and (noted["entered"] or noted.get("thread_changed")))
+            )
+        # What the agent was given, as a reader of the audit logs sees it.
+        session = _home.session_for_thread(request["thread"]["key"]) if thread else rid
+        entered = [
+            record.event.meta.run_id
+            for record in audit.iter_since(session)
+            if _phase(record.event) == "driver.started" and record.event.meta.run_id in run_ids
+        ]
+        assert len(entered) <= allowed, (rid, "its agent was entered more often than allowed", entered)
+        # A run that ended by itself is not run again: every attempt before the last ended with
+        # the run.finished recovery gives an interrupted run.
+        earlier = set(run_ids[:-1])
+        ends = [
+            record.event.message
+            for record in audit.iter_since(session)
+            if isinstance(record.event, events.RunFinished) and record.event.meta.run_id in earlier
+        ]
+        assert len(ends) >= len(earlier) and set(ends) <= {_INTERRUPTED}, (rid, run_ids, ends)
+
+
+def _assert_threads_kept_their_ok_turns(
+    paths: _home.Home, audit: sr.EventRecorder, ids: list[str], requests: list[dict[str, Any]]
+) -> None:
+    """Each shared key that had an ok turn resolves to one active record, resuming the session
+    its last ok turn ended in; and every ok turn continued that one conversation (with no turn
+    saved, each would have started a session of its own)."""
+    store = JSONLStore(paths.threads)
+    ok_runs: dict[str, set[str]] = {}
+    for rid, request in zip(ids, requests, strict=True):
+        if "thread" in request:
+            verdict = orjson.loads(paths.verdict(rid).read_bytes())
+            if verdict["ok"]:
+                ok_runs.setdefault(request["thread"]["key"], set()).add(verdict["run_id"])
+    assert len(ok_runs) == 5, sorted(ok_runs)
+    for key, verdicts_ok in ok_runs.items():
+        ended_ok = [
+            record.event
+            for record in audit.iter_since(_home.session_for_thread(key))
+            if isinstance(record.event, events.RunFinished) and not record.event.failed
+        ]
+        # (A run killed between its end and its verdict ended ok in the log, and was saved.)
+        assert verdicts_ok <= {finished.run_id for finished in ended_ok}, (key, verdicts_ok)
+        record = store.resolve(Query(key=key))
+        assert record is not None, (key, "ok turns, but no record")
+        assert record.status == "active" and record.state is not None
+        assert record.state.resume_id == ended_ok[-1].thread_id, (key, record.state.resume_id, ended_ok[-1])
+        assert {finished.thread_id for finished in ended_ok} == {record.state.resume_id}, (key, ended_ok)
