@@ -3,12 +3,13 @@
 The hand-written cases quality.md lists (invalid JSON, wrong types, non-UTF-8, symlinks, FIFOs,
 directories, a name like ``..weird.json``) are in tests/test_daemon.py
 (``test_hostile_files_get_rejection_verdicts``, ``test_hostile_entries_are_quarantined``); this
-module adds generated ones, the 10 MB prompt, 1,000-deep nesting and path syntax in keys.
+module adds generated ones, the 10 MB prompt, 1,000-deep nesting and path syntax in ids and keys.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,8 +116,49 @@ def test_path_syntax_in_ids_and_thread_keys(daemon: DaemonProcess, tmp_path: Pat
         verdict = daemon.verdict(rid)
         assert verdict["ok"], verdict["error"]
         assert verdict["events"].startswith("events/thread=")
-    outside = [p for p in daemon.home.root.parent.iterdir() if p.name != "home"]
+
+    home = daemon.home
+    escaped = tmp_path / "escaped"
+    bad_ids = ["../../escape", "../escape", "a/b", "..", ".", str(escaped), "/", "..\\escape", "a\\b", ""]
+    for number, bad in enumerate(bad_ids):
+        request = {"id": bad, "driver": "script", "prompt": "x", "config": {"steps": [{"text": "ran"}]}}
+        # The client refuses it before writing anything.
+        with pytest.raises(ValueError, match="invalid request id"):
+            daemon.submit(request)
+        # A file under a good name: the id inside must be that name's, so it is rejected unrun.
+        rid = f"path-id-{number}"
+        daemon.drop(f"{rid}.json", orjson.dumps(request))
+        verdict = daemon.verdict(rid)
+        assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", (bad, verdict)
+        assert "/id" in [problem["path"] for problem in verdict["error"]["fields"]["errors"]], (bad, verdict)
+        assert verdict["run_id"] is None
+        # A file named after it (where a name can hold it): no id, so quarantined only.
+        if "/" not in bad:
+            name = f"{bad}.json"
+            daemon.drop(name, orjson.dumps(request))
+            _wait_for_quarantine(daemon, name)
+            assert not (home.spool_new / name).exists()
+            assert not (home.verdicts / name).exists()
+    probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
+    assert daemon.verdict(probe)["result"]["text"] == "alive"
+    assert [p.name for p in home.verdicts.iterdir() if "\\" in p.name or p.name.startswith(".")] == []
+
+    # Nothing was written outside the home: not beside it, not where an id names, not anywhere
+    # a relative id would lead from the home's folders.
+    outside = [p for p in home.root.parent.iterdir() if p.name != "home"]
     assert outside == []
+    assert list(tmp_path.iterdir()) == []  # (where the absolute id points)
+    base = home.root.parent.parent
+    strays = [p for p in base.rglob("*escape*") if home.quarantine not in p.parents]
+    assert strays == []
+
+
+def _wait_for_quarantine(daemon: DaemonProcess, name: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(p.name.endswith(f"-{name}") for p in daemon.home.quarantine.iterdir()):
+        assert not (daemon.home.verdicts / name).exists(), (name, "taken for a request id")
+        assert time.monotonic() < deadline, (name, "not quarantined", sorted(p.name for p in daemon.home.quarantine.iterdir()))
+        time.sleep(0.05)
 
 
 def test_paths_a_request_names_cannot_hold_a_worker(daemon: DaemonProcess, tmp_path: Path) -> None:
