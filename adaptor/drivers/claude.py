@@ -125,8 +125,8 @@ from adaptor.drivers._lines import (
 )
 from adaptor.drivers._process import CannotStart, Child, Exit, Line, Spec
 from adaptor.errors import ResumeRejectedError
-from adaptor.events import Notice, TextDelta, Thinking, ToolCall, ToolResult
-from adaptor.result import StructuredOutput, TranscriptItem
+from adaptor.events import Notice, SubagentUpdate, TextDelta, Thinking, ToolCall, ToolResult
+from adaptor.result import StructuredOutput, TranscriptItem, Usage
 
 __all__ = ["CLI_VERSION", "PERMISSION_MODES", "PROVIDER", "TYPE", "Config", "Driver", "replay"]
 
@@ -625,6 +625,7 @@ class _Live:
         self.session_id = ""
         self.idle_since = time.monotonic()
         self.turns = 0
+        self.cost_reported = 0.0  # the process's running total_cost_usd, as its last turn said
 
     @classmethod
     def start(cls, config: Config, plan: _Plan, sink: EventSink) -> _Live:
@@ -667,6 +668,7 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
     process for the next turn."""
     child = live.child
     parser = _Parser(sink, plan)
+    parser.cost_before = live.cost_reported
     deadline = _process.monotonic_deadline(request.deadline)
     keep = False
     with child.watch(sink.cancelled, deadline):
@@ -689,6 +691,8 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
                 break
         keep = (
             plan.persistent
+            and parser.provisional is None  # (the CLI has turns of its own to come)
+            and not parser.background
             and parser.succeeded
             and child.alive
             and not sink.cancelled.is_set()
@@ -702,6 +706,8 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
             for line in child.lines(sink):
                 parser.feed(line)
             exit_ = child.finish()
+    if parser.cost_total is not None:
+        live.cost_reported = parser.cost_total
     stdout, stderr = child.take_raw()
     response = parser.response(exit_, stdout, stderr)
     metadata = dict(response.metadata)
@@ -847,6 +853,16 @@ class _Parser:
         # The CLI's latest retried API failure: all a run that its deadline ends while the CLI
         # backs off (a bad key, a rate limit) can say about why it never answered.
         self.last_error = ""
+        # The turn started (or heard of) background tasks, the Agent tool's subagents: the CLI
+        # then hands their outcomes to the model in turns of its own after the result, so that
+        # result is provisional (with its line) and the run ends at the last one.
+        self.background = False
+        self.provisional: tuple[dict[str, Any], str] | None = None
+        self.usages: list[Usage] = []
+        # A result's total_cost_usd counts every turn of its process so far: what a kept
+        # process had reported before this turn, and what this turn's last result says.
+        self.cost_before = 0.0
+        self.cost_total: float | None = None
 
     @property
     def terminal_seen(self) -> bool:
@@ -911,8 +927,8 @@ class _Parser:
             kind = event.get("type")
             if kind == "stream_event":
                 inner = event.get("event")
-                if type(inner) is not dict:
-                    continue
+                if type(inner) is not dict or event.get("parent_tool_use_id"):
+                    continue  # (a subagent's: its assistant lines say what it wrote)
                 what = inner.get("type")
                 index = inner.get("index")
                 if what != "content_block_delta":
@@ -953,7 +969,11 @@ class _Parser:
                     self._system(event)
             elif kind == "result":
                 self._result(event)
-                protocol.set_terminal(event, line_text(data))
+                if self.background:
+                    self.provisional, self.background = (event, line_text(data)), False
+                else:
+                    self.provisional = None
+                    protocol.set_terminal(event, line_text(data))
             elif kind == "control_request":
                 control: dict[str, Any] = event
                 return control
@@ -964,6 +984,8 @@ class _Parser:
     def _system(self, event: dict[str, Any]) -> None:
         subtype = as_str(event.get("subtype"))  # not "status": feed_lines skips those
         if subtype == "init":
+            if self.provisional is not None:
+                self.final = []  # a follow-up turn (see background): its answer is the run's
             self.model = as_str(event.get("model")) or self.model
             self.version = as_str(event.get("claude_code_version"))
             servers = [
@@ -990,6 +1012,9 @@ class _Parser:
                                f" retry {event.get('attempt')} of {event.get('max_retries')}")
             self._abandon_unconfirmed()
             self._item(kind="system", subtype="api_retry", metadata=meta, text=self.last_error)
+        elif subtype in _BACKGROUND_SUBTYPES:
+            self.background = True
+            self._item(kind="system", subtype=subtype)
         elif subtype == "permission_denied":
             self._item(kind="system", subtype="permission_denied",
                        text=as_str(event.get("message")) or "permission denied",
@@ -1007,6 +1032,9 @@ class _Parser:
             self.message = (message_id if message_id and isinstance(message_id, str)
                             else f"m{self.assistant_lines}")
             self.streamed.add(self.message)
+            # A message cut after a finished block is resumed by the CLI in a new one (it asks
+            # the model to go on where it stopped): its text stands, not abandoned.
+            self.unconfirmed.clear()
             self.unconfirmed[self.message] = []
             self.open_blocks.clear()
         elif not isinstance(index, int):
@@ -1054,6 +1082,10 @@ class _Parser:
                               "api_error_type": event.get("api_error_type")}
             self._item(kind="failure", text="\n\n".join(texts) or "API error",
                        metadata={"code": "agent_error", **self.api_error})
+            return
+        parent = event.get("parent_tool_use_id")
+        if parent and isinstance(parent, str):
+            self._subagent_said(parent, content)
             return
         model = message.get("model")
         if model and isinstance(model, str) and model != "<synthetic>":
@@ -1124,6 +1156,20 @@ class _Parser:
         for phase, piece in (("start", ""), ("content", text), ("end", "")):
             self._delta(kind, ident, phase, piece)
 
+    def _subagent_said(self, parent: str, content: list[Any]) -> None:
+        """A subagent's message (its line names the Agent tool call that started it): its own
+        updates, not the agent's answer, events or tool calls."""
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            btype = block.get("type")
+            if btype == "text":
+                text = block.get("text")
+                if text and isinstance(text, str):
+                    self.emit(SubagentUpdate(agent=parent, kind="delta", delta=text))
+            elif btype in ("tool_use", "tool_result"):
+                self.emit(SubagentUpdate(agent=parent, kind=btype, data=_nesting.copy_json(block)))
+
     def _user(self, event: dict[str, Any]) -> None:
         message = event.get("message")
         content = message.get("content") if isinstance(message, dict) else None
@@ -1132,6 +1178,10 @@ class _Parser:
                 self._item(kind="user", text=content)
             return
         if not isinstance(content, list):
+            return
+        parent = event.get("parent_tool_use_id")
+        if parent and isinstance(parent, str):
+            self._subagent_said(parent, content)
             return
         item = self.protocol.item
         for block in content:
@@ -1160,6 +1210,11 @@ class _Parser:
 
     def _result(self, event: dict[str, Any]) -> None:
         self.result = event
+        usage = _usage(event)
+        if usage is not None and self.protocol.terminal is None:  # (not a result after the last)
+            self.usages.append(usage)
+            if usage.cost_usd is not None:
+                self.cost_total = usage.cost_usd
         denials = event.get("permission_denials")
         self.denials = list(denials) if isinstance(denials, list) else []
         errors = as_list(event.get("errors"))
@@ -1204,6 +1259,9 @@ class _Parser:
 
     def response(self, exit_: Exit, stdout: str | bytes, stderr: str | bytes) -> Response:
         self._close_lifecycles()
+        if self.provisional is not None and self.protocol.terminal is None:
+            # No follow-up turn came after a turn with background tasks: its result was last.
+            self.protocol.set_terminal(*self.provisional)
         if self.rejected_resume and not self.succeeded:
             raise ResumeRejectedError(self.rejected_resume)
         result = self.result
@@ -1242,10 +1300,23 @@ class _Parser:
         summary = as_str((result or {}).get("result")) if self.succeeded else ""
         return _cli.response(exit_, self.protocol, stdout, stderr,
                              terminal_event=None if result is None else "result",
-                             output=output, usage=None if result is None else _usage(result),
+                             output=output, usage=self._usage(),
                              checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
                              model=self.model, summary=summary, structured_output=structured,
                              failure=failure)
+
+    def _usage(self) -> Usage | None:
+        """The turn's usage: its results' tokens (one result, unless the CLI took turns of its
+        own), and the cost they added to the process's running total."""
+        if not self.usages:
+            return None
+        cost = None if self.cost_total is None else max(self.cost_total - self.cost_before, 0.0)
+        return Usage(
+            input_tokens=sum(u.input_tokens for u in self.usages),
+            output_tokens=sum(u.output_tokens for u in self.usages),
+            cached_input_tokens=sum(u.cached_input_tokens for u in self.usages),
+            cost_usd=cost,
+        )
 
     def _failure(self, exit_: Exit) -> RunFailure | None:
         if self.mcp_unavailable:
@@ -1290,6 +1361,12 @@ class _Parser:
             terminal_reason=terminal_reason or None,
         )
 
+
+# System events of background tasks (the Agent tool's subagents, which Claude Code 2.1.332 runs
+# in the background): their outcomes come to the model in turns of the CLI's own.
+_BACKGROUND_SUBTYPES: Final = frozenset(
+    {"task_started", "task_updated", "task_notification", "background_tasks_changed"}
+)
 
 # Claude Code's own names for the failures no retry mends: the ``error`` of the assistant message
 # that reports an API error ("Credit balance is too low" is a 400 it calls ``billing_error``),

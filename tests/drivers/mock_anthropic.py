@@ -20,6 +20,12 @@ The reply depends only on the request and :attr:`AnthropicMock.scenario`:
 
 ``delay`` pauses after ``message_start`` (cancellation tests); ``truncate`` cuts the stream
 after the first text delta (the CLI then retries and falls back to ``stream: false``).
+
+``subagent`` is what a subagent the model starts with the ``Agent`` tool answers (a request
+whose first user turn holds that tool's ``prompt`` is the subagent's); the model's answer to
+the tool's result pauses ``subagent_pause`` seconds halfway, so the subagent ends meanwhile,
+and a request whose last user turn is Claude Code's ``<task-notification>`` (the subagent's
+outcome, handed to the model in a turn of the CLI's own) gets :data:`FOLLOW_UP_TEXT`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 from tests.drivers._mockhttp import MockServer, Reply
 
 DEFAULT_TEXT = "Hello from the mock Anthropic server."
+FOLLOW_UP_TEXT = "The subagent reported back."
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -55,6 +62,8 @@ class Scenario:
     quote_key: bool = False
     delay: float = 0.0
     truncate: bool = False
+    subagent: str | None = None
+    subagent_pause: float = 1.5
     usage: dict[str, int] = field(
         default_factory=lambda: {"input_tokens": 12, "output_tokens": 7, "cache_read_input_tokens": 3}
     )
@@ -94,12 +103,16 @@ class AnthropicMock(MockServer):
             reply.json(scenario.status, {"type": "error", "error": error})
             return
         body = request["body"] or {}
-        blocks = self._answer(scenario, body)
+        pause = 0.0
+        if scenario.subagent is not None and scenario.tool is not None:
+            blocks, pause = self._subagent_flow(scenario, body)
+        else:
+            blocks = self._answer(scenario, body)
         message_id = f"msg_mock_{next(self._ids)}"
         model = str(body.get("model") or "claude-mock")
         stop_reason = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
         if body.get("stream"):
-            reply.sse(self._events(scenario, message_id, model, blocks, stop_reason))
+            reply.sse(self._events(scenario, message_id, model, blocks, stop_reason, pause))
         else:
             reply.json(
                 200,
@@ -129,6 +142,17 @@ class AnthropicMock(MockServer):
             return [self._tool_use(*_with_plan_file(scenario.tool, body))]
         return [{"type": "text", "text": scenario.text}]
 
+    def _subagent_flow(self, scenario: Scenario, body: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+        """The reply (and its pause) in the ``subagent`` scenario."""
+        assert scenario.tool is not None and scenario.subagent is not None
+        messages = body.get("messages") or []
+        users = [_user_text(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        if users and str(scenario.tool[1].get("prompt")) in users[0]:
+            return [{"type": "text", "text": scenario.subagent}], 0.0
+        if users and "<task-notification>" in users[-1]:
+            return [{"type": "text", "text": FOLLOW_UP_TEXT}], 0.0
+        return self._answer(scenario, body), scenario.subagent_pause
+
     def _tool_use(self, name: str, tool_input: Any) -> dict[str, Any]:
         return {"type": "tool_use", "id": f"toolu_mock_{next(self._ids)}", "name": name, "input": tool_input}
 
@@ -139,6 +163,7 @@ class AnthropicMock(MockServer):
         model: str,
         blocks: list[dict[str, Any]],
         stop_reason: str,
+        pause: float = 0.0,
     ) -> list[tuple[str, Any] | float]:
         usage = scenario.usage
         out: list[tuple[str, Any] | float] = [
@@ -171,11 +196,14 @@ class AnthropicMock(MockServer):
             if block["type"] == "text":
                 out.append(("content_block_start", {"type": "content_block_start", "index": index,
                                                     "content_block": {"type": "text", "text": ""}}))
-                for piece in _pieces(block["text"]):
+                pieces = _pieces(block["text"])
+                for number, piece in enumerate(pieces):
                     out.append(("content_block_delta", {"type": "content_block_delta", "index": index,
                                                         "delta": {"type": "text_delta", "text": piece}}))
                     if scenario.truncate:
                         return out  # the connection ends mid-message
+                    if pause and number == len(pieces) // 2 - 1:
+                        out.append(pause)
             else:
                 start = {**block, "input": {}}
                 out.append(("content_block_start", {"type": "content_block_start", "index": index,
@@ -208,6 +236,15 @@ def _with_plan_file(tool: tuple[str, dict[str, Any]], body: dict[str, Any]) -> t
         return tool
     name, tool_input = tool
     return name, json.loads(json.dumps(tool_input).replace("@plan_file@", found.group(1)))
+
+
+def _user_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
 
 
 def _tool_results(messages: list[Any]) -> int:

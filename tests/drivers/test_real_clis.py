@@ -22,11 +22,11 @@ import pytest
 
 import adaptor
 from adaptor.drivers import claude, codex
-from adaptor.events import Notice, ProcessInfo, TextDelta
+from adaptor.events import Notice, ProcessInfo, SubagentUpdate, TextDelta, ToolCall
 from adaptor.memory import Store
 from adaptor.testing import conformance
 from tests.drivers.conftest import group_members, shown
-from tests.drivers.mock_anthropic import AnthropicMock
+from tests.drivers.mock_anthropic import FOLLOW_UP_TEXT, AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
 
 pytestmark = pytest.mark.slow
@@ -294,6 +294,10 @@ def test_claude_thread_resume_reuse_and_restart(
     assert first.metadata["pid"] == second.metadata["pid"]
     assert (first.metadata["process"], second.metadata["process"]) == ("spawned", "reused")
     assert len(anthropic.messages()[-1]["messages"]) > len(anthropic.messages()[0]["messages"])
+    # Each turn costs what it cost: the CLI's total_cost_usd counts every turn of its process,
+    # and the reused process's second turn reported the first's cost again in its own.
+    assert first.usage is not None and second.usage is not None and first.usage.cost_usd
+    assert second.usage.cost_usd == pytest.approx(first.usage.cost_usd)
     pid = int(second.metadata["pid"])
     agent.close()
     assert wait_until_gone(pid) == []
@@ -569,6 +573,39 @@ def test_claude_text_streamed_before_a_retried_api_call_is_said_abandoned(
     assert len(abandoned) == 2 and all(text == "Hello " for ident, text in streamed if ident in abandoned)
     kept = "".join(text for ident, text in streamed if ident not in abandoned)
     assert kept == result.text == "Hello from the mock Anthropic server."
+
+
+def test_claude_subagent_is_its_own_updates_and_its_follow_up_turn_ends_the_run(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # Claude Code 2.1.332 runs the Agent tool's subagents in the background and hands their
+    # outcome to the model in a turn of its own after the result: the run failed with "a
+    # malformed stream: event 'system' after the terminal event", and the subagent's words
+    # came out as the agent's text, in result.text too.
+    sub_prompt = "SUBAGENT-TASK: say hi"
+    anthropic.configure(
+        tool=("Agent", {"description": "greet", "prompt": sub_prompt, "subagent_type": "general-purpose"}),
+        subagent="Subagent says hi.",
+    )
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        stream = agent.stream("delegate a greeting", timeout=120)
+        events = list(stream)
+        result = stream.result()
+    call = next(e for e in events if isinstance(e, ToolCall) and e.phase == "start" and e.name == "Agent")
+    updates = [e for e in events if isinstance(e, SubagentUpdate)]
+    assert [(u.agent, u.delta) for u in updates if u.kind == "delta"] == [(call.id, "Subagent says hi.")]
+    shown = "".join(e.text for e in events if isinstance(e, TextDelta) and e.phase == "content")
+    assert "Subagent says hi." not in shown + result.text
+    bodies = anthropic.messages()
+    followed_up = any("<task-notification>" in json.dumps((b.get("messages") or [None])[-1]) for b in bodies)
+    if followed_up:
+        # The subagent ended while the model wrote its answer (the mock pauses it, so this is
+        # the usual order): its outcome came in a turn of the CLI's own, whose answer is the
+        # run's, and the usage is both turns' (the main agent's three requests).
+        assert result.text == FOLLOW_UP_TEXT
+        assert result.usage is not None and result.usage.output_tokens == 7 * 3
+    else:  # it ended before the model's second request, which took its outcome along
+        assert result.text.startswith("Tool result was: Async agent launched")
 
 
 def test_claude_unreachable_server(claude_config: Callable[..., claude.Config], workspace: str) -> None:
