@@ -491,13 +491,15 @@ def write_once(
     return True
 
 
-def read_small(path: _StrPath, limit: int) -> bytes:
-    """A regular file's bytes, read without following a link at ``path`` or waiting on a FIFO.
+def read_small(path: _StrPath, limit: int, *, follow_links: bool = False) -> bytes:
+    """A regular file's bytes, read without following a link at ``path`` (unless
+    ``follow_links``) or waiting on a FIFO.
 
     Raises ``ValueError`` for anything that is not a regular file or holds more than ``limit``
     bytes (files a person or a script drops where the daemon reads).
     """
-    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK)
+    nofollow = 0 if follow_links else _O_NOFOLLOW
+    fd = os.open(path, os.O_RDONLY | nofollow | _O_CLOEXEC | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")

@@ -81,7 +81,7 @@ from typing import Any, Final
 
 import orjson
 
-from adaptor import _nesting, _private_dirs
+from adaptor import _durable, _nesting, _private_dirs
 from adaptor.driver import (
     DecisionChoice,
     DecisionKind,
@@ -344,9 +344,10 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     approvals = None if request.policy is None else request.policy.approvals
     guarded = approvals is not None and approvals.permission in ("ask", "auto_reject")
     permission_mode = config.permission_mode
-    if guarded and permission_mode not in _ASKING_MODES:
+    if guarded and (permission_mode or _settings_default_mode(config, request)) not in _ASKING_MODES:
         # The run's explicit policy wins over a configured mode that would decide without
-        # asking, and over a defaultMode in the user's settings (said on the command line).
+        # asking, and over such a defaultMode in the user's settings (or one that cannot be
+        # read: said on the command line, whatever the settings say).
         permission_mode = "default"
     schema = None
     if request.output_schema is not None and request.structured_output_source == "native":
@@ -483,6 +484,25 @@ def _tool_names_too_long(request: Request) -> Response | None:
                 f"mcp__{endpoint.server.key}__<name> names up to {_MAX_TOOL_NAME}): {shown}",
         details={"kind": "tool_name_too_long", "tools": dropped},
     ))
+
+
+_SETTINGS_LIMIT: Final = 1024 * 1024
+
+
+def _settings_default_mode(config: Config, request: Request) -> str:
+    """``permissions.defaultMode`` of the user's settings the CLI loads (``<profile>/settings.json``),
+    or ``""`` when there is none or it cannot be read."""
+    env = {**os.environ, **config.env, **request.env}
+    profile = (config.config_dir or env.get("CLAUDE_CONFIG_DIR")
+               or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".claude"))
+    try:
+        # A dotfiles manager may link the file; a FIFO must not hold the run.
+        data = _durable.read_small(os.path.join(profile, "settings.json"), _SETTINGS_LIMIT,
+                                   follow_links=True)
+        mode = as_dict(as_dict(orjson.loads(data)).get("permissions")).get("defaultMode")
+    except (OSError, ValueError):  # (orjson.JSONDecodeError is a ValueError)
+        return ""
+    return mode if isinstance(mode, str) else ""
 
 
 def _approval_transport(request: Request) -> tuple[bool, bool]:

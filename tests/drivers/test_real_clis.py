@@ -174,6 +174,7 @@ def test_claude_workspace_settings_cannot_pre_approve_past_the_policy(
         ("ask", "dontAsk"),
         ("ask", "user settings: acceptEdits"),
         ("auto_reject", "acceptEdits"),
+        ("ask", "user settings: plan"),
     ],
 )
 def test_claude_permission_mode_that_decides_alone_yields_to_the_policy(
@@ -205,8 +206,16 @@ def test_claude_permission_mode_that_decides_alone_yields_to_the_policy(
     policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission=mode, on_reject="continue"))
     with adaptor.Agent(claude.Driver(config), workspace=workspace, policy=policy,
                        on_approval=deny) as agent:
-        result = agent.run("write hello.txt")
-    assert not os.path.exists(target), result.text
+        stream = agent.stream("write hello.txt")
+        events = list(stream)
+        result = stream.result()
+    init = next(i for i in result.transcript() if i.kind == "init")
+    if configured == "user settings: plan":
+        # A mode that asks stays the profile's own: plan mode was overridden to default.
+        assert init.metadata["permission_mode"] == "plan"
+        return
+    assert init.metadata["permission_mode"] == "default"
+    assert events and not os.path.exists(target), result.text
     assert asked == (["permission"] if mode == "ask" else [])
     assert "Write" in result.metadata["permission_denials"]
 
