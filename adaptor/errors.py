@@ -598,24 +598,37 @@ def _jsonable(value: Any) -> Any:
 _KEY_REPR_LIMIT = 4096
 
 
+class _ShownKey(str):
+    """A key known only by what it showed: ``repr()`` gives that back, so a KeyError holding
+    it says the message it said (``None``, an enum member, an object of a program's own)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _builtin_args(cls: type[BaseException], message: str) -> tuple[object, ...]:
     """The arguments that give a built-in exception ``message`` as its ``str()`` again.
 
-    ``str(KeyError(key))`` is ``repr(key)``: the key, read back from that, rather than the
-    message, which KeyError would quote a second time (``"'session_id'"``).
+    ``str(KeyError(key))`` is ``repr(key)``: the key, read back from that when it is a literal,
+    rather than the message, which KeyError would quote a second time (``"'session_id'"``).
     """
-    if issubclass(cls, KeyError) and not message:
+    if not issubclass(cls, KeyError):
+        return (message,)
+    if not message:
         return ()  # KeyError() says "", KeyError("") says "''"
-    if issubclass(cls, KeyError) and len(message) <= _KEY_REPR_LIMIT:
+    if len(message) <= _KEY_REPR_LIMIT:
         import ast  # only here: most programs never read a KeyError back
 
         try:
             key = ast.literal_eval(message)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return (message,)
-        if isinstance(key, str | int | float | bool | bytes | tuple) and repr(key) == message:
-            return (key,)
-    return (message,)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+        else:
+            if repr(key) == message:
+                return (key,)
+    return (_ShownKey(message),)
 
 
 def _next_cause(err: BaseException) -> BaseException | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import importlib
 import pickle
 import re
@@ -510,11 +511,21 @@ def test_foreign_exceptions_rebuild_as_builtins_or_external() -> None:
     assert errors.to_wire(back2) == wire
 
 
+class _Colour(enum.Enum):
+    RED = 1
+
+
+class _Opaque:
+    def __repr__(self) -> str:
+        return "<an object of a program's own>"
+
+
 @pytest.mark.parametrize(
     "cause",
     [KeyError("session_id"), KeyError(3), KeyError("it's"), KeyError(("a", 1)), KeyError("a", "b"),
-     KeyError(), LookupError("plain")],
-    ids=repr,
+     KeyError(), LookupError("plain"), KeyError(None), KeyError(frozenset({1})), KeyError(...),
+     KeyError(_Colour.RED), KeyError(_Opaque()), KeyError("k" * 5000)],
+    ids=lambda cause: repr(cause)[:40],
 )
 def test_a_builtin_cause_reads_back_with_its_own_message(cause: BaseException) -> None:
     # KeyError's str() is the repr of its key; rebuilt from that message it quoted it again
