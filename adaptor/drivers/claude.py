@@ -873,9 +873,9 @@ class _Parser:
         # The CLI's latest retried API failure: all a run that its deadline ends while the CLI
         # backs off (a bad key, a rate limit) can say about why it never answered.
         self.last_error = ""
-        # The turn started (or heard of) background tasks, the Agent tool's subagents: the CLI
-        # then hands their outcomes to the model in turns of its own after the result, so that
-        # result is provisional (with its line) and the run ends at the last one.
+        # The turn started background subagents (the Agent tool): the CLI then hands their
+        # outcomes to the model in turns of its own after the result, so that result and every
+        # later one are provisional (the latest kept with its line): the run ends at the last.
         self.background = False
         self.provisional: tuple[dict[str, Any], str] | None = None
         self.usages: list[Usage] = []
@@ -989,10 +989,10 @@ class _Parser:
                     self._system(event)
             elif kind == "result":
                 self._result(event)
-                if self.background:
+                if self.background or self.provisional is not None:
+                    # A turn with subagents, or one the CLI took after it: more may follow.
                     self.provisional, self.background = (event, line_text(data)), False
                 else:
-                    self.provisional = None
                     protocol.set_terminal(event, line_text(data))
             elif kind == "control_request":
                 control: dict[str, Any] = event
@@ -1033,7 +1033,10 @@ class _Parser:
             self._abandon_unconfirmed()
             self._item(kind="system", subtype="api_retry", metadata=meta, text=self.last_error)
         elif subtype in _BACKGROUND_SUBTYPES:
-            self.background = True
+            # A background shell (local_bash) hands the model nothing after the result; only a
+            # subagent's outcome comes in a turn of the CLI's own.
+            if subtype == "task_started" and event.get("task_type") == "local_agent":
+                self.background = True
             self._item(kind="system", subtype=subtype)
         elif subtype == "permission_denied":
             self._item(kind="system", subtype="permission_denied",
@@ -1052,9 +1055,9 @@ class _Parser:
             self.message = (message_id if message_id and isinstance(message_id, str)
                             else f"m{self.assistant_lines}")
             self.streamed.add(self.message)
-            # A message cut after a finished block is resumed by the CLI in a new one (it asks
-            # the model to go on where it stopped): its text stands, not abandoned.
-            self.unconfirmed.clear()
+            # A message cut after a finished block is resumed by the CLI in a new one: the
+            # model is given the finished blocks only, so the cut one's text is abandoned.
+            self._abandon_unconfirmed()
             self.unconfirmed[self.message] = []
             self.open_blocks.clear()
         elif not isinstance(index, int):
@@ -1159,14 +1162,14 @@ class _Parser:
                     self.exit_plans[ident] = as_str(tool_input.get("plan"))
 
     def _abandon_unconfirmed(self) -> None:
-        """Tell consumers that the text streamed for messages no assistant line confirmed is
-        not the answer (the CLI retried the API call after the stream was cut)."""
+        """Tell consumers that the text streamed for blocks no assistant line confirmed is not
+        the answer (the stream was cut, and the CLI retried or resumed the API call)."""
         abandoned = [ident for idents in self.unconfirmed.values() for ident in idents]
         self.unconfirmed.clear()
         if abandoned:
             self.emit(Notice(
                 kind="lifecycle",
-                text="text streamed before the CLI retried its API call is not part of the answer",
+                text="text streamed before the CLI retried or resumed its API call is not part of the answer",
                 data={"warning": "streamed_text_abandoned", "message_ids": abandoned},
             ))
 

@@ -19,10 +19,12 @@ The reply depends only on the request and :attr:`AnthropicMock.scenario`:
   names (the model writes its plan there, then calls ``ExitPlanMode``).
 
 ``delay`` pauses after ``message_start`` (cancellation tests); ``truncate`` cuts the stream
-after the first text delta (the CLI then retries and falls back to ``stream: false``).
+after the first text delta of the answer's last text block (the CLI then retries and falls
+back to ``stream: false``; with ``more_text``, a second text block after ``text``, the first
+block has ended, and the CLI resumes instead: its request saying so is answered whole).
 
 ``subagent`` is what a subagent the model starts with the ``Agent`` tool answers (a request
-whose first user turn holds that tool's ``prompt`` is the subagent's); the model's answer to
+whose first user turn holds the ``prompt`` of ``tool`` or ``then`` is a subagent's); the model's answer to
 the tool's result pauses ``subagent_pause`` seconds halfway, so the subagent ends meanwhile,
 and a request whose last user turn is Claude Code's ``<task-notification>`` (the subagent's
 outcome, handed to the model in a turn of the CLI's own) gets :data:`FOLLOW_UP_TEXT`.
@@ -62,6 +64,7 @@ class Scenario:
     quote_key: bool = False
     delay: float = 0.0
     truncate: bool = False
+    more_text: str | None = None
     subagent: str | None = None
     subagent_pause: float = 1.5
     usage: dict[str, int] = field(
@@ -112,6 +115,8 @@ class AnthropicMock(MockServer):
         model = str(body.get("model") or "claude-mock")
         stop_reason = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
         if body.get("stream"):
+            if scenario.truncate and "cut off mid-stream" in json.dumps((body.get("messages") or [None])[-1]):
+                scenario = replace(scenario, truncate=False)  # the CLI's resumption: answered whole
             reply.sse(self._events(scenario, message_id, model, blocks, stop_reason, pause))
         else:
             reply.json(
@@ -140,6 +145,8 @@ class AnthropicMock(MockServer):
             return [self._tool_use("StructuredOutput", scenario.structured)]
         if scenario.tool is not None:
             return [self._tool_use(*_with_plan_file(scenario.tool, body))]
+        if scenario.more_text is not None:
+            return [{"type": "text", "text": scenario.text}, {"type": "text", "text": scenario.more_text}]
         return [{"type": "text", "text": scenario.text}]
 
     def _subagent_flow(self, scenario: Scenario, body: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
@@ -147,7 +154,8 @@ class AnthropicMock(MockServer):
         assert scenario.tool is not None and scenario.subagent is not None
         messages = body.get("messages") or []
         users = [_user_text(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-        if users and str(scenario.tool[1].get("prompt")) in users[0]:
+        prompts = [str(t[1].get("prompt")) for t in (scenario.tool, scenario.then) if t is not None]
+        if users and any(prompt in users[0] for prompt in prompts):
             return [{"type": "text", "text": scenario.subagent}], 0.0
         if users and "<task-notification>" in users[-1]:
             return [{"type": "text", "text": FOLLOW_UP_TEXT}], 0.0
@@ -197,10 +205,11 @@ class AnthropicMock(MockServer):
                 out.append(("content_block_start", {"type": "content_block_start", "index": index,
                                                     "content_block": {"type": "text", "text": ""}}))
                 pieces = _pieces(block["text"])
+                last_text = index == max(i for i, b in enumerate(blocks) if b["type"] == "text")
                 for number, piece in enumerate(pieces):
                     out.append(("content_block_delta", {"type": "content_block_delta", "index": index,
                                                         "delta": {"type": "text_delta", "text": piece}}))
-                    if scenario.truncate:
+                    if scenario.truncate and last_text:
                         return out  # the connection ends mid-message
                     if pause and number == len(pieces) // 2 - 1:
                         out.append(pause)
