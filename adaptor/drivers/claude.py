@@ -711,8 +711,8 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
                 break
         keep = (
             plan.persistent
-            and parser.provisional is None  # (the CLI has turns of its own to come)
-            and not parser.background
+            # (Background tasks' outcomes come in turns of the CLI's own, even while it idles.)
+            and not parser.tasks_started
             and parser.succeeded
             and child.alive
             and not sink.cancelled.is_set()
@@ -723,9 +723,21 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
             # The turn is over (or the process is): EOF lets the CLI exit; anything it prints
             # on the way out is still parsed (an event after the terminal is malformed).
             child.close_stdin()
-            for line in child.lines(sink):
-                parser.feed(line)
-            exit_ = child.finish()
+            if not parser.end_process:
+                for line in child.lines(sink):
+                    parser.feed(line)
+                    if parser.end_process:
+                        break
+            if parser.end_process:
+                # The answer is in, and the CLI would wait for its background shells (for
+                # ever, a server's): they end with the run, as every process of a run does.
+                child.terminate()
+                for _ in child.lines(NullSink()):
+                    pass
+                child.finish()
+                exit_ = Exit(exit_code=0, signal=None)
+            else:
+                exit_ = child.finish()
     if parser.cost_total is not None:
         live.cost_reported = parser.cost_total
     stdout, stderr = child.take_raw()
@@ -873,10 +885,16 @@ class _Parser:
         # The CLI's latest retried API failure: all a run that its deadline ends while the CLI
         # backs off (a bad key, a rate limit) can say about why it never answered.
         self.last_error = ""
-        # The turn started background subagents (the Agent tool): the CLI then hands their
-        # outcomes to the model in turns of its own after the result, so that result and every
-        # later one are provisional (the latest kept with its line): the run ends at the last.
-        self.background = False
+        # Background tasks the run started (task_started) or heard of, by id, until their
+        # outcome was handed over (task_notification): the Agent tool's subagents (local_agent) and
+        # background shells (local_bash).  The CLI hands each outcome to the model in a turn
+        # of its own after the result, so once one was started a result is provisional (the
+        # latest kept with its line) and the run ends at the CLI's last; but a shell may run
+        # for ever (a server), so a result with only shells still running ends the run, and
+        # the process with them (end_process).
+        self.tasks_started = False
+        self.pending_tasks: dict[str, str] = {}
+        self.end_process = False
         self.provisional: tuple[dict[str, Any], str] | None = None
         self.usages: list[Usage] = []
         # A result's total_cost_usd counts every turn of its process so far: what a kept
@@ -989,10 +1007,12 @@ class _Parser:
                     self._system(event)
             elif kind == "result":
                 self._result(event)
-                if self.background or self.provisional is not None:
-                    # A turn with subagents, or one the CLI took after it: more may follow.
-                    self.provisional, self.background = (event, line_text(data)), False
+                pending = self.pending_tasks.values()
+                if self.tasks_started and (not pending or "local_agent" in pending):
+                    self.provisional = (event, line_text(data))  # turns of the CLI's may follow
                 else:
+                    self.end_process = self.tasks_started  # (only shells still running)
+                    self.provisional = None
                     protocol.set_terminal(event, line_text(data))
             elif kind == "control_request":
                 control: dict[str, Any] = event
@@ -1033,10 +1053,15 @@ class _Parser:
             self._abandon_unconfirmed()
             self._item(kind="system", subtype="api_retry", metadata=meta, text=self.last_error)
         elif subtype in _BACKGROUND_SUBTYPES:
-            # A background shell (local_bash) hands the model nothing after the result; only a
-            # subagent's outcome comes in a turn of the CLI's own.
-            if subtype == "task_started" and event.get("task_type") == "local_agent":
-                self.background = True
+            task_id = as_str(event.get("task_id"))
+            if subtype == "task_started" and task_id:
+                self.tasks_started = True
+                self.pending_tasks[task_id] = as_str(event.get("task_type"))
+            elif subtype == "task_notification":
+                # (Also of a task an earlier process of the session started: a resumed CLI hands
+                # it over in a turn of its own before the prompt's.)
+                self.tasks_started = True
+                self.pending_tasks.pop(task_id, None)
             self._item(kind="system", subtype=subtype)
         elif subtype == "permission_denied":
             self._item(kind="system", subtype="permission_denied",

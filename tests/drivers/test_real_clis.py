@@ -26,7 +26,7 @@ from adaptor.events import Notice, ProcessInfo, SubagentUpdate, TextDelta, ToolC
 from adaptor.memory import Store
 from adaptor.testing import conformance
 from tests.drivers.conftest import group_members, shown
-from tests.drivers.mock_anthropic import FOLLOW_UP_TEXT, AnthropicMock
+from tests.drivers.mock_anthropic import DEFAULT_TEXT, FOLLOW_UP_TEXT, AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
 
 pytestmark = pytest.mark.slow
@@ -621,21 +621,31 @@ def test_claude_subagent_is_its_own_updates_and_its_follow_up_turn_ends_the_run(
         assert result.text.startswith("Tool result was: Async agent launched")
 
 
-def test_claude_background_shell_does_not_hold_a_thread_turn(
-    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+@pytest.mark.parametrize("thread", [False, True])
+def test_claude_background_shell_ends_with_the_turn(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    thread: bool,
 ) -> None:
-    # A background shell's task lines were taken for a subagent's: the turn was not ended at its
-    # result but waited for the CLI to exit, which waits for the shell (here, for ever).
+    # The CLI waits for a background shell before it exits, and hands the shell's outcome to
+    # the model in a turn of its own once it ends: a one-shot run waited for the shell (here for
+    # ever: until its deadline), and a kept process later started that turn of its own while
+    # reading a thread's next turn, whose reader took its answer for the prompt's.
     anthropic.configure(tool=("Bash", {"command": "sleep 300", "description": "bg", "run_in_background": True}))
     auto = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
     agent = adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=auto,
                           thread_store=Store())
     try:
-        thread = agent.thread("shell")
-        first = thread.run("start a background shell", timeout=30)
-        assert first.text.startswith("Tool result was: Command running in background")
-        second = thread.run("and now?", timeout=30)
-        assert (first.metadata["process"], second.metadata["process"]) == ("spawned", "reused")
+        runner = agent.thread("shell") if thread else agent
+        stream = runner.stream("start a background shell", timeout=60)
+        events = list(stream)
+        result = stream.result()
+        assert result.text.startswith("Tool result was: Command running in background")
+        # The shell ended with the turn, as every process of a run does.
+        assert wait_until_gone(spawned_pid(events)) == []
+        if thread:
+            anthropic.configure(tool=None)
+            second = agent.thread("shell").run("and now?", timeout=60)
+            assert second.metadata["process"] == "spawned" and second.text == DEFAULT_TEXT
     finally:
         agent.close()
 
