@@ -895,6 +895,15 @@ class _Parser:
         self.tasks_started = False
         self.pending_tasks: dict[str, str] = {}
         self.end_process = False
+        # A task's outcome came (task_notification) after the model's last request of the
+        # turn (system status "requesting"): the CLI hands it over in a turn of its own next.
+        self.outcome_to_hand_over = False
+        # Whether the current turn called the model, and whether the prompt's turn has ended:
+        # a resumed CLI first hands an earlier process's task outcome over in a turn of its
+        # own, without the model; its result is not the prompt's (whose approvals are still
+        # to be answered, so the input stays open).
+        self.turn_called_model = False
+        self.prompt_turn_ended = False
         self.provisional: tuple[dict[str, Any], str] | None = None
         self.usages: list[Usage] = []
         # A result's total_cost_usd counts every turn of its process so far: what a kept
@@ -904,7 +913,7 @@ class _Parser:
 
     @property
     def terminal_seen(self) -> bool:
-        return self.result is not None
+        return self.prompt_turn_ended
 
     @property
     def succeeded(self) -> bool:
@@ -1003,12 +1012,21 @@ class _Parser:
             elif kind == "user":
                 self._user(event)
             elif kind == "system":
-                if event.get("subtype") != "status":  # a progress ping, one per turn
+                if event.get("subtype") != "status":
                     self._system(event)
+                elif event.get("status") == "requesting":  # the model is called
+                    self.turn_called_model = True
+                    self.outcome_to_hand_over = False  # (the request carries what came)
             elif kind == "result":
                 self._result(event)
+                handed_over = self.outcome_to_hand_over and not self.turn_called_model
+                self.prompt_turn_ended = self.prompt_turn_ended or not (
+                    handed_over and event.get("subtype") == "success")
                 pending = self.pending_tasks.values()
-                if self.tasks_started and (not pending or "local_agent" in pending):
+                if self.tasks_started and (
+                    not pending or "local_agent" in pending or self.outcome_to_hand_over
+                    or not self.prompt_turn_ended
+                ):
                     self.provisional = (event, line_text(data))  # turns of the CLI's may follow
                 else:
                     self.end_process = self.tasks_started  # (only shells still running)
@@ -1024,6 +1042,7 @@ class _Parser:
     def _system(self, event: dict[str, Any]) -> None:
         subtype = as_str(event.get("subtype"))  # not "status": feed_lines skips those
         if subtype == "init":
+            self.turn_called_model = False
             if self.provisional is not None:
                 self.final = []  # a follow-up turn (see background): its answer is the run's
             self.model = as_str(event.get("model")) or self.model
@@ -1061,6 +1080,7 @@ class _Parser:
                 # (Also of a task an earlier process of the session started: a resumed CLI hands
                 # it over in a turn of its own before the prompt's.)
                 self.tasks_started = True
+                self.outcome_to_hand_over = True
                 self.pending_tasks.pop(task_id, None)
             self._item(kind="system", subtype=subtype)
         elif subtype == "permission_denied":

@@ -650,6 +650,32 @@ def test_claude_background_shell_ends_with_the_turn(
         agent.close()
 
 
+def test_claude_turn_after_a_background_shell_still_asks_for_approvals(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The next turn's resumed CLI first hands the stopped shell's outcome over in a turn of its
+    # own, without the model: its result was taken for the prompt's, the input closed, and the
+    # prompt's own tool calls refused ("Stream closed") without asking, the run a success.
+    anthropic.configure(tool=("Bash", {"command": "sleep 300", "description": "bg", "run_in_background": True}))
+    asked: list[str] = []
+
+    def approve(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request.title)
+        request.approve()
+
+    ask = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
+    target = os.path.join(workspace, "made.txt")
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=ask,
+                       on_approval=approve, thread_store=Store()) as agent:
+        thread = agent.thread("shell")
+        thread.run("start a background shell", timeout=60)
+        anthropic.configure(tool=("Bash", {"command": f"echo made > {target}", "description": "make it"}))
+        second = thread.run("now make the file", timeout=60)
+    assert "make it" in asked and os.path.exists(target), (asked, second.text)
+    assert second.text.startswith("Tool result was: ")
+    assert "permission_denials" not in second.metadata
+
+
 def test_claude_text_of_a_message_cut_after_a_finished_block_is_said_abandoned(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
