@@ -609,6 +609,9 @@ def test_claude_subagent_is_its_own_updates_and_its_follow_up_turn_ends_the_run(
     assert len(calls) == subagents and said == sorted((call, "Subagent says hi.") for call in calls)
     shown = "".join(e.text for e in events if isinstance(e, TextDelta) and e.phase == "content")
     assert "Subagent says hi." not in shown + result.text
+    # Nor is what the subagent was told said by the run's user.
+    told = [i.text for i in result.transcript() if i.kind == "user"]
+    assert not any("SUBAGENT-TASK" in text for text in told), told
     bodies = anthropic.messages()
     followed_up = any("<task-notification>" in json.dumps((b.get("messages") or [None])[-1]) for b in bodies)
     if followed_up:
