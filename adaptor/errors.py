@@ -369,7 +369,6 @@ class ActiveExecutionTimeoutError(RunError):
         )
 
 
-# Driver failure codes that map onto a reason with its own class.
 # The driver failure codes errors.md maps, and the class each becomes.  No other code ever
 # becomes a subclass: a driver's "deadline_exceeded" would be a RunDeadlineExceededError (a
 # TimeoutError) with none of the details the SDK's own deadline gives.

@@ -159,6 +159,13 @@ def check_owned_flags(extra_args: tuple[str, ...], owned: frozenset[str],
             raise ValueError(f"extra_args: {flag} {why}")
 
 
+# The permission modes of Claude-Code-compatible CLIs (claude, codebuddy) in which the CLI asks
+# before a tool runs that needs permission ("manual" is claude's alias of "default"); the others
+# decide alone (acceptEdits, auto, bypassPermissions allow; dontAsk denies without asking), so
+# an explicit ask or auto_reject policy must not run under them.
+ASKING_PERMISSION_MODES: Final = frozenset({"default", "manual", "plan"})
+
+
 def overridden_by_extra_args(cli: str, what: str, found: Sequence[str]) -> Response:
     """The refusal of a run whose explicit setting ``what`` the ``found`` extra_args would
     override: the CLI would obey them, and the run report a success it did not have."""

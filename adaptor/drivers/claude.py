@@ -344,7 +344,7 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
     approvals = None if request.policy is None else request.policy.approvals
     guarded = approvals is not None and approvals.permission in ("ask", "auto_reject")
     permission_mode = config.permission_mode
-    if guarded and (permission_mode or _settings_default_mode(config, request)) not in _ASKING_MODES:
+    if guarded and (permission_mode or _settings_default_mode(config, request)) not in _cli.ASKING_PERMISSION_MODES:
         # The run's explicit policy wins over a configured mode that would decide without
         # asking, and over such a defaultMode in the user's settings (or one that cannot be
         # read: said on the command line, whatever the settings say).
@@ -422,11 +422,6 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         skills=tuple(request.skills),
     )
 
-
-# Permission modes in which the CLI asks (through --permission-prompt-tool) before a tool runs
-# that needs permission ("manual" is the CLI's alias of "default"); the others decide alone
-# (acceptEdits, auto, bypassPermissions allow; dontAsk denies without asking).
-_ASKING_MODES: Final = frozenset({"default", "manual", "plan"})
 
 # extra_args that pre-approve tools (a settings object or file may hold permissions.allow, or
 # hooks that allow; --setting-sources would bring the workspace's settings files back): the CLI
@@ -873,7 +868,7 @@ class _Parser:
         self.open_blocks: dict[int, tuple[str, str]] = {}  # index -> (kind, lifecycle id)
         self.streamed: set[str] = set()
         # Streamed messages no assistant line has confirmed yet -> their text and thinking
-        # lifecycle ids: a message the CLI's API call was retried after never is.
+        # lifecycle ids: a block cut off before the CLI retried or resumed its call never is.
         self.unconfirmed: dict[str, list[str]] = {}
         self.message = ""
         self.assistant_lines = 0

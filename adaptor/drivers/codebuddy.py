@@ -106,9 +106,6 @@ EFFORTS: Final = ("minimal", "low", "medium", "high", "xhigh", "max")
 PERMISSION_MODES: Final = (
     "default", "acceptEdits", "plan", "auto", "dontAsk", "bypassPermissions"
 )
-# The modes in which the CLI asks before a tool runs that needs permission; the others decide
-# alone (acceptEdits, auto, bypassPermissions allow; dontAsk denies without asking).
-_ASKING_MODES: Final = frozenset({"default", "plan"})
 
 _INITIALIZE_ID: Final = "agent-adaptor-initialize"
 _INITIALIZE: Final = orjson.dumps({
@@ -279,7 +276,7 @@ def _plan(config: Config, request: Request) -> _Plan:
     auto_approve = approvals is not None and approvals.permission == "auto_approve"
     guarded = approvals is not None and approvals.permission in ("ask", "auto_reject")
     permission_mode = config.permission_mode or ("bypassPermissions" if auto_approve else "default")
-    if guarded and permission_mode not in _ASKING_MODES:
+    if guarded and permission_mode not in _cli.ASKING_PERMISSION_MODES:
         # The run's explicit policy wins over a configured mode that would decide without
         # asking, and over a default mode in the user's settings (said on the command line).
         permission_mode = "default"
