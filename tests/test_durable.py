@@ -6,6 +6,7 @@ import errno
 import gc
 import os
 import pickle
+import platform
 import select
 import signal
 import stat
@@ -186,6 +187,26 @@ def test_frame_is_the_sorted_serialization_with_the_crc_in_its_place(body: dict[
         {**body, "crc": zlib.crc32(plain)}, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
     )
     assert frame(body) == expected
+
+
+@HYPOTHESIS
+@given(st.binary(max_size=3000), st.integers(0, 2**32 - 1), st.integers(0, 40))
+def test_the_logs_crc_is_zlibs_from_any_start_and_offset(data: bytes, start: int, cut: int) -> None:
+    # Logs written with zlib's crc32 (or by another tool) must read back, and the readers
+    # carry a crc on from a value and over memoryview slices.
+    assert _durable.crc32(data, start) == zlib.crc32(data, start)
+    assert _durable.crc32(memoryview(data)[cut:]) == zlib.crc32(data[cut:])
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"),
+    reason="pyproject.toml asks for isal only where it has wheels",
+)
+def test_the_logs_crc_is_isal_where_pyproject_installs_it() -> None:
+    # Every log reader checks every line's crc: zlib's takes ~4x as long (docs/storage.md).
+    from isal import isal_zlib
+
+    assert _durable.crc32 is isal_zlib.crc32
 
 
 def test_the_crc_is_checked_on_the_text_wherever_frame_put_it() -> None:

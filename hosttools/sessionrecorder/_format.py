@@ -15,7 +15,6 @@ import io
 import os
 import stat
 import typing
-import zlib
 from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
 from itertools import repeat
@@ -27,7 +26,7 @@ from orjson import loads as _loads
 
 from adaptor import _durable
 from adaptor import events as _events
-from adaptor._durable import CorruptLogError, RepairReport, exclusive, unframe
+from adaptor._durable import CorruptLogError, RepairReport, crc32, exclusive, unframe
 from adaptor.events import from_json, parse_time, to_json
 
 from ._model import (
@@ -215,8 +214,8 @@ def decode(raw: bytes, expected: int) -> EventRecord:
 # tests/test_sessionrecorder.py checks both agree on random logs and their corruptions.
 
 
-_crc32 = zlib.crc32
-_CRC_OF_BRACE = zlib.crc32(b"{")
+_crc32 = crc32
+_CRC_OF_BRACE = crc32(b"{")
 _MAX_SHAPES = 4096  # kinds are a small set; a hostile log full of made-up ones must not grow this
 
 
@@ -317,7 +316,7 @@ def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
 # kind without a recipe or with extra checks) makes it return None before anything is built,
 # and the caller goes line by line, where decode() has the last word.
 
-_crc_of = zlib.crc32
+_crc_of = crc32
 _NL = repeat(b"\n")
 
 
