@@ -702,7 +702,9 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
                 break
             if control is not None:
                 _answer(child, control, parser, sink)
-            if parser.terminal_seen:
+            # A subagent still running after the prompt's result may need approvals: the
+            # input stays open for them until it ends.
+            if parser.terminal_seen and not parser.may_still_ask:
                 break
         keep = (
             plan.persistent
@@ -899,6 +901,8 @@ class _Parser:
         # to be answered, so the input stays open).
         self.turn_called_model = False
         self.prompt_turn_ended = False
+        # A turn has begun (init, or the model called) and its result has not come yet.
+        self.turn_open = False
         self.provisional: tuple[dict[str, Any], str] | None = None
         self.usages: list[Usage] = []
         # A result's total_cost_usd counts every turn of its process so far: what a kept
@@ -909,6 +913,14 @@ class _Parser:
     @property
     def terminal_seen(self) -> bool:
         return self.prompt_turn_ended
+
+    @property
+    def may_still_ask(self) -> bool:
+        """Whether the CLI may still ask for an approval that its input must carry back: a
+        subagent runs (the CLI tells when it ends), or a turn is under way (its result will
+        come).  A shell asks nothing once started, and an outcome still to be handed over is
+        no sure sign of a turn to come: the input is closed then, as the CLI needs to exit."""
+        return self.turn_open or "local_agent" in self.pending_tasks.values()
 
     @property
     def succeeded(self) -> bool:
@@ -1011,8 +1023,10 @@ class _Parser:
                     self._system(event)
                 elif event.get("status") == "requesting":  # the model is called
                     self.turn_called_model = True
+                    self.turn_open = True
                     self.outcome_to_hand_over = False  # (the request carries what came)
             elif kind == "result":
+                self.turn_open = False
                 self._result(event)
                 handed_over = self.outcome_to_hand_over and not self.turn_called_model
                 self.prompt_turn_ended = self.prompt_turn_ended or not (
@@ -1038,6 +1052,7 @@ class _Parser:
         subtype = as_str(event.get("subtype"))  # not "status": feed_lines skips those
         if subtype == "init":
             self.turn_called_model = False
+            self.turn_open = True
             if self.provisional is not None:
                 self.final = []  # a follow-up turn (see background): its answer is the run's
             self.model = as_str(event.get("model")) or self.model

@@ -27,7 +27,10 @@ block has ended, and the CLI resumes instead: its request saying so is answered 
 whose first user turn holds the ``prompt`` of ``tool`` or ``then`` is a subagent's); the model's answer to
 the tool's result pauses ``subagent_pause`` seconds halfway, so the subagent ends meanwhile,
 and a request whose last user turn is Claude Code's ``<task-notification>`` (the subagent's
-outcome, handed to the model in a turn of the CLI's own) gets :data:`FOLLOW_UP_TEXT`.
+outcome, handed to the model in a turn of the CLI's own) gets :data:`FOLLOW_UP_TEXT`.  With
+``subagent_tool`` the subagent first calls that tool, its reply pausing ``subagent_wait``
+seconds before its first block (so the call comes after the main turn's result), then says
+``subagent``.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class Scenario:
     more_text: str | None = None
     subagent: str | None = None
     subagent_pause: float = 1.5
+    subagent_tool: tuple[str, dict[str, Any]] | None = None
+    subagent_wait: float = 0.0
     usage: dict[str, int] = field(
         default_factory=lambda: {"input_tokens": 12, "output_tokens": 7, "cache_read_input_tokens": 3}
     )
@@ -106,9 +111,9 @@ class AnthropicMock(MockServer):
             reply.json(scenario.status, {"type": "error", "error": error})
             return
         body = request["body"] or {}
-        pause = 0.0
+        pause = wait = 0.0
         if scenario.subagent is not None and scenario.tool is not None:
-            blocks, pause = self._subagent_flow(scenario, body)
+            blocks, pause, wait = self._subagent_flow(scenario, body)
         else:
             blocks = self._answer(scenario, body)
         message_id = f"msg_mock_{next(self._ids)}"
@@ -117,7 +122,7 @@ class AnthropicMock(MockServer):
         if body.get("stream"):
             if scenario.truncate and "cut off mid-stream" in json.dumps((body.get("messages") or [None])[-1]):
                 scenario = replace(scenario, truncate=False)  # the CLI's resumption: answered whole
-            reply.sse(self._events(scenario, message_id, model, blocks, stop_reason, pause))
+            reply.sse(self._events(scenario, message_id, model, blocks, stop_reason, pause, wait))
         else:
             reply.json(
                 200,
@@ -149,17 +154,22 @@ class AnthropicMock(MockServer):
             return [{"type": "text", "text": scenario.text}, {"type": "text", "text": scenario.more_text}]
         return [{"type": "text", "text": scenario.text}]
 
-    def _subagent_flow(self, scenario: Scenario, body: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
-        """The reply (and its pause) in the ``subagent`` scenario."""
+    def _subagent_flow(
+        self, scenario: Scenario, body: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], float, float]:
+        """The reply in the ``subagent`` scenario, its pause halfway through its text and its
+        pause before its first block."""
         assert scenario.tool is not None and scenario.subagent is not None
         messages = body.get("messages") or []
         users = [_user_text(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
         prompts = [str(t[1].get("prompt")) for t in (scenario.tool, scenario.then) if t is not None]
         if users and any(prompt in users[0] for prompt in prompts):
-            return [{"type": "text", "text": scenario.subagent}], 0.0
+            if scenario.subagent_tool is not None and _last_tool_result(messages) is None:
+                return [self._tool_use(*scenario.subagent_tool)], 0.0, scenario.subagent_wait
+            return [{"type": "text", "text": scenario.subagent}], 0.0, 0.0
         if users and "<task-notification>" in users[-1]:
-            return [{"type": "text", "text": FOLLOW_UP_TEXT}], 0.0
-        return self._answer(scenario, body), scenario.subagent_pause
+            return [{"type": "text", "text": FOLLOW_UP_TEXT}], 0.0, 0.0
+        return self._answer(scenario, body), scenario.subagent_pause, 0.0
 
     def _tool_use(self, name: str, tool_input: Any) -> dict[str, Any]:
         return {"type": "tool_use", "id": f"toolu_mock_{next(self._ids)}", "name": name, "input": tool_input}
@@ -172,6 +182,7 @@ class AnthropicMock(MockServer):
         blocks: list[dict[str, Any]],
         stop_reason: str,
         pause: float = 0.0,
+        wait: float = 0.0,
     ) -> list[tuple[str, Any] | float]:
         usage = scenario.usage
         out: list[tuple[str, Any] | float] = [
@@ -198,8 +209,8 @@ class AnthropicMock(MockServer):
             ),
             ("ping", {"type": "ping"}),
         ]
-        if scenario.delay:
-            out.append(scenario.delay)
+        if scenario.delay or wait:
+            out.append(scenario.delay + wait)
         for index, block in enumerate(blocks):
             if block["type"] == "text":
                 out.append(("content_block_start", {"type": "content_block_start", "index": index,

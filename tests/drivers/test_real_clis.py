@@ -624,6 +624,36 @@ def test_claude_subagent_is_its_own_updates_and_its_follow_up_turn_ends_the_run(
         assert result.text.startswith("Tool result was: Async agent launched")
 
 
+def test_claude_subagent_running_after_the_result_still_asks_for_approvals(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The subagent calls its tool after the main turn's result: the driver had closed the CLI's
+    # input at that result, so the CLI refused the call ("Stream closed") without asking.
+    target = os.path.join(workspace, "by-subagent.txt")
+    anthropic.configure(
+        tool=("Agent", {"description": "make a file", "prompt": "SUBAGENT-TASK: make it",
+                        "subagent_type": "general-purpose"}),
+        subagent="Subagent made it.", subagent_pause=0.0, subagent_wait=3.0,
+        subagent_tool=("Bash", {"command": f"echo made > {target}", "description": "subagent makes it"}),
+    )
+    asked: list[str] = []
+
+    def approve(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request.title)
+        request.approve()
+
+    ask = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=ask,
+                       on_approval=approve) as agent:
+        stream = agent.stream("delegate making a file", timeout=120)
+        events = list(stream)
+        result = stream.result()
+    assert any("subagent makes it" in title for title in asked), asked
+    assert os.path.exists(target)
+    said = [u.delta for u in events if isinstance(u, SubagentUpdate) and u.kind == "delta"]
+    assert said == ["Subagent made it."] and result.text == FOLLOW_UP_TEXT, (said, result.text)
+
+
 @pytest.mark.parametrize("thread", [False, True])
 def test_claude_background_shell_ends_with_the_turn(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
