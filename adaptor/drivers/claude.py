@@ -872,6 +872,7 @@ class _Parser:
         # Streamed messages no assistant line has confirmed yet -> their text and thinking
         # lifecycle ids: a block cut off before the CLI retried or resumed its call never is.
         self.unconfirmed: dict[str, list[str]] = {}
+        self.unconfirmed_tools: dict[str, list[str]] = {}  # ... and their tool calls' ids
         self.message = ""
         self.assistant_lines = 0
         self.denials: list[Any] = []
@@ -1114,6 +1115,7 @@ class _Parser:
             # model is given the finished blocks only, so the cut one's text is abandoned.
             self._abandon_unconfirmed()
             self.unconfirmed[self.message] = []
+            self.unconfirmed_tools.pop(self.message, None)
             self.open_blocks.clear()
         elif not isinstance(index, int):
             return
@@ -1136,6 +1138,7 @@ class _Parser:
                     self.tool_names[ident] = name
                     self.open_tools.add(ident)
                     self.open_blocks[index] = ("tool", ident)
+                    self.unconfirmed_tools.setdefault(self.message, []).append(ident)
                     self.emit(_tool_start(ident, name, None))
 
     def _delta(self, kind: str, ident: str, phase: str, text: str = "") -> None:
@@ -1178,6 +1181,7 @@ class _Parser:
             self._abandon_unconfirmed()
         else:
             self.unconfirmed.pop(message_id, None)
+            self.unconfirmed_tools.pop(message_id, None)
         item = self.protocol.item
         for position, block in enumerate(content):
             if not isinstance(block, dict):
@@ -1218,15 +1222,23 @@ class _Parser:
 
     def _abandon_unconfirmed(self) -> None:
         """Tell consumers that the text streamed for blocks no assistant line confirmed is not
-        the answer (the stream was cut, and the CLI retried or resumed the API call)."""
+        the answer (the stream was cut, and the CLI retried or resumed the API call), and end
+        the tool calls such blocks had started (the model's next message makes its own)."""
         abandoned = [ident for idents in self.unconfirmed.values() for ident in idents]
         self.unconfirmed.clear()
-        if abandoned:
+        tools = [ident for idents in self.unconfirmed_tools.values() for ident in idents
+                 if ident in self.open_tools]
+        self.unconfirmed_tools.clear()
+        if abandoned or tools:
             self.emit(Notice(
                 kind="lifecycle",
                 text="text streamed before the CLI retried or resumed its API call is not part of the answer",
-                data={"warning": "streamed_text_abandoned", "message_ids": abandoned},
+                data={"warning": "streamed_text_abandoned", "message_ids": abandoned,
+                      "tool_call_ids": tools},
             ))
+        for ident in tools:
+            self.open_tools.discard(ident)
+            self.emit(_ToolCall(id=ident, name=self.tool_names.get(ident, ""), phase="end"))
 
     def _whole_block(self, kind: str, base: str, text: str) -> None:
         """A block that was not streamed: its whole lifecycle at once."""

@@ -21,7 +21,8 @@ The reply depends only on the request and :attr:`AnthropicMock.scenario`:
 ``delay`` pauses after ``message_start`` (cancellation tests); ``truncate`` cuts the stream
 after the first text delta of the answer's last text block (the CLI then retries and falls
 back to ``stream: false``; with ``more_text``, a second text block after ``text``, the first
-block has ended, and the CLI resumes instead: its request saying so is answered whole).
+block has ended, and the CLI resumes instead: its request saying so is answered whole);
+``truncate_tool`` cuts it after the first piece of a tool call's input.
 
 ``subagent`` is what a subagent the model starts with the ``Agent`` tool answers (a request
 whose first user turn holds the ``prompt`` of ``tool`` or ``then`` is a subagent's); the model's answer to
@@ -67,6 +68,7 @@ class Scenario:
     quote_key: bool = False
     delay: float = 0.0
     truncate: bool = False
+    truncate_tool: bool = False
     more_text: str | None = None
     subagent: str | None = None
     subagent_pause: float = 1.5
@@ -233,6 +235,8 @@ class AnthropicMock(MockServer):
                     out.append(("content_block_delta", {"type": "content_block_delta", "index": index,
                                                         "delta": {"type": "input_json_delta",
                                                                   "partial_json": piece}}))
+                    if scenario.truncate_tool:
+                        return out  # the connection ends mid-call
             out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
         out.append(("message_delta", {"type": "message_delta",
                                        "delta": {"stop_reason": stop_reason, "stop_sequence": None},

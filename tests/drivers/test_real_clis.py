@@ -22,7 +22,7 @@ import pytest
 
 import adaptor
 from adaptor.drivers import claude, codex
-from adaptor.events import Notice, ProcessInfo, SubagentUpdate, TextDelta, ToolCall
+from adaptor.events import Notice, ProcessInfo, SubagentUpdate, TextDelta, ToolCall, ToolResult
 from adaptor.memory import Store
 from adaptor.testing import conformance
 from tests.drivers.conftest import group_members, shown
@@ -582,6 +582,31 @@ def test_claude_text_streamed_before_a_retried_api_call_is_said_abandoned(
     assert len(abandoned) == 2 and all(text == "Hello " for ident, text in streamed if ident in abandoned)
     kept = "".join(text for ident, text in streamed if ident not in abandoned)
     assert kept == result.text == "Hello from the mock Anthropic server."
+
+
+def test_claude_tool_call_cut_before_a_retried_api_call_ends_at_once(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The stream is cut inside the tool call's input: the CLI retries, then falls back to a
+    # request that does not stream, whose call runs.  The cut calls' starts stayed open until
+    # the run ended, as if the tool were still being called.
+    anthropic.configure(tool=("Bash", {"command": "echo hi", "description": "say hi"}), truncate_tool=True)
+    config = claude_config()
+    config = dataclasses.replace(config, env={**config.env, "CLAUDE_CODE_MAX_RETRIES": "1"})
+    auto = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
+    with adaptor.Agent(claude.Driver(config), workspace=workspace, policy=auto) as agent:
+        stream = agent.stream("say hi with a tool", timeout=90)
+        events = list(stream)
+        result = stream.result()
+    cut = [i for e in events if isinstance(e, Notice) and e.data.get("warning") == "streamed_text_abandoned"
+           for i in e.data["tool_call_ids"]]
+    starts = {e.id: n for n, e in enumerate(events) if isinstance(e, ToolCall) and e.phase == "start"}
+    ends = {e.id: n for n, e in enumerate(events) if isinstance(e, ToolCall) and e.phase == "end"}
+    ran = [e.id for e in events if isinstance(e, ToolResult)]
+    assert len(cut) == 2 and not set(cut) & set(ran) and len(ran) == 1, (cut, ran)
+    # Each cut call ends right after the notice that names it, long before the run's end.
+    assert all(starts[i] < ends[i] < starts[ran[0]] for i in cut), (starts, ends)
+    assert set(starts) == set(cut) | set(ran) and result.text.startswith("Tool result was: ")
 
 
 @pytest.mark.parametrize("subagents", [1, 2])
