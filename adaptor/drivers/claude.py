@@ -921,7 +921,12 @@ class _Parser:
         subagent runs (the CLI tells when it ends), or a turn is under way (its result will
         come).  A shell asks nothing once started, and an outcome still to be handed over is
         no sure sign of a turn to come: the input is closed then, as the CLI needs to exit."""
-        return self.turn_open or "local_agent" in self.pending_tasks.values()
+        return self.turn_open or self._agents_pending()
+
+    def _agents_pending(self) -> bool:
+        """Whether a background task other than a shell runs: a subagent, or a workflow of
+        them (``local_workflow``), which end on their own and report back."""
+        return any(task_type != _SHELL_TASK for task_type in self.pending_tasks.values())
 
     @property
     def succeeded(self) -> bool:
@@ -1032,9 +1037,8 @@ class _Parser:
                 handed_over = self.outcome_to_hand_over and not self.turn_called_model
                 self.prompt_turn_ended = self.prompt_turn_ended or not (
                     handed_over and event.get("subtype") == "success")
-                pending = self.pending_tasks.values()
                 if self.tasks_started and (
-                    not pending or "local_agent" in pending or self.outcome_to_hand_over
+                    not self.pending_tasks or self._agents_pending() or self.outcome_to_hand_over
                     or not self.prompt_turn_ended
                 ):
                     self.provisional = (event, line_text(data))  # turns of the CLI's may follow
@@ -1246,14 +1250,15 @@ class _Parser:
         for phase, piece in (("start", ""), ("content", text), ("end", "")):
             self._delta(kind, ident, phase, piece)
 
-    def _subagent_said(self, parent: str, content: list[Any]) -> None:
+    def _subagent_said(self, parent: str, content: list[Any], *, by_user: bool = False) -> None:
         """A subagent's message (its line names the Agent tool call that started it): its own
-        updates, not the agent's answer, events or tool calls."""
+        updates, not the agent's answer, events or tool calls.  A ``user`` line's text is what
+        the subagent was told (its prompt, "[Request interrupted by user]"), not what it said."""
         for block in content:
             if not isinstance(block, dict):
                 continue
             btype = block.get("type")
-            if btype == "text":
+            if btype == "text" and not by_user:
                 text = block.get("text")
                 if text and isinstance(text, str):
                     self.emit(SubagentUpdate(agent=parent, kind="delta", delta=text))
@@ -1271,7 +1276,7 @@ class _Parser:
             return
         parent = event.get("parent_tool_use_id")
         if parent and isinstance(parent, str):
-            self._subagent_said(parent, content)
+            self._subagent_said(parent, content, by_user=True)
             return
         item = self.protocol.item
         for block in content:
@@ -1305,8 +1310,11 @@ class _Parser:
             self.usages.append(usage)
             if usage.cost_usd is not None:
                 self.cost_total = usage.cost_usd
+        # Each result lists its own turn's denials; the run's are every turn's.
         denials = event.get("permission_denials")
-        self.denials = list(denials) if isinstance(denials, list) else []
+        denials = list(denials) if isinstance(denials, list) else []
+        if self.protocol.terminal is None:
+            self.denials.extend(denials)
         errors = as_list(event.get("errors"))
         if self.plan.resume_id and event.get("subtype") != "success":
             for message in (*errors, event.get("result")):
@@ -1317,8 +1325,8 @@ class _Parser:
                                   "total_cost_usd", "api_error_status")
             if event.get(k) is not None
         }
-        if self.denials:
-            meta["permission_denials"] = _nesting.copy(self.denials)
+        if denials:
+            meta["permission_denials"] = _nesting.copy(denials)
         if errors:
             meta["errors"] = [str(e) for e in errors]
         text = event.get("result")
@@ -1454,6 +1462,7 @@ class _Parser:
 
 # System events of background tasks (the Agent tool's subagents, which Claude Code 2.1.332 runs
 # in the background): their outcomes come to the model in turns of the CLI's own.
+_SHELL_TASK: Final = "local_bash"  # (a background shell may run for ever: a server)
 _BACKGROUND_SUBTYPES: Final = frozenset(
     {"task_started", "task_updated", "task_notification", "background_tasks_changed"}
 )

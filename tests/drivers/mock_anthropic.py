@@ -31,7 +31,8 @@ and a request whose last user turn is Claude Code's ``<task-notification>`` (the
 outcome, handed to the model in a turn of the CLI's own) gets :data:`FOLLOW_UP_TEXT`.  With
 ``subagent_tool`` the subagent first calls that tool, its reply pausing ``subagent_wait``
 seconds before its first block (so the call comes after the main turn's result), then says
-``subagent``.
+``subagent``.  ``subagent_prompt`` marks a subagent's request when no ``prompt`` in the tool's
+input does (a ``Workflow`` script's agents).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Scenario:
     subagent: str | None = None
     subagent_pause: float = 1.5
     subagent_tool: tuple[str, dict[str, Any]] | None = None
+    subagent_prompt: str | None = None
     subagent_wait: float = 0.0
     usage: dict[str, int] = field(
         default_factory=lambda: {"input_tokens": 12, "output_tokens": 7, "cache_read_input_tokens": 3}
@@ -165,6 +167,7 @@ class AnthropicMock(MockServer):
         messages = body.get("messages") or []
         users = [_user_text(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
         prompts = [str(t[1].get("prompt")) for t in (scenario.tool, scenario.then) if t is not None]
+        prompts += [scenario.subagent_prompt] if scenario.subagent_prompt else []
         if users and any(prompt in users[0] for prompt in prompts):
             if scenario.subagent_tool is not None and _last_tool_result(messages) is None:
                 return [self._tool_use(*scenario.subagent_tool)], 0.0, scenario.subagent_wait

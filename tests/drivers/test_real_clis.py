@@ -679,6 +679,87 @@ def test_claude_subagent_running_after_the_result_still_asks_for_approvals(
     assert said == ["Subagent made it."] and result.text == FOLLOW_UP_TEXT, (said, result.text)
 
 
+def _approve_all(asked: list[str]) -> Callable[[adaptor.ApprovalRequest], None]:
+    def approve(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request.title)
+        request.approve()
+
+    return approve
+
+
+def test_claude_workflow_running_at_the_result_is_waited_for_not_stopped(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # A Workflow (task_type local_workflow) runs subagents in the background, as the Agent
+    # tool does: taken for a background shell, it was stopped with the CLI at the prompt's
+    # result, its agent never ran, and the run said it succeeded.
+    target = os.path.join(workspace, "by-workflow.txt")
+    script = ("export const meta = { name: 'w', description: 'a workflow', phases: [{ title: 'One' }] }\n"
+              "const r = await agent('WORKFLOW-TASK: make it', {label: 'one', phase: 'One'})\n"
+              "return { r }\n")
+    anthropic.configure(
+        tool=("Workflow", {"script": script}), subagent="Workflow agent made it.",
+        subagent_prompt="WORKFLOW-TASK", subagent_pause=0.0, subagent_wait=1.0,
+        subagent_tool=("Bash", {"command": f"echo made > {target}", "description": "workflow makes it"}),
+    )
+    asked: list[str] = []
+    ask = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=ask,
+                       on_approval=_approve_all(asked)) as agent:
+        result = agent.run("run a workflow", timeout=120)
+    assert any("workflow makes it" in title for title in asked), asked
+    assert os.path.exists(target)
+    assert result.text == FOLLOW_UP_TEXT, result.text
+
+
+def test_claude_run_keeps_the_denials_of_every_turn(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The prompt's own call is denied (the run goes on), then a subagent's outcome comes in a
+    # follow-up turn of the CLI's own: the run's metadata kept only that last turn's denials.
+    anthropic.configure(
+        tool=("Bash", {"command": "echo no > nothing.txt", "description": "main makes it"}),
+        then=("Agent", {"description": "greet", "prompt": "SUBAGENT-TASK: say hi",
+                        "subagent_type": "general-purpose"}),
+        subagent="Subagent says hi.",
+    )
+
+    def deny_main(request: adaptor.ApprovalRequest) -> None:
+        if "main makes it" in request.title:
+            request.deny("not now")
+        else:
+            request.approve()
+
+    ask = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask", on_reject="continue"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=ask,
+                       on_approval=deny_main) as agent:
+        result = agent.run("deny, then delegate", timeout=120)
+    assert result.text == FOLLOW_UP_TEXT, result.text
+    denied = json.loads(result.metadata["permission_denials"])
+    assert [d["tool_name"] for d in denied] == ["Bash"], denied
+
+
+def test_claude_foreground_subagent_says_only_its_own_words(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # A subagent run in the foreground that calls a tool gets its prompt on a user line of its
+    # own: that text came out as a SubagentUpdate delta, as if the subagent had written it.
+    anthropic.configure(
+        tool=("Agent", {"description": "greet", "prompt": "SUBAGENT-TASK: say hi",
+                        "subagent_type": "general-purpose", "run_in_background": False}),
+        subagent="Subagent says hi.",
+        subagent_tool=("Bash", {"command": "echo hi", "description": "subagent says hi"}),
+    )
+    auto = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=auto) as agent:
+        stream = agent.stream("delegate in the foreground", timeout=120)
+        events = list(stream)
+        stream.result()
+    updates = [(u.kind, u.delta) for u in events if isinstance(u, SubagentUpdate)]
+    assert ("tool_use", "") in updates and ("tool_result", "") in updates, updates
+    assert not any("SUBAGENT-TASK" in delta for _, delta in updates), updates
+
+
 @pytest.mark.parametrize("thread", [False, True])
 def test_claude_background_shell_ends_with_the_turn(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
