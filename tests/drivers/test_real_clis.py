@@ -679,6 +679,20 @@ def test_claude_subagent_running_after_the_result_still_asks_for_approvals(
     assert said == ["Subagent made it."] and result.text == FOLLOW_UP_TEXT, (said, result.text)
 
 
+def test_claude_text_after_the_clis_structured_output_retry_is_the_last_answer(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # The model answers in text instead of calling StructuredOutput; the CLI asks it once more
+    # (a user turn of its own) and it answers in text again: result.text joined both answers.
+    anthropic.configure(text="I think it is fine.")
+    schema = {"type": "object", "properties": {"verdict": {"type": "string"}}, "required": ["verdict"]}
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        result = agent.run("Review", schema=schema, timeout=90,
+                           schema_options=adaptor.SchemaOptions(return_invalid=True))
+    asked_again = [b for b in anthropic.messages() if "[structured-output-enforce]" in json.dumps(b)]
+    assert asked_again and result.text == "I think it is fine.", result.text
+
+
 def _approve_all(asked: list[str]) -> Callable[[adaptor.ApprovalRequest], None]:
     def approve(request: adaptor.ApprovalRequest) -> None:
         asked.append(request.title)
