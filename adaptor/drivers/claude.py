@@ -1462,12 +1462,12 @@ class _Parser:
         )
 
 
-# System events of background tasks (the Agent tool's subagents, which Claude Code 2.1.332 runs
-# in the background): their outcomes come to the model in turns of the CLI's own.
 # How the CLI's own user turn starts when it asks a model that answered in text (a schema's
 # run) once more to call StructuredOutput.
 _ENFORCE_STRUCTURED_OUTPUT: Final = "[structured-output-enforce]"
 _SHELL_TASK: Final = "local_bash"  # (a background shell may run for ever: a server)
+# System events of background tasks (the Agent tool's subagents, which Claude Code 2.1.332 runs
+# in the background): their outcomes come to the model in turns of the CLI's own.
 _BACKGROUND_SUBTYPES: Final = frozenset(
     {"task_started", "task_updated", "task_notification", "background_tasks_changed"}
 )
