@@ -884,12 +884,13 @@ class _Parser:
         # backs off (a bad key, a rate limit) can say about why it never answered.
         self.last_error = ""
         # Background tasks the run started (task_started) or heard of, by id, until their
-        # outcome was handed over (task_notification): the Agent tool's subagents (local_agent) and
-        # background shells (local_bash).  The CLI hands each outcome to the model in a turn
-        # of its own after the result, so once one was started a result is provisional (the
-        # latest kept with its line) and the run ends at the CLI's last; but a shell may run
-        # for ever (a server), so a result with only shells still running ends the run, and
-        # the process with them (end_process).
+        # outcome was handed over (task_notification): the Agent tool's subagents (local_agent),
+        # workflows, background shells (local_bash), monitors.  The CLI hands each outcome to
+        # the model in a turn of its own after the result, so once one was started a result is
+        # provisional (the latest kept with its line) and the run ends at the CLI's last; but a
+        # shell or a monitor may run for ever (a server, a WebSocket), so a result with only
+        # such tasks still running (none of _AGENT_TASKS) ends the run, and the process with
+        # them (end_process).
         self.tasks_started = False
         self.pending_tasks: dict[str, str] = {}
         self.end_process = False
@@ -924,9 +925,9 @@ class _Parser:
         return self.turn_open or self._agents_pending()
 
     def _agents_pending(self) -> bool:
-        """Whether a background task other than a shell runs: a subagent, or a workflow of
-        them (``local_workflow``), which end on their own and report back."""
-        return any(task_type != _SHELL_TASK for task_type in self.pending_tasks.values())
+        """Whether a background task of an agent's kind runs (a subagent, a workflow of them):
+        such a task ends on its own and reports back; a shell or a monitor may run for ever."""
+        return any(task_type in _AGENT_TASKS for task_type in self.pending_tasks.values())
 
     @property
     def succeeded(self) -> bool:
@@ -1043,7 +1044,7 @@ class _Parser:
                 ):
                     self.provisional = (event, line_text(data))  # turns of the CLI's may follow
                 else:
-                    self.end_process = self.tasks_started  # (only shells still running)
+                    self.end_process = self.tasks_started  # (only shells or monitors still running)
                     self.provisional = None
                     protocol.set_terminal(event, line_text(data))
             elif kind == "control_request":
@@ -1465,7 +1466,9 @@ class _Parser:
 # How the CLI's own user turn starts when it asks a model that answered in text (a schema's
 # run) once more to call StructuredOutput.
 _ENFORCE_STRUCTURED_OUTPUT: Final = "[structured-output-enforce]"
-_SHELL_TASK: Final = "local_bash"  # (a background shell may run for ever: a server)
+# The background tasks of an agent's kind, as Claude Code 2.1.332 groups its task types (its
+# process-like ones, a shell or a monitor of a command or a WebSocket, may run for ever).
+_AGENT_TASKS: Final = frozenset({"local_agent", "remote_agent", "in_process_teammate", "local_workflow"})
 # System events of background tasks (the Agent tool's subagents, which Claude Code 2.1.332 runs
 # in the background): their outcomes come to the model in turns of the CLI's own.
 _BACKGROUND_SUBTYPES: Final = frozenset(

@@ -25,6 +25,7 @@ from adaptor.drivers import claude, codex
 from adaptor.events import Notice, ProcessInfo, SubagentUpdate, TextDelta, ToolCall, ToolResult
 from adaptor.memory import Store
 from adaptor.testing import conformance
+from tests.drivers._websocket import TickingWebSocket
 from tests.drivers.conftest import group_members, shown
 from tests.drivers.mock_anthropic import DEFAULT_TEXT, FOLLOW_UP_TEXT, AnthropicMock
 from tests.drivers.mock_openai import OpenAIMock
@@ -724,6 +725,28 @@ def test_claude_workflow_running_at_the_result_is_waited_for_not_stopped(
     assert any("workflow makes it" in title for title in asked), asked
     assert os.path.exists(target)
     assert result.text == FOLLOW_UP_TEXT, result.text
+
+
+def test_claude_websocket_monitor_running_at_the_result_ends_with_the_run(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # A Monitor of a WebSocket (task_type monitor_ws) watches for ever, as a background shell
+    # may: waited for like a subagent, the run went on turn after turn, one per frame, until
+    # its deadline, and failed.  It ends at the result, and the CLI and its monitor with it.
+    with TickingWebSocket(every=2.0) as feed:
+        anthropic.configure(
+            tool=("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+            then=("Monitor", {"description": "watch the build events", "timeout_ms": 1800000,
+                              "ws": {"url": feed.url}}),
+        )
+        auto = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_approve"))
+        with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=auto) as agent:
+            stream = agent.stream("watch the build", timeout=30)
+            events = list(stream)
+            result = stream.result()
+        assert feed.connections >= 1  # the monitor did watch
+    assert result.text.startswith("Tool result was: "), result.text
+    assert wait_until_gone(spawned_pid(events)) == []
 
 
 def test_claude_run_keeps_the_denials_of_every_turn(
