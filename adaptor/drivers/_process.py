@@ -37,11 +37,16 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final, Literal, TypeVar
+from typing import IO, Final, Literal, TypeVar
 
 from adaptor import _exiting, _procfs
 from adaptor.driver import CancelSignal, EventSink, Response, RunFailure
 from adaptor.events import ProcessInfo
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: pipes keep their size
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "CannotStart",
@@ -479,6 +484,23 @@ class _Capture:
     stderr: bytearray = field(default_factory=bytearray)
 
 
+# Gemini CLI 0.61.0 echoes a run's prompt on stdout and exits with what a full pipe could not
+# take still queued in node, which drops it: a prompt of a few hundred KB lost the answer.  A
+# pipe that holds a mebibyte (Linux's default /proc/sys/fs/pipe-max-size) takes such an echo
+# whole.  Set before the prompt is fed, so before the CLI can print it.
+_PIPE_SIZE: Final = 1 << 20
+_F_SETPIPE_SZ: Final[int | None] = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl else None
+
+
+def _widen_pipe(pipe: IO[bytes] | None) -> None:
+    if pipe is None or _F_SETPIPE_SZ is None:
+        return
+    # Refused past the limit for an unprivileged user, or when the user's pipes hold their
+    # soft limit of pages (EPERM): the pipe stays as it was.
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, _PIPE_SIZE)
+
+
 class Child:
     """A running agent CLI.  Create with :meth:`start`; always end with :meth:`finish`."""
 
@@ -539,6 +561,7 @@ class Child:
             if exc.errno == errno.E2BIG:
                 raise CannotStart.too_long(binary, spec.argv, env) from exc
             raise
+        _widen_pipe(proc.stdout)
         sink.emit(
             ProcessInfo(
                 kind="spawn",

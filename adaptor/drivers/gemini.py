@@ -47,7 +47,7 @@ the *names* of ``env``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -106,9 +106,13 @@ _RATE_LIMIT = re.compile(r"RESOURCE_EXHAUSTED|quota|rate limit|too many requests
 # selected; it exits before any request, with no result.
 _EXIT_AUTH: Final = 41
 _LOOP_DETECTED = re.compile(r"\bloop detected\b", re.IGNORECASE)
+# A stream that ends without a finish reason, or with an event that is not JSON (the CLI's
+# JSON.parse words inside its "[API Error: ...]"), is broken too.
 _UNAVAILABLE = re.compile(r"\bINTERNAL\b|\bUNAVAILABLE\b|overloaded|fetch failed|ECONNREFUSED|"
                           r"ECONNRESET|ETIMEDOUT|ENOTFOUND|EAI_AGAIN|API Error: terminated|"
-                          r"other side closed|UND_ERR_SOCKET|socket hang up|premature close",
+                          r"other side closed|UND_ERR_SOCKET|socket hang up|premature close|"
+                          r"stream ended without a finish reason|"
+                          r"API Error: [^\]\n]*(?:in JSON at position|end of JSON input)",
                           re.IGNORECASE)
 
 
@@ -165,6 +169,9 @@ class Driver(_cli.CliDriver[Config]):
         if request.append_system_prompt:
             # GEMINI_SYSTEM_MD replaces the whole system prompt; nothing appends to it.
             return _cli.no_append("gemini")
+        refused = _permission_overridden(request, config.extra_args)
+        if refused is not None:
+            return refused
         plan = _plan(config, request)
         env, names = _process.child_env(*plan.env_layers)
         spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.spawn_cwd,
@@ -184,6 +191,24 @@ def replay(
     diagnostics); raises ``ResumeRejectedError`` like ``run`` for a refused resume."""
     plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
     return _cli.replay(_Parser(sink or NullSink(), plan), stdout, stderr, exit_code)
+
+
+# extra_args that allow tools past the approval mode: the deprecated allow-list, and policy
+# files whose rules may say "allow".
+_PRE_APPROVING: Final = frozenset({"--allowed-tools", "--policy", "--admin-policy"})
+
+
+def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
+    """A refusal when the run's explicit ``auto_reject`` (tools needing approval withheld)
+    meets ``extra_args`` that could allow such a tool: the CLI would run it."""
+    approvals = None if request.policy is None else request.policy.approvals
+    if approvals is None or approvals.permission != "auto_reject":
+        return None
+    found = sorted(set(_cli.flags_in(extra_args)) & _PRE_APPROVING)
+    if not found:
+        return None
+    return _cli.overridden_by_extra_args(
+        "gemini", "the policy's permission 'auto_reject' (they may allow tools)", found)
 
 
 # --- plan and argv ------------------------------------------------------------------------------

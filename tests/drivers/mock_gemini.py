@@ -16,7 +16,8 @@ The reply depends only on the request and :attr:`GeminiMock.scenario`:
 - else ``tool`` makes the model call that function (if the request offers it); otherwise the
   model says ``text``, streamed one word per SSE event.
 
-``delay`` pauses a chat turn before its first event (cancellation tests).
+``delay`` pauses a chat turn before its first event (cancellation tests); ``truncate``,
+``end_early`` and ``garbled`` break the stream after its first event (see :class:`Scenario`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class Scenario:
     delay: float = 0.0
     # The stream ends after its first chunk, without the chunked body's end: a broken stream.
     truncate: bool = False
+    # The stream ends after its first chunk as a whole body does, but without a finishReason.
+    end_early: bool = False
+    # The stream's second event is not JSON.
+    garbled: bool = False
     usage: dict[str, int] = field(
         default_factory=lambda: {"promptTokenCount": 20, "candidatesTokenCount": 6,
                                  "cachedContentTokenCount": 0}
@@ -89,7 +94,8 @@ class GeminiMock(MockServer):
         elif method == "streamGenerateContent":
             if scenario.delay:
                 reply.pause(scenario.delay)
-            _DataSSE.of(reply).send(self._stream(scenario, body), truncate=scenario.truncate)
+            _DataSSE.of(reply).send(self._stream(scenario, body), truncate=scenario.truncate,
+                                    end_early=scenario.end_early, garbled=scenario.garbled)
         else:
             _error(reply, 404, f"no method {method}")
 
@@ -127,7 +133,8 @@ class _DataSSE(Reply):
         wrapped.__dict__.update(vars(reply))
         return wrapped
 
-    def send(self, payloads: list[dict[str, Any]], *, truncate: bool = False) -> None:
+    def send(self, payloads: list[dict[str, Any]], *, truncate: bool = False,
+             end_early: bool = False, garbled: bool = False) -> None:
         h = self._handler
         h.send_response(200)
         h.send_header("content-type", "text/event-stream")
@@ -139,6 +146,10 @@ class _DataSSE(Reply):
             if truncate:
                 h.connection.shutdown(socket.SHUT_RDWR)
                 return
+            if garbled:
+                self._chunk(b"data: {not json\r\n\r\n")
+            if end_early or garbled:
+                break
         self._chunk(b"")
 
 

@@ -120,6 +120,11 @@ def _never_started(tmp_path: Path) -> str:
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")), ["--allowedTools"]),
         (claude, ("--settings={\"permissions\": {\"allow\": [\"Bash\"]}}",),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask")), ["--settings"]),
+        (gemini, ("--allowed-tools", "run_shell_command"),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")), ["--allowed-tools"]),
+        (gemini, ("--policy=allow-shell.toml", "--admin-policy", "more.toml"),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")),
+         ["--admin-policy", "--policy"]),
     ],
 )
 def test_extra_args_that_override_an_explicit_policy_refuse_the_run(

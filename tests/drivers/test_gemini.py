@@ -452,18 +452,33 @@ def test_real_missing_api_key_is_auth(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broken", ["truncate", "end_early", "garbled"])
 def test_real_broken_stream_is_provider_unavailable_and_retryable(
-    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str, broken: str
 ) -> None:
     # The CLI reports a stream cut mid-way as "[API Error: terminated]", exit 1: it was an
     # agent_error with no kind, so hosts retrying on details.retryable gave up (claude and
-    # codex say provider_unavailable, retryable, for the same cut).
-    mock.configure(text="a long answer cut short", truncate=True)
+    # codex say provider_unavailable, retryable, for the same cut).  So were a stream that ends
+    # without a finish reason ("Model stream ended without a finish reason.") and one whose
+    # event is not JSON ("[API Error: Expected property name or '}' in JSON at position 1 ...]").
+    mock.configure(text="a long answer cut short", **{broken: True})
     with adaptor.Agent(gemini.Driver(gemini_config()), workspace=workspace) as agent:
         with pytest.raises(adaptor.AgentFailedError) as caught:
             agent.run("say hello")
     details = caught.value.details
     assert (details["kind"], details["retryable"]) == ("provider_unavailable", True), details
+
+
+@pytest.mark.slow
+def test_real_prompt_of_a_few_hundred_kb_is_answered(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+) -> None:
+    # The CLI echoes the prompt on stdout and exits with what the pipe could not take still
+    # queued: the answer and the result were lost ("a malformed stream", most runs).
+    prompt = "word " * 60_000 + "END"
+    with adaptor.Agent(gemini.Driver(gemini_config(model=MODEL)), workspace=workspace) as agent:
+        result = agent.run(prompt)
+    assert result.text == DEFAULT_TEXT
 
 
 def test_real_unreachable_endpoint(
