@@ -99,6 +99,9 @@ class Spec:
     # The run's mark (MARK_VAR's value), when the driver must hand it on itself to processes
     # the CLI starts with an environment of its own making (codex's MCP servers); else new.
     mark: str | None = None
+    # Bytes the stdout pipe should hold (best effort; None: the system's default, 64 KiB on
+    # Linux), for a CLI that exits with what a full pipe could not take still queued and lost.
+    stdout_capacity: int | None = None
 
 
 def new_mark() -> str:
@@ -484,21 +487,19 @@ class _Capture:
     stderr: bytearray = field(default_factory=bytearray)
 
 
-# Gemini CLI 0.61.0 echoes a run's prompt on stdout and exits with what a full pipe could not
-# take still queued in node, which drops it: a prompt of a few hundred KB lost the answer.  A
-# pipe that holds a mebibyte (Linux's default /proc/sys/fs/pipe-max-size) takes such an echo
-# whole.  Set before the prompt is fed, so before the CLI can print it.
-_PIPE_SIZE: Final = 1 << 20
 _F_SETPIPE_SZ: Final[int | None] = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl else None
 
 
-def _widen_pipe(pipe: IO[bytes] | None) -> None:
-    if pipe is None or _F_SETPIPE_SZ is None:
+def _widen_pipe(pipe: IO[bytes] | None, capacity: int | None) -> None:
+    """Let ``pipe`` hold ``capacity`` bytes; done before any input is fed, so before the CLI
+    can print what answers it."""
+    if pipe is None or capacity is None or _F_SETPIPE_SZ is None:
         return
-    # Refused past the limit for an unprivileged user, or when the user's pipes hold their
-    # soft limit of pages (EPERM): the pipe stays as it was.
+    # Refused past /proc/sys/fs/pipe-max-size for an unprivileged user, or once the user's
+    # pipes hold their soft limit of pages (EPERM): the pipe stays as it was.  (Only the CLIs
+    # that need it ask: every widened pipe counts against that limit while it lives.)
     with contextlib.suppress(OSError):
-        fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, _PIPE_SIZE)
+        fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, capacity)
 
 
 class Child:
@@ -561,7 +562,7 @@ class Child:
             if exc.errno == errno.E2BIG:
                 raise CannotStart.too_long(binary, spec.argv, env) from exc
             raise
-        _widen_pipe(proc.stdout)
+        _widen_pipe(proc.stdout, spec.stdout_capacity)
         sink.emit(
             ProcessInfo(
                 kind="spawn",

@@ -175,7 +175,8 @@ class Driver(_cli.CliDriver[Config]):
         plan = _plan(config, request)
         env, names = _process.child_env(*plan.env_layers)
         spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.spawn_cwd,
-                    stdin=plan.prompt.encode(), grace_period=config.grace_period)
+                    stdin=plan.prompt.encode(), grace_period=config.grace_period,
+                    stdout_capacity=_STDOUT_CAPACITY)
         return _cli.run_child(spec, sink, request, _Parser(sink, plan))
 
 
@@ -192,6 +193,11 @@ def replay(
     plan = _plan(Config(), request or Request(run_id="replay", prompt=""))
     return _cli.replay(_Parser(sink or NullSink(), plan), stdout, stderr, exit_code)
 
+
+# The CLI echoes the prompt on stdout and exits with what a full pipe could not take still
+# queued in node, which drops it: with Linux's default 64 KiB pipe a prompt of a few hundred KB
+# lost the answer.  A mebibyte (Linux's default /proc/sys/fs/pipe-max-size) takes such an echo.
+_STDOUT_CAPACITY: Final = 1 << 20
 
 # extra_args that allow tools past the approval mode: the deprecated allow-list, and policy
 # files whose rules may say "allow".
