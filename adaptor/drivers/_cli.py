@@ -32,7 +32,7 @@ from adaptor.driver import (
 from adaptor.drivers import _process
 from adaptor.drivers._lines import FailureKind, as_dict, as_int, as_str
 from adaptor.drivers._lines import Protocol as LineProtocol
-from adaptor.drivers._process import CannotStart, Child, Exit, Line, Spec
+from adaptor.drivers._process import CannotStart, Child, Exit, Line, Spec, StreamName
 from adaptor.errors import ResumeRejectedError
 from adaptor.result import StructuredOutput, TerminalPayload, Usage, raw_streams_of
 
@@ -218,10 +218,16 @@ def replay(parser: Parser, stdout: str | bytes, stderr: str | bytes,
     process was killed (SIGTERM)."""
     data = [stdout.encode() if isinstance(stdout, str) else stdout,
             stderr.encode() if isinstance(stderr, str) else stderr]
-    for raw in data[0].splitlines():
-        parser.feed(Line("stdout", raw))
-    for raw in data[1].splitlines():
-        parser.feed(Line("stderr", raw))
+    streams: tuple[tuple[StreamName, bytes], ...] = (("stdout", data[0]), ("stderr", data[1]))
+    for stream, blob in streams:
+        lines = blob.splitlines()
+        # A stream that ends without a newline ends with a partial line, as a live run says.
+        cut = not blob.endswith((b"\n", b"\r"))
+        for number, raw in enumerate(lines, 1):
+            if cut and number == len(lines):
+                parser.feed(Line(stream, raw, partial=True, ending=b""))
+            else:
+                parser.feed(Line(stream, raw))
     exit_ = Exit(exit_code=exit_code, signal=None if exit_code is not None else 15)
     return parser.response(exit_, *(b.decode("utf-8", "replace") for b in data))
 

@@ -46,12 +46,15 @@ the *names* of ``env``.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from adaptor import _nesting
+import orjson
+
+from adaptor import _durable, _nesting
 from adaptor.driver import (
     Descriptor,
     EventSink,
@@ -161,18 +164,20 @@ class Driver(_cli.CliDriver[Config]):
         _cli.check_config(config)
         _cli.check_choice("approval_mode", config.approval_mode, APPROVAL_MODES)
         _cli.check_optional_path("home", config.home)
-        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS,
-                               "is set by the driver or leaves headless mode")
+        for flag in _flags_in(config.extra_args):
+            if flag in _OWNED_FLAGS:
+                raise ValueError(f"extra_args: {flag} is set by the driver or leaves headless mode")
 
     def run(self, request: Request, sink: EventSink) -> Response:
         config = self._config_for(request)
         if request.append_system_prompt:
             # GEMINI_SYSTEM_MD replaces the whole system prompt; nothing appends to it.
             return _cli.no_append("gemini")
-        refused = _permission_overridden(request, config.extra_args)
+        plan = _plan(config, request)
+        refused = (_permission_overridden(request, config.extra_args)
+                   or _workspace_settings_override(request, plan.session_cwd))
         if refused is not None:
             return refused
-        plan = _plan(config, request)
         env, names = _process.child_env(*plan.env_layers)
         spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.spawn_cwd,
                     stdin=plan.prompt.encode(), grace_period=config.grace_period,
@@ -210,11 +215,81 @@ def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Respo
     approvals = None if request.policy is None else request.policy.approvals
     if approvals is None or approvals.permission != "auto_reject":
         return None
-    found = sorted(set(_cli.flags_in(extra_args)) & _PRE_APPROVING)
+    found = sorted(set(_flags_in(extra_args)) & _PRE_APPROVING)
     if not found:
         return None
     return _cli.overridden_by_extra_args(
         "gemini", "the policy's permission 'auto_reject' (they may allow tools)", found)
+
+
+_CAMEL_HUMP = re.compile(r"(?<=[a-z0-9])[A-Z]")
+
+
+def _flags_in(extra_args: Sequence[str]) -> Iterator[str]:
+    """The flags ``extra_args`` set as the CLI's parser (yargs) reads them: ``--allowedTools``
+    is ``--allowed-tools`` (an option answers to both spellings), ``--flag=value`` is ``--flag``,
+    and ``-dy`` is ``-d -y`` (a group of short flags, up to a value attached to one)."""
+    for arg in extra_args:
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0][2:]
+            yield "--" + _CAMEL_HUMP.sub(lambda hump: "-" + hump.group(0).lower(), name)
+        elif arg.startswith("-"):
+            for letter in arg[1:]:
+                if not letter.isalpha():
+                    break  # (-m=x, -e/path: a value)
+                yield "-" + letter
+
+
+# A workspace's settings (a cloned repository's .gemini/settings.json, which the CLI loads from
+# its working directory once that is trusted, as headless runs need) that may let a tool run
+# without confirmation: an allow-list, policy files whose rules may say "allow", or an MCP
+# server trusted (its tools never confirmed).  The user's own settings (under
+# GEMINI_CLI_HOME) are theirs, as claude keeps the user's.
+_ALLOWING_KEYS: Final = ('"allowed"', '"policyPaths"', '"adminPolicyPaths"', '"trust"')
+_SETTINGS_LIMIT: Final = 1 << 20
+
+
+def _allowing_settings(text: str) -> list[str]:
+    """The settings in ``text`` that may allow tools: by their paths when it is plain JSON,
+    else (comments, which the CLI allows) by any key of those names."""
+    try:
+        settings = as_dict(orjson.loads(text))
+    except ValueError:
+        return [key.strip('"') for key in _ALLOWING_KEYS if key in text]
+    found = [name for name, value in (("tools.allowed", as_dict(settings.get("tools")).get("allowed")),
+                                      ("policyPaths", settings.get("policyPaths")),
+                                      ("adminPolicyPaths", settings.get("adminPolicyPaths")))
+             if value]
+    servers = as_dict(settings.get("mcpServers"))
+    found += [f"mcpServers.{name}.trust" for name, server in servers.items()
+              if as_dict(server).get("trust")]
+    return found
+
+
+def _workspace_settings_override(request: Request, workspace: str) -> Response | None:
+    """A refusal when the run's explicit ``auto_reject`` meets a workspace settings file that
+    may allow tools past it (read as text: the CLI's settings may hold comments)."""
+    approvals = None if request.policy is None else request.policy.approvals
+    if approvals is None or approvals.permission != "auto_reject":
+        return None
+    path = os.path.join(workspace, ".gemini", "settings.json")
+    try:
+        # A dotfiles manager may link the file; a FIFO must not hold the run.
+        text = _durable.read_small(path, _SETTINGS_LIMIT, follow_links=True).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # unreadable: it may say anything
+        found = [f"cannot be read: {exc}"]
+    else:
+        found = _allowing_settings(text)
+        if not found:
+            return None
+    return Response(exit_code=None, failure=RunFailure(
+        code="unsupported_driver",
+        message=(f"gemini cannot honour the policy's permission 'auto_reject': the workspace's "
+                 f"settings {path} may allow tools ({', '.join(found)}); the CLI would obey them"),
+        details={"kind": "policy_in_workspace_settings", "settings": path, "found": found},
+    ))
 
 
 # --- plan and argv ------------------------------------------------------------------------------
@@ -288,6 +363,7 @@ class _Parser:
         # The CLI's own stop of a turn it judged looping: it still reports "success".
         self.stopped_looping = ""
         self.resume_problem = ""
+        self.cut_mid_line = False  # stdout ended without its last line's newline
 
     def _item(self, **fields: Any) -> None:
         self.protocol.item(TranscriptItem(**fields))
@@ -298,6 +374,7 @@ class _Parser:
             if self.plan.resume_id and _RESUME_REJECTED.search(line.text):
                 self.resume_problem = self.resume_problem or line.text.strip()
             return
+        self.cut_mid_line = line.partial
         decoded = self.protocol.feed_stdout(line.data)
         if decoded is None or decoded.event is None:
             return
@@ -437,6 +514,23 @@ class _Parser:
                 message=f"gemini stopped the turn: {self.stopped_looping}",
                 details={"kind": "loop_detected"},
             )
+        elif self.result is not None and self.succeeded and not self.final \
+                and not self.tool_names and not as_dict(self.result.get("stats")).get("models"):
+            # No model was called, yet "success": the CLI judged (by its own estimate) that the
+            # prompt would overflow the model's context window, and said nothing else.
+            reported = provider_failure(
+                "gemini answered without calling the model: the prompt does not fit the "
+                "model's context window, by the CLI's estimate", "context_too_long")
+        elif self.result is None and self.cut_mid_line and self.protocol.malformed \
+                and exit_.exit_code == 0:
+            # The CLI drops what its stdout pipe cannot take when it exits: a prompt over about
+            # 1 MiB, which it echoes first, leaves its output cut there.
+            reported = RunFailure(
+                code="agent_error",
+                message=("gemini exited with its output cut off mid-line (the CLI drops what its "
+                         "stdout pipe cannot take when it exits; a prompt of over about 1 MiB, "
+                         f"which it echoes, does that): {self.protocol.problems[0]}"),
+                details={"kind": "protocol", "problems": self.protocol.problems[:5]})
         elif self.result is not None and not self.succeeded:
             error = as_dict(self.result.get("error"))
             message = as_str(error.get("message")) or self.last_error or "gemini reported an error"

@@ -61,6 +61,20 @@ def test_an_owned_short_flag_with_its_value_attached_is_refused(module: Any) -> 
     module.Driver(module.Config(extra_args=("--add-note=-mine", "-Z1"))).validate_config()
 
 
+@pytest.mark.parametrize(
+    ("extra_args", "flag"),
+    [(("--approvalMode", "yolo"), "--approval-mode"), (("-dy",), "-y"),
+     (("--outputFormat=text",), "--output-format"), (("--sessionId", "x"), "--session-id")],
+)
+def test_gemini_owned_flags_are_refused_as_its_parser_reads_them(
+    extra_args: tuple[str, ...], flag: str
+) -> None:
+    # yargs takes camelCase for an option's kebab-case name and "-dy" as "-d -y": these ran
+    # the CLI in yolo mode (the shell ran) or left stream-json behind, with no word.
+    with pytest.raises(ValueError, match=f"extra_args: {flag} "):
+        gemini.Driver(gemini.Config(extra_args=extra_args)).validate_config()
+
+
 @pytest.mark.parametrize("module", MODULES)
 def test_session_fingerprint_and_codec(module: Any) -> None:
     def fingerprint(**fields: Any) -> str:
@@ -125,6 +139,9 @@ def _never_started(tmp_path: Path) -> str:
         (gemini, ("--policy=allow-shell.toml", "--admin-policy", "more.toml"),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")),
          ["--admin-policy", "--policy"]),
+        (gemini, ("--allowedTools", "run_shell_command", "--adminPolicy=more.toml"),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")),
+         ["--admin-policy", "--allowed-tools"]),
     ],
 )
 def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
@@ -141,6 +158,46 @@ def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
         with pytest.raises(adaptor.AgentFailedError):
             agent.run("go")
         assert (tmp_path / "started").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "found"),
+    [
+        ('{"tools": {"allowed": ["run_shell_command"]}}', ["tools.allowed"]),
+        ('{"mcpServers": {"deploy": {"command": "d", "trust": true}}}', ["mcpServers.deploy.trust"]),
+        ('{"policyPaths": ["allow.toml"]}', ["policyPaths"]),
+        # Comments, which the CLI's settings may hold: read as text, any such key counts.
+        ('// shared\n{"tools": {"allowed": ["run_shell_command"]}}', ["allowed"]),
+    ],
+)
+def test_gemini_auto_reject_refuses_a_workspace_whose_settings_allow_tools(
+    settings: str, found: list[str], tmp_path: Path
+) -> None:
+    # The CLI loads a trusted workspace's .gemini/settings.json (headless runs need the trust):
+    # a cloned repository's tools.allowed let the shell run under auto_reject, the run a success.
+    workspace = tmp_path / "repo"
+    (workspace / ".gemini").mkdir(parents=True)
+    (workspace / ".gemini" / "settings.json").write_text(settings)
+    strict = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject"))
+    config = gemini.Config(command=_never_started(tmp_path))
+    with adaptor.Agent(gemini.Driver(config), workspace=str(workspace)) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("go", policy=strict)
+        assert caught.value.reason == "unsupported_driver"
+        assert caught.value.details == {"kind": "policy_in_workspace_settings", "found": found,
+                                        "settings": str(workspace / ".gemini" / "settings.json")}
+        assert not (tmp_path / "started").exists()
+        # Without auto_reject the settings are the CLI's to apply.
+        with pytest.raises(adaptor.AgentFailedError):
+            agent.run("go")
+        assert (tmp_path / "started").exists()
+    # Settings that allow nothing do not stand in the way.
+    (workspace / ".gemini" / "settings.json").write_text('{"tools": {"exclude": ["web_fetch"]}}')
+    (tmp_path / "started").unlink()
+    with adaptor.Agent(gemini.Driver(config), workspace=str(workspace)) as agent:
+        with pytest.raises(adaptor.AgentFailedError):
+            agent.run("go", policy=strict)
+    assert (tmp_path / "started").exists()
 
 
 def test_codex_extra_args_cannot_replace_the_runs_developer_instructions(tmp_path: Path) -> None:

@@ -93,6 +93,20 @@ def test_replay_api_error_and_dead_process() -> None:
         "gemini ended without a result (exit code 1): Unknown arguments: bogus-flag")
 
 
+def test_replay_output_cut_off_mid_line_says_why() -> None:
+    # The CLI exits with what its stdout pipe could not take dropped: after the echo of a prompt
+    # over the pipe's size the output ends mid-line, which read as the driver's own fault.
+    stdout = (b'{"type":"init","timestamp":"t","session_id":"s","model":"m"}\n'
+              b'{"type":"message","timestamp":"t","role":"user","content":"word word wo')
+    response = gemini.replay(stdout, b"", 0)
+    assert response.failure is not None and response.failure.details["kind"] == "protocol"
+    assert "output cut off mid-line" in response.failure.message
+    # A line the CLI finished, yet malformed, is its own fault, as before.
+    response = gemini.replay(stdout + b"\n", b"", 0)
+    assert response.failure is not None
+    assert response.failure.message.startswith("gemini printed a malformed stream")
+
+
 @pytest.mark.parametrize("stderr", [
     b"When using Gemini API, you must specify the GEMINI_API_KEY environment variable.\n"
     b"Update your environment and try again (no reload needed if using .env)!\n",
@@ -479,6 +493,21 @@ def test_real_prompt_of_a_few_hundred_kb_is_answered(
     with adaptor.Agent(gemini.Driver(gemini_config(model=MODEL)), workspace=workspace) as agent:
         result = agent.run(prompt)
     assert result.text == DEFAULT_TEXT
+
+
+@pytest.mark.slow
+def test_real_prompt_over_the_context_window_is_context_too_long(
+    gemini_config: Callable[..., gemini.Config], mock: GeminiMock, workspace: str
+) -> None:
+    # The CLI estimates the prompt would overflow the model's context (256k tokens for this
+    # model), calls no model, and says "success" with nothing else: an empty answer passed.
+    prompt = "word " * 208_000
+    config = gemini_config(model="gemma-4-31b-it")
+    with adaptor.Agent(gemini.Driver(config), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run(prompt)
+    assert caught.value.details["kind"] == "context_too_long", caught.value.details
+    assert mock.chats() == []
 
 
 def test_real_unreachable_endpoint(
