@@ -175,7 +175,7 @@ class Driver(_cli.CliDriver[Config]):
             return _cli.no_append("gemini")
         plan = _plan(config, request)
         refused = (_permission_overridden(request, config.extra_args)
-                   or _workspace_settings_override(request, plan.session_cwd))
+                   or _workspace_settings_override(request, plan.session_cwd, _cli_home(plan)))
         if refused is not None:
             return refused
         env, names = _process.child_env(*plan.env_layers)
@@ -204,9 +204,11 @@ def replay(
 # lost the answer.  A mebibyte (Linux's default /proc/sys/fs/pipe-max-size) takes such an echo.
 _STDOUT_CAPACITY: Final = 1 << 20
 
-# extra_args that allow tools past the approval mode: the deprecated allow-list, and policy
-# files whose rules may say "allow".
-_PRE_APPROVING: Final = frozenset({"--allowed-tools", "--policy", "--admin-policy"})
+# extra_args that allow tools past the approval mode: the deprecated allow-list, policy files
+# whose rules may say "allow", and MCP servers named allowed (an allow rule for their tools).
+_PRE_APPROVING: Final = frozenset(
+    {"--allowed-tools", "--policy", "--admin-policy", "--allowed-mcp-server-names"}
+)
 
 
 def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
@@ -241,36 +243,47 @@ def _flags_in(extra_args: Sequence[str]) -> Iterator[str]:
 
 
 # A workspace's settings (a cloned repository's .gemini/settings.json, which the CLI loads from
-# its working directory once that is trusted, as headless runs need) that may let a tool run
-# without confirmation: an allow-list, policy files whose rules may say "allow", or an MCP
-# server trusted (its tools never confirmed).  The user's own settings (under
-# GEMINI_CLI_HOME) are theirs, as claude keeps the user's.
-_ALLOWING_KEYS: Final = ('"allowed"', '"policyPaths"', '"adminPolicyPaths"', '"trust"')
+# its working directory once that is trusted, as headless runs need) that make allow rules in
+# Gemini CLI 0.61.0's policy engine: tools allowed or made core, policy files whose rules may
+# say "allow", MCP servers trusted or allowed (their tools never confirmed; headless too with
+# autoAllowInHeadless).  The user's own settings (under GEMINI_CLI_HOME) are theirs, as claude
+# keeps the user's.
+_ALLOWING_PATHS: Final = (("tools", "allowed"), ("tools", "core"), ("policyPaths",),
+                          ("adminPolicyPaths",), ("mcp", "allowed"), ("mcp", "autoAllowInHeadless"))
 _SETTINGS_LIMIT: Final = 1 << 20
+# JSON strings (kept whole, so that no comment is seen inside one) and the comments the CLI
+# strips before JSON.parse.
+_STRING_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\])*"|//[^\n]*|/\*.*?\*/', re.DOTALL)
 
 
 def _allowing_settings(text: str) -> list[str]:
-    """The settings in ``text`` that may allow tools: by their paths when it is plain JSON,
-    else (comments, which the CLI allows) by any key of those names."""
+    """The settings in ``text`` that make allow rules, read as the CLI reads the file (comments
+    stripped, then JSON); one it could not parse either counts, as it may say anything."""
+    plain = _STRING_OR_COMMENT.sub(lambda m: m[0] if m[0].startswith('"') else " ", text)
     try:
-        settings = as_dict(orjson.loads(text))
+        settings = as_dict(orjson.loads(plain))
     except ValueError:
-        return [key.strip('"') for key in _ALLOWING_KEYS if key in text]
-    found = [name for name, value in (("tools.allowed", as_dict(settings.get("tools")).get("allowed")),
-                                      ("policyPaths", settings.get("policyPaths")),
-                                      ("adminPolicyPaths", settings.get("adminPolicyPaths")))
-             if value]
-    servers = as_dict(settings.get("mcpServers"))
-    found += [f"mcpServers.{name}.trust" for name, server in servers.items()
+        return ["(not JSON the driver can read)"]
+    found = []
+    for path in _ALLOWING_PATHS:
+        value: Any = settings
+        for key in path:
+            value = as_dict(value).get(key)
+        if value:
+            found.append(".".join(path))
+    found += [f"mcpServers.{name}.trust" for name, server in as_dict(settings.get("mcpServers")).items()
               if as_dict(server).get("trust")]
     return found
 
 
-def _workspace_settings_override(request: Request, workspace: str) -> Response | None:
-    """A refusal when the run's explicit ``auto_reject`` meets a workspace settings file that
-    may allow tools past it (read as text: the CLI's settings may hold comments)."""
+def _workspace_settings_override(request: Request, workspace: str, home: str) -> Response | None:
+    """A refusal when the run's explicit ``auto_reject`` meets workspace settings that may allow
+    tools past it.  A workspace that is the CLI's ``home`` has none: the CLI reads that file as
+    the user's own settings."""
     approvals = None if request.policy is None else request.policy.approvals
     if approvals is None or approvals.permission != "auto_reject":
+        return None
+    if os.path.realpath(home) == workspace:
         return None
     path = os.path.join(workspace, ".gemini", "settings.json")
     try:
@@ -290,6 +303,15 @@ def _workspace_settings_override(request: Request, workspace: str) -> Response |
                  f"settings {path} may allow tools ({', '.join(found)}); the CLI would obey them"),
         details={"kind": "policy_in_workspace_settings", "settings": path, "found": found},
     ))
+
+
+def _cli_home(plan: _Plan) -> str:
+    """The directory whose ``.gemini/`` holds the CLI's user settings: ``GEMINI_CLI_HOME`` in
+    the child's environment, else its ``HOME``."""
+    env = dict(os.environ)
+    for layer in plan.env_layers:
+        env.update(layer)
+    return env.get("GEMINI_CLI_HOME") or env.get("HOME") or os.path.expanduser("~")
 
 
 # --- plan and argv ------------------------------------------------------------------------------

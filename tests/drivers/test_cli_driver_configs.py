@@ -142,6 +142,9 @@ def _never_started(tmp_path: Path) -> str:
         (gemini, ("--allowedTools", "run_shell_command", "--adminPolicy=more.toml"),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")),
          ["--admin-policy", "--allowed-tools"]),
+        (gemini, ("--allowedMcpServerNames=srv",),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")),
+         ["--allowed-mcp-server-names"]),
     ],
 )
 def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
@@ -166,8 +169,14 @@ def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
         ('{"tools": {"allowed": ["run_shell_command"]}}', ["tools.allowed"]),
         ('{"mcpServers": {"deploy": {"command": "d", "trust": true}}}', ["mcpServers.deploy.trust"]),
         ('{"policyPaths": ["allow.toml"]}', ["policyPaths"]),
-        # Comments, which the CLI's settings may hold: read as text, any such key counts.
-        ('// shared\n{"tools": {"allowed": ["run_shell_command"]}}', ["allowed"]),
+        ('{"tools": {"core": ["run_shell_command"]}}', ["tools.core"]),
+        ('{"mcp": {"allowed": ["srv"], "autoAllowInHeadless": true}}',
+         ["mcp.allowed", "mcp.autoAllowInHeadless"]),
+        # Comments, which the CLI strips before it parses; a key may be written escaped.
+        ('// shared\n{"tools": {/* mine */ "\\u0061llowed": ["run_shell_command"]}, "x": "//"}',
+         ["tools.allowed"]),
+        # One the CLI could not parse either (a trailing comma) may say anything.
+        ('{"tools": {"allowed": ["run_shell_command"],},}', ["(not JSON the driver can read)"]),
     ],
 )
 def test_gemini_auto_reject_refuses_a_workspace_whose_settings_allow_tools(
@@ -195,6 +204,14 @@ def test_gemini_auto_reject_refuses_a_workspace_whose_settings_allow_tools(
     (workspace / ".gemini" / "settings.json").write_text('{"tools": {"exclude": ["web_fetch"]}}')
     (tmp_path / "started").unlink()
     with adaptor.Agent(gemini.Driver(config), workspace=str(workspace)) as agent:
+        with pytest.raises(adaptor.AgentFailedError):
+            agent.run("go", policy=strict)
+    assert (tmp_path / "started").exists()
+    # Nor do the user's own, which the CLI reads there when the workspace is its home.
+    (workspace / ".gemini" / "settings.json").write_text(settings)
+    (tmp_path / "started").unlink()
+    home_config = gemini.Config(command=_never_started(tmp_path), home=str(workspace))
+    with adaptor.Agent(gemini.Driver(home_config), workspace=str(workspace)) as agent:
         with pytest.raises(adaptor.AgentFailedError):
             agent.run("go", policy=strict)
     assert (tmp_path / "started").exists()
