@@ -269,11 +269,20 @@ def _allowing_settings(text: str) -> list[str]:
         value: Any = settings
         for key in path:
             value = as_dict(value).get(key)
-        if value:
+        if _truthy(value):
             found.append(".".join(path))
-    found += [f"mcpServers.{name}.trust" for name, server in as_dict(settings.get("mcpServers")).items()
-              if as_dict(server).get("trust")]
+    servers = settings.get("mcpServers")
+    # (The CLI walks a list's entries too, named by index.)
+    named = enumerate(servers) if isinstance(servers, list) else as_dict(servers).items()
+    found += [f"mcpServers.{name}.trust" for name, server in named
+              if _truthy(as_dict(server).get("trust"))]
     return found
+
+
+def _truthy(value: object) -> bool:
+    """Whether the CLI (JavaScript) takes ``value`` as set: an empty list or object is."""
+    return not (value is None or value is False or value == ""
+                or (type(value) in (int, float) and value == 0))
 
 
 def _workspace_settings_override(request: Request, workspace: str, home: str) -> Response | None:

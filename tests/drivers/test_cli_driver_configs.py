@@ -175,6 +175,11 @@ def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
         # Comments, which the CLI strips before it parses; a key may be written escaped.
         ('// shared\n{"tools": {/* mine */ "\\u0061llowed": ["run_shell_command"]}, "x": "//"}',
          ["tools.allowed"]),
+        # Set as JavaScript reads it: an empty list or object is true; a list of servers
+        # is walked by index.
+        ('{"mcpServers": {"srv": {"command": "s", "trust": []}}, "mcp": {"autoAllowInHeadless": {}}}',
+         ["mcp.autoAllowInHeadless", "mcpServers.srv.trust"]),
+        ('{"mcpServers": [{"command": "s", "trust": true}]}', ["mcpServers.0.trust"]),
         # One the CLI could not parse either (a trailing comma) may say anything.
         ('{"tools": {"allowed": ["run_shell_command"],},}', ["(not JSON the driver can read)"]),
     ],
