@@ -166,6 +166,22 @@ def check_owned_flags(extra_args: tuple[str, ...], owned: frozenset[str],
 ASKING_PERMISSION_MODES: Final = frozenset({"default", "manual", "plan"})
 
 
+def permission_overridden(cli: str, request: Request, flags: Iterable[str],
+                          pre_approving: frozenset[str], permissions: frozenset[str],
+                          why: str) -> Response | None:
+    """The refusal of a run whose explicit approval permission is one of ``permissions`` when
+    ``flags`` (the extra_args' flags, as the CLI reads them) hold any of ``pre_approving``:
+    the CLI would let tools run past the policy (``why``)."""
+    approvals = None if request.policy is None else request.policy.approvals
+    if approvals is None or approvals.permission not in permissions:
+        return None
+    found = sorted(set(flags) & pre_approving)
+    if not found:
+        return None
+    what = f"the policy's permission {approvals.permission!r} ({why})"
+    return overridden_by_extra_args(cli, what, found)
+
+
 def overridden_by_extra_args(cli: str, what: str, found: Sequence[str]) -> Response:
     """The refusal of a run whose explicit setting ``what`` the ``found`` extra_args would
     override: the CLI would obey them, and the run report a success it did not have."""

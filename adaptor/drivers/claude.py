@@ -434,14 +434,8 @@ _PRE_APPROVING: Final = frozenset(
 def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
     """A refusal when the run's explicit permission policy asks or rejects and ``extra_args``
     could pre-approve tools past it."""
-    approvals = None if request.policy is None else request.policy.approvals
-    if approvals is None or approvals.permission not in ("ask", "auto_reject"):
-        return None
-    found = sorted(set(_cli.flags_in(extra_args)) & _PRE_APPROVING)
-    if not found:
-        return None
-    what = f"the policy's permission {approvals.permission!r} (they may pre-approve tools)"
-    return _cli.overridden_by_extra_args("claude", what, found)
+    return _cli.permission_overridden("claude", request, _cli.flags_in(extra_args), _PRE_APPROVING,
+                                      frozenset({"ask", "auto_reject"}), "they may pre-approve tools")
 
 
 _TOOL_TIMEOUT_VAR: Final = "MCP_TOOL_TIMEOUT"
@@ -1241,7 +1235,11 @@ class _Parser:
                 data={"warning": "streamed_text_abandoned", "message_ids": abandoned,
                       "tool_call_ids": tools},
             ))
-        for ident in tools:
+        self._end_tool_calls(tools)
+
+    def _end_tool_calls(self, idents: list[str]) -> None:
+        """End tool calls whose lifecycle was left open (no result will come for them)."""
+        for ident in idents:
             self.open_tools.discard(ident)
             self.emit(_ToolCall(id=ident, name=self.tool_names.get(ident, ""), phase="end"))
 
@@ -1354,9 +1352,7 @@ class _Parser:
             if btype != "tool":
                 self._delta(btype, ident, "end")
         self.open_blocks.clear()
-        for ident in sorted(self.open_tools):
-            self.emit(_ToolCall(id=ident, name=self.tool_names.get(ident, ""), phase="end"))
-        self.open_tools = set()
+        self._end_tool_calls(sorted(self.open_tools))
 
     def response(self, exit_: Exit, stdout: str | bytes, stderr: str | bytes) -> Response:
         self._close_lifecycles()

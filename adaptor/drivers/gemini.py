@@ -174,11 +174,13 @@ class Driver(_cli.CliDriver[Config]):
             # GEMINI_SYSTEM_MD replaces the whole system prompt; nothing appends to it.
             return _cli.no_append("gemini")
         plan = _plan(config, request)
+        env, names = _process.child_env(*plan.env_layers)
+        # (The directory whose .gemini/ holds the CLI's user settings.)
+        home = env.get("GEMINI_CLI_HOME") or env.get("HOME") or os.path.expanduser("~")
         refused = (_permission_overridden(request, config.extra_args)
-                   or _workspace_settings_override(request, plan.session_cwd, _cli_home(plan)))
+                   or _workspace_settings_override(request, plan.session_cwd, home))
         if refused is not None:
             return refused
-        env, names = _process.child_env(*plan.env_layers)
         spec = Spec(argv=_argv(config, plan), env=env, env_names=names, cwd=plan.spawn_cwd,
                     stdin=plan.prompt.encode(), grace_period=config.grace_period,
                     stdout_capacity=_STDOUT_CAPACITY)
@@ -214,14 +216,8 @@ _PRE_APPROVING: Final = frozenset(
 def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
     """A refusal when the run's explicit ``auto_reject`` (tools needing approval withheld)
     meets ``extra_args`` that could allow such a tool: the CLI would run it."""
-    approvals = None if request.policy is None else request.policy.approvals
-    if approvals is None or approvals.permission != "auto_reject":
-        return None
-    found = sorted(set(_flags_in(extra_args)) & _PRE_APPROVING)
-    if not found:
-        return None
-    return _cli.overridden_by_extra_args(
-        "gemini", "the policy's permission 'auto_reject' (they may allow tools)", found)
+    return _cli.permission_overridden("gemini", request, _flags_in(extra_args), _PRE_APPROVING,
+                                      frozenset({"auto_reject"}), "they may allow tools")
 
 
 _CAMEL_HUMP = re.compile(r"(?<=[a-z0-9])[A-Z]")
@@ -312,15 +308,6 @@ def _workspace_settings_override(request: Request, workspace: str, home: str) ->
                  f"settings {path} may allow tools ({', '.join(found)}); the CLI would obey them"),
         details={"kind": "policy_in_workspace_settings", "settings": path, "found": found},
     ))
-
-
-def _cli_home(plan: _Plan) -> str:
-    """The directory whose ``.gemini/`` holds the CLI's user settings: ``GEMINI_CLI_HOME`` in
-    the child's environment, else its ``HOME``."""
-    env = dict(os.environ)
-    for layer in plan.env_layers:
-        env.update(layer)
-    return env.get("GEMINI_CLI_HOME") or env.get("HOME") or os.path.expanduser("~")
 
 
 # --- plan and argv ------------------------------------------------------------------------------

@@ -316,7 +316,6 @@ def _quick_decode(line: bytes, expected: int) -> EventRecord | None:
 # kind without a recipe or with extra checks) makes it return None before anything is built,
 # and the caller goes line by line, where decode() has the last word.
 
-_crc_of = crc32
 _NL = repeat(b"\n")
 
 
@@ -465,7 +464,7 @@ def _quick_batch(lines: list[bytes], expected: int, build: bool) -> list[EventRe
         if b"\0".join(heads) != _HEAD + crc_text[1:-1].replace(b",", _NEXT_HEAD):
             return None
         # _crc_ok(), a column at a time.
-        if list(map(_crc_of, texts, repeat(_CRC_OF_BRACE))) != list(map(_crc_of, _NL, crcs)):
+        if list(map(_crc32, texts, repeat(_CRC_OF_BRACE))) != list(map(_crc32, _NL, crcs)):
             return None
         if seqs != tuple(range(expected, expected + n)):
             return None

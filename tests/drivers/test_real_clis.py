@@ -47,6 +47,14 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])  # nothing listens once the socket closes
 
 
+def _approve_all(asked: list[str]) -> Callable[[adaptor.ApprovalRequest], None]:
+    def approve(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request.title)
+        request.approve()
+
+    return approve
+
+
 def spawned_pid(events: list[adaptor.Event]) -> int:
     return next(int(e.data["pid"]) for e in events if isinstance(e, ProcessInfo) and e.kind == "spawn")
 
@@ -663,14 +671,9 @@ def test_claude_subagent_running_after_the_result_still_asks_for_approvals(
         subagent_tool=("Bash", {"command": f"echo made > {target}", "description": "subagent makes it"}),
     )
     asked: list[str] = []
-
-    def approve(request: adaptor.ApprovalRequest) -> None:
-        asked.append(request.title)
-        request.approve()
-
     ask = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
     with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=ask,
-                       on_approval=approve) as agent:
+                       on_approval=_approve_all(asked)) as agent:
         stream = agent.stream("delegate making a file", timeout=120)
         events = list(stream)
         result = stream.result()
@@ -692,14 +695,6 @@ def test_claude_text_after_the_clis_structured_output_retry_is_the_last_answer(
                            schema_options=adaptor.SchemaOptions(return_invalid=True))
     asked_again = [b for b in anthropic.messages() if "[structured-output-enforce]" in json.dumps(b)]
     assert asked_again and result.text == "I think it is fine.", result.text
-
-
-def _approve_all(asked: list[str]) -> Callable[[adaptor.ApprovalRequest], None]:
-    def approve(request: adaptor.ApprovalRequest) -> None:
-        asked.append(request.title)
-        request.approve()
-
-    return approve
 
 
 def test_claude_workflow_running_at_the_result_is_waited_for_not_stopped(
@@ -834,15 +829,10 @@ def test_claude_turn_after_a_background_shell_still_asks_for_approvals(
     # prompt's own tool calls refused ("Stream closed") without asking, the run a success.
     anthropic.configure(tool=("Bash", {"command": "sleep 300", "description": "bg", "run_in_background": True}))
     asked: list[str] = []
-
-    def approve(request: adaptor.ApprovalRequest) -> None:
-        asked.append(request.title)
-        request.approve()
-
     ask = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
     target = os.path.join(workspace, "made.txt")
     with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace, policy=ask,
-                       on_approval=approve, thread_store=Store()) as agent:
+                       on_approval=_approve_all(asked), thread_store=Store()) as agent:
         thread = agent.thread("shell")
         thread.run("start a background shell", timeout=60)
         anthropic.configure(tool=("Bash", {"command": f"echo made > {target}", "description": "make it"}))
