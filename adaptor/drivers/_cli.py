@@ -153,8 +153,11 @@ def flags_in(extra_args: Iterable[str]) -> Iterator[str]:
 
 
 def check_owned_flags(extra_args: tuple[str, ...], owned: frozenset[str],
-                      why: str = "is set by the driver itself") -> None:
-    for flag in flags_in(extra_args):
+                      why: str = "is set by the driver itself",
+                      flags_of: Callable[[tuple[str, ...]], Iterable[str]] = flags_in) -> None:
+    """Refuse ``extra_args`` that set a flag the driver owns, read by ``flags_of`` as the
+    CLI's parser reads them."""
+    for flag in flags_of(extra_args):
         if flag in owned:
             raise ValueError(f"extra_args: {flag} {why}")
 

@@ -164,9 +164,8 @@ class Driver(_cli.CliDriver[Config]):
         _cli.check_config(config)
         _cli.check_choice("approval_mode", config.approval_mode, APPROVAL_MODES)
         _cli.check_optional_path("home", config.home)
-        for flag in _flags_in(config.extra_args):
-            if flag in _OWNED_FLAGS:
-                raise ValueError(f"extra_args: {flag} is set by the driver or leaves headless mode")
+        _cli.check_owned_flags(config.extra_args, _OWNED_FLAGS,
+                               "is set by the driver or leaves headless mode", flags_of=_flags_in)
 
     def run(self, request: Request, sink: EventSink) -> Response:
         config = self._config_for(request)
