@@ -52,6 +52,7 @@ from adaptor.events import (
     RunFinished,
     RunStarted,
     format_time,
+    parse_time,
 )
 from adaptor.policy import EffectiveApprovals, explicit_ask_kinds, validate
 from adaptor.result import Result, TranscriptItem
@@ -1291,34 +1292,50 @@ class RunPipeline:
         )
 
     def _notice_requested(self, approval: ApprovalRequest, mode: str) -> None:
-        self.publish(
-            Notice(
-                kind="approval.requested",
-                text=approval.title,
-                data={
-                    **_approval_data(approval),
-                    "default_result": "ask" if mode == "ask" else mode,
-                },
-            )
-        )
+        self.publish(requested_notice(approval, mode))
 
     def _notice_resolved(self, approval: ApprovalRequest, outcome: Outcome) -> None:
         self.publish(resolved_notice(approval, outcome))
 
 
+def requested_notice(approval: ApprovalRequest, mode: str) -> Notice:
+    """``approval``'s ``notice.approval.requested`` under approval mode ``mode`` (adaptord's
+    too, for one a crash kept out of its run's log)."""
+    return Notice(
+        kind="approval.requested",
+        text=approval.title,
+        data={**_approval_data(approval), "default_result": "ask" if mode == "ask" else mode},
+    )
+
+
 def resolved_notice(approval: ApprovalRequest, outcome: Outcome) -> Notice:
     """``approval``'s ``notice.approval.resolved`` (adaptord's too, for one a crash ended)."""
+    return _resolution(_approval_data(approval), approval.created_at, outcome)
+
+
+def resolution_of(requested: Notice, outcome: Outcome) -> Notice:
+    """The ``notice.approval.resolved`` that ends a logged ``notice.approval.requested``
+    (adaptord's, for an approval a crash ended when only its run's log still knew of it)."""
+    data = {key: value for key, value in requested.data.items() if key != "default_result"}
+    try:
+        created_at: datetime | None = parse_time(data["created_at"])
+    except (KeyError, TypeError, ValueError):  # (written by hand: no latency then)
+        created_at = None
+    return _resolution(data, created_at, outcome)
+
+
+def _resolution(approval_data: dict[str, Any], created_at: datetime | None, outcome: Outcome) -> Notice:
     resolved_at = outcome.resolved_at or datetime.now(UTC)
     return Notice(
         kind="approval.resolved",
         text=outcome.result,
         data={
-            **_approval_data(approval),
+            **approval_data,
             "result": outcome.result,
             "choice": outcome.choice,
             "text": outcome.text,
             "resolved_at": format_time(resolved_at),
-            "latency": (resolved_at - approval.created_at).total_seconds(),
+            "latency": None if created_at is None else (resolved_at - created_at).total_seconds(),
         },
     )
 

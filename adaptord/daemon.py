@@ -49,7 +49,7 @@ import orjson
 import adaptor
 from adaptor import _durable, _home, _nesting, _redact, _watch, errors, events, skill
 from adaptor import _request as requests
-from adaptor._run import new_run_id, resolved_notice, run_id_as
+from adaptor._run import new_run_id, requested_notice, resolution_of, resolved_notice, run_id_as
 from adaptor.approval import Outcome
 from adaptor.drivers import _process
 from adaptor.spool import InvalidRequestError
@@ -174,6 +174,17 @@ def _session_key_ok(key: str) -> None:
     """Session names: request ids, ``thread=<base32>`` and the daemon's own log."""
     if not (_home.REQUEST_ID.fullmatch(key) or _home.THREAD_SESSION.fullmatch(key)):
         raise ValueError("not a request id or thread session name")
+
+
+@dataclass
+class _LoggedRun:
+    """What an interrupted run's audit log holds of it, for its recovery."""
+
+    last_sequence: int = 0  # its highest meta.sequence (0: no event)
+    finished: bool = False  # its run.finished is there
+    # Its approvals the log shows asked (their notice, by approval id) and resolved.
+    asked: dict[str, events.Notice] = field(default_factory=dict)
+    resolved: set[str] = field(default_factory=set)
 
 
 @dataclass(eq=False)  # identity: the schedule finds and removes jobs by ``is``, not by value
@@ -2046,12 +2057,12 @@ class Daemon:
         # run's own run.finished is in its log already.
         # Or killed between the run's end, in its log, and its verdict: it is not run again,
         # and its log is not given a second, contradicting run.finished.
-        last_sequence, logged_end = self._run_in_log(state) if entered else (0, False)
+        logged = self._run_in_log(state) if entered else _LoggedRun()
         # Its state says finished only when its verdict was deferred (the disk refused it).
         deferred = _home.run_finished(state)
-        finished = deferred or logged_end
+        finished = deferred or logged.finished
         if entered and not finished:
-            self._record_interrupted(request_id, state, request, last_sequence)
+            self._record_interrupted(request_id, state, request, logged)
         if requeue and not thread_changed and not finished:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return True
@@ -2131,47 +2142,65 @@ class Daemon:
         except Exception:  # corrupt, unreadable: the text is a courtesy, the verdict is not
             return adaptor.Result(run_id=run_id)
 
-    def _run_in_log(self, state: Mapping[str, Any]) -> tuple[int, bool]:
-        """The highest ``meta.sequence`` of the run's events in its audit log (0: none), and
-        whether its ``run.finished`` is there; ``(0, False)`` when unreadable."""
+    def _run_in_log(self, state: Mapping[str, Any]) -> _LoggedRun:
+        """What the run's audit log holds of it (nothing when unreadable)."""
         run_id, session = state.get("run_id"), state.get("session")
-        last, finished = 0, False
+        logged = _LoggedRun()
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
-            return last, finished
+            return logged
         with contextlib.suppress(Exception):  # unreadable: numbered from 1, the log still ends
             for record in self._events.iter_since(session):
-                if record.event.meta.run_id == run_id:
-                    last = max(last, record.event.meta.sequence)
-                    finished = finished or isinstance(record.event, events.RunFinished)
-        return last, finished
+                event = record.event
+                if event.meta.run_id != run_id:
+                    continue
+                logged.last_sequence = max(logged.last_sequence, event.meta.sequence)
+                if isinstance(event, events.RunFinished):
+                    logged.finished = True
+                elif isinstance(event, events.Notice) and event.kind.startswith("approval."):
+                    approval_id = event.data.get("request_id")
+                    if not isinstance(approval_id, str):
+                        continue
+                    if event.kind == "approval.requested":
+                        logged.asked.setdefault(approval_id, event)
+                    elif event.kind == "approval.resolved":
+                        logged.resolved.add(approval_id)
+        return logged
 
     def _record_interrupted(
-        self, request_id: str, state: Mapping[str, Any], request: Any, last_sequence: int
+        self, request_id: str, state: Mapping[str, Any], request: Any, logged: _LoggedRun
     ) -> None:
         """End the interrupted run's events as every other run's end: each approval it was
         waiting on resolved ``aborted``, then its ``run.finished``, so a reader of the audit
-        log (``tail -F | jq``, a follower) sees how it ended."""
-        stale = self._stale_approvals.pop(request_id, [])
+        log (``tail -F | jq``, a follower) sees how it ended.
+
+        The waiting approvals are those its log shows asked and not resolved, and those a
+        pending file shows (the run's thread writes that, the worker the log's notice: a crash
+        in between leaves either without the other); one the log lacks is logged asked first.
+        """
+        pending = {approval.id: approval for approval in self._stale_approvals.pop(request_id, [])}
         run_id, session = state.get("run_id"), state.get("session")
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
             return
         key = _thread_key(request) if isinstance(request, Mapping) else None
         now = datetime.now(UTC)
         meta = events.EventMeta(run_id=run_id, thread_key=key or "", time=now)
-        ended: list[events.Event] = [
-            replace(
-                resolved_notice(approval, Outcome("aborted", text=_INTERRUPTED, resolved_at=now)),
-                meta=meta,
-            )
-            for approval in stale
-        ]
+        aborted = Outcome("aborted", text=_INTERRUPTED, resolved_at=now)
+        ended: list[events.Event] = []
+        for approval_id, requested in logged.asked.items():
+            if approval_id not in logged.resolved:
+                ended.append(replace(resolution_of(requested, aborted), meta=meta))
+        for approval_id, approval in pending.items():
+            if approval_id not in logged.asked and approval_id not in logged.resolved:
+                # Dated as the run dated it; "ask": the daemon's runs route only those here.
+                ended.append(replace(requested_notice(approval, "ask"), meta=replace(meta, time=approval.created_at)))
+                ended.append(replace(resolved_notice(approval, aborted), meta=meta))
         finished = events.RunFinished(
             run_id=run_id, failed=True, reason="infrastructure_error", message=_INTERRUPTED, meta=meta
         )
         # Numbered on from the run's last event: recorded with sequence 0, they sorted first.
         try:
-            for number, event in enumerate([*ended, finished], start=last_sequence + 1):
-                self._events.record(session, replace(event, meta=replace(meta, sequence=number)))
+            for number, event in enumerate([*ended, finished], start=logged.last_sequence + 1):
+                self._events.record(session, replace(event, meta=replace(event.meta, sequence=number)))
         except Exception as exc:  # the verdict still says it; the log only misses its end
             self.log("event not recorded", id=state.get("id"), error=f"{type(exc).__name__}: {exc}")
         if self._events_backend.repair_count != self._repairs_told:

@@ -2115,8 +2115,9 @@ def _killed_while_an_approval_waits(
         assert time.monotonic() < deadline, "the run was not entered"
         time.sleep(0.02)
     # The run's log gets its notice.approval.requested from the worker reading the run's
-    # events, which may come a moment after the pending file (the run's own thread writes that):
-    # a kill -9 in between leaves a log without it (reported, not fixed).
+    # events, which may come a moment after the pending file (the run's own thread writes
+    # that): waited for, so the crash is the same every time (the restart mends a log
+    # without it: see the tests below).
     while not any(isinstance(e, events.Notice) and e.kind == "approval.requested"
                   for e in Client(daemon.home.root).events(rid)):
         assert time.monotonic() < deadline, "the run's log has no approval.requested"
@@ -2153,6 +2154,87 @@ def test_a_restart_expires_a_dead_runs_approval_whatever_response_was_left(tmp_p
     # Numbered on from the run's own events (they had sequence 0 and sorted first).
     sequences = [e.meta.sequence for e in logged if e.meta.run_id == logged[-1].run_id]
     assert sequences == list(range(1, len(sequences) + 1)), sequences
+
+
+def _approval_notices(logged: list[events.Event]) -> list[tuple[str, str, str | None]]:
+    return [(e.kind, e.data["request_id"], e.data.get("result")) for e in logged
+            if isinstance(e, events.Notice) and e.kind.startswith("approval.")]
+
+
+def _run_log(daemon: DaemonProcess, rid: str) -> Path:
+    session = orjson.loads(daemon.home.run_state(rid).read_bytes())["session"]
+    return daemon.home.events / f"{session}.jsonl"
+
+
+def _restart_and_read(tmp_path: Path, daemon: DaemonProcess, rid: str) -> list[events.Event]:
+    restarted = DaemonProcess(tmp_path / "home").start()
+    try:
+        assert not restarted.verdict(rid)["ok"]
+        logged = list(Client(daemon.home.root).events(rid))
+    finally:
+        assert restarted.stop() == 0
+    assert isinstance(logged[-1], events.RunFinished) and logged[-1].reason == "infrastructure_error"
+    sequences = [e.meta.sequence for e in logged if e.meta.run_id == logged[-1].run_id]
+    assert sequences == list(range(1, len(sequences) + 1)), sequences
+    return logged
+
+
+def test_a_restart_logs_the_request_of_an_approval_the_crash_kept_out_of_the_runs_log(
+    tmp_path: Path,
+) -> None:
+    # The run's own thread writes the pending file; the worker records the run's
+    # notice.approval.requested a moment later.  Killed in between, the restart logged the
+    # approval's "aborted" end for a request the log never showed.
+    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
+    log = _run_log(daemon, rid)
+    data = log.read_bytes()
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1
+    assert orjson.loads(data[cut:])["kind"] == "notice.approval.requested"  # the last: dropped
+    os.truncate(log, cut)
+    pending = _home.read_pending(daemon.home, approval_id)
+    logged = _restart_and_read(tmp_path, daemon, rid)
+    assert _approval_notices(logged) == [("approval.requested", approval_id, None),
+                                         ("approval.resolved", approval_id, "aborted")]
+    (requested,) = [e for e in logged if isinstance(e, events.Notice) and e.kind == "approval.requested"]
+    assert requested.text == "x" and requested.data["kind"] == "permission"
+    assert requested.data["default_result"] == "ask" and requested.data["attempt"] == 0
+    assert requested.data["created_at"] == pending["created_at"]
+
+
+def test_a_restart_resolves_an_approval_the_runs_log_shows_asked_without_a_pending_file(
+    tmp_path: Path,
+) -> None:
+    # Killed after the log got notice.approval.requested but before the route wrote the
+    # pending file: the restart found nothing to expire and the log's request stayed open.
+    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
+    (daemon.home.approvals_pending / f"{approval_id}.json").unlink()
+    logged = _restart_and_read(tmp_path, daemon, rid)
+    assert _approval_notices(logged) == [("approval.requested", approval_id, None),
+                                         ("approval.resolved", approval_id, "aborted")]
+
+
+def test_a_restart_does_not_end_again_an_approval_the_runs_log_shows_resolved(tmp_path: Path) -> None:
+    # Killed after the answer reached the run's log but before the route removed the pending
+    # file: the restart logged a second, contradicting "aborted" after the "approved".
+    daemon = DaemonProcess(tmp_path / "home").start()
+    rid = daemon.submit(script(
+        {"approval": {"kind": "permission", "title": "x"}}, {"sleep": 600},
+        policy={"approvals": {"timeout": 600}},
+    ))
+    approval_id = _pending_approval(daemon)
+    kept = (daemon.home.approvals_pending / f"{approval_id}.json").read_bytes()
+    _home.respond(daemon.home, approval_id, "approve")
+    deadline = time.monotonic() + 60
+    while ("approval.resolved", approval_id, "approved") not in _approval_notices(
+        list(Client(daemon.home.root).events(rid))
+    ):
+        assert time.monotonic() < deadline, "the run's log has no approval.resolved"
+        time.sleep(0.02)
+    daemon.kill9()
+    (daemon.home.approvals_pending / f"{approval_id}.json").write_bytes(kept)
+    logged = _restart_and_read(tmp_path, daemon, rid)
+    assert _approval_notices(logged) == [("approval.requested", approval_id, None),
+                                         ("approval.resolved", approval_id, "approved")]
 
 
 def test_an_approval_a_response_expired_while_the_daemon_was_down_is_audited_and_not_listed(
