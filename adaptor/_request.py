@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 import adaptor
-from adaptor import _durable, _home, _nesting, mcp, policy, skill
+from adaptor import _durable, _home, _nesting, _schema_errors, mcp, policy, skill
 from adaptor._redact import MIN_SECRET_LENGTH, REDACTED, Redactor
 from adaptor.driver import Descriptor, Driver, InvalidDriverConfigError
 from adaptor.drivers import NAMES as DRIVERS
@@ -82,7 +82,7 @@ def parse(data: bytes, request_id: str) -> dict[str, Any]:
     """Decode and validate one request file; raises ``InvalidRequestError`` listing every problem."""
     obj = decode(data)
     problems = [
-        {"path": _pointer(error.absolute_path), "message": error.message[:500]}
+        {"path": _pointer(error.absolute_path), "message": _schema_errors.message(error)[:500]}
         for error in sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
     ]
     if "id" in obj and obj["id"] != request_id and isinstance(obj["id"], str):

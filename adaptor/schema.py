@@ -35,7 +35,7 @@ from typing import (
 
 import orjson
 
-from adaptor import _nesting, _schema_checker
+from adaptor import _nesting, _schema_checker, _schema_errors
 from adaptor._options import kind_of as _kind_of
 from adaptor.driver import (
     Descriptor,
@@ -476,7 +476,7 @@ def _error_order(error: ValidationError) -> tuple[list[tuple[int, int | str]], s
 
 
 def _describe(error: ValidationError) -> str:
-    message = error.message
+    message = _schema_errors.message(error)
     if len(message) > _MAX_MESSAGE:
         message = message[: _MAX_MESSAGE - 1] + "…"
     return f"{error.json_path}: {message}"

@@ -1222,7 +1222,7 @@ def test_output_with_many_errors_keeps_the_first_twenty() -> None:
         agent.run("count", schema={"type": "array", "items": {"type": "integer"}})
     structured = info.value.result.structured if info.value.result else None
     assert structured is not None and len(structured.errors) == 21
-    assert structured.errors[0] == "$[0]: 'x' is not of type 'integer'"
+    assert structured.errors[0] == '$[0]: "x" is not of type "integer"'
     assert structured.errors[19].startswith("$[19]: ")
     assert structured.errors[-1] == "… and 4980 more errors"
     assert info.value.details["errors"] == list(structured.errors)

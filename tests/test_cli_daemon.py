@@ -325,7 +325,7 @@ def test_run_says_when_return_invalid_kept_invalid_output(home: Home, tmp_path: 
         assert ran.returncode == 0 and ran.stdout == '{"a":"x"}\n', (extra, ran.stderr)
         assert ran.stderr.splitlines()[-1] == (
             "adaptor: the structured output is invalid (kept by return_invalid): "
-            "$.a: 'x' is not of type 'integer'"
+            '$.a: "x" is not of type "integer"'
         ), extra
         quiet = home.cli("run", "--request", str(request), "--quiet", *extra)
         assert quiet.returncode == 0 and "invalid" not in quiet.stderr, extra

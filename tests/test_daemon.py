@@ -324,6 +324,9 @@ def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon:
     [
         ("bad-json.json", b"{not json", "invalid JSON"),
         ("wrong-types.json", orjson.dumps({"driver": 5, "prompt": ["x"]}), "is not of type"),
+        # Said in JSON, as written: it said "True is not of type 'string'".
+        ("json-values.json", orjson.dumps({"driver": "script", "prompt": True}), '/prompt: true is not of type "string"'),
+        ("json-null.json", orjson.dumps({"driver": "script", "prompt": "x", "metadata": None}), "null is not of type"),
         ("non-utf8.json", b'{"driver": "script", "prompt": "\xff\xfe"}', "not UTF-8"),
         ("not-object.json", b"[1, 2]", "JSON object"),
         ("unknown-field.json", orjson.dumps({"driver": "script", "prompt": "x", "surprise": 1}), "Additional properties"),

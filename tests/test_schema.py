@@ -506,10 +506,12 @@ def test_invalid_output_keeps_value_and_sorts_errors_by_path() -> None:
     assert out.value == orjson.loads(text)
     assert out.raw_json
     assert out.errors == (
-        "$: Additional properties are not allowed ('zzz' was unexpected)",
-        "$.a: 'nope' is not of type 'integer'",
-        "$.items[2]: 2 is not of type 'string'",
-        "$.items[10]: 1 is not of type 'string'",
+        # The values as JSON, as the output was written (jsonschema's own words quote
+        # Python's repr: 'nope', 'integer').
+        '$: Additional properties are not allowed ("zzz" was unexpected)',
+        '$.a: "nope" is not of type "integer"',
+        '$.items[2]: 2 is not of type "string"',
+        '$.items[10]: 1 is not of type "string"',
     )
 
 
@@ -575,6 +577,26 @@ _SLOW = {"name": "a" * 32 + "!"}
 
 
 @pytest.mark.parametrize(
+    ("schema", "text", "said"),
+    [
+        ({"type": "string"}, "true", '$: true is not of type "string"'),
+        ({"type": ["string", "null"]}, "false", '$: false is not of type "string", "null"'),
+        ({"enum": ["a", None]}, "null", None),
+        ({"enum": ["a", None]}, '"b"', '$: "b" is not one of ["a",null]'),
+        ({"const": {"on": True}}, "{}", '$: {"on":true} was expected'),
+        ({"required": ["it's"]}, "{}", """$: "it's" is a required property"""),
+        ({"items": {"maxLength": 1}}, '["\\u00e9t\\u00e9"]', '$[0]: "été" is too long'),
+        ({"not": {"type": "null"}}, "null", '$: null should not be valid under {"type":"null"}'),
+        ({"dependentRequired": {"a": ["b"]}}, '{"a": 1}', '$: "b" is a dependency of "a"'),
+    ],
+)
+def test_output_errors_quote_values_as_json(schema: dict[str, Any], text: str, said: str | None) -> None:
+    # jsonschema quotes Python's repr (True, None, 'b', {'on': True}): the output was JSON.
+    out = compile_schema(schema).validate_text(text, "native")
+    assert out.errors == (() if said is None else (said,))
+
+
+@pytest.mark.parametrize(
     "value",
     [
         {"name": "two words"},
@@ -588,8 +610,11 @@ _SLOW = {"name": "a" * 32 + "!"}
 def test_a_schema_with_patterns_judges_as_jsonschema_does(value: dict[str, Any]) -> None:
     from jsonschema import Draft202012Validator
 
-    expected = sorted(
-        f"{e.json_path}: {e.message}" for e in Draft202012Validator(_PATTERNED).iter_errors(value)
+    from adaptor import _schema_errors
+
+    expected = sorted(  # (its words, the values quoted as JSON)
+        f"{e.json_path}: {_schema_errors.message(e)}"
+        for e in Draft202012Validator(_PATTERNED).iter_errors(value)
     )
     out = compile_schema(_PATTERNED).validate_text(orjson.dumps(value).decode(), "native")
     assert sorted(out.errors) == expected
@@ -656,7 +681,7 @@ def test_a_checker_works_with_descriptors_beyond_1024(monkeypatch: pytest.Monkey
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         adaptor._schema_checker._close_idle()  # this test's own children
-    assert out.errors == (f"$.name: 'x-y' does not match {_BACKTRACKS!r}",)
+    assert out.errors == (f'$.name: "x-y" does not match {orjson.dumps(_BACKTRACKS).decode()}',)
 
 
 def test_no_time_left_is_cut_off_at_once() -> None:
@@ -678,7 +703,7 @@ def test_patterns_are_checked_in_process_when_no_checker_can_start(
     monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
     out = compile_schema(_PATTERNED).validate_text('{"name": "not-a-word"}', "native")
-    assert out.errors == (f"$.name: 'not-a-word' does not match {_BACKTRACKS!r}",)
+    assert out.errors == (f'$.name: "not-a-word" does not match {orjson.dumps(_BACKTRACKS).decode()}',)
 
 
 @pytest.mark.parametrize(
@@ -703,7 +728,7 @@ def test_a_frozen_application_checks_in_process(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     out = compile_schema(_PATTERNED).validate_text('{"name": "not-a-word"}', "native")
-    assert out.errors == (f"$.name: 'not-a-word' does not match {_BACKTRACKS!r}",)
+    assert out.errors == (f'$.name: "not-a-word" does not match {orjson.dumps(_BACKTRACKS).decode()}',)
     assert adaptor._schema_checker._idle == []  # no child was started
 
 
@@ -799,7 +824,7 @@ def test_recursive_schemas_that_descend_are_fine() -> None:
     compiled = compile_schema(tree)
     assert compiled.validate_text('{"children": [{"children": []}]}', "native").valid
     bad = compiled.validate_text('{"children": [{"children": 1}]}', "native")
-    assert bad.errors == ("$.children[0].children: 1 is not of type 'array'",)
+    assert bad.errors == ('$.children[0].children: 1 is not of type "array"',)
 
 
 @pytest.mark.parametrize("depth", [129, 300, 1100, 100_000])
