@@ -297,7 +297,7 @@ def _compile_document(document: object, type_: type | None) -> CompiledSchema:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise InvalidOutputSchemaError(
-            f"not a valid draft 2020-12 schema at {exc.json_path}: {exc.message}", exc
+            f"not a valid draft 2020-12 schema at {exc.json_path}: {_schema_errors.message(exc)}", exc
         ) from exc
     _check_references(schema)
     return CompiledSchema(schema=schema, schema_hash=f"sha256:{digest}", type_=type_)

@@ -420,6 +420,12 @@ def test_uncompilable_schema(schema: dict[str, Any]) -> None:
     assert isinstance(error.cause, SchemaError)
 
 
+def test_an_uncompilable_schema_quotes_its_values_as_json() -> None:
+    # It said "'0' is not of type 'number'": the schema was JSON (a request's, a --schema file).
+    error = _schema_error({"minimum": "0"})
+    assert error.reason == 'not a valid draft 2020-12 schema at $.minimum: "0" is not of type "number"'
+
+
 @pytest.mark.parametrize(
     "ref",
     ["#/$defs/missing", "https://example.com/remote.json", "#nope"],
