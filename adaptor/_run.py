@@ -1319,13 +1319,15 @@ def resolution_of(requested: Notice, outcome: Outcome) -> Notice:
     data = {key: value for key, value in requested.data.items() if key != "default_result"}
     try:
         created_at: datetime | None = parse_time(data["created_at"])
-    except (KeyError, TypeError, ValueError):  # (written by hand: no latency then)
+    except Exception:  # (written by hand: no latency then)
         created_at = None
     return _resolution(data, created_at, outcome)
 
 
 def _resolution(approval_data: dict[str, Any], created_at: datetime | None, outcome: Outcome) -> Notice:
     resolved_at = outcome.resolved_at or datetime.now(UTC)
+    if created_at is not None and created_at.tzinfo is None:
+        created_at = None  # (a date written by hand without its zone: no latency then)
     return Notice(
         kind="approval.resolved",
         text=outcome.result,

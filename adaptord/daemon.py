@@ -181,10 +181,20 @@ class _LoggedRun:
     """What an interrupted run's audit log holds of it, for its recovery."""
 
     last_sequence: int = 0  # its highest meta.sequence (0: no event)
-    finished: bool = False  # its run.finished is there
-    # Its approvals the log shows asked (their notice, by approval id) and resolved.
+    finished: bool = False  # its own run.finished is there
+    # The run.finished an earlier restart gave it (killed before its verdict or requeue).
+    ended_by_restart: bool = False
+    # Its approvals the log shows asked (their notice) and resolved, by _approval_key.
     asked: dict[str, events.Notice] = field(default_factory=dict)
     resolved: set[str] = field(default_factory=set)
+
+
+def _approval_key(approval_id: object) -> str:
+    """An approval's id as a key, whatever a log written by hand holds (none, a number)."""
+    try:
+        return orjson.dumps(approval_id).decode()
+    except Exception:
+        return repr(approval_id)
 
 
 @dataclass(eq=False)  # identity: the schedule finds and removes jobs by ``is``, not by value
@@ -2061,7 +2071,7 @@ class Daemon:
         # Its state says finished only when its verdict was deferred (the disk refused it).
         deferred = _home.run_finished(state)
         finished = deferred or logged.finished
-        if entered and not finished:
+        if entered and not finished and not logged.ended_by_restart:
             self._record_interrupted(request_id, state, request, logged)
         if requeue and not thread_changed and not finished:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
@@ -2155,15 +2165,20 @@ class Daemon:
                     continue
                 logged.last_sequence = max(logged.last_sequence, event.meta.sequence)
                 if isinstance(event, events.RunFinished):
-                    logged.finished = True
-                elif isinstance(event, events.Notice) and event.kind.startswith("approval."):
-                    approval_id = event.data.get("request_id")
-                    if not isinstance(approval_id, str):
-                        continue
+                    if event.failed and event.reason == "infrastructure_error" and event.message == _INTERRUPTED:
+                        logged.ended_by_restart = True
+                    else:
+                        logged.finished = True
+                elif (
+                    isinstance(event, events.Notice)
+                    and event.kind in ("approval.requested", "approval.resolved")
+                    and isinstance(event.data, Mapping)  # (a notice written by hand: skipped)
+                ):
+                    key = _approval_key(event.data.get("request_id"))
                     if event.kind == "approval.requested":
-                        logged.asked.setdefault(approval_id, event)
-                    elif event.kind == "approval.resolved":
-                        logged.resolved.add(approval_id)
+                        logged.asked.setdefault(key, event)
+                    else:
+                        logged.resolved.add(key)
         return logged
 
     def _record_interrupted(
@@ -2177,7 +2192,7 @@ class Daemon:
         pending file shows (the run's thread writes that, the worker the log's notice: a crash
         in between leaves either without the other); one the log lacks is logged asked first.
         """
-        pending = {approval.id: approval for approval in self._stale_approvals.pop(request_id, [])}
+        pending = {_approval_key(approval.id): approval for approval in self._stale_approvals.pop(request_id, [])}
         run_id, session = state.get("run_id"), state.get("session")
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
             return
@@ -2186,14 +2201,19 @@ class Daemon:
         meta = events.EventMeta(run_id=run_id, thread_key=key or "", time=now)
         aborted = Outcome("aborted", text=_INTERRUPTED, resolved_at=now)
         ended: list[events.Event] = []
-        for approval_id, requested in logged.asked.items():
-            if approval_id not in logged.resolved:
+        for approval_key, requested in logged.asked.items():
+            if approval_key not in logged.resolved:
                 ended.append(replace(resolution_of(requested, aborted), meta=meta))
-        for approval_id, approval in pending.items():
-            if approval_id not in logged.asked and approval_id not in logged.resolved:
+        for approval_key, approval in pending.items():
+            if approval_key in logged.asked or approval_key in logged.resolved:
+                continue
+            try:
                 # Dated as the run dated it; "ask": the daemon's runs route only those here.
-                ended.append(replace(requested_notice(approval, "ask"), meta=replace(meta, time=approval.created_at)))
-                ended.append(replace(resolved_notice(approval, aborted), meta=meta))
+                asked_at = approval.created_at if approval.created_at.tzinfo is not None else now
+                asked = replace(requested_notice(approval, "ask"), meta=replace(meta, time=asked_at))
+                ended += [asked, replace(resolved_notice(approval, aborted), meta=meta)]
+            except Exception as exc:  # a pending file changed by hand: the run still ends
+                self.log("approval not logged", id=state.get("id"), approval_id=approval.id, error=type(exc).__name__)
         finished = events.RunFinished(
             run_id=run_id, failed=True, reason="infrastructure_error", message=_INTERRUPTED, meta=meta
         )

@@ -2204,6 +2204,23 @@ def test_a_restart_logs_the_request_of_an_approval_the_crash_kept_out_of_the_run
     assert requested.data["created_at"] == pending["created_at"]
 
 
+def test_a_restart_logs_the_request_of_an_approval_whose_pending_file_was_changed_by_hand(
+    tmp_path: Path,
+) -> None:
+    # A date without its zone (TypeError): the run got no verdict from that start.
+    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
+    log = _run_log(daemon, rid)
+    data = log.read_bytes()
+    os.truncate(log, data.rstrip(b"\n").rfind(b"\n") + 1)  # its approval.requested
+    pending = daemon.home.approvals_pending / f"{approval_id}.json"
+    record = orjson.loads(pending.read_bytes())
+    record["created_at"] = "2026-12-06T10:00:00"
+    pending.write_bytes(orjson.dumps(record))
+    logged = _restart_and_read(tmp_path, daemon, rid)
+    assert _approval_notices(logged) == [("approval.requested", approval_id, None),
+                                         ("approval.resolved", approval_id, "aborted")]
+
+
 def test_a_restart_resolves_an_approval_the_runs_log_shows_asked_without_a_pending_file(
     tmp_path: Path,
 ) -> None:
@@ -2214,6 +2231,96 @@ def test_a_restart_resolves_an_approval_the_runs_log_shows_asked_without_a_pendi
     logged = _restart_and_read(tmp_path, daemon, rid)
     assert _approval_notices(logged) == [("approval.requested", approval_id, None),
                                          ("approval.resolved", approval_id, "aborted")]
+
+
+def _append_to_run_log(daemon: DaemonProcess, rid: str, *made: events.Event) -> None:
+    """Events written by hand (through the recorder: framed and checksummed) after the run's
+    last, numbered on from it."""
+    logged = list(Client(daemon.home.root).events(rid))
+    run_id = orjson.loads(daemon.home.run_state(rid).read_bytes())["run_id"]
+    last = max(e.meta.sequence for e in logged if e.meta.run_id == run_id)
+    session = orjson.loads(daemon.home.run_state(rid).read_bytes())["session"]
+    with sr.EventRecorder(sr.JSONLEventBackend(daemon.home.events)) as recorder:
+        for number, event in enumerate(made, start=last + 1):
+            recorder.record(session, dataclasses.replace(
+                event, meta=events.EventMeta(run_id=run_id, sequence=number, time=datetime.now(UTC))))
+
+
+def _asked(approval_id: object, **data: Any) -> events.Notice:
+    return events.Notice(kind="approval.requested", text="by hand",
+                         data={"request_id": approval_id, "kind": "permission", **data})
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        # The restart failed on each (AttributeError, TypeError): no verdict, on any later start.
+        _asked("hand-1", created_at=12345),
+        _asked("hand-1", created_at=None),
+        _asked("hand-1", created_at="2026-12-06T10:00:00"),  # no time zone
+        # Ended the reading of the log: the restart's events numbered as if it ended there.
+        events.Notice(kind="approval.requested", text="by hand", data={}),
+        # Never ended.
+        _asked(7, created_at="2026-12-06T10:00:00Z"),
+    ],
+    ids=["created-int", "created-null", "created-naive", "no-id", "id-int"],
+)
+def test_a_restart_ends_the_runs_log_whatever_approval_notices_were_written_into_it(
+    tmp_path: Path, odd: events.Notice,
+) -> None:
+    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
+    _append_to_run_log(daemon, rid, odd, _asked("hand-2", created_at="2026-12-06T10:00:00Z"))
+    logged = _restart_and_read(tmp_path, daemon, rid)
+    asked = [e.data.get("request_id") for e in logged
+             if isinstance(e, events.Notice) and e.kind == "approval.requested"]
+    ended = [e.data.get("request_id") for e in logged
+             if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
+    assert sorted(map(repr, ended)) == sorted(map(repr, asked)), (asked, ended)
+    assert approval_id in ended and "hand-2" in ended
+
+
+@pytest.mark.parametrize("on_interrupt", ["fail", "requeue"])
+def test_a_run_whose_restart_was_killed_after_ending_its_log_is_still_interrupted(
+    tmp_path: Path, on_interrupt: str,
+) -> None:
+    # The restart's own run.finished (written before the verdict or the requeue) was taken
+    # by the next start for the run's: "the run finished, but the daemon stopped before it
+    # wrote the run's verdict", and a requeued run was not run again.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    rid = daemon.submit({**script({"sleep": 600}), "on_interrupt": on_interrupt})
+    state = daemon.home.run_state(rid)
+    deadline = time.monotonic() + 60
+    while not (state.exists() and orjson.loads(state.read_bytes()).get("entered")):
+        assert time.monotonic() < deadline, "the run was not entered"
+        time.sleep(0.02)
+    first_run = orjson.loads(state.read_bytes())["run_id"]
+    daemon.kill9()
+    # What the next start writes first, killed before its verdict or requeue.
+    _append_to_run_log(daemon, rid, events.RunFinished(
+        run_id=first_run, failed=True, reason="infrastructure_error",
+        message="the daemon stopped while the run was in progress",
+    ))
+    request = orjson.loads((daemon.home.claimed / f"{rid}.json").read_bytes())
+    if on_interrupt == "requeue":
+        # The second attempt must end: the same request, without the long sleep.
+        request["config"]["steps"] = [{"text": "second"}]
+        (daemon.home.claimed / f"{rid}.json").write_bytes(orjson.dumps(request))
+    restarted = DaemonProcess(tmp_path / "home").start()
+    try:
+        verdict = restarted.verdict(rid)
+        logged = list(Client(daemon.home.root).events(rid))
+    finally:
+        assert restarted.stop() == 0
+    ends = [e.meta.run_id for e in logged if isinstance(e, events.RunFinished)]
+    if on_interrupt == "requeue":
+        assert verdict["ok"] and verdict["result"]["text"] == "second", verdict
+        assert ends[0] == first_run and len(ends) == 2 and ends[1] != first_run, ends
+    else:
+        assert not verdict["ok"]
+        error = verdict["error"]
+        assert error["message"].startswith("the daemon stopped while the run was in progress"), error
+        assert error["details"].get("interrupted") is True and "finished" not in error["details"]
+        assert ends == [first_run]  # not ended twice
 
 
 def test_a_restart_does_not_end_again_an_approval_the_runs_log_shows_resolved(tmp_path: Path) -> None:
