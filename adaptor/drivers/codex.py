@@ -123,12 +123,14 @@ _SANDBOX_MODES: Final = {
     "workspace_write": "workspace-write",
     "unrestricted": "danger-full-access",
 }
-# Flags the driver sets itself, and those `exec resume` does not accept (a run that works fresh
-# must keep working when it resumes).
+# Flags the driver sets itself, and those `exec resume` and `exec fork` do not accept (a run
+# that works fresh must keep working when it resumes; a provider is named in the config instead
+# of `--oss`).
 _OWNED_FLAGS: Final = frozenset({
     "--json", "--output-schema", "-o", "--output-last-message", "--skip-git-repo-check",
     "-m", "--model", "-s", "--sandbox", "-C", "--cd", "--add-dir", "-p", "--profile",
-    "--last", "--ephemeral",
+    "--last", "--ephemeral", "--color", "--oss", "--local-provider", "--approve-for-me",
+    "-V", "--version",
 })
 _RESUME_REJECTED = re.compile(
     r"no rollout found for thread id|missing rollout path for thread|"
@@ -395,7 +397,11 @@ def _refusal(taken: list[str], kind: str, why: str) -> Response:
 # (the _Plan attribute, what it is, -c keys that set it, -c tables below which a key does,
 # flags that override it)
 _OVERRIDES: Final[tuple[tuple[str, str, set[str], set[str], set[str]], ...]] = (
-    ("sandbox", "the policy's sandbox", {"sandbox_mode"}, {"sandbox_workspace_write"},
+    # (codex 0.171.0 takes a permission profile, built in or a [permissions] table's, over
+    # sandbox_mode.)
+    ("sandbox", "the policy's sandbox",
+     {"sandbox_mode", "default_permissions", "permission_profile"},
+     {"sandbox_workspace_write", "permissions"},
      {"--dangerously-bypass-approvals-and-sandbox", "--approve-for-me", "--full-auto", "--yolo"}),
     ("web_search", "the policy's web_search", {"web_search", "tools.web_search"}, set(), set()),
     ("developer", "append_system_prompt and the skills catalogue", {"developer_instructions"},

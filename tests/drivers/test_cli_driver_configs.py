@@ -130,6 +130,9 @@ def _never_started(tmp_path: Path) -> str:
         (codex, ("-csandbox_workspace_write.network_access=true",),
          adaptor.Policy(sandbox="workspace_write"), ["sandbox_workspace_write.network_access"]),
         (codex, ("--config=web_search=\"live\"",), adaptor.Policy(web_search="deny"), ["web_search"]),
+        # codex 0.171.0's permission profiles, which it takes over sandbox_mode.
+        (codex, ("-c", 'permission_profile=":workspace"', "-cpermissions.mine.network=true"),
+         adaptor.Policy(sandbox="read_only"), ["permission_profile", "permissions.mine.network"]),
         (claude, ("--allowedTools", "Bash"),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")), ["--allowedTools"]),
         (claude, ("--settings={\"permissions\": {\"allow\": [\"Bash\"]}}",),

@@ -13,6 +13,8 @@ import dataclasses
 import glob
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -1003,6 +1005,54 @@ def test_codex_thread_resume_and_restart(
     assert again.metadata["thread_id"] == thread_id
     first_input, second_input = (len(b["input"]) for b in openai.responses())
     assert second_input > first_input  # the history went along
+
+
+def _codex_flags(codex_bin: str, *command: str) -> set[str]:
+    """The flags ``codex <command> --help`` lists, short and long."""
+    shown_help = subprocess.run([codex_bin, *command, "--help"], capture_output=True, text=True,
+                                timeout=60, check=True).stdout
+    found: set[str] = set()
+    for line in shown_help.splitlines():
+        listed = re.match(r"^\s+(?:(-\w), )?(--[\w-]+)", line)
+        if listed:
+            found |= {flag for flag in listed.groups() if flag}
+    return found
+
+
+def test_codex_refuses_every_flag_its_resume_or_fork_would_not_take(codex_bin: str) -> None:
+    # --color never, --oss, --local-provider, --approve-for-me: the first turn of a thread
+    # ran, every later one failed ("error: unexpected argument '--color' found").
+    fresh = _codex_flags(codex_bin, "exec")
+    for later in (("exec", "resume"), ("exec", "fork")):
+        for flag in sorted(fresh - _codex_flags(codex_bin, *later)):
+            with pytest.raises(ValueError, match=f"extra_args: {flag} "):
+                codex.Driver(codex.Config(extra_args=(flag, "x"))).validate_config()
+    codex.Driver(codex.Config(extra_args=("--enable", "x", "-i", "a.png"))).validate_config()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("-c", 'default_permissions=":danger-full-access"'), ("--config=default_permissions=:workspace",)],
+)
+def test_codex_permission_profiles_in_extra_args_cannot_override_the_policys_sandbox(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str, tmp_path: Path,
+    extra: tuple[str, ...],
+) -> None:
+    # codex 0.171.0 takes a permission profile over the sandbox_mode the driver sets: the
+    # shell wrote in (and out of) a read_only run's workspace, and the run said success.
+    target = os.path.join(workspace, "made.txt")
+    openai.configure(shell=f"touch {target}; echo done")
+    config = codex_config()
+    config = dataclasses.replace(config, extra_args=(*config.extra_args, *extra))
+    with adaptor.Agent(codex.Driver(config), workspace=workspace) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("make a file", policy=adaptor.Policy(sandbox="read_only"), timeout=90)
+        assert caught.value.reason == "unsupported_driver"
+        assert caught.value.details["extra_args"] == ["default_permissions"]
+        assert not os.path.exists(target) and openai.responses() == []
+        # Without an explicit sandbox, codex's own configuration decides.
+        agent.run("make a file", timeout=90)
+    assert os.path.exists(target)
 
 
 def test_codex_bad_resume_id(
