@@ -132,10 +132,13 @@ _OWNED_FLAGS: Final = frozenset({
     "--last", "--ephemeral", "--color", "--oss", "--local-provider", "--approve-for-me",
     "-V", "--version",
 })
+# (codex 0.171.0's words, a session gone or damaged: its rollout file deleted, emptied or not
+# JSON; a fork's source rollout gone.)
 _RESUME_REJECTED = re.compile(
     r"no rollout found for thread id|missing rollout path for thread|"
     r"state db missing rollout path|unknown (session|thread)|"
-    r"(session|thread|conversation) .{0,80}not found",
+    r"(session|thread|conversation) .{0,80}not found|"
+    r"failed to read session metadata|missing source rollout",
     re.IGNORECASE,
 )
 _FAILURES: Final = _cli.FailureShapes(

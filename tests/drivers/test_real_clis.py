@@ -1074,6 +1074,37 @@ def test_codex_bad_resume_id(
     assert "no rollout found" in caught.value.reason
 
 
+@pytest.mark.parametrize("damage", [b"garbage\n", b""])
+def test_codex_a_damaged_session_is_a_rejected_resume(
+    codex_config: Callable[..., codex.Config], workspace: str, tmp_path: Path, damage: bytes
+) -> None:
+    # "failed to read session metadata": an AgentFailedError, so every later turn of the
+    # thread failed the same way (continue_or_start never started afresh); a fork of a session
+    # whose rollout is gone ("missing source rollout") was one too.
+    store = Store()
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        agent.thread("t").run("first")
+        rollouts = glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
+                             recursive=True)
+        assert rollouts
+        for path in rollouts:
+            Path(path).write_bytes(damage)
+        with pytest.raises(adaptor.ResumeRejectedError) as caught:
+            agent.thread("t", resume_only=True).run("again")
+        assert "failed to read session metadata" in caught.value.reason
+        stream = agent.thread("t").stream("again")
+        notices = [e for e in stream if isinstance(e, Notice)]
+        assert stream.result().metadata["thread_id"]
+        assert any(n.data.get("phase") == "thread.resume_rejected" for n in notices)
+        for path in glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
+                              recursive=True):
+            os.remove(path)  # the fresh session's too
+        with pytest.raises(adaptor.ResumeRejectedError) as forked:
+            agent.thread("t").fork("f").run("from there")
+        assert "missing source rollout" in forked.value.reason
+
+
 def test_codex_structured_output(
     codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
 ) -> None:
