@@ -292,10 +292,11 @@ def no_append(cli: str) -> Response:
     ))
 
 
-def checkpoint(session_id: str, session_cwd: str) -> Checkpoint:
+def checkpoint(session_id: str, session_cwd: str, **data: str) -> Checkpoint:
     """A valid checkpoint of ``session_id``, kept under the directory the CLI keeps it in
-    (checked by :func:`resume_target`)."""
-    state = SessionState(resume_id=session_id, display_id=session_id, data={"cwd": session_cwd})
+    (checked by :func:`resume_target`), with the driver's own ``data`` beside."""
+    state = SessionState(resume_id=session_id, display_id=session_id,
+                         data={**data, "cwd": session_cwd})
     return Checkpoint(state, valid=True)
 
 

@@ -280,6 +280,8 @@ class _Plan:
     env_layers: tuple[Mapping[str, str], ...]
     mcp: tuple[MCPServerSpec, ...] = ()
     required_mcp: frozenset[str] = frozenset()
+    # The resumed session's token totals as its last turn left them (see _SessionUsage).
+    usage_before: Usage | None = None
 
 
 def _plan(config: Config, request: Request) -> _Plan:
@@ -316,7 +318,34 @@ def _plan(config: Config, request: Request) -> _Plan:
         env_layers=(dict(config.env), dict(request.env), owned),
         mcp=tuple(servers),
         required_mcp=frozenset(required),
+        usage_before=None if resume_id is None else _stored_usage(request),
     )
+
+
+# codex's turn.completed carries the session's running token totals (a resumed or forked
+# session's include its earlier turns'), so each checkpoint keeps them, and a resumed turn
+# reports what it added.
+_USAGE_KEY: Final = "usage"
+
+
+def _stored_usage(request: Request) -> Usage | None:
+    state = None if request.session is None else request.session.state
+    try:
+        totals = orjson.loads(state.data[_USAGE_KEY]) if state is not None else None
+        return None if totals is None else _usage({"usage": totals})
+    except (KeyError, TypeError, ValueError):  # a checkpoint from before, or changed by hand
+        return None
+
+
+def _turn_usage(totals: Usage | None, before: Usage | None) -> Usage | None:
+    """The turn's share of the session ``totals``; the totals themselves when they are not
+    past ``before`` (codex started counting afresh)."""
+    if totals is None or before is None:
+        return totals
+    fields = ("input_tokens", "output_tokens", "cached_input_tokens")
+    if any(getattr(totals, f) < getattr(before, f) for f in fields):
+        return totals
+    return Usage(**{f: getattr(totals, f) - getattr(before, f) for f in fields})
 
 
 def _argv(
@@ -636,7 +665,7 @@ class _Parser:
     def _turn_completed(self, event: dict[str, Any]) -> None:
         self.completed = event
         self._item(kind="result", subtype="success", session_id=self.thread_id,
-                   usage=_usage(event), text=self.final)
+                   usage=_turn_usage(_usage(event), self.plan.usage_before), text=self.final)
 
     def _turn_failed(self, event: dict[str, Any]) -> None:
         self.failed = event
@@ -714,9 +743,13 @@ class _Parser:
             raise ResumeRejectedError(self.resume_problem)
         failure = self._failure(exit_)
         clean = failure is None and exit_.clean and self.completed is not None
+        totals = None if self.completed is None else _usage(self.completed)
         checkpoint = None
         if clean and self.thread_id:
-            checkpoint = _cli.checkpoint(self.thread_id, self.plan.session_cwd)
+            kept = {} if totals is None else {_USAGE_KEY: orjson.dumps({
+                "input_tokens": totals.input_tokens, "output_tokens": totals.output_tokens,
+                "cached_input_tokens": totals.cached_input_tokens}).decode()}
+            checkpoint = _cli.checkpoint(self.thread_id, self.plan.session_cwd, **kept)
         structured = None
         if self.plan.schema is not None:
             try:
@@ -737,7 +770,7 @@ class _Parser:
                              terminal_event=None if terminal is None
                              else as_str(terminal.get("type")),
                              output=self.final,
-                             usage=None if self.completed is None else _usage(self.completed),
+                             usage=_turn_usage(totals, self.plan.usage_before),
                              checkpoint=checkpoint, metadata=metadata, provider=PROVIDER,
                              model=self.plan.model, structured_output=structured, failure=failure)
 

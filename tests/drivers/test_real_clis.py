@@ -27,6 +27,7 @@ from adaptor.drivers import claude, codex
 from adaptor.events import Notice, ProcessInfo, SubagentUpdate, TextDelta, ToolCall, ToolResult
 from adaptor.memory import Store
 from adaptor.testing import conformance
+from adaptor.threadstore import Query
 from tests.drivers._websocket import TickingWebSocket
 from tests.drivers.conftest import group_members, shown
 from tests.drivers.mock_anthropic import DEFAULT_TEXT, FOLLOW_UP_TEXT, AnthropicMock
@@ -1053,6 +1054,25 @@ def test_codex_permission_profiles_in_extra_args_cannot_override_the_policys_san
         # Without an explicit sandbox, codex's own configuration decides.
         agent.run("make a file", timeout=90)
     assert os.path.exists(target)
+
+
+def test_codex_thread_turns_report_their_own_usage(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    # codex's turn.completed after `exec resume` (and `exec fork`) carries the session's running
+    # totals: the turns said 20, 40, 60 input tokens for one request of 20 each.
+    store = Store()
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
+                       thread_store=store) as agent:
+        first = agent.thread("t").run("one").usage
+        assert first is not None and first.input_tokens > 0
+        later = [agent.thread("t").run("two").usage, agent.thread("t").run("three").usage,
+                 agent.thread("t").fork("f").run("four").usage]
+    # (The mock answers every request with the same token counts.)
+    assert later == [first] * 3, (first, later)
+    assert len(openai.responses()) == 4
+    totals = json.loads(store.resolve(Query(key="f")).state.data["usage"])  # kept for the next turn
+    assert totals["input_tokens"] == 4 * first.input_tokens
 
 
 def test_codex_bad_resume_id(
