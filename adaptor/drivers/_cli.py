@@ -374,7 +374,9 @@ _LASTING: Final[tuple[tuple[FailureKind, re.Pattern[str]], ...]] = (
     ("context_too_long", re.compile(
         r"prompt is too long|prompt_too_long|context_length_exceeded|maximum context length|"
         r"exceeds the context window|out of room in the model's context window|"
-        r"exceeds the maximum number of tokens",
+        r"exceeds the maximum number of tokens|"
+        # (codex 0.171.0's own limit on a prompt, before any request: "input_too_large")
+        r"\binput exceeds the maximum length\b|\binput_too_large\b",
         re.IGNORECASE)),
 )
 

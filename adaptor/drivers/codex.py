@@ -793,6 +793,10 @@ class _Parser:
                       if re.search(rf"(?:^|[;,]\s*){re.escape(key)}: ", self.mcp_failed)}
             if failed:
                 return replace(died, details={**died.details, "mcp_servers": failed})
+        if _cli.lasting_kind(died.message):
+            # Refused before any request, in words only its stderr has (a prompt over its
+            # input limit): no retry mends it, which the caller must be able to tell.
+            return _classify(died.message, **died.details)
         return died
 
 

@@ -1071,8 +1071,23 @@ def test_codex_thread_turns_report_their_own_usage(
     # (The mock answers every request with the same token counts.)
     assert later == [first] * 3, (first, later)
     assert len(openai.responses()) == 4
-    totals = json.loads(store.resolve(Query(key="f")).state.data["usage"])  # kept for the next turn
+    record = store.resolve(Query(key="f"))
+    assert record is not None and record.state is not None
+    totals = json.loads(record.state.data["usage"])  # kept for the next turn
     assert totals["input_tokens"] == 4 * first.input_tokens
+
+
+def test_codex_a_prompt_over_its_input_limit_is_context_too_long(
+    codex_config: Callable[..., codex.Config], openai: OpenAIMock, workspace: str
+) -> None:
+    # "Input exceeds the maximum length of 1048576 characters" was an unclassified agent_error:
+    # a caller could not tell it from a passing failure (no retry mends it).
+    with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("x" * (1024 * 1024 + 1), timeout=90)
+    assert caught.value.details["kind"] == "context_too_long", caught.value.details
+    assert caught.value.details["retryable"] is False
+    assert "maximum length" in str(caught.value) and openai.responses() == []
 
 
 def test_codex_bad_resume_id(
