@@ -105,6 +105,7 @@ from adaptor.drivers._lines import (
     as_int,
     as_list,
     as_str,
+    died_as,
     provider_failure,
 )
 from adaptor.drivers._process import Exit, Line, Spec
@@ -332,9 +333,12 @@ def _stored_usage(request: Request) -> Usage | None:
     state = None if request.session is None else request.session.state
     try:
         totals = orjson.loads(state.data[_USAGE_KEY]) if state is not None else None
-        return None if totals is None else _usage({"usage": totals})
+        usage = None if totals is None else _usage({"usage": totals})
     except (KeyError, TypeError, ValueError):  # a checkpoint from before, or changed by hand
         return None
+    if usage is None or min(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens) < 0:
+        return None  # (changed by hand)
+    return usage
 
 
 def _turn_usage(totals: Usage | None, before: Usage | None) -> Usage | None:
@@ -785,7 +789,7 @@ class _Parser:
     def _died(self, died: RunFailure) -> RunFailure:
         # The bare `error` codex printed before dying says more than its exit.
         if self.last_error:
-            return _classify(self.last_error, **died.details)
+            return replace(_died_as(died, self.last_error), message=self.last_error)
         if self.mcp_failed:
             # Which server, as claude's driver says it: codex's own words are in the message
             # only, cut short when long.
@@ -796,13 +800,18 @@ class _Parser:
         if _cli.lasting_kind(died.message):
             # Refused before any request, in words only its stderr has (a prompt over its
             # input limit): no retry mends it, which the caller must be able to tell.
-            return _classify(died.message, **died.details)
+            return _died_as(died, died.message)
         return died
 
 
-def _classify(message: str, **details: Any) -> RunFailure:
+def _classify(message: str) -> RunFailure:
     return provider_failure(message, _FAILURES.kind(message),
-                            provider_status=_cli.quoted_status(message), **details)
+                            provider_status=_cli.quoted_status(message))
+
+
+def _died_as(died: RunFailure, said: str) -> RunFailure:
+    """``died`` classified by what codex ``said`` (its exit code and signal kept)."""
+    return died_as(died, _FAILURES.kind(said), provider_status=_cli.quoted_status(said))
 
 
 def _tool_call(itype: str, item: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -394,3 +394,53 @@ def test_codex_death_takes_only_a_quoted_status(said: str, kind: str | None, sta
     failure = codex.replay(stdout, b"", 1).failure
     assert failure is not None
     assert (failure.details.get("kind"), failure.details.get("provider_status")) == (kind, status)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "stderr", "kind"),
+    [
+        (b'{"type":"error","message":"unexpected status 401 Unauthorized: bad key"}\n', b"", "auth"),
+        (b"", b"Error: turn/start: turn/start failed: Input exceeds the maximum length of 1048576 "
+              b"characters. (code -32602)\n", "context_too_long"),
+        (b"", b"Error: something else broke\n", None),
+    ],
+)
+def test_a_classified_codex_death_keeps_its_exit_code_and_signal(
+    stdout: bytes, stderr: bytes, kind: str | None
+) -> None:
+    # drivers.md: a death that is classified keeps both; codex's dropped "signal": None.
+    failure = codex.replay(stdout, stderr, 1).failure
+    assert failure is not None
+    assert (failure.details["exit_code"], failure.details["signal"]) == (1, None), failure.details
+    assert failure.details.get("kind") == kind
+
+
+_RESUMED_TURN = (b'{"type":"thread.started","thread_id":"t1"}\n'
+                 b'{"type":"turn.completed","usage":{"input_tokens":60,"cached_input_tokens":12,'
+                 b'"output_tokens":18}}\n')
+
+
+@pytest.mark.parametrize(
+    ("stored", "reported"),
+    [
+        ('{"input_tokens":40,"output_tokens":12,"cached_input_tokens":8}', (20, 6, 4)),
+        # Kept from before (none), or changed by hand: the totals as codex said them.
+        (None, (60, 18, 12)),
+        ("not json", (60, 18, 12)),
+        # It reported 1060 input tokens for a turn of 20.
+        ('{"input_tokens":-1000,"output_tokens":-1000,"cached_input_tokens":-1000}', (60, 18, 12)),
+        ('{"input_tokens":100,"output_tokens":1,"cached_input_tokens":1}', (60, 18, 12)),
+    ],
+)
+def test_a_resumed_codex_turn_reports_what_it_added_to_the_sessions_totals(
+    stored: str | None, reported: tuple[int, int, int]
+) -> None:
+    data = {"cwd": "/"} if stored is None else {"cwd": "/", "usage": stored}
+    request = Request(run_id="r", prompt="", workspace_cwd="/",
+                      session=SessionContext("continue_or_start", SessionState("t1", data=data)))
+    response = codex.replay(_RESUMED_TURN, b"", 0, request=request)
+    assert response.usage is not None
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens) == reported
+    assert response.checkpoint is not None
+    assert orjson.loads(response.checkpoint.state.data["usage"])["input_tokens"] == 60
