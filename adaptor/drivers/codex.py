@@ -281,7 +281,7 @@ class _Plan:
     env_layers: tuple[Mapping[str, str], ...]
     mcp: tuple[MCPServerSpec, ...] = ()
     required_mcp: frozenset[str] = frozenset()
-    # The resumed session's token totals as its last turn left them (see _SessionUsage).
+    # The resumed session's token totals as its last turn left them (see _stored_usage).
     usage_before: Usage | None = None
 
 
