@@ -143,7 +143,7 @@ _OWNED_FLAGS: Final = frozenset({
     "--include-partial-messages", "--replay-user-messages", "--permission-prompt-tool",
     "-r", "--resume", "-c", "--continue", "--fork-session", "--session-id", "--json-schema",
     "--append-system-prompt", "--append-system-prompt-file", "--model", "--permission-mode",
-    "--dangerously-skip-permissions",
+    "--dangerously-skip-permissions", "--permission-prompts",
 })
 _NO_CONVERSATION = re.compile(
     r"no conversation found with session id|conversation with id .* not found|"
@@ -329,6 +329,9 @@ class _Plan:
     required_mcp: frozenset[str] = frozenset()
     allowed_tools: tuple[str, ...] = ()
     skills: tuple[ResolvedSkill, ...] = ()
+    # False with extra_args' --no-session-persistence: no later process could resume a session
+    # the CLI did not keep, so no turn of it makes a checkpoint.
+    saves_sessions: bool = True
 
     @property
     def reusable(self) -> bool:
@@ -420,15 +423,18 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         required_mcp=frozenset(required),
         allowed_tools=allowed,
         skills=tuple(request.skills),
+        saves_sessions="--no-session-persistence" not in _cli.flags_in(config.extra_args),
     )
 
 
 # extra_args that pre-approve tools (a settings object or file may hold permissions.allow, or
-# hooks that allow; --setting-sources would bring the workspace's settings files back): the CLI
-# would never ask, so a permission policy of ask or auto_reject would not hold.
-_PRE_APPROVING: Final = frozenset(
-    {"--allowedTools", "--allowed-tools", "--settings", "--setting-sources"}
-)
+# hooks that allow, and so may a plugin or a session agent; --setting-sources would bring the
+# workspace's settings files back; bypassing permissions could be switched on): the CLI would
+# never ask, so a permission policy of ask or auto_reject would not hold.
+_PRE_APPROVING: Final = frozenset({
+    "--allowedTools", "--allowed-tools", "--settings", "--setting-sources", "--plugin-dir",
+    "--plugin-url", "--agents", "--agent", "--allow-dangerously-skip-permissions",
+})
 
 
 def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
@@ -1368,7 +1374,7 @@ class _Parser:
         if self.plan.fork and session_id == self.plan.resume_id:
             clean = False  # a fork that kept the parent's id would write into the parent
         checkpoint = None
-        if clean and session_id:
+        if clean and session_id and self.plan.saves_sessions:
             checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd)
         output = "\n\n".join(self.final)
         structured = None

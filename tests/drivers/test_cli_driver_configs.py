@@ -52,6 +52,13 @@ ATTACHED_OWNED = {claude: "-rsession-1", codex: "-mgpt-5", gemini: "-mgemini-pro
                   cursor: "-mgpt-5", codebuddy: "-pc"}
 
 
+def test_claude_refuses_a_permission_prompts_target_of_its_own() -> None:
+    # "--permission-prompts none" denies whatever would prompt without asking: an ask policy's
+    # on_approval was never called (the driver answers the prompts it routes to the host).
+    with pytest.raises(ValueError, match="extra_args: --permission-prompts "):
+        claude.Driver(claude.Config(extra_args=("--permission-prompts", "none"))).validate_config()
+
+
 @pytest.mark.parametrize("module", list(ATTACHED_OWNED), ids=lambda m: m.__name__.rsplit(".")[-1])
 def test_an_owned_short_flag_with_its_value_attached_is_refused(module: Any) -> None:
     # The CLIs' parsers read "-mgpt-5" as "-m gpt-5": the driver's own -m would be overridden.
@@ -137,6 +144,17 @@ def _never_started(tmp_path: Path) -> str:
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")), ["--allowedTools"]),
         (claude, ("--settings={\"permissions\": {\"allow\": [\"Bash\"]}}",),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask")), ["--settings"]),
+        # A plugin's hooks, and a session agent's, answer "allow" as a settings file's do: the
+        # shell ran past ask and auto_reject, on_approval never called.
+        (claude, ("--plugin-dir", "plugin", "--plugin-url=https://example.invalid/p.zip"),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask")),
+         ["--plugin-dir", "--plugin-url"]),
+        (claude, ("--agents", '{"yolo": {"description": "d", "prompt": "p"}}', "--agent", "yolo"),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")),
+         ["--agent", "--agents"]),
+        (claude, ("--allow-dangerously-skip-permissions",),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask")),
+         ["--allow-dangerously-skip-permissions"]),
         (gemini, ("--allowed-tools", "run_shell_command"),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")), ["--allowed-tools"]),
         (gemini, ("--policy=allow-shell.toml", "--admin-policy", "more.toml"),

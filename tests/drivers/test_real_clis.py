@@ -410,6 +410,21 @@ def test_claude_bad_resume_id(
         assert any(n.data.get("phase") == "thread.resume_rejected" for n in notices)
 
 
+def test_claude_a_thread_turn_without_session_persistence_is_not_saved(
+    claude_config: Callable[..., claude.Config], workspace: str
+) -> None:
+    # --no-session-persistence: the turn was saved with a checkpoint no later process could
+    # resume ("No conversation found"), so every turn of the thread started afresh.
+    config = claude_config(extra_args=("--no-session-persistence",))
+    store = Store()
+    with adaptor.Agent(claude.Driver(config), workspace=workspace, thread_store=store) as agent:
+        assert agent.run("hello").text == DEFAULT_TEXT  # (a run without a thread is fine)
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.thread("t").run("hello")
+        assert adaptor.errors.matches(caught.value, adaptor.ThreadCheckpointMissingError)
+    assert store.resolve(Query(key="t")) is None
+
+
 def test_claude_structured_output(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
