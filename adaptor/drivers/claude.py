@@ -760,7 +760,6 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
         else "question" if tool == "AskUserQuestion"
         else "permission"
     )
-    title, choices, question = _decision_text(kind, tool, body, tool_input)
     payload: dict[str, Any] = {"tool_name": tool, "input": _nesting.copy(tool_input)}
     for key in ("description", "blocked_path", "decision_reason"):
         if isinstance(body.get(key), str):
@@ -768,16 +767,26 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
     if kind == "plan_review":
         # The CLI puts the plan file's text in the input; else the model's own argument.
         payload["plan"] = as_str(tool_input.get("plan")) or parser.exit_plans.get(tool_use_id, "")
-    decision = sink.request_decision(
-        DecisionRequest(kind=kind, title=title, source=f"claude.{_snake(tool)}",
-                        tool_call_id=tool_use_id, payload=payload, choices=choices)
-    )
-    parser.decision(kind, tool, tool_use_id, decision)
+    answers: dict[str, str] = {}
+    # One decision per question of the call (it takes up to four), in turn; the first not
+    # answered decides the call.
+    for index, (title, choices, question) in enumerate(_decision_texts(kind, tool, body, tool_input)):
+        if kind == "question":
+            payload = {**payload, "question_index": index}
+        decision = sink.request_decision(
+            DecisionRequest(kind=kind, title=title, source=f"claude.{_snake(tool)}",
+                            tool_call_id=tool_use_id, payload=payload, choices=choices)
+        )
+        parser.decision(kind, tool, tool_use_id, decision)
+        if decision.result not in ("approved", "answered"):
+            break
+        if kind == "question":
+            answers[question] = decision.choice or decision.text
     reply: dict[str, Any]
     if decision.result in ("approved", "answered"):
         updated = dict(tool_input)
         if kind == "question":
-            updated["answers"] = {question: decision.choice or decision.text}
+            updated["answers"] = answers
         reply = {"behavior": "allow", "updatedInput": updated}
     else:
         reply = {"behavior": "deny", "message": decision.text or _DENY_MESSAGES[kind]}
@@ -796,23 +805,27 @@ _DENY_MESSAGES: Final[Mapping[str, str]] = {
 }
 
 
-def _decision_text(
+def _decision_texts(
     kind: DecisionKind, tool: str, body: Mapping[str, Any], tool_input: Mapping[str, Any]
-) -> tuple[str, tuple[DecisionChoice, ...], str]:
+) -> list[tuple[str, tuple[DecisionChoice, ...], str]]:
+    """What to ask, one ``(title, choices, question)`` per decision: one per question of an
+    ``AskUserQuestion`` call (at least one), else one."""
     if kind == "question":
-        questions = tool_input.get("questions")
-        first = as_dict(questions[0]) if isinstance(questions, list) and questions else {}
-        question = as_str(first.get("question"))
-        choices = tuple(
-            DecisionChoice(key=as_str(o.get("label")), label=as_str(o.get("label")),
-                           description=as_str(o.get("description")))
-            for o in as_list(first.get("options")) if isinstance(o, dict) and as_str(o.get("label"))
-        )
-        return question or "Claude has a question", choices, question
+        asked = [as_dict(q) for q in as_list(tool_input.get("questions"))] or [{}]
+        texts = []
+        for entry in asked:
+            question = as_str(entry.get("question"))
+            choices = tuple(
+                DecisionChoice(key=as_str(o.get("label")), label=as_str(o.get("label")),
+                               description=as_str(o.get("description")))
+                for o in as_list(entry.get("options")) if isinstance(o, dict) and as_str(o.get("label"))
+            )
+            texts.append((question or "Claude has a question", choices, question))
+        return texts
     if kind == "plan_review":
-        return "Review Claude's plan", (), ""
+        return [("Review Claude's plan", (), "")]
     description = as_str(body.get("description"))
-    return description or f"Allow {tool}?", (), ""
+    return [(description or f"Allow {tool}?", (), "")]
 
 
 # --- parsing ------------------------------------------------------------------------------------

@@ -253,6 +253,42 @@ def test_claude_question_and_default_denial(
     assert any(i.subtype == "permission_denied" for i in result.transcript())
 
 
+@pytest.mark.parametrize("answers", [("blue", "large"), ("blue", None)])
+def test_claude_every_question_of_one_call_is_asked(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+    answers: tuple[str, str | None],
+) -> None:
+    # AskUserQuestion takes up to four questions: only the first was asked, and the model
+    # was told of one answer.
+    anthropic.configure(tool=("AskUserQuestion", {"questions": [
+        {"question": "Which color?", "header": "Color", "multiSelect": False,
+         "options": [{"label": "red", "description": "warm"}, {"label": "blue", "description": "cool"}]},
+        {"question": "Which size?", "header": "Size", "multiSelect": False,
+         "options": [{"label": "small", "description": "s"}, {"label": "large", "description": "l"}]},
+    ]}))
+    asked: list[adaptor.ApprovalRequest] = []
+
+    def decide(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request)
+        answer = answers[len(asked) - 1]
+        if answer is None:
+            request.deny("not now")
+        else:
+            request.answer(answer)
+
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask"))
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        if answers[1] is None:  # one declined: the call is (and the default on_reject aborts)
+            with pytest.raises(adaptor.ApprovalDeniedError, match="not now"):
+                agent.run("ask me", policy=policy, on_approval=decide)
+        else:
+            result = agent.run("ask me", policy=policy, on_approval=decide)
+            assert '"Which color?"="blue"' in result.text and '"Which size?"="large"' in result.text
+    assert [(r.title, [c.key for c in r.choices]) for r in asked] == [
+        ("Which color?", ["red", "blue"]), ("Which size?", ["small", "large"])]
+    assert [r.details["question_index"] for r in asked] == [0, 1]
+
+
 @pytest.mark.parametrize("written", ["plan file", "tool input"])
 def test_claude_plan_review_shows_the_plan(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
