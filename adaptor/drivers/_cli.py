@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
 from adaptor import _nesting
 from adaptor.driver import (
     Checkpoint,
+    DecisionChoice,
     EventSink,
     Request,
     Response,
@@ -30,7 +31,7 @@ from adaptor.driver import (
     canonical_fingerprint,
 )
 from adaptor.drivers import _process
-from adaptor.drivers._lines import FailureKind, as_dict, as_int, as_str
+from adaptor.drivers._lines import FailureKind, as_dict, as_int, as_list, as_str
 from adaptor.drivers._lines import Protocol as LineProtocol
 from adaptor.drivers._process import CannotStart, Child, Exit, Line, Spec, StreamName
 from adaptor.errors import ResumeRejectedError
@@ -274,6 +275,23 @@ def resume_target(request: Request, session_cwd: str, *,
     if stored_cwd and os.path.realpath(stored_cwd) != session_cwd:
         raise ResumeRejectedError("session working directory changed")
     return session.state.resume_id, session.mode == "fork"
+
+
+def asked_questions(
+    tool_input: Mapping[str, Any], untitled: str
+) -> list[tuple[str, tuple[DecisionChoice, ...], str]]:
+    """The questions of an ``AskUserQuestion`` call (Claude-Code-compatible CLIs take up to
+    four), each as ``(title, choices, question)``; at least one (titled ``untitled``)."""
+    asked = []
+    for entry in [as_dict(q) for q in as_list(tool_input.get("questions"))] or [{}]:
+        question = as_str(entry.get("question"))
+        choices = tuple(
+            DecisionChoice(key=as_str(o.get("label")), label=as_str(o.get("label")),
+                           description=as_str(o.get("description")))
+            for o in map(as_dict, as_list(entry.get("options"))) if as_str(o.get("label"))
+        )
+        asked.append((question or untitled, choices, question))
+    return asked
 
 
 def prompt_of(request: Request) -> str:

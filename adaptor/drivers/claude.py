@@ -811,17 +811,7 @@ def _decision_texts(
     """What to ask, one ``(title, choices, question)`` per decision: one per question of an
     ``AskUserQuestion`` call (at least one), else one."""
     if kind == "question":
-        asked = [as_dict(q) for q in as_list(tool_input.get("questions"))] or [{}]
-        texts = []
-        for entry in asked:
-            question = as_str(entry.get("question"))
-            choices = tuple(
-                DecisionChoice(key=as_str(o.get("label")), label=as_str(o.get("label")),
-                               description=as_str(o.get("description")))
-                for o in as_list(entry.get("options")) if isinstance(o, dict) and as_str(o.get("label"))
-            )
-            texts.append((question or "Claude has a question", choices, question))
-        return texts
+        return _cli.asked_questions(tool_input, "Claude has a question")
     if kind == "plan_review":
         return [("Review Claude's plan", (), "")]
     description = as_str(body.get("description"))

@@ -397,26 +397,34 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
         else "permission"
     )
     payload: dict[str, Any] = {"tool_name": tool, "input": _nesting.copy(tool_input)}
-    title, question = f"Allow {tool}?", ""
-    choices: tuple[DecisionChoice, ...] = ()
+    asked: list[tuple[str, tuple[DecisionChoice, ...], str]] = [(f"Allow {tool}?", (), "")]
     if kind == "question":
-        title, choices, question = _question(tool_input)
+        asked = _cli.asked_questions(tool_input, "CodeBuddy has a question")
     elif kind == "plan_review":
-        title = "Review CodeBuddy's plan"
+        asked = [("Review CodeBuddy's plan", (), "")]
         payload["plan"] = as_str(tool_input.get("plan")) or parser.last_plan
     elif as_str(body.get("description")):
-        title = as_str(body["description"])
-    decision = sink.request_decision(
-        DecisionRequest(kind=kind, title=title, source=f"codebuddy.{_snake(tool)}",
-                        tool_call_id=tool_use_id, payload=payload, choices=choices)
-    )
-    parser.decision(kind, tool, tool_use_id, decision.result, decision.choice)
+        asked = [(as_str(body["description"]), (), "")]
+    answers: dict[str, str] = {}
+    # One decision per question of the call, in turn; the first not answered decides it.
+    for index, (title, choices, question) in enumerate(asked):
+        if kind == "question":
+            payload = {**payload, "question_index": index}
+        decision = sink.request_decision(
+            DecisionRequest(kind=kind, title=title, source=f"codebuddy.{_snake(tool)}",
+                            tool_call_id=tool_use_id, payload=payload, choices=choices)
+        )
+        parser.decision(kind, tool, tool_use_id, decision.result, decision.choice)
+        if decision.result not in ("approved", "answered"):
+            break
+        if kind == "question":
+            answers[question] = decision.choice or decision.text
     reply: dict[str, Any]
     if decision.result in ("approved", "answered"):
         updated = dict(tool_input)
         if kind == "question":
-            updated["answers"] = {question: decision.choice or decision.text}
-            updated["choice"] = decision.choice or decision.text
+            updated["answers"] = answers
+            updated["choice"] = next(iter(answers.values()), "")  # (the first question's)
         reply = {"allowed": True, "tool_use_id": tool_use_id, "updatedInput": updated}
     else:
         reply = {"allowed": False, "tool_use_id": tool_use_id,
@@ -426,18 +434,6 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
     if decision.result == "aborted":
         # The SDK has already decided the verdict; the process must not go on.
         child.terminate("cancelled")
-
-
-def _question(tool_input: Mapping[str, Any]) -> tuple[str, tuple[DecisionChoice, ...], str]:
-    questions = as_list(tool_input.get("questions"))
-    first = as_dict(questions[0]) if questions else {}
-    question = as_str(first.get("question"))
-    choices = tuple(
-        DecisionChoice(key=as_str(o.get("label")), label=as_str(o.get("label")),
-                       description=as_str(o.get("description")))
-        for o in map(as_dict, as_list(first.get("options"))) if as_str(o.get("label"))
-    )
-    return question or "CodeBuddy has a question", choices, question
 
 
 # --- parsing ------------------------------------------------------------------------------------

@@ -132,6 +132,12 @@ def main(argv: list[str]) -> int:
         answer = use("AskUserQuestion", {"questions": [{
             "question": "Which color?", "options": [{"label": "red"}, {"label": "blue"}]}]})
         text = f"You chose {answer.get('updatedInput', {}).get('answers', {})}."
+    elif scenario == "questions":
+        answer = use("AskUserQuestion", {"questions": [
+            {"question": "Which color?", "options": [{"label": "red"}, {"label": "blue"}]},
+            {"question": "Which size?", "options": [{"label": "small"}, {"label": "large"}]}]})
+        updated = answer.get("updatedInput", {})
+        text = f"You chose {updated.get('answers', {})}, first {updated.get('choice')}."
     elif scenario == "malformed":
         sys.stdout.write('{"type": "assistant"\n')
     elif scenario == "unreadable_result":

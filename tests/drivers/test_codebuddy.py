@@ -182,6 +182,22 @@ def test_plan_review_and_question(make_agent: MakeAgent, fake: FakeCLI) -> None:
     assert [c.key for c in question.choices] == ["red", "blue"]
 
 
+def test_every_question_of_one_call_is_asked(make_agent: MakeAgent) -> None:
+    # Only the first of the call's questions was asked.
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(question="ask"))
+    asked: list[adaptor.ApprovalRequest] = []
+
+    def decide(request: adaptor.ApprovalRequest) -> None:
+        asked.append(request)
+        request.answer(request.choices[-1].key)
+
+    with make_agent("questions", policy=policy, on_approval=decide) as agent:
+        said = agent.run("ask me").text
+    assert said == "You chose {'Which color?': 'blue', 'Which size?': 'large'}, first blue."
+    assert [(r.title, r.details["question_index"]) for r in asked] == [
+        ("Which color?", 0), ("Which size?", 1)]
+
+
 def test_denial_that_aborts_stops_the_process(make_agent: MakeAgent) -> None:
     with make_agent("tool", policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(
             permission="ask"))) as agent:
