@@ -68,6 +68,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import math
 import os
 import re
 import tempfile
@@ -332,6 +333,9 @@ class _Plan:
     # False with extra_args' --no-session-persistence: no later process could resume a session
     # the CLI did not keep, so no turn of it makes a checkpoint.
     saves_sessions: bool = True
+    # The resumed session's total_cost_usd as its last saved turn left it: a process that
+    # resumes (or forks) the session counts on from it (see _Parser._usage).
+    session_cost: float = 0.0
 
     @property
     def reusable(self) -> bool:
@@ -424,7 +428,21 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         allowed_tools=allowed,
         skills=tuple(request.skills),
         saves_sessions="--no-session-persistence" not in _cli.flags_in(config.extra_args),
+        session_cost=0.0 if resume_id is None else _stored_cost(request),
     )
+
+
+_COST_KEY: Final = "cost_usd"
+
+
+def _stored_cost(request: Request) -> float:
+    """The session's running total_cost_usd its checkpoint keeps (0: none, or changed by hand)."""
+    state = None if request.session is None else request.session.state
+    try:
+        cost = float(state.data[_COST_KEY]) if state is not None else 0.0
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    return cost if math.isfinite(cost) and cost >= 0 else 0.0
 
 
 # extra_args that pre-approve tools (a settings object or file may hold permissions.allow, or
@@ -683,6 +701,8 @@ def _turn(live: _Live, plan: _Plan, request: Request, sink: EventSink) -> tuple[
     process for the next turn."""
     child = live.child
     parser = _Parser(sink, plan)
+    if live.turns == 0:
+        live.cost_reported = plan.session_cost  # a resumed session counts on from its total
     parser.cost_before = live.cost_reported
     deadline = _process.monotonic_deadline(request.deadline)
     keep = False
@@ -1378,7 +1398,8 @@ class _Parser:
             clean = False  # a fork that kept the parent's id would write into the parent
         checkpoint = None
         if clean and session_id and self.plan.saves_sessions:
-            checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd)
+            kept = {} if self.cost_total is None else {_COST_KEY: repr(self.cost_total)}
+            checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd, **kept)
         output = "\n\n".join(self.final)
         structured = None
         if self.plan.schema is not None:
@@ -1416,7 +1437,9 @@ class _Parser:
         own), and the cost they added to the process's running total."""
         if not self.usages:
             return None
-        cost = None if self.cost_total is None else max(self.cost_total - self.cost_before, 0.0)
+        cost = self.cost_total
+        if cost is not None and cost >= self.cost_before:  # (below it: the CLI counted afresh)
+            cost -= self.cost_before
         return Usage(
             input_tokens=sum(u.input_tokens for u in self.usages),
             output_tokens=sum(u.output_tokens for u in self.usages),

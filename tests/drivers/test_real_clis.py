@@ -337,6 +337,27 @@ def test_claude_question_mode_alone_hands_permissions_to_the_sdk(
     assert not os.path.exists(target)
 
 
+def test_claude_every_thread_turn_reports_its_own_cost(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
+) -> None:
+    # A process that resumed the session reported the session's running total (twice the
+    # turn's), a kept process's later turn its own: neither summing nor the last figure gave
+    # what the thread cost.
+    store = Store()
+    costs: list[tuple[str, float | None]] = []
+    for prompts, fork in ((["one"], False), (["two", "three"], False), (["four"], True)):
+        with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace,
+                           thread_store=store) as agent:
+            for prompt in prompts:
+                thread = agent.thread("t").fork("f") if fork else agent.thread("t")
+                result = thread.run(prompt)
+                assert result.usage is not None
+                costs.append((result.metadata["process"], result.usage.cost_usd))
+    assert [process for process, _ in costs] == ["spawned", "spawned", "reused", "spawned"]
+    first = costs[0][1]
+    assert first and all(cost == pytest.approx(first) for _, cost in costs), costs
+
+
 def test_claude_thread_resume_reuse_and_restart(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
