@@ -75,7 +75,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -235,7 +235,7 @@ class Driver(_cli.CliDriver[Config]):
 
     def run(self, request: Request, sink: EventSink) -> Response:
         config = self._config_for(request)
-        refusal = _permission_overridden(request, config.extra_args) or _tool_names_too_long(request)
+        refusal = _permission_overridden(request, config) or _tool_names_too_long(request)
         if refusal is not None:
             return refusal
         plan = _plan(config, request, persistent_allowed=not self._pool.closed)
@@ -445,21 +445,53 @@ def _stored_cost(request: Request) -> float:
     return cost if math.isfinite(cost) and cost >= 0 else 0.0
 
 
-# extra_args that pre-approve tools (a settings object or file may hold permissions.allow, or
-# hooks that allow, and so may a plugin or a session agent; --setting-sources would bring the
-# workspace's settings files back; bypassing permissions could be switched on): the CLI would
-# never ask, so a permission policy of ask or auto_reject would not hold.
-_PRE_APPROVING: Final = frozenset({
-    "--allowedTools", "--allowed-tools", "--settings", "--setting-sources", "--plugin-dir",
-    "--plugin-url", "--agents", "--agent", "--allow-dangerously-skip-permissions",
+# What extra_args may hold under an explicit permission policy of ask or auto_reject: flags
+# known not to pre-approve tools.  Others may: a settings object or file (permissions.allow,
+# hooks that allow), a plugin's or a session agent's hooks, a permission bypass to switch on,
+# and flags its --help does not list load plugins and settings too (--plugin-dir-no-mcp,
+# --managed-settings), so the CLI would never ask and the policy would not hold.
+_SAFE_WHEN_GUARDED: Final = frozenset({
+    "--add-dir", "--autocompact", "--ax-screen-reader", "--bare", "--betas", "--brief",
+    "-d", "--debug", "--debug-file", "--disable-slash-commands", "--disallowed-tools",
+    "--disallowedTools", "--effort", "--exclude-dynamic-system-prompt-sections",
+    "--fallback-model", "--forward-subagent-text", "--include-hook-events", "--max-budget-usd",
+    "--max-turns", "--max-thinking-tokens", "--mcp-config", "--strict-mcp-config", "-n", "--name",
+    "--no-chrome", "--no-session-persistence", "--prompt-suggestions", "--restricted",
+    "--safe-mode", "--system-prompt", "--system-prompt-file", "--system-prompt-snapshot",
+    "--tools",
 })
+# Variables that load plugins or settings, or skip permission checks, as Claude Code 2.1.332
+# reads them: refused under such a policy when the run's config sets them, and kept from the
+# CLI when it would inherit them.
+_PRE_APPROVING_ENV: Final = frozenset({
+    "CLAUDE_CODE_PLUGIN_DIRS", "CLAUDE_CODE_PLUGIN_SEED_DIR", "CLAUDE_CODE_DESKTOP_SKILLS_PLUGIN_DIR",
+    "CLAUDE_CODE_USE_COWORK_PLUGINS", "CLAUDE_CODE_SYNC_PLUGINS", "CLAUDE_CODE_SYNC_PLUGIN_INSTALL",
+    "CLAUDE_CODE_REMOTE_SETTINGS_PATH", "CLAUDE_CODE_MOCK_REMOTE_SETTINGS",
+    "CLAUDE_CODE_MANAGED_SETTINGS_PATH", "CLAUDE_CODE_EVEN_MORE_DANGEROUSLY_SKIP_PERMISSIONS",
+    "CLAUDE_BG_SESSION_PERMISSION_RULES",
+})
+_GUARDED_PERMISSIONS: Final = frozenset({"ask", "auto_reject"})
 
 
-def _permission_overridden(request: Request, extra_args: Sequence[str]) -> Response | None:
-    """A refusal when the run's explicit permission policy asks or rejects and ``extra_args``
-    could pre-approve tools past it."""
-    return _cli.permission_overridden("claude", request, _cli.flags_in(extra_args), _PRE_APPROVING,
-                                      frozenset({"ask", "auto_reject"}), "they may pre-approve tools")
+def _permission_overridden(request: Request, config: Config) -> Response | None:
+    """A refusal when the run's explicit permission policy asks or rejects and the config's
+    ``extra_args`` or ``env`` could pre-approve tools past it."""
+    flags = [flag for flag in _cli.flags_in(config.extra_args) if flag.startswith("-")]
+    refusal = _cli.permission_overridden(
+        "claude", request, flags, frozenset(flags) - _SAFE_WHEN_GUARDED, _GUARDED_PERMISSIONS,
+        "they may pre-approve tools: only flags known not to may go with it")
+    if refusal is not None:
+        return refusal
+    approvals = None if request.policy is None else request.policy.approvals
+    found = sorted(_PRE_APPROVING_ENV & {*config.env, *request.env})
+    if approvals is None or approvals.permission not in _GUARDED_PERMISSIONS or not found:
+        return None
+    return Response(exit_code=None, failure=RunFailure(
+        code="unsupported_driver",
+        message=f"claude cannot honour the policy's permission {approvals.permission!r}: the "
+                f"config's env sets {', '.join(found)}, which may pre-approve tools",
+        details={"kind": "policy_in_env", "env": found},
+    ))
 
 
 _TOOL_TIMEOUT_VAR: Final = "MCP_TOOL_TIMEOUT"
@@ -666,6 +698,9 @@ class _Live:
         try:
             files = _Files.write(private, plan)
             env, names = _process.child_env(*plan.env_layers)
+            if plan.guarded:
+                for name in _PRE_APPROVING_ENV:  # inherited (the config's refused the run)
+                    env.pop(name, None)
             spec = Spec(
                 argv=_argv(config, plan, files),
                 env=env,

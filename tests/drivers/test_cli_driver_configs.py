@@ -155,6 +155,11 @@ def _never_started(tmp_path: Path) -> str:
         (claude, ("--allow-dangerously-skip-permissions",),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask")),
          ["--allow-dangerously-skip-permissions"]),
+        # Flags its --help does not list load plugins and settings too: only those known not
+        # to pre-approve tools pass under such a policy.
+        (claude, ("--plugin-dir-no-mcp", "plugin", "--max-turns", "3", "--managed-settings={}"),
+         adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask")),
+         ["--managed-settings", "--plugin-dir-no-mcp"]),
         (gemini, ("--allowed-tools", "run_shell_command"),
          adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="auto_reject")), ["--allowed-tools"]),
         (gemini, ("--policy=allow-shell.toml", "--admin-policy", "more.toml"),
@@ -182,6 +187,31 @@ def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
         with pytest.raises(adaptor.AgentFailedError):
             agent.run("go")
         assert (tmp_path / "started").exists()
+
+
+def test_claude_flags_that_cannot_pre_approve_pass_under_an_asking_policy(tmp_path: Path) -> None:
+    config = claude.Config(command=_never_started(tmp_path), extra_args=(
+        "--max-turns", "3", "--debug", "--effort=high", "--mcp-config", "servers.json",
+        "--disallowed-tools", "WebFetch", "--add-dir", str(tmp_path), "--system-prompt", "be brief"))
+    asking = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
+    with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
+        with pytest.raises(adaptor.AgentFailedError):  # (the CLI started, and failed)
+            agent.run("go", policy=asking)
+    assert (tmp_path / "started").exists()
+
+
+def test_claude_refuses_an_env_that_loads_plugins_under_an_asking_policy(tmp_path: Path) -> None:
+    # CLAUDE_CODE_PLUGIN_DIRS loads plugins as --plugin-dir does: their hooks let the shell
+    # run past ask, on_approval never called.
+    plugins = {"CLAUDE_CODE_PLUGIN_DIRS": str(tmp_path / "plugin")}
+    config = claude.Config(command=_never_started(tmp_path), env=plugins)
+    asking = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
+    with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
+        with pytest.raises(adaptor.RunError) as caught:
+            agent.run("go", policy=asking)
+    assert caught.value.reason == "unsupported_driver"
+    assert caught.value.details == {"kind": "policy_in_env", "env": ["CLAUDE_CODE_PLUGIN_DIRS"]}
+    assert not (tmp_path / "started").exists()
 
 
 @pytest.mark.parametrize(
