@@ -433,6 +433,22 @@ def _responded(approval_id: str, action: str, as_json: bool, taken: bool) -> Non
         echo(f"{action}: {approval_id}")
 
 
+@contextlib.contextmanager
+def _saying_if_stopped() -> Iterator[None]:
+    """Say on stderr what became of the response when the command is stopped (Ctrl-C, a
+    signal) while it waits for the daemon to take it."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        taken_back = getattr(stop, "response_taken_back", None)
+        if taken_back is True:
+            echo("adaptor: stopped; the response was taken back (the request stays open)", err=True)
+        elif taken_back is False:
+            echo("adaptor: stopped; the response stays written: adaptord had taken it, or may "
+                 "still take it (`adaptor approvals` shows whether the request is open)", err=True)
+        raise
+
+
 @click.command()
 @click.argument("approval_id", metavar="ID")
 @json_option
@@ -445,7 +461,8 @@ def approve(approval_id: str, as_json: bool, home: str | None) -> None:
     ended, or no adaptord serves the home), it is a question (answer it), or there is no such
     request.
     """
-    taken = Client(home).approve(approval_id)
+    with _saying_if_stopped():
+        taken = Client(home).approve(approval_id)
     _responded(approval_id, "approved", as_json, taken)
 
 
@@ -458,7 +475,7 @@ def approve(approval_id: str, as_json: bool, home: str | None) -> None:
 def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None:
     """Deny a pending request of any kind (exit 5 as for approve; 2 when the reason is not
     UTF-8 or longer than a response file holds, 64 KiB)."""
-    with _text_argument("--reason"):
+    with _text_argument("--reason"), _saying_if_stopped():
         taken = Client(home).deny(approval_id, reason)
     _responded(approval_id, "denied", as_json, taken)
 
@@ -472,7 +489,7 @@ def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None
 def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> None:
     """Answer a pending question with OPTION (exit 5 as for approve; 2 as for deny, or for an
     empty OPTION)."""
-    with _text_argument("OPTION"):
+    with _text_argument("OPTION"), _saying_if_stopped():
         taken = Client(home).answer(approval_id, option)
     _responded(approval_id, "answered", as_json, taken)
 

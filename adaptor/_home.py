@@ -642,7 +642,28 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> boo
     settles_by = time.monotonic() + 2 * RESPONSE_SETTLE
     while not _respond_once(home, approval_id, action, data, wait=time.monotonic() < settles_by):
         time.sleep(0.05)
-    return _await_taken(home, approval_id, action)
+    try:
+        return _await_taken(home, approval_id, action)
+    except KeyboardInterrupt as stop:
+        # Stopped (Ctrl-C, a signal) while the daemon had not taken it: taken back, as a
+        # stopped submit takes its request back, so that nothing the responder gave up on counts.
+        stop.response_taken_back = _take_back_response(home, approval_id, data)  # type: ignore[attr-defined]
+        raise
+
+
+def _take_back_response(home: Home, approval_id: str, data: bytes) -> bool:
+    """Remove the response ``data`` written for ``approval_id`` if the daemon has not taken it
+    (False: it had, or the lock stayed held, by a stopped daemon, for a moment too long)."""
+    give_up = time.monotonic() + RESPONSE_SETTLE
+    path = home.approvals_responses / f"{approval_id}.json"
+    try:
+        with _durable.exclusive(home.approvals_lock, while_waiting=_lock_waited_too_long(give_up)):
+            if path.read_bytes() != data:
+                return False
+            path.unlink()
+            return True
+    except (OSError, ApprovalsLockedError):
+        return False
 
 
 # How long a responder waits for the daemon to hand its response to the run (it looks for

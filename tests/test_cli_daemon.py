@@ -1273,6 +1273,38 @@ def test_approve_after_the_daemon_was_killed_is_expired(tmp_path: Path) -> None:
     assert again.returncode == 5 and "adaptord is not running" in again.stderr, again.stderr
 
 
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_approve_takes_its_response_back_when_nothing_took_it(
+    tmp_path: Path, how: signal.Signals
+) -> None:
+    # Ctrl-C while `approve` waited for the daemon (stopped, starved) exited 130 saying
+    # nothing, and the response it had written took effect: the run went on approved.
+    root = tmp_path / "home"
+    daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
+    user = Home(root, daemon, tmp_path)
+    request_id = user.client.submit(
+        script(PERMISSION, {"text": "approved"}, policy={"approvals": {"timeout": 600}})
+    )
+    approval_id = pending_approval(user, request_id)["id"]
+    response = root / "approvals" / "responses" / f"{approval_id}.json"
+    daemon.stop_off_the_approvals_lock()
+    try:
+        approving = subprocess.Popen(["adaptor", "approve", approval_id], env=user.env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_until(response.exists, "the response to be written")
+        approving.send_signal(how)
+        _, err = approving.communicate(timeout=TIMEOUT)
+        assert approving.returncode == 128 + how, err
+        assert not response.exists()
+        assert "taken back" in err, err
+    finally:
+        daemon.signal(signal.SIGCONT)
+    assert [a["id"] for a in user.client.approvals()] == [approval_id]  # still open
+    assert user.cli("deny", approval_id).returncode == 0
+    with pytest.raises(errors.ApprovalDeniedError):
+        user.client.wait(request_id, timeout=TIMEOUT)
+
+
 @pytest.mark.parametrize("responded", ["after the deadline", "before the deadline, taken after it"])
 def test_approve_that_the_deadline_beat_is_expired(tmp_path: Path, responded: str) -> None:
     # After: the pending file's deadline was not checked; with the daemon stopped (SIGSTOP)
