@@ -2169,6 +2169,16 @@ def _run_log(daemon: DaemonProcess, rid: str) -> Path:
     return daemon.home.events / f"{session}.jsonl"
 
 
+def _drop_the_runs_approval_request(daemon: DaemonProcess, rid: str) -> None:
+    """Cut the run's notice.approval.requested, its log's last record, as a crash before the
+    worker recorded it would have left the log."""
+    log = _run_log(daemon, rid)
+    data = log.read_bytes()
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1
+    assert orjson.loads(data[cut:])["kind"] == "notice.approval.requested"
+    os.truncate(log, cut)
+
+
 def _restart_and_read(tmp_path: Path, daemon: DaemonProcess, rid: str) -> list[events.Event]:
     restarted = DaemonProcess(tmp_path / "home").start()
     try:
@@ -2189,11 +2199,7 @@ def test_a_restart_logs_the_request_of_an_approval_the_crash_kept_out_of_the_run
     # notice.approval.requested a moment later.  Killed in between, the restart logged the
     # approval's "aborted" end for a request the log never showed.
     daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
-    log = _run_log(daemon, rid)
-    data = log.read_bytes()
-    cut = data.rstrip(b"\n").rfind(b"\n") + 1
-    assert orjson.loads(data[cut:])["kind"] == "notice.approval.requested"  # the last: dropped
-    os.truncate(log, cut)
+    _drop_the_runs_approval_request(daemon, rid)
     pending = _home.read_pending(daemon.home, approval_id)
     logged = _restart_and_read(tmp_path, daemon, rid)
     assert _approval_notices(logged) == [("approval.requested", approval_id, None),
@@ -2209,9 +2215,7 @@ def test_a_restart_logs_the_request_of_an_approval_whose_pending_file_was_change
 ) -> None:
     # A date without its zone (TypeError): the run got no verdict from that start.
     daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
-    log = _run_log(daemon, rid)
-    data = log.read_bytes()
-    os.truncate(log, data.rstrip(b"\n").rfind(b"\n") + 1)  # its approval.requested
+    _drop_the_runs_approval_request(daemon, rid)
     pending = daemon.home.approvals_pending / f"{approval_id}.json"
     record = orjson.loads(pending.read_bytes())
     record["created_at"] = "2026-12-06T10:00:00"

@@ -1200,8 +1200,7 @@ def test_codex_bad_resume_id(
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
                        thread_store=store) as agent:
         agent.thread("t").run("first")
-    rollouts = glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
-                         recursive=True)
+    rollouts = _codex_rollouts(tmp_path)
     assert rollouts
     for path in rollouts:
         os.remove(path)
@@ -1210,6 +1209,12 @@ def test_codex_bad_resume_id(
         with pytest.raises(adaptor.ResumeRejectedError) as caught:
             agent.thread("t", resume_only=True).run("again")
     assert "no rollout found" in caught.value.reason
+
+
+def _codex_rollouts(tmp_path: Path) -> list[str]:
+    """The session files codex keeps under the tests' CODEX_HOME."""
+    return glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
+                     recursive=True)
 
 
 @pytest.mark.parametrize("damage", [b"garbage\n", b""])
@@ -1223,8 +1228,7 @@ def test_codex_a_damaged_session_is_a_rejected_resume(
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
                        thread_store=store) as agent:
         agent.thread("t").run("first")
-        rollouts = glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
-                             recursive=True)
+        rollouts = _codex_rollouts(tmp_path)
         assert rollouts
         for path in rollouts:
             Path(path).write_bytes(damage)
@@ -1235,8 +1239,7 @@ def test_codex_a_damaged_session_is_a_rejected_resume(
         notices = [e for e in stream if isinstance(e, Notice)]
         assert stream.result().metadata["thread_id"]
         assert any(n.data.get("phase") == "thread.resume_rejected" for n in notices)
-        for path in glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
-                              recursive=True):
+        for path in _codex_rollouts(tmp_path):
             os.remove(path)  # the fresh session's too
         with pytest.raises(adaptor.ResumeRejectedError) as forked:
             agent.thread("t").fork("f").run("from there")
