@@ -647,7 +647,14 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> boo
     except KeyboardInterrupt as stop:
         # Stopped (Ctrl-C, a signal) while the daemon had not taken it: taken back, as a
         # stopped submit takes its request back, so that nothing the responder gave up on counts.
-        stop.response_taken_back = _take_back_response(home, approval_id, data)  # type: ignore[attr-defined]
+        try:
+            taken_back = _take_back_response(home, approval_id, data)
+        except KeyboardInterrupt:  # stopped again meanwhile: told by what is left
+            taken_back = not any(
+                (folder / f"{approval_id}.json").exists()
+                for folder in (home.approvals_responses, home.approvals_resolved)
+            )
+        stop.response_taken_back = taken_back  # type: ignore[attr-defined]
         raise
 
 

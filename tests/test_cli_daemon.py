@@ -1305,6 +1305,38 @@ def test_a_stopped_approve_takes_its_response_back_when_nothing_took_it(
         user.client.wait(request_id, timeout=TIMEOUT)
 
 
+def test_a_second_ctrl_c_during_the_take_back_still_says_what_became_of_the_response(
+    tmp_path: Path,
+) -> None:
+    # The take-back waits for the approvals lock (held here, as by a daemon stopped holding
+    # it); a second Ctrl-C then left the response in force and said nothing.
+    import fcntl
+
+    root = tmp_path / "home"
+    daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
+    user = Home(root, daemon, tmp_path)
+    request_id = user.client.submit(
+        script(PERMISSION, {"text": "approved"}, policy={"approvals": {"timeout": 600}})
+    )
+    approval_id = pending_approval(user, request_id)["id"]
+    response = root / "approvals" / "responses" / f"{approval_id}.json"
+    daemon.stop_off_the_approvals_lock()
+    try:
+        approving = subprocess.Popen(["adaptor", "approve", approval_id], env=user.env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_until(response.exists, "the response to be written")
+        with open(root / "approvals" / "approvals.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            approving.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            approving.send_signal(signal.SIGINT)
+            _, err = approving.communicate(timeout=TIMEOUT)
+        assert approving.returncode == 130, err
+        assert response.exists() and "the response stays written" in err, err
+    finally:
+        daemon.signal(signal.SIGCONT)
+
+
 @pytest.mark.parametrize("responded", ["after the deadline", "before the deadline, taken after it"])
 def test_approve_that_the_deadline_beat_is_expired(tmp_path: Path, responded: str) -> None:
     # After: the pending file's deadline was not checked; with the daemon stopped (SIGSTOP)

@@ -471,12 +471,14 @@ _PRE_APPROVING_ENV: Final = frozenset({
     "CLAUDE_BG_SESSION_PERMISSION_RULES",
 })
 _GUARDED_PERMISSIONS: Final = frozenset({"ask", "auto_reject"})
+_FLAG: Final = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
 
 
 def _permission_overridden(request: Request, config: Config) -> Response | None:
     """A refusal when the run's explicit permission policy asks or rejects and the config's
     ``extra_args`` or ``env`` could pre-approve tools past it."""
-    flags = [flag for flag in _cli.flags_in(config.extra_args) if flag.startswith("-")]
+    # (A separate value that starts with "-" but names no flag, "- be terse", is a value.)
+    flags = [flag for flag in _cli.flags_in(config.extra_args) if _FLAG.fullmatch(flag)]
     refusal = _cli.permission_overridden(
         "claude", request, flags, frozenset(flags) - _SAFE_WHEN_GUARDED, _GUARDED_PERMISSIONS,
         "they may pre-approve tools: only flags known not to may go with it")

@@ -192,7 +192,9 @@ def test_extra_args_that_override_an_explicit_policy_refuse_the_run(
 def test_claude_flags_that_cannot_pre_approve_pass_under_an_asking_policy(tmp_path: Path) -> None:
     config = claude.Config(command=_never_started(tmp_path), extra_args=(
         "--max-turns", "3", "--debug", "--effort=high", "--mcp-config", "servers.json",
-        "--disallowed-tools", "WebFetch", "--add-dir", str(tmp_path), "--system-prompt", "be brief"))
+        "--disallowed-tools", "WebFetch", "--add-dir", str(tmp_path),
+        # (a value that starts with "-" but names no flag was refused, as flag "- ")
+        "--system-prompt", "- be brief"))
     asking = adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission="ask"))
     with adaptor.Agent(claude.Driver(config), workspace=str(tmp_path)) as agent:
         with pytest.raises(adaptor.AgentFailedError):  # (the CLI started, and failed)
