@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -1273,12 +1274,13 @@ def test_approve_after_the_daemon_was_killed_is_expired(tmp_path: Path) -> None:
     assert again.returncode == 5 and "adaptord is not running" in again.stderr, again.stderr
 
 
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM])
-def test_a_stopped_approve_takes_its_response_back_when_nothing_took_it(
-    tmp_path: Path, how: signal.Signals
-) -> None:
-    # Ctrl-C while `approve` waited for the daemon (stopped, starved) exited 130 saying
-    # nothing, and the response it had written took effect: the run went on approved.
+@contextlib.contextmanager
+def _approve_waiting_on_a_stopped_daemon(
+    tmp_path: Path,
+) -> Iterator[tuple[Home, str, str, Path, subprocess.Popen[str]]]:
+    """`adaptor approve` of a run's approval, its response written, waiting for a daemon
+    stopped (SIGSTOP) off the approvals lock; the daemon goes on after the block.  Yields the
+    home, the request and approval ids, the response file and the approving process."""
     root = tmp_path / "home"
     daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
     user = Home(root, daemon, tmp_path)
@@ -1292,13 +1294,24 @@ def test_a_stopped_approve_takes_its_response_back_when_nothing_took_it(
         approving = subprocess.Popen(["adaptor", "approve", approval_id], env=user.env(),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_until(response.exists, "the response to be written")
+        yield user, request_id, approval_id, response, approving
+    finally:
+        daemon.signal(signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_approve_takes_its_response_back_when_nothing_took_it(
+    tmp_path: Path, how: signal.Signals
+) -> None:
+    # Ctrl-C while `approve` waited for the daemon (stopped, starved) exited 130 saying
+    # nothing, and the response it had written took effect: the run went on approved.
+    with _approve_waiting_on_a_stopped_daemon(tmp_path) as (user, request_id, approval_id,
+                                                             response, approving):
         approving.send_signal(how)
         _, err = approving.communicate(timeout=TIMEOUT)
         assert approving.returncode == 128 + how, err
         assert not response.exists()
         assert "taken back" in err, err
-    finally:
-        daemon.signal(signal.SIGCONT)
     assert [a["id"] for a in user.client.approvals()] == [approval_id]  # still open
     assert user.cli("deny", approval_id).returncode == 0
     with pytest.raises(errors.ApprovalDeniedError):
@@ -1312,20 +1325,8 @@ def test_a_second_ctrl_c_during_the_take_back_still_says_what_became_of_the_resp
     # it); a second Ctrl-C then left the response in force and said nothing.
     import fcntl
 
-    root = tmp_path / "home"
-    daemon = DaemonProcess(root, env={"XDG_CONFIG_HOME": str(tmp_path)}).start()
-    user = Home(root, daemon, tmp_path)
-    request_id = user.client.submit(
-        script(PERMISSION, {"text": "approved"}, policy={"approvals": {"timeout": 600}})
-    )
-    approval_id = pending_approval(user, request_id)["id"]
-    response = root / "approvals" / "responses" / f"{approval_id}.json"
-    daemon.stop_off_the_approvals_lock()
-    try:
-        approving = subprocess.Popen(["adaptor", "approve", approval_id], env=user.env(),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_until(response.exists, "the response to be written")
-        with open(root / "approvals" / "approvals.lock", "a") as lock:
+    with _approve_waiting_on_a_stopped_daemon(tmp_path) as (user, _, _, response, approving):
+        with open(user.root / "approvals" / "approvals.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             approving.send_signal(signal.SIGINT)
             time.sleep(0.5)
@@ -1333,8 +1334,6 @@ def test_a_second_ctrl_c_during_the_take_back_still_says_what_became_of_the_resp
             _, err = approving.communicate(timeout=TIMEOUT)
         assert approving.returncode == 130, err
         assert response.exists() and "the response stays written" in err, err
-    finally:
-        daemon.signal(signal.SIGCONT)
 
 
 @pytest.mark.parametrize("responded", ["after the deadline", "before the deadline, taken after it"])

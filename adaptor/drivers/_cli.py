@@ -21,6 +21,9 @@ from adaptor import _nesting
 from adaptor.driver import (
     Checkpoint,
     DecisionChoice,
+    DecisionKind,
+    DecisionRequest,
+    DecisionResponse,
     EventSink,
     Request,
     Response,
@@ -292,6 +295,36 @@ def asked_questions(
         )
         asked.append((question or untitled, choices, question))
     return asked
+
+
+def decide_in_turn(
+    sink: EventSink, kind: DecisionKind,
+    asked: Sequence[tuple[str, tuple[DecisionChoice, ...], str]], *, source: str,
+    tool_call_id: str, payload: Mapping[str, Any],
+    decided: Callable[[DecisionResponse], object],
+) -> tuple[DecisionResponse, dict[str, str]]:
+    """Ask each of ``asked`` (one ``(title, choices, question)`` per decision) in turn, a
+    question with its ``question_index``, telling ``decided`` of every response; the first not
+    approved or answered decides the call.  Returns the deciding response and the answers by
+    question."""
+    answers: dict[str, str] = {}
+    for index, (title, choices, question) in enumerate(asked):
+        shown = {**payload, "question_index": index} if kind == "question" else payload
+        decision = sink.request_decision(DecisionRequest(
+            kind=kind, title=title, source=source, tool_call_id=tool_call_id,
+            payload=shown, choices=choices))
+        decided(decision)
+        if decision.result not in ("approved", "answered"):
+            break
+        if kind == "question":
+            answers[question] = decision.choice or decision.text
+    return decision, answers
+
+
+def stored_in_checkpoint(request: Request, key: str) -> str | None:
+    """What the checkpoint of the session a run resumes keeps under ``key`` (None: nothing)."""
+    state = None if request.session is None else request.session.state
+    return None if state is None else state.data.get(key)
 
 
 def prompt_of(request: Request) -> str:

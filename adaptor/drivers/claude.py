@@ -86,7 +86,6 @@ from adaptor import _durable, _nesting, _private_dirs
 from adaptor.driver import (
     DecisionChoice,
     DecisionKind,
-    DecisionRequest,
     DecisionResponse,
     Descriptor,
     EventSink,
@@ -437,10 +436,9 @@ _COST_KEY: Final = "cost_usd"
 
 def _stored_cost(request: Request) -> float:
     """The session's running total_cost_usd its checkpoint keeps (0: none, or changed by hand)."""
-    state = None if request.session is None else request.session.state
     try:
-        cost = float(state.data[_COST_KEY]) if state is not None else 0.0
-    except (KeyError, TypeError, ValueError):
+        cost = float(_cli.stored_in_checkpoint(request, _COST_KEY) or 0.0)
+    except ValueError:
         return 0.0
     return cost if math.isfinite(cost) and cost >= 0 else 0.0
 
@@ -824,21 +822,11 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
     if kind == "plan_review":
         # The CLI puts the plan file's text in the input; else the model's own argument.
         payload["plan"] = as_str(tool_input.get("plan")) or parser.exit_plans.get(tool_use_id, "")
-    answers: dict[str, str] = {}
-    # One decision per question of the call (it takes up to four), in turn; the first not
-    # answered decides the call.
-    for index, (title, choices, question) in enumerate(_decision_texts(kind, tool, body, tool_input)):
-        if kind == "question":
-            payload = {**payload, "question_index": index}
-        decision = sink.request_decision(
-            DecisionRequest(kind=kind, title=title, source=f"claude.{_snake(tool)}",
-                            tool_call_id=tool_use_id, payload=payload, choices=choices)
-        )
-        parser.decision(kind, tool, tool_use_id, decision)
-        if decision.result not in ("approved", "answered"):
-            break
-        if kind == "question":
-            answers[question] = decision.choice or decision.text
+    # (An AskUserQuestion call takes up to four questions: each is a decision.)
+    decision, answers = _cli.decide_in_turn(
+        sink, kind, _decision_texts(kind, tool, body, tool_input), source=f"claude.{_snake(tool)}",
+        tool_call_id=tool_use_id, payload=payload,
+        decided=lambda made: parser.decision(kind, tool, tool_use_id, made))
     reply: dict[str, Any]
     if decision.result in ("approved", "answered"):
         updated = dict(tool_input)

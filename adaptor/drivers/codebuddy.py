@@ -59,7 +59,6 @@ from adaptor import _nesting
 from adaptor.driver import (
     DecisionChoice,
     DecisionKind,
-    DecisionRequest,
     Descriptor,
     EventSink,
     HumanDecisionSupport,
@@ -405,20 +404,10 @@ def _answer(child: Child, control: dict[str, Any], parser: _Parser, sink: EventS
         payload["plan"] = as_str(tool_input.get("plan")) or parser.last_plan
     elif as_str(body.get("description")):
         asked = [(as_str(body["description"]), (), "")]
-    answers: dict[str, str] = {}
-    # One decision per question of the call, in turn; the first not answered decides it.
-    for index, (title, choices, question) in enumerate(asked):
-        if kind == "question":
-            payload = {**payload, "question_index": index}
-        decision = sink.request_decision(
-            DecisionRequest(kind=kind, title=title, source=f"codebuddy.{_snake(tool)}",
-                            tool_call_id=tool_use_id, payload=payload, choices=choices)
-        )
-        parser.decision(kind, tool, tool_use_id, decision.result, decision.choice)
-        if decision.result not in ("approved", "answered"):
-            break
-        if kind == "question":
-            answers[question] = decision.choice or decision.text
+    decision, answers = _cli.decide_in_turn(
+        sink, kind, asked, source=f"codebuddy.{_snake(tool)}", tool_call_id=tool_use_id,
+        payload=payload,
+        decided=lambda made: parser.decision(kind, tool, tool_use_id, made.result, made.choice))
     reply: dict[str, Any]
     if decision.result in ("approved", "answered"):
         updated = dict(tool_input)

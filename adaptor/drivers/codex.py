@@ -330,11 +330,11 @@ _USAGE_KEY: Final = "usage"
 
 
 def _stored_usage(request: Request) -> Usage | None:
-    state = None if request.session is None else request.session.state
+    stored = _cli.stored_in_checkpoint(request, _USAGE_KEY)
     try:
-        totals = orjson.loads(state.data[_USAGE_KEY]) if state is not None else None
+        totals = None if stored is None else orjson.loads(stored)
         usage = None if totals is None else _usage({"usage": totals})
-    except (KeyError, TypeError, ValueError):  # a checkpoint from before, or changed by hand
+    except (TypeError, ValueError):  # a checkpoint from before, or changed by hand
         return None
     if usage is None or min(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens) < 0:
         return None  # (changed by hand)
