@@ -52,7 +52,9 @@ __all__ = [
     "exclusive",
     "frame",
     "fsync_dir",
+    "held_for_reading",
     "inspect_tail",
+    "is_no_write_access",
     "lock_epoch",
     "lock_for",
     "may_be_torn",
@@ -969,6 +971,36 @@ def touch_epoch(path: _StrPath) -> int:
     entry = _entry(path)
     entry.epoch = next(_epochs)
     return entry.epoch
+
+
+_NO_WRITE_ACCESS: Final = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def is_no_write_access(exc: BaseException) -> bool:
+    """Whether ``exc`` says this process may not write there (permissions, a read-only mount,
+    an immutable file)."""
+    return isinstance(exc, OSError) and exc.errno in _NO_WRITE_ACCESS
+
+
+@contextlib.contextmanager
+def held_for_reading(path: _StrPath) -> Iterator[None]:
+    """Hold the existing lock file ``path`` that this process may not open for writing (a
+    read-only mount, a copy it may only read), for a read of what the lock guards.
+
+    The file is opened read-only and flocked as :func:`exclusive` flocks it (``flock`` takes
+    no write access), so a writer in another process waits until the read is done.  Nothing is
+    created, nothing lingers, and no epoch moves: a reader holding it must read the guarded
+    files afresh.  Raises the ``OSError`` of the open (``FileNotFoundError``: no lock file).
+    """
+    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    try:
+        filelock.lock_descriptor(fd)
+        try:
+            yield
+        finally:
+            filelock.unlock_descriptor(fd)
+    finally:
+        os.close(fd)
 
 
 def release_lingering(path: _StrPath) -> None:

@@ -654,6 +654,20 @@ def test_lock_excludes_other_processes_and_is_one_object_per_path(tmp_path: Path
     assert lock_path.exists()  # lock files are never deleted
 
 
+def test_a_lock_held_for_reading_keeps_other_processes_writers_out(tmp_path: Path) -> None:
+    lock_path = tmp_path / "x.lock"
+    with exclusive(lock_path):
+        pass
+    _durable.release_lingering(lock_path)
+    # (Opened read-only: tests/test_cli_daemon.py holds it on a store no one may write to.)
+    with _durable.held_for_reading(lock_path):
+        assert _probe_lock(lock_path) == b"busy\n"
+    assert _probe_lock(lock_path) == b"free\n"
+    with pytest.raises(FileNotFoundError), _durable.held_for_reading(tmp_path / "none.lock"):
+        pass
+    assert not (tmp_path / "none.lock").exists()  # a reader creates nothing
+
+
 # --- strict reading, torn tails, corruption --------------------------------------------------
 
 

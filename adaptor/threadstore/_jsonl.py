@@ -81,6 +81,8 @@ from adaptor._durable import (
     close_quietly,
     ensure_dir,
     exclusive,
+    held_for_reading,
+    is_no_write_access,
     lock_epoch,
     may_be_torn,
     not_torn,
@@ -324,7 +326,7 @@ class JSONLStore:
         """Close the file descriptors; idempotent.  Later calls raise ``ValueError``."""
         if self._closed:
             return  # closed already: nothing to wait on another process for
-        with exclusive(self._lock_path):
+        with self._held(reading=True):
             self._closed = True
             self._forget_files()
         release_lingering(self._lock_path)
@@ -343,13 +345,13 @@ class JSONLStore:
     def resolve(self, query: Query) -> Record | None:
         if not isinstance(query, Query):
             raise TypeError(f"expected a Query, not {type(query).__name__}")
-        with self._locked():
+        with self._locked(reading=True):
             found = self._state.lookup(query)
             return None if found is None else record_from_json(found)
 
     def keys(self) -> list[str]:
         """The thread keys that have an active record, sorted (read-only; for listings)."""
-        with self._locked():
+        with self._locked(reading=True):
             return sorted(
                 key for key in self._state.keys if self._state.lookup(Query(key=key)) is not None
             )
@@ -395,24 +397,43 @@ class JSONLStore:
     # --- reading --------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _locked(self, *, within_lease: bool = False) -> Iterator[None]:
+    def _held(self, *, within_lease: bool = False, reading: bool = False) -> Iterator[bool]:
+        """The store's lock; yields whether it is the writers' own (False: held for reading,
+        on a store this process may not write to: a read-only mount, a copy it may only read).
+        """
         # Within a lease (renew, finalize, release) this process is mid-cycle: were it to give
         # the lock away now, the others would find that lease's key busy until it got the lock
         # back, so it keeps the lock until its next hold outside a lease (``continuing``).
+        with contextlib.ExitStack() as hold:
+            try:
+                hold.enter_context(
+                    exclusive(
+                        self._lock_path,
+                        linger=True,
+                        while_waiting=self._read_ahead,
+                        continuing=within_lease,
+                    )
+                )
+            except OSError as exc:
+                if not (reading and is_no_write_access(exc)):
+                    raise
+                hold.enter_context(held_for_reading(self._lock_path))
+                yield False
+                return
+            yield True
+
+    @contextlib.contextmanager
+    def _locked(self, *, within_lease: bool = False, reading: bool = False) -> Iterator[None]:
         self._refuse_if_closed()  # before the lock too: no waiting on others only to refuse
-        with exclusive(
-            self._lock_path,
-            linger=True,
-            while_waiting=self._read_ahead,
-            continuing=within_lease,
-        ):
+        with self._held(within_lease=within_lease, reading=reading) as own:
             self._refuse_if_closed()  # another thread may have closed it while this one waited
             # Unchanged epoch: this process held the flock throughout since our last look
-            # and no other instance here wrote, so the files are as we left them.
+            # and no other instance here wrote, so the files are as we left them.  Held only
+            # for reading, the epoch tells nothing: the files are read afresh each time.
             try:
-                if self._reread or lock_epoch(self._lock_path) != self._epoch:
+                if not own or self._reread or lock_epoch(self._lock_path) != self._epoch:
                     self._refresh()
-                    self._epoch = lock_epoch(self._lock_path)
+                    self._epoch = lock_epoch(self._lock_path) if own else -1
                 yield
             except CorruptLogError as exc:
                 # Said once, then the files are read as they stand, as a new instance reads
