@@ -23,6 +23,7 @@ from adaptor._cli_common import (
     fail,
     guarded,
     home_option,
+    interrupted,
     json_option,
     not_nan,
     note_done_before_output,
@@ -434,9 +435,10 @@ def _responded(approval_id: str, action: str, as_json: bool, taken: bool) -> Non
 
 
 @contextlib.contextmanager
-def _saying_if_stopped() -> Iterator[None]:
-    """Say on stderr what became of the response when the command is stopped (Ctrl-C, a
-    signal) while it waits for the daemon to take it."""
+def _saying_if_stopped(approval_id: str, action: str, as_json: bool) -> Iterator[None]:
+    """Say what became of the response when the command is stopped (Ctrl-C, a signal) while
+    it waits for the daemon to take it: on stderr, and with ``--json`` as the outcome's
+    ``result`` (its ``response``: ``taken_back``, ``stays_written`` or ``not_written``)."""
     try:
         yield
     except KeyboardInterrupt as stop:
@@ -446,7 +448,9 @@ def _saying_if_stopped() -> Iterator[None]:
         elif taken_back is False:
             echo("adaptor: stopped; the response stays written: adaptord had taken it, or may "
                  "still take it (`adaptor approvals` shows whether the request is open)", err=True)
-        raise
+        response = {True: "taken_back", False: "stays_written", None: "not_written"}[taken_back]
+        result = {"id": approval_id, "action": action, "response": response}
+        interrupted(as_json, stop, cancelled=False, result=result)
 
 
 @click.command()
@@ -461,7 +465,7 @@ def approve(approval_id: str, as_json: bool, home: str | None) -> None:
     ended, or no adaptord serves the home), it is a question (answer it), or there is no such
     request.
     """
-    with _saying_if_stopped():
+    with _saying_if_stopped(approval_id, "approved", as_json):
         taken = Client(home).approve(approval_id)
     _responded(approval_id, "approved", as_json, taken)
 
@@ -475,7 +479,7 @@ def approve(approval_id: str, as_json: bool, home: str | None) -> None:
 def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None:
     """Deny a pending request of any kind (exit 5 as for approve; 2 when the reason is not
     UTF-8 or longer than a response file holds, 64 KiB)."""
-    with _text_argument("--reason"), _saying_if_stopped():
+    with _text_argument("--reason"), _saying_if_stopped(approval_id, "denied", as_json):
         taken = Client(home).deny(approval_id, reason)
     _responded(approval_id, "denied", as_json, taken)
 
@@ -489,7 +493,7 @@ def deny(approval_id: str, reason: str, as_json: bool, home: str | None) -> None
 def answer(approval_id: str, option: str, as_json: bool, home: str | None) -> None:
     """Answer a pending question with OPTION (exit 5 as for approve; 2 as for deny, or for an
     empty OPTION)."""
-    with _text_argument("OPTION"), _saying_if_stopped():
+    with _text_argument("OPTION"), _saying_if_stopped(approval_id, "answered", as_json):
         taken = Client(home).answer(approval_id, option)
     _responded(approval_id, "answered", as_json, taken)
 

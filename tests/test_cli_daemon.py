@@ -1320,7 +1320,7 @@ def test_approve_after_the_daemon_was_killed_is_expired(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def _approve_waiting_on_a_stopped_daemon(
-    tmp_path: Path,
+    tmp_path: Path, *options: str
 ) -> Iterator[tuple[Home, str, str, Path, subprocess.Popen[str]]]:
     """`adaptor approve` of a run's approval, its response written, waiting for a daemon
     stopped (SIGSTOP) off the approvals lock; the daemon goes on after the block.  Yields the
@@ -1335,7 +1335,7 @@ def _approve_waiting_on_a_stopped_daemon(
     response = root / "approvals" / "responses" / f"{approval_id}.json"
     daemon.stop_off_the_approvals_lock()
     try:
-        approving = subprocess.Popen(["adaptor", "approve", approval_id], env=user.env(),
+        approving = subprocess.Popen(["adaptor", "approve", approval_id, *options], env=user.env(),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_until(response.exists, "the response to be written")
         yield user, request_id, approval_id, response, approving
@@ -1360,6 +1360,21 @@ def test_a_stopped_approve_takes_its_response_back_when_nothing_took_it(
     assert user.cli("deny", approval_id).returncode == 0
     with pytest.raises(errors.ApprovalDeniedError):
         user.client.wait(request_id, timeout=TIMEOUT)
+
+
+def test_a_stopped_approve_json_says_which_approval_and_what_became_of_the_response(
+    tmp_path: Path,
+) -> None:
+    # Its object said only "stopped by SIGTERM": neither the approval nor whether the response
+    # still stood (stderr said it, which a script reading --json does not read).
+    with _approve_waiting_on_a_stopped_daemon(tmp_path, "--json") as (_, _, approval_id, _, approving):
+        approving.send_signal(signal.SIGTERM)
+        out, err = approving.communicate(timeout=TIMEOUT)
+    assert approving.returncode == 128 + signal.SIGTERM, err
+    outcome = orjson.loads(out)
+    assert (outcome["ok"], outcome["exit_code"]) == (False, 128 + signal.SIGTERM)
+    assert outcome["error"]["code"] == "context.Canceled" and "stopped by SIGTERM" in outcome["error"]["message"]
+    assert outcome["result"] == {"id": approval_id, "action": "approved", "response": "taken_back"}
 
 
 def test_a_second_ctrl_c_during_the_take_back_still_says_what_became_of_the_response(
