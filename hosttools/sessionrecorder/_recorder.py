@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Callable, Generator, Iterable
 from datetime import UTC, datetime
-from types import TracebackType
+from types import GeneratorType, TracebackType
 
 from adaptor.events import ApprovalRequest, Event, _Event
 
@@ -130,7 +130,11 @@ class EventRecorder:
         after_host_seq = _cursor("after_host_seq", after_host_seq)
         if after_host_seq < 0:
             raise ValueError(f"after_host_seq must be >= 0, not {after_host_seq}")
-        return _after(self._backend.load(key), after_host_seq)
+        records = self._backend.load(key)
+        if after_host_seq == 0 and isinstance(records, GeneratorType):
+            # Every record, from a generator the caller can close: no filter to run each through.
+            return records
+        return _after(records, after_host_seq)
 
     def since(self, key: str, after_host_seq: int = 0) -> list[EventRecord]:
         """``key``'s records with ``host_seq > after_host_seq`` (0: all), ascending."""
