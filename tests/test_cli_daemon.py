@@ -43,6 +43,7 @@ from tests.test_spool_client import (
     threaded,
     wait_until,
 )
+from tests.unwritable import unwritable
 
 __all__ = ["home"]  # the module-scoped daemon fixture, shared with the Client tests
 
@@ -1097,29 +1098,6 @@ def test_threads_list_and_show(home: Home) -> None:
     assert not any(line.startswith("lines") for line in lines)
 
 
-@contextlib.contextmanager
-def _unwritable(*paths: Path) -> Iterator[None]:
-    """``paths`` refuse to be written or to take new files, as on a read-only mount (root
-    ignores modes: the immutable attribute stops it too)."""
-    if os.geteuid() != 0:
-        modes = [p.stat().st_mode for p in paths]
-        for p in paths:
-            p.chmod(p.stat().st_mode & ~0o222)
-        try:
-            yield
-        finally:
-            for p, mode in zip(paths, modes, strict=True):
-                p.chmod(mode)
-        return
-    made = subprocess.run(["chattr", "+i", *map(str, paths)], capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot make files immutable here: {made.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
-
-
 def test_threads_list_and_show_read_a_store_they_cannot_write(home: Home) -> None:
     # A home that is readable but not writable (a read-only mount, a copy, another user's with
     # group read): both exited 70 ("PermissionError: ... threads/store.lock"), the store's lock
@@ -1128,7 +1106,7 @@ def test_threads_list_and_show_read_a_store_they_cannot_write(home: Home) -> Non
     listed = orjson.loads(home.cli("threads", "--json").stdout)["result"]
     shown = orjson.loads(home.cli("threads", "show", "cli/threads/read-only", "--json").stdout)["result"]
     store = home.root / "threads"
-    with _unwritable(*sorted(store.iterdir()), store):
+    with unwritable(*sorted(store.iterdir()), store):
         outcome = home.cli("threads", "--json")
         assert outcome.returncode == 0, outcome.stderr
         assert orjson.loads(outcome.stdout)["result"] == listed

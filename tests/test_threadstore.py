@@ -49,6 +49,7 @@ from tests.durable_hooks import (
     hook_datasyncs,
     past_the_maximum_hold,
 )
+from tests.unwritable import unwritable
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "threadstore_child.py"
@@ -1708,3 +1709,40 @@ def test_a_fifo_at_a_store_file_is_refused_not_waited_on(tmp_path: Path, name: s
         assert proc.returncode == 70, proc.stderr[-2000:]
         assert f"is not a regular file: '{fifo}'" in proc.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+# --- a store this process may read but not write ---------------------------------------------
+
+
+def test_a_store_it_may_not_write_is_read_and_refuses_only_writes(tmp_path: Path) -> None:
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k1")
+        start(store, "r2", "k2")
+    files = sorted(directory.iterdir())
+    with unwritable(*files, directory), JSONLStore(directory) as store:
+        assert store.keys() == ["k1", "k2"]
+        found = store.resolve(Query(key="k1"))
+        assert found is not None and found.id == "r1"
+        with pytest.raises(OSError) as refused:
+            store.acquire_lease("key:k1", "me", 60)
+        assert refused.value.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        assert store.keys() == ["k1", "k2"]  # a refused write changed nothing it reads
+
+
+def test_a_copy_without_its_lock_file_that_it_may_not_write_is_read_without_the_lock(
+    tmp_path: Path,
+) -> None:
+    # (A copy of the data files alone, say: no one can be writing a store with no lock file,
+    # and the reader may not make one.)
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k1")
+    (directory / "store.lock").unlink()
+    with unwritable(*sorted(directory.iterdir()), directory), JSONLStore(directory) as store:
+        assert store.keys() == ["k1"]
+    assert not (directory / "store.lock").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with unwritable(empty), JSONLStore(empty) as store:
+        assert store.keys() == [] and store.resolve(Query(key="k1")) is None

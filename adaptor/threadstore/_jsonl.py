@@ -417,7 +417,13 @@ class JSONLStore:
             except OSError as exc:
                 if not (reading and is_no_write_access(exc)):
                     raise
-                hold.enter_context(held_for_reading(self._lock_path))
+                try:
+                    hold.enter_context(held_for_reading(self._lock_path))
+                except FileNotFoundError:
+                    # No lock file, and this process may not make one (a copy of the data
+                    # files alone): read as it stands.  A writer makes the lock file before
+                    # it touches anything, so none was inside when we looked.
+                    pass
                 yield False
                 return
             yield True
