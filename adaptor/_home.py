@@ -640,22 +640,46 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> boo
     # win, or to be set aside: it is waited for, outside the lock (the daemon needs it), rather
     # than reported as the winner while the request may stay open.
     settles_by = time.monotonic() + 2 * RESPONSE_SETTLE
-    while not _respond_once(home, approval_id, action, data, wait=time.monotonic() < settles_by):
-        time.sleep(0.05)
+    written = False
     try:
+        while not _respond_once(home, approval_id, action, data, wait=time.monotonic() < settles_by):
+            time.sleep(0.05)
+        written = True
         return _await_taken(home, approval_id, action)
     except KeyboardInterrupt as stop:
         # Stopped (Ctrl-C, a signal) while the daemon had not taken it: taken back, as a
         # stopped submit takes its request back, so that nothing the responder gave up on counts.
+        # Stopped while writing it, too: the file is in place before the folder's sync ends.
+        # ``response_taken_back``: True, False (it stands: written, perhaps taken), or None
+        # (never written).
+        taken_back: bool | None
         try:
-            taken_back = _take_back_response(home, approval_id, data)
+            if _take_back_response(home, approval_id, data):
+                taken_back = True
+            elif _stands(home, approval_id, action, data):
+                taken_back = False
+            else:
+                taken_back = True if written else None
         except KeyboardInterrupt:  # stopped again meanwhile: told by what is left
-            taken_back = not any(
-                (folder / f"{approval_id}.json").exists()
-                for folder in (home.approvals_responses, home.approvals_resolved)
-            )
+            if _stands(home, approval_id, action, data):
+                taken_back = False
+            else:
+                taken_back = True if written else None
         stop.response_taken_back = taken_back  # type: ignore[attr-defined]
         raise
+
+
+def _stands(home: Home, approval_id: str, action: str, data: bytes) -> bool:
+    """Whether the response ``data`` is in force: still waiting for the daemon, or taken."""
+    with contextlib.suppress(OSError):
+        if (home.approvals_responses / f"{approval_id}.json").read_bytes() == data:
+            return True
+    try:
+        if not (home.approvals_resolved / f"{approval_id}.json").exists():
+            return False
+        return _settled(home, approval_id, won_by=action) is None
+    except (OSError, ValueError):
+        return False
 
 
 def _take_back_response(home: Home, approval_id: str, data: bytes) -> bool:

@@ -2031,6 +2031,41 @@ def test_the_cli_replaces_a_response_file_the_daemon_would_set_aside(tmp_path: P
                 _home.respond(home, approval_id, "deny")
 
 
+@pytest.mark.parametrize("stopped", ["before the write", "in the folder's sync after it"])
+def test_a_responder_stopped_while_writing_says_what_became_of_its_response(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: str
+) -> None:
+    # Stopped in the few milliseconds of the write (the file is in place before the folder's
+    # sync ends), it said "not written", yet the response stood and the run went on approved.
+    home = _home.Home.at(tmp_path / "home")
+    for directory in (home.approvals_pending, home.approvals_responses, home.approvals_resolved):
+        directory.mkdir(parents=True)
+    pending = {"id": "ap-1", "approval_kind": "permission", "request_id": "r"}
+    (home.approvals_pending / "ap-1.json").write_bytes(orjson.dumps(pending))
+    response = home.approvals_responses / "ap-1.json"
+    sync_folder = _durable.fsync_dir
+
+    def ctrl_c(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    if stopped == "before the write":
+        monkeypatch.setattr(_durable, "atomic_write", ctrl_c)
+    else:
+        def sync_then_stop(directory: Any) -> None:
+            sync_folder(directory)
+            if os.path.samefile(directory, home.approvals_responses):
+                assert response.exists()
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(_durable, "fsync_dir", sync_then_stop)
+    serving = filelock.FileLock(str(home.daemon_lock), mode=0o600, thread_local=False)
+    with serving, pytest.raises(KeyboardInterrupt) as stop:
+        _home.respond(home, "ap-1", "approve")
+    assert not response.exists()  # nothing the responder gave up on counts
+    expected = None if stopped == "before the write" else True  # never written / taken back
+    assert stop.value.response_taken_back is expected  # type: ignore[attr-defined]
+
+
 def test_the_lifecycle_log_joins_the_audit_logs_and_names_every_id(daemon: DaemonProcess) -> None:
     # No fact carried a run id and no event a request id: once retention removed the verdict,
     # a request's facts could not be tied to its events.  A request refused before its driver
