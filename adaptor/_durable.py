@@ -994,7 +994,9 @@ def held_for_reading(path: _StrPath) -> Iterator[None]:
     """
     fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
     try:
-        filelock.lock_descriptor(fd)
+        # Polled as often as the writers poll: a busy writer lets the lock go only for a few
+        # milliseconds in every _LINGER_MAX, which filelock's default 50 ms poll rarely meets.
+        filelock.lock_descriptor(fd, poll_interval=_POLL_INTERVAL)
         try:
             yield
         finally:

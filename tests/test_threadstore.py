@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import filelock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -1746,3 +1747,39 @@ def test_a_copy_without_its_lock_file_that_it_may_not_write_is_read_without_the_
     empty.mkdir()
     with unwritable(empty), JSONLStore(empty) as store:
         assert store.keys() == [] and store.resolve(Query(key="k1")) is None
+
+
+def test_a_reader_that_may_not_write_polls_the_lock_as_often_as_the_writers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A busy writer lets the lock go for a few milliseconds in every 100; filelock's default
+    # 50 ms poll rarely met such a gap: `adaptor threads` took seconds beside a busy daemon.
+    polls: list[float] = []
+    real = filelock.lock_descriptor
+
+    def recording(fd: int, **options: Any) -> bool:
+        polls.append(options.get("poll_interval", 0.05))
+        return bool(real(fd, **options))
+
+    monkeypatch.setattr(filelock, "lock_descriptor", recording)
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k1")
+    with unwritable(*sorted(directory.iterdir()), directory), JSONLStore(directory) as store:
+        assert store.keys() == ["k1"]
+    assert polls and set(polls) == {_durable._POLL_INTERVAL}
+
+
+def test_a_store_whose_lock_file_cannot_be_opened_says_so_once(tmp_path: Path) -> None:
+    # Closing took the lock again and failed the same way: `adaptor threads --json` showed one
+    # error nested four times over.
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k1")
+    (directory / "store.lock").unlink()
+    (directory / "store.lock").symlink_to(tmp_path / "elsewhere.lock")  # never followed
+    with pytest.raises(OSError) as refused, JSONLStore(directory) as store:
+        store.keys()
+    assert refused.value.__context__ is None and refused.value.__cause__ is None
+    with pytest.raises(ValueError, match="is closed"):  # closed all the same, without the lock
+        store.keys()

@@ -326,7 +326,13 @@ class JSONLStore:
         """Close the file descriptors; idempotent.  Later calls raise ``ValueError``."""
         if self._closed:
             return  # closed already: nothing to wait on another process for
-        with self._held(reading=True):
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self._held(reading=True))
+            except OSError:
+                # A lock file this process cannot open at all (unreadable): then none of its
+                # threads can be inside the store either, and closing needs no lock.
+                pass
             self._closed = True
             self._forget_files()
         release_lingering(self._lock_path)
