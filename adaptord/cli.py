@@ -78,32 +78,39 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
     try:
         config = config_module.load(config_path, required=config_path is not None, regular=True)
     except config_module.ConfigError as exc:
-        click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
+        _refusal(config_module.one_line(f"adaptord: {exc}"))
         sys.exit(2)
     listen = None
     if a2a_listen is not None:
         try:
             from adaptord import a2a_bridge
         except ImportError as exc:
-            click.echo(
+            _refusal(
                 f"adaptord: --a2a needs the a2a extra, a2a-sdk[http-server] and uvicorn ({exc.name} is "
-                "missing): pip install 'adaptor[a2a]' (from a clone: pip install -e '.[a2a]')",
-                err=True,
+                "missing): pip install 'adaptor[a2a]' (from a clone: pip install -e '.[a2a]')"
             )
             sys.exit(2)
         try:  # refused here, before anything starts: a bad address, no agents, no token off loopback
             listen = a2a_bridge.Listen.parse(a2a_listen)
             a2a_bridge.check(listen, config.a2a)
         except ValueError as exc:
-            click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
+            _refusal(config_module.one_line(f"adaptord: {exc}"))
             sys.exit(2)
     daemon = Daemon(_home.Home.at(home), config, workers=workers, grace=grace, config_path=config_path, a2a=listen)
     try:
         code = daemon.serve()
     except config_module.ConfigError as exc:
-        click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
+        _refusal(config_module.one_line(f"adaptord: {exc}"))
         sys.exit(2)
     sys.exit(code)
+
+
+def _refusal(text: str) -> None:
+    """Say on stderr why the daemon will not serve: a warning in systemd's journal, as the
+    daemon's own reports of a problem are (the unit does not restart on exit 2)."""
+    from adaptord import _lifecycle
+
+    click.echo(f"<{_lifecycle.WARNING}>{text}" if _lifecycle.to_journal() else text, err=True)
 
 
 def _ctrl_c_exits_130(command: Callable[P, None]) -> Callable[P, None]:

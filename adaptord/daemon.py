@@ -297,6 +297,9 @@ class Daemon:
         self._deferred: dict[str, Callable[[], None]] = {}
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._lock_identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the lock file held
+        # Why the home is no longer this daemon's (its lock file removed or replaced), once
+        # known: from then on it writes nothing there (see _home_gone).
+        self._home_lost: str | None = None
         self._next_layout_check = 0.0  # monotonic
         self._watcher_refused = False
         # Claimed requests whose files did not parse yet and were written moments ago, by id:
@@ -366,7 +369,7 @@ class Daemon:
         line finds the record.
         """
         notice, line = _lifecycle.fact(phase, request_id, **data)
-        if self._daemon_log is None:  # (before serve() made the log)
+        if self._daemon_log is None or self._home_lost is not None:  # (before serve() made the log)
             self._emit([(line, _lifecycle.fact_priority(line))])
         else:
             self._daemon_log.record(notice, line)
@@ -521,12 +524,13 @@ class Daemon:
                 if self._stop_signalled:
                     self._stop.set()
                     break
-                lost = self._lock_lost()
-                if lost is not None:
+                if self._home_gone():
                     # Serving on would serve a home another daemon may hold (a home made
                     # again by hand has no lock of this one's).  Told on stderr: the home's
                     # lifecycle log may have gone with it.
-                    self.log(f"{lost}; stopping (a new start makes the home again)", home=self.home.root)
+                    self.log(
+                        f"{self._home_lost}; stopping (a new start makes the home again)", home=self.home.root
+                    )
                     self._stop.set()
                     exit_code = EXIT_HOME_LOST
                     break
@@ -882,6 +886,17 @@ class Daemon:
         if (now.st_dev, now.st_ino) != self._lock_identity:
             return "the home's lock file adaptord.lock was replaced"
         return None
+
+    def _home_gone(self) -> bool:
+        """Whether the home is no longer this daemon's (see :meth:`_lock_lost`), remembered once
+        known.  From then on the daemon writes nothing there: not a verdict, a claimed copy's
+        removal, a run's state or events, nor a lifecycle fact (those go to stderr only).
+        Another daemon may serve a home made again at that path, with requests of the same
+        ids.  Looked at before each verdict too, as the main loop looks only every scan
+        interval, and a draining daemon not at all."""
+        if self._home_lost is None:
+            self._home_lost = self._lock_lost()
+        return self._home_lost is not None
 
     def _check_layout(self) -> None:
         """Every scan interval: make a folder of the layout removed by hand again.
@@ -1400,6 +1415,8 @@ class Daemon:
         return job.secrets if job.secrets is not None else self._secrets_of(job.request)
 
     def _record(self, session: str, event: events.Event, redactor: _redact.Redactor, job: Job) -> None:
+        if self._home_lost is not None:
+            return  # (a log of that name there is another daemon's)
         try:
             try:
                 self._events.record(session, _as_recorded(event, redactor, bound=False))
@@ -1645,6 +1662,9 @@ class Daemon:
         the verdict is tried again every scan interval until it is written.  Were the daemon
         to stop first, the next start gives the claimed request its verdict (see _recover).
         """
+        if self._home_gone():
+            self.log("verdict not written", id=request_id, why=self._home_lost)
+            return
         try:
             self._try_write_verdict(request_id, **verdict)
         except OSError as exc:
@@ -1671,6 +1691,12 @@ class Daemon:
         if not pending or (not last and time.monotonic() < self._next_retry):
             return
         self._next_retry = time.monotonic() + self.config.scan_interval
+        if self._home_gone():
+            for request_id, _ in pending:
+                self.log("verdict not written", id=request_id, why=self._home_lost)
+            with self._lock:
+                self._deferred.clear()
+            return
         if not all(folder.is_dir() for folder in (self.home.verdicts, self.home.runs, self.home.events)):
             self._restore_home()
         for request_id, write in pending:
@@ -1931,6 +1957,8 @@ class Daemon:
     def _write_state_raw(
         self, request_id: str, state: Mapping[str, Any], *, merge: bool = False, folder_exists: bool = False
     ) -> None:
+        if self._home_lost is not None:
+            return
         path = self.home.run_state(request_id)
         if not folder_exists:
             _durable.ensure_dir(path.parent, durable=False, follow_links=False)
@@ -1962,6 +1990,8 @@ class Daemon:
             self._events_backend.close_idle()
 
     def _cleanup_claim(self, request_id: str) -> None:
+        if self._home_lost is not None:
+            return  # (a claimed copy of the same id there is another daemon's)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.home.claimed / f"{request_id}.json")
         with contextlib.suppress(FileNotFoundError):
@@ -2262,6 +2292,8 @@ class Daemon:
             self._ready.clear()
             self._lines.clear()
         stamp = time.time_ns()
+        if self._home_gone():
+            queued = []  # their claimed copies went with the home
         for order, job in enumerate(queued):  # not started: back to the spool for the next daemon
             with contextlib.suppress(OSError):
                 requeued = self.home.spool_new / f"{job.id}.json"
@@ -2273,14 +2305,14 @@ class Daemon:
                     job.state["status"] = "requeued"
                     self._write_state_raw(job.id, job.state)
                 self.audit("request.requeued", job.id, why="adaptord stopped before it started; the next start runs it")
-        self.log("draining", running=len(self._running), grace=self.grace)
+        self.log("draining", info=True, running=len(self._running), grace=self.grace)
         # The handler takes no lock (see _on_signal), so it cannot wake this wait: the wait
         # looks for a second signal between short slices.
         grace_ends = time.monotonic() + self.grace
         with self._idle:
             while self._running and self._stop_signals < 2:
                 left = grace_ends - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self._home_gone():  # (no verdict can be written any more)
                     break
                 # A long --grace is the runs' time, not a hang of the daemon.
                 self._watchdog.ping()

@@ -971,6 +971,23 @@ def test_under_journald_each_line_carries_its_priority(tmp_path: Path) -> None:
     assert shown and all(re.match(r"<[46]>adaptord: ", line) for line in shown), shown
     assert any(line.startswith("<6>adaptord: ready ") for line in shown), shown
     assert any(line.startswith("<6>adaptord: verdict.written ") for line in shown), shown
+    # A stop as systemd makes it is no problem: its "draining" line was a warning, so
+    # `journalctl -p warning` showed one for every `systemctl stop`.
+    assert not [line for line in shown if line.startswith("<4>")], shown
+    # Why it would not start at all (the unit does not restart on 2) had no priority: info.
+    config = tmp_path / "bad.toml"
+    config.write_text("workerz = 2\n")
+    with open(tmp_path / "journal", "w+b") as journal:
+        found = os.fstat(journal.fileno())
+        refused = subprocess.run(
+            [sys.executable, "-m", "adaptord", "serve", "--home", str(home.root), "--config", str(config)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=journal, timeout=60,
+            env={**os.environ, "JOURNAL_STREAM": f"{found.st_dev}:{found.st_ino}"},
+        )
+        journal.seek(0)
+        said = journal.read().decode().splitlines()
+    assert refused.returncode == 2
+    assert said and all(line.startswith("<4>adaptord: ") for line in said), said
     assert _fact_priority("adaptord: verdict.deferred id=x error=No space") == 4
     assert _fact_priority("adaptord: verdict.written id=x ok=True") == 6
 
@@ -1106,6 +1123,43 @@ def test_a_daemon_whose_home_lock_is_gone_stops_with_70(tmp_path: Path, how: str
     restarted = DaemonProcess(home.root, "--config", str(config), "--grace", "5").start()
     assert restarted.verdict(restarted.submit(script({"text": "again"})))["ok"]
     assert restarted.stop() == 0
+
+
+@pytest.mark.parametrize("stopped", ["its lock lost", "SIGTERM first"])
+def test_a_daemon_whose_home_was_made_again_writes_nothing_into_the_new_one(
+    tmp_path: Path, stopped: str
+) -> None:
+    # Its home removed while a run went on, and a second daemon serving a home made again at
+    # that path: the first one's drain wrote its verdict over the second one's request of the
+    # same id, removed that request's claimed copy (the second run then got no verdict at all)
+    # and appended its own facts to the new home's lifecycle log.  So too when the first one
+    # had been stopped with SIGTERM and was still draining when the home was replaced.
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")
+    first = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "30").start()
+    home = first.home  # (its paths are the new home's too)
+    first.drop("X.json", orjson.dumps({**script({"sleep": 4}, {"text": "from the first"}), "id": "X"}))
+    first.wait_for_line("request.started id=X")
+    if stopped == "SIGTERM first":
+        first.signal(signal.SIGTERM)
+        first.wait_for_line("draining")
+    deadline = time.monotonic() + 30
+    while home.root.exists() and time.monotonic() < deadline:
+        shutil.rmtree(home.root, ignore_errors=True)
+    second = DaemonProcess(home.root, "--config", str(config), "--grace", "30").start()
+    try:
+        second.drop("X.json", orjson.dumps({**script({"sleep": 6}, {"text": "from the second"}), "id": "X"}))
+        second.wait_for_line("request.started id=X")
+        assert first.proc is not None
+        first.proc.wait(timeout=60)
+        first.wait_for_line("verdict not written id=X")
+        verdict = second.verdict("X")
+        assert verdict["ok"] and verdict["result"]["text"] == "from the second", verdict
+        facts = [orjson.loads(line) for line in (home.events / "adaptord.jsonl").read_bytes().splitlines()]
+        phases = [f["event"]["data"]["phase"] for f in facts]
+        assert "daemon.stopped" not in phases and "lifecycle_log.reopened" not in phases, phases
+    finally:
+        assert second.stop() == 0
 
 
 @pytest.mark.alone  # holds every inotify instance of this user
