@@ -609,6 +609,31 @@ def fail(
     sys.exit(code)
 
 
+@contextmanager
+def interrupts_unwrapped() -> Iterator[None]:
+    """Raise a Ctrl-C (or a :class:`StopSignal`) that another exception wraps as itself.
+
+    Python 3.11 wraps an exception raised in a class's ``__set_name__`` in a ``RuntimeError``
+    ("Error calling __set_name__ ..."): a Ctrl-C landing while a module defined such a class
+    (watchdog's, imported when ``adaptor run`` starts waiting) came out as an external error,
+    exit 70, and the run it was about went on.
+    """
+    try:
+        yield
+    except Exception as exc:
+        node = exc.__cause__
+        for _ in range(_MAX_CAUSES):
+            if node is None:
+                break
+            if isinstance(node, KeyboardInterrupt):
+                raise node from None
+            node = node.__cause__
+        raise
+
+
+_MAX_CAUSES = 64  # (a chain is never this long, but may loop)
+
+
 def guarded(func: Callable[P, R]) -> Callable[P, R]:
     """Turn whatever a command raises into its documented exit code and report.
 
@@ -620,7 +645,7 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            with stopping_like_ctrl_c():
+            with stopping_like_ctrl_c(), interrupts_unwrapped():
                 return func(*args, **kwargs)
         except (click.exceptions.ClickException, click.exceptions.Exit, SystemExit):
             raise

@@ -29,6 +29,7 @@ from adaptor._cli_common import (
     guarded,
     home_option,
     interrupted,
+    interrupts_unwrapped,
     read_request,
     require_daemon,
     shown,
@@ -470,7 +471,7 @@ def _run_through_daemon(
             given: dict[str, Any] = {"id": request["id"]} if isinstance(request.get("id"), str) else {}
             fail(exc, as_json=as_json, result=None, **given)
         live.label = request_id
-        with live, telling_when_the_daemon_stops(
+        with live, interrupts_unwrapped(), telling_when_the_daemon_stops(
             client, request_id, live.note, ctrl_c="stops waiting and cancels it"
         ):
             try:
@@ -588,7 +589,7 @@ def _execute(
             # (Thread.start waits for the new thread, which may run on meanwhile), and a
             # Ctrl-C then must still cancel it (close() does, when there is no stream yet).
             stream = call.start()
-            with live:
+            with live, interrupts_unwrapped():
                 for event in stream:
                     if redactor:
                         event = events.from_json(redactor.value(events.to_json(event)))

@@ -1846,6 +1846,60 @@ def test_ctrl_c_with_json_still_prints_the_outcome_object(home: Home, tmp_path: 
         assert outcome["error"]["code"] == errors.CancelledError.code and outcome["id"]
 
 
+_CTRL_C_IN_A_CLASS = """
+import os
+
+if os.environ.get("ADAPTOR_TEST_CTRL_C_IN_A_CLASS"):
+    from adaptor import spool
+
+    _enter = spool._Wakeup.__enter__
+
+    class _Interrupts:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    def _enter_once(self):
+        # What a Ctrl-C landing while watchdog's classes are being made looks like (Python
+        # 3.11 wraps it: "Error calling __set_name__ ..."), once the run has started.
+        spool._Wakeup.__enter__ = _enter
+        import time
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.environ["ADAPTOR_TEST_CTRL_C_IN_A_CLASS"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        class _Defined:
+            field = _Interrupts()
+        return _enter(self)
+
+    spool._Wakeup.__enter__ = _enter_once
+"""
+
+
+def test_a_ctrl_c_another_exception_wraps_still_cancels_the_run(home: Home, tmp_path: Path) -> None:
+    # Seen in CI: a Ctrl-C while `adaptor run` imported watchdog exited 70 ("Error calling
+    # __set_name__ on 'Field' instance '_lock' in 'InotifyWatchGroup'", caused by the
+    # KeyboardInterrupt), and the run it was about went on.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_CTRL_C_IN_A_CLASS)
+    started = tmp_path / "started"
+    env = {
+        **home.env(),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
+        "ADAPTOR_TEST_CTRL_C_IN_A_CLASS": str(started),
+    }
+    agent = f"touch {started}; exec sleep 30"
+    ran = subprocess.run(
+        ["adaptor", "run", "--driver", "command", "--config", "command=/bin/sh",
+         "--config", f"extra_args={json.dumps(['-c', agent])}", "--json", "go"],
+        capture_output=True, env=env, timeout=TIMEOUT,
+    )
+    outcome = orjson.loads(ran.stdout)
+    assert ran.returncode == 130 and outcome["exit_code"] == 130, (outcome, ran.stderr)
+    assert outcome["error"]["code"] == errors.CancelledError.code
+    with pytest.raises(errors.RunCancelledError):  # the run was cancelled, not left running
+        home.client.wait(outcome["id"], timeout=TIMEOUT)
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
