@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -25,15 +26,25 @@ class ReopeningStore:
     ``adaptor._thread.release``).
     """
 
-    def __init__(self, directory: Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        gone: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._directory = directory
         self._clock = clock
+        # Why the folder is not the daemon's any more (its home removed or made again by
+        # another daemon), if it is not: then nothing is read or written there.
+        self._gone = gone
         self._store = JSONLStore(directory, clock=clock)
         self._swap = threading.Lock()
         # Replaced instances, closed with this one: a thread may still be inside one.
         self._retired: list[JSONLStore] = []
 
     def resolve(self, query: Query) -> Record | None:
+        self._refuse_if_gone()
         return self._store.resolve(query)
 
     def acquire_lease(self, target: str, owner: str, ttl: float) -> Lease:
@@ -51,11 +62,21 @@ class ReopeningStore:
     def close(self) -> None:
         with self._swap:
             stores, self._retired = [*self._retired, self._store], []
+        if self._gone() is not None:
+            # Closing takes the store's lock, whose file it would make in the folder now at
+            # that path; the descriptors go with the instances (and the process).
+            return
         for store in stores:
             with contextlib.suppress(Exception):
                 store.close()
 
+    def _refuse_if_gone(self) -> None:
+        why = self._gone()
+        if why is not None:
+            raise OSError(errno.ENOENT, f"not this daemon's thread store any more: {why}", str(self._directory))
+
     def _writing(self, call: Callable[[JSONLStore], T]) -> T:
+        self._refuse_if_gone()
         store = self._store
         try:
             return call(store)

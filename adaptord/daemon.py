@@ -479,7 +479,7 @@ class Daemon:
             self.home.events, sync_on_append=False, max_open_files=_open_logs_allowed()
         )
         self._events = sr.EventRecorder(self._events_backend, key_validator=_session_key_ok)
-        self._store = ReopeningStore(self.home.threads)
+        self._store = ReopeningStore(self.home.threads, gone=lambda: self._home_lost)
         self._stop_leftovers()
         self._clear_tmp()
         self._tools = self.config.load_tools()
@@ -1415,8 +1415,11 @@ class Daemon:
         return job.secrets if job.secrets is not None else self._secrets_of(job.request)
 
     def _record(self, session: str, event: events.Event, redactor: _redact.Redactor, job: Job) -> None:
-        if self._home_lost is not None:
-            return  # (a log of that name there is another daemon's)
+        if self._home_gone():
+            # (A log of that name there is another daemon's.)  Looked at for each event, one
+            # stat: the recorder takes the log's lock again after every idle gap, and making
+            # a lock file makes the folders above it, the removed home included.
+            return
         try:
             try:
                 self._events.record(session, _as_recorded(event, redactor, bound=False))
@@ -1474,6 +1477,8 @@ class Daemon:
             self._approval_changed.wait_for(lambda: job.routes == 0, timeout=_ROUTES_END_WITHIN)
 
     def _route(self, job: Job, req: adaptor.ApprovalRequest) -> None:
+        if self._home_lost is not None:
+            return  # (the run is being cancelled: nothing of it is written there any more)
         redactor = _redact.Redactor(self._job_secrets(job))
         # The tool input in its details is the agent's, which may nest too deeply to write.
         record = redactor.value(_nesting.copy(events.to_json(req), depth=_FILE_DEPTH))
@@ -1484,6 +1489,8 @@ class Daemon:
         self._wake_routes_when_settled(req)
         hand_over = functools.partial(_hand_over, req)
         while True:
+            if self._home_lost is not None:
+                return  # (an approval of that id there is another daemon's)
             # The SDK settles the request at its deadline too (this route is the run's
             # on_approval callback): then, or once the run ended, a response comes too late.
             if req.settled:
@@ -2293,7 +2300,9 @@ class Daemon:
             self._lines.clear()
         stamp = time.time_ns()
         if self._home_gone():
-            queued = []  # their claimed copies went with the home
+            for job in queued:  # their claimed copies went with the home
+                self.log("request not requeued", id=job.id, why=self._home_lost)
+            queued = []
         for order, job in enumerate(queued):  # not started: back to the spool for the next daemon
             with contextlib.suppress(OSError):
                 requeued = self.home.spool_new / f"{job.id}.json"

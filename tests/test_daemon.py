@@ -1162,6 +1162,39 @@ def test_a_daemon_whose_home_was_made_again_writes_nothing_into_the_new_one(
         assert second.stop() == 0
 
 
+def test_a_daemon_whose_home_was_made_again_leaves_its_approvals_threads_and_queue_alone(
+    tmp_path: Path,
+) -> None:
+    # Knowing its home lost, it still expired a waiting approval into the new home's
+    # approvals/resolved, made the new home's threads/store.lock releasing a thread run's
+    # lease, and dropped its queued requests without a word.
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n")
+    first = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "30", "--workers", "2").start()
+    home = first.home
+    asking = script({"approval": {"kind": "permission", "title": "x"}}, policy={"approvals": {"timeout": 600}})
+    first.drop("P.json", orjson.dumps({**asking, "id": "P", "thread": {"key": "lost-home"}}))
+    first.drop("L.json", orjson.dumps({**script({"sleep": 30}), "id": "L"}))
+    first.wait_for_line("approval.pending id=P")
+    first.wait_for_line("request.started id=L")
+    first.drop("Q.json", orjson.dumps({**script({"text": "queued"}), "id": "Q"}))
+    first.wait_for_line("request.queued id=Q")
+    deadline = time.monotonic() + 30
+    while home.root.exists() and time.monotonic() < deadline:
+        shutil.rmtree(home.root, ignore_errors=True)
+    second = DaemonProcess(home.root, "--config", str(config), "--grace", "30").start()
+    try:
+        assert first.proc is not None and first.proc.wait(timeout=60) == 70
+        for request_id in ("P", "L"):
+            first.wait_for_line(f"verdict not written id={request_id}")
+        first.wait_for_line("request not requeued id=Q")
+        assert list(home.approvals_resolved.iterdir()) == []
+        assert not (home.threads / "store.lock").exists()
+        assert not list(home.events.glob("[PLQ].jsonl*"))
+    finally:
+        assert second.stop() == 0
+
+
 @pytest.mark.alone  # holds every inotify instance of this user
 def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
