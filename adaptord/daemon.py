@@ -1266,6 +1266,11 @@ class Daemon:
         return job.request
 
     def _execute(self, job: Job) -> None:
+        if self._home_gone():
+            # (Looked at here too, one stat: starting it would make the removed home again
+            # before the main loop noticed, its workspace and run folder first.)
+            self.log("request not started", id=job.id, why=self._home_lost)
+            return
         if job.cancel_requested or self._cancel_marked(job):
             # Cancelled between its dispatch and now: its agent must not start.
             self._cancel_unstarted(job)
@@ -1489,8 +1494,10 @@ class Daemon:
         self._wake_routes_when_settled(req)
         hand_over = functools.partial(_hand_over, req)
         while True:
-            if self._home_lost is not None:
-                return  # (an approval of that id there is another daemon's)
+            # Looked at each time (one stat): taking the approvals lock in a removed home would
+            # make it again, folders and all.  An approval of that id there is another daemon's.
+            if self._home_gone():
+                return
             # The SDK settles the request at its deadline too (this route is the run's
             # on_approval callback): then, or once the run ended, a response comes too late.
             if req.settled:
