@@ -1195,6 +1195,28 @@ def test_a_daemon_whose_home_was_made_again_leaves_its_approvals_threads_and_que
         assert second.stop() == 0
 
 
+def test_a_daemon_whose_home_is_gone_starts_nothing_more_there(tmp_path: Path) -> None:
+    # Before its main loop noticed (every scan_interval), a worker starting the next queued
+    # request made the removed home again: its workspace, then the run's folder and copy.
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 60\n")
+    first = DaemonProcess(tmp_path / "home", "--config", str(config), "--workers", "1").start()
+    home = first.home
+    first.drop("L.json", orjson.dumps({**script({"sleep": 2}, {"text": "done"}), "id": "L"}))
+    first.wait_for_line("request.started id=L")
+    first.drop("Q.json", orjson.dumps({**script({"text": "queued"}), "id": "Q"}))
+    first.wait_for_line("request.queued id=Q")
+    deadline = time.monotonic() + 30
+    while home.root.exists() and time.monotonic() < deadline:
+        shutil.rmtree(home.root, ignore_errors=True)
+    try:
+        first.wait_for_line("verdict not written id=L")
+        first.wait_for_line("request not started id=Q")
+        assert not home.root.exists()
+    finally:
+        assert first.stop() in (0, 70)
+
+
 @pytest.mark.alone  # holds every inotify instance of this user
 def test_daemon_and_client_serve_without_a_file_watcher_until_one_can_start(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
