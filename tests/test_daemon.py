@@ -1094,10 +1094,7 @@ def test_a_daemon_whose_home_lock_is_gone_stops_with_70(tmp_path: Path, how: str
     if how.startswith("home"):
         # The daemon writes into the home (its log) and makes removed folders again meanwhile,
         # as it would under a user's `rm -rf`: removed until it stays removed.
-        deadline = time.monotonic() + 30
-        while home.root.exists() and time.monotonic() < deadline:
-            shutil.rmtree(home.root, ignore_errors=True)
-        assert not home.root.exists()
+        _remove_for_good(home.root)
         if how == "home made again":
             # (The daemon may have made it again itself in the meantime, before it noticed.)
             home.root.mkdir(mode=0o700, exist_ok=True)
@@ -1125,6 +1122,15 @@ def test_a_daemon_whose_home_lock_is_gone_stops_with_70(tmp_path: Path, how: str
     assert restarted.stop() == 0
 
 
+def _remove_for_good(root: Path) -> None:
+    """Remove a served home as `rm -rf` would, again until it stays removed (its daemon may
+    write into it meanwhile, as it would under a user's `rm -rf`)."""
+    deadline = time.monotonic() + 30
+    while root.exists() and time.monotonic() < deadline:
+        shutil.rmtree(root, ignore_errors=True)
+    assert not root.exists()
+
+
 @pytest.mark.parametrize("stopped", ["its lock lost", "SIGTERM first"])
 def test_a_daemon_whose_home_was_made_again_writes_nothing_into_the_new_one(
     tmp_path: Path, stopped: str
@@ -1143,9 +1149,7 @@ def test_a_daemon_whose_home_was_made_again_writes_nothing_into_the_new_one(
     if stopped == "SIGTERM first":
         first.signal(signal.SIGTERM)
         first.wait_for_line("draining")
-    deadline = time.monotonic() + 30
-    while home.root.exists() and time.monotonic() < deadline:
-        shutil.rmtree(home.root, ignore_errors=True)
+    _remove_for_good(home.root)
     second = DaemonProcess(home.root, "--config", str(config), "--grace", "30").start()
     try:
         second.drop("X.json", orjson.dumps({**script({"sleep": 6}, {"text": "from the second"}), "id": "X"}))
@@ -1179,9 +1183,7 @@ def test_a_daemon_whose_home_was_made_again_leaves_its_approvals_threads_and_que
     first.wait_for_line("request.started id=L")
     first.drop("Q.json", orjson.dumps({**script({"text": "queued"}), "id": "Q"}))
     first.wait_for_line("request.queued id=Q")
-    deadline = time.monotonic() + 30
-    while home.root.exists() and time.monotonic() < deadline:
-        shutil.rmtree(home.root, ignore_errors=True)
+    _remove_for_good(home.root)
     second = DaemonProcess(home.root, "--config", str(config), "--grace", "30").start()
     try:
         assert first.proc is not None and first.proc.wait(timeout=60) == 70
@@ -1206,9 +1208,7 @@ def test_a_daemon_whose_home_is_gone_starts_nothing_more_there(tmp_path: Path) -
     first.wait_for_line("request.started id=L")
     first.drop("Q.json", orjson.dumps({**script({"text": "queued"}), "id": "Q"}))
     first.wait_for_line("request.queued id=Q")
-    deadline = time.monotonic() + 30
-    while home.root.exists() and time.monotonic() < deadline:
-        shutil.rmtree(home.root, ignore_errors=True)
+    _remove_for_good(home.root)
     try:
         first.wait_for_line("verdict not written id=L")
         first.wait_for_line("request not started id=Q")
