@@ -652,19 +652,17 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> boo
         # Stopped while writing it, too: the file is in place before the folder's sync ends.
         # ``response_taken_back``: True, False (it stands: written, perhaps taken), or None
         # (never written).
-        taken_back: bool | None
         try:
-            if _take_back_response(home, approval_id, data):
-                taken_back = True
-            elif _stands(home, approval_id, action, data):
-                taken_back = False
-            else:
-                taken_back = True if written else None
+            removed = _take_back_response(home, approval_id, data)
         except KeyboardInterrupt:  # stopped again meanwhile: told by what is left
-            if _stands(home, approval_id, action, data):
-                taken_back = False
-            else:
-                taken_back = True if written else None
+            removed = False
+        taken_back: bool | None
+        if removed:
+            taken_back = True
+        elif _stands(home, approval_id, action, data):
+            taken_back = False
+        else:
+            taken_back = True if written else None
         stop.response_taken_back = taken_back  # type: ignore[attr-defined]
         raise
 

@@ -889,11 +889,11 @@ class Daemon:
 
     def _home_gone(self) -> bool:
         """Whether the home is no longer this daemon's (see :meth:`_lock_lost`), remembered once
-        known.  From then on the daemon writes nothing there: not a verdict, a claimed copy's
-        removal, a run's state or events, nor a lifecycle fact (those go to stderr only).
-        Another daemon may serve a home made again at that path, with requests of the same
-        ids.  Looked at before each verdict too, as the main loop looks only every scan
-        interval, and a draining daemon not at all."""
+        known.  From then on the daemon writes nothing there (a lifecycle fact goes to stderr
+        only): another daemon may serve a home made again at that path, with requests of the
+        same ids.  The main loop looks every scan interval, a draining daemon's not at all, so
+        whatever would write there first looks itself: a request's start, an approval poll,
+        each event recorded, each verdict, the drain."""
         if self._home_lost is None:
             self._home_lost = self._lock_lost()
         return self._home_lost is not None

@@ -1200,10 +1200,7 @@ def test_codex_bad_resume_id(
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
                        thread_store=store) as agent:
         agent.thread("t").run("first")
-    rollouts = _codex_rollouts(tmp_path)
-    assert rollouts
-    for path in rollouts:
-        os.remove(path)
+    _spoil_codex_sessions(tmp_path, None)
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
                        thread_store=store) as agent:
         with pytest.raises(adaptor.ResumeRejectedError) as caught:
@@ -1211,10 +1208,17 @@ def test_codex_bad_resume_id(
     assert "no rollout found" in caught.value.reason
 
 
-def _codex_rollouts(tmp_path: Path) -> list[str]:
-    """The session files codex keeps under the tests' CODEX_HOME."""
-    return glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
-                     recursive=True)
+def _spoil_codex_sessions(tmp_path: Path, damage: bytes | None) -> None:
+    """Every session file codex keeps under the tests' CODEX_HOME (there is one at least)
+    removed (``None``) or overwritten with ``damage``."""
+    rollouts = glob.glob(str(tmp_path / "codex-home" / "sessions" / "**" / "rollout-*.jsonl"),
+                         recursive=True)
+    assert rollouts
+    for path in rollouts:
+        if damage is None:
+            os.remove(path)
+        else:
+            Path(path).write_bytes(damage)
 
 
 @pytest.mark.parametrize("damage", [b"garbage\n", b""])
@@ -1228,10 +1232,7 @@ def test_codex_a_damaged_session_is_a_rejected_resume(
     with adaptor.Agent(codex.Driver(codex_config()), workspace=workspace,
                        thread_store=store) as agent:
         agent.thread("t").run("first")
-        rollouts = _codex_rollouts(tmp_path)
-        assert rollouts
-        for path in rollouts:
-            Path(path).write_bytes(damage)
+        _spoil_codex_sessions(tmp_path, damage)
         with pytest.raises(adaptor.ResumeRejectedError) as caught:
             agent.thread("t", resume_only=True).run("again")
         assert "failed to read session metadata" in caught.value.reason
@@ -1239,8 +1240,7 @@ def test_codex_a_damaged_session_is_a_rejected_resume(
         notices = [e for e in stream if isinstance(e, Notice)]
         assert stream.result().metadata["thread_id"]
         assert any(n.data.get("phase") == "thread.resume_rejected" for n in notices)
-        for path in _codex_rollouts(tmp_path):
-            os.remove(path)  # the fresh session's too
+        _spoil_codex_sessions(tmp_path, None)  # the fresh session's too
         with pytest.raises(adaptor.ResumeRejectedError) as forked:
             agent.thread("t").fork("f").run("from there")
         assert "missing source rollout" in forked.value.reason
