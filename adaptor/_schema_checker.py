@@ -39,6 +39,8 @@ from typing import IO, Any, BinaryIO, Literal
 
 import orjson
 
+from adaptor import _cpus
+
 __all__ = ["CheckTimeout", "Judge", "Unavailable", "costly", "errors_of", "warm"]
 
 #: Who describes the errors: ``"schema"`` as :mod:`adaptor.schema` does (every error, with its
@@ -149,12 +151,13 @@ class _Child:
             # would run ``-m``: starting it would start another copy of the program.
             raise Unavailable("no Python interpreter to start a schema checker with")
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "adaptor._schema_checker"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
+            with _cpus.for_children():
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "adaptor._schema_checker"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                )
         except OSError as exc:
             raise Unavailable(f"cannot start a schema checker: {exc}") from exc
         assert self.process.stdin is not None and self.process.stdout is not None

@@ -3,6 +3,7 @@
 ```toml
 workers = 4
 grace = 30
+one_cpu = true              # the daemon's own threads on one CPU; its agents get them all
 
 [drivers.claude]            # default driver config, merged under each request's "config"
 command = "/usr/local/bin/claude"
@@ -181,6 +182,8 @@ class DaemonConfig:
     workers: int = 4
     grace: float = 30.0
     scan_interval: float = 2.0
+    # The daemon's own threads on one CPU (agent processes keep them all); see _place_threads.
+    one_cpu: bool = True
     drivers: dict[str, dict[str, Any]] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)
     skill_dirs: tuple[str, ...] = ()
@@ -430,7 +433,8 @@ def _writable_by_others(target: Path, found: os.stat_result) -> str | None:
 
 def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     _refuse_unknown(
-        raw, ("workers", "grace", "scan_interval", "drivers", "tools", "skills", "a2a", "retention"), source
+        raw, ("workers", "grace", "scan_interval", "one_cpu", "drivers", "tools", "skills", "a2a", "retention"),
+        source,
     )
     workers = raw.get("workers", 4)
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 256:
@@ -441,6 +445,9 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
     scan = raw.get("scan_interval", 2.0)
     if not isinstance(scan, int | float) or isinstance(scan, bool) or not 0.05 <= scan <= 300:
         raise ConfigError(f"{source}: scan_interval must be from 0.05 to 300 seconds")
+    one_cpu = raw.get("one_cpu", True)
+    if not isinstance(one_cpu, bool):
+        raise ConfigError(f"{source}: one_cpu must be true or false")
     drivers = raw.get("drivers", {})
     if not isinstance(drivers, dict) or not all(isinstance(v, dict) for v in drivers.values()):
         raise ConfigError(f"{source}: [drivers.<name>] tables expected")
@@ -468,6 +475,7 @@ def _parse(raw: dict[str, Any], source: str) -> DaemonConfig:
         workers=workers,
         grace=float(grace),
         scan_interval=float(scan),
+        one_cpu=one_cpu,
         drivers={str(k): dict(v) for k, v in drivers.items()},
         tools=dict(tools),
         skill_dirs=tuple(dirs),

@@ -47,7 +47,7 @@ import filelock
 import orjson
 
 import adaptor
-from adaptor import _durable, _home, _nesting, _redact, _watch, errors, events, skill
+from adaptor import _cpus, _durable, _home, _nesting, _redact, _watch, errors, events, skill
 from adaptor import _request as requests
 from adaptor._run import new_run_id, requested_notice, resolution_of, resolved_notice, run_id_as
 from adaptor.approval import Outcome
@@ -309,6 +309,9 @@ class Daemon:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._worker_threads: list[threading.Thread] = []
         self._workers_short = False
+        # The CPU the daemon's threads are kept on (config one_cpu), None when not narrowed.
+        self._one_cpu = False
+        self._cpu: int | None = None
         self._next_worker_try = 0.0  # monotonic; when a refused worker thread is tried again
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
         self._next_prune = 0.0  # monotonic; when the next pass of retention starts
@@ -463,6 +466,8 @@ class Daemon:
             instance.release()
 
     def _serve_locked(self) -> int:
+        # Before any of the daemon's threads starts, so each inherits it.
+        self._place_threads(self.config.one_cpu)
         # Before the slower start-up below: while this daemon holds the home's lock, `adaptor
         # approve` takes a pending approval's run for alive, and none of these runs is.
         stale_approvals = self._expire_stale_approvals()
@@ -501,7 +506,7 @@ class Daemon:
             # was set for nothing, and only a reload said so.
             overridden = self._command_line_keeps(self.config)
             self.audit(
-                "daemon.started", workers=self.workers, pid=os.getpid(),
+                "daemon.started", workers=self.workers, pid=os.getpid(), cpu=self._cpu,
                 **({"command_line_keeps": ",".join(overridden)} if overridden else {}),
             )
             if a2a_url:
@@ -514,7 +519,7 @@ class Daemon:
             daemon_log.barrier(timeout=30)  # the start-up facts come before "ready"
             _notify("READY=1\nSTATUS=serving")
             self._watchdog = _Watchdog.from_environment()
-            self.log("ready", info=True, home=self.home.root, workers=self.workers)
+            self.log("ready", info=True, home=self.home.root, workers=self.workers, cpu=self._cpu)
             exit_code = 0
             while True:
                 self._watchdog.ping()
@@ -668,6 +673,8 @@ class Daemon:
         if self._bridge is not None and _served(fresh.a2a) != _served(self._bridge.config):
             restart.append("a2a")
         self.config = fresh
+        if fresh.one_cpu != self._one_cpu:
+            self._place_threads(fresh.one_cpu)
         self._tools = tools
         self._skills = fresh.skill_catalogue()
         self._withhold_credentials()
@@ -683,6 +690,24 @@ class Daemon:
             restart_needed_for=",".join(restart) or None,
             command_line_keeps=",".join(self._command_line_keeps(fresh)) or None,
         )
+
+    def _place_threads(self, one_cpu: bool) -> None:
+        """Keep the daemon's threads on one CPU (``one_cpu``), or let them use every CPU it may.
+
+        Its threads take turns on one interpreter lock; spread over CPUs, each hand-over wakes
+        one on another CPU, which cost more than half the daemon's CPU time under load.  The
+        agent processes it starts get every CPU the daemon may use (see :mod:`adaptor._cpus`).
+        """
+        self._one_cpu = one_cpu
+        if one_cpu:
+            try:
+                self._cpu = _cpus.keep_threads_on_one_cpu()
+            except OSError as exc:  # (a seccomp filter, say): serving goes on unpinned
+                self.log("cannot keep the threads on one CPU", error=_os_error_text(exc))
+        else:
+            self._cpu = None
+            with contextlib.suppress(OSError):
+                _cpus.let_threads_use_every_cpu()
 
     def _differing(self, config: DaemonConfig) -> list[str]:
         """The settings fixed at start (``workers``, ``grace``) whose value in ``config`` is not

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Final, Literal, TypeVar
 
-from adaptor import _exiting, _procfs
+from adaptor import _cpus, _exiting, _procfs
 from adaptor.driver import CancelSignal, EventSink, Response, RunFailure
 from adaptor.events import ProcessInfo
 
@@ -537,16 +537,17 @@ class Child:
         mark = spec.mark or new_mark()
         env = {**spec.env, MARK_VAR: mark, **_procfs.started_by_me()}
         try:
-            proc = subprocess.Popen(
-                list(spec.argv),
-                stdin=stdin,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=spec.cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            with _cpus.for_children():
+                proc = subprocess.Popen(
+                    list(spec.argv),
+                    stdin=stdin,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=spec.cwd,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         except OSError as exc:
             # subprocess names the path that failed: the working directory (the child's chdir)
             # or the binary (its exec).  Each fails with the same errors, for other reasons.
