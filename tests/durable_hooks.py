@@ -90,7 +90,7 @@ def count_releases(monkeypatch: pytest.MonkeyPatch, lock_file: str | os.PathLike
     real = _durable._Exclusive._release_file
 
     def counted(entry: _durable._Exclusive) -> None:
-        if entry.file_lock.lock_file == watched:
+        if entry.path == watched:
             released.append(watched)
         real(entry)
 

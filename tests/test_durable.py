@@ -38,7 +38,6 @@ from adaptor._durable import (
     exclusive,
     frame,
     inspect_tail,
-    lock_for,
     read_json,
     repair,
     scan,
@@ -621,11 +620,11 @@ def test_lock_and_log_fds_are_not_inherited(log_path: Path) -> None:
             assert leaked == set()
 
 
+# As another program would take it: filelock's own lock object, whose flock must exclude ours.
 _TRY_LOCK = """
 import sys, filelock
-from adaptor._durable import lock_for
 try:
-    lock_for(sys.argv[1]).acquire(blocking=False)
+    filelock.FileLock(sys.argv[1], thread_local=False).acquire(blocking=False)
 except filelock.Timeout:
     print("busy")
 else:
@@ -646,7 +645,7 @@ def _probe_lock(path: str | os.PathLike[str]) -> bytes:
 
 def test_lock_excludes_other_processes_and_is_one_object_per_path(tmp_path: Path) -> None:
     lock_path = tmp_path / "x.lock"
-    assert lock_for(lock_path) is lock_for(str(tmp_path / "sub" / ".." / "x.lock"))
+    assert _durable._entry(lock_path) is _durable._entry(str(tmp_path / "sub" / ".." / "x.lock"))
 
     with exclusive(lock_path), exclusive(lock_path):  # reentrant in one thread
         assert _probe_lock(lock_path) == b"busy\n"
@@ -934,15 +933,15 @@ def test_back_to_back_appends_take_the_flock_once_and_close_lets_it_go(
     log_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lock_path = str(log_path) + ".lock"
-    file_lock = _durable.lock_for(lock_path)
     acquired: list[object] = []
-    real_acquire = file_lock.acquire
+    real_take = _durable._Exclusive._take_file
 
-    def counting_acquire(*args: Any, **kwargs: Any) -> Any:
-        acquired.append(None)
-        return real_acquire(*args, **kwargs)
+    def counting_take(entry: _durable._Exclusive, *, blocking: bool) -> bool:
+        if entry.path == lock_path:
+            acquired.append(None)
+        return real_take(entry, blocking=blocking)
 
-    monkeypatch.setattr(file_lock, "acquire", counting_acquire)
+    monkeypatch.setattr(_durable._Exclusive, "_take_file", counting_take)
     with DurableLog(log_path, sync=False) as log:
         log.append({})
         acquired.clear()
@@ -1100,10 +1099,6 @@ def test_a_lock_in_use_keeps_its_one_object(tmp_path: Path) -> None:
     _durable.release_lingering(lock_path)
     del held
     assert _settles(lambda: str(lock_path) not in _durable._locks)
-    # A FileLock handed out by lock_for() may be kept by its caller: its entry stays.
-    kept = lock_for(lock_path)
-    gc.collect()
-    assert lock_for(str(lock_path)) is kept
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
