@@ -1120,6 +1120,27 @@ def test_a_forked_child_appends_with_fresh_locks(log_path: Path) -> None:
     log.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_never_lets_go_of_the_parents_flock(tmp_path: Path) -> None:
+    # The child shares the parent's lock descriptor (and so its flock): it must close it
+    # without unlocking, or the parent would go on writing under a lock it no longer has.
+    lock_path = tmp_path / "x.lock"
+    with exclusive(lock_path, linger=True):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            status = 1
+            try:
+                with exclusive(tmp_path / "other.lock"):  # the child's own locks work
+                    status = 0
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _probe_lock(lock_path) == b"busy\n"
+    _durable.release_lingering(lock_path)
+    assert _probe_lock(lock_path) == b"free\n"
+
+
 def test_write_once_never_replaces_and_runs_linked_before_returning(tmp_path: Path) -> None:
     target = tmp_path / "verdict.json"
     seen: list[bytes] = []
