@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, final
 
+from adaptor import _cpus
 from adaptor.driver._spi import MCPServerSpec, ToolsEndpoint
 from adaptor.mcp import RESERVED_ENV_PREFIX, RESERVED_KEY
 from adaptor.tool import (
@@ -396,7 +397,10 @@ class Gateway:
             if cancellation is not None:  # (in this thread's own context: nothing to reset)
                 _current_cancellation.set(cancellation)
             try:
-                outcome = definition.call(arguments)
+                # A host tool's own work (a build, a test run) gets every CPU of the process,
+                # whose own threads a host such as adaptord may keep on one.
+                with _cpus.for_children():
+                    outcome = definition.call(arguments)
             except BaseException:  # call() contains handler failures; this is a last resort
                 log.warning("tool %r failed", definition.name, exc_info=True)
                 outcome = CallOutcome(text=GENERIC_FAILURE, is_error=True)

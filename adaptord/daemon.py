@@ -505,9 +505,11 @@ class Daemon:
             # A file's grace or workers the command line overrides (the systemd unit's --grace)
             # was set for nothing, and only a reload said so.
             overridden = self._command_line_keeps(self.config)
+            started: dict[str, Any] = {} if self._cpu is None else {"cpu": self._cpu}
+            if overridden:
+                started["command_line_keeps"] = ",".join(overridden)
             self.audit(
-                "daemon.started", workers=self.workers, pid=os.getpid(), cpu=self._cpu,
-                **({"command_line_keeps": ",".join(overridden)} if overridden else {}),
+                "daemon.started", workers=self.workers, pid=os.getpid(), **started,
             )
             if a2a_url:
                 self.audit("a2a.listening", url=a2a_url, agents=",".join(a.key for a in self.config.a2a.agents))

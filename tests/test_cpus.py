@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 _HOST = textwrap.dedent(
     """
-    import os, sys, threading
+    import os, subprocess, sys, threading
     import orjson
     import adaptor
     from adaptor import _cpus, _schema_checker
@@ -52,13 +52,61 @@ _HOST = textwrap.dedent(
     seen["threads_after_starts"] = threads()
     seen["again"] = _cpus.keep_threads_on_one_cpu()  # a second call keeps the first's set
     seen["agent_again"] = agent.run("x").text.split(":", 1)[1].strip()
+    # A host tool's handler (a build, a test run) and what it starts get every CPU too.
+    from adaptor import tool
+    from adaptor.drivers import script
+
+    def report(_: dict) -> str:
+        started = subprocess.run(["grep", "Cpus_allowed_list", "/proc/self/status"],
+                                 capture_output=True, text=True, check=True).stdout
+        seen["tool_child"] = started.split(":", 1)[1].strip()
+        seen["tool_thread"] = cpus_of(f"self/task/{threading.get_native_id()}")
+        return "ok"
+
+    steps = script.Config(steps=({"call_tool": {"name": "report", "args": {}}}, {"text": "done"}))
+    with adaptor.Agent(script.Driver(steps), tools=[tool.define("report", "reports", report)]) as tooled:
+        tooled.run("x")
+    seen["threads_after_tool"] = threads()
     _cpus.let_threads_use_every_cpu()
     seen["threads_released"] = threads()
     seen["agent_released"] = agent.run("x").text.split(":", 1)[1].strip()
     agent.close()
+
+    # A placement changed (a daemon's reload) while another thread starts a process: that
+    # thread is left alone meanwhile and takes the placement in effect once it is done.
+    def mine():
+        return cpus_of(f"self/task/{threading.get_native_id()}")
+
+    for narrow_first in (True, False):
+        (_cpus.keep_threads_on_one_cpu if narrow_first else _cpus.let_threads_use_every_cpu)()
+        inside, changed, found = threading.Event(), threading.Event(), {}
+
+        def starter():
+            with _cpus.for_children():
+                inside.set()
+                changed.wait()
+                found["child"] = subprocess.run(["grep", "Cpus_allowed_list", "/proc/self/status"],
+                                                capture_output=True, text=True).stdout.split()[-1]
+            found["after"] = mine()
+
+        worker = threading.Thread(target=starter)
+        worker.start()
+        inside.wait()
+        (_cpus.let_threads_use_every_cpu if narrow_first else _cpus.keep_threads_on_one_cpu)()
+        changed.set()
+        worker.join()
+        seen[f"race_{'off' if narrow_first else 'on'}"] = [found["child"], found["after"], mine()]
     print(orjson.dumps(seen).decode())
     """
 )
+
+
+def _cpu_set(listed: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in listed.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
 
 
 def _listed(cpus: list[int]) -> str:
@@ -90,5 +138,13 @@ def test_threads_on_one_cpu_and_what_they_start_on_all(tmp_path: Path) -> None:
     assert seen["agent"] == seen["checker"] == _listed(allowed)
     assert seen["threads_after_starts"] == [[cpu]]
     assert seen["again"] in allowed and seen["agent_again"] == _listed(allowed)
+    assert seen["tool_child"] == seen["tool_thread"] == _listed(allowed)
+    assert seen["threads_after_tool"] == [[cpu]]
     assert seen["threads_released"] == [allowed]
     assert seen["agent_released"] == _listed(allowed)
+    # Switched off while a process was being started: the child got every CPU, and the
+    # starting thread ends up where every thread now is (every CPU).
+    assert seen["race_off"] == [_listed(allowed)] * 3
+    # Switched on meanwhile: the child still got every CPU, the thread then joins the one CPU.
+    child, after, main = seen["race_on"]
+    assert child == _listed(allowed) and after == main and len(_cpu_set(main)) == 1

@@ -11,6 +11,7 @@ import re
 import threading
 from pathlib import Path
 
+import orjson
 import pytest
 
 from tests.daemon_harness import DaemonProcess
@@ -64,6 +65,15 @@ def _ready_cpu(daemon: DaemonProcess) -> int | None:
     return int(found[1]) if found else None
 
 
+def _started_fact(daemon: DaemonProcess) -> dict[str, object]:
+    """The data of the daemon's ``daemon.started`` fact in its lifecycle log."""
+    for line in (daemon.home.events / "adaptord.jsonl").read_bytes().splitlines():
+        data = orjson.loads(line)["event"]["data"]
+        if data.get("phase") == "daemon.started":
+            return data  # type: ignore[no-any-return]
+    raise AssertionError("no daemon.started fact")
+
+
 @pytest.fixture
 def report(tmp_path: Path) -> Path:
     path = tmp_path / "report-cpus.sh"
@@ -78,6 +88,7 @@ def test_the_daemons_threads_share_one_cpu_and_its_agents_get_every_cpu(tmp_path
     assert daemon.proc is not None
     cpu = _ready_cpu(daemon)
     assert cpu is not None and cpu in allowed, daemon.lines
+    assert _started_fact(daemon)["cpu"] == cpu
     # The agent, started by a thread kept on that CPU, may use every CPU the daemon was given.
     assert _agent_cpus(daemon, report) == allowed
     assert _agent_cpus(daemon, report) == allowed  # and again, from a reused run thread
@@ -98,6 +109,7 @@ def test_one_cpu_false_leaves_the_threads_every_cpu_and_a_reload_switches_it(
     daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
     assert daemon.proc is not None
     assert _ready_cpu(daemon) is None, daemon.lines
+    assert "cpu" not in _started_fact(daemon)  # (absent, not null)
     assert _agent_cpus(daemon, report) == allowed
     assert {frozenset(cpus) for cpus in _thread_cpus(daemon.proc.pid).values()} == {frozenset(allowed)}
     # Applied by a reload (SIGHUP), the threads that exist then and those started later.
