@@ -35,6 +35,8 @@ def keep_threads_on_one_cpu() -> int | None:
     those the process may use; processes started inside :func:`for_children` get all of those.
     Returns the CPU, or ``None`` when there is nothing to narrow (one CPU allowed, or no
     ``sched_setaffinity``).  Called again, it keeps the CPUs the process had the first time.
+    Raises the ``OSError`` of narrowing the calling thread (a seccomp filter may refuse it);
+    nothing is narrowed then.
     """
     global _allowed, _narrow
     if not hasattr(os, "sched_setaffinity"):
@@ -46,8 +48,11 @@ def keep_threads_on_one_cpu() -> int | None:
         cpu = _current_cpu()
         if cpu not in allowed:
             cpu = min(allowed)
-        _allowed, _narrow = allowed, frozenset({cpu})
-        _set_every_thread(_narrow)
+        narrow = frozenset({cpu})
+        if threading.get_native_id() not in _widened:
+            os.sched_setaffinity(0, narrow)  # refused here: no claim of a CPU not kept to
+        _allowed, _narrow = allowed, narrow
+        _set_every_thread(narrow)
         return cpu
 
 

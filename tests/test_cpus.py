@@ -148,3 +148,32 @@ def test_threads_on_one_cpu_and_what_they_start_on_all(tmp_path: Path) -> None:
     # Switched on meanwhile: the child still got every CPU, the thread then joins the one CPU.
     child, after, main = seen["race_on"]
     assert child == _listed(allowed) and after == main and len(_cpu_set(main)) == 1
+
+
+_REFUSED = textwrap.dedent(
+    """
+    import os, threading
+    from adaptor import _cpus
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    os.sched_setaffinity = refuse  # as a seccomp filter would answer
+    try:
+        _cpus.keep_threads_on_one_cpu()
+    except PermissionError:
+        print("refused")
+    with _cpus.for_children():  # nothing narrowed, nothing to widen (refuse would raise)
+        pass
+    print(sorted(os.sched_getaffinity(0)))
+    """
+)
+
+
+def test_narrowing_refused_by_the_system_raises_and_claims_no_cpu() -> None:
+    # A daemon then logs that it cannot and serves unnarrowed, rather than naming a CPU.
+    done = subprocess.run(
+        [sys.executable, "-c", _REFUSED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["refused", str(sorted(os.sched_getaffinity(0)))]
