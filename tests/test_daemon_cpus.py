@@ -160,3 +160,32 @@ def test_a_daemon_given_fewer_cpus_keeps_to_them_and_so_do_its_agents(tmp_path: 
         assert {frozenset(cpus) for cpus in threads.values()} == {frozenset({cpu})}, threads
     assert _agent_cpus(daemon, report) == given
     assert daemon.stop() == 0
+
+
+_REFUSING = """
+import os
+
+
+def _refused(*args):
+    raise PermissionError(1, "Operation not permitted")
+
+
+os.sched_setaffinity = _refused  # as a seccomp filter answers
+"""
+
+
+def test_a_system_that_refuses_the_narrowing_gets_a_line_and_is_served(tmp_path: Path, report: Path) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_REFUSING)
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    daemon = DaemonProcess(tmp_path / "home", env={"PYTHONPATH": path}).start()
+    assert daemon.proc is not None
+    refused = daemon.wait_for_line("cannot keep the threads on one CPU")
+    assert "Operation not permitted" in refused
+    assert _ready_cpu(daemon) is None  # no CPU named that the threads were not kept to
+    assert "cpu" not in _started_fact(daemon)
+    allowed = os.sched_getaffinity(0)
+    assert _agent_cpus(daemon, report) == allowed
+    assert {frozenset(cpus) for cpus in _thread_cpus(daemon.proc.pid).values()} == {frozenset(allowed)}
+    assert daemon.stop() == 0
