@@ -13,6 +13,7 @@ from adaptor import errors
 from adaptor._durable import frame
 from adaptor.events import TextDelta
 from hosttools import sessionrecorder as sr
+from tests.unwritable import unwritable
 
 TIMEOUT = 120
 
@@ -216,3 +217,25 @@ def test_dash_reads_the_log_from_stdin(log: Path) -> None:
     # Nothing on stdin can be cut: the log's own path is needed.
     refused = verify("--repair", "-", data=whole[:-3])
     assert refused.returncode == 2 and b"not stdin" in refused.stderr
+
+
+def test_a_log_whose_lock_file_the_user_may_not_write_is_verified(log: Path, tmp_path: Path) -> None:
+    # A copy of logs shared read-only (chmod a+rX): verify-log exited 70 with "Permission
+    # denied: ...jsonl.lock" on a clean log, and `events --file` on a torn copy ended in the
+    # same error instead of naming the torn tail.
+    torn = tmp_path / "events" / "torn.jsonl"
+    torn.write_bytes(log.read_bytes() + b'{"crc":1,"ev')
+    torn_lock = Path(str(torn) + ".lock")
+    torn_lock.write_bytes(b"")
+    lock = Path(str(log) + ".lock")
+    assert lock.exists()
+    with unwritable(lock, torn_lock):
+        clean = _adaptor(str(log))
+        assert (clean.returncode, clean.stdout, clean.stderr) == (0, "ok: 5 records\n", "")
+        damaged = _adaptor(str(torn))
+        assert damaged.returncode == 70, damaged.stderr
+        assert damaged.stderr.startswith(f"corrupt: {torn} line 6: torn tail"), damaged.stderr
+        read = subprocess.run(["adaptor", "events", "--file", str(torn)], capture_output=True,
+                              text=True, timeout=TIMEOUT)
+        assert read.returncode == damaged.returncode and "torn tail" in read.stderr, read.stderr
+        assert "Permission denied" not in damaged.stderr + read.stderr

@@ -582,7 +582,16 @@ def settled_size(f: IO[bytes], path: StrPath) -> int | None:
         # for the lock, and no writer can be appending either: read to the end.
         if exc.errno == errno.EROFS:
             return None
-        raise
+        if not _durable.is_no_write_access(exc):
+            raise
+    # A lock file this user may read but not write (a copy of logs shared read-only, an
+    # immutable file): flocked through a read-only descriptor, as the writers flock it, so an
+    # append in flight by a writer who may write it is still waited out.
+    try:
+        with _durable.held_for_reading(lock):
+            return os.fstat(f.fileno()).st_size
+    except FileNotFoundError:  # gone meanwhile: no writer follows the protocol here now
+        return None
 
 
 _CHUNK = 64 * 1024  # big enough to amortize the loop, small enough to keep replay light
