@@ -52,6 +52,7 @@ __all__ = [
     "frame",
     "fsync_dir",
     "held_for_reading",
+    "held_to_read",
     "inspect_tail",
     "is_no_write_access",
     "lock_epoch",
@@ -593,8 +594,8 @@ class _Exclusive:
     The flock (taken and let go with ``filelock``'s descriptor functions) excludes other
     processes; the reentrant thread lock in front of it excludes this process's other threads.
     The file is opened for each physical acquisition and closed when it is let go, as
-    ``filelock.FileLock`` does.  The flock itself is taken once per *hold*: a hold that asked to linger
-    stays physically locked after its last exit until :data:`_LINGER_IDLE` passes unused (the
+    ``filelock.FileLock`` does.  The flock itself is taken once per *hold*: a hold that asked
+    to linger stays physically locked after its last exit until :data:`_LINGER_IDLE` passes unused (the
     reaper thread releases it) or :data:`_LINGER_MAX` passes (the next entry releases it).
     ``epoch`` takes a new value on every physical acquisition, so a caller can tell whether
     another process may have had the lock since it last looked.
@@ -899,6 +900,8 @@ _reaper = _Reaper()
 # staying for the life of the process (a daemon writes a new event log for every request).
 _locks: weakref.WeakValueDictionary[str, _Exclusive] = weakref.WeakValueDictionary()
 _locks_guard = threading.Lock()
+
+
 def _reset_locks_in_child() -> None:
     # A forked child has neither the threads that held these nor the reaper, and must not
     # hold (nor ever unlock) the parent's flocks: it closes the inherited descriptors, so a
@@ -1016,6 +1019,38 @@ def held_for_reading(path: _StrPath) -> Iterator[None]:
             filelock.unlock_descriptor(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def held_to_read(
+    path: _StrPath,
+    *,
+    linger: bool = False,
+    while_waiting: Callable[[], object] | None = None,
+    continuing: bool = False,
+) -> Iterator[bool]:
+    """:func:`exclusive` for a read; yields whether it is the writers' own hold.
+
+    Where this process may not open the lock file for writing (:func:`is_no_write_access`: a
+    read-only mount, a copy it may only read, an immutable file) the lock is held for reading
+    instead (:func:`held_for_reading`), and without a lock file nothing is held: a writer makes
+    it before it touches anything, so none is inside.  Either way it yields ``False``, and the
+    reader must read the guarded files afresh.
+    """
+    refused = False
+    with contextlib.ExitStack() as hold:
+        try:
+            hold.enter_context(
+                exclusive(path, linger=linger, while_waiting=while_waiting, continuing=continuing)
+            )
+        except OSError as exc:
+            if not is_no_write_access(exc):
+                raise
+            refused = True
+        if refused:  # (outside the handler: an error of the reader's is not one "during" it)
+            with contextlib.suppress(FileNotFoundError):
+                hold.enter_context(held_for_reading(path))
+        yield not refused
 
 
 def release_lingering(path: _StrPath) -> None:

@@ -708,8 +708,7 @@ class Daemon:
                 self.log("cannot keep the threads on one CPU", error=_os_error_text(exc))
         else:
             self._cpu = None
-            with contextlib.suppress(OSError):
-                _cpus.let_threads_use_every_cpu()
+            _cpus.let_threads_use_every_cpu()
 
     def _differing(self, config: DaemonConfig) -> list[str]:
         """The settings fixed at start (``workers``, ``grace``) whose value in ``config`` is not

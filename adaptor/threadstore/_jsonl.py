@@ -81,8 +81,7 @@ from adaptor._durable import (
     close_quietly,
     ensure_dir,
     exclusive,
-    held_for_reading,
-    is_no_write_access,
+    held_to_read,
     lock_epoch,
     may_be_torn,
     not_torn,
@@ -410,29 +409,15 @@ class JSONLStore:
         # Within a lease (renew, finalize, release) this process is mid-cycle: were it to give
         # the lock away now, the others would find that lease's key busy until it got the lock
         # back, so it keeps the lock until its next hold outside a lease (``continuing``).
-        with contextlib.ExitStack() as hold:
-            try:
-                hold.enter_context(
-                    exclusive(
-                        self._lock_path,
-                        linger=True,
-                        while_waiting=self._read_ahead,
-                        continuing=within_lease,
-                    )
-                )
-            except OSError as exc:
-                if not (reading and is_no_write_access(exc)):
-                    raise
-                try:
-                    hold.enter_context(held_for_reading(self._lock_path))
-                except FileNotFoundError:
-                    # No lock file, and this process may not make one (a copy of the data
-                    # files alone): read as it stands.  A writer makes the lock file before
-                    # it touches anything, so none was inside when we looked.
-                    pass
-                yield False
-                return
-            yield True
+        how: dict[str, Any] = {
+            "linger": True, "while_waiting": self._read_ahead, "continuing": within_lease
+        }
+        if reading:
+            with held_to_read(self._lock_path, **how) as own:
+                yield own
+        else:
+            with exclusive(self._lock_path, **how):
+                yield True
 
     @contextlib.contextmanager
     def _locked(self, *, within_lease: bool = False, reading: bool = False) -> Iterator[None]:

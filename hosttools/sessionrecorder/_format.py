@@ -26,7 +26,7 @@ from orjson import loads as _loads
 
 from adaptor import _durable
 from adaptor import events as _events
-from adaptor._durable import CorruptLogError, RepairReport, crc32, exclusive, unframe
+from adaptor._durable import CorruptLogError, RepairReport, crc32, unframe
 from adaptor.events import from_json, parse_time, to_json
 
 from ._model import (
@@ -574,24 +574,11 @@ def settled_size(f: IO[bytes], path: StrPath) -> int | None:
     lock = os.fspath(path) + ".lock"
     if not os.path.exists(lock):
         return None
-    try:
-        with exclusive(lock):
-            return os.fstat(f.fileno()).st_size
-    except OSError as exc:
-        # On a read-only filesystem (an archive, a snapshot) the lock file cannot be opened
-        # for the lock, and no writer can be appending either: read to the end.
-        if exc.errno == errno.EROFS:
-            return None
-        if not _durable.is_no_write_access(exc):
-            raise
-    # A lock file this user may read but not write (a copy of logs shared read-only, an
-    # immutable file): flocked through a read-only descriptor, as the writers flock it, so an
-    # append in flight by a writer who may write it is still waited out.
-    try:
-        with _durable.held_for_reading(lock):
-            return os.fstat(f.fileno()).st_size
-    except FileNotFoundError:  # gone meanwhile: no writer follows the protocol here now
-        return None
+    # A lock file this reader may not write (an archive on a read-only mount, logs shared
+    # read-only, an immutable file) is flocked through a read-only descriptor, as the writers
+    # flock it, so an append in flight by a writer who may write it is still waited out.
+    with _durable.held_to_read(lock):
+        return os.fstat(f.fileno()).st_size
 
 
 _CHUNK = 64 * 1024  # big enough to amortize the loop, small enough to keep replay light
