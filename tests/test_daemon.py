@@ -2007,10 +2007,12 @@ def test_a_response_file_set_aside_is_said_in_the_logs(daemon: DaemonProcess) ->
     approval_id = _pending_approval(daemon)
     _write_response(daemon, approval_id, b'{"action": "approved"}')
     _set_aside(daemon, approval_id)
+    # The fact is recorded by the lifecycle writer after the move (seen once in CI: read too
+    # soon); its line is printed only once it is written, so that is what to wait for.
+    daemon.wait_for_line(f"approval.response_refused id={rid} approval_id={approval_id}")
     (fact,) = [f for f in _approval_facts(daemon.home, approval_id) if f["phase"] == "approval.response_refused"]
     assert fact["request_id"] == rid and "approve, deny or answer" in fact["why"]
     assert (daemon.home.quarantine / fact["quarantined"]).read_bytes() == b'{"action": "approved"}'
-    daemon.wait_for_line(f"approval.response_refused id={rid} approval_id={approval_id}")
     # With the byte-order mark Windows editors write: it was set aside too.
     _write_response(daemon, approval_id, b'\xef\xbb\xbf{"action": "approve"}')
     assert daemon.verdict(rid)["ok"]
@@ -2049,13 +2051,15 @@ def test_a_response_file_no_request_waits_for_is_set_aside_and_said(daemon: Daem
     while list(daemon.home.approvals_responses.iterdir()):
         assert time.monotonic() < deadline, "the responses were left in responses/"
         time.sleep(0.02)
+    # (Their facts are recorded after the moves; each line is printed once its fact is written.)
+    daemon.wait_for_line(f"approval.response_refused approval_id={approval_id} ")
+    daemon.wait_for_line("approval.response_refused approval_id=no-such-approval")
     (late,) = [f for f in _approval_facts(daemon.home, approval_id) if f["phase"] == "approval.response_refused"]
     assert "already resolved (approved)" in late["why"]
     assert (daemon.home.quarantine / late["quarantined"]).read_bytes() == b'{"action": "deny"}'
     (unknown,) = _approval_facts(daemon.home, "no-such-approval")
     assert unknown["phase"] == "approval.response_refused" and "no pending approval" in unknown["why"]
     assert (daemon.home.quarantine / unknown["quarantined"]).read_bytes() == b'{"action": "approve"}'
-    daemon.wait_for_line("approval.response_refused approval_id=no-such-approval")
 
 
 def _approve_while_the_daemon_is_stopped(daemon: DaemonProcess, approval_timeout: float) -> tuple[str, subprocess.CompletedProcess[str]]:
