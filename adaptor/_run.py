@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import math
 import os
 import secrets as _secrets
 import threading
@@ -1083,13 +1084,17 @@ class RunPipeline:
         with self._lock:
             self._decisions += 1
             number = self._decisions
+        # The clock the responder enforces is read before the one the request shows, so the
+        # instant enforced is never later than the deadline shown: a response after the shown
+        # deadline never wins, however long a busy machine took between the two readings.
+        clock = time.monotonic()
         now = datetime.now(UTC)
         timeout = self.approvals.timeout
-        deadline = None if timeout is None else now + timedelta(seconds=timeout)
+        deadline = None if timeout is None else _shown_after(now, timeout)
         if self.deadline is not None:
             # No response is taken once the run's own deadline ends it: a request showing a
             # later one (10 minutes, in a run with 2 left) promised time that was not there.
-            ends = now + timedelta(seconds=max(self.deadline - time.monotonic(), 0.0))
+            ends = _shown_after(now, max(self.deadline - clock, 0.0))
             deadline = ends if deadline is None else min(deadline, ends)
         request_id = (
             request.request_id if request.request_id and attempt == 0 else f"{self.run_id}-dec-{number}"
@@ -1097,7 +1102,7 @@ class RunPipeline:
         responder = Responder(
             request.kind,
             tuple(c.key for c in request.choices),
-            None if timeout is None else time.monotonic() + timeout,
+            None if timeout is None else clock + timeout,
             run_ends=self.deadline,
         )
         approval = ApprovalRequest(
@@ -1322,6 +1327,12 @@ def resolution_of(requested: Notice, outcome: Outcome) -> Notice:
     except Exception:  # (written by hand: no latency then)
         created_at = None
     return _resolution(data, created_at, outcome)
+
+
+def _shown_after(now: datetime, seconds: float) -> datetime:
+    # Rounded up, and a microsecond more for the wall clock's own rounding to the nearest one:
+    # a deadline shown may be a little late, never early.
+    return now + timedelta(microseconds=math.ceil(seconds * 1_000_000) + 1)
 
 
 def _resolution(approval_data: dict[str, Any], created_at: datetime | None, outcome: Outcome) -> Notice:

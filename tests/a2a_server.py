@@ -408,6 +408,17 @@ class Trickle:
 
         return Route(self.path, endpoint, methods=["GET", "POST"])
 
+    @classmethod
+    def endless(cls, path: str, head: bytes, media_type: str = "application/json") -> Trickle:
+        """256 MiB as fast as the client reads it, far beyond any bound a test sets.
+
+        ``sent`` counts what went into the socket, which is more than the client read: the
+        loopback buffers take tens of MiB (``tcp_rmem`` up to 32 MiB here, plus ``tcp_wmem``)
+        before the server blocks, so a quarter of the whole must dwarf them.  (16 MiB was once
+        seen 4.4 MiB "sent" to a client that stopped at 256 KiB.)
+        """
+        return cls(path, total=4096, interval=0, fill=b"x" * (64 << 10), head=head, media_type=media_type)
+
     def gave_up_early(self, within: float = 60.0) -> bool:
         """The caller went away after a small part of the trickle (a generous margin)."""
         return self.over.wait(within) and self.sent < self.total * len(self.fill) // 4

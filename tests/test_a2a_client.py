@@ -160,16 +160,9 @@ def test_a_remote_answering_a_byte_at_a_time_is_bounded_as_a_whole(op: str) -> N
         assert trickle.gave_up_early(), trickle.sent
 
 
-def _endless(path: str, head: bytes, media_type: str = "application/json") -> srv.Trickle:
-    # 16 MiB as fast as the client reads it: far more than the bound the tests set.
-    return srv.Trickle(
-        path, total=4096, interval=0, fill=b"x" * 4096, head=head, media_type=media_type
-    )
-
-
 def test_an_endless_agent_card_is_refused_at_its_bound() -> None:
     # The SDK read a card whole into memory: a remote sending a 4 GiB one took 4 GiB.
-    endless = _endless("/card", b'{"name": "')
+    endless = srv.Trickle.endless("/card", b'{"name": "')
     with srv.scripted_server(extra_routes=[endless.route()]) as running:
         with (
             a2a.Client(running.base_url + "/card") as c,
@@ -189,9 +182,9 @@ def test_an_endless_answer_or_event_is_refused_at_its_bound(
     limit = 256 << 10
     monkeypatch.setattr(a2a, "MAX_RESPONSE_BYTES", limit, raising=False)
     if op == "send_stream":
-        endless = _endless("/rpc", srv.SSE_EVENT_HEAD, "text/event-stream")
+        endless = srv.Trickle.endless("/rpc", srv.SSE_EVENT_HEAD, "text/event-stream")
     else:
-        endless = _endless("/rpc", b'{"jsonrpc": "2.0", "id": 1, "result": {"id": "')
+        endless = srv.Trickle.endless("/rpc", b'{"jsonrpc": "2.0", "id": 1, "result": {"id": "')
     with srv.scripted_server(extra_routes=[endless.route()]) as running:
         card = srv.agent_card(running.base_url, interface_url=running.base_url + "/rpc")
         with (

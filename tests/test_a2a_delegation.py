@@ -304,14 +304,7 @@ def test_an_endless_event_is_a_protocol_error(monkeypatch: pytest.MonkeyPatch) -
     # One endless SSE line was read whole (1 GiB under max_artifact_bytes=1 MiB) before the
     # policy could look at it.  The client's bound (32 MiB) is lowered to keep the test light.
     monkeypatch.setattr(a2a, "MAX_RESPONSE_BYTES", 256 << 10, raising=False)
-    endless = srv.Trickle(
-        "/rpc",
-        total=4096,
-        interval=0,
-        fill=b"x" * 4096,
-        head=srv.SSE_EVENT_HEAD,
-        media_type="text/event-stream",
-    )
+    endless = srv.Trickle.endless("/rpc", srv.SSE_EVENT_HEAD, "text/event-stream")
     with srv.scripted_server(extra_routes=[endless.route()]) as running:
         card = srv.agent_card(running.base_url, interface_url=running.base_url + "/rpc")
         spec = d.RemoteAgentSpec(

@@ -825,6 +825,48 @@ def test_a_response_after_the_runs_own_deadline_never_wins() -> None:
         agent.close()
 
 
+@pytest.mark.parametrize("whose", ["the run's", "the approval's"])
+def test_the_deadline_shown_is_never_earlier_than_the_one_enforced(
+    whose: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The request's deadline was read off the wall clock first and the enforced one off the
+    # monotonic clock after it, so however long the run thread was kept between the two readings
+    # (CI once: over 200 us) the enforced instant lay that much after the one shown, and a
+    # response after the shown deadline won.  A wall-clock reading that keeps its thread 50 ms
+    # stands in for the busy machine.
+    from datetime import UTC, datetime, timedelta
+
+    class _ReadThenKept(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            reading = datetime.now(tz)
+            time.sleep(0.05)
+            return reading
+
+    monkeypatch.setattr(_run, "datetime", _ReadThenKept)
+    steps = ({"approval": {"kind": "permission"}}, {"text": "done"})
+    if whose == "the run's":
+        agent = adaptor.Agent(script.Driver(script.Config(steps=steps)))
+        stream = agent.stream("go", timeout=0.5)
+    else:
+        agent = adaptor.Agent(
+            script.Driver(script.Config(steps=steps)),
+            policy=adaptor.Policy(approvals=adaptor.ApprovalPolicy(timeout=0.5)),
+        )
+        stream = agent.stream("go")
+    try:
+        for event in stream:
+            if isinstance(event, events.ApprovalRequest):
+                assert event.deadline is not None
+                while datetime.now(UTC) < event.deadline + timedelta(microseconds=1):
+                    pass
+                with pytest.raises(adaptor.ApprovalExpiredError):
+                    event.approve()
+    finally:
+        stream.cancel()
+        agent.close()
+
+
 def test_a_callback_waiting_for_a_human_is_told_at_the_deadline_and_late_answers_lose() -> None:
     seen: list[tuple[bool, bool]] = []
 
