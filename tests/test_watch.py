@@ -76,7 +76,8 @@ def test_client_waits_share_one_watch_and_leak_no_inotify_instance(tmp_path: Pat
 
     with _Wakeup(tmp_path):  # the process's one instance, if none was made yet
         pass
-    before = _inotify_descriptors(), threading.active_count()
+    # Threads by identity: one left by an earlier test may end meanwhile (seen under load).
+    descriptors, threads = _inotify_descriptors(), set(threading.enumerate())
     writer = threading.Thread(target=busy)
     writer.start()
     try:
@@ -85,11 +86,12 @@ def test_client_waits_share_one_watch_and_leak_no_inotify_instance(tmp_path: Pat
                 # No observer of its own (its threads were four), only the directory's
                 # emitter: the leak needs a stop before the reader's first read, so counting
                 # descriptors alone would leave this test to luck.
-                assert threading.active_count() <= before[1] + 2  # (the writer, the emitter)
+                assert len(set(threading.enumerate()) - threads) <= 2  # the writer, the emitter
     finally:
         stop.set()
         writer.join()
-    assert (_inotify_descriptors(), threading.active_count()) == before
+    assert _inotify_descriptors() == descriptors
+    assert not set(threading.enumerate()) - threads
 
     # Two waiters on one directory are both woken; the watch outlives neither.
     with _Wakeup(tmp_path) as first, _Wakeup(tmp_path) as second:
