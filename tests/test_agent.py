@@ -14,6 +14,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -808,18 +809,11 @@ def test_a_response_after_the_runs_own_deadline_never_wins() -> None:
     # only the approval's was enforced at the response: an approve() in the few milliseconds
     # before the run's timer fired (later still on a busy machine) was taken, and the run
     # succeeded past its timeout.
-    from datetime import UTC, datetime, timedelta
 
     for _ in range(10):
         agent = adaptor.Agent(script.Driver(script.Config(steps=({"approval": {"kind": "permission"}}, {"text": "done"}))))
         stream = agent.stream("go", timeout=0.3)
-        for event in stream:
-            if isinstance(event, events.ApprovalRequest):
-                assert event.deadline is not None
-                while datetime.now(UTC) < event.deadline + timedelta(microseconds=200):
-                    pass
-                with pytest.raises(adaptor.ApprovalExpiredError):
-                    event.approve()
+        _approve_just_after_its_deadline(stream, timedelta(microseconds=200))
         with pytest.raises(adaptor.RunDeadlineExceededError):
             stream.result()
         agent.close()
@@ -834,7 +828,6 @@ def test_the_deadline_shown_is_never_earlier_than_the_one_enforced(
     # (CI once: over 200 us) the enforced instant lay that much after the one shown, and a
     # response after the shown deadline won.  A wall-clock reading that keeps its thread 50 ms
     # stands in for the busy machine.
-    from datetime import UTC, datetime, timedelta
 
     class _ReadThenKept(datetime):
         @classmethod
@@ -855,16 +848,23 @@ def test_the_deadline_shown_is_never_earlier_than_the_one_enforced(
         )
         stream = agent.stream("go")
     try:
-        for event in stream:
-            if isinstance(event, events.ApprovalRequest):
-                assert event.deadline is not None
-                while datetime.now(UTC) < event.deadline + timedelta(microseconds=1):
-                    pass
-                with pytest.raises(adaptor.ApprovalExpiredError):
-                    event.approve()
+        _approve_just_after_its_deadline(stream, timedelta(microseconds=1))
     finally:
         stream.cancel()
         agent.close()
+
+
+def _approve_just_after_its_deadline(stream: adaptor.Stream, margin: timedelta) -> None:
+    """Approve each request of ``stream`` once ``margin`` past its deadline (as the wall clock
+    says, busy-waiting): the approval must lose."""
+
+    for event in stream:
+        if isinstance(event, events.ApprovalRequest):
+            assert event.deadline is not None
+            while datetime.now(UTC) < event.deadline + margin:
+                pass
+            with pytest.raises(adaptor.ApprovalExpiredError):
+                event.approve()
 
 
 def test_a_callback_waiting_for_a_human_is_told_at_the_deadline_and_late_answers_lose() -> None:
