@@ -595,8 +595,9 @@ class _Exclusive:
     processes; the reentrant thread lock in front of it excludes this process's other threads.
     The file is opened for each physical acquisition and closed when it is let go, as
     ``filelock.FileLock`` does.  The flock itself is taken once per *hold*: a hold that asked
-    to linger stays physically locked after its last exit until :data:`_LINGER_IDLE` passes unused (the
-    reaper thread releases it) or :data:`_LINGER_MAX` passes (the next entry releases it).
+    to linger stays physically locked after its last exit until :data:`_LINGER_IDLE` passes
+    unused (the reaper thread releases it) or :data:`_LINGER_MAX` passes (the next entry
+    releases it).
     ``epoch`` takes a new value on every physical acquisition, so a caller can tell whether
     another process may have had the lock since it last looked.
     """

@@ -409,14 +409,12 @@ class JSONLStore:
         # Within a lease (renew, finalize, release) this process is mid-cycle: were it to give
         # the lock away now, the others would find that lease's key busy until it got the lock
         # back, so it keeps the lock until its next hold outside a lease (``continuing``).
-        how: dict[str, Any] = {
-            "linger": True, "while_waiting": self._read_ahead, "continuing": within_lease
-        }
+        lock, wait = self._lock_path, self._read_ahead
         if reading:
-            with held_to_read(self._lock_path, **how) as own:
+            with held_to_read(lock, linger=True, while_waiting=wait, continuing=within_lease) as own:
                 yield own
         else:
-            with exclusive(self._lock_path, **how):
+            with exclusive(lock, linger=True, while_waiting=wait, continuing=within_lease):
                 yield True
 
     @contextlib.contextmanager
