@@ -200,6 +200,20 @@ class DaemonProcess:
             self._reader.join(timeout=10)
         return status
 
+    def files_holding(self, *secrets: str) -> list[Path]:
+        """The files under the home holding any of ``secrets``, looked for once the daemon has
+        exited: while it runs, a request's claimed copy (what the request said, secrets and all)
+        is removed only after its verdict is written, so it may outlive the verdict a moment."""
+        assert self.proc is not None and self.proc.poll() is not None, "stop the daemon first"
+        needles = [secret.encode() for secret in secrets]
+        holding = []
+        for path in self.home.root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                if any(needle in data for needle in needles):
+                    holding.append(path)
+        return holding
+
 
 # The /proc readers below stay independent of adaptor._procfs on purpose: they check what the
 # daemon's own use of it (leftover agents, lease holders) did.

@@ -610,9 +610,8 @@ def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:
     rid = daemon.submit(request)
     verdict = daemon.verdict(rid)
     assert verdict["error"]["code"] == "ErrAgentFailed"
-    for path in daemon.home.root.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
+    assert daemon.stop() == 0
+    assert daemon.files_holding(SECRET) == []
     assert all(SECRET not in line for line in daemon.lines)
     kept = orjson.loads((daemon.home.run_dir(rid) / "request.json").read_bytes())
     assert kept["config"]["env"] == {"API_TOKEN": "<redacted>"}
@@ -635,9 +634,7 @@ def test_env_secrets_from_the_daemon_config_appear_nowhere(tmp_path: Path) -> No
     assert verdict["ok"] and verdict["result"]["text"] == "token=<redacted>"  # the agent had it
     kept = orjson.loads((daemon.home.run_dir(rid) / "request.json").read_bytes())
     assert kept["prompt"] == "deploy with <redacted>"
-    for path in daemon.home.root.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
+    assert daemon.files_holding(SECRET) == []
     assert all(SECRET not in line for line in daemon.lines)
 
 
@@ -666,10 +663,7 @@ def test_the_daemons_own_a2a_credentials_reach_no_agent_and_no_file(tmp_path: Pa
     assert daemon.stop() == 0
     assert verdict["ok"] and verdict["result"]["text"] == "remote=unset bridge=unset"
     assert quoted_verdict["result"]["text"] == "the token is <redacted>"
-    for path in daemon.home.root.rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            assert remote_token.encode() not in data and bridge_token.encode() not in data, path
+    assert daemon.files_holding(remote_token, bridge_token) == []
 
 
 def test_a_secret_of_several_lines_appears_in_no_file_line_by_line(daemon: DaemonProcess) -> None:
@@ -715,9 +709,8 @@ def test_secrets_of_malformed_env_values_are_not_quoted_back(daemon: DaemonProce
     rid = daemon.submit({"driver": "script", "prompt": "x", "config": {"env": {"TOKEN": [SECRET, 12345678]}}})
     verdict = daemon.verdict(rid)
     assert verdict["exit_code"] == 2
-    for path in daemon.home.root.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
+    assert daemon.stop() == 0
+    assert daemon.files_holding(SECRET) == []
 
 
 def test_second_daemon_on_the_same_home_exits_69(daemon: DaemonProcess) -> None:

@@ -167,9 +167,7 @@ def test_a_credential_in_the_daemons_environment_reaches_no_file_of_its_home(tmp
     verdict = daemon.verdict(rid)
     assert daemon.stop() == 0
     assert "Incorrect API key provided: <redacted>" in verdict["error"]["message"]
-    for path in daemon.home.root.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
+    assert daemon.files_holding(SECRET) == []
     assert all(SECRET not in line for line in daemon.lines)
 
 
