@@ -2084,6 +2084,58 @@ def test_records_are_acknowledged_only_once_a_sync_covers_them(
     recorder.close()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_an_append_interrupted_while_it_writes_alone_lets_the_writers_queued_behind_it_go_on(
+    events_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lone writer writes without the group-commit bookkeeping; interrupted (Ctrl-C reaches
+    # the thread in its sync), it must still hand the key over to those that queued meanwhile.
+    recorder = sr.EventRecorder(sr.JSONLEventBackend(events_dir))
+    real = _durable._datasync
+    in_sync = threading.Event()
+    followers_queued = threading.Event()
+    first = [True]
+
+    def interrupted_once(fd: int) -> None:
+        if first[0]:
+            first[0] = False
+            in_sync.set()
+            assert followers_queued.wait(CHILD_TIMEOUT)
+            raise KeyboardInterrupt
+        real(fd)
+
+    hook_datasyncs(monkeypatch, interrupted_once)
+    outcomes: dict[int, object] = {}
+
+    def write(i: int) -> None:
+        try:
+            outcomes[i] = recorder.record("k", _text(i)).host_seq
+        except BaseException as exc:
+            outcomes[i] = type(exc)
+
+    lone = threading.Thread(target=write, args=(0,))
+    lone.start()
+    assert in_sync.wait(CHILD_TIMEOUT)
+    followers = [threading.Thread(target=write, args=(i,)) for i in range(1, 4)]
+    for t in followers:
+        t.start()
+    session = recorder._backend._sessions["k"]  # type: ignore[attr-defined]
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while len(session._queue) < len(followers):
+        assert time.monotonic() < deadline, "writers never queued"
+        time.sleep(0.001)
+    followers_queued.set()
+    for t in [lone, *followers]:
+        t.join(CHILD_TIMEOUT)
+        assert not t.is_alive(), "a writer queued behind the interrupted one was never served"
+    assert outcomes.pop(0) is KeyboardInterrupt
+    # The interrupted record's line was written (not known durable); the others follow it.
+    assert sorted(outcomes.values()) == [2, 3, 4]  # type: ignore[type-var]
+    assert _seqs(recorder.since("k")) == [1, 2, 3, 4]
+    assert recorder.record("k", _text(9)).host_seq == 5
+    recorder.close()
+
+
 _APPEND_ONE = """
 import sys
 from adaptor.events import TextDelta

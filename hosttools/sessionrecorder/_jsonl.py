@@ -132,12 +132,12 @@ class _Session:
     _idle_waiters: int = 0
     _queue: list[_Pending] = field(default_factory=list)
     _writing: bool = False
-    # Group commit's gathering: the last two synced batches, how long the last one of several
-    # records took to write and sync, and how many queued records the waiting leader wants
-    # (0: none).  A batch holds one record per thread, so its length counts its threads.
+    # Group commit's gathering: the threads of the last two synced batches, how long the last
+    # one of several records took to write and sync, and how many queued records the waiting
+    # leader wants (0: none).  A batch holds one record per thread.
     _arrived: threading.Condition = field(init=False)
-    _last_batch: list[_Pending] = field(default_factory=list)
-    _batch_before: list[_Pending] = field(default_factory=list)
+    _last_writers: tuple[int, ...] = ()
+    _writers_before: tuple[int, ...] = ()
     _last_sync: float = 0.0
     _gather_for: int = 0
     _state: Literal["open", "retired", "closed"] = "open"
@@ -182,11 +182,12 @@ class _Session:
     # --- appending --------------------------------------------------------------------------
 
     def append(self, body: dict[str, Any]) -> dict[str, Any]:
-        pending = _Pending(body)
         with self._mutex:
             if self._state != "open" or self.poison is not None or self.owed is not None:
                 self._refuse()
+            pending = None
             if self._writing:
+                pending = _Pending(body)
                 wake = pending.wake = threading.Lock()
                 wake.acquire()
                 self._queue.append(pending)
@@ -196,14 +197,31 @@ class _Session:
                 self._writing = True
                 wake = None
                 # Normally empty; after a step-down its writers may not have woken yet.
-                batch = [pending, *self._queue] if self._queue else [pending]
-                self._queue = []
+                if self._queue or (self.sync and len(self._last_writers) > 1):
+                    pending = _Pending(body)
+                    batch = [pending, *self._queue]
+                    self._queue = []
+        if pending is None:
+            return self._append_alone(body)
         if wake is not None:
             batch = self._await_turn(pending, wake)
             if not batch:
                 return pending.result()
         self._lead(batch, pending)
         return pending.result()
+
+    def _append_alone(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Write ``body`` as a batch of its own: the key was idle, nobody queued, nobody to
+        gather.  The one-writer case skips what sharing a sync needs (a pending record, a
+        batch, the leader's loop); writers that queue meanwhile are woken as after any
+        leader's step-down, and one of them leads."""
+        try:
+            return self._append_many((body,))[0]
+        finally:
+            with self._mutex:
+                if self.sync:
+                    self._writers_before, self._last_writers = self._last_writers, (threading.get_ident(),)
+                self._step_down(())
 
     def _refuse(self) -> NoReturn:
         if self._state == "retired":
@@ -238,7 +256,7 @@ class _Session:
         try:
             while True:
                 if self.sync:
-                    if len(self._last_batch) > 1:
+                    if len(self._last_writers) > 1:
                         batch = self._gather(batch, own)
                     if len(batch) > 1:
                         started = time.monotonic()
@@ -246,7 +264,8 @@ class _Session:
                         self._last_sync = time.monotonic() - started
                     else:  # (one writer's path: nothing to time, no wait will follow)
                         self._write_batch(batch)
-                    self._batch_before, self._last_batch = self._last_batch, batch
+                    self._writers_before = self._last_writers
+                    self._last_writers = tuple([pending.writer for pending in batch])
                 else:
                     self._write_batch(batch)
                 rounds += 1
@@ -271,7 +290,7 @@ class _Session:
 
     def _gather(self, batch: list[_Pending], own: _Pending) -> list[_Pending]:
         """``batch`` and what queues while it waits (bounded) for the recent writers' return."""
-        recent = {p.writer for p in self._last_batch} | {p.writer for p in self._batch_before}
+        recent = {*self._last_writers, *self._writers_before}
         # The leader's own thread comes back only once it stops leading.
         expected = len(recent) - (own.writer in recent) + (own in batch)
         if len(batch) >= expected:
@@ -290,7 +309,7 @@ class _Session:
             batch, self._queue = [*batch, *self._queue], []
         return batch
 
-    def _step_down(self, finished: list[_Pending]) -> None:
+    def _step_down(self, finished: Sequence[_Pending]) -> None:
         # Called holding the mutex: wake the writers just served, and those still queued so
         # that one of them takes over.
         self._writing = False
