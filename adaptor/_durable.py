@@ -544,23 +544,24 @@ def _open_lock_file(path: str) -> int:
     """
     flags = os.O_RDWR | os.O_NONBLOCK | _O_CLOEXEC | _O_NOFOLLOW
     while True:
-        # (The opens are made outside the handlers: an error they raise is the error, not one
-        # "during handling of" the FileExistsError before it.)
-        exists = folder_missing = False
+        # The file is there almost every time: opened first, it costs one system call, not a
+        # refused creation and an exception before it.  (The opens are made outside the
+        # handlers: an error they raise is the error, not one "during handling of" another.)
+        missing = folder_missing = False
         try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            exists = True
+            return os.open(path, flags)
         except FileNotFoundError:
-            folder_missing = True
+            missing = True
+        if missing:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue  # made by someone else between the two opens: open theirs
+            except FileNotFoundError:
+                folder_missing = True
         if folder_missing:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             continue
-        if exists:
-            try:
-                return os.open(path, flags)
-            except FileNotFoundError:
-                continue  # removed between the two opens: create it after all
         try:
             os.fchmod(fd, 0o600)
         except BaseException:
