@@ -1579,8 +1579,10 @@ class DurableLog:
             else:
                 fd, size = self._open()
                 self._found_size = size
-                # Someone else may have appended without syncing.
-                self._durable_size = -1
+                if size != self._seen_size:
+                    # Someone else appended, perhaps without syncing.  (An unchanged size
+                    # means nobody did, see _check_file: what this instance synced still is.)
+                    self._durable_size = -1
                 self._check_file(fd, size)
             self._epoch = 0  # until this append has succeeded
             records: list[dict[str, Any]] = []
