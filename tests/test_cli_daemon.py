@@ -731,6 +731,33 @@ def test_events_reads_the_log_a_symlink_names(tmp_path: Path) -> None:
     assert (by_stdin.returncode, by_stdin.stdout) == (0, by_path.stdout), by_stdin.stderr
 
 
+def test_a_symlink_in_place_of_a_logs_lock_file_is_read_past_by_every_reader(tmp_path: Path) -> None:
+    # Writers never follow a link at <log>.jsonl.lock (they refuse to append), so no append
+    # can be in flight: verify-log failed there (ELOOP, exit 70) while `events --file` read on.
+    from adaptor.events import TextDelta
+    from hosttools import sessionrecorder as sr
+
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path / "events")) as recorder:
+        for n in range(3):
+            recorder.record("sess", TextDelta(text=f"line {n}"))
+    log = tmp_path / "events" / "sess.jsonl"
+    lock = tmp_path / "events" / "sess.jsonl.lock"
+    lock.rename(tmp_path / "elsewhere.lock")
+    lock.symlink_to(tmp_path / "elsewhere.lock")
+    verified = subprocess.run(["adaptor", "verify-log", str(log)], capture_output=True, text=True, timeout=TIMEOUT)
+    assert (verified.returncode, verified.stdout.strip()) == (0, "ok: 3 records"), verified.stderr
+    shown = subprocess.run(
+        ["adaptor", "events", "--file", str(log), "--json"], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert shown.returncode == 0 and len(json_lines(shown.stdout)) == 3, shown.stderr
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path / "events")) as recorder:
+        assert [r.host_seq for r in recorder.since("sess")] == [1, 2, 3]
+        assert [info.key for info in recorder.sessions()] == ["sess"]
+        with pytest.raises(OSError, match="symbolic link"):  # still no writer follows it
+            recorder.record("sess", TextDelta(text="line 3"))
+    assert lock.is_symlink() and sr.verify(log) == 3
+
+
 def test_events_json_of_a_damaged_log_ends_with_the_error_object(tmp_path: Path) -> None:
     # errors.md: with --json a failure is {"ok": false, ...} on stdout, events included; the
     # records before the bad line come first, and the object is told from them by its keys.
