@@ -109,11 +109,13 @@ _GATHER_MAX = 0.005
 class _Session:
     """Per-key writer state: group commit, the open log, and poison.
 
-    An append that finds the key idle becomes the *leader*: it writes its record, then
-    whatever queued meanwhile, one write and one sync per batch (group commit), so concurrent
-    writers to a key share syncs.  Waiting writers sleep on a lock of their own, released once
-    their record is durable (or failed), so a commit wakes exactly the writers it finished and
-    nobody fights over a shared condition.  After :data:`_BATCHES_PER_LEADER` batches the
+    An append that finds the key idle, nobody queued and no gathering due (below) writes its
+    record alone (:meth:`_append_alone`), and writers that queue meanwhile are woken when it is
+    done.  Otherwise the append that finds the key idle becomes the *leader*: it writes its
+    record, then whatever queued meanwhile, one write and one sync per batch (group commit), so
+    concurrent writers to a key share syncs.  Waiting writers sleep on a lock of their own,
+    released once their record is durable (or failed), so a commit wakes exactly the writers it
+    finished and nobody fights over a shared condition.  After :data:`_BATCHES_PER_LEADER` batches the
     leader steps down and wakes the queued writers, and one of them takes over.
 
     With syncing on, and once a synced batch held records of several threads, a leader first
@@ -212,9 +214,8 @@ class _Session:
 
     def _append_alone(self, body: dict[str, Any]) -> dict[str, Any]:
         """Write ``body`` as a batch of its own: the key was idle, nobody queued, nobody to
-        gather.  The one-writer case skips what sharing a sync needs (a pending record, a
-        batch, the leader's loop); writers that queue meanwhile are woken as after any
-        leader's step-down, and one of them leads."""
+        gather.  The one-writer case, without what sharing a sync needs (a pending record, a
+        batch, the leader's loop)."""
         try:
             return self._append_many((body,))[0]
         finally:
