@@ -1035,23 +1035,20 @@ def held_to_read(
     Where this process may not open the lock file for writing (:func:`is_no_write_access`: a
     read-only mount, a copy it may only read, an immutable file) the lock is held for reading
     instead (:func:`held_for_reading`), and without a lock file nothing is held: a writer makes
-    it before it touches anything, so none is inside.  Nothing is held either where a symbolic
-    link stands in the lock file's place: writers never follow one (they refuse to take the
-    lock), so none can be inside.  In each of these cases it yields ``False``, and the reader
-    must read the guarded files afresh.
+    it before it touches anything, so none is inside.  Either way it yields ``False``, and the
+    reader must read the guarded files afresh.
     """
-    refused = linked = False
+    refused = False
     with contextlib.ExitStack() as hold:
         try:
             hold.enter_context(
                 exclusive(path, linger=linger, while_waiting=while_waiting, continuing=continuing)
             )
         except OSError as exc:
-            linked = exc.errno == errno.ELOOP  # (what O_NOFOLLOW says of a link)
-            if not linked and not is_no_write_access(exc):
+            if not is_no_write_access(exc):
                 raise
             refused = True
-        if refused and not linked:  # (outside the handler: a reader's error is not "during" it)
+        if refused:  # (outside the handler: an error of the reader's is not one "during" it)
             with contextlib.suppress(FileNotFoundError):
                 hold.enter_context(held_for_reading(path))
         yield not refused

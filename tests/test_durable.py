@@ -672,22 +672,6 @@ def test_a_lock_held_for_reading_keeps_other_processes_writers_out(tmp_path: Pat
     assert not (tmp_path / "none.lock").exists()  # a reader creates nothing
 
 
-def test_a_symbolic_link_in_place_of_a_lock_file_holds_no_reader_and_no_writer(tmp_path: Path) -> None:
-    # Writers never follow one (a link planted there must not lock, or create, another file),
-    # so no writer can be inside: a reader reads on, holding nothing, where it failed (ELOOP).
-    target = tmp_path / "elsewhere.lock"
-    target.touch(mode=0o600)
-    lock_path = tmp_path / "x.lock"
-    lock_path.symlink_to(target)
-    with _durable.held_to_read(lock_path) as own:
-        assert own is False
-        assert _probe_lock(target) == b"free\n"
-    with pytest.raises(OSError) as refused, exclusive(lock_path):
-        pass
-    assert refused.value.errno == errno.ELOOP
-    assert lock_path.is_symlink()
-
-
 # --- strict reading, torn tails, corruption --------------------------------------------------
 
 

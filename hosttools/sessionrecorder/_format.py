@@ -567,13 +567,18 @@ def open_stream(path: StrPath) -> IO[bytes] | None:
 def settled_size(f: IO[bytes], path: StrPath) -> int | None:
     """The file's size at an instant when no DurableLog append was in flight.
 
-    ``None`` (read to the end) when the file never had a writer lock next to it, so no writer
-    following the protocol can be racing us.  Checking first keeps a read-only look at a copied
-    log from creating a lock file.  (A symbolic link in the lock file's place holds nobody:
-    writers refuse to take it, see :func:`adaptor._durable.held_to_read`.)
+    ``None`` (read to the end) when the file never had a writer lock next to it, or has a
+    symbolic link in its place (which writers never follow: they refuse to append), so no
+    writer following the protocol can be racing us.  Checking first keeps a read-only look at a
+    copied log from creating a lock file.  (Only a log's readers read past such a link: the
+    thread store refuses a store whose lock is one, as its writers would.)
     """
     lock = os.fspath(path) + ".lock"
-    if not os.path.exists(lock):
+    try:
+        found = os.lstat(lock)
+    except OSError:
+        return None
+    if stat.S_ISLNK(found.st_mode):
         return None
     # A lock file this reader may not write (an archive on a read-only mount, logs shared
     # read-only, an immutable file) is flocked through a read-only descriptor, as the writers
