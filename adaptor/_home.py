@@ -818,7 +818,7 @@ def _settled(home: Home, approval_id: str, won_by: str = "") -> ApprovalResolved
         why = resolved.get("why")
         said = f": {why}" if isinstance(why, str) and why else ""
         return ApprovalExpiredError(f"approval {approval_id!r} expired before this response{said}")
-    how = f" ({_RESOLVED_AS[result]})" if result in _RESOLVED_AS else ""
+    how = f" ({RESOLVED_AS[result]})" if result in RESOLVED_AS else ""
     return ApprovalResolvedError(f"approval {approval_id!r} was already resolved{how}")
 
 
@@ -894,12 +894,15 @@ def _deadline_of(pending: Mapping[str, Any]) -> datetime | None:
 def take_response(
     home: Home,
     approval_id: str,
-    apply: Callable[[dict[str, Any]], bool],
+    apply: Callable[[dict[str, Any]], Mapping[str, Any] | None],
     refused: Callable[[str, str], None] | None = None,
 ) -> tuple[dict[str, Any], bool] | None:
     """The daemon's side: hand a written response to the run (``apply``) and mark the request
-    resolved, or expired when ``apply`` says the run no longer took it.
+    resolved, or expired when ``apply`` says the run no longer took it (``None``).
 
+    What ``apply`` returns for a response the run took (the outcome's ``choice``, ``text`` and
+    ``resolved_at``, as the run's log would show them) is kept in the resolved file, so a
+    restart after a crash can log the outcome the run's log missed (:func:`read_resolved`).
     Returns the response and whether it won, or ``None`` when none was written or the one
     written was set aside; ``refused(why, quarantined_name)`` is then told why, so the person
     who wrote it by hand can learn it.  ``apply`` runs under the approvals lock, so the
@@ -909,11 +912,12 @@ def take_response(
         return _consume(home, approval_id, apply, refused)
 
 
-def abandon(home: Home, approval_id: str, why: str) -> dict[str, Any] | None:
+def abandon(home: Home, approval_id: str, why: str, *, keep_request: bool = False) -> dict[str, Any] | None:
     """The run that asked has ended: expire the approval whatever response was written.
 
     ``why`` is what a response written later is told.  Returns the response that came too
-    late (removed, never acted on), for the audit log.
+    late (removed, never acted on), for the audit log.  ``keep_request``: the resolved file
+    keeps the pending file's content (a restart's: see :func:`kept_requests`).
     """
     with _durable.exclusive(home.approvals_lock):
         response_path = home.approvals_responses / f"{approval_id}.json"
@@ -924,7 +928,7 @@ def abandon(home: Home, approval_id: str, why: str) -> dict[str, Any] | None:
         except _Unusable:
             late = None
             _set_aside(home, response_path, approval_id)
-        _mark_expired(home, approval_id, why)
+        _mark_expired(home, approval_id, why, keep_request=keep_request)
         _remove(response_path)
         return late
 
@@ -1019,13 +1023,15 @@ RESPONSE_LIMIT = 64 * 1024
 RESPONSE_SETTLE = 2.0
 _ACTIONS = ("approve", "deny", "answer")
 # A resolved file's result (the winning response's action) as the outcome's own word.
-_RESOLVED_AS = {"approve": "approved", "deny": "rejected", "answer": "answered"}
+RESOLVED_AS: Final[dict[object, Literal["approved", "rejected", "answered"]]] = {
+    "approve": "approved", "deny": "rejected", "answer": "answered",
+}
 
 
 def _consume(
     home: Home,
     approval_id: str,
-    apply: Callable[[dict[str, Any]], bool],
+    apply: Callable[[dict[str, Any]], Mapping[str, Any] | None],
     refused: Callable[[str, str], None] | None,
 ) -> tuple[dict[str, Any], bool] | None:
     response_path = home.approvals_responses / f"{approval_id}.json"
@@ -1039,9 +1045,10 @@ def _consume(
             if refused is not None:
                 refused(exc.why, name)
         return None
-    won = apply(response)
-    if won:
-        _write_resolved(home, approval_id, str(response.get("action")))
+    kept = apply(response)
+    won = kept is not None
+    if kept is not None:
+        _write_resolved(home, approval_id, str(response.get("action")), outcome=kept)
     else:
         _write_resolved(
             home, approval_id, "expired", why="the run no longer took it (its deadline or its end came first)"
@@ -1051,17 +1058,69 @@ def _consume(
     return response, won
 
 
-def _mark_expired(home: Home, approval_id: str, why: str) -> None:
-    _write_resolved(home, approval_id, "expired", why=why)
-    _remove(home.approvals_pending / f"{approval_id}.json")
+def _mark_expired(home: Home, approval_id: str, why: str, *, keep_request: bool = False) -> None:
+    pending = home.approvals_pending / f"{approval_id}.json"
+    request: dict[str, Any] | None = None
+    if keep_request:
+        try:
+            request = _read(pending)
+        except (OSError, ValueError):  # (gone, or not an approval: nothing to log from it)
+            request = None
+    _write_resolved(home, approval_id, "expired", why=why, request=request)
+    _remove(pending)
 
 
-def _write_resolved(home: Home, approval_id: str, result: str, *, why: str = "") -> None:
-    """Record how an approval ended: the winning response's action, or ``expired`` and why."""
-    outcome = {"id": approval_id, "result": result}
+def _write_resolved(
+    home: Home,
+    approval_id: str,
+    result: str,
+    *,
+    why: str = "",
+    outcome: Mapping[str, Any] | None = None,
+    request: Mapping[str, Any] | None = None,
+) -> None:
+    """Record how an approval ended: the winning response's action (and ``outcome``, the
+    settled outcome's details), or ``expired`` and why (and ``request``, the pending file's
+    content, when a restart expired it)."""
+    resolved: dict[str, Any] = {"id": approval_id, "result": result}
     if why:
-        outcome["why"] = why
-    _durable.atomic_write_json(home.approvals_resolved / f"{approval_id}.json", outcome)
+        resolved["why"] = why
+    if outcome is not None:
+        resolved["outcome"] = dict(outcome)
+    if request is not None:
+        resolved["request"] = dict(request)
+    _durable.atomic_write_json(home.approvals_resolved / f"{approval_id}.json", resolved)
+
+
+def read_resolved(home: Home, approval_id: str) -> dict[str, Any] | None:
+    """The ``approvals/resolved/<id>.json`` object, or ``None`` when there is none or it
+    cannot be read (a restart's recovery decides without it)."""
+    try:
+        return _read(home.approvals_resolved / f"{approval_id}.json")
+    except (OSError, ValueError):
+        return None
+
+
+def kept_requests(home: Home) -> dict[str, list[dict[str, Any]]]:
+    """The approvals a restart expired, as their pending files held them, by the request id
+    of the run that asked: what a run's log may lack (a crash between the pending file and
+    the log's notice) once the pending file is gone (a second crash, or a start that failed,
+    before that run's recovery logged it).
+
+    Reads every resolved file: called only when a restart recovers a run that was going."""
+    kept: dict[str, list[dict[str, Any]]] = {}
+    try:
+        names = sorted(entry.name for entry in os.scandir(home.approvals_resolved))
+    except FileNotFoundError:
+        return kept
+    for name in names:
+        if name.startswith(".") or not name.endswith(".json"):
+            continue  # (a crash's temporary file)
+        resolved = read_resolved(home, name[: -len(".json")])
+        request = None if resolved is None else resolved.get("request")
+        if isinstance(request, dict) and is_request_id(request.get("request_id")):
+            kept.setdefault(request["request_id"], []).append(request)
+    return kept
 
 
 class _Unusable(Exception):

@@ -317,8 +317,9 @@ class Daemon:
         self._next_prune = 0.0  # monotonic; when the next pass of retention starts
         self._next_rotation_check = 0.0  # monotonic; when the lifecycle log's size is looked at next
         self._pruner: threading.Thread | None = None  # the pass in progress
-        # Approvals a crash left pending, by request id, for their runs' logs (recovery).
-        self._stale_approvals: dict[str, list[events.ApprovalRequest]] = {}
+        # The approvals restarts expired, by request id, for their runs' logs (recovery reads
+        # them once, when it first needs them: see _home.kept_requests).
+        self._kept_requests: dict[str, list[dict[str, Any]]] | None = None
         # Off until READY=1: systemd arms its watchdog then, and a ping before would arm it
         # during the start-up, which its start timeout bounds instead.
         self._watchdog = _Watchdog(None)
@@ -1518,7 +1519,7 @@ class Daemon:
         _durable.atomic_write_json(pending, record)
         self.audit("approval.pending", job.id, approval_id=req.id, kind=req.kind)
         self._wake_routes_when_settled(req)
-        hand_over = functools.partial(_hand_over, req)
+        hand_over = functools.partial(_hand_over, req, redactor)
         while True:
             # Looked at each time (one stat): taking the approvals lock in a removed home would
             # make it again, folders and all.  An approval of that id there is another daemon's.
@@ -2043,7 +2044,9 @@ class Daemon:
         """No run is live at start, so every pending approval left by a crash has expired,
         whatever response was written for it meanwhile: the run that asked is gone.
 
-        Returns the audit facts, recorded once the audit log is open.
+        Each resolved file keeps the pending file's content, for its run's log (see
+        _record_interrupted): a start that fails, or a second crash, before the run's recovery
+        must not lose it.  Returns the audit facts, recorded once the audit log is open.
         """
         expired: list[dict[str, Any]] = []
         for entry in sorted(self.home.approvals_pending.glob("*.json")):
@@ -2054,7 +2057,7 @@ class Daemon:
             except (OSError, ValueError):
                 request_id, pending = None, {}
             try:
-                late = _home.abandon(self.home, approval_id, _EXPIRED_BECAUSE["daemon restart"])
+                late = _home.abandon(self.home, approval_id, _EXPIRED_BECAUSE["daemon restart"], keep_request=True)
             except Exception as exc:
                 self.log("cannot expire a stale approval", approval_id=approval_id, error=type(exc).__name__)
                 continue
@@ -2062,13 +2065,23 @@ class Daemon:
                 "request_id": request_id if _home.is_request_id(request_id) else None,
                 "approval_id": approval_id, "why": "daemon restart", **_ignored(late),
             })
-            if _home.is_request_id(request_id):
-                # Its run's log ends with the outcome too (see _record_interrupted).
-                with contextlib.suppress(Exception):  # a file that is not an approval: no notice
-                    approval = events.from_json({k: v for k, v in pending.items() if k != "request_id"})
-                    if isinstance(approval, events.ApprovalRequest):
-                        self._stale_approvals.setdefault(request_id, []).append(approval)
         return expired
+
+    def _approvals_kept_for(self, request_id: str) -> list[events.ApprovalRequest]:
+        """The approvals of request ``request_id``'s run that restarts expired, as asked."""
+        if self._kept_requests is None:
+            try:
+                self._kept_requests = _home.kept_requests(self.home)
+            except OSError as exc:  # (the log then lacks only what its own notices lack)
+                self.log("cannot read the resolved approvals", error=_os_error_text(exc))
+                self._kept_requests = {}
+        approvals = []
+        for pending in self._kept_requests.pop(request_id, []):
+            with contextlib.suppress(Exception):  # a file that is not an approval: no notice
+                approval = events.from_json({k: v for k, v in pending.items() if k != "request_id"})
+                if isinstance(approval, events.ApprovalRequest):
+                    approvals.append(approval)
+        return approvals
 
     def _sweep_temp_files(self) -> None:
         """Remove half-written temp files a crash left next to verdicts and approvals."""
@@ -2259,10 +2272,13 @@ class Daemon:
         log (``tail -F | jq``, a follower) sees how it ended.
 
         The waiting approvals are those its log shows asked and not resolved, and those a
-        pending file shows (the run's thread writes that, the worker the log's notice: a crash
-        in between leaves either without the other); one the log lacks is logged asked first.
+        pending file showed (the run's thread writes that, the worker the log's notice: a crash
+        in between leaves either without the other; a restart keeps the file's content when
+        it expires it); one the log lacks is logged asked first.  One the run was given an
+        answer to (resolved/ says so) before its log got the notice is logged with that
+        answer, not as aborted.
         """
-        pending = {_approval_key(approval.id): approval for approval in self._stale_approvals.pop(request_id, [])}
+        pending = {_approval_key(approval.id): approval for approval in self._approvals_kept_for(request_id)}
         run_id, session = state.get("run_id"), state.get("session")
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
             return
@@ -2273,7 +2289,8 @@ class Daemon:
         ended: list[events.Event] = []
         for approval_key, requested in logged.asked.items():
             if approval_key not in logged.resolved:
-                ended.append(replace(resolution_of(requested, aborted), meta=meta))
+                outcome = self._answer_taken(requested.data.get("request_id")) or aborted
+                ended.append(replace(resolution_of(requested, outcome), meta=meta))
         for approval_key, approval in pending.items():
             if approval_key in logged.asked or approval_key in logged.resolved:
                 continue
@@ -2295,6 +2312,26 @@ class Daemon:
             self.log("event not recorded", id=state.get("id"), error=f"{type(exc).__name__}: {exc}")
         if self._events_backend.repair_count != self._repairs_told:
             self._tell_repairs()
+
+    def _answer_taken(self, approval_id: object) -> Outcome | None:
+        """The outcome of the answer the run was given to approval ``approval_id``, as the
+        resolved file keeps it; ``None`` when it was given none (or the file does not say)."""
+        if not isinstance(approval_id, str) or not _home.APPROVAL_ID.fullmatch(approval_id):
+            return None
+        resolved = _home.read_resolved(self.home, approval_id)
+        if resolved is None:
+            return None
+        result, kept = _home.RESOLVED_AS.get(resolved.get("result")), resolved.get("outcome")
+        if result is None or not isinstance(kept, Mapping):
+            return None  # expired, or resolved before the outcome was kept: aborted
+        try:
+            resolved_at = datetime.fromisoformat(str(kept["resolved_at"]).replace("Z", "+00:00"))
+        except (KeyError, ValueError):
+            resolved_at = None
+        if resolved_at is not None and resolved_at.tzinfo is None:
+            resolved_at = None
+        return Outcome(result, choice=str(kept.get("choice") or ""), text=str(kept.get("text") or ""),
+                       resolved_at=resolved_at)
 
     def _thread_mark(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """The thread's active record as the run starts (``{"id": None}``: none yet), for
@@ -2387,8 +2424,11 @@ class Daemon:
         self._kept.close(max(tail_ends - time.monotonic(), _KEPT_SHARE))
 
 
-def _hand_over(req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> bool:
-    """Give ``req`` a response read from its file; False when the run no longer takes it."""
+def _hand_over(
+    req: adaptor.ApprovalRequest, redactor: _redact.Redactor, response: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Give ``req`` a response read from its file: the outcome as the run's log shows it, for
+    the resolved file, or ``None`` when the run no longer takes it."""
     action = response.get("action")
     text = str(response.get("text") or "")
     try:
@@ -2399,8 +2439,15 @@ def _hand_over(req: adaptor.ApprovalRequest, response: Mapping[str, Any]) -> boo
         else:
             req.deny(text)
     except errors.ApprovalResolvedError:  # (and ApprovalExpiredError) the run settled it first
-        return False
-    return True
+        return None
+    outcome = req._live().outcome
+    assert outcome is not None  # (settled by this very response)
+    return {
+        "choice": outcome.choice,
+        "text": redactor.text(outcome.text),
+        "resolved_at": events.format_time(outcome.resolved_at or datetime.now(UTC)),
+    }
+
 
 
 def _ignored(late: Mapping[str, Any] | None) -> dict[str, str]:

@@ -617,6 +617,22 @@ def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:
     assert kept["config"]["env"] == {"API_TOKEN": "<redacted>"}
 
 
+def test_a_deny_reason_quoting_a_secret_is_kept_redacted(daemon: DaemonProcess) -> None:
+    # approvals/resolved/ keeps the outcome the run took, for a restart to log (a week long):
+    # redacted as the run's log has it, not as the responder wrote it.
+    request = script({"approval": {"kind": "permission", "title": "x"}}, {"text": "done"},
+                     policy={"approvals": {"timeout": 600, "on_reject": "continue"}})
+    request["config"]["env"] = {"API_TOKEN": SECRET}
+    rid = daemon.submit(request)
+    approval_id = _pending_approval(daemon)
+    _home.respond(daemon.home, approval_id, "deny", text=f"not with {SECRET}")
+    assert daemon.verdict(rid)["ok"]
+    assert daemon.stop() == 0
+    assert daemon.files_holding(SECRET) == []
+    resolved = orjson.loads((daemon.home.approvals_resolved / f"{approval_id}.json").read_bytes())
+    assert resolved["result"] == "deny" and resolved["outcome"]["text"] == "not with <redacted>"
+
+
 def test_env_secrets_from_the_daemon_config_appear_nowhere(tmp_path: Path) -> None:
     # API keys usually live in the config's driver table, not in each request.
     config = tmp_path / "config.toml"
@@ -2373,6 +2389,91 @@ def test_a_restart_resolves_an_approval_the_runs_log_shows_asked_without_a_pendi
     logged = _restart_and_read(tmp_path, daemon, rid)
     assert _approval_notices(logged) == [("approval.requested", approval_id, None),
                                          ("approval.resolved", approval_id, "aborted")]
+
+
+def test_a_start_that_fails_after_expiring_an_approval_leaves_its_request_for_the_next(
+    tmp_path: Path,
+) -> None:
+    # A crash between the pending file and the run's notice.approval.requested, then a start
+    # that expired the pending file but stopped before the run's recovery (here: its --a2a
+    # port taken): the next start had nothing left to log the request from, and the run's log
+    # never showed the approval it had waited on.
+    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
+    _drop_the_runs_approval_request(daemon, rid)
+    pending = _home.read_pending(daemon.home, approval_id)
+    (tmp_path / "a2a.toml").write_text(
+        '[a2a.agents.echo.request]\ndriver = "script"\nconfig = { steps = [{ text = "hi" }] }\n'
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed = DaemonProcess(
+            tmp_path / "home", "--config", str(tmp_path / "a2a.toml"), "--a2a", f"127.0.0.1:{port}"
+        ).start(wait_ready=False)
+        assert failed.proc is not None and failed.proc.wait(timeout=60) == 2
+        failed.wait_for_line("cannot listen")
+    assert not (daemon.home.approvals_pending / f"{approval_id}.json").exists()  # expired by it
+    assert not (daemon.home.verdicts / f"{rid}.json").exists()  # and not recovered
+    logged = _restart_and_read(tmp_path, daemon, rid)
+    assert _approval_notices(logged) == [("approval.requested", approval_id, None),
+                                         ("approval.resolved", approval_id, "aborted")]
+    (requested,) = [e for e in logged if isinstance(e, events.Notice) and e.kind == "approval.requested"]
+    assert requested.text == "x" and requested.data["created_at"] == pending["created_at"]
+
+
+def _cut_the_runs_log_at(daemon: DaemonProcess, rid: str, kind: str) -> None:
+    """Cut the run's log from its first record of ``kind`` on, as a crash (a power loss: the
+    log is synced only at the run's end) before the worker recorded it would have left it."""
+    log = _run_log(daemon, rid)
+    data = log.read_bytes()
+    offset = 0
+    for line in data.splitlines(keepends=True):
+        if orjson.loads(line)["kind"] == kind:
+            os.truncate(log, offset)
+            return
+        offset += len(line)
+    raise AssertionError(f"no {kind} in the run's log")
+
+
+@pytest.mark.parametrize(
+    ("step", "action", "text", "outcome"),
+    [
+        ({"kind": "permission", "title": "x"}, "approve", "", ("approved", "", "")),
+        ({"kind": "permission", "title": "x"}, "deny", "not on a Friday", ("rejected", "", "not on a Friday")),
+        ({"kind": "question", "title": "x", "choices": ["red", "blue"]}, "answer", "blue", ("answered", "blue", "blue")),
+        ({"kind": "question", "title": "x", "choices": ["red"]}, "answer", "green", ("answered", "", "green")),
+    ],
+    ids=["approve", "deny", "answer-choice", "answer-free"],
+)
+def test_a_restart_logs_the_answer_a_run_took_before_its_log_showed_it(
+    tmp_path: Path, step: dict[str, Any], action: str, text: str, outcome: tuple[str, str, str],
+) -> None:
+    # The run took the answer (resolved/ said so) but the crash came before its log had the
+    # notice.approval.resolved: the restart logged the approval "aborted", as if nobody had
+    # answered, and the run's log contradicted the outcome the responder was told.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    rid = daemon.submit(script({"approval": step}, {"sleep": 600}, policy={
+        "approvals": {"timeout": 600, "question": "ask", "on_reject": "continue"},
+    }))
+    approval_id = _pending_approval(daemon)
+    _home.respond(daemon.home, approval_id, action, text=text)
+    deadline = time.monotonic() + 60
+    while not any(n[0] == "approval.resolved" for n in _approval_notices(list(Client(daemon.home.root).events(rid)))):
+        assert time.monotonic() < deadline, "the run's log has no approval.resolved"
+        time.sleep(0.02)
+    daemon.kill9()
+    (taken,) = [e for e in Client(daemon.home.root).events(rid)
+                if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
+    _cut_the_runs_log_at(daemon, rid, "notice.approval.resolved")
+    logged = _restart_and_read(tmp_path, daemon, rid)
+    assert _approval_notices(logged) == [("approval.requested", approval_id, None),
+                                         ("approval.resolved", approval_id, outcome[0])]
+    (resolved,) = [e for e in logged if isinstance(e, events.Notice) and e.kind == "approval.resolved"]
+    assert (resolved.data["result"], resolved.data["choice"], resolved.data["text"]) == outcome
+    # Dated when the run took it, as the lost notice was, not when the restart wrote it.
+    assert resolved.data["resolved_at"] == taken.data["resolved_at"]
+    assert resolved.data["latency"] == taken.data["latency"]
 
 
 def _append_to_run_log(daemon: DaemonProcess, rid: str, *made: events.Event) -> None:
