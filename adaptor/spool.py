@@ -349,11 +349,12 @@ class Client:
     def status(self) -> dict[str, Any]:
         """The daemon and its queue.
 
-        ``{"home", "running", "pid", "started_at", "workers", "queued": [ids],
+        ``{"home", "running", "pid", "started_at", "workers", "cpu", "queued": [ids],
         "in_progress": [ids], "verdict_deferred": [ids], "recent": [{"id", "ok", "exit_code",
         "code", "finished_at"}]}``; ``verdict_deferred`` are those of ``in_progress`` whose run
-        has finished and whose verdict the disk refused so far;
-        ``pid``, ``started_at`` and ``workers`` are ``None`` while no daemon runs (or when its
+        has finished and whose verdict the disk refused so far; ``cpu`` is the CPU the
+        daemon's own threads are kept on (``one_cpu``), ``None`` when they are not narrowed;
+        ``pid``, ``started_at``, ``workers`` and ``cpu`` are ``None`` while no daemon runs (or when its
         ``adaptord.json`` is damaged), ``recent`` holds the latest verdicts, newest first.  A
         home that does not exist yet has no daemon; a file in its place raises
         :class:`SpoolNotFoundError`.
@@ -890,6 +891,7 @@ def _status_report(
         "pid": info.get("pid"),
         "started_at": info.get("started_at"),
         "workers": info.get("workers"),
+        "cpu": info.get("cpu"),
         "queued": sorted(queued),
         "in_progress": sorted(in_progress),
         "verdict_deferred": sorted(deferred),

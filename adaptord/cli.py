@@ -129,7 +129,7 @@ def _ctrl_c_exits_130(command: Callable[P, None]) -> Callable[P, None]:
 
 # `status --json` prints each of these always, null where it does not apply (no daemon, a
 # damaged adaptord.json, no A2A listener): scripts doing `jq .pid` read one shape.
-_STATUS_FIELDS = ("pid", "started_at", "workers", "version", "a2a_url")
+_STATUS_FIELDS = ("pid", "started_at", "workers", "cpu", "version", "a2a_url")
 
 
 @cli.command()
@@ -140,7 +140,8 @@ _STATUS_FIELDS = ("pid", "started_at", "workers", "version", "a2a_url")
     "as_json",
     is_flag=True,
     help='One object, every key always present: {"running", "home", "pid", "started_at", '
-    '"workers", "version", "a2a_url"} (null where it does not apply).',
+    '"workers", "cpu", "version", "a2a_url"} (null where it does not apply; "cpu": the CPU the '
+    'daemon\'s threads are kept on, one_cpu).',
 )
 def status(home: str | None, as_json: bool) -> None:
     """Exit 0 while a daemon serves this home, 69 when none does."""

@@ -312,6 +312,8 @@ class Daemon:
         # The CPU the daemon's threads are kept on (config one_cpu), None when not narrowed.
         self._one_cpu = False
         self._cpu: int | None = None
+        # What adaptord.json says besides the CPU (see _write_state).
+        self._state: dict[str, Any] = {}
         self._next_worker_try = 0.0  # monotonic; when a refused worker thread is tried again
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
         self._next_prune = 0.0  # monotonic; when the next pass of retention starts
@@ -495,14 +497,11 @@ class Daemon:
         self._ensure_workers()
         try:
             a2a_url = self._start_bridge()
-            try:
-                _durable.atomic_write_json(
-                    self.home.daemon_state,
-                    {"pid": os.getpid(), "started_at": _now(), "home": str(self.home.root), "workers": self.workers,
-                     "version": adaptor.__version__, **({"a2a_url": a2a_url} if a2a_url else {})},
-                )
-            except OSError as exc:  # a full disk: serve anyway, and give the claimed their verdicts
-                self.log("cannot write the daemon state", error=_os_error_text(exc))
+            self._state = {
+                "pid": os.getpid(), "started_at": _now(), "home": str(self.home.root), "workers": self.workers,
+                "version": adaptor.__version__, **({"a2a_url": a2a_url} if a2a_url else {}),
+            }
+            self._write_state()
             # A file's grace or workers the command line overrides (the systemd unit's --grace)
             # was set for nothing, and only a reload said so.
             overridden = self._command_line_keeps(self.config)
@@ -678,6 +677,7 @@ class Daemon:
         self.config = fresh
         if fresh.one_cpu != self._one_cpu:
             self._place_threads(fresh.one_cpu)
+            self._write_state()  # its "cpu"
         self._tools = tools
         self._skills = fresh.skill_catalogue()
         self._withhold_credentials()
@@ -693,6 +693,13 @@ class Daemon:
             restart_needed_for=",".join(restart) or None,
             command_line_keeps=",".join(self._command_line_keeps(fresh)) or None,
         )
+
+    def _write_state(self) -> None:
+        """Write ``adaptord.json``: what ``adaptor status`` says of this daemon."""
+        try:
+            _durable.atomic_write_json(self.home.daemon_state, {**self._state, "cpu": self._cpu})
+        except OSError as exc:  # a full disk: serve anyway, and give the claimed their verdicts
+            self.log("cannot write the daemon state", error=_os_error_text(exc))
 
     def _place_threads(self, one_cpu: bool) -> None:
         """Keep the daemon's threads on one CPU (``one_cpu``), or let them use every CPU it may.

@@ -792,7 +792,7 @@ def test_status_of_a_damaged_daemon_state_is_running_without_details(tmp_path: P
     proc.home.daemon_state.write_bytes(b'{"pid": 12')
     status = subprocess.run([sys.executable, "-m", "adaptord", "status", "--json", "--home", str(proc.home.root)], capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "Traceback" not in status.stderr
-    fields = ("pid", "started_at", "workers", "version", "a2a_url")
+    fields = ("pid", "started_at", "workers", "cpu", "version", "a2a_url")
     assert orjson.loads(status.stdout) == {"running": True, "home": str(proc.home.root), **dict.fromkeys(fields)}
     assert "is unreadable" in status.stderr
     assert proc.stop() == 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -74,6 +76,23 @@ def _started_fact(daemon: DaemonProcess) -> dict[str, object]:
     raise AssertionError("no daemon.started fact")
 
 
+def _status_cpu(daemon: DaemonProcess) -> int | None:
+    """The CPU ``adaptor status`` and ``adaptord status`` say the threads are kept on (they
+    must agree, in their JSON and in the human line)."""
+    home = str(daemon.home.root)
+
+    def run(*argv: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", *argv, "--home", home], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    cpu = orjson.loads(run("adaptor", "status", "--json"))["result"]["cpu"]
+    assert orjson.loads(run("adaptord", "status", "--json"))["cpu"] == cpu
+    said = re.search(r"threads on CPU (\d+)", run("adaptor", "status").splitlines()[0])
+    assert (int(said[1]) if said else None) == cpu
+    return cpu  # type: ignore[no-any-return]
+
+
 @pytest.fixture
 def report(tmp_path: Path) -> Path:
     path = tmp_path / "report-cpus.sh"
@@ -89,6 +108,7 @@ def test_the_daemons_threads_share_one_cpu_and_its_agents_get_every_cpu(tmp_path
     cpu = _ready_cpu(daemon)
     assert cpu is not None and cpu in allowed, daemon.lines
     assert _started_fact(daemon)["cpu"] == cpu
+    assert _status_cpu(daemon) == cpu  # (adaptord.json and status did not say it)
     # The agent, started by a thread kept on that CPU, may use every CPU the daemon was given.
     assert _agent_cpus(daemon, report) == allowed
     assert _agent_cpus(daemon, report) == allowed  # and again, from a reused run thread
@@ -110,16 +130,19 @@ def test_one_cpu_false_leaves_the_threads_every_cpu_and_a_reload_switches_it(
     assert daemon.proc is not None
     assert _ready_cpu(daemon) is None, daemon.lines
     assert "cpu" not in _started_fact(daemon)  # (absent, not null)
+    assert _status_cpu(daemon) is None
     assert _agent_cpus(daemon, report) == allowed
     assert {frozenset(cpus) for cpus in _thread_cpus(daemon.proc.pid).values()} == {frozenset(allowed)}
     # Applied by a reload (SIGHUP), the threads that exist then and those started later.
     assert "config reloaded" in daemon.reload(config, "one_cpu = true\n")
     placed = {frozenset(cpus) for cpus in _thread_cpus(daemon.proc.pid).values()}
     assert len(placed) == 1 and len(next(iter(placed))) == 1 and next(iter(placed)) <= allowed, placed
+    assert {_status_cpu(daemon)} == next(iter(placed))  # as the reload placed them
     assert _agent_cpus(daemon, report) == allowed
     assert {frozenset(cpus) for cpus in _thread_cpus(daemon.proc.pid).values()} == placed
     assert "config reloaded" in daemon.reload(config, "one_cpu = false\n")
     assert {frozenset(cpus) for cpus in _thread_cpus(daemon.proc.pid).values()} == {frozenset(allowed)}
+    assert _status_cpu(daemon) is None
     # A value that is not a boolean: the reload is refused, what is in effect stays.
     assert "config reload failed" in daemon.reload(config, 'one_cpu = "yes"\n')
     assert "one_cpu must be true or false" in daemon.lines[-1] or any(
