@@ -16,6 +16,14 @@ Cases (quality.md, ``recorder_append``):
 The baseline is one thread appending lines of exactly the recorder's line length to a fresh
 file opened ``O_APPEND`` with ``os.write`` + ``os.fsync`` per line (eight such threads on eight
 files for the 8-key case), measured in the same run on the same directory.
+
+Reported beside them, with no goal: ``8 threads, 1 key: least group commit``, eight threads
+appending ready-made lines to one file through a group commit that does nothing else
+(:class:`_LeastGroupCommit`: no record to build, no check, no failure handling), against the
+same raw loop.  It shows what sharing syncs among threads of this interpreter reaches on this
+machine before any record work; the recorder's ``8 threads, 1 key`` is to be read against it
+as well as against its 3x.  (A variant with a thread of its own doing every write and sync,
+the writers only queueing, measured the same.)
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,6 +63,70 @@ def _raw_step(fd: int, line: bytes) -> Callable[[], int]:
         return 1
 
     return step
+
+
+class _Waiter:
+    """A queued line; ``wake`` is released once it is durable, or with ``batch`` set (the
+    queued lines from it on) when its caller is to write them."""
+
+    __slots__ = ("batch", "line", "wake")
+
+    def __init__(self, line: bytes) -> None:
+        self.line = line
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.batch: list[_Waiter] | None = None
+
+
+class _LeastGroupCommit:
+    """Durable appends of ready-made lines to one file, shared syncs and nothing else.
+
+    The first caller to find the file idle writes its line; whoever calls meanwhile queues and
+    sleeps on a lock of its own.  After each synced write the writer wakes the callers it
+    wrote for and hands whatever queued meanwhile, as one batch, to the first of them.  A
+    reference for the recorder's ``8 threads, 1 key`` case, not a writer to use: no framing,
+    no checks, and a failed write leaves its waiters asleep.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._mutex = threading.Lock()
+        self._queue: list[_Waiter] = []
+        self._writing = False
+
+    def append(self, line: bytes) -> None:
+        with self._mutex:
+            own = _Waiter(line) if self._writing else None
+            if own is None:
+                self._writing = True
+            else:
+                self._queue.append(own)
+        if own is None:
+            lines, served = [line], []
+        else:
+            own.wake.acquire()
+            if own.batch is None:
+                return  # written by another caller
+            lines, served = [waiter.line for waiter in own.batch], own.batch[1:]
+        _synced_write(self._fd, b"".join(lines))
+        with self._mutex:
+            following, self._queue = self._queue, []
+            if not following:
+                self._writing = False
+        for waiter in served:
+            waiter.wake.release()
+        if following:
+            following[0].batch = following
+            following[0].wake.release()
+
+
+def _synced_write(fd: int, data: bytes) -> None:
+    # One system call where Linux offers it, as the recorder's own appends make.
+    if hasattr(os, "RWF_DSYNC"):
+        os.pwritev(fd, [data], -1, os.RWF_DSYNC)
+    else:
+        os.write(fd, data)
+        os.fdatasync(fd)
 
 
 def _text_events() -> list[object]:
@@ -113,9 +186,16 @@ def run(options: Options) -> dict[str, object]:
             options.seconds,
             slice_seconds=0.01,
         )
+        least = _LeastGroupCommit(raw_fd("least-group-commit.bin"))
+
+        def least_step() -> int:
+            least.append(line)
+            return 1
+
         threaded = interleave(
             {
                 "raw": loop_meter(_raw_step(raw_fd("raw-2.bin"), line)),
+                "least_group_commit": threads_meter([least_step] * 8),
                 "eight_one": threads_meter([record_step("shared", i) for i in range(8)]),
                 "eight_eight": threads_meter([record_step(f"own-{i}", i) for i in range(8)]),
                 "raw_parallel": threads_meter(
@@ -138,6 +218,15 @@ def run(options: Options) -> dict[str, object]:
                 "events/s",
                 0.8,
                 raw_1_thread=round(threaded["raw"], 1),
+            ),
+            Case(
+                "8 threads, 1 key: least group commit",
+                threaded["least_group_commit"],
+                "events/s",
+                threaded["raw"],
+                threaded["least_group_commit"] / threaded["raw"] if threaded["raw"] > 0 else None,
+                "reported (no goal)",
+                True,
             ),
         ]
         params = {
