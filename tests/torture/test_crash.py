@@ -1,5 +1,6 @@
 """kill -9 the daemon at random moments under load, in its start-up too: nothing lost, nothing
-doubled, no agent left running.
+doubled, no agent left running, every approval asked in a run's log ended there once, as the
+run took it.
 
 The request mix and the kill schedule come from one seed, fixed so that CI runs the same test
 every time; ``ADAPTOR_TORTURE_SEED=<n>`` runs another schedule (when hunting for a rare crash
@@ -11,7 +12,9 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,15 @@ def _request(i: int, rng: random.Random, home: Path) -> dict[str, Any]:
         if i % 3 == 0:
             request["on_interrupt"] = "requeue"
         return request
+    if i % 10 == 5:
+        # An approval, answered from outside (as `adaptor approve` does) by a responder that
+        # keeps going through the kills.
+        asking = [{"text": f"turn {i}"}, {"approval": {"kind": "permission", "title": f"step {i}"}}, {"text": f"done {i}"}]
+        request = {"driver": "script", "prompt": f"request {i}", "config": {"steps": asking},
+                   "policy": {"approvals": {"timeout": 60}}}
+        if i % 3 == 0:
+            request["on_interrupt"] = "requeue"
+        return request
     if i % 10 == 3:
         # An output schema whose pattern backtracks: checked by a child of the daemon, which a
         # kill must not leave running either.  The deadline ends the run.
@@ -81,6 +93,18 @@ def _checkers(home: Path) -> list[int]:
     ]
 
 
+def _approve_whatever_waits(home: _home.Home, stop: threading.Event) -> None:
+    """Approve every pending approval, as a person running `adaptor approve` in a loop would:
+    whatever the daemon's state (killed, starting), a refusal is only passed over."""
+    while not stop.is_set():
+        for entry in sorted(home.approvals_pending.glob("*.json")):
+            try:
+                _home.respond(home, entry.name[: -len(".json")], "approve")
+            except errors.AdaptorError:  # (expired by a kill, answered already, gone)
+                pass
+        stop.wait(0.02)
+
+
 def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Path) -> None:
     print(f"ADAPTOR_TORTURE_SEED={SEED}")  # shown with a failure's captured output
     rng = random.Random(SEED)
@@ -88,6 +112,9 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     daemon = DaemonProcess(home, "--workers", "4").start()
     requests = [_request(i, rng, home) for i in range(REQUESTS)]
     ids = [daemon.submit(request) for request in requests]
+    stop_responding = threading.Event()
+    responder = threading.Thread(target=_approve_whatever_waits, args=(daemon.home, stop_responding), daemon=True)
+    responder.start()
     patterned = {rid for i, rid in enumerate(ids) if i % 10 == 3}
     orphaned = checking = long_orphaned = 0
     for _ in range(KILLS):
@@ -110,8 +137,12 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
         assert not left_running & identities(processes_with_env(_AGENT_TAG, str(home)))
         assert not left_checking & identities(_checkers(home))
     paths = _home.Home.at(home)
-    for rid in ids:
-        daemon.verdict(rid, timeout=180)
+    try:
+        for rid in ids:
+            daemon.verdict(rid, timeout=180)
+    finally:
+        stop_responding.set()
+        responder.join(timeout=60)
     assert daemon.stop() == 0
 
     # exactly one verdict per request, each complete and parseable
@@ -151,6 +182,7 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
         facts = [record.event for record in audit.iter_since(_home.DAEMON_SESSION)]
         _assert_nothing_ran_twice(paths, audit, ids, requests, facts)
         _assert_threads_kept_their_ok_turns(paths, audit, ids, requests)
+        approvals = _assert_each_approval_ended_once_as_taken(paths, audit, ids, requests)
 
     # no daemon survived, and no agent process either: each start stopped what the kill before
     # it left running, and the last daemon stopped its own
@@ -162,12 +194,45 @@ def test_random_kill9_leaves_exactly_one_valid_verdict_per_request(tmp_path: Pat
     interrupted = sum(isinstance(fact, events.Notice) and fact.text == "request.interrupted" for fact in facts)
     print(
         f"{orphaned} of {KILLS} kills left agents running ({long_orphaned} a long one), "
-        f"{checking} schema checkers; {stopped} restarts stopped some; {interrupted} runs interrupted"
+        f"{checking} schema checkers; {stopped} restarts stopped some; {interrupted} runs interrupted; "
+        f"approvals ended {dict(approvals)}"
     )
+    assert approvals["approved"] > 0
     # The kills did hit runs in flight, and what they left running was stopped by a restart
     # (a long agent cannot have ended by itself before it).
     assert interrupted > 0
     assert stopped > 0 or not long_orphaned
+
+
+def _assert_each_approval_ended_once_as_taken(
+    paths: _home.Home, audit: sr.EventRecorder, ids: list[str], requests: list[dict[str, Any]]
+) -> Counter[str]:
+    """In each run's log, every ``notice.approval.requested`` has exactly one
+    ``notice.approval.resolved`` after it (docs/daemon.md, crash or not), and one the run took
+    an answer to (``approvals/resolved/`` says the action) says ``approved``, never
+    ``aborted``.  Returns how the approvals ended."""
+    ended: Counter[str] = Counter()
+    for rid, request in zip(ids, requests, strict=True):
+        if not any("approval" in step for step in request["config"].get("steps", ())):
+            continue
+        asked: Counter[str] = Counter()
+        resolved: dict[str, list[str]] = {}
+        for record in audit.iter_since(rid):
+            event = record.event
+            if isinstance(event, events.Notice) and event.kind == "approval.requested":
+                asked[event.data["request_id"]] += 1
+            elif isinstance(event, events.Notice) and event.kind == "approval.resolved":
+                assert asked[event.data["request_id"]], (rid, "resolved before it was asked", event.data)
+                resolved.setdefault(event.data["request_id"], []).append(event.data["result"])
+        assert set(asked) == set(resolved), (rid, asked, resolved)
+        for approval_id, results in resolved.items():
+            assert asked[approval_id] == 1 and len(results) == 1, (rid, approval_id, asked, results)
+            outcome = paths.approvals_resolved / f"{approval_id}.json"
+            kept = orjson.loads(outcome.read_bytes()) if outcome.exists() else None
+            if kept is not None and kept["result"] == "approve":  # the run took the answer
+                assert results == ["approved"], (rid, approval_id, results, kept)
+            ended[results[0]] += 1
+    return ended
 
 
 def _phase(fact: events.Event) -> str | None:
