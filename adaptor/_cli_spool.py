@@ -689,8 +689,8 @@ def status(as_json: bool, home: str | None) -> None:
                 for value, text in (
                     (info["pid"], f"pid {info['pid']}"),
                     (info["workers"], f"{info['workers']} worker{'' if info['workers'] == 1 else 's'}"),
-                    (info["cpu"], f"threads on CPU {info['cpu']}"),
                     (info["started_at"], f"since {info['started_at']}"),
+                    (info["cpu"], f"threads on CPU {info['cpu']}"),
                 )
                 if value is not None
             ]
