@@ -2333,6 +2333,14 @@ def _drop_the_runs_approval_request(daemon: DaemonProcess, rid: str) -> None:
     os.truncate(log, cut)
 
 
+def _killed_before_the_request_was_logged(tmp_path: Path) -> tuple[DaemonProcess, str, str, dict[str, Any]]:
+    """:func:`_killed_while_an_approval_waits`, the run's log cut back to before its
+    notice.approval.requested: the daemon, the request id, the approval id and its pending file."""
+    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
+    _drop_the_runs_approval_request(daemon, rid)
+    return daemon, rid, approval_id, _home.read_pending(daemon.home, approval_id)
+
+
 def _restart_and_read(tmp_path: Path, daemon: DaemonProcess, rid: str) -> list[events.Event]:
     restarted = DaemonProcess(tmp_path / "home").start()
     try:
@@ -2352,9 +2360,7 @@ def test_a_restart_logs_the_request_of_an_approval_the_crash_kept_out_of_the_run
     # The run's own thread writes the pending file; the worker records the run's
     # notice.approval.requested a moment later.  Killed in between, the restart logged the
     # approval's "aborted" end for a request the log never showed.
-    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
-    _drop_the_runs_approval_request(daemon, rid)
-    pending = _home.read_pending(daemon.home, approval_id)
+    daemon, rid, approval_id, pending = _killed_before_the_request_was_logged(tmp_path)
     logged = _restart_and_read(tmp_path, daemon, rid)
     assert _approval_notices(logged) == [("approval.requested", approval_id, None),
                                          ("approval.resolved", approval_id, "aborted")]
@@ -2398,9 +2404,7 @@ def test_a_start_that_fails_after_expiring_an_approval_leaves_its_request_for_th
     # that expired the pending file but stopped before the run's recovery (here: its --a2a
     # port taken): the next start had nothing left to log the request from, and the run's log
     # never showed the approval it had waited on.
-    daemon, rid, approval_id = _killed_while_an_approval_waits(tmp_path)
-    _drop_the_runs_approval_request(daemon, rid)
-    pending = _home.read_pending(daemon.home, approval_id)
+    daemon, rid, approval_id, pending = _killed_before_the_request_was_logged(tmp_path)
     (tmp_path / "a2a.toml").write_text(
         '[a2a.agents.echo.request]\ndriver = "script"\nconfig = { steps = [{ text = "hi" }] }\n'
     )
