@@ -2075,7 +2075,7 @@ class Daemon:
         return expired
 
     def _approvals_kept_for(self, request_id: str) -> list[events.ApprovalRequest]:
-        """The approvals of request ``request_id``'s run that restarts expired, as asked."""
+        """The approvals of request ``request_id``'s runs that restarts expired, as asked."""
         if self._kept_requests is None:
             try:
                 self._kept_requests = _home.kept_requests(self.home)
@@ -2285,10 +2285,13 @@ class Daemon:
         answer to (resolved/ says so) before its log got the notice is logged with that
         answer, not as aborted.
         """
-        pending = {_approval_key(approval.id): approval for approval in self._approvals_kept_for(request_id)}
         run_id, session = state.get("run_id"), state.get("session")
+        kept = self._approvals_kept_for(request_id)
         if not isinstance(run_id, str) or not isinstance(session, str) or not session:
             return
+        # Only this run's: a requeued request's earlier attempt ended its own approvals (the
+        # restart that requeued it logged them), and resolved/ keeps those too.
+        pending = {_approval_key(a.id): a for a in kept if a.meta.run_id in (run_id, "")}
         key = _thread_key(request) if isinstance(request, Mapping) else None
         now = datetime.now(UTC)
         meta = events.EventMeta(run_id=run_id, thread_key=key or "", time=now)

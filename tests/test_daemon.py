@@ -2426,6 +2426,40 @@ def test_a_start_that_fails_after_expiring_an_approval_leaves_its_request_for_th
     assert requested.text == "x" and requested.data["created_at"] == pending["created_at"]
 
 
+def test_a_requeued_runs_restart_does_not_end_an_earlier_attempts_approval_again(tmp_path: Path) -> None:
+    # Found by the crash torture: the restart that requeued the request kept its first
+    # attempt's approval in resolved/ (and logged its end); the next restart, recovering the
+    # second attempt, logged that approval asked and aborted a second time.
+    def waiting(daemon: DaemonProcess, rid: str, asked: int) -> str:
+        """The id of the approval the run waits on once the log shows ``asked`` requests."""
+        deadline = time.monotonic() + 60
+        while True:
+            pending = list(daemon.home.approvals_pending.glob("*.json"))
+            notices = _approval_notices(list(Client(daemon.home.root).events(rid)))
+            if pending and sum(kind == "approval.requested" for kind, _, _ in notices) == asked:
+                return pending[0].name[: -len(".json")]
+            assert time.monotonic() < deadline, (notices, daemon.lines)
+            time.sleep(0.02)
+
+    daemon = DaemonProcess(tmp_path / "home").start()
+    rid = daemon.submit({**script({"approval": {"kind": "permission", "title": "x"}},
+                                  policy={"approvals": {"timeout": 600}}), "on_interrupt": "requeue"})
+    first = waiting(daemon, rid, 1)
+    daemon.kill9()
+    daemon = DaemonProcess(tmp_path / "home").start()  # ends the first attempt, runs a second
+    second = waiting(daemon, rid, 2)
+    daemon.kill9()
+    # Ends the second attempt and runs a third, which its stop ends (without the drain's wait).
+    daemon = DaemonProcess(tmp_path / "home", "--grace", "0.5").start()
+    third = waiting(daemon, rid, 3)
+    assert daemon.stop() == 0
+    notices = _approval_notices(list(Client(daemon.home.root).events(rid)))
+    assert len({first, second, third}) == 3
+    assert notices == [("approval.requested", first, None), ("approval.resolved", first, "aborted"),
+                       ("approval.requested", second, None), ("approval.resolved", second, "aborted"),
+                       ("approval.requested", third, None), ("approval.resolved", third, "aborted")], notices
+
+
 def _cut_the_runs_log_at(daemon: DaemonProcess, rid: str, kind: str) -> None:
     """Cut the run's log from its first record of ``kind`` on, as a crash (a power loss: the
     log is synced only at the run's end) before the worker recorded it would have left it."""
