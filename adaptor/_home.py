@@ -912,12 +912,14 @@ def take_response(
         return _consume(home, approval_id, apply, refused)
 
 
-def abandon(home: Home, approval_id: str, why: str, *, keep_request: bool = False) -> dict[str, Any] | None:
+def abandon(
+    home: Home, approval_id: str, why: str, *, keep: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The run that asked has ended: expire the approval whatever response was written.
 
     ``why`` is what a response written later is told.  Returns the response that came too
-    late (removed, never acted on), for the audit log.  ``keep_request``: the resolved file
-    keeps the pending file's content (a restart's: see :func:`kept_requests`).
+    late (removed, never acted on), for the audit log.  ``keep``: the pending file's content,
+    for the resolved file to keep (a restart's: see :func:`kept_requests`).
     """
     with _durable.exclusive(home.approvals_lock):
         response_path = home.approvals_responses / f"{approval_id}.json"
@@ -928,7 +930,8 @@ def abandon(home: Home, approval_id: str, why: str, *, keep_request: bool = Fals
         except _Unusable:
             late = None
             _set_aside(home, response_path, approval_id)
-        _mark_expired(home, approval_id, why, keep_request=keep_request)
+        _write_resolved(home, approval_id, "expired", why=why, request=keep)
+        _remove(home.approvals_pending / f"{approval_id}.json")
         _remove(response_path)
         return late
 
@@ -1056,18 +1059,6 @@ def _consume(
     _remove(home.approvals_pending / f"{approval_id}.json")
     _remove(response_path)
     return response, won
-
-
-def _mark_expired(home: Home, approval_id: str, why: str, *, keep_request: bool = False) -> None:
-    pending = home.approvals_pending / f"{approval_id}.json"
-    request: dict[str, Any] | None = None
-    if keep_request:
-        try:
-            request = _read(pending)
-        except (OSError, ValueError):  # (gone, or not an approval: nothing to log from it)
-            request = None
-    _write_resolved(home, approval_id, "expired", why=why, request=request)
-    _remove(pending)
 
 
 def _write_resolved(

@@ -313,7 +313,7 @@ class Daemon:
         self._one_cpu = False
         self._cpu: int | None = None
         # What adaptord.json says besides the CPU (see _write_state).
-        self._state: dict[str, Any] = {}
+        self._daemon_state: dict[str, Any] = {}
         self._next_worker_try = 0.0  # monotonic; when a refused worker thread is tried again
         self._next_watch_try = 0.0  # monotonic; when a refused watcher is tried again
         self._next_prune = 0.0  # monotonic; when the next pass of retention starts
@@ -497,7 +497,7 @@ class Daemon:
         self._ensure_workers()
         try:
             a2a_url = self._start_bridge()
-            self._state = {
+            self._daemon_state = {
                 "pid": os.getpid(), "started_at": _now(), "home": str(self.home.root), "workers": self.workers,
                 "version": adaptor.__version__, **({"a2a_url": a2a_url} if a2a_url else {}),
             }
@@ -697,7 +697,7 @@ class Daemon:
     def _write_state(self) -> None:
         """Write ``adaptord.json``: what ``adaptor status`` says of this daemon."""
         try:
-            _durable.atomic_write_json(self.home.daemon_state, {**self._state, "cpu": self._cpu})
+            _durable.atomic_write_json(self.home.daemon_state, {**self._daemon_state, "cpu": self._cpu})
         except OSError as exc:  # a full disk: serve anyway, and give the claimed their verdicts
             self.log("cannot write the daemon state", error=_os_error_text(exc))
 
@@ -2064,7 +2064,7 @@ class Daemon:
             except (OSError, ValueError):
                 request_id, pending = None, {}
             try:
-                late = _home.abandon(self.home, approval_id, _EXPIRED_BECAUSE["daemon restart"], keep_request=True)
+                late = _home.abandon(self.home, approval_id, _EXPIRED_BECAUSE["daemon restart"], keep=pending or None)
             except Exception as exc:
                 self.log("cannot expire a stale approval", approval_id=approval_id, error=type(exc).__name__)
                 continue
@@ -2335,8 +2335,8 @@ class Daemon:
         if result is None or not isinstance(kept, Mapping):
             return None  # expired, or resolved before the outcome was kept: aborted
         try:
-            resolved_at = datetime.fromisoformat(str(kept["resolved_at"]).replace("Z", "+00:00"))
-        except (KeyError, ValueError):
+            resolved_at: datetime | None = events.parse_time(kept["resolved_at"])
+        except (KeyError, TypeError, ValueError, AttributeError):  # (a file changed by hand)
             resolved_at = None
         if resolved_at is not None and resolved_at.tzinfo is None:
             resolved_at = None

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from adaptor import _durable
 from bench._common import (
     Case,
     Options,
@@ -121,12 +122,12 @@ class _LeastGroupCommit:
 
 
 def _synced_write(fd: int, data: bytes) -> None:
-    # One system call where Linux offers it, as the recorder's own appends make.
-    if hasattr(os, "RWF_DSYNC"):
-        os.pwritev(fd, [data], -1, os.RWF_DSYNC)
+    # The recorder's own synced append: one system call where Linux offers it.
+    if _durable._RWF_DSYNC is not None:
+        _durable._write_datasync(fd, data)
     else:
         os.write(fd, data)
-        os.fdatasync(fd)
+        _durable._datasync(fd)
 
 
 def _text_events() -> list[object]:
