@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import json
 import os
 import secrets
 import stat
@@ -80,6 +81,8 @@ _BLOCK = 64 * 1024
 _PREVIEW_CHARS = 200
 # Worst case UTF-8 needs 4 bytes per character; reading more than this for a preview is waste.
 _PREVIEW_BYTES = 4 * _PREVIEW_CHARS
+# How much of an unterminated last line a writer reads to judge it (may_be_torn()).
+_TAIL_CHECK_BYTES = 1024 * 1024
 
 # fdatasync flushes the new length along with the data, which is all an append needs.
 _datasync = getattr(os, "fdatasync", os.fsync)
@@ -1156,18 +1159,43 @@ def _parse(raw: bytes, seq_key: str, expected: int | None) -> dict[str, Any]:
 
 
 def may_be_torn(raw: bytes) -> bool:
-    """Whether a bad last line (``raw``, at least its first byte) can be what a crash mid-append
-    left: a prefix of one of our records (each is a JSON object, so it begins with ``{``), the
-    zeros a power cut leaves where unsynced data was, or a bare newline.
+    """Whether a bad last line (``raw``: the line, or as much of its beginning as was read) can
+    be what a crash mid-append left: a prefix of one of our records (each is a JSON object, so
+    it begins with ``{``), the zeros a power cut leaves where unsynced data was, or a bare
+    newline.
 
     Any other tail was never written by a DurableLog: a stray text file at the log's path, a
-    note someone appended.  Cutting it would destroy their data, so it is corruption instead.
+    note someone appended.  Nor is a line holding a whole JSON object and more after it: a
+    prefix of one record is a whole object only when it is the whole record, so that is
+    records run together (the newline between the last two changed, an editor's line join).
+    Cutting either would destroy data (acknowledged records, in the latter), so it is
+    corruption instead.
     """
-    return raw[:1] in (b"{", b"\x00", b"\n")
+    first = raw[:1]
+    if first == b"{":
+        return not _whole_object_and_more(raw)
+    return first in (b"\x00", b"\n")
 
 
-def not_torn(why: str) -> str:
-    """The reason given for a bad last line that :func:`may_be_torn` refuses (corruption)."""
+_json_scanner = json.JSONDecoder()
+
+
+def _whole_object_and_more(raw: bytes) -> bool:
+    """Whether ``raw`` begins with a whole JSON value followed by anything but the zeros and
+    line ends a crash may leave after it."""
+    text = raw.decode("utf-8", errors="replace")  # a torn multi-byte character is no verdict
+    try:
+        _, end = _json_scanner.raw_decode(text)
+    except (ValueError, RecursionError):  # no whole value at its start (or no verdict)
+        return False
+    return bool(text[end:].strip("\x00\r\n"))
+
+
+def not_torn(why: str, raw: bytes) -> str:
+    """The reason given for a bad last line ``raw`` that :func:`may_be_torn` refuses (corruption)."""
+    if raw[:1] == b"{":
+        return (f"{why}; not a torn record of this log (it holds a whole JSON object and more after "
+                "it: lines run together), so it is kept")
     return f"{why}; not a torn record of this log (it does not begin as one does), so it is kept"
 
 
@@ -1207,7 +1235,7 @@ def _checked(
             record = _parse(raw, seq_key, expected)
         except ValueError as exc:
             torn = not upcoming and may_be_torn(raw)
-            why = str(exc) if torn or upcoming else not_torn(str(exc))
+            why = str(exc) if torn or upcoming else not_torn(str(exc), raw)
             yield line_no, _Bad(line_no, offset, why, torn, raw[:_PREVIEW_BYTES])
             return
         yield line_no, record
@@ -1401,10 +1429,11 @@ def _check_tail(
             _require_version(last, version, path, fd, last_start)
             return prev_seq + 1, None
     else:
-        raw = _pread_exact(fd, min(size - last_start, _PREVIEW_BYTES), last_start)
+        # Enough of it to see a whole record with more after it (records run together).
+        raw = _pread_exact(fd, min(size - last_start, _TAIL_CHECK_BYTES), last_start)
         why = "unterminated last line"
     if not may_be_torn(raw):
-        raise CorruptLogError(path, _line_number(fd, last_start), not_torn(why))
+        raise CorruptLogError(path, _line_number(fd, last_start), not_torn(why, raw))
     return prev_seq, RepairReport(path, last_start, size - last_start, _preview(raw))
 
 

@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import orjson
 import pytest
@@ -747,6 +748,44 @@ def test_a_last_line_that_is_no_record_of_ours_is_corruption_never_cut(
         assert info.value.line == records + 1
         assert "not a torn record of this log" in info.value.why
     assert log_path.read_bytes() == before
+
+
+@pytest.mark.parametrize("joint", [b" ", b"", b"\r"], ids=["newline changed", "newline deleted", "newline to CR"])
+@pytest.mark.parametrize("terminated", [True, False])
+def test_the_last_two_records_run_together_are_corruption_never_cut(
+    log_path: Path, joint: bytes, terminated: bool
+) -> None:
+    # The newline between the last two records changed (a flipped byte, an editor's line
+    # join) made a last line beginning with "{" that the next writer and repair() cut as a
+    # torn append: two records acknowledged and synced were lost, their seqs handed out again.
+    # A crash leaves a prefix of one record, which holds a whole object only as the whole line.
+    _write_log(log_path, 4)
+    good = log_path.read_bytes()
+    cut = good.rstrip(b"\n").rfind(b"\n")
+    damaged = good[:cut] + joint + good[cut + 1 :]
+    if not terminated:
+        damaged = damaged.rstrip(b"\n")
+    log_path.write_bytes(damaged)
+    for check in (lambda: list(scan(log_path)), lambda: list(scan(log_path, strict=False)),
+                  lambda: inspect_tail(log_path), lambda: repair(log_path),
+                  lambda: DurableLog(log_path).append({"i": "new"})):
+        with pytest.raises(CorruptLogError) as info:
+            check()
+        assert info.value.line == 3
+        assert "not a torn record of this log (it holds a whole JSON object and more" in info.value.why
+    assert log_path.read_bytes() == damaged
+
+
+def test_a_torn_last_record_after_whole_ones_is_still_cut(log_path: Path) -> None:
+    # (The rule above looks at the last line alone: a prefix of a record, however long, and
+    # one of nested values or with zeros after a whole object, stays a torn tail.)
+    _write_log(log_path, 3)
+    good = log_path.read_bytes()
+    whole = frame({"seq": 4, "i": {"deep": [[1, {"x": "}{"}]]}})
+    for tail in (whole[: len(whole) // 2], whole[:-2], whole[:-1] + b"\x00" * 8):
+        log_path.write_bytes(good + tail)
+        assert repair(log_path) == RepairReport(str(log_path), len(good), len(tail), ANY)
+        assert log_path.read_bytes() == good
 
 
 def test_empty_line_in_the_middle_is_corruption(log_path: Path) -> None:

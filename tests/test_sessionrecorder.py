@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import json
 import logging
 import os
 import re
@@ -993,6 +994,13 @@ DAMAGE: dict[str, tuple[list[bytes], int, str]] = {
         2,
         "missing the event's meta",
     ),
+    # The newline between the last two records changed: no torn tail (a crash leaves a prefix
+    # of one record), but two whole records, kept.
+    "last two run together": (
+        [GOOD[0], GOOD[1][:-1] + b" " + GOOD[2]],
+        2,
+        "invalid json; not a torn record of this log (it holds a whole JSON object and more",
+    ),
 }
 
 
@@ -1091,6 +1099,25 @@ def test_a_stray_one_line_file_at_a_keys_path_is_corruption_and_kept(events_dir:
             assert (info.value.key, info.value.line) == ("notes", 1)
             assert not info.value.why.startswith("torn") and "not a torn record" in info.value.why
     assert path.read_bytes() == text
+
+
+@pytest.mark.parametrize("joint", [b" ", b""], ids=["newline changed", "newline deleted"])
+def test_the_last_two_records_run_together_are_kept_and_refused(events_dir: Path, joint: bytes) -> None:
+    # The next record() cut such a last line as a torn append: records 2 and 3, acknowledged,
+    # were gone and host_seq 2 was handed out again; repair() offered to cut them too.
+    events_dir.mkdir(parents=True)
+    path = events_dir / "s.jsonl"
+    damaged = GOOD[0] + GOOD[1][:-1] + joint + GOOD[2]
+    path.write_bytes(damaged)
+    attempts: list[Callable[[], object]] = [lambda: sr.repair(path), lambda: sr.verify(path)]
+    with _recorder(events_dir) as recorder:
+        attempts += [lambda: recorder.record("s", _text(9)), lambda: list(recorder.since("s"))]
+        for attempt in attempts:
+            with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+                attempt()
+            assert (info.value.key, info.value.line) == ("s", 2)
+            assert not info.value.why.startswith("torn") and "lines run together" in info.value.why
+    assert path.read_bytes() == damaged
 
 
 def test_repair_refuses_corruption_before_the_tail(events_dir: Path) -> None:
@@ -1203,6 +1230,14 @@ def _log_of(events_: list[Event], first: int = 1) -> bytes:
     )
 
 
+def _object_and_more(raw: bytes) -> bool:
+    try:
+        _, end = json.JSONDecoder().raw_decode(raw.decode("utf-8", errors="replace"))
+    except ValueError:
+        return False
+    return bool(raw.decode("utf-8", errors="replace")[end:].strip("\x00\r\n"))
+
+
 def _reference(data: bytes) -> tuple[list[sr.EventRecord], tuple[int, str] | None]:
     """The records decode() accepts line by line, and (line, why) of the first it refuses."""
     from unittest import mock
@@ -1219,10 +1254,11 @@ def _reference(data: bytes) -> tuple[list[sr.EventRecord], tuple[int, str] | Non
             except _format._LineError as exc:
                 if not (exc.framing and line == len(raws)):
                     return records, (line, exc.why)
-                # A crash leaves a prefix of a record, zeros or a bare newline; nothing else.
-                if raw[:1] in (b"{", b"\x00", b"\n"):
+                # A crash leaves a prefix of a record, zeros or a bare newline; nothing else
+                # (a prefix of one record never holds a whole object with more after it).
+                if raw[:1] in (b"\x00", b"\n") or (raw[:1] == b"{" and not _object_and_more(raw)):
                     return records, (line, f"torn tail: {exc.why}")
-                return records, (line, _durable.not_torn(exc.why))
+                return records, (line, _durable.not_torn(exc.why, raw))
     return records, None
 
 

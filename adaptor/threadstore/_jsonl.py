@@ -715,7 +715,7 @@ class JSONLStore:
                     if not last and _crash_leftover(raw) and _power_cut_suffix(lines[index + 1 :], self._offset):
                         self._artifact_at = self._offset
                         return
-                    why = str(exc) if not raw or may_be_torn(raw) else not_torn(str(exc))
+                    why = str(exc) if not raw or may_be_torn(raw) else not_torn(str(exc), raw)
                     raise CorruptLogError(path, self._seq + 1, why) from None
                 synced = event.get("synced")
                 if synced is not None and synced > self._synced:

@@ -716,7 +716,7 @@ def _corrupt(
     why = exc.why
     if exc.framing and is_last:
         # The same verdict as the writer's: only what a crash can leave is a torn tail.
-        why = _TORN + why if _durable.may_be_torn(raw) else _durable.not_torn(why)
+        why = _TORN + why if _durable.may_be_torn(raw) else _durable.not_torn(why, raw)
     return JSONLEventLogCorruptError(key, line, why=why)
 
 
