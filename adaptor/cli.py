@@ -115,6 +115,7 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
         except sessionrecorder.JSONLEventLogCorruptError as exc:
             if not do_repair:
                 raise
+            records = exc.line - 1  # still so when the repair cannot be written (EROFS, EACCES)
             report = sessionrecorder.repair(file)  # raises again unless the damage is a torn tail
             if report is not None:
                 repaired = {

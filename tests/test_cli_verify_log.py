@@ -239,3 +239,15 @@ def test_a_log_whose_lock_file_the_user_may_not_write_is_verified(log: Path, tmp
                               text=True, timeout=TIMEOUT)
         assert read.returncode == damaged.returncode and "torn tail" in read.stderr, read.stderr
         assert "Permission denied" not in damaged.stderr + read.stderr
+
+
+def test_a_repair_that_cannot_be_written_still_counts_the_valid_records(log: Path) -> None:
+    # --repair --json on a torn log the user may not write (a read-only mount) said
+    # "records": 0 beside the OSError, where --json alone said 4.
+    log.write_bytes(log.read_bytes()[:-3])
+    with unwritable(log):
+        checked = _adaptor("--repair", "--json", str(log))
+    assert checked.returncode == 70, checked.stderr
+    outcome = _json(checked)
+    assert outcome["result"] == {"records": 4, "repaired": None}
+    assert outcome["error"]["type"] in ("PermissionError", "OSError"), outcome["error"]
