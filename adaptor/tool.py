@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
 import orjson
 
-from adaptor import _nesting, errors
+from adaptor import _nesting
 from adaptor.errors import AdaptorError
 
 if TYPE_CHECKING:
@@ -197,15 +197,23 @@ def reject(code: str, message: str) -> Exception:
 
 
 def as_rejection(err: BaseException | None) -> tuple[str, str] | None:
-    """``(code, message)`` when ``err`` is, or wraps, an error made by :func:`reject`.
+    """``(code, message)`` when ``err`` is an error made by :func:`reject`, or was raised
+    ``from`` one (its ``__cause__`` chain, at most 100 links).
 
-    Follows the chain like :func:`adaptor.errors.find` (causes, unsuppressed contexts, group
-    members; at most 100 nodes).
+    Only explicit causes count: a handler that caught a rejection and then failed (the
+    rejection is the failure's implicit ``__context__``), or an ``ExceptionGroup`` holding one
+    beside other errors, failed; its failure is not the rejection's to tell the model.
     """
-    found = errors.find(err, _Rejection)
-    if found is None or getattr(found, "_marker", None) is not _MARKER:
-        return None
-    return found.code, found.message
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen and len(seen) < _MAX_CAUSES:
+        if isinstance(err, _Rejection) and getattr(err, "_marker", None) is _MARKER:
+            return err.code, err.message
+        seen.add(id(err))
+        err = err.__cause__
+    return None
+
+
+_MAX_CAUSES: Final = 100
 
 
 # --- cancellation of a call -------------------------------------------------------------------

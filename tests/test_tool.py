@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -257,6 +258,34 @@ def test_reject_and_as_rejection() -> None:
         assert tool.as_rejection(outer) == ("not_found", "no such issue")
     assert tool.as_rejection(ValueError("x")) is None
     assert tool.as_rejection(None) is None
+
+
+def _crash_while_handling_a_rejection(_: object) -> None:
+    try:
+        raise tool.reject("bad", "model-visible rejection")
+    except Exception:
+        raise RuntimeError("cleanup failed")  # noqa: B904 (its __context__ is the rejection)
+
+
+def _a_rejection_beside_a_crash(_: object) -> None:
+    raise ExceptionGroup("tasks", [RuntimeError("crash"), tool.reject("bad", "model-visible rejection")])
+
+
+@pytest.mark.parametrize("handler", [_crash_while_handling_a_rejection, _a_rejection_beside_a_crash])
+def test_a_crash_is_never_taken_for_a_rejection_it_caught_or_sits_beside(
+    handler: Callable[[object], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A handler that caught a rejection and then crashed (the rejection its implicit
+    # __context__), or whose group held one beside a crash, sent the model the rejection's
+    # message and logged nothing: the crash went unseen.  Only an explicit cause counts.
+    with caplog.at_level(logging.WARNING, logger="adaptor.tool"):
+        outcome = tool.define("t", "d", handler).call({})
+    assert (outcome.is_error, outcome.text) == (True, tool.GENERIC_FAILURE)
+    [logged] = [r for r in caplog.records if r.name == "adaptor.tool"]
+    assert logged.exc_info is not None and logged.exc_info[0] in (RuntimeError, ExceptionGroup)
+    with pytest.raises(BaseException) as raised:
+        handler(None)
+    assert tool.as_rejection(raised.value) is None
 
 
 @pytest.mark.parametrize(
