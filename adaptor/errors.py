@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import copy
 import importlib
+import math
 import pickle
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -581,9 +582,13 @@ def _scrub(text: str, redactor: Redactor, *, foreign: bool) -> str:
 
 def _jsonable(value: Any) -> Any:
     """``value`` as JSON can hold it: a details value of another type (a datetime, a set, a
-    path, bytes) becomes a list or its ``str()``, so every wire form serializes."""
-    if isinstance(value, str | int | float | None):
+    path, bytes) becomes a list or its ``str()``, so every wire form serializes: a float
+    NaN or infinity too (``"nan"``, ``"-inf"``), which ``json`` writes as no JSON and orjson
+    as ``null``."""
+    if isinstance(value, str | int | None):
         return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
     if isinstance(value, list | tuple | set | frozenset):
         return [_jsonable(v) for v in value]
     if isinstance(value, Mapping):

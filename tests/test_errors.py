@@ -22,6 +22,7 @@ import adaptor
 from adaptor import errors, tool
 from adaptor.clients import a2a
 from adaptor.driver import SessionConfigFingerprintError
+from adaptor.drivers import script
 from adaptor.schema import compile_schema
 from adaptor.spool import InvalidRequestError
 from adaptor.threadstore import AlreadyExistsError, BusyError, LeaseLostError
@@ -306,9 +307,10 @@ def test_details_a_caller_filled_with_python_objects_still_make_a_json_wire_form
             "raw": b"x",
             "odd": Unprintable(),
             "nested": {3: [moment]},
+            "unbounded": [float("nan"), float("-inf"), 1.5],  # no JSON number (json wrote NaN)
         },
     )
-    wire = json.loads(json.dumps(errors.to_wire(err)))  # the standard encoder: strict JSON
+    wire = json.loads(json.dumps(errors.to_wire(err), allow_nan=False))  # strict JSON
     assert wire["details"] == {
         "when": "2026-12-05 12:00:00+00:00",
         "where": "/srv/work",
@@ -317,9 +319,20 @@ def test_details_a_caller_filled_with_python_objects_still_make_a_json_wire_form
         "raw": "b'x'",
         "odd": "<test_details_a_caller_filled_with_python_objects_still_make_a_json_wire_form.<locals>.Unprintable>",
         "nested": {"3": ["2026-12-05 12:00:00+00:00"]},
+        "unbounded": ["nan", "-inf", 1.5],
     }
     back = errors.from_wire(wire)
     assert type(back) is adaptor.AgentFailedError and back.details == wire["details"]
+
+
+def test_a_policy_value_json_has_no_number_for_is_named_in_plain_json() -> None:
+    import json
+
+    agent = adaptor.Agent(script.Driver(script.Config(steps=({"text": "a"},))))
+    with pytest.raises(adaptor.InvalidPolicyError) as refused:
+        agent.run("p", policy=adaptor.Policy(active_execution_timeout=float("nan")))
+    wire = json.loads(json.dumps(refused.value.to_wire(), allow_nan=False))
+    assert wire["fields"]["value"] == "nan"
 
 
 def test_every_registered_identity_has_a_case() -> None:
