@@ -454,7 +454,7 @@ class RunPipeline:
         self._admission: Admission | None = None
         # The tool calls' cancellation (adaptor.tool.cancelled): set when the run ends, however.
         self._calls_ended = threading.Event()
-        # The run's secrets (see _secrets_of) and what replaces them in everything the run
+        # The run's secrets (see _driver_secrets) and what replaces them in everything the run
         # hands out: its events, its Result and its error.
         self._secrets: list[str] = []
         self._redactor = _NO_SECRETS
@@ -497,6 +497,9 @@ class RunPipeline:
             raise errors.AgentClosedError()
         driver = self.host.driver
         self.descriptor = descriptor = checked_descriptor(driver)
+        # Known from here on, so a refusal below that quotes one (a policy value) hides it too.
+        self._secrets = _driver_secrets(driver, descriptor.type)
+        self._redactor = Redactor(self._secrets)
         self.approvals = validate(self.options.policy, descriptor)
         if self.thread is not None:
             self._prelaunch = _thread.prelaunch(self.host, descriptor)  # type: ignore[arg-type]
@@ -504,6 +507,9 @@ class RunPipeline:
         if self._tools and self.thread is not None:
             _thread.require_tool_revisions(self._tools)
         self._mcp = _mcp.validate(self.options.mcp, descriptor, tools=bool(self._tools))
+        if self._mcp:
+            self._secrets = [*self._secrets, *_mcp_secrets(self._mcp)]
+            self._redactor = Redactor(self._secrets)
         if self._tools:
             from adaptor import _gateway
 
@@ -513,8 +519,6 @@ class RunPipeline:
             self.compiled, self.schema_source = checked_schema(
                 self.options.schema, descriptor, self.approvals, self.options.policy
             )
-        self._secrets = _secrets_of(driver, descriptor.type, self._mcp)
-        self._redactor = Redactor(self._secrets)
         if self.timeout is not None and self.timeout <= 0:
             raise errors.DeadlineExceededError()
         self.host._register(self)
@@ -1359,14 +1363,21 @@ _log = logging.getLogger("adaptor.driver")
 _approval_log = logging.getLogger("adaptor.approval")
 
 
-def _secrets_of(driver: Driver, driver_type: str, servers: Sequence[MCPServerSpec]) -> list[str]:
-    """The values a run hands its agent that no event, Result or error may show: those the
-    driver names (its config's env, the credentials its CLI inherits), and the env values,
-    headers and bearer tokens of the run's MCP servers."""
+# The values a run hands its agent that no event, Result or error may show: those the driver
+# names (_driver_secrets), and those of the run's MCP servers (_mcp_secrets).
+
+
+def _driver_secrets(driver: Driver, driver_type: str) -> list[str]:
+    """The values the driver names: its config's env, the credentials its CLI inherits."""
     try:
-        values = _named_secrets(driver)
+        return _named_secrets(driver)
     except Exception as exc:  # built from bad configuration, like a descriptor
         raise InvalidDriverConfigError(driver_type, exc) from exc
+
+
+def _mcp_secrets(servers: Sequence[MCPServerSpec]) -> list[str]:
+    """The env values, headers and bearer tokens of the run's MCP servers."""
+    values: list[str] = []
     for server in servers:
         values.extend(server.env.values())
         values.extend(server.headers.values())

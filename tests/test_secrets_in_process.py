@@ -217,6 +217,23 @@ def test_a_refused_configuration_does_not_show_the_drivers_secret() -> None:
     assert not [text for text in shown_anywhere if SECRET in text]
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [adaptor.Policy(sandbox=SECRET), adaptor.Policy(approvals=adaptor.ApprovalPolicy(permission=SECRET))],
+    ids=["sandbox", "approval mode"],
+)
+def test_a_refused_policy_value_that_is_a_secret_is_not_shown(policy: adaptor.Policy) -> None:
+    # The policy is checked before the run had its secrets: the InvalidPolicyError named the
+    # value in its message, fields and wire form, where the daemon's verdict said <redacted>.
+    agent = adaptor.Agent(script.Driver(script.Config(steps=({"text": "a"},), env={"TOKEN": SECRET})))
+    with pytest.raises(adaptor.AdaptorError) as caught:
+        agent.run("go", policy=policy)
+    err = caught.value
+    assert "<redacted>" in str(err)
+    shown_anywhere = [str(err), repr(err), json.dumps(err.to_wire()), repr(err.fields())]
+    assert not [text for text in shown_anywhere if SECRET in text]
+
+
 class _OneSecretBare(script.Driver):
     """A driver of one's own whose secret_values() returns its one secret as a bare str."""
 
