@@ -217,6 +217,10 @@ def _usage_wire(exc: click.ClickException) -> dict[str, object]:
     # '--timeout': ...`): str(exc) names no option, or the parameter by its Python name
     # (`Missing parameter: request_id`), which no user typed.
     wire = errors.to_wire(exc)
+    if exc.__cause__ is None:
+        # What click was handling when it refused the value (a StopIteration of its own, the
+        # ValueError of float()) tells a script nothing the message does not.
+        wire["cause"] = None
     # Encoded through a stand-in, so that the message is scrubbed as every foreign one is.
     wire["message"] = errors.to_wire(errors.ExternalError(wire["type"], exc.format_message()))["message"]
     return wire

@@ -79,6 +79,17 @@ def test_a_usage_error_in_json_says_what_the_text_says() -> None:
         assert proc.returncode == 2
         error = json.loads(proc.stdout)["error"]
         assert error["message"] == message and f"Error: {message}" in proc.stderr
+        # (Not what click was handling as it refused: a bare StopIteration for a --driver
+        # choice, the ValueError of float() for a number.)
+        assert error["cause"] is None, error
+
+
+def test_a_refused_choice_in_json_has_no_cause_of_clicks_own() -> None:
+    proc = subprocess.run(["adaptor", "run", "--json", "--driver", "nonsense", "p"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)["error"]
+    assert error["message"].startswith("Invalid value for '--driver': 'nonsense' is not one of")
+    assert error["cause"] is None, error
 
 
 def test_a_stderr_that_cannot_be_written_leaves_the_exit_status_alone(tmp_path: Path) -> None:
