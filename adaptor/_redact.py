@@ -46,6 +46,13 @@ class Redactor:
         # caller whose values are credentials and nothing else (the A2A client's auth headers)
         # may keep shorter ones.
         kept = frozenset(s for s in secrets if isinstance(s, str) and len(s) >= min_length)
+        if kept:
+            # A value that is a word of the SDK's own records, or part of one ("result",
+            # "question", "transcript", "verdict"), hides nothing (every record shows it) and
+            # replacing it would break them: a verdict without its "result", an approval of
+            # kind "<redacted>" that nobody may answer.
+            words = _vocabulary()
+            kept = frozenset(s for s in kept if "\0" in s or s not in words)
         self.secrets: tuple[str, ...] = _all_forms(kept) if kept else ()
 
     def __bool__(self) -> bool:
@@ -102,10 +109,13 @@ class Redactor:
         return value if redacted == value else redacted
 
     def _mapping(self, value: Mapping[Any, Any], walk: Callable[[Any], Any]) -> Mapping[Any, Any]:
+        # A str key is a name (a record's field, a metadata entry's), never replaced: a
+        # secret is a value, and a renamed key broke what reads it ({"<redacted>": ...} for
+        # "result").  A key of another type is a value that may show one.
         changed = False
         out: dict[Any, Any] = {}
         for key, item in value.items():
-            new_key = self._str(key) if isinstance(key, str) else walk(key)
+            new_key = key if isinstance(key, str) else walk(key)
             new_item = walk(item)
             changed = changed or new_key is not key or new_item is not item
             out[new_key] = new_item
@@ -166,7 +176,7 @@ class Redactor:
                 else:
                     copied = self._value(child)
                 if isinstance(target, dict):
-                    target[self._str(key) if isinstance(key, str) else self._value(key)] = copied
+                    target[key if isinstance(key, str) else self._value(key)] = copied  # (see _mapping)
                 else:
                     target.append(copied)
         return root
@@ -414,3 +424,66 @@ def redact_error(error: BaseException, redactor: Redactor) -> None:
                         setattr(node, name, redactor.text(item))
         except (AttributeError, TypeError):
             continue  # a foreign exception whose attributes cannot be set: its type stays visible
+
+
+# Words of the SDK's records that no Literal-typed field declares.
+_RECORD_WORDS: tuple[str, ...] = (
+    # Notice kinds, and the kinds of transcript items the built-in drivers write.
+    "lifecycle", "approval.requested", "approval.resolved", "transcript.item",
+    "assistant", "user", "system", "tool_call", "tool_result", "thinking", "result", "init",
+    "failure", "stdout", "stderr",
+    # The wire form of an error, a verdict and a run's files.
+    "external", "exit_code", "received_at", "started_at", "finished_at", "terminal",
+    "transcript.json", "result.json", "terminal.json", "request.json", "state.json",
+    REDACTED,
+)
+
+
+@lru_cache(maxsize=1)
+def _vocabulary() -> str:
+    """The SDK's own words, joined by NULs: the values of its Literal-typed fields (event,
+    result and approval kinds and phases), notice and transcript kinds, error codes, class
+    names and reasons, driver names, file formats and the words of its records."""
+    from adaptor import _home, approval, drivers, errors, events, result
+
+    words: set[str] = set(_RECORD_WORDS)
+    words.update(drivers.NAMES)
+    words.update(v for k, v in vars(_home).items() if k.endswith("_FORMAT") and isinstance(v, str))
+    for module in (events, result, approval):
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+                continue
+            words.update(f.name for f in dataclasses.fields(cls))
+            for hint in _type_hints(cls).values():
+                words.update(_literal_strings(hint))
+    errors._load_leaf_modules()
+    for code, cls in errors._REGISTRY.items():
+        words.update((code, cls.__name__))
+        reason = getattr(cls, "_reason", None)
+        if isinstance(reason, str):
+            words.add(reason)
+    return "\0".join(sorted(words))
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``cls``'s resolved annotations; a name only a type checker imports stands for ``Any``."""
+    import typing
+
+    unknown: dict[str, Any] = {}
+    for _ in range(8):
+        try:
+            return typing.get_type_hints(cls, localns=unknown)
+        except NameError as exc:
+            if exc.name is None or exc.name in unknown:
+                break
+            unknown[exc.name] = Any
+    return {}
+
+
+def _literal_strings(hint: Any) -> Iterable[str]:
+    """The str values of every ``Literal`` in a type hint (through unions and containers)."""
+    import typing
+
+    if typing.get_origin(hint) is typing.Literal:
+        return [a for a in typing.get_args(hint) if isinstance(a, str)]
+    return [s for arg in typing.get_args(hint) for s in _literal_strings(arg)]

@@ -1838,7 +1838,9 @@ class Daemon:
                 "started_at": started_at,
                 "finished_at": _now(),
             }
-            data = orjson.dumps(redactor.value(verdict), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+            # (Its result and error are redacted already; the rest is the daemon's own: the
+            # request's id names the very file, and its format and paths are not the run's.)
+            data = orjson.dumps(verdict, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
             self._set_aside_foreign_verdict(request_id)
             written = _durable.write_once(
                 self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id), synced_with=batch

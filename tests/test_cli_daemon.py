@@ -212,6 +212,54 @@ def test_run_json_shapes(home: Home) -> None:
     assert "AgentFailedError" in failed.stderr  # human text still goes to stderr
 
 
+@pytest.mark.parametrize("word", ["result", "summary", "script", "verdict", "adaptord", "stdout", "question"])
+def test_an_env_value_that_is_a_word_of_the_records_breaks_nothing(home: Home, word: str) -> None:
+    # Every env value of 6 or more characters was replaced wherever it appeared, keys and the
+    # daemon's own words included: with X=result the verdict had no "result" (exit 0, no
+    # answer), X=summary or X=script (in "transcript") ended in KeyError (exit 70), X=verdict
+    # made the verdict's format one no reader takes, X=question an approval nobody may answer.
+    request_id = f"req-{word}-{os.getpid()}"
+    ran = home.cli(
+        "run", "--driver", "script", "--config", steps({"text": f"hello {word}"}), "--env", f"X={word}",
+        "--id", request_id, "--json", "go",
+    )
+    assert ran.returncode == 0, ran.stderr
+    out = orjson.loads(ran.stdout)
+    assert out["result"]["text"] == f"hello {word}" and out["id"] == request_id
+    assert out["result"]["raw"]["stdout"] == f"runs/{request_id}/stdout"
+    verdict = orjson.loads((home.root / "verdicts" / f"{request_id}.json").read_bytes())
+    assert (verdict["format"], verdict["id"]) == ("adaptord.verdict/1", request_id)
+    assert home.client.wait(request_id, timeout=TIMEOUT).text == f"hello {word}"
+    status = home.cli("status", "--json")
+    assert request_id in status.stdout, status.stdout
+
+
+def test_an_env_value_naming_an_approval_kind_leaves_the_approval_answerable(home: Home) -> None:
+    config = {"env": {"X": "question"}, "steps": [
+        {"approval": {"kind": "question", "title": "which?", "choices": ["a", "b"]}}, {"text": "done"},
+    ]}
+    request_id = home.client.submit({
+        "driver": "script", "prompt": "go", "config": config,
+        "policy": {"approvals": {"question": "ask", "timeout": TIMEOUT}},
+    })
+    pending = _wait_for_pending(home, request_id)
+    assert pending["approval_kind"] == "question"
+    answered = home.cli("answer", pending["id"], "a")
+    assert answered.returncode == 0, answered.stderr
+    assert home.client.wait(request_id, timeout=TIMEOUT).text == "done"
+
+
+def _wait_for_pending(home: Home, request_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        for path in (home.root / "approvals" / "pending").glob("*.json"):
+            pending: dict[str, Any] = orjson.loads(path.read_bytes())
+            if pending.get("request_id") == request_id:
+                return pending
+        time.sleep(0.05)
+    raise AssertionError(f"no pending approval for {request_id}")
+
+
 NO_DAEMON_CASES = {
     "success": (["--config", steps({"text": "fine"})], 0),
     "agent_failed": (["--config", steps({"fail": {"code": "agent_error"}})], 1),

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adaptor._redact import MIN_SECRET_LENGTH, REDACTED, Redactor, StreamRedactor
+from adaptor._redact import MIN_SECRET_LENGTH, REDACTED, Redactor, StreamRedactor, _vocabulary
 from adaptor.events import TextDelta, Thinking, ToolCall
 
 # Every character the redacted texts below are made of: a secret (in each of its forms) with
@@ -22,7 +22,11 @@ def _findable_only_if_missed(secret: str) -> bool:
     return all(set(form) - _REDACTED_TEXT_CHARS for form in forms)
 
 
-_secrets = st.text(min_size=MIN_SECRET_LENGTH, max_size=40).filter(_findable_only_if_missed)
+_secrets = (
+    st.text(min_size=MIN_SECRET_LENGTH, max_size=40)
+    .filter(_findable_only_if_missed)
+    .filter(lambda s: s not in _vocabulary())  # (those are no secrets: see below)
+)
 
 
 def test_a_secret_is_replaced_raw_and_inside_json_text() -> None:
@@ -45,6 +49,31 @@ def test_values_too_short_to_be_credentials_are_left_alone() -> None:
     short = "x" * (MIN_SECRET_LENGTH - 1)
     assert not Redactor([short])
     assert Redactor([short]).value({"a": short}) == {"a": short}
+
+
+def test_a_value_that_is_a_word_of_the_sdks_records_is_no_secret() -> None:
+    # Such a value (an env setting "result", "question", "transcript") was replaced in every
+    # record, in the SDK's own words too: a verdict lost its "result", an approval of kind
+    # "question" became one of kind "<redacted>".  Every record shows the word anyway.
+    words = ["result", "question", "permission", "script", "verdict", "adaptord.verdict/1", "ErrAgentFailed"]
+    secret = "sk-real-0123456789"
+    redactor = Redactor([*words, "transcript", secret])
+    assert redactor.secrets == (secret,)
+    assert redactor.text(f"result: {secret}") == f"result: {REDACTED}"
+    assert not Redactor(words)
+
+
+def test_keys_are_names_never_replaced() -> None:
+    secret = "sk-key-0123456789"
+    redactor = Redactor([secret])
+    assert redactor.value({secret: secret, "a": [{secret: 1}]}) == {secret: REDACTED, "a": [{secret: 1}]}
+    deep: Any = {secret: secret}
+    for _ in range(5000):
+        deep = [deep]
+    node = redactor.value(deep)
+    for _ in range(5000):
+        (node,) = node
+    assert node == {secret: REDACTED}
 
 
 def test_a_secret_containing_another_is_replaced_whole() -> None:
@@ -140,13 +169,14 @@ def test_an_object_the_walk_cannot_rebuild_is_replaced_when_it_shows_a_secret() 
 
 def test_an_object_showing_no_data_of_its_own_is_never_replaced() -> None:
     # A live approval's responder shows only its class and address; an env value "adaptor"
-    # (six letters: a secret) turned it into a string, and approve() on the event then failed.
+    # (six letters: a secret then; now a word of the records, see above, so "roboto" here)
+    # turned it into a string, and approve() on the event then failed.
     from adaptor.approval import Responder
     from adaptor.events import ApprovalRequest
 
     responder = Responder("permission", ("approve",))
-    event = ApprovalRequest(id="a1", run_id="r1", kind="permission", title="adaptor wants to write", _responder=responder)
-    redacted = Redactor(["adaptor"]).value(event)
+    event = ApprovalRequest(id="a1", run_id="r1", kind="permission", title="roboto wants to write", _responder=responder)
+    redacted = Redactor(["roboto"]).value(event)
     assert redacted._responder is responder and redacted.title == f"{REDACTED} wants to write"
 
 

@@ -234,6 +234,29 @@ def test_a_refused_policy_value_that_is_a_secret_is_not_shown(policy: adaptor.Po
     assert not [text for text in shown_anywhere if SECRET in text]
 
 
+@pytest.mark.parametrize("kind", ["permission", "question", "plan_review"])
+def test_an_env_value_naming_an_approval_kind_still_asks(kind: str) -> None:
+    # The approval's kind, equal to an env value, was replaced: the request came as one of
+    # kind "<redacted>", which was denied at once, the handler never asked.
+    asked: list[adaptor.ApprovalRequest] = []
+
+    def handler(req: adaptor.ApprovalRequest) -> None:
+        asked.append(req)
+        if kind == "question":
+            req.answer("a")
+        else:
+            req.approve()
+
+    step: dict[str, Any] = {"approval": {"kind": kind, "title": "go on?"}}
+    if kind == "question":
+        step["approval"]["choices"] = ["a", "b"]
+    driver = script.Driver(script.Config(steps=(step, {"text": "done"}), env={"X": kind}))
+    policy = adaptor.Policy(approvals=adaptor.ApprovalPolicy(**{kind: "ask"}))
+    result = adaptor.Agent(driver, on_approval=handler).run("go", policy=policy)
+    assert result.text == "done"
+    assert [req.kind for req in asked] == [kind]
+
+
 class _OneSecretBare(script.Driver):
     """A driver of one's own whose secret_values() returns its one secret as a bare str."""
 
