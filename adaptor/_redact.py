@@ -313,8 +313,6 @@ def _all_forms(secrets: frozenset[str]) -> tuple[str, ...]:
 
 def _forms(secret: str) -> set[str]:
     """Every text ``secret`` may show up as in what an agent prints or a log holds."""
-    import json  # here: the SDK's errors import this module, and most runs have no secrets
-
     # Output is cut into lines (one event, one transcript item each): a key of several lines
     # (a PEM block) must go from each of them too.
     pieces = {secret}
@@ -323,18 +321,31 @@ def _forms(secret: str) -> set[str]:
             part for line in secret.splitlines() for part in (line, line.strip())
             if len(part) >= MIN_SECRET_LENGTH
         )
-    # Inside JSON held in a string (a tool's result, a payload an agent prints) a value with
-    # quotes, backslashes, control or non-ASCII characters appears escaped, and serializers
-    # differ: upper-case hex (Java's), "\/" (PHP's), "<", ">" and "&" as \u escapes (Go's).
     forms: set[str] = set()
     for piece in pieces:
-        plain = json.dumps(piece, ensure_ascii=False)[1:-1]
-        ascii_only = json.dumps(piece, ensure_ascii=True)[1:-1]
-        escaped = {plain, ascii_only, _UNICODE_ESCAPE.sub(lambda m: m[0].upper(), ascii_only)}
-        escaped |= {form.replace("/", "\\/") for form in escaped}
-        escaped |= {form.translate(_HTML_SAFE) for form in escaped}
+        escaped = _escaped(piece)
         forms |= {piece, *escaped}
+        # Escaped twice: a model that copies the escaped form (a key with "/" as "\/" out of a
+        # JSON file, one with a quote as \") writes it so, and the CLI's JSON line escapes
+        # that again.
+        for form in escaped - {piece}:
+            forms |= _escaped(form)
     return forms
+
+
+def _escaped(text: str) -> set[str]:
+    r"""What ``text`` shows as inside JSON held in a string (a tool's result, a payload an agent
+    prints): a value with quotes, backslashes, control or non-ASCII characters appears
+    escaped, and serializers differ: upper-case hex (Java's), "\/" (PHP's), "<", ">" and "&"
+    as \u escapes (Go's)."""
+    import json
+
+    plain = json.dumps(text, ensure_ascii=False)[1:-1]
+    ascii_only = json.dumps(text, ensure_ascii=True)[1:-1]
+    escaped = {plain, ascii_only, _UNICODE_ESCAPE.sub(lambda m: m[0].upper(), ascii_only)}
+    escaped |= {form.replace("/", "\\/") for form in escaped}
+    escaped |= {form.translate(_HTML_SAFE) for form in escaped}
+    return escaped
 
 
 _UNICODE_ESCAPE = re.compile(r"(?<=\\u)[0-9a-f]{4}")

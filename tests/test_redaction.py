@@ -76,6 +76,19 @@ def test_keys_are_names_never_replaced() -> None:
     assert node == {secret: REDACTED}
 
 
+def test_a_secret_the_model_wrote_escaped_is_found_in_a_line_that_escapes_it_again() -> None:
+    # A model copying a key out of a JSON file writes it escaped ("/" as "\\/", a quote as
+    # \\"); the CLI's own JSON line escapes that again, and only the forms escaped once were
+    # looked for: result.text showed <redacted>, raw() stdout and process.stdout the key.
+    secret = 'wJalrXUtnFEMI/K7MDENG/bPx"RfiCYEXAMPLEKEY'
+    redactor = Redactor([secret])
+    once = json.dumps(secret)[1:-1]
+    for written in (once, once.replace("/", "\\/"), json.dumps(secret, ensure_ascii=True)[1:-1]):
+        for line in (json.dumps({"text": f"key: {written}"}), json.dumps({"text": written}, ensure_ascii=True)):
+            redacted = redactor.text(line)
+            assert "K7MDENG" not in redacted and REDACTED in redacted, (written, line, redacted)
+
+
 def test_a_secret_containing_another_is_replaced_whole() -> None:
     inner = "sk-inner-123"
     outer = f"{inner}-and-more"

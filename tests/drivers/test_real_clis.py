@@ -658,6 +658,28 @@ def test_claude_a_secret_the_model_writes_in_pieces_is_redacted_in_the_stream(
     assert len([e for e in seen if isinstance(e, adaptor.TextDelta) and e.phase == "content"]) > 2
 
 
+def test_claude_a_secret_the_model_quotes_escaped_is_gone_from_the_raw_lines(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+) -> None:
+    # The model copies a key out of a JSON file as that file has it ("/" as "\\/"); the CLI's
+    # stream-json line escapes that again.  result.text said <redacted>, while raw() stdout
+    # and the process.stdout events kept the key.
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    config = claude_config()
+    config = dataclasses.replace(config, env={**config.env, "DB_PASSWORD": secret})
+    quoted = secret.replace("/", "\\/")
+    anthropic.configure(text=f'The config holds {{"password": "{quoted}"}} as you asked.')
+    with adaptor.Agent(claude.Driver(config), workspace=workspace) as agent:
+        stream = agent.stream("what is in the config?")
+        seen = list(stream)
+        result = stream.result()
+    assert "<redacted>" in result.text
+    lines = "".join(e.text for e in seen if isinstance(e, adaptor.ProcessInfo) and e.kind == "stdout")
+    assert "<redacted>" in lines
+    for shown_text in (result.text, result.raw().stdout, lines):
+        assert "bPxRfiCYEXAMPLEKEY" not in shown_text
+
+
 def test_claude_bad_key_retried_until_the_deadline_says_why(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
