@@ -685,6 +685,28 @@ def test_a_malformed_event_is_a_protocol_error(token_env: str, frame: str) -> No
     assert isinstance(rebuilt, a2a.ProtocolError) and rebuilt.raw == err.raw
 
 
+@pytest.mark.parametrize("op", ["send", "send_stream", "get_task", "cancel_task"])
+def test_a_number_json_has_no_value_for_in_metadata_is_a_protocol_error(op: str) -> None:
+    # Python's json and the a2a-sdk take Infinity and NaN; the conversion of the task then
+    # raised a bare ValueError from send_stream, get_task and cancel_task (send alone said
+    # ProtocolError), and a delegation passed it on as it was.
+    task = {"id": "t-inf", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"},
+            "metadata": {"n": float("inf"), "m": float("nan")}}
+    result: dict[str, Any] = {"task": task} if op.startswith("send") else task
+    body = {"jsonrpc": "2.0", "id": "1", "result": result}
+    routes = [srv.raw_json_route("/inf", body), srv.raw_sse_route("/inf-sse", [json.dumps(body)])]
+    with srv.scripted_server(extra_routes=routes) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/inf-sse" if op == "send_stream" else "/inf"))
+        with a2a.Client(card=card) as c, pytest.raises(a2a.ProtocolError) as caught:
+            if op == "send":
+                c.send("echo x")
+            elif op == "send_stream":
+                list(c.send_stream("echo x"))
+            else:
+                getattr(c, op)("t-inf")
+    assert (caught.value.op, caught.value.reason) == (op, "malformed response")
+
+
 @pytest.mark.parametrize("code", [-32603, -32000], ids=["internal-error", "unknown-code"])
 @pytest.mark.parametrize("op", ["send", "send_stream"])
 def test_a_remote_error_echoing_the_token_does_not_carry_it(

@@ -316,6 +316,19 @@ def test_an_endless_event_is_a_protocol_error(monkeypatch: pytest.MonkeyPatch) -
     assert err.code == "protocol_error"
 
 
+def test_a_remote_sending_a_number_json_has_no_value_for_is_a_protocol_error() -> None:
+    # The client's conversion raised a bare ValueError, which delegate() passed on as it was
+    # (a host tool's "the tool failed" to the model) instead of a DelegationError.
+    task = {"id": "t-inf", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"},
+            "metadata": {"n": float("inf")}}
+    frame = json.dumps({"jsonrpc": "2.0", "id": "1", "result": {"task": task}})
+    with srv.scripted_server(extra_routes=[srv.raw_sse_route("/inf", [frame])]) as running:
+        card = srv.agent_card(running.base_url, interface_url=running.base_url + "/inf")
+        with _delegator(d.RemoteAgentSpec("inf", card=srv.card_json(card))) as delegator:
+            err = _fails(delegator, d.DelegationRequest("inf", "hi"))
+    assert err.code == "protocol_error"
+
+
 class _CountedText(str):
     """Text that counts how often its bytes are measured."""
 

@@ -797,7 +797,7 @@ class Client:
             raise
         except Exception as exc:
             raise self._map(op, exc) from exc
-        return _task(op, proto, self._secrets())
+        return self._converted(op, functools.partial(_task, op, proto, self._secrets()))
 
     async def _cancel_task(self, task_id: str, timeout: float | None) -> Task:
         from a2a.types import CancelTaskRequest
@@ -818,7 +818,7 @@ class Client:
             raise ProtocolError("cancel_task", "task not cancelable", exc) from exc
         except Exception as exc:
             raise self._map("cancel_task", exc) from exc
-        return _task("cancel_task", proto, self._secrets())
+        return self._converted("cancel_task", functools.partial(_task, "cancel_task", proto, self._secrets()))
 
     async def _events(
         self, op: str, state: _StreamState, open_: Callable[[], AsyncIterator[pb.StreamResponse]]
@@ -844,7 +844,7 @@ class Client:
                         break
                     raise mapped from exc
                 started = True
-                event = _stream_event(op, response, self._secrets())
+                event = self._converted(op, functools.partial(_stream_event, op, response, self._secrets()))
                 state.observe(event)
                 yield event
                 if isinstance(event, TerminalEvent | MessageEvent):
@@ -882,6 +882,16 @@ class Client:
             await self._http.aclose()
 
     # -- helpers
+
+    def _converted(self, op: str, convert: Callable[[], T]) -> T:
+        """``convert()``: a response it cannot take (metadata holding a number JSON has no
+        value for, ``Infinity``) is the remote's malformed response, as :meth:`_send` says."""
+        try:
+            return convert()
+        except AdaptorError:
+            raise
+        except Exception as exc:
+            raise self._map(op, exc) from exc
 
     def _call_context(self, timeout: float | None) -> ClientCallContext:
         from a2a.client import ClientCallContext
