@@ -176,15 +176,23 @@ def secrets_of(
     found: list[str] = []
     if driver_defaults is not None:
         _leaves(driver_defaults.get("env"), found)
-    config = request.get("config")
-    if isinstance(config, Mapping):
+    # Objects in containers of the wrong shape count too (a config given as a list of one
+    # object, one MCP server given without its list): the schema error quotes them whole.
+    for config in _objects(request.get("config")):
         _leaves(config.get("env"), found)
-    servers = request.get("mcp")
-    for server in servers if isinstance(servers, list) else ():
-        if isinstance(server, Mapping):
-            _leaves(server.get("env"), found)
-            _leaves(server.get("headers"), found)
+    for server in _objects(request.get("mcp")):
+        _leaves(server.get("env"), found)
+        _leaves(server.get("headers"), found)
     return sorted({s for s in found if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+
+
+def _objects(value: Any) -> Iterator[Mapping[str, Any]]:
+    """``value`` if it is an object, else the objects in it if it is an array (at any depth)."""
+    if isinstance(value, Mapping):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _objects(item)
 
 
 def _leaves(value: Any, into: list[str]) -> None:

@@ -726,6 +726,36 @@ def test_secrets_of_malformed_env_values_are_not_quoted_back(daemon: DaemonProce
     assert daemon.files_holding(SECRET) == []
 
 
+@pytest.mark.parametrize(
+    "misshapen",
+    [
+        {"mcp": {"key": "gh", "transport": "stdio", "command": "gh-mcp", "env": {"GITHUB_TOKEN": SECRET}}},
+        {"mcp": [[{"key": "gh", "transport": "http", "url": "http://127.0.0.1:9", "headers": {"A": SECRET}}]]},
+        {"config": [{"env": {"TOKEN": SECRET}}]},
+    ],
+    ids=["one-server-without-its-list", "servers-nested-once-more", "config-as-a-list"],
+)
+def test_secrets_in_a_misshapen_container_are_not_quoted_back(
+    daemon: DaemonProcess, tmp_path: Path, misshapen: dict[str, Any]
+) -> None:
+    # The schema error quotes the whole misshapen value; only env and headers in a config
+    # object and in a list of servers were known as secrets: the verdict, `adaptor wait` and
+    # `adaptor run --no-daemon` showed the token.
+    request = {"driver": "script", "prompt": "x", **misshapen}
+    rid = daemon.submit(request)
+    verdict = daemon.verdict(rid)
+    assert verdict["exit_code"] == 2 and "<redacted>" in verdict["error"]["message"]
+    path = tmp_path / "request.json"
+    path.write_bytes(orjson.dumps(request))
+    inside = subprocess.run(
+        ["adaptor", "run", "--no-daemon", "--json", "--request", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert inside.returncode == 2 and SECRET not in inside.stdout + inside.stderr
+    assert daemon.stop() == 0
+    assert daemon.files_holding(SECRET) == []
+
+
 def test_second_daemon_on_the_same_home_exits_69(daemon: DaemonProcess) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "adaptord", "serve", "--home", str(daemon.home.root)],
