@@ -1547,7 +1547,10 @@ def _passing_kind(status: object, error_type: str, error: str, text: str) -> Fai
         return "rate_limit"
     if ((isinstance(status, int) and status >= 500)
             or error_type in ("api_error", "overloaded_error")
-            or error in ("server_error", "connection_failed", "overloaded")):
+            or error in ("server_error", "connection_failed", "overloaded")
+            # A broken stream, and a body its retry could not read: the CLI's words for it
+            # ("API returned an empty or malformed response (HTTP 200)", error "unknown").
+            or "empty or malformed response" in text):
         return "provider_unavailable"
     return ""
 

@@ -111,7 +111,10 @@ class Reply:
         self._stopping = stopping
 
     def json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(obj).encode()
+        self.body(status, json.dumps(obj).encode(), headers=headers)
+
+    def body(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
+        """``data`` as it is, as an ``application/json`` answer (which it may not be)."""
         h = self._handler
         h.send_response(status)
         h.send_header("content-type", "application/json")
@@ -124,7 +127,8 @@ class Reply:
         h.wfile.flush()
 
     def sse(self, events: Iterable[tuple[str, Any] | float]) -> None:
-        """Stream ``(event name, data)`` pairs; a float in the sequence is a pause (seconds)."""
+        """Stream ``(event name, data)`` pairs; a float in the sequence is a pause (seconds).
+        Data given as bytes goes out as it is (not JSON, if so)."""
         h = self._handler
         h.send_response(200)
         h.send_header("content-type", "text/event-stream")
@@ -141,7 +145,8 @@ class Reply:
                 self.pause(float(item))
                 continue
             name, data = item
-            self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+            payload = data if isinstance(data, bytes) else json.dumps(data).encode()
+            self._chunk(f"event: {name}\ndata: ".encode() + payload + b"\n\n")
         self._chunk(b"")
         h.close_connection = True
 

@@ -69,6 +69,7 @@ class Scenario:
     quote_key: bool = False
     delay: float = 0.0
     truncate: bool = False
+    garbled: bool = False  # a stream that turns to garbage after its start; its retry's body no JSON
     truncate_tool: bool = False
     more_text: str | None = None
     subagent: str | None = None
@@ -115,6 +116,15 @@ class AnthropicMock(MockServer):
             reply.json(scenario.status, {"type": "error", "error": error})
             return
         body = request["body"] or {}
+        if scenario.garbled:
+            if not body.get("stream"):
+                reply.body(200, b"{not json")
+                return
+            start = {"type": "message_start", "message": {
+                "id": "msg_garbled", "type": "message", "role": "assistant", "model": "claude-mock", "content": [],
+                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 0}}}
+            reply.sse([("message_start", start), ("content_block_delta", b"{not json at all")])
+            return
         pause = wait = 0.0
         if scenario.subagent is not None and scenario.tool is not None:
             blocks, pause, wait = self._subagent_flow(scenario, body)

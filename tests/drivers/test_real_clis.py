@@ -583,6 +583,21 @@ def test_claude_http_errors(
     assert str(status) in str(caught.value)
 
 
+def test_claude_a_response_it_cannot_read_is_a_passing_provider_failure(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str,
+) -> None:
+    # A stream turned to garbage, then a body its retry could not read: Claude Code says "API
+    # returned an empty or malformed response (HTTP 200)", error "unknown".  The failure had no
+    # kind (so no retryable), where codex and gemini call the same wire fault
+    # provider_unavailable, retryable.
+    anthropic.configure(garbled=True)
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace) as agent:
+        with pytest.raises(adaptor.AgentFailedError) as caught:
+            agent.run("say hello", timeout=90)
+    assert "empty or malformed response" in str(caught.value)
+    assert (caught.value.details["kind"], caught.value.details["retryable"]) == ("provider_unavailable", True)
+
+
 @pytest.mark.parametrize(
     ("status", "error", "kind", "said"),
     [
