@@ -707,6 +707,26 @@ def test_a_number_json_has_no_value_for_in_metadata_is_a_protocol_error(op: str)
     assert (caught.value.op, caught.value.reason) == (op, "malformed response")
 
 
+def test_an_event_of_another_task_is_a_protocol_error_not_the_streams_end() -> None:
+    # The stream named task t1, then sent a final status for another task: that ended the
+    # stream as if t1 had completed (a delegation reported success for the other task and
+    # left its own running).
+    frames = [
+        {"task": {"id": "t1", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}},
+        {"statusUpdate": {"taskId": "someone-else", "contextId": "c", "status": {"state": "TASK_STATE_COMPLETED"}}},
+    ]
+    data = [json.dumps({"jsonrpc": "2.0", "id": "1", "result": frame}) for frame in frames]
+    with srv.scripted_server(extra_routes=[srv.raw_sse_route("/other", data)]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/other"))
+        with a2a.Client(card=card) as c:
+            seen: list[a2a.StreamEvent] = []
+            with pytest.raises(a2a.ProtocolError) as caught:
+                for event in c.send_stream("echo x"):
+                    seen.append(event)
+    assert [type(e).__name__ for e in seen] == ["TaskEvent"]
+    assert caught.value.op == "send_stream" and "another task" in caught.value.reason
+
+
 @pytest.mark.parametrize("code", [-32603, -32000], ids=["internal-error", "unknown-code"])
 @pytest.mark.parametrize("op", ["send", "send_stream"])
 def test_a_remote_error_echoing_the_token_does_not_carry_it(

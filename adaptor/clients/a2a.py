@@ -845,6 +845,14 @@ class Client:
                     raise mapped from exc
                 started = True
                 event = self._converted(op, functools.partial(_stream_event, op, response, self._secrets()))
+                other = state.foreign(event)
+                if other:
+                    # (Taken as the stream's, another task's final event ended it as if the
+                    # remote had finished this one, which went on unwatched.)
+                    raise ProtocolError(
+                        op, f"event of another task ({other!r:.80}, not {state.task_id!r:.80})",
+                        raw=_raw(_json(response), self._secrets()),
+                    )
                 state.observe(event)
                 yield event
                 if isinstance(event, TerminalEvent | MessageEvent):
@@ -1035,6 +1043,16 @@ class EventStream(Iterator[StreamEvent]):
 class _StreamState:
     task_id: str = ""
     context_id: str = ""
+
+    def foreign(self, event: StreamEvent) -> str:
+        """The task ``event`` names when that is not the stream's task ("": none, or its own)."""
+        if isinstance(event, TaskEvent):
+            named = event.task.id
+        elif isinstance(event, MessageEvent):
+            named = event.message.task_id
+        else:
+            named = event.task_id
+        return named if named and self.task_id and named != self.task_id else ""
 
     def observe(self, event: StreamEvent) -> None:
         if isinstance(event, TaskEvent):
