@@ -27,7 +27,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Final, Literal, TypeGuard
 
-import filelock
 import orjson
 
 from adaptor import _durable, _nesting
@@ -312,22 +311,16 @@ def writable_by(found: os.stat_result) -> str | None:
 
 
 def daemon_running(home: Home) -> bool:
-    """True while some process holds the home's daemon lock (the daemon is serving it)."""
-    if not home.daemon_lock.exists():
-        return False
-    probe = filelock.FileLock(str(home.daemon_lock), mode=0o600, thread_local=False)
-    try:
-        probe.acquire(timeout=0)
-    except filelock.Timeout:
-        return True
-    except OSError:
-        # Not to be opened for writing (a home on a read-only mount): look without writing.
-        return _held_without_writing(home.daemon_lock)
-    probe.release()
-    return False
+    """True while some process holds the home's daemon lock (the daemon is serving it).
+
+    Looked at with a shared lock, which only the daemon's exclusive one refuses: probes never
+    take each other for a daemon (with the exclusive lock the daemon takes, one in a
+    moment's hold of it did), and one needs no write access (a home on a read-only mount).
+    """
+    return _held_exclusively(home.daemon_lock)
 
 
-def _held_without_writing(lock: Path) -> bool:
+def _held_exclusively(lock: Path) -> bool:
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:

@@ -432,7 +432,7 @@ class Daemon:
         instance = filelock.FileLock(str(self.home.daemon_lock), mode=0o600, thread_local=False)
         try:
             self.home.ensure()
-            # A short wait: `daemon_running` probes take this lock for an instant.
+            # A short wait: `daemon_running` probes take it shared for an instant.
             instance.acquire(timeout=2)
             held = os.stat(self.home.daemon_lock)
             self._lock_identity = (held.st_dev, held.st_ino)

@@ -1025,6 +1025,37 @@ def test_a_misnamed_file_leaves_its_id_to_a_request_waiting_in_the_spool(tmp_pat
     assert any(q.name.endswith("-twice") for q in daemon.home.quarantine.iterdir())
 
 
+def test_probes_never_take_each_other_for_a_daemon(tmp_path: Path) -> None:
+    # Each probe took the daemon's exclusive lock for an instant: Client.status() in three
+    # threads said running for about a fifth of the calls with no daemon at all.
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    home.daemon_lock.touch(mode=0o600)
+    said: list[bool] = []
+
+    def probe() -> None:
+        said.extend(_home.daemon_running(home) for _ in range(400))
+
+    threads = [threading.Thread(target=probe) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert said.count(True) == 0 and len(said) == 1200
+    # The daemon's own hold (an exclusive flock, from another process) is seen.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", str(home.daemon_lock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert _home.daemon_running(home)
+    finally:
+        holder.communicate("", timeout=30)
+    assert not _home.daemon_running(home)
+
+
 def test_status(home: Home) -> None:
     request_id = home.client.submit(script({"text": "x"}))
     home.client.wait(request_id, timeout=TIMEOUT)
