@@ -335,8 +335,10 @@ def status_route(
     status_code: int,
     body: str = "server failure",
     headers: Mapping[str, str] | None = None,
+    methods: Sequence[str] = ("POST",),
 ) -> BaseRoute:
-    """A raw route answering every POST with ``status_code``, a plain-text ``body`` and ``headers``."""
+    """A raw route answering every POST (or ``methods``) with ``status_code``, a plain-text
+    ``body`` and ``headers``."""
     from starlette.routing import Route
 
     async def endpoint(_: Any) -> Response:
@@ -344,7 +346,7 @@ def status_route(
             body, status_code=status_code, media_type="text/plain", headers=dict(headers or {})
         )
 
-    return Route(path, endpoint, methods=["POST"])
+    return Route(path, endpoint, methods=list(methods))
 
 
 SSE_EVENT_HEAD = (

@@ -598,6 +598,19 @@ def test_a_throttled_or_failing_server_s_retry_after_is_carried(
         assert f"retry after {retry_after:g} s" in str(err)
 
 
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_throttled_card_fetch_says_its_status_and_retry_after(status: int) -> None:
+    # The card fetch (every delegation's first call) said only "the agent card is unavailable":
+    # no status, no retry_after, so a rate limiter in front of the remote always lost its hint.
+    route = srv.status_route("/card.json", status, headers={"Retry-After": "7"}, methods=["GET"])
+    with srv.scripted_server(extra_routes=[route]) as running:
+        with a2a.Client(running.base_url + "/card.json") as c, pytest.raises(ConnectionError) as caught:
+            c.send("echo x")
+    err = caught.value
+    assert f"HTTP {status}" in str(err) and "agent_card" in str(err)
+    assert err.retry_after == 7.0  # type: ignore[attr-defined]
+
+
 def test_http_501_is_unsupported() -> None:
     route = srv.status_route("/unimplemented", 501)
     with srv.scripted_server(extra_routes=[route]) as running:

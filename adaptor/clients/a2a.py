@@ -1626,4 +1626,8 @@ def _map_card_error(exc: AgentCardResolutionError) -> BaseException:
         return InvalidAgentCardError(f"no agent card at the URL (HTTP {status})", cause=exc)
     if isinstance(cause, httpx.TimeoutException):
         return _chained(TimeoutError("A2A agent_card: timed out"), exc)
+    if status is not None and (status in (408, 429) or 500 <= status <= 599):
+        # Throttled or failing, as any call may be: the status and its Retry-After are said.
+        header = cause.response.headers.get("Retry-After") if isinstance(cause, httpx.HTTPStatusError) else None
+        return _map_status("agent_card", status, exc, (), header)
     return _chained(ConnectionError("A2A agent_card: the agent card is unavailable"), exc)
