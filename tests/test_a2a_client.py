@@ -513,6 +513,24 @@ def test_a_missing_token_is_unauthorized_and_not_its_own_cause(
         assert err.to_wire()["cause"] is None
 
 
+@pytest.mark.parametrize("token", ["tök-secret-123456", "tok-secret\r\nX-Injected: 1"], ids=["non-ascii", "line-break"])
+def test_a_token_no_header_can_carry_is_our_unauthorized_not_the_remotes_fault(
+    monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    # HTTP's encoding failed deep in the request: "malformed response" blamed the remote, and
+    # the encoding error behind it kept the token.
+    monkeypatch.setenv(TOKEN_ENV, token)
+    log = srv.HeaderLog()
+    with srv.scripted_server(bearer_token=TOKEN, header_log=log) as running:
+        with a2a.Client(running.card_url, auth=a2a.BearerTokenFromEnv(TOKEN_ENV)) as c:
+            with pytest.raises(a2a.UnauthorizedError) as caught:
+                c.send("echo x")
+    assert log.authorizations("/") == []  # nothing was sent
+    err = caught.value
+    assert TOKEN_ENV in str(err) and "nothing was sent" in str(err)
+    assert err.__cause__ is None and "secret" not in _wire_text(err)
+
+
 # --- server failures and remote errors ---------------------------------------------------------
 
 

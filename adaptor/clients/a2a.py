@@ -397,6 +397,13 @@ class BearerTokenFromEnv:
         token = os.environ.get(self.name, "")
         if not token:
             raise UnauthorizedError(f"environment variable {self.name!r} holds no bearer token")
+        if not (token.isascii() and token.isprintable()):
+            # No header can carry it: HTTP's encoding failed deep in the request, taken for the
+            # remote's malformed answer, with the token kept in the encoding error.
+            raise UnauthorizedError(
+                f"environment variable {self.name!r} holds a bearer token that is not printable "
+                "ASCII, which no HTTP header can carry; nothing was sent"
+            )
         return {"Authorization": f"Bearer {token}"}
 
     def __repr__(self) -> str:
