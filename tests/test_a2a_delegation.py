@@ -342,6 +342,15 @@ def test_a_remote_finishing_another_task_is_no_success_of_this_one() -> None:
     assert err.code == "protocol_error"
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), 0.0, -1.0])
+def test_a_timeout_that_is_no_positive_number_is_refused_before_anything_is_sent(timeout: float) -> None:
+    # NaN passed the "<= 0" check: streaming then failed with a bare ValueError, and polling
+    # had no deadline at all (max_timeout ignored).
+    spec = d.RemoteAgentSpec("a", card_url="http://127.0.0.1:9/.well-known/agent-card.json")
+    with _delegator(spec) as delegator, pytest.raises(ValueError, match="positive number of seconds"):
+        delegator.delegate(d.DelegationRequest("a", "hi", timeout=timeout))
+
+
 class _CountedText(str):
     """Text that counts how often its bytes are measured."""
 

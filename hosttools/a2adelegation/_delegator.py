@@ -202,8 +202,8 @@ class Delegator:
             raise TypeError("delegate needs a DelegationRequest")
         if not isinstance(request.prompt, str) or not request.prompt:
             raise ValueError("a delegation needs a non-empty prompt")
-        if request.timeout is not None and request.timeout <= 0:
-            raise ValueError("a delegation timeout must be positive")
+        if request.timeout is not None and not (request.timeout > 0):  # (NaN is neither)
+            raise ValueError(f"a delegation timeout must be a positive number of seconds, not {request.timeout!r}")
         return _Delegation(self._registry, self._pool, self._on_update, request).run()
 
     def close(self) -> None:
