@@ -367,8 +367,10 @@ def _build_request(
     config = _object_field(request, "config")
     for key_path, raw in _assignments(config_items, "--config"):
         # Environment values are secrets and always strings: never reinterpreted as JSON,
-        # so a numeric-looking one cannot end up quoted in a schema error.
-        value = raw if key_path[0] == "env" else _json_or_text(raw, ".".join(key_path))
+        # so a numeric-looking one cannot end up quoted in a schema error.  The whole table
+        # given as one JSON object (env={"A":"x"}) is JSON, as every object is.
+        whole_table = key_path == ("env",) and raw.lstrip().startswith("{")
+        value = raw if key_path[0] == "env" and not whole_table else _json_or_text(raw, ".".join(key_path))
         _put(config, key_path, value, within="config")
     if "cwd" not in config and "workspace" not in request:
         # The daemon runs elsewhere; an agent started from a shell works where the shell is,

@@ -260,6 +260,19 @@ def _wait_for_pending(home: Home, request_id: str) -> dict[str, Any]:
     raise AssertionError(f"no pending approval for {request_id}")
 
 
+def test_the_env_table_given_whole_as_json_is_taken(home: Home) -> None:
+    # --config 'env={...}' was kept as one string (env values are never JSON), and refused:
+    # '/config/env: "<redacted>" is not of type "object"'.
+    secret = "sk-whole-table-123456"
+    for extra in ([], ["--no-daemon"]):
+        ran = home.cli(
+            "run", "--driver", "script", "--config", steps({"text": "ok"}),
+            "--config", "env=" + json.dumps({"TOKEN": secret, "PORT": "8080"}), *extra, "--json", "go",
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert orjson.loads(ran.stdout)["result"]["text"] == "ok" and secret not in ran.stdout
+
+
 NO_DAEMON_CASES = {
     "success": (["--config", steps({"text": "fine"})], 0),
     "agent_failed": (["--config", steps({"fail": {"code": "agent_error"}})], 1),
