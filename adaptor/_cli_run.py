@@ -507,6 +507,8 @@ def _run_in_process(
     from adaptord import config as daemon_config
 
     request_id = str(request.get("id") or _home.new_request_id())
+    if request.get("id") is None:  # none, or null: minted, as submit does for the daemon
+        request["id"] = request_id
     try:
         config = daemon_config.load(
             None,

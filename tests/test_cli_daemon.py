@@ -273,6 +273,17 @@ def test_the_env_table_given_whole_as_json_is_taken(home: Home) -> None:
         assert orjson.loads(ran.stdout)["result"]["text"] == "ok" and secret not in ran.stdout
 
 
+def test_a_request_file_with_a_null_id_runs_alike_both_ways(home: Home, tmp_path: Path) -> None:
+    # Through the daemon a null id was minted (exit 0); --no-daemon refused it (exit 2).
+    path = tmp_path / "request.json"
+    path.write_bytes(orjson.dumps({"id": None, "driver": "script", "prompt": "x", "config": {"steps": [{"text": "t"}]}}))
+    for extra in ([], ["--no-daemon"]):
+        ran = home.cli("run", "--request", str(path), "--json", *extra)
+        assert ran.returncode == 0, (extra, ran.stderr)
+        out = orjson.loads(ran.stdout)
+        assert out["result"]["text"] == "t" and isinstance(out["id"], str) and out["id"]
+
+
 NO_DAEMON_CASES = {
     "success": (["--config", steps({"text": "fine"})], 0),
     "agent_failed": (["--config", steps({"fail": {"code": "agent_error"}})], 1),
