@@ -1128,7 +1128,13 @@ class Daemon:
         said in the fact)."""
         target = self.home.quarantine / f"{time.time_ns()}-{name[:150] or 'unnamed'}"
         try:
-            os.rename(source, target)
+            redacted = self._redacted_entry(source)
+            if redacted is None:
+                os.rename(source, target)
+            else:
+                # Its secrets may stay on disk only while a request is queued or running.
+                _durable.atomic_write(target, redacted)
+                os.unlink(source)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -1144,6 +1150,30 @@ class Daemon:
         if request_id is not None:
             problem = f"{why}; the file was moved to quarantine/{target.name}"
             self._reject(request_id, InvalidRequestError([{"path": "", "message": problem}]), _now())
+
+    def _redacted_entry(self, source: Path) -> bytes | None:
+        """A quarantined entry's content with its secrets redacted, as the request copy shows
+        them, when it is a request (a regular file of JSON, not too large to read) holding
+        any; else None: it is moved as it was written."""
+        try:
+            fd, info = _durable.open_regular(source, os.O_RDONLY)
+        except (_durable.ForeignFileError, OSError):
+            return None
+        try:
+            if info.st_size > _home.MAX_REQUEST_BYTES:
+                return None
+            data = os.read(fd, _home.MAX_REQUEST_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            request = requests.decode(data)
+        except (InvalidRequestError, ValueError):
+            return None
+        defaults = self.config.driver_defaults(str(request.get("driver", "")))
+        secrets = requests.secrets_of(request, defaults)
+        if not secrets:
+            return None
+        return orjson.dumps(requests.redacted_request(request, secrets), option=orjson.OPT_APPEND_NEWLINE)
 
     def _id_in_use(self, request_id: str, *, moved: Path) -> bool:
         """Whether another request with this id is on its way in through the spool, claimed

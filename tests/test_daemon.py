@@ -424,6 +424,25 @@ def test_hostile_entries_are_quarantined(daemon: DaemonProcess, tmp_path: Path) 
     assert outside.exists()  # a symlink target is never touched
 
 
+def test_a_quarantined_request_keeps_no_secret(daemon: DaemonProcess) -> None:
+    # A file dropped for an id already used, or under a name that is no <id>.json, went to
+    # quarantine/ as written, its env values with it, for the 30 days quarantine is kept.
+    request = {"driver": "script", "prompt": "x", "config": {"env": {"TOKEN": SECRET}, "steps": [{"text": "one"}]}}
+    rid = daemon.submit(request)
+    assert daemon.verdict(rid)["ok"]
+    daemon.drop(f"{rid}.json", orjson.dumps({**request, "id": rid}))  # the id is taken
+    daemon.wait_for_line(f"id_in_use={rid}")
+    daemon.drop("notes.txt", orjson.dumps(request))  # no request's name
+    deadline = time.monotonic() + 60
+    while len(list(daemon.home.quarantine.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kept = [orjson.loads(p.read_bytes()) for p in daemon.home.quarantine.iterdir()]
+    assert len(kept) == 2 and all(k["config"]["env"] == {"TOKEN": "<redacted>"} for k in kept)
+    assert all(k["config"]["steps"] == [{"text": "one"}] for k in kept)  # the rest as written
+    assert daemon.stop() == 0
+    assert daemon.files_holding(SECRET) == []
+
+
 def test_a_hard_linked_request_is_rejected_and_its_file_left_alone(daemon: DaemonProcess, tmp_path: Path) -> None:
     # A request file in spool/new/ that is another name of a file outside the spool was run as
     # the daemon's own, and chmodded to 0600: the file outside changed mode.
