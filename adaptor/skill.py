@@ -216,9 +216,10 @@ class Ref:
 def dir(path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None) -> Skill:
     """The skill in directory ``path``; its key is the directory's name.
 
-    An empty ``path`` is no source (:class:`SkillSourceMissingError` when a run resolves it),
-    not the current directory: ``skill.dir(os.environ.get("SKILL_DIR", ""))`` must not stage
-    whatever folder the program runs in.
+    An empty ``path`` is no source, and names no key (:class:`SkillKeyMissingError` when a
+    run resolves it, the key being checked first), not the current directory:
+    ``skill.dir(os.environ.get("SKILL_DIR", ""))`` must not stage whatever folder the
+    program runs in.
     """
     if os.fspath(path) == "":
         return Skill("", None, metadata=dict(metadata or {}))

@@ -607,7 +607,9 @@ def _check_fields(
         raise InvalidDefinitionError(f"{label}: the description must be a non-empty string")
     if not callable(handler):
         raise InvalidDefinitionError(f"{label}: the handler is not callable")
-    if inspect.iscoroutinefunction(handler):
+    # (An object whose __call__ is async is one too: inspect looks at functions only.)
+    call = None if inspect.isroutine(handler) else inspect.getattr_static(type(handler), "__call__", None)
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
         raise InvalidDefinitionError(f"{label}: the handler must be a plain function, not async")
     _check_arity(handler, label)
     if title is not None and not isinstance(title, str):
@@ -680,8 +682,9 @@ def _copy_json(value: Mapping[str, Any]) -> dict[str, Any]:
 
 def _encode_default(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
-    if callable(dump):  # a pydantic model: its JSON mode is the contract its author wrote
-        return dump(mode="json")
+    if callable(dump):  # a pydantic model: its JSON mode is the contract its author wrote,
+        # under the names its schema has (model_json_schema() writes the aliases).
+        return dump(mode="json", by_alias=True)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 

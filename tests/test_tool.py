@@ -115,6 +115,13 @@ async def _async_handler(v: Any) -> None:
     return None
 
 
+class _AsyncCallable:
+    """An object whose __call__ is async: accepted, it failed every call ("a coroutine")."""
+
+    async def __call__(self, v: Any) -> None:
+        return None
+
+
 BAD_DEFINITIONS: list[tuple[str, dict[str, Any]]] = [
     ("empty name", {"name": ""}),
     ("name with space", {"name": "a b"}),
@@ -123,6 +130,7 @@ BAD_DEFINITIONS: list[tuple[str, dict[str, Any]]] = [
     ("empty description", {"description": "  "}),
     ("handler not callable", {"handler": 3}),
     ("async handler", {"handler": _async_handler}),
+    ("object with an async __call__", {"handler": _AsyncCallable()}),
     # Served, these fail every call with the generic message: refused up front instead.
     ("handler without a parameter", {"handler": lambda: "x"}),
     ("handler with two required parameters", {"handler": lambda a, b: "x"}),
@@ -477,6 +485,22 @@ def test_nulls_and_finite_floats_still_encode() -> None:
 def test_pydantic_results_encode() -> None:
     d = tool.define("t", "d", lambda v: QueryModel(number=4), output=QueryModel)
     assert orjson.loads(d.invoke({})) == {"number": 4}
+
+
+class _AliasedIssue(pydantic.BaseModel):
+    issue_title: str = pydantic.Field(alias="issueTitle")
+
+
+def test_a_pydantic_result_is_written_under_the_names_its_schema_has() -> None:
+    # The output schema names the aliases (model_json_schema), the result was dumped by field
+    # name: a handler returning the very model failed every call ("fails its output schema").
+    d = tool.define("t", "d", lambda v: _AliasedIssue(issueTitle="slow build"), output=_AliasedIssue)
+    assert d.problem is None
+    schema = d.descriptor().output_schema
+    assert schema is not None and schema["required"] == ["issueTitle"]
+    outcome = d.call({})
+    assert not outcome.is_error, outcome.text
+    assert orjson.loads(outcome.text) == {"issueTitle": "slow build"}
 
 
 def test_handler_exceptions_become_the_generic_message() -> None:
