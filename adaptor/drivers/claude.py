@@ -71,6 +71,7 @@ import hashlib
 import math
 import os
 import re
+import secrets
 import tempfile
 import threading
 import time
@@ -245,7 +246,7 @@ class Driver(_cli.CliDriver[Config]):
             # turn in its in-memory conversation if a later turn of that Agent reused it.
             _Pool.discard_elsewhere(plan.resume_id, self._pool)
         if plan.reusable:
-            live = self._pool.take(plan.resume_id, plan.signature)
+            live = self._pool.take(plan.resume_id, plan.signature, plan.resumed_turn)
         elif not plan.fork:
             # This turn continues the session in a new process: likewise for our own.
             self._pool.discard(plan.resume_id)
@@ -264,6 +265,7 @@ class Driver(_cli.CliDriver[Config]):
             raise
         if keep and response.checkpoint is not None:
             live.session_id = response.checkpoint.state.resume_id
+            live.turn = response.checkpoint.state.data.get(_TURN_KEY)
             self._pool.put(live, config.idle_timeout)
         else:
             live.close(config.grace_period)
@@ -335,6 +337,9 @@ class _Plan:
     # The resumed session's total_cost_usd as its last saved turn left it: a process that
     # resumes (or forks) the session counts on from it (see _Parser._usage).
     session_cost: float = 0.0
+    # The token of the saved turn this run resumes (its checkpoint's "turn"): a kept process
+    # is reused only when it made that very turn (see _Pool.take).
+    resumed_turn: str | None = None
 
     @property
     def reusable(self) -> bool:
@@ -428,10 +433,16 @@ def _plan(config: Config, request: Request, *, persistent_allowed: bool) -> _Pla
         skills=tuple(request.skills),
         saves_sessions="--no-session-persistence" not in _cli.flags_in(config.extra_args),
         session_cost=0.0 if resume_id is None else _stored_cost(request),
+        resumed_turn=None if resume_id is None else _cli.stored_in_checkpoint(request, _TURN_KEY),
     )
 
 
 _COST_KEY: Final = "cost_usd"
+# A token of each saved turn, new every turn: a kept process made the thread's last saved turn
+# only if it holds the token the thread's checkpoint has.  Another process (another program,
+# the daemon) that ran a turn of the session since saved another token, and a process kept
+# here never saw that turn.
+_TURN_KEY: Final = "turn"
 
 
 def _stored_cost(request: Request) -> float:
@@ -688,6 +699,7 @@ class _Live:
         self.private = private
         self.signature = signature
         self.session_id = ""
+        self.turn: str | None = None  # the token of the saved turn this process made last
         self.idle_since = time.monotonic()
         self.turns = 0
         self.cost_reported = 0.0  # the process's running total_cost_usd, as its last turn said
@@ -1424,6 +1436,7 @@ class _Parser:
         checkpoint = None
         if clean and session_id and self.plan.saves_sessions:
             kept = {} if self.cost_total is None else {_COST_KEY: repr(self.cost_total)}
+            kept[_TURN_KEY] = secrets.token_hex(8)
             checkpoint = _cli.checkpoint(session_id, self.plan.session_cwd, **kept)
         output = "\n\n".join(self.final)
         structured = None
@@ -1589,8 +1602,10 @@ class _Pool:
     def closed(self) -> bool:
         return self._closed
 
-    def take(self, session_id: str | None, signature: str) -> _Live | None:
-        """The kept process for ``session_id`` if it still fits; a misfit is stopped."""
+    def take(self, session_id: str | None, signature: str, turn: str | None) -> _Live | None:
+        """The kept process for ``session_id`` if it still fits, and made the saved ``turn``
+        the run resumes (else a turn saved since, by another process, is not in its
+        conversation); a misfit is stopped."""
         if session_id is None:
             return None
         with self._lock:
@@ -1598,7 +1613,8 @@ class _Pool:
         if entry is None:
             return None
         live = entry[0]
-        if live.signature == signature and live.child.alive and live.child.quiet:
+        fits = live.signature == signature and turn is not None and live.turn == turn
+        if fits and live.child.alive and live.child.quiet:
             return live
         live.close()
         return None

@@ -389,6 +389,57 @@ def test_claude_every_thread_turn_reports_its_own_cost(
     assert first and all(cost == pytest.approx(first) for _, cost in costs), costs
 
 
+_TURNS_ON_STDIN = """
+import json, sys
+import adaptor
+from adaptor.drivers import claude
+from adaptor.threadstore import JSONLStore
+
+setup = json.loads(sys.argv[1])
+config = claude.Config(command=setup["command"], env=setup["env"], config_dir=setup["config_dir"])
+with adaptor.Agent(claude.Driver(config), workspace=setup["workspace"], thread_store=JSONLStore(setup["store"])) as agent:
+    for prompt in sys.stdin:  # one turn of thread "t" per line
+        result = agent.thread("t").run(prompt.strip())
+        print(json.dumps({"process": result.metadata["process"], "pid": result.metadata["pid"]}), flush=True)
+"""
+
+
+def test_claude_a_process_kept_here_is_not_reused_after_another_program_ran_a_turn(
+    claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str, tmp_path: Path,
+) -> None:
+    # Two programs share a thread store: one keeps its claude process after a turn, the other
+    # then runs a turn of the thread (resuming the session in a process of its own).  The first
+    # program's next turn reused its kept process, whose conversation never saw that turn: the
+    # model answered without it.  A turn of another process can only be told from the store.
+    from adaptor.threadstore import JSONLStore
+
+    config = claude_config()
+    store = tmp_path / "threads"
+    setup = {"command": config.command, "env": dict(config.env), "config_dir": config.config_dir,
+             "workspace": workspace, "store": str(store)}
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", _TURNS_ON_STDIN, json.dumps(setup)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert keeper.stdin is not None and keeper.stdout is not None
+    try:
+        keeper.stdin.write("one\n")
+        keeper.stdin.flush()
+        first = json.loads(keeper.stdout.readline())
+        assert first["process"] == "spawned" and group_members(int(first["pid"]))  # kept
+        with adaptor.Agent(claude.Driver(config), workspace=workspace, thread_store=JSONLStore(store)) as other:
+            assert other.thread("t").run("two").metadata["process"] == "spawned"
+        keeper.stdin.write("three\n")
+        keeper.stdin.flush()
+        third = json.loads(keeper.stdout.readline())
+    finally:
+        keeper.stdin.close()
+        keeper.wait(timeout=120)
+    assert third["process"] == "spawned" and third["pid"] != first["pid"]
+    sent = [m.get("content") for m in anthropic.messages()[-1]["messages"]]
+    assert any("two" in str(content) for content in sent)
+
+
 def test_claude_thread_resume_reuse_and_restart(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
