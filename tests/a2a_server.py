@@ -320,6 +320,15 @@ def raw_sse_route(path: str, frames: Sequence[str]) -> BaseRoute:
     return Route(path, endpoint, methods=["POST"])
 
 
+def another_tasks_end_frames() -> list[str]:
+    """SSE payloads of a stream that names task ``t1``, then ends another task."""
+    frames = [
+        {"task": {"id": "t1", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}},
+        {"statusUpdate": {"taskId": "someone-else", "contextId": "c", "status": {"state": "TASK_STATE_COMPLETED"}}},
+    ]
+    return [json.dumps({"jsonrpc": "2.0", "id": "1", "result": frame}) for frame in frames]
+
+
 def raw_json_route(path: str, body: Any) -> BaseRoute:
     """A raw route answering POST with ``body`` as its JSON document, verbatim."""
     from starlette.routing import Route

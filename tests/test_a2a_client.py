@@ -742,11 +742,7 @@ def test_an_event_of_another_task_is_a_protocol_error_not_the_streams_end() -> N
     # The stream named task t1, then sent a final status for another task: that ended the
     # stream as if t1 had completed (a delegation reported success for the other task and
     # left its own running).
-    frames = [
-        {"task": {"id": "t1", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}},
-        {"statusUpdate": {"taskId": "someone-else", "contextId": "c", "status": {"state": "TASK_STATE_COMPLETED"}}},
-    ]
-    data = [json.dumps({"jsonrpc": "2.0", "id": "1", "result": frame}) for frame in frames]
+    data = srv.another_tasks_end_frames()
     with srv.scripted_server(extra_routes=[srv.raw_sse_route("/other", data)]) as running:
         card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/other"))
         with a2a.Client(card=card) as c:

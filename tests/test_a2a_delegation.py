@@ -330,11 +330,7 @@ def test_a_remote_sending_a_number_json_has_no_value_for_is_a_protocol_error() -
 
 
 def test_a_remote_finishing_another_task_is_no_success_of_this_one() -> None:
-    frames = [
-        {"task": {"id": "t1", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}},
-        {"statusUpdate": {"taskId": "someone-else", "contextId": "c", "status": {"state": "TASK_STATE_COMPLETED"}}},
-    ]
-    data = [json.dumps({"jsonrpc": "2.0", "id": "1", "result": frame}) for frame in frames]
+    data = srv.another_tasks_end_frames()
     with srv.scripted_server(extra_routes=[srv.raw_sse_route("/other", data)]) as running:
         card = srv.agent_card(running.base_url, interface_url=running.base_url + "/other")
         with _delegator(d.RemoteAgentSpec("other", card=srv.card_json(card))) as delegator:

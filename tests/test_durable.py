@@ -740,14 +740,20 @@ def test_a_last_line_that_is_no_record_of_ours_is_corruption_never_cut(
         _write_log(log_path, records)
     before = (log_path.read_bytes() if records else b"") + tail
     log_path.write_bytes(before)
+    _assert_refused_by_all_and_kept(log_path, before, line=records + 1, says="not a torn record of this log")
+
+
+def _assert_refused_by_all_and_kept(log_path: Path, content: bytes, *, line: int, says: str) -> None:
+    """Every reader, repair and the next writer refuse the log as corrupt at ``line`` (the
+    reason saying ``says``), and it stays byte for byte ``content``."""
     for check in (lambda: list(scan(log_path)), lambda: list(scan(log_path, strict=False)),
                   lambda: inspect_tail(log_path), lambda: repair(log_path),
                   lambda: DurableLog(log_path).append({"i": "new"})):
         with pytest.raises(CorruptLogError) as info:
             check()
-        assert info.value.line == records + 1
-        assert "not a torn record of this log" in info.value.why
-    assert log_path.read_bytes() == before
+        assert info.value.line == line
+        assert says in info.value.why
+    assert log_path.read_bytes() == content
 
 
 @pytest.mark.parametrize("joint", [b" ", b"", b"\r"], ids=["newline changed", "newline deleted", "newline to CR"])
@@ -766,14 +772,9 @@ def test_the_last_two_records_run_together_are_corruption_never_cut(
     if not terminated:
         damaged = damaged.rstrip(b"\n")
     log_path.write_bytes(damaged)
-    for check in (lambda: list(scan(log_path)), lambda: list(scan(log_path, strict=False)),
-                  lambda: inspect_tail(log_path), lambda: repair(log_path),
-                  lambda: DurableLog(log_path).append({"i": "new"})):
-        with pytest.raises(CorruptLogError) as info:
-            check()
-        assert info.value.line == 3
-        assert "not a torn record of this log (it holds a whole JSON object and more" in info.value.why
-    assert log_path.read_bytes() == damaged
+    _assert_refused_by_all_and_kept(
+        log_path, damaged, line=3, says="not a torn record of this log (it holds a whole JSON object and more"
+    )
 
 
 def test_a_torn_last_record_after_whole_ones_is_still_cut(log_path: Path) -> None:

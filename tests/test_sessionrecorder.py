@@ -1087,37 +1087,32 @@ def test_repair_cuts_a_badly_framed_last_line(events_dir: Path, tail: bytes) -> 
 def test_a_stray_one_line_file_at_a_keys_path_is_corruption_and_kept(events_dir: Path, text: bytes) -> None:
     # repair() and the first record() under the key emptied such a file as if a crash had torn
     # its only line: a torn write is a prefix of one of our records, which this is not.
+    _assert_kept_and_refused(events_dir, "notes", text, line=1, says="not a torn record")
+
+
+def _assert_kept_and_refused(events_dir: Path, key: str, content: bytes, *, line: int, says: str) -> None:
+    """``key``'s log holding ``content`` is corruption at ``line`` to every reader and writer
+    (the reason saying ``says``, never "torn"), and stays byte for byte as it is."""
     events_dir.mkdir(parents=True)
-    path = events_dir / "notes.jsonl"
-    path.write_bytes(text)
+    path = events_dir / f"{key}.jsonl"
+    path.write_bytes(content)
     attempts: list[Callable[[], object]] = [lambda: sr.repair(path), lambda: sr.verify(path)]
     with _recorder(events_dir) as recorder:
-        attempts += [lambda: recorder.record("notes", _text(0)), lambda: list(recorder.since("notes"))]
+        attempts += [lambda: recorder.record(key, _text(0)), lambda: list(recorder.since(key))]
         for attempt in attempts:
             with pytest.raises(sr.JSONLEventLogCorruptError) as info:
                 attempt()
-            assert (info.value.key, info.value.line) == ("notes", 1)
-            assert not info.value.why.startswith("torn") and "not a torn record" in info.value.why
-    assert path.read_bytes() == text
+            assert (info.value.key, info.value.line) == (key, line)
+            assert not info.value.why.startswith("torn") and says in info.value.why
+    assert path.read_bytes() == content
 
 
 @pytest.mark.parametrize("joint", [b" ", b""], ids=["newline changed", "newline deleted"])
 def test_the_last_two_records_run_together_are_kept_and_refused(events_dir: Path, joint: bytes) -> None:
     # The next record() cut such a last line as a torn append: records 2 and 3, acknowledged,
     # were gone and host_seq 2 was handed out again; repair() offered to cut them too.
-    events_dir.mkdir(parents=True)
-    path = events_dir / "s.jsonl"
     damaged = GOOD[0] + GOOD[1][:-1] + joint + GOOD[2]
-    path.write_bytes(damaged)
-    attempts: list[Callable[[], object]] = [lambda: sr.repair(path), lambda: sr.verify(path)]
-    with _recorder(events_dir) as recorder:
-        attempts += [lambda: recorder.record("s", _text(9)), lambda: list(recorder.since("s"))]
-        for attempt in attempts:
-            with pytest.raises(sr.JSONLEventLogCorruptError) as info:
-                attempt()
-            assert (info.value.key, info.value.line) == ("s", 2)
-            assert not info.value.why.startswith("torn") and "lines run together" in info.value.why
-    assert path.read_bytes() == damaged
+    _assert_kept_and_refused(events_dir, "s", damaged, line=2, says="lines run together")
 
 
 def test_repair_refuses_corruption_before_the_tail(events_dir: Path) -> None:
