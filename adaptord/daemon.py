@@ -674,7 +674,10 @@ class Daemon:
         restart = [key for key in differing if key not in self._set_on_command_line]
         if self._bridge is not None and _served(fresh.a2a) != _served(self._bridge.config):
             restart.append("a2a")
+        interval_was = self.config.scan_interval
         self.config = fresh
+        if fresh.scan_interval < interval_was:
+            self._bring_scans_forward(fresh.scan_interval)
         if fresh.one_cpu != self._one_cpu:
             self._place_threads(fresh.one_cpu)
             self._write_state()  # its "cpu"
@@ -693,6 +696,17 @@ class Daemon:
             restart_needed_for=",".join(restart) or None,
             command_line_keeps=",".join(self._command_line_keeps(fresh)) or None,
         )
+
+    def _bring_scans_forward(self, interval: float) -> None:
+        """A shorter ``scan_interval`` applies at once: nothing waits on a time the longer one
+        set (a removed folder's check, the lifecycle log's size, a deferred verdict's retry,
+        a refused watcher or worker thread tried again)."""
+        due = time.monotonic() + interval
+        self._next_layout_check = min(self._next_layout_check, due)
+        self._next_rotation_check = min(self._next_rotation_check, due)
+        self._next_retry = min(self._next_retry, due)
+        self._next_watch_try = min(self._next_watch_try, due)
+        self._next_worker_try = min(self._next_worker_try, due)
 
     def _write_state(self) -> None:
         """Write ``adaptord.json``: what ``adaptor status`` says of this daemon."""

@@ -978,6 +978,23 @@ def test_a_verdict_the_disk_refuses_keeps_its_outcome_until_it_can_be_written(tm
         sr.verify(log)
 
 
+def test_a_reload_that_shortens_scan_interval_applies_it_at_once(tmp_path: Path) -> None:
+    # The checks made every scan_interval kept the time the old interval had set: with 300 s
+    # before a reload to 0.1 s, a removed folder came back only up to 300 s later (docs:
+    # scan_interval "takes effect at once").
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 300\n")
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    config.write_text("scan_interval = 0.1\n")
+    proc.signal(signal.SIGHUP)
+    proc.wait_for_line("config reloaded")
+    shutil.rmtree(proc.home.quarantine)
+    # Well within the old interval, however loaded the machine.
+    proc.wait_for_line("a folder of the home was missing; created it again", timeout=100)
+    assert proc.home.quarantine.is_dir()
+    assert proc.stop() == 0
+
+
 def test_folders_removed_from_under_the_daemon_are_created_again(tmp_path: Path) -> None:
     proc = DaemonProcess(tmp_path / "home", "--grace", "30").start()
     home = proc.home
