@@ -20,7 +20,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import FrozenInstanceError, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +290,28 @@ def test_sessions_with_equal_times_are_ordered_by_key(env: Env) -> None:
         assert [s.key for s in recorder.sessions()] == ["a", "b", "c"]
 
 
+@pytest.mark.parametrize("depth", [251, 252])
+def test_both_backends_refuse_and_keep_the_same_events(env: Env, depth: int) -> None:
+    # The memory backend kept the event alone, the file keeps it inside its record: one level
+    # more, so args nested 252 deep were recorded in memory and refused by the file (orjson's
+    # nesting limit), and args came back in their own key order from memory, sorted from a file.
+    nested: Any = "x"
+    for _ in range(depth):
+        nested = [nested]
+    deep = ToolCall(id="c1", name="t", args={"a": nested}, phase="start")
+    ordered = ToolCall(id="c2", name="t", args={"query": 1, "limit": 2, "filters": {"z": 1, "a": 2}}, phase="start")
+    with env.recorder() as recorder:
+        if depth > 251:
+            with pytest.raises(TypeError):
+                recorder.record("s", deep)
+        else:
+            recorder.record("s", deep)
+        recorder.record("s", ordered)
+        [*_, back] = recorder.since("s")
+    assert isinstance(back.event, ToolCall) and back.event.args is not None
+    assert list(back.event.args) == ["filters", "limit", "query"] and list(back.event.args["filters"]) == ["a", "z"]
+
+
 def test_host_seq_continues_after_a_restart(env: Env) -> None:
     if env.name == "memory":
         pytest.skip("a memory backend does not outlive itself")
@@ -314,6 +336,22 @@ def test_recorded_at_is_utc_and_the_clock_must_be_aware(env: Env) -> None:
         with pytest.raises(ValueError, match="naive"):
             recorder.record("t", _text(0))
         assert recorder.since("t") == []
+
+    class NoOffset(tzinfo):  # a tzinfo that knows no offset: naive by Python's definition
+        def utcoffset(self, dt: datetime | None) -> timedelta | None:
+            return None
+
+        def dst(self, dt: datetime | None) -> timedelta | None:
+            return None
+
+        def tzname(self, dt: datetime | None) -> str | None:
+            return None
+
+    # It was read as the host's local time and recorded shifted by it.
+    with env.recorder(clock=lambda: datetime(2026, 1, 1, 12, tzinfo=NoOffset())) as recorder:
+        with pytest.raises(ValueError, match="naive"):
+            recorder.record("u", _text(0))
+        assert recorder.since("u") == []
 
 
 meta = EventMeta(
@@ -1792,6 +1830,27 @@ def test_buffered_mode_syncs_on_flush_of_all_or_named_keys_and_on_close(
     recorder.record("a", _text(1))
     recorder.close()
     assert len(synced) == 4
+
+
+def test_a_bytes_path_or_an_empty_directory_is_said_for_what_it_is(events_dir: Path) -> None:
+    # verify(b"...") failed in a string method ("endswith first arg must be bytes"), and
+    # JSONLEventBackend("") (an unset variable) put the logs in the current directory.
+    for tool in (sr.verify, sr.repair):
+        with pytest.raises(TypeError, match="a log's path must be a str or a str path, not bytes"):
+            tool(os.fsencode(events_dir / "s.jsonl"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="directory is empty"):
+        sr.JSONLEventBackend("")
+
+
+@pytest.mark.parametrize("keys", [(("a", "b"),), (5,), (None,), (["a", "b"],)], ids=["tuple", "int", "none", "list"])
+def test_flush_and_close_idle_refuse_a_key_that_is_no_str(events_dir: Path, keys: tuple[Any, ...]) -> None:
+    # flush(("a", "b")) meant flush("a", "b"): skipped as a key never written, it synced
+    # nothing and said nothing (a list raised "unhashable type").
+    with sr.JSONLEventBackend(events_dir, sync_on_append=False) as backend:
+        sr.EventRecorder(backend).record("a", _text(0))
+        for call in (backend.flush, backend.close_idle):
+            with pytest.raises(TypeError, match="a session key is a str"):
+                call(*keys)
 
 
 # --- concurrency -----------------------------------------------------------------------------

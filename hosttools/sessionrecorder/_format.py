@@ -792,7 +792,10 @@ def last_record(path: str, key: str) -> tuple[int, datetime] | None:
 
 def key_of(path: StrPath) -> str:
     """The session key a log file belongs to: its base name without ``.jsonl``."""
-    name = os.path.basename(os.fspath(path))
+    text = os.fspath(path)
+    if isinstance(text, bytes):  # (verify and repair name the log's key: both look here first)
+        raise TypeError("a log's path must be a str or a str path, not bytes")
+    name = os.path.basename(text)
     return name[: -len(SUFFIX)] if name.endswith(SUFFIX) and len(name) > len(SUFFIX) else name
 
 
@@ -806,6 +809,7 @@ def verify(path: StrPath) -> int:
     unlike writing); a pipe or device is read to its end.
     """
     name = os.fspath(path)
+    key_of(name)  # (a bytes path: said first, as what it is)
     stream = open_stream(name)
     if stream is not None:
         with stream:
@@ -830,6 +834,7 @@ def repair(path: StrPath) -> RepairReport | None:
     without reading it.
     """
     name = os.fspath(path)
+    key_of(name)  # (a bytes path: said first, as what it is)
     # Looked at through the path as given: realpath() cannot name a pipe (/dev/stdin gives
     # "/proc/.../pipe:[123]", which does not exist).
     try:

@@ -630,6 +630,9 @@ class JSONLEventBackend:
         if isinstance(os.fspath(directory), bytes):
             # Said now: the first append failed with "Can't mix strings and bytes".
             raise TypeError("directory must be a str or a str path, not bytes")
+        if not os.fspath(directory):
+            # (An unset variable's "" was the current directory: logs where the program ran.)
+            raise ValueError("directory is empty; name the folder the logs go to")
         self._directory = os.path.abspath(os.fspath(directory))
         if os.path.lexists(self._directory) and not os.path.isdir(self._directory):
             # Fail now rather than on the first append, possibly hours into a daemon's life.
@@ -767,6 +770,11 @@ class JSONLEventBackend:
 
     def _open_sessions(self, keys: Sequence[str]) -> list[_Session]:
         """The sessions of ``keys`` this backend has (every one without keys)."""
+        for key in keys:
+            if not isinstance(key, str):
+                # flush(("a", "b")) for flush("a", "b"): skipped as a key never written, it
+                # synced nothing and said nothing.
+                raise TypeError(f"a session key is a str, not {type(key).__name__} (pass keys as separate arguments)")
         with self._lock:
             self._check_open()
             if keys:

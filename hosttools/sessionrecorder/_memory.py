@@ -42,12 +42,14 @@ class MemoryEventBackend:
         log: list[tuple[datetime, bytes]],
     ) -> Generator[EventRecord, None, None]:
         for index, (recorded_at, data) in enumerate(log):
-            yield EventRecord(index + 1, recorded_at, from_json(orjson.loads(data)))
+            yield EventRecord(index + 1, recorded_at, from_json(orjson.loads(data)["event"]))
 
     def append(self, key: str, record: EventRecord) -> EventRecord:
         if record.host_seq != 0:
             raise ValueError(f"the backend allocates host_seq; pass 0, not {record.host_seq}")
-        data = orjson.dumps(to_json(record.event))
+        # As a JSONL line holds it: inside the record's object (one level deeper, where
+        # orjson's nesting limit applies) with its keys sorted.
+        data = orjson.dumps({"event": to_json(record.event)}, option=orjson.OPT_SORT_KEYS)
         with self._lock:
             self._check_open()
             log = self._logs.setdefault(key, [])

@@ -106,7 +106,9 @@ class EventRecorder:
         if not isinstance(moment, datetime):
             raise TypeError(f"the recorder's clock must return a datetime, not {type(moment).__name__}")
         if moment.tzinfo is not UTC:
-            if moment.tzinfo is None:
+            # (A tzinfo that gives no offset makes a naive datetime too, which astimezone()
+            # would read as the host's local time.)
+            if moment.tzinfo is None or moment.utcoffset() is None:
                 raise ValueError("the recorder's clock returned a naive datetime; it must be aware")
             moment = moment.astimezone(UTC)
         draft = make_record(0, moment, _descriptive(event))
