@@ -696,25 +696,26 @@ def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> 
 def event_line(host_seq: int, recorded_at: datetime, event: events.Event) -> str:
     """``  12 10:00:01.123 tool_call.start   grep {"pattern": "x"}``"""
     moment = recorded_at.astimezone().strftime("%H:%M:%S.%f")[:-3]
-    kind = events.event_kind(event)
+    kind = events.event_kind(event).translate(_ESCAPED)  # (a driver's word; escaped all the same)
     return f"{host_seq:>6} {moment} {kind:<22} {summary(event)}".rstrip()
 
 
 def summary(event: events.Event) -> str:
-    """The few words of an event a human scanning a log wants."""
+    """The few words of an event a human scanning a log wants, on one line: every part an
+    agent named (a tool, an id, a message's) is escaped and cut as its text is."""
     match event:
         case events.TextDelta(phase="content") | events.Thinking(phase="content"):
             return clip(event.text)
         case events.TextDelta() | events.Thinking():
-            return event.message_id
+            return clip(event.message_id)
         case events.ToolCall(phase="start"):
-            return f"{event.name} {compact(event.args)}" if event.args is not None else event.name
+            return f"{clip(event.name)} {compact(event.args)}" if event.args is not None else clip(event.name)
         case events.ToolCall(phase="end"):
-            return f"{event.name} -> {compact(event.result)}"
+            return f"{clip(event.name)} -> {compact(event.result)}"
         case events.ToolCall():
             return clip(event.args_delta)
         case events.ToolResult():
-            return f"{event.id}{' (error)' if event.is_error else ''} {compact(event.result)}"
+            return f"{clip(event.id)}{' (error)' if event.is_error else ''} {compact(event.result)}"
         case events.ProcessInfo(kind="spawn"):
             argv = event.data.get("argv")
             shown = " ".join(map(str, argv)) if isinstance(argv, list) else ""
@@ -727,7 +728,7 @@ def summary(event: events.Event) -> str:
         case events.ApprovalRequest():
             return clip(f"{event.id} {event.kind} {event.title}")
         case events.RunStarted():
-            return event.run_id
+            return clip(event.run_id)
         case events.RunFinished():
             if not event.failed:
                 return "ok"

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from adaptor import _cli_common, errors
+from adaptor import _cli_common, errors, events
 
 
 def test_exit_codes_table_matches_the_taxonomy() -> None:
@@ -56,6 +57,30 @@ def test_an_event_line_of_a_failure_without_a_reason_has_no_empty_field() -> Non
     assert _cli_common.summary(finished) == "failed: thread is busy"
     finished = events.RunFinished(run_id="run_1", failed=True, reason="agent_error", message="boom")
     assert _cli_common.summary(finished) == "failed: agent_error: boom"
+
+
+NASTY = "two\nlines\u202eevil\x1b[2J"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        events.ToolCall(id="c1", name=NASTY, args={"x": 1}, phase="start"),
+        events.ToolCall(id="c1", name=NASTY, phase="start"),
+        events.ToolCall(id="c1", name=NASTY, result=1, phase="end"),
+        events.ToolResult(id=NASTY, result="r"),
+        events.TextDelta(message_id=NASTY, phase="start"),
+        events.RunStarted(run_id=NASTY),
+    ],
+    ids=["tool start", "tool start without args", "tool end", "tool result", "message start", "run started"],
+)
+def test_a_name_the_model_chose_stays_on_its_events_line(event: events.Event) -> None:
+    # The one-line summary escaped texts, arguments and results, not a tool's name (nor an id):
+    # a name holding a newline split the line (and could fake an event line after it), and its
+    # escape sequences reached a terminal through `adaptor events ID | grep tool`.
+    line = _cli_common.event_line(1, datetime(2026, 12, 7, tzinfo=UTC), event)
+    assert "\n" not in line and "\u202e" not in line and "\x1b" not in line
+    assert "two\\nlines\\u202eevil\\x1b[2J" in line
 
 
 def test_an_event_line_never_carries_a_terminal_control_sequence() -> None:
