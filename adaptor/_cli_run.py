@@ -126,7 +126,6 @@ class _RequestNumber(_NumberType):
 )
 @click.option(
     "--driver",
-    envvar="ADAPTOR_DRIVER",
     type=click.Choice(drivers.NAMES),
     help="The agent driver (default: $ADAPTOR_DRIVER; required unless --request names one).",
 )
@@ -246,8 +245,10 @@ def run(
             else f"{', '.join(readers[:-1])} and {readers[-1]} all read stdin; give all but one of them a file"
         )
     base = read_request(request_file) if request_file is not None else {}
-    if "driver" in base and _from_environment("driver"):
-        driver = None  # $ADAPTOR_DRIVER is the default: a --request file naming its driver wins
+    if driver is None and "driver" not in base:
+        # $ADAPTOR_DRIVER is the default, looked at only when it is used: a --request file
+        # naming its driver wins over it, whatever it says (a driver of another version).
+        driver = _driver_from_environment()
     request = _build_request(
         base=base,
         prompt=prompt,
@@ -321,10 +322,13 @@ def _object_field(request: dict[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
-def _from_environment(parameter: str) -> bool:
-    """Whether the current command's ``parameter`` was taken from its environment variable."""
-    source = click.get_current_context().get_parameter_source(parameter)
-    return source is click.core.ParameterSource.ENVIRONMENT
+def _driver_from_environment() -> str | None:
+    """``$ADAPTOR_DRIVER``, checked as ``--driver`` is (None: unset or empty)."""
+    name = os.environ.get("ADAPTOR_DRIVER") or None
+    if name is not None and name not in drivers.NAMES:
+        choices = ", ".join(repr(n) for n in drivers.NAMES)
+        raise click.BadParameter(f"{name!r} is not one of {choices}.", param_hint="'$ADAPTOR_DRIVER'")
+    return name
 
 
 def _build_request(

@@ -1738,6 +1738,10 @@ def test_the_driver_a_request_file_names_wins_over_adaptor_driver(home: Home) ->
     for extra in ([], ["--no-daemon"]):
         for env, driver_option, said in (
             ({"ADAPTOR_DRIVER": "script"}, [], "from the file"),
+            # One this version does not know (or spelled otherwise) is never looked at here:
+            # click checked it against the choices first, exit 2.
+            ({"ADAPTOR_DRIVER": "opencode"}, [], "from the file"),
+            ({"ADAPTOR_DRIVER": "Script"}, [], "from the file"),
             ({}, ["--driver", "script"], ""),  # an explicit --driver still overrides the file
         ):
             ran = subprocess.run(
@@ -1747,6 +1751,16 @@ def test_the_driver_a_request_file_names_wins_over_adaptor_driver(home: Home) ->
             out = orjson.loads(ran.stdout)
             assert (ran.returncode, out["result"]["text"]) == (0, said), (extra, env, out)
             assert out["result"]["provider"] == ("command" if said else "script")
+
+
+def test_an_adaptor_driver_this_version_does_not_know_is_said_when_it_is_used(home: Home) -> None:
+    ran = subprocess.run(
+        ["adaptor", "run", "--json", "p"], capture_output=True, text=True,
+        env={**home.env(), "ADAPTOR_DRIVER": "opencode"}, timeout=TIMEOUT,
+    )
+    assert ran.returncode == 2
+    message = orjson.loads(ran.stdout)["error"]["message"]
+    assert message.startswith("Invalid value for '$ADAPTOR_DRIVER': 'opencode' is not one of 'claude'"), message
 
 
 def test_options_adding_to_a_request_files_field_of_another_type_are_usage_errors(home: Home) -> None:
