@@ -611,7 +611,7 @@ def _execute(
         except KeyboardInterrupt as stop:
             if stream is not None:
                 stream.cancel()
-            _say_cancelled(f"adaptor: cancelled{_by(stop)}")
+            _say_cancelled(f"adaptor: cancelled {request_id}{_by(stop)}")  # (as through the daemon)
             interrupted(as_json, stop, id=request_id)
         finally:
             call.close(10.0)

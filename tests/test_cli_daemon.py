@@ -2057,6 +2057,8 @@ def test_sigterm_and_sighup_cancel_the_run_as_ctrl_c_does(
             assert outcome["error"]["code"] == errors.CancelledError.code
             assert outcome["error"]["message"] == f"cancelled by {stop.name}"
             request_id = outcome["id"]
+            # The line names the run both ways (--no-daemon said only "cancelled (SIGTERM)").
+            assert err.decode().startswith(f"adaptor: cancelled {request_id} ({stop.name}")
         if not extra:  # the daemon's run was cancelled, not left running
             if not as_json:
                 request_id = err.decode().split("cancelled ", 1)[1].split()[0]
