@@ -222,6 +222,10 @@ class Client:
             raise ValueError(
                 f"{path} {said}, not {_home.VERDICT_FORMAT!r}: a verdict of another version of adaptord?"
             )
+        damage = _damaged_verdict(verdict)
+        if damage is not None:
+            # (Read on, wait failed deep inside with an AttributeError, and --json said ok.)
+            raise ValueError(f"{path} is damaged: {damage}; the daemon never writes such a verdict")
         return verdict
 
     def wait(self, request_id: str, timeout: float | None = None) -> Result:
@@ -410,8 +414,8 @@ class Client:
                 verdict = _read_object(self._home.verdicts / name)
             except (OSError, ValueError):
                 continue
-            if verdict.get("format") != _home.VERDICT_FORMAT:
-                continue  # another version's: not read as this one's (wait refuses it, naming it)
+            if verdict.get("format") != _home.VERDICT_FORMAT or _damaged_verdict(verdict) is not None:
+                continue  # another version's, or damaged: not shown (wait refuses it, naming it)
             error = verdict.get("error")
             recent.append(
                 {
@@ -897,6 +901,24 @@ def _status_report(
         "verdict_deferred": sorted(deferred),
         "recent": list(recent),
     }
+
+
+def _damaged_verdict(verdict: Mapping[str, Any]) -> str | None:
+    """What in a verdict of this format is not as the daemon writes it (None: nothing)."""
+    if not isinstance(verdict.get("ok"), bool):
+        return '"ok" is not true or false'
+    code = verdict.get("exit_code")
+    if isinstance(code, bool) or not isinstance(code, int):
+        return '"exit_code" is not an integer'
+    result = verdict.get("result")
+    if result is not None and not (isinstance(result, dict) and isinstance(result.get("text", ""), str)):
+        return '"result" is not a result (an object whose "text" is text)'
+    error = verdict.get("error")
+    if error is not None and not (isinstance(error, dict) and isinstance(error.get("code"), str)):
+        return '"error" is not an error (an object with a "code")'
+    if verdict["ok"] != (error is None):
+        return '"ok" contradicts "error"'
+    return None
 
 
 def _read_object(path: Path) -> dict[str, Any]:

@@ -1242,6 +1242,27 @@ def test_the_command_a_message_suggests_can_be_pasted_for_any_home(tmp_path: Pat
         assert shlex.split(command) == ["adaptord", "serve", "--home", str(home)], str(error)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [{"result": {"text": 5}}, {"exit_code": "x"}, {"ok": "yes"}, {"error": {"code": None}}, {"ok": True, "error": {"code": "ErrX"}}],
+    ids=["text-not-text", "exit-code-not-int", "ok-not-bool", "error-without-code", "ok-beside-an-error"],
+)
+def test_a_damaged_verdict_is_refused_alike_with_and_without_json(home: Home, damage: dict[str, Any]) -> None:
+    # A verdict edited by hand ("text": 5): `wait` failed with an AttributeError from deep
+    # inside (exit 70) while `wait --json` said ok (exit 0), and status listed it.
+    request_id = home.client.submit(script({"text": "hi"}))
+    home.client.wait(request_id, timeout=TIMEOUT)
+    path = home.root / "verdicts" / f"{request_id}.json"
+    path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), **damage}))
+    said = f"{path} is damaged: "
+    with pytest.raises(ValueError, match=re.escape(said)):
+        home.client.wait(request_id, timeout=TIMEOUT)
+    for extra in ([], ["--json"]):
+        done = home.cli("wait", request_id, *extra)
+        assert done.returncode == 70 and said in done.stdout + done.stderr, (extra, done.stdout, done.stderr)
+    assert request_id not in [v["id"] for v in home.client.status()["recent"]]
+
+
 def test_a_verdict_of_another_format_is_refused_not_misread(home: Home) -> None:
     # A verdict of a format this version does not write (a newer daemon's) was read as if it
     # were its own: `wait` exited 0 with whatever its fields meant there.
