@@ -352,7 +352,19 @@ def daemon_state(home: Home) -> dict[str, Any]:
         raise ValueError(f"{path} is unreadable ({exc}); pid and details unknown") from exc
     if not isinstance(state, dict):
         raise ValueError(f"{path} is unreadable (not a JSON object); pid and details unknown")
+    wrong = [name for name, kinds in _STATE_FIELDS.items()
+             if name in state and state[name] is not None
+             and (isinstance(state[name], bool) or not isinstance(state[name], kinds))]
+    if wrong:
+        # (Shown as they were, `status` said "pid x, y workers".)
+        raise ValueError(f"{path} is damaged ({', '.join(wrong)} of another type); pid and details unknown")
     return state
+
+
+# What the daemon writes in adaptord.json, and the types it writes them as.
+_STATE_FIELDS: Final[Mapping[str, type | tuple[type, ...]]] = {
+    "pid": int, "workers": int, "started_at": str, "cpu": int, "a2a_url": str,
+}
 
 
 MAX_ATTEMPTS = 3

@@ -1161,6 +1161,21 @@ def test_status_of_a_damaged_daemon_state_says_it_is_unreadable(tmp_path: Path) 
     assert f"{daemon.home.daemon_state} is unreadable" in ours.stderr
 
 
+def test_status_of_a_daemon_state_of_other_types_says_it_is_damaged(tmp_path: Path) -> None:
+    # {"pid": "x", "workers": "y", "started_at": 5} was shown as it was: "pid x, y workers, since 5".
+    daemon = DaemonProcess(tmp_path / "home").start()
+    try:
+        daemon.home.daemon_state.write_bytes(b'{"pid": "x", "workers": "y", "started_at": 5}')
+        home = ["--home", str(daemon.home.root)]
+        ours = subprocess.run(["adaptor", "status", *home], capture_output=True, text=True, timeout=TIMEOUT)
+        as_json = subprocess.run(["adaptor", "status", "--json", *home], capture_output=True, text=True, timeout=TIMEOUT)
+    finally:
+        assert daemon.stop() == 0
+    assert ours.returncode == 0 and ours.stdout.splitlines()[0] == f"adaptord running for {daemon.home.root}"
+    assert f"{daemon.home.daemon_state} is damaged (pid, workers, started_at of another type)" in ours.stderr
+    assert orjson.loads(as_json.stdout)["result"]["pid"] is None
+
+
 def test_status_names_one_worker_in_the_singular(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text("workers = 1\n")
