@@ -683,6 +683,19 @@ def _about(arguments: Mapping[str, object]) -> dict[str, Any]:
     return {"id": request_id} if isinstance(request_id, str) else {}
 
 
+def refuse_a_store_log(path: str, param_hint: str) -> None:
+    """A usage error when the regular file at ``path`` is a thread store's log, which the
+    session-recorder readers would call corrupt at its first line ("missing host_seq")."""
+    from adaptor.threadstore._jsonl import is_store_log
+
+    if is_store_log(path):
+        raise click.BadParameter(
+            "this is a thread-store log (threads/log-*.jsonl), not a session-recorder event "
+            "log; `adaptor threads` reads the store, which checks its own files",
+            param_hint=param_hint,
+        )
+
+
 def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     """A ``FloatRange`` option's callback: NaN compares false with both bounds, so it passes."""
     if value is not None and value != value:

@@ -28,6 +28,7 @@ from adaptor._cli_common import (
     not_nan,
     note_done_before_output,
     read_request,
+    refuse_a_store_log,
     require_daemon,
     status_decided,
     stdout_reader_gone,
@@ -290,6 +291,8 @@ def events(
             # With -f it may appear later, as for tail -F.  Not is_file(): a pipe is read too.
             if not follow and not path.exists():
                 raise click.BadParameter(f"no such file: {log_file}", param_hint="--file")
+            if path.is_file():
+                refuse_a_store_log(str(path), "--file")
             records = _log_records(path, follow=follow, since=since, wanted=_still_read)
     printed = 0
     with told:

@@ -96,14 +96,7 @@ def verify_log(file: str, do_repair: bool, as_json: bool) -> None:
     regular = stat.S_ISREG(os.stat(file).st_mode)
     if regular:
         file = os.path.realpath(file)
-        from adaptor.threadstore._jsonl import is_store_log
-
-        if is_store_log(file):
-            raise click.BadParameter(
-                "this is a thread-store log (threads/log-*.jsonl), not a session-recorder event "
-                "log; `adaptor threads` reads the store, which checks its own files",
-                param_hint="FILE",
-            )
+        _cli_common.refuse_a_store_log(file, "FILE")
     elif do_repair:
         raise click.BadParameter("--repair needs a regular file (this is a pipe or a device)", param_hint="FILE")
     repaired: dict[str, object] | None = None

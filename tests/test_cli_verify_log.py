@@ -200,6 +200,11 @@ def test_a_thread_store_log_is_named_as_such_not_called_corrupt(tmp_path: Path) 
     checked = _adaptor(str(tmp_path / "threads" / "log-000001.jsonl"))
     assert checked.returncode == 2, checked.stderr
     assert "thread-store log" in checked.stderr and "corrupt" not in checked.stderr
+    # So does `adaptor events --file`, which said the same "missing host_seq" (exit 70).
+    shown = subprocess.run(["adaptor", "events", "--file", str(tmp_path / "threads" / "log-000001.jsonl")],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert shown.returncode == 2, shown.stderr
+    assert "thread-store log" in shown.stderr and "corrupt" not in shown.stderr
 
 
 def test_dash_reads_the_log_from_stdin(log: Path) -> None:
