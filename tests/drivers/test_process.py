@@ -341,11 +341,12 @@ env = {"PATH": os.environ["PATH"]}
 child = Child.start(Spec(argv=["/bin/cat"], env=env, env_names=[], stdin="driven"), RecordingSink())
 live = claude._Live(child, sys.argv[1], "signature")
 live.session_id = "s1"
+live.turn = "t1"  # the saved turn it made (see claude._TURN_KEY): it would fit
 pool = claude._Pool()
 print(child.pid, flush=True)
 sys.stdin.readline()  # capped: no evictor thread can start
 pool.put(live, 60.0)
-print("kept" if pool.take("s1", "signature") is live else "not kept", child.alive, flush=True)
+print("kept" if pool.take("s1", "signature", "t1") is live else "not kept", child.alive, flush=True)
 """
 
 
