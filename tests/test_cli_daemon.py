@@ -1144,35 +1144,39 @@ def test_status_of_a_file_for_a_home_is_69_as_for_every_other_command(tmp_path: 
     assert "adaptord serve" not in said["status", False]  # it could not start there either
 
 
-def test_status_of_a_damaged_daemon_state_says_it_is_unreadable(tmp_path: Path) -> None:
-    # It printed "pid None, None workers, since None" and nothing on stderr.
+def _status_with_daemon_state(
+    tmp_path: Path, content: bytes
+) -> tuple[Path, list[subprocess.CompletedProcess[str]]]:
+    """``adaptor status``, ``adaptord status`` and ``adaptor status --json`` of a serving
+    daemon whose ``adaptord.json`` holds ``content``; and that file's path."""
     daemon = DaemonProcess(tmp_path / "home").start()
     try:
-        daemon.home.daemon_state.write_bytes(b'{"pid": 12')
+        daemon.home.daemon_state.write_bytes(content)
         home = ["--home", str(daemon.home.root)]
-        ours = subprocess.run(["adaptor", "status", *home], capture_output=True, text=True, timeout=TIMEOUT)
-        theirs = subprocess.run(["adaptord", "status", *home], capture_output=True, text=True, timeout=TIMEOUT)
+        shown = [
+            subprocess.run([*command, *home], capture_output=True, text=True, timeout=TIMEOUT)
+            for command in (["adaptor", "status"], ["adaptord", "status"], ["adaptor", "status", "--json"])
+        ]
     finally:
         assert daemon.stop() == 0
+    return daemon.home.daemon_state, shown
+
+
+def test_status_of_a_damaged_daemon_state_says_it_is_unreadable(tmp_path: Path) -> None:
+    # It printed "pid None, None workers, since None" and nothing on stderr.
+    state, (ours, theirs, _) = _status_with_daemon_state(tmp_path, b'{"pid": 12')
     assert ours.returncode == theirs.returncode == 0, ours.stderr
-    assert ours.stdout.splitlines()[0] == f"adaptord running for {daemon.home.root}"
+    assert ours.stdout.splitlines()[0] == f"adaptord running for {tmp_path / 'home'}"
     assert "None" not in ours.stdout
     assert ours.stderr == theirs.stderr.replace("adaptord: ", "adaptor: ", 1)
-    assert f"{daemon.home.daemon_state} is unreadable" in ours.stderr
+    assert f"{state} is unreadable" in ours.stderr
 
 
 def test_status_of_a_daemon_state_of_other_types_says_it_is_damaged(tmp_path: Path) -> None:
     # {"pid": "x", "workers": "y", "started_at": 5} was shown as it was: "pid x, y workers, since 5".
-    daemon = DaemonProcess(tmp_path / "home").start()
-    try:
-        daemon.home.daemon_state.write_bytes(b'{"pid": "x", "workers": "y", "started_at": 5}')
-        home = ["--home", str(daemon.home.root)]
-        ours = subprocess.run(["adaptor", "status", *home], capture_output=True, text=True, timeout=TIMEOUT)
-        as_json = subprocess.run(["adaptor", "status", "--json", *home], capture_output=True, text=True, timeout=TIMEOUT)
-    finally:
-        assert daemon.stop() == 0
-    assert ours.returncode == 0 and ours.stdout.splitlines()[0] == f"adaptord running for {daemon.home.root}"
-    assert f"{daemon.home.daemon_state} is damaged (pid, workers, started_at of another type)" in ours.stderr
+    state, (ours, _, as_json) = _status_with_daemon_state(tmp_path, b'{"pid": "x", "workers": "y", "started_at": 5}')
+    assert ours.returncode == 0 and ours.stdout.splitlines()[0] == f"adaptord running for {tmp_path / 'home'}"
+    assert f"{state} is damaged (pid, workers, started_at of another type)" in ours.stderr
     assert orjson.loads(as_json.stdout)["result"]["pid"] is None
 
 
