@@ -4,6 +4,8 @@ approve/deny/answer, threads, status."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -549,7 +551,13 @@ def _open_store(root: Path) -> Any:
     from adaptor.threadstore import JSONLStore
 
     # Opening creates the directory; a home without threads has none to list.
-    return JSONLStore(root / "threads") if (root / "threads").is_dir() else None
+    folder = root / "threads"
+    if not os.path.lexists(folder):
+        return None
+    if not folder.is_dir():
+        # (Something else standing there was read as "no threads", exit 0.)
+        raise NotADirectoryError(errno.ENOTDIR, "the thread store is not a folder", str(folder))
+    return JSONLStore(folder)
 
 
 @threads.command("list")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptor import _cli_common, errors, events
+from adaptor import _cli_common, _home, errors, events
 
 
 def test_exit_codes_table_matches_the_taxonomy() -> None:
@@ -349,6 +349,18 @@ def test_an_error_its_library_raised_again_as_its_own_cause_is_said_once(tmp_pat
     assert "store.lock" in proc.stderr
     assert "caused by" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_thread_store_that_is_no_folder_is_said_not_read_as_empty(tmp_path: Path) -> None:
+    # A file standing where threads/ goes was read as "no threads": nothing listed, exit 0.
+    home = tmp_path / "home"
+    _home.Home.at(home).ensure()
+    (home / "threads").rmdir()
+    (home / "threads").write_text("not a store")
+    for extra in ([], ["--json"]):
+        proc = subprocess.run(["adaptor", "threads", "list", "--home", str(home), *extra], capture_output=True, text=True)
+        assert proc.returncode == 70, (extra, proc.stdout, proc.stderr)
+        assert "the thread store is not a folder" in proc.stdout + proc.stderr
 
 
 def test_a_librarys_multi_line_cause_is_said_on_one_line(tmp_path: Path) -> None:
