@@ -313,6 +313,8 @@ class Client:
                 pending = _read_object(path)
             except (OSError, ValueError):
                 continue  # resolved (removed) while we listed, or not ours to read
+            if not _pending_as_written(pending):
+                continue  # not the daemon's (a file put there by hand): nothing asked it
             if not _home.answerable(self._home, pending):
                 continue
             found.append((str(pending.get("created_at") or ""), path.name, pending))
@@ -901,6 +903,16 @@ def _status_report(
         "verdict_deferred": sorted(deferred),
         "recent": list(recent),
     }
+
+
+def _pending_as_written(pending: Mapping[str, Any]) -> bool:
+    """Whether a pending approval file has what the daemon writes in every one: its id, the
+    request it belongs to and a kind a response can be for."""
+    return (
+        isinstance(pending.get("id"), str)
+        and isinstance(pending.get("request_id"), str)
+        and pending.get("approval_kind") in ("permission", "plan_review", "question")
+    )
 
 
 def _damaged_verdict(verdict: Mapping[str, Any]) -> str | None:

@@ -155,6 +155,13 @@ def test_approvals_show_an_agent_title_on_one_line(home: Home) -> None:
     assert home.client.wait(request_id, timeout=TIMEOUT).text == "ok"
 
 
+def test_a_pending_file_the_daemon_did_not_write_is_not_listed(home: Home) -> None:
+    # {"id": "x"} put in approvals/pending/ by hand was listed as "x    request None".
+    (home.root / "approvals" / "pending" / "x.json").write_bytes(b'{"id": "x"}')
+    assert "x" not in [a["id"] for a in home.client.approvals()]
+    assert "request None" not in home.cli("approvals").stdout
+
+
 def test_events_do_not_let_an_agent_reorder_a_line(home: Home) -> None:
     # A right-to-left override in what the agent said was printed as it is: the rest of the
     # line read backwards on a terminal (an approval's title in the live prompt too).
