@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
 import orjson
 
-from adaptor import _nesting
+from adaptor import _nesting, errors
 from adaptor.errors import AdaptorError
 
 if TYPE_CHECKING:
@@ -205,15 +205,12 @@ def as_rejection(err: BaseException | None) -> tuple[str, str] | None:
     beside other errors, failed; its failure is not the rejection's to tell the model.
     """
     seen: set[int] = set()
-    while err is not None and id(err) not in seen and len(seen) < _MAX_CAUSES:
+    while err is not None and id(err) not in seen and len(seen) < errors.FIND_NODE_LIMIT:
         if isinstance(err, _Rejection) and getattr(err, "_marker", None) is _MARKER:
             return err.code, err.message
         seen.add(id(err))
         err = err.__cause__
     return None
-
-
-_MAX_CAUSES: Final = 100
 
 
 # --- cancellation of a call -------------------------------------------------------------------

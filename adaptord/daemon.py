@@ -1170,18 +1170,9 @@ class Daemon:
         them, when it is a request (a regular file of JSON, not too large to read) holding
         any; else None: it is moved as it was written."""
         try:
-            fd, info = _durable.open_regular(source, os.O_RDONLY)
-        except (_durable.ForeignFileError, OSError):
-            return None
-        try:
-            if info.st_size > _home.MAX_REQUEST_BYTES:
-                return None
-            data = os.read(fd, _home.MAX_REQUEST_BYTES + 1)
-        finally:
-            os.close(fd)
-        try:
-            request = requests.decode(data)
-        except (InvalidRequestError, ValueError):
+            # (Read as every request file is: no link followed, no FIFO waited on, bounded.)
+            request = requests.decode(requests.read_limited(source, _home.MAX_REQUEST_BYTES))
+        except (InvalidRequestError, OSError, ValueError):
             return None
         defaults = self.config.driver_defaults(str(request.get("driver", "")))
         secrets = requests.secrets_of(request, defaults)
