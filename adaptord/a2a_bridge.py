@@ -995,7 +995,9 @@ def build_app(
         handler = _Handler(executor, card)
         handlers.append(handler)
         routes += create_agent_card_routes(card, card_url=card_path(agent.key))
-        routes += create_jsonrpc_routes(handler, rpc_url=f"{AGENTS_PREFIX}/{agent.key}")
+        routes += create_jsonrpc_routes(
+            handler, rpc_url=f"{AGENTS_PREFIX}/{agent.key}", enable_v0_3_compat=True
+        )
         open_paths.append(card_path(agent.key))
         if len(agents) == 1:
             routes += create_agent_card_routes(card)

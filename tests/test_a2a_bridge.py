@@ -235,6 +235,52 @@ def test_tasks_cannot_be_listed(daemon_a: Served) -> None:
 
 
 @slow
+def test_the_json_rpc_method_names_of_a2a_0_3_are_served_too(daemon_a: Served) -> None:
+    # spec/a2a.md names the bridge's calls message/send, tasks/get and tasks/cancel: a caller
+    # using them (an A2A 0.3 client) got -32601 where the 1.0 names worked.
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def rpc(agent: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        call = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        response = httpx.post(f"{daemon_a.url}/agents/{agent}", json=call, headers=headers, timeout=WAIT)
+        body: dict[str, Any] = response.json()
+        return body
+
+    def message(text: str, **more: str) -> dict[str, Any]:
+        parts = [{"kind": "text", "text": text}]
+        return {"kind": "message", "role": "user", "messageId": secrets.token_hex(4), "parts": parts, **more}
+
+    done = rpc("echo", "message/send", {"message": message("hello A")})["result"]
+    assert done["kind"] == "task" and done["status"]["state"] == "completed", done
+    assert [p["text"] for a in done["artifacts"] for p in a["parts"]] == ["A says hello"]
+    fetched = rpc("echo", "tasks/get", {"id": done["id"]})["result"]
+    assert fetched["status"]["state"] == "completed" and fetched["artifacts"] == done["artifacts"]
+    assert rpc("echo", "tasks/get", {"id": "no-such-task"})["error"]["code"] == -32001
+
+    running = rpc("slow", "message/send", {"message": message("go"), "configuration": {"blocking": False}})
+    task_id = running["result"]["id"]
+    again = rpc("slow", "message/send", {"message": message("more", taskId=task_id)})
+    assert "still running" in again["error"]["message"], again
+    cancelled = rpc("slow", "tasks/cancel", {"id": task_id})["result"]
+    assert cancelled["status"]["state"] == "canceled", cancelled
+    verdict = daemon_a.daemon.verdict(running["result"]["metadata"]["adaptord.request_id"])
+    assert isinstance(errors.from_wire(verdict["error"]), errors.RunCancelledError)
+
+    call = {"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": message("hello A")}}
+    with httpx.stream("POST", f"{daemon_a.url}/agents/echo", json=call, headers=headers, timeout=WAIT) as response:
+        updates = [json.loads(line[len("data:"):])["result"] for line in response.iter_lines() if line.startswith("data:")]
+    assert updates[-1]["final"] is True and updates[-1]["status"]["state"] == "completed", updates
+    for params in ({}, {"contextId": done["contextId"]}):  # nor can 0.3 calls list tasks
+        assert rpc("echo", "tasks/list", params)["error"]["code"] == -32601
+    unauthorized = httpx.post(
+        f"{daemon_a.url}/agents/echo",
+        json={"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": done["id"]}},
+        timeout=WAIT,
+    )
+    assert unauthorized.status_code == 401 and "hello" not in unauthorized.text
+
+
+@slow
 def test_an_oversized_message_is_refused_before_it_is_read(daemon_a: Served) -> None:
     # It was parsed, kept in the task history and spooled (20 MB messages grew the daemon by
     # 50 MB each) only for the daemon to refuse the request as larger than 1 MiB.
