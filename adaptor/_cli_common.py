@@ -437,6 +437,29 @@ def status_decided() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
+def exiting_after_a_signal() -> None:
+    """A signal stopped the command, which now exits with that signal's status: the runs it
+    leaves stop as at a program's exit (their agents get SIGKILL at most
+    ``GRACE_AT_EXIT`` seconds in, whatever their grace period), and a further signal kills
+    them at once instead of stopping the command a second time (a second ``--json`` object,
+    another exit status).  Only in the process :func:`adaptor.cli.main` runs, and from its
+    main thread; elsewhere only the first half applies.
+    """
+    from adaptor import _exiting  # (the SDK's; only an in-process run has agents to stop)
+
+    _exiting.begin()
+    if _owns_process and threading.current_thread() is threading.main_thread():
+        for signum in _EXIT_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _kill_the_agents_now)
+
+
+def _kill_the_agents_now(signum: int, frame: object) -> None:
+    from adaptor import _exiting
+
+    _exiting.cut_the_wait_short()
+
+
 _REDELIVER_AFTER = 0.05
 """Seconds before a stop signal Python swallowed is delivered again (see stopping_like_ctrl_c)."""
 

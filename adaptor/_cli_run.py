@@ -25,6 +25,7 @@ from adaptor._cli_common import (
     compact,
     echo,
     emit_result,
+    exiting_after_a_signal,
     fail,
     guarded,
     home_option,
@@ -609,6 +610,7 @@ def _execute(
                 # must not turn its exit status into 143 (a Ctrl-C before here still cancels).
                 status_decided()
         except KeyboardInterrupt as stop:
+            exiting_after_a_signal()  # (the close below is then the run's stop at exit)
             if stream is not None:
                 stream.cancel()
             _say_cancelled(f"adaptor: cancelled {request_id}{_by(stop)}")  # (as through the daemon)

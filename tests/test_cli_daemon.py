@@ -2094,6 +2094,41 @@ def test_sigterm_and_sighup_cancel_the_run_as_ctrl_c_does(
         wait_until(functools.partial(_gone, agent_pid), "the agent to stop")
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(signal.SIGINT, signal.SIGINT), (signal.SIGINT, signal.SIGTERM), (signal.SIGHUP, signal.SIGINT)],
+)
+def test_a_second_signal_while_an_in_process_run_stops_kills_its_agent_and_changes_nothing(
+    tmp_path: Path, first: signal.Signals, second: signal.Signals
+) -> None:
+    # The first signal's outcome object was printed, then the wait for an agent slow to stop
+    # was cut by the second, which printed another object ("stopped by ...") and exited with
+    # its own status: two answers on stdout, and an exit status that contradicted the first.
+    pid_file = tmp_path / "agent.pid"
+    agent = f"trap '' TERM; echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; exec sleep 60"
+    proc = subprocess.Popen(
+        ["adaptor", "run", "--no-daemon", "--home", str(tmp_path / "home"), "--json",
+         "--driver", "command", "--config", "command=/bin/sh", "--config", "grace_period=60",
+         "--config", f"extra_args={json.dumps(['-c', agent])}", "go"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    wait_until(pid_file.exists, "the agent to start")
+    agent_pid = int(pid_file.read_text())
+    proc.send_signal(first)
+    said = proc.stderr.readline().decode()
+    assert said.startswith("adaptor: cancelled"), said  # the first signal is being acted on
+    assert not _gone(agent_pid)  # ignores SIGTERM: stopping it takes a while
+    proc.send_signal(second)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 128 + first, err
+    [line] = out.splitlines()
+    outcome = orjson.loads(line)
+    assert outcome["exit_code"] == 128 + first and outcome["error"]["code"] == errors.CancelledError.code
+    assert b"Traceback" not in err
+    wait_until(functools.partial(_gone, agent_pid), "the agent to be killed")
+
+
 def test_a_sighup_that_is_ignored_stays_ignored(home: Home, tmp_path: Path) -> None:
     # `nohup adaptor run ...`: the user asked for the run to outlive the terminal.
     proc = subprocess.Popen(
