@@ -1313,6 +1313,22 @@ def _find_torn(f: IO[bytes], path: str, seq_key: str, start_seq: int) -> RepairR
     return None
 
 
+def cut_tail(path: str, offset: int) -> RepairReport:
+    """Truncate the regular file at ``path`` to ``offset``, durably; what was cut.
+
+    For a caller that judged the bytes past ``offset`` a crash's leftovers under the file's
+    lock (the thread store's power-cut suffix), and records the cut as every repair is.
+    """
+    fd, found = open_regular(path, os.O_RDWR)
+    try:
+        head = os.pread(fd, _PREVIEW_BYTES, offset)
+        os.ftruncate(fd, offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return RepairReport(path, offset, max(0, found.st_size - offset), _preview(head))
+
+
 def inspect_tail(
     path: _StrPath, *, seq_key: str = "seq", start_seq: int = 1
 ) -> RepairReport | None:

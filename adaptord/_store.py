@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from adaptor._durable import RepairReport
 from adaptor.threadstore import FinalizeRequest, JSONLStore, Lease, Query, Record
 
 T = TypeVar("T")
@@ -32,12 +33,17 @@ class ReopeningStore:
         *,
         clock: Callable[[], float] = time.time,
         gone: Callable[[], str | None] = lambda: None,
+        repaired: Callable[[RepairReport], None] = lambda report: None,
     ) -> None:
         self._directory = directory
         self._clock = clock
         # Why the folder is not the daemon's any more (its home removed or made again by
         # another daemon), if it is not: then nothing is read or written there.
         self._gone = gone
+        # Told each crash artifact a write cut from the log, once (storage.md: writers record
+        # that they did).
+        self._repaired = repaired
+        self._repairs_told: dict[JSONLStore, int] = {}
         self._store = JSONLStore(directory, clock=clock)
         self._swap = threading.Lock()
         # Replaced instances, closed with this one: a thread may still be inside one.
@@ -83,6 +89,17 @@ class ReopeningStore:
         except OSError:
             self._reopen(store)
             raise
+        finally:
+            if store.repair_count:
+                self._tell_repairs(store)
+
+    def _tell_repairs(self, store: JSONLStore) -> None:
+        with self._swap:
+            told = self._repairs_told.get(store, 0)
+            cut = store.repairs[told:]
+            self._repairs_told[store] = told + len(cut)
+        for report in cut:
+            self._repaired(report)
 
     def _reopen(self, failed: JSONLStore) -> None:
         with self._swap:

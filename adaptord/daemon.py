@@ -487,7 +487,9 @@ class Daemon:
             self.home.events, sync_on_append=False, max_open_files=_open_logs_allowed()
         )
         self._events = sr.EventRecorder(self._events_backend, key_validator=_session_key_ok)
-        self._store = ReopeningStore(self.home.threads, gone=lambda: self._home_lost)
+        self._store = ReopeningStore(
+            self.home.threads, gone=lambda: self._home_lost, repaired=self._tell_store_repair
+        )
         self._stop_leftovers()
         self._clear_tmp()
         self._tools = self.config.load_tools()
@@ -1528,6 +1530,12 @@ class Daemon:
         for report in cut:
             self.audit("audit_log.repaired", log=os.path.basename(report.path),
                        offset=report.offset, dropped_bytes=report.dropped_bytes)
+
+    def _tell_store_repair(self, report: _durable.RepairReport) -> None:
+        """A thread run's store write cut a crash's leftovers from the store's log first (a
+        torn last line, a power cut's unsynced lease lines): said as audit logs' cuts are."""
+        self.audit("thread_store.repaired", log=os.path.basename(report.path),
+                   offset=report.offset, dropped_bytes=report.dropped_bytes)
 
     # -- approvals as files --------------------------------------------------------------------
 

@@ -291,6 +291,29 @@ def test_a_thread_stays_busy_while_the_agent_of_its_killed_holder_runs(
     assert verdict["ok"], verdict["error"]
 
 
+def test_a_torn_tail_the_next_thread_run_cuts_from_the_store_is_recorded(daemon: DaemonProcess) -> None:
+    # Cut without a word (storage.md: writers record that they did, as the audit logs' cuts
+    # are, lifecycle_log.repaired and audit_log.repaired).
+    request = {"driver": "script", "prompt": "go", "thread": {"key": "torn"},
+               "config": {"steps": [{"text": "ok"}], "session": "auto"}}
+    assert daemon.verdict(daemon.submit(request))["ok"]
+    log = daemon.home.root / "threads" / "log-000001.jsonl"
+    # What a crash mid-append leaves, under the lock so the daemon looks at the file anew.
+    torn = b'{"crc":1,"kind":"finalize","reco'
+    with filelock.FileLock(str(log.parent / "store.lock"), thread_local=False):
+        whole = log.stat().st_size
+        with log.open("ab") as f:
+            f.write(torn)
+    assert daemon.verdict(daemon.submit(request))["ok"]
+    daemon.wait_for_line(
+        f"adaptord: thread_store.repaired log=log-000001.jsonl offset={whole} dropped_bytes={len(torn)}"
+    )
+    facts = [r.event for r in sr.EventRecorder(sr.JSONLEventBackend(daemon.home.events)).iter_since("adaptord")]
+    [repaired] = [f.data for f in facts if isinstance(f, events.Notice) and f.data.get("phase") == "thread_store.repaired"]
+    assert (repaired["log"], repaired["offset"], repaired["dropped_bytes"]) == ("log-000001.jsonl", whole, len(torn))
+    assert torn not in log.read_bytes()
+
+
 def test_a_damaged_thread_store_fails_a_run_with_the_stores_public_error(daemon: DaemonProcess) -> None:
     # The verdict (and `adaptor run` and repr) named the internal adaptor._durable.CorruptLogError.
     request = {"driver": "script", "prompt": "go", "thread": {"key": "damaged"},

@@ -938,12 +938,18 @@ def test_torn_tail_is_ignored_then_repaired_and_corruption_is_reported(tmp_path:
     with JSONLStore(directory) as store:
         record = start(store, "r1", "k")
     log = directory / "log-000001.jsonl"
+    whole = log.stat().st_size
     with log.open("ab") as f:
         f.write(b'{"kind":"finalize","rec')  # a crash mid-append
     with JSONLStore(directory) as store:
         assert store.resolve(Query(key="k")) == record
+        assert store.repairs == []  # reading cuts nothing
         second = start(store, "r2", "k2")
         assert store.resolve(Query(key="k2")) == second
+        # The cut is recorded (storage.md: writers record that they did); it went unsaid.
+        [repair] = store.repairs
+        assert (repair.path, repair.offset, repair.dropped_bytes) == (str(log), whole, 23)
+        assert repair.dropped_preview == '{"kind":"finalize","rec'
     assert len(list(scan(log))) == 6  # strict: the torn bytes are gone
     lines = log.read_bytes().splitlines(keepends=True)
     lines[1] = lines[1].replace(b"finalize", b"finalizE")  # the crc no longer matches
@@ -1597,10 +1603,15 @@ def test_power_cut_damage_in_unsynced_lease_events_is_cut_after_a_reboot(
     log = directory / "log-000001.jsonl"
     synced = sum(map(len, log.read_bytes().splitlines(keepends=True)[:2]))
     _damage_line(log, 3)  # the grant of key:other; its renew and release follow intact
+    damaged = log.stat().st_size
+    cut_at = sum(map(len, log.read_bytes().splitlines(keepends=True)[:3]))
     monkeypatch.setattr(_jsonl, "current_boot_id", lambda: "new")
     with JSONLStore(directory) as store:
         assert store.resolve(Query(key="k")) == make_record("r1", "k")
         fresh = store.acquire_lease("key:other", "p", 60)
+        [repair] = store.repairs  # the damage and the lines after it, cut: recorded
+        assert (repair.offset, repair.dropped_bytes) == (cut_at, damaged - cut_at)
+        assert repair.dropped_preview.startswith("\0")
         # Past every generation the old boot could have handed out without a sync.
         assert fresh.generation > lost.generation
         assert fresh.generation == RESERVE_BLOCK + 1

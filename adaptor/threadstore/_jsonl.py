@@ -77,8 +77,10 @@ from adaptor import threadstore as _public
 from adaptor._durable import (
     CorruptLogError,
     DurableLog,
+    RepairReport,
     atomic_write_json,
     close_quietly,
+    cut_tail,
     ensure_dir,
     exclusive,
     held_to_read,
@@ -249,16 +251,6 @@ def _power_cut_suffix(lines: list[bytes], damage_at: int) -> bool:
     return True
 
 
-def _cut(path: str, offset: int) -> None:
-    """Truncate a power-cut artifact away, durably, before appending after it."""
-    fd, _ = open_regular(path, os.O_RDWR)
-    try:
-        os.ftruncate(fd, offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class JSONLStore:
     """The thread store in plain files under ``directory``, safe across processes and threads.
 
@@ -307,6 +299,7 @@ class JSONLStore:
         self._closed = False
         self._epoch = -1  # lock_epoch() when the files were last known as read
         self.lines_read = 0  # log lines parsed by this instance, for cost checks
+        self._repairs: list[RepairReport] = []
 
     def __repr__(self) -> str:
         return f"JSONLStore({self._dir!r})"
@@ -320,6 +313,18 @@ class JSONLStore:
     @property
     def directory(self) -> str:
         return self._dir
+
+    @property
+    def repairs(self) -> list[RepairReport]:
+        """What this instance cut from the log before appending, oldest first: a torn last
+        line (a crash mid-append), or a power cut's unsynced suffix (see the module doc).
+        Nothing acknowledged is ever among it; the record storage.md has writers keep."""
+        return list(self._repairs)
+
+    @property
+    def repair_count(self) -> int:
+        """``len(self.repairs)`` without copying the list."""
+        return len(self._repairs)
 
     def close(self) -> None:
         """Close the file descriptors; idempotent.  Later calls raise ``ValueError``."""
@@ -746,19 +751,24 @@ class JSONLStore:
             event = {**event, "boot": current_boot_id()}
             if self._synced:
                 event["synced"] = self._synced
+        log = self._log
+        known_repairs = log.repair_count
         try:
             if self._artifact_at is not None:
-                _cut(self._log_path(), self._artifact_at)
+                self._repairs.append(cut_tail(self._log_path(), self._artifact_at))
                 self._synced = max(self._synced, self._artifact_at)
                 self._artifact_at = None
                 # The log must look at the file again rather than trust what it last wrote.
                 touch_epoch(self._lock_path)
-            written = self._log.append(event, sync=sync)
+            written = log.append(event, sync=sync)
         except OSError as exc:
             # The write may or may not be on disk; only re-reading the files can tell.
             self._broken = exc
             touch_epoch(self._lock_path)  # other instances here must re-read too
             raise
+        finally:
+            # A torn tail the append cut first (a failed write after it cut it too).
+            self._repairs.extend(log.repaired[known_repairs:])
         if sync:  # an fdatasync flushes the whole file as it stands
             self._synced = max(self._synced, self._log.size)
         if written["seq"] == self._seq + 1:
