@@ -144,6 +144,18 @@ def subschemas(schema: Any) -> Iterator[dict[str, Any]]:
                     stack.append(value)
 
 
+# The folder holding the adaptor package this process runs (a site-packages, a checkout).
+_IMPORTED_FROM = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _child_environment() -> dict[str, str]:
+    """This process's environment, with the folder this adaptor came from first on the
+    checker's import path: the checker runs the same adaptor whichever the directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORTED_FROM, env.get("PYTHONPATH")]))
+    return env
+
+
 class _Child:
     def __init__(self) -> None:
         if getattr(sys, "frozen", False) or not sys.executable:
@@ -153,10 +165,15 @@ class _Child:
         try:
             with _cpus.for_children():
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "adaptor._schema_checker"],
+                    # -P: "-m" would put the current directory first on the child's path, and
+                    # that is often an agent's workspace, an untrusted repository whose
+                    # orjson.py (or adaptor/) the checker would have imported and run.  The
+                    # folder this adaptor was imported from goes first instead.
+                    [sys.executable, "-P", "-m", "adaptor._schema_checker"],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
+                    env=_child_environment(),
                 )
         except OSError as exc:
             raise Unavailable(f"cannot start a schema checker: {exc}") from exc

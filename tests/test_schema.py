@@ -658,6 +658,30 @@ def test_a_pattern_that_backtracks_is_cut_off_without_holding_other_threads() ->
     assert compiled.validate_text('{"name": "fine again"}', "native").valid
 
 
+def test_a_checker_imports_nothing_from_the_current_directory(tmp_path: Path) -> None:
+    # Started as `python -m adaptor._schema_checker`, the checker had the current directory
+    # first on its path: run in a repository holding an orjson.py (or an adaptor/ package),
+    # it imported that code and ran it.
+    marker = tmp_path / "ran"
+    planted = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\nraise ImportError('planted')\n"
+    (tmp_path / "orjson.py").write_text(planted)
+    (tmp_path / "jsonschema").mkdir()
+    (tmp_path / "jsonschema" / "__init__.py").write_text(planted)
+    schema = tmp_path / "schema.json"
+    schema.write_text(orjson.dumps({"type": "object", "properties": {"n": {"type": "integer"}}}).decode())
+    for answer, code in (({"n": 3}, 0), ({"n": "three"}, 1)):
+        proc = subprocess.run(
+            # (-P: the parent itself must find the real modules; the checker is what is looked at.)
+            [sys.executable, "-P", "-m", "adaptor", "run", "--no-daemon", "--home", str(tmp_path / "home"),
+             "--driver", "script", "--config", f"steps={orjson.dumps([{'output_json': answer}]).decode()}",
+             "--schema", str(schema), "go"],
+            cwd=tmp_path, capture_output=True, text=True,
+        )
+        assert proc.returncode == code, proc.stderr
+        assert not marker.exists(), marker.read_text()
+    assert "integer" in proc.stderr or "integer" in proc.stdout
+
+
 def test_a_kept_checker_that_died_while_idle_is_replaced() -> None:
     compiled = compile_schema(_PATTERNED)
     assert compiled.validate_text('{"name": "keeps a checker"}', "native").valid
