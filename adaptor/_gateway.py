@@ -18,7 +18,7 @@ its handler's :func:`adaptor.tool.cancelled` is that run's.
 Tool calls go through :meth:`adaptor.tool.Definition.call`; the gateway publishes no events of
 its own (the driver's parser reports the CLI's tool calls).
 
-Needs the ``mcp`` extra (``pip install 'adaptor[mcp]'``, MCP SDK 2.x).  Without it a run of an
+Needs the ``mcp`` extra (MCP SDK 2.x: ``pip install -e '.[mcp]'`` from a clone).  Without it a run of an
 Agent with tools is refused before launch with ``InvalidDefinitionError`` whose cause is the
 ``ImportError``: the tool set cannot be served, which is a configuration problem of the Agent
 (CLI exit code 3), not an infrastructure failure.
@@ -111,7 +111,8 @@ def require_sdk() -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise InvalidDefinitionError(
-                "host-defined tools need the MCP SDK, the mcp extra: pip install 'adaptor[mcp]' "
+                # (Not 'adaptor[mcp]': that name on the package index is another project.)
+                "host-defined tools need the MCP SDK, the mcp extra: pip install 'mcp>=2,<3' "
                 "(from a clone: pip install -e '.[mcp]')",
                 cause=exc,
             ) from exc

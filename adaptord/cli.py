@@ -87,7 +87,7 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
         except ImportError as exc:
             _refusal(
                 f"adaptord: --a2a needs the a2a extra, a2a-sdk[http-server] and uvicorn ({exc.name} is "
-                "missing): pip install 'adaptor[a2a]' (from a clone: pip install -e '.[a2a]')"
+                "missing): pip install 'a2a-sdk[http-server]~=1.3.0' 'httpx>=0.28.1,<1' 'uvicorn>=0.30' (from a clone: pip install -e '.[a2a]')"
             )
             sys.exit(2)
         try:  # refused here, before anything starts: a bad address, no agents, no token off loopback

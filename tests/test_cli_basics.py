@@ -491,3 +491,26 @@ def test_a_number_past_a_floats_range_is_refused_naming_where_it_is(tmp_path: Pa
                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert request.returncode == 2 and "/metadata/a~1b/0: a number past the range" in request.stderr, request.stderr
 
+
+
+def test_a_missing_a2a_extra_names_what_to_install_by_names_that_fetch_it(tmp_path: Path) -> None:
+    # The hint said pip install 'adaptor[a2a]': on the package index that name is another
+    # project (the README says so), which pip fetched instead, torch and CUDA with it.
+    program = (
+        "import sys\n"
+        "sys.modules['a2a'] = None\n"  # what an environment without the a2a extra has
+        "from adaptord.cli import main\n"
+        f"sys.argv = ['adaptord', 'serve', '--home', {str(tmp_path / 'home')!r}, '--a2a', '127.0.0.1:0']\n"
+        "main()\n"
+    )
+    served = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert served.returncode == 2, served.stderr
+    assert "--a2a needs the a2a extra" in served.stderr
+    assert "pip install 'a2a-sdk[http-server]~=1.3.0'" in served.stderr and "adaptor[" not in served.stderr
+    code = (
+        "import sys\nsys.modules['a2a'] = None\nfrom adaptor.clients import a2a\n"
+        "try:\n    a2a.Client('http://127.0.0.1:9/card.json')\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "the A2A client needs the a2a extra" in said.stdout, said.stderr
+    assert "pip install 'a2a-sdk[http-server]~=1.3.0'" in said.stdout and "adaptor[" not in said.stdout

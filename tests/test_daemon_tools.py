@@ -246,6 +246,8 @@ def test_check_reports_tools_the_missing_mcp_extra_cannot_serve(tmp_path: Path) 
     checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
     assert checked.returncode == 2, checked.stdout + checked.stderr
     assert "tools.add: not a valid tool: host-defined tools need the MCP SDK, the mcp extra" in checked.stdout
+    # What to install, by names that fetch it: 'adaptor[mcp]' on the index is another project.
+    assert "pip install 'mcp>=2,<3'" in checked.stdout and "adaptor[" not in checked.stdout
 
 
 _VERSIONED_TOOL = '''

@@ -76,8 +76,20 @@ def test_the_readme_installs_a_unit_that_starts_the_installed_adaptord(tmp_path:
     parser.read(installed)
     program = parser["Service"]["ExecStart"].split()[0]
     assert os.path.samefile(program, adaptord) and os.access(program, os.X_OK)
+    # The user manager's PATH holds only the system's folders: the agent CLIs the shell finds
+    # (claude in ~/.local/bin, an nvm folder) were "not found on PATH" in every run, exit 69.
+    assert parser["Service"]["Environment"] == f'"PATH={os.environ["PATH"]}"'
     if shutil.which("systemd-analyze") is not None:
         verify = subprocess.run(
             ["systemd-analyze", "verify", str(installed)], capture_output=True, text=True, timeout=60
         )
         assert verify.returncode == 0, verify.stderr
+    # Run where adaptord is not on PATH (its venv not active), the recipe wrote a unit whose
+    # ExecStart was " serve --grace 30": it stops instead, and writes nothing.
+    installed.unlink()
+    without = subprocess.run(
+        ["bash", "-c", _readme_install_commands()], cwd=UNIT.parent.parent, capture_output=True, text=True,
+        env={**os.environ, "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60,
+    )
+    assert without.returncode != 0 and "adaptord is not on PATH" in without.stderr
+    assert not installed.exists()

@@ -1,4 +1,4 @@
-"""The A2A client (extra ``adaptor[a2a]``): a sync facade over the official ``a2a-sdk``.
+"""The A2A client (the ``a2a`` extra): a sync facade over the official ``a2a-sdk``.
 
 The SDK does the protocol (card resolution, JSON-RPC and HTTP+JSON transports, the protobuf
 types); this module adds what a host needs on top: a blocking API, credential safety across
@@ -377,7 +377,8 @@ def require_sdk() -> None:
         except ImportError as exc:
             raise ImportError(
                 f"the A2A client needs the a2a extra ({exc.name or name} is missing): "
-                "pip install 'adaptor[a2a]' (from a clone: pip install -e '.[a2a]')",
+                # (Not 'adaptor[a2a]': that name on the package index is another project.)
+                "pip install 'a2a-sdk[http-server]~=1.3.0' 'httpx>=0.28.1,<1' 'uvicorn>=0.30' (from a clone: pip install -e '.[a2a]')",
                 name=exc.name,
             ) from exc
 

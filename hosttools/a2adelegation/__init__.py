@@ -1,4 +1,4 @@
-"""Delegating work to remote A2A agents (extra ``adaptor[a2a]``).
+"""Delegating work to remote A2A agents (the ``a2a`` extra).
 
 ::
 
