@@ -90,7 +90,31 @@ class InvalidRequestError(AdaptorError):
         super().__init__(message)
 
 
-class WaitTimeoutError(TimeoutError):
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    """An error of ``cls`` with ``args`` and the attributes ``state``, made without its own
+    ``__init__``, which takes its fields rather than the message pickle would pass it."""
+    error = cls.__new__(cls, *args)
+    builtin = next(base for base in cls.__mro__ if base.__module__ == "builtins")
+    builtin.__init__(error, *args)  # type: ignore[misc]  # (the builtin base of cls, by construction)
+    error.__dict__.update(state)
+    return error
+
+
+class _PicklesByFields:
+    """Pickled and copied as it is (docs/errors.md: every error pickles): by default pickle
+    calls ``__init__`` with the message, which these errors' ``__init__`` does not take."""
+
+    args: tuple[Any, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = self.args
+        filename = getattr(self, "filename", None)
+        if isinstance(self, OSError) and filename is not None:
+            args = (*args, filename)  # (OSError keeps it out of args)
+        return _rebuilt, (type(self), args, dict(self.__dict__))
+
+
+class WaitTimeoutError(_PicklesByFields, TimeoutError):
     """:meth:`Client.wait` gave up: no verdict within ``timeout`` seconds.
 
     The request may still be queued or running; wait again or cancel it.  Not an
@@ -106,7 +130,7 @@ class WaitTimeoutError(TimeoutError):
         )
 
 
-class SpoolNotFoundError(FileNotFoundError):
+class SpoolNotFoundError(_PicklesByFields, FileNotFoundError):
     """The home has no spool: the path is wrong or no daemon was ever started on it.
 
     ``home`` is the directory looked at.  The ``adaptor`` CLI exits 69 on it.
@@ -126,7 +150,7 @@ class SpoolNotFoundError(FileNotFoundError):
         return str(self.strerror)
 
 
-class DaemonNotRunningError(Exception):
+class DaemonNotRunningError(_PicklesByFields, Exception):
     """No daemon serves ``home``, and the ``adaptor`` command needs one: to run a request, or to
     wait for a verdict nobody else would write.
 
@@ -142,7 +166,7 @@ class DaemonNotRunningError(Exception):
         )
 
 
-class UnknownRequestError(LookupError):
+class UnknownRequestError(_PicklesByFields, LookupError):
     """No request with id ``request_id`` was submitted to this home (or the id is malformed).
 
     The ``adaptor`` CLI exits 2 on it (bad arguments).
@@ -162,6 +186,9 @@ class Client:
     """
 
     def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
+        if home is not None and os.fspath(home) == "":
+            # (As the CLI's --home '' is: never the current directory by accident.)
+            raise ValueError("home is empty; name a directory (an empty path would be the current one)")
         self._home = _home.Home.at(home)
 
     def __repr__(self) -> str:
@@ -209,7 +236,11 @@ class Client:
         try:
             verdict = _read_object(path)
         except FileNotFoundError:
+            self._require_spool()  # a home with no spool is no "no verdict yet"
             return None
+        except NotADirectoryError:
+            self._require_spool()  # (a file where the home should be)
+            raise
         except _durable.ForeignFileError:
             # A symbolic link or a FIFO is no verdict (and a FIFO's open would wait forever):
             # the daemon replaces it with one.

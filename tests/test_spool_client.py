@@ -631,7 +631,15 @@ def test_unknown_ids_and_missing_spools(home: Home, tmp_path: Path) -> None:
         nowhere.wait("some-id")
     with pytest.raises(SpoolNotFoundError):  # it was [], as if nothing were pending
         nowhere.approvals()
+    with pytest.raises(SpoolNotFoundError):  # it was None, as if no verdict yet
+        nowhere.verdict("20261207T000000000000Z-abcdef")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(SpoolNotFoundError):  # it was a bare NotADirectoryError
+        Client(a_file).verdict("20261207T000000000000Z-abcdef")
     assert nowhere.status()["running"] is False
+    with pytest.raises(ValueError, match="an empty path would be the current one"):
+        Client("")  # it was the current directory
     with pytest.raises(ValueError, match="nan"):
         home.client.wait("never-submitted", timeout=float("nan"))
 
@@ -1285,3 +1293,22 @@ def test_a_verdict_of_another_format_is_refused_not_misread(home: Home) -> None:
     path.write_bytes(orjson.dumps({"id": request_id, "ok": True}))
     with pytest.raises(ValueError, match=re.escape(f"{path} has no format")):
         home.client.wait(request_id, timeout=TIMEOUT)
+
+
+def test_the_clients_own_errors_pickle_and_copy_as_they_are(tmp_path: Path) -> None:
+    # A ProcessPoolExecutor worker's wait that timed out broke the pool (BrokenProcessPool):
+    # WaitTimeoutError, UnknownRequestError and SpoolNotFoundError did not unpickle (their
+    # __init__ was called with the message), and DaemonNotRunningError's message doubled.
+    import copy
+    import pickle
+
+    home = tmp_path / "home"
+    for error in (WaitTimeoutError("r1", 0.5), UnknownRequestError("r2", home), SpoolNotFoundError(home),
+                  DaemonNotRunningError(home)):
+        for copied in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+            assert type(copied) is type(error) and str(copied) == str(error)
+            assert vars(copied) == vars(error) and copied.args == error.args
+    again = pickle.loads(pickle.dumps(SpoolNotFoundError(home)))
+    assert (again.errno, again.filename) == (errno.ENOENT, str(home))
+    timed_out = pickle.loads(pickle.dumps(WaitTimeoutError("r1", 0.5)))
+    assert (timed_out.request_id, timed_out.timeout) == ("r1", 0.5)
