@@ -863,6 +863,8 @@ def answerable(home: Home, pending: Mapping[str, Any]) -> bool:
         return False
     if (home.approvals_resolved / f"{approval_id}.json").exists():
         return False  # expired by a responder; the daemon removes the file when it audits it
+    if os.path.lexists(home.approvals_responses / f"{approval_id}.json"):
+        return False  # a response is being handed over: a later one is refused as resolved
     return _past_deadline(pending) is None
 
 

@@ -1105,6 +1105,27 @@ def test_approvals_through_the_client(home: Home) -> None:
         home.client.approve("no-such-approval")
 
 
+def test_an_approval_whose_response_is_being_handed_over_is_not_listed(home: Home) -> None:
+    # approve() returned False (the daemon did not take the response within 10 s: stopped,
+    # starved), and approvals() still listed the request, which any other response could
+    # only lose ("a response is being handed over").
+    request_id = home.client.submit(script(PERMISSION, {"text": "approved"}, policy={"approvals": {"timeout": 60}}))
+    approval_id = pending_approval(home, request_id)["id"]
+    daemon = home.daemon.proc
+    assert daemon is not None
+    daemon.send_signal(signal.SIGSTOP)  # a daemon that does not get to it
+    try:
+        response = home.root / "approvals" / "responses" / f"{approval_id}.json"
+        response.with_name(f".{approval_id}.tmp").write_text('{"action": "approve"}')
+        response.with_name(f".{approval_id}.tmp").rename(response)  # as docs/daemon.md writes one
+        assert [p["id"] for p in home.client.approvals()] == []
+        with pytest.raises(errors.ApprovalResolvedError):
+            home.client.deny(approval_id)
+    finally:
+        daemon.send_signal(signal.SIGCONT)
+    assert home.client.wait(request_id, timeout=TIMEOUT).text == "approved"
+
+
 def test_denied_through_the_client(home: Home) -> None:
     request_id = home.client.submit(
         script(PERMISSION, {"text": "never"}, policy={"approvals": {"timeout": 60}})
