@@ -772,6 +772,12 @@ class Live:
                     self._line(sys.stdout, _dim(f"⚙ {clip(event.name)} {args}".rstrip()))
                 case events.Notice(kind="approval.requested") if self.hints:
                     self._approval_hint(event)
+                case events.Notice(kind="lifecycle") if (
+                    self.hints and event.data.get("phase") == "thread.new_session"
+                ):
+                    # The thread's conversation is left behind (another workspace, say): said
+                    # only in the audit log, it went unnoticed by whoever ran the turn.
+                    self._line(sys.stderr, f"adaptor: {clip(event.text)}")
                 case events.Dropped() if any(kind.startswith("text.") for kind in event.by_kind):
                     self._text_lost = True
 

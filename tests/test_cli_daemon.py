@@ -2129,6 +2129,29 @@ def test_a_second_signal_while_an_in_process_run_stops_kills_its_agent_and_chang
     wait_until(functools.partial(_gone, agent_pid), "the agent to be killed")
 
 
+@pytest.mark.parametrize("extra", [[], ["--no-daemon"]])
+def test_a_thread_turn_that_starts_a_new_session_says_so(home: Home, tmp_path: Path, extra: list[str]) -> None:
+    # A turn from another directory (or a submit's turn, then a run's) starts the agent anew,
+    # its conversation left behind: said only as a notice in the audit log, exit 0 and a
+    # normal answer, so nobody at the terminal knew the agent had forgotten everything.
+    key = f"moved-{len(extra)}"
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    turn = ["run", *extra, "--driver", "script", "--config", "session=auto", "--thread", key]
+    first = home.cli(*turn, "--workspace", str(tmp_path / "a"), "--config", steps({"text": "one"}), "go")
+    again = home.cli(*turn, "--workspace", str(tmp_path / "a"), "--config", steps({"text": "two"}), "go")
+    moved = home.cli(*turn, "--workspace", str(tmp_path / "b"), "--config", steps({"text": "three"}), "go")
+    assert [r.returncode for r in (first, again, moved)] == [0, 0, 0], moved.stderr
+    assert "new session" not in first.stderr + again.stderr
+    assert moved.stdout == "three\n"
+    assert moved.stderr == (
+        "adaptor: starting a new session: the stored one does not fit "
+        "(its workspace changed since the stored session)\n"
+    )
+    quiet = home.cli(*turn, "--json", "--workspace", str(tmp_path / "a"), "--config", steps({"text": "x"}), "go")
+    assert quiet.returncode == 0 and quiet.stderr == ""  # (--json: the audit log has it)
+
+
 def test_a_sighup_that_is_ignored_stays_ignored(home: Home, tmp_path: Path) -> None:
     # `nohup adaptor run ...`: the user asked for the run to outlive the terminal.
     proc = subprocess.Popen(
