@@ -209,6 +209,10 @@ class Broker:
         return self._finished
 
 
+def _ended(message: str, details: Mapping[str, Any]) -> None:
+    """What cancelling a run that has ended does."""
+
+
 class Stream:
     """A live run: iterate its events, then read ``result()``.
 
@@ -284,6 +288,11 @@ class Stream:
         self._error_traceback = None if error is None else error.__traceback__
         self._error_cause = None if error is None else errors._next_cause(error)
         self._done.set()
+        # A cancel once the run has ended does nothing (the run looks first): letting go of the
+        # run's own cancel breaks the cycle stream -> run -> stream, which kept every finished
+        # run (its prompt, its options) until a full garbage collection, rare enough that a
+        # daemon serving large prompts grew by hundreds of MB.
+        self._cancel = _ended
 
     def _result_for_run(self) -> Result:
         """``result()`` as ``run()`` waits for it, the consumer nobody else can cancel for.

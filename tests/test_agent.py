@@ -1396,6 +1396,27 @@ def test_an_idle_run_thread_takes_the_next_run_and_keeps_nothing_of_the_last() -
     assert [name for _, name in ran] == ["adaptor-run_1", "adaptor-run_2"]
 
 
+def test_a_finished_run_is_freed_without_waiting_for_the_garbage_collector() -> None:
+    # The stream held the run's cancel and the run its stream: every finished run (its prompt,
+    # its options, its result) stayed until a full collection, which a daemon makes rarely,
+    # so one serving 900 KB prompts grew by hundreds of MB and kept them while idle.
+    agent = adaptor.Agent(script.Driver(script.Config(steps=({"text": "ok"},))), workspace=os.getcwd())
+    agent.run("warm up")  # (first-use caches)
+    gc.collect()
+    gc.disable()
+    try:
+        stream = agent.stream("P" * 100_000)
+        assert [e for e in stream if isinstance(e, events.TextDelta) and e.phase == "content"]
+        result = stream.result()
+        _until(lambda: not _run._unsettled._runs)  # the run's thread is done with it
+        ran = weakref.ref(stream), weakref.ref(result)
+        del stream, result
+        assert [ref() for ref in ran] == [None, None]
+    finally:
+        gc.enable()
+        agent.close()
+
+
 def test_a_run_thread_idle_past_its_time_exits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_run, "_IDLE_SECONDS", 0.05)
     threads = _run._RunThreads()
