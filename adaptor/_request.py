@@ -163,7 +163,8 @@ def _owner_mark_problems(obj: Mapping[str, Any]) -> list[dict[str, str]]:
 def secrets_of(
     request: Mapping[str, Any], driver_defaults: Mapping[str, Any] | None = None
 ) -> list[str]:
-    """Every secret value a run of ``request`` has: driver env values, MCP env values and headers.
+    """Every secret value a run of ``request`` has: driver env values, MCP env values, headers
+    and URL passwords.
 
     ``driver_defaults`` is the daemon config's table for the request's driver, whose ``env``
     (where API keys usually live) reaches the agent as much as the request's own.  Values of
@@ -183,6 +184,7 @@ def secrets_of(
     for server in _objects(request.get("mcp")):
         _leaves(server.get("env"), found)
         _leaves(server.get("headers"), found)
+        found.extend(mcp.url_passwords(server.get("url")))
     return sorted({s for s in found if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
 
 

@@ -1376,11 +1376,12 @@ def _driver_secrets(driver: Driver, driver_type: str) -> list[str]:
 
 
 def _mcp_secrets(servers: Sequence[MCPServerSpec]) -> list[str]:
-    """The env values, headers and bearer tokens of the run's MCP servers."""
+    """The env values, headers, URL passwords and bearer tokens of the run's MCP servers."""
     values: list[str] = []
     for server in servers:
         values.extend(server.env.values())
         values.extend(server.headers.values())
+        values.extend(_mcp.url_passwords(server.url))
         token = os.environ.get(server.bearer_token_env) if server.bearer_token_env else None
         if token:
             values.append(token)

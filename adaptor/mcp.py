@@ -44,7 +44,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from adaptor import _procfs
 from adaptor.driver import Descriptor, canonical_fingerprint
@@ -144,6 +144,18 @@ class Server:
         if self.required:
             parts.append(f"required_reason={self.required_reason!r}")
         return f"mcp.Server({', '.join(parts)})"
+
+
+def url_passwords(url: object) -> list[str]:
+    """The password of a URL's ``user:password@``, as written and percent-decoded: a secret,
+    like a header's value, that no record may show (none for anything else)."""
+    if not isinstance(url, str):
+        return []
+    try:
+        written = urlsplit(url.strip()).password
+    except ValueError:
+        return []
+    return sorted({written, unquote(written)}) if written else []
 
 
 def stdio(

@@ -659,6 +659,22 @@ def test_secrets_appear_nowhere(daemon: DaemonProcess) -> None:
     assert kept["config"]["env"] == {"API_TOKEN": "<redacted>"}
 
 
+def test_an_mcp_servers_url_password_appears_nowhere(daemon: DaemonProcess) -> None:
+    # A header's value was a secret, the password of an http://user:password@ URL was not:
+    # it stayed in runs/<id>/request.json and wherever the request was shown.
+    password = "pw%2FZq81-" + SECRET[-12:]  # percent-escaped as a URL carries a "/"
+    request = script({"text": "ok"})
+    request["mcp"] = [{"key": "docs", "transport": "http", "url": f"http://alice:{password}@127.0.0.1:9/mcp"}]
+    rid = daemon.submit(request)
+    assert daemon.verdict(rid)["ok"] is True
+    kept = orjson.loads((daemon.home.run_dir(rid) / "request.json").read_bytes())
+    assert kept["mcp"][0]["url"] == "http://alice:<redacted>@127.0.0.1:9/mcp"
+    assert daemon.stop() == 0
+    for shown in (password, "pw/Zq81-" + SECRET[-12:]):
+        assert daemon.files_holding(shown) == []
+        assert all(shown not in line for line in daemon.lines)
+
+
 def test_a_deny_reason_quoting_a_secret_is_kept_redacted(daemon: DaemonProcess) -> None:
     # approvals/resolved/ keeps the outcome the run took, for a restart to log (a week long):
     # redacted as the run's log has it, not as the responder wrote it.

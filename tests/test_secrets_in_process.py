@@ -389,3 +389,14 @@ def test_an_error_whose_secret_cannot_be_replaced_in_place_still_ends_the_run() 
     assert not any(SECRET in text for text in shown_everywhere), shown_everywhere
     assert "<redacted>" in repr(cause)  # what the key showed, redacted, stands in for it
     agent.close()
+
+
+def test_an_mcp_servers_url_password_quoted_back_is_shown_nowhere() -> None:
+    # Its headers' values were secrets, the password of its http://user:password@ URL not.
+    password = "pw-Zq81" + SECRET[-10:]
+    server = adaptor.mcp.http("docs", f"http://alice:{password}@127.0.0.1:9/mcp")
+    steps = ({"text": f"connecting with {password}"}, {"stdout": f"url has {password}"})
+    with adaptor.Agent(script.Driver(script.Config(steps=steps))) as agent:
+        evs, error, result = run(agent, mcp=[server])
+    assert error is None and result is not None and result.text == "connecting with <redacted>"
+    assert password not in shown(evs, error, result)
