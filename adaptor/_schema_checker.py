@@ -148,12 +148,19 @@ def subschemas(schema: Any) -> Iterator[dict[str, Any]]:
 _IMPORTED_FROM = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _child_environment() -> dict[str, str]:
-    """This process's environment, with the folder this adaptor came from first on the
-    checker's import path: the checker runs the same adaptor whichever the directory."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORTED_FROM, env.get("PYTHONPATH")]))
-    return env
+def _child_environment() -> dict[str, str] | None:
+    """``None`` (this process's environment) when the checker's own path finds this adaptor
+    (installed, or on ``PYTHONPATH``); else this environment with the folder it came from
+    (a checkout, an editable install) first on ``PYTHONPATH``, which ``-m`` found only when it
+    was the current directory.  Never a site-packages folder: ahead of the standard library,
+    a stale backport there (``typing.py``) would shadow it."""
+    import site
+
+    given = os.environ.get("PYTHONPATH", "")
+    found_anyway = [*site.getsitepackages(), site.getusersitepackages(), *given.split(os.pathsep)]
+    if os.path.realpath(_IMPORTED_FROM) in {os.path.realpath(p) for p in found_anyway if p}:
+        return None
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_IMPORTED_FROM, given]))}
 
 
 class _Child:
@@ -168,7 +175,7 @@ class _Child:
                     # -P: "-m" would put the current directory first on the child's path, and
                     # that is often an agent's workspace, an untrusted repository whose
                     # orjson.py (or adaptor/) the checker would have imported and run.  The
-                    # folder this adaptor was imported from goes first instead.
+                    # folder this adaptor was imported from is added where needed.
                     [sys.executable, "-P", "-m", "adaptor._schema_checker"],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,

@@ -682,6 +682,23 @@ def test_a_checker_imports_nothing_from_the_current_directory(tmp_path: Path) ->
     assert "integer" in proc.stderr or "integer" in proc.stdout
 
 
+def test_a_checker_gets_the_folder_of_this_adaptor_only_where_its_path_lacks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An installed adaptor is found anyway: its site-packages ahead of the standard library
+    # would let a stale backport there (typing.py) shadow it.  A checkout is added.
+    import site
+
+    monkeypatch.setattr(adaptor._schema_checker, "_IMPORTED_FROM", site.getsitepackages()[0])
+    assert adaptor._schema_checker._child_environment() is None
+    monkeypatch.setattr(adaptor._schema_checker, "_IMPORTED_FROM", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = adaptor._schema_checker._child_environment()
+    assert env is not None and env["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/elsewhere"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert adaptor._schema_checker._child_environment() is None
+
+
 def test_a_kept_checker_that_died_while_idle_is_replaced() -> None:
     compiled = compile_schema(_PATTERNED)
     assert compiled.validate_text('{"name": "keeps a checker"}', "native").valid
