@@ -1099,6 +1099,59 @@ def test_a_snapshot_lost_right_after_its_compaction_never_looks_like_an_empty_st
         store.resolve(Query(key="k"))
 
 
+def test_the_current_log_removed_by_hand_is_damage_not_an_older_state(tmp_path: Path) -> None:
+    # The newest log-NNNNNN.jsonl removed ("cleaning up old logs") read as "nothing appended
+    # since the compaction": every turn saved since went back to the snapshot's state, and
+    # `adaptor threads` listed one thread fewer, exit 0.
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k")
+        store.compact()
+        assert (directory / "log-000002.jsonl").read_bytes() == b""  # made with the snapshot
+        start(store, "r2", "newest")
+    (directory / "log-000002.jsonl").unlink()
+    with JSONLStore(directory) as store, pytest.raises(CorruptLogError) as info:
+        store.resolve(Query(key="newest"))
+    assert info.value.path == str(directory / "log-000002.jsonl")
+    assert info.value.why == "the log is missing; snapshot.json names it (made with it)"
+    # A snapshot an earlier version wrote made no log: its missing log is no damage.
+    snapshot = json.loads((directory / "snapshot.json").read_text())
+    del snapshot["log_made"]
+    (directory / "snapshot.json").write_text(json.dumps(snapshot))
+    with JSONLStore(directory) as store:
+        found = store.resolve(Query(key="k"))
+        assert found is not None and found.id == "r1"
+
+
+def test_a_compaction_that_failed_after_making_its_log_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        start(store, "r1", "k")
+
+        def failing(path: Any, obj: Any, durable: bool = True) -> None:
+            raise OSError(errno.ENOSPC, "injected")
+
+        monkeypatch.setattr(_jsonl, "atomic_write_json", failing)
+        with pytest.raises(OSError, match="injected"):
+            store.compact()
+        monkeypatch.undo()
+        assert (directory / "log-000002.jsonl").read_bytes() == b"" and not (directory / "snapshot.json").exists()
+    with JSONLStore(directory) as store:  # the empty log of the failed compaction is nothing
+        start(store, "r2", "k2")
+        store.compact()
+        start(store, "r3", "k3")
+        assert [store.resolve(Query(key=k)) is not None for k in ("k", "k2", "k3")] == [True] * 3
+    (directory / "log-000003.jsonl").write_bytes(b"{}\n")  # the next generation's, not empty
+    with JSONLStore(directory) as store:
+        # (An OSError: one after a commit is a warning, the commit standing; see _commit.)
+        with pytest.raises(FileExistsError, match="not empty"):
+            store.compact()
+        start(store, "r4", "k4")
+        assert store.resolve(Query(key="k4")) is not None
+
+
 def test_a_lock_file_without_its_log_does_not_count_as_the_log_kept(tmp_path: Path) -> None:
     # The newest earlier log is kept through a compaction; a stray lock of a later generation
     # (its log never written) made it delete log 1, the only one holding the history.

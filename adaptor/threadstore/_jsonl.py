@@ -48,8 +48,9 @@ writer whose write or sync failed truncates its line again), and a mismatch relo
 store from its files.
 
 Compaction.  Once the log holds more lines than the state has entries (and at least
-``1024``), the state is written to ``snapshot.json`` with :func:`atomic_write_json` naming the
-next generation, and only then are older logs deleted.  Replacing the snapshot is the single
+``1024``), the next generation's log is made (empty) and the state is written to
+``snapshot.json`` with :func:`atomic_write_json` naming it (``"log_made": true``: a reader
+then takes that log missing for damage), and only then are older logs deleted.  Replacing the snapshot is the single
 commit point: a crash before it leaves the old snapshot and its complete log; after it, the new
 snapshot is complete and the old log is garbage that the next compaction removes.  Resolve
 therefore never reads more than one compaction interval of lines.  Other processes notice a
@@ -63,8 +64,10 @@ keeps it, less the leases that have expired, as the compactor does; any other lo
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import stat
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -150,6 +153,37 @@ def current_boot_id() -> str:
 
 def _log_name(generation: int) -> str:
     return f"log-{generation:06d}.jsonl"
+
+
+# A snapshot's field saying its log was made with it (older versions made it on the first
+# append after the compaction, so their snapshots may name a log not there yet).
+_LOG_MADE = "log_made"
+
+
+def _make_empty_log(path: str) -> None:
+    """Make the log ``path`` for a compaction, empty; one that is there already must be
+    empty too (made by a compaction that then failed: nobody appends to a log before a
+    snapshot names it)."""
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags, 0o600)  # (O_EXCL: never through a link at the path)
+    except FileExistsError:
+        if not _is_empty_file(path):
+            # An OSError, as any failed compaction: the commit before it stands, and the next
+            # one tries again (see _commit).
+            raise FileExistsError(
+                errno.EEXIST, "the next generation's log is there already and not empty", path
+            ) from None
+        return
+    os.close(fd)
+
+
+def _is_empty_file(path: str) -> bool:
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(found.st_mode) and found.st_size == 0
 
 
 def _read_all(fd: int) -> bytes:
@@ -300,6 +334,9 @@ class JSONLStore:
         self._epoch = -1  # lock_epoch() when the files were last known as read
         self.lines_read = 0  # log lines parsed by this instance, for cost checks
         self._repairs: list[RepairReport] = []
+        # The snapshot says its log was made with it: a missing log is then damage (a file
+        # removed by hand), not "nothing appended since the compaction".
+        self._log_made = False
 
     def __repr__(self) -> str:
         return f"JSONLStore({self._dir!r})"
@@ -572,9 +609,13 @@ class JSONLStore:
         for name in os.listdir(self._dir):
             match = _LOG_NAME.fullmatch(name)
             if match and int(match.group(1)) > 1 and not name.endswith(".lock"):
-                raise CorruptLogError(
-                    os.path.join(self._dir, name), 1, f"{_SNAPSHOT} is missing for this log"
-                )
+                path = os.path.join(self._dir, name)
+                if _is_empty_file(path):
+                    # Made by a compaction (one that then failed, or whose snapshot was lost
+                    # before anything was appended): it holds nothing, and the newest log
+                    # holding lines is kept past every compaction (_remove_stale).
+                    continue
+                raise CorruptLogError(path, 1, f"{_SNAPSHOT} is missing for this log")
         self._switch(1, State(), None)
 
     def _follow_snapshot(self) -> None:
@@ -639,11 +680,14 @@ class JSONLStore:
         except BaseException:
             os.close(fd)
             raise
-        self._switch(generation, state, fd)
+        self._switch(generation, state, fd, log_made=obj.get(_LOG_MADE) is True)
 
-    def _switch(self, generation: int, state: State, snapshot_fd: int | None) -> None:
+    def _switch(
+        self, generation: int, state: State, snapshot_fd: int | None, *, log_made: bool = False
+    ) -> None:
         self._forget_files()
         self._generation = generation
+        self._log_made = log_made
         self._state = state
         self._snapshot_fd = snapshot_fd
         self._offset = 0
@@ -680,6 +724,13 @@ class JSONLStore:
             try:
                 self._log_fd = _open_read(path)
             except FileNotFoundError:
+                if self._log_made and not ahead:
+                    # Made with the snapshot that names it: removed since, and every change
+                    # since the compaction with it.  Read as "nothing appended yet", those
+                    # threads went back to the snapshot without a word.
+                    raise CorruptLogError(
+                        path, 1, f"the log is missing; {_SNAPSHOT} names it (made with it)"
+                    ) from None
                 return  # nothing written in this generation yet
         size = os.fstat(self._log_fd).st_size
         if size == self._offset:
@@ -809,7 +860,12 @@ class JSONLStore:
             "log": _log_name(generation),
             "written_at": format_time(time_of(now)),
             **self._state.snapshot(now, current_boot_id()),
+            _LOG_MADE: True,
         }
+        # The next log is made before the snapshot names it (empty: no sync of its own; the
+        # snapshot's directory sync below makes its name durable too), so that a reader can
+        # tell it removed from not yet appended to.
+        _make_empty_log(os.path.join(self._dir, _log_name(generation)))
         try:
             atomic_write_json(self._snapshot_path, snapshot)
         except OSError as exc:
@@ -828,7 +884,7 @@ class JSONLStore:
         fd = _open_read(self._snapshot_path)
         state = self._state
         state.leases = dict(snapshot["leases"])
-        self._switch(generation, state, fd)
+        self._switch(generation, state, fd, log_made=True)
         self._epoch = touch_epoch(self._lock_path)
         self._remove_stale(generation)
 
@@ -845,12 +901,13 @@ class JSONLStore:
         )
 
     def _remove_stale(self, generation: int) -> None:
-        """Remove the logs before ``generation`` but the newest of them, and stray temp files.
+        """Remove the logs before ``generation`` but the newest holding lines, the empty ones
+        earlier compactions made, and stray temp files.
 
-        The newest earlier log stays (until a later compaction), so a store whose snapshot is
-        then lost never looks empty, which would drop every thread: it shows log 1, the whole
-        history, read as such, or a log past generation 1, which _start_without_snapshot
-        refuses.  (Creating the next log at once would cost each compaction two more syncs.)
+        The newest earlier log holding lines stays (until a later compaction), so a store whose
+        snapshot is then lost never looks empty, which would drop every thread: it shows log 1,
+        the whole history, read as such, or a later log holding lines, which
+        _start_without_snapshot refuses.
         """
         names = os.listdir(self._dir)
         earlier = [
@@ -860,12 +917,16 @@ class JSONLStore:
             if match is not None and not match.group(0).endswith(".lock")
             and int(match.group(1)) < generation
         ]
-        kept = max(earlier, default=0)
+        # The newest holding lines: a compaction makes its log empty, and one with nothing
+        # appended before the next compaction would otherwise be kept instead of the history.
+        empty = {n for n in earlier if _is_empty_file(os.path.join(self._dir, _log_name(n)))}
+        kept = max(set(earlier) - empty, default=0)
         for name in names:
             match = _LOG_NAME.fullmatch(name)
-            stale = (match is not None and int(match.group(1)) < kept) or name.startswith(
-                f"{_SNAPSHOT}.tmp-"
-            )
+            stale = (
+                match is not None
+                and (int(match.group(1)) < kept or (int(match.group(1)) in empty and name == _log_name(int(match.group(1)))))
+            ) or name.startswith(f"{_SNAPSHOT}.tmp-")
             if stale:
                 # Only ever created or used under store.lock, which we hold: nobody is using
                 # them, and a crash between the snapshot and this point just leaves garbage.
