@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 import click
 import orjson
 
-from adaptor import _home, _nesting, errors, events
+from adaptor import _exiting, _home, _nesting, errors, events
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
@@ -445,8 +445,6 @@ def exiting_after_a_signal() -> None:
     another exit status).  Only in the process :func:`adaptor.cli.main` runs, and from its
     main thread; elsewhere only the first half applies.
     """
-    from adaptor import _exiting  # (the SDK's; only an in-process run has agents to stop)
-
     _exiting.begin()
     if _owns_process and threading.current_thread() is threading.main_thread():
         for signum in _EXIT_SIGNALS:
@@ -455,8 +453,6 @@ def exiting_after_a_signal() -> None:
 
 
 def _kill_the_agents_now(signum: int, frame: object) -> None:
-    from adaptor import _exiting
-
     _exiting.cut_the_wait_short()
 
 

@@ -90,31 +90,7 @@ class InvalidRequestError(AdaptorError):
         super().__init__(message)
 
 
-def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
-    """An error of ``cls`` with ``args`` and the attributes ``state``, made without its own
-    ``__init__``, which takes its fields rather than the message pickle would pass it."""
-    error = cls.__new__(cls, *args)
-    builtin = next(base for base in cls.__mro__ if base.__module__ == "builtins")
-    builtin.__init__(error, *args)  # type: ignore[misc]  # (the builtin base of cls, by construction)
-    error.__dict__.update(state)
-    return error
-
-
-class _PicklesByFields:
-    """Pickled and copied as it is (docs/errors.md: every error pickles): by default pickle
-    calls ``__init__`` with the message, which these errors' ``__init__`` does not take."""
-
-    args: tuple[Any, ...]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        args = self.args
-        filename = getattr(self, "filename", None)
-        if isinstance(self, OSError) and filename is not None:
-            args = (*args, filename)  # (OSError keeps it out of args)
-        return _rebuilt, (type(self), args, dict(self.__dict__))
-
-
-class WaitTimeoutError(_PicklesByFields, TimeoutError):
+class WaitTimeoutError(TimeoutError):
     """:meth:`Client.wait` gave up: no verdict within ``timeout`` seconds.
 
     The request may still be queued or running; wait again or cancel it.  Not an
@@ -129,8 +105,13 @@ class WaitTimeoutError(_PicklesByFields, TimeoutError):
             f"no verdict for request {request_id!r} after {timeout:g}s (it may still be running)"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own would call the class with the message, which it does not take
+        # (docs/errors.md: every error pickles; a process pool passes them back that way).
+        return type(self), (self.request_id, self.timeout)
 
-class SpoolNotFoundError(_PicklesByFields, FileNotFoundError):
+
+class SpoolNotFoundError(FileNotFoundError):
     """The home has no spool: the path is wrong or no daemon was ever started on it.
 
     ``home`` is the directory looked at.  The ``adaptor`` CLI exits 69 on it.
@@ -145,12 +126,16 @@ class SpoolNotFoundError(_PicklesByFields, FileNotFoundError):
                     "daemon serves with ADAPTORD_HOME or --home")
         super().__init__(errno.ENOENT, f"no adaptord spool under {home} ({hint})", str(home))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (As WaitTimeoutError's: by the constructor's arguments.)
+        return type(self), (self.home,)
+
     def __str__(self) -> str:
         # OSError's own form, "[Errno 2] <message>: '<home>'", says the home twice.
         return str(self.strerror)
 
 
-class DaemonNotRunningError(_PicklesByFields, Exception):
+class DaemonNotRunningError(Exception):
     """No daemon serves ``home``, and the ``adaptor`` command needs one: to run a request, or to
     wait for a verdict nobody else would write.
 
@@ -165,8 +150,12 @@ class DaemonNotRunningError(_PicklesByFields, Exception):
             " or `systemctl --user start adaptord`; `adaptor run --no-daemon` runs in-process)"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (As WaitTimeoutError's: by the constructor's arguments.)
+        return type(self), (self.home,)
 
-class UnknownRequestError(_PicklesByFields, LookupError):
+
+class UnknownRequestError(LookupError):
     """No request with id ``request_id`` was submitted to this home (or the id is malformed).
 
     The ``adaptor`` CLI exits 2 on it (bad arguments).
@@ -176,6 +165,10 @@ class UnknownRequestError(_PicklesByFields, LookupError):
         self.request_id = request_id
         self.home = home
         super().__init__(f"no request {request_id!r} under {home}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (As WaitTimeoutError's: by the constructor's arguments.)
+        return type(self), (self.request_id, self.home)
 
 
 class Client:

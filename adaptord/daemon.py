@@ -1528,14 +1528,16 @@ class Daemon:
             cut = self._events_backend.repairs[told:]
             self._repairs_told = told + len(cut)
         for report in cut:
-            self.audit("audit_log.repaired", log=os.path.basename(report.path),
-                       offset=report.offset, dropped_bytes=report.dropped_bytes)
+            self._audit_cut("audit_log.repaired", report)
 
     def _tell_store_repair(self, report: _durable.RepairReport) -> None:
         """A thread run's store write cut a crash's leftovers from the store's log first (a
         torn last line, a power cut's unsynced lease lines): said as audit logs' cuts are."""
-        self.audit("thread_store.repaired", log=os.path.basename(report.path),
-                   offset=report.offset, dropped_bytes=report.dropped_bytes)
+        self._audit_cut("thread_store.repaired", report)
+
+    def _audit_cut(self, phase: str, report: _durable.RepairReport) -> None:
+        self.audit(phase, log=os.path.basename(report.path), offset=report.offset,
+                   dropped_bytes=report.dropped_bytes)
 
     # -- approvals as files --------------------------------------------------------------------
 

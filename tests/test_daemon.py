@@ -1017,15 +1017,22 @@ def test_a_verdict_the_disk_refuses_keeps_its_outcome_until_it_can_be_written(tm
         sr.verify(log)
 
 
+def _reloaded(tmp_path: Path, before: str, after: str) -> DaemonProcess:
+    """A daemon started on a config file holding ``before``, then sent SIGHUP with ``after``
+    in its place (the reload's outcome is the caller's to wait for)."""
+    config = tmp_path / "config.toml"
+    config.write_text(before)
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    config.write_text(after)
+    proc.signal(signal.SIGHUP)
+    return proc
+
+
 def test_a_reload_that_shortens_scan_interval_applies_it_at_once(tmp_path: Path) -> None:
     # The checks made every scan_interval kept the time the old interval had set: with 300 s
     # before a reload to 0.1 s, a removed folder came back only up to 300 s later (docs:
     # scan_interval "takes effect at once").
-    config = tmp_path / "config.toml"
-    config.write_text("scan_interval = 300\n")
-    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
-    config.write_text("scan_interval = 0.1\n")
-    proc.signal(signal.SIGHUP)
+    proc = _reloaded(tmp_path, "scan_interval = 300\n", "scan_interval = 0.1\n")
     proc.wait_for_line("config reloaded")
     shutil.rmtree(proc.home.quarantine)
     # Well within the old interval, however loaded the machine.
@@ -3726,11 +3733,7 @@ def test_a_driver_table_may_leave_a_required_field_to_each_request(tmp_path: Pat
 
 
 def test_a_misspelt_key_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text('[drivers.script]\nsteps = [{text = "v1"}]\n')
-    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
-    config.write_text('[drivers.script]\nstpes = [{text = "v2"}]\n')
-    proc.signal(signal.SIGHUP)
+    proc = _reloaded(tmp_path, '[drivers.script]\nsteps = [{text = "v1"}]\n', '[drivers.script]\nstpes = [{text = "v2"}]\n')
     line = proc.wait_for_line("config reload failed")
     assert "'stpes' (did you mean 'steps'?)" in line
     assert proc.verdict(proc.submit({"driver": "script", "prompt": "x"}))["result"]["text"] == "v1"
@@ -3738,14 +3741,12 @@ def test_a_misspelt_key_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
 
 
 def test_a_bad_a2a_template_on_reload_keeps_the_old_config(tmp_path: Path) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text('[drivers.script]\nsteps = [{text = "v1"}]\n')
-    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
-    config.write_text(
+    proc = _reloaded(
+        tmp_path,
+        '[drivers.script]\nsteps = [{text = "v1"}]\n',
         '[drivers.script]\nsteps = [{text = "v2"}]\n'
-        '[a2a.agents.r.request]\ndriver = "script"\npolicy = { sandbox = "readonly" }\n'
+        '[a2a.agents.r.request]\ndriver = "script"\npolicy = { sandbox = "readonly" }\n',
     )
-    proc.signal(signal.SIGHUP)
     line = proc.wait_for_line("config reload failed")
     assert "a2a.agents.r.request (over [drivers.script]): invalid policy value for Policy.Sandbox" in line
     assert proc.verdict(proc.submit({"driver": "script", "prompt": "x"}))["result"]["text"] == "v1"

@@ -923,10 +923,10 @@ class JSONLStore:
         kept = max(set(earlier) - empty, default=0)
         for name in names:
             match = _LOG_NAME.fullmatch(name)
-            stale = (
-                match is not None
-                and (int(match.group(1)) < kept or (int(match.group(1)) in empty and name == _log_name(int(match.group(1)))))
-            ) or name.startswith(f"{_SNAPSHOT}.tmp-")
+            number = int(match.group(1)) if match is not None else None
+            stale = name.startswith(f"{_SNAPSHOT}.tmp-") or (
+                number is not None and (number < kept or (number in empty and name == _log_name(number)))
+            )
             if stale:
                 # Only ever created or used under store.lock, which we hold: nobody is using
                 # them, and a crash between the snapshot and this point just leaves garbage.
