@@ -524,6 +524,8 @@ def _run_in_process(
     except daemon_config.ConfigError as exc:
         # adaptord refuses a broken config file as bad usage (exit 2); so does this path.
         fail(exc, as_json=as_json, exit_code=2, secrets=requests.secrets_of(request), id=request_id)
+    if config.exposed is not None:
+        echo(f"adaptor: warning: {config.exposed}", err=True)  # as adaptord says it at its start
     # The env of the config's table for this driver reaches the agent too; the daemon's own
     # credentials (its A2A tokens) do not, as in the daemon.
     from adaptor.drivers import _process

@@ -200,6 +200,9 @@ def check(config_path: str | None) -> None:
         for name, keys in config_module.shared_tool_names(tools).items():
             shown = ", ".join(f"tools.{key}" for key in keys)
             say(f"{shown}: all serve the tool {name!r}: a request may select only one of them")
+        if config.exposed is not None:
+            # Served as it is (exit 0 if all else is): a warning, as the daemon's own at start.
+            say(f"warning: {config.exposed}")
     except config_module.ConfigError as exc:
         say(config_module.one_line(f"config: {exc}"))
         ok = False

@@ -193,6 +193,9 @@ class DaemonConfig:
     # The top-level settings the file gives itself (the rest are defaults), so that a start or
     # a reload tells which the command line overrides.
     given: frozenset[str] = frozenset()
+    # Why the file's secrets are not private (it holds some and others may read it), or None:
+    # said by `check`, at a start and at each reload, never refused (see _readable_secrets).
+    exposed: str | None = None
 
     def driver_defaults(self, name: str) -> dict[str, Any]:
         return dict(self.drivers.get(name, {}))
@@ -360,7 +363,8 @@ def load(
         else:
             handle = target.open("rb")  # a pipe (<(...)) too
         with handle:
-            untrusted = _writable_by_others(target, os.fstat(handle.fileno()))
+            found = os.fstat(handle.fileno())
+            untrusted = _writable_by_others(target, found)
             if untrusted is not None:
                 raise ConfigError(untrusted)
             data = handle.read(MAX_CONFIG_BYTES + 1)
@@ -380,7 +384,34 @@ def load(
         raise ConfigError(f"{target}: {exc}") from exc
     except RecursionError:  # tomllib follows [[[...]]] with Python's stack
         raise ConfigError(f"{target}: nested too deeply to read") from None
-    return _parse(raw, str(target))
+    config = _parse(raw, str(target))
+    exposed = _readable_secrets(target, found, config)
+    return config if exposed is None else dataclasses.replace(config, exposed=exposed)
+
+
+def _readable_secrets(target: Path, found: os.stat_result, config: DaemonConfig) -> str | None:
+    """Why the secrets ``config`` holds (driver ``env`` values, ``a2a.bearer_token``) are not
+    private, or ``None``.
+
+    A warning, not a refusal, unlike a file others may write: reading a key is a leak already
+    done, not a takeover to come, and a config that served yesterday keeps serving.  Only the
+    settings are named, never a value.
+    """
+    if not stat.S_ISREG(found.st_mode) or not found.st_mode & 0o044:
+        return None
+    from adaptor import _request
+
+    holding = [
+        f"drivers.{name}.env" for name, table in sorted(config.drivers.items())
+        if _request.secrets_of({}, table)
+    ]
+    if config.a2a.bearer_token:
+        holding.append("a2a.bearer_token")
+    if not holding:
+        return None
+    who = "others" if found.st_mode & 0o004 else "its group"
+    return (f"{target}: readable by {who} (mode {stat.S_IMODE(found.st_mode):o}) and holds secrets "
+            f"({', '.join(holding)}); make it private: chmod go-rwx {shlex.quote(os.path.realpath(target))}")
 
 
 _OVERWRITE = re.compile(r"Cannot overwrite a value \(at line (\d+), column \d+\)")

@@ -493,7 +493,7 @@ class Daemon:
         self._stop_leftovers()
         self._clear_tmp()
         self._tools = self.config.load_tools()
-        self._warn_invalid_tools(self._tools)
+        self._warn_of_config(self.config, self._tools)
         self._skills = self.config.skill_catalogue()
         self._withhold_credentials()
         self._ensure_workers()
@@ -605,7 +605,9 @@ class Daemon:
     def _stopping(self) -> bool:
         return self._stop_signalled or self._stop.is_set()
 
-    def _warn_invalid_tools(self, tools: Mapping[str, Any]) -> None:
+    def _warn_of_config(self, config: DaemonConfig, tools: Mapping[str, Any]) -> None:
+        if config.exposed is not None:
+            self.log("the config's secrets are not private", why=config.exposed)
         for name, why in config_module.invalid_tools(tools).items():
             self.log("not a valid tool: requests selecting it fail with ErrInvalidDefinition", tool=name, why=why)
         for name, keys in config_module.shared_tool_names(tools).items():
@@ -687,7 +689,7 @@ class Daemon:
         self._skills = fresh.skill_catalogue()
         self._withhold_credentials()
         self._next_prune = 0.0  # [retention] may have changed: applied at the next turn
-        self._warn_invalid_tools(tools)
+        self._warn_of_config(fresh, tools)
         self._log_and_record(
             "config reloaded",
             "config.reloaded",

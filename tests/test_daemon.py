@@ -3639,6 +3639,51 @@ def test_the_advice_for_a_config_others_can_write_names_the_file_itself(tmp_path
     assert f"make it private: chmod go-w '{config}'" in check.stdout, check.stdout
 
 
+def test_a_config_others_can_read_that_holds_secrets_is_served_with_a_warning(tmp_path: Path) -> None:
+    # An API key in [drivers.*] env or the A2A bridge's token in a mode 644 file was served
+    # without a word: anyone on the machine could read them.  Served still (refusing would
+    # stop yesterday's daemon at its next start), said by check, at the start and at reloads.
+    config = tmp_path / "config.toml"
+    key = "sk-ant-" + "k3y" * 8
+    config.write_text(f'[drivers.claude]\nenv = {{ANTHROPIC_API_KEY = "{key}"}}\n')
+    config.chmod(0o644)
+    check = _adaptord_check(config)
+    warning = (f"warning: {config}: readable by others (mode 644) and holds secrets (drivers.claude.env); "
+               f"make it private: chmod go-rwx {config}")
+    assert warning in check.stdout.splitlines() and check.returncode == 0, check.stdout
+    proc = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    try:
+        said = proc.wait_for_line("the config's secrets are not private")
+        assert "readable by others (mode 644)" in said and key not in said, said
+        # A token of the bridge's own counts too, and the group is named when only it may read.
+        config.chmod(0o640)
+        proc.reload(config, f'[a2a]\nbearer_token = "{key}"\n')
+        said = proc.wait_for_line("readable by its group (mode 640) and holds secrets (a2a.bearer_token)")
+        assert key not in said, said
+        config.chmod(0o600)
+        before = len(proc.lines)
+        proc.reload(config, f'[drivers.claude]\nenv = {{ANTHROPIC_API_KEY = "{key}"}}\n')
+        assert not any("not private" in line for line in proc.lines[before:]), proc.lines[before:]
+    finally:
+        assert proc.stop() == 0
+    assert key not in "\n".join(proc.lines)
+    # Nothing secret in a file others may read (DEBUG=1 is no secret): no warning.
+    config.write_text('[drivers.claude]\nenv = {DEBUG = "1"}\n')
+    config.chmod(0o644)
+    assert "warning" not in _adaptord_check(config).stdout
+    # `adaptor run --no-daemon` takes its driver tables from the default file: it says so too.
+    (tmp_path / "adaptord").mkdir()
+    default = tmp_path / "adaptord" / "config.toml"
+    default.write_text(f'[drivers.claude]\nenv = {{ANTHROPIC_API_KEY = "{key}"}}\n')
+    default.chmod(0o604)
+    ran = subprocess.run(
+        [sys.executable, "-m", "adaptor", "run", "--no-daemon", "--driver", "script", "go"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert f"adaptor: warning: {default}: readable by others (mode 604)" in ran.stderr and key not in ran.stderr
+
+
 def test_a_config_nested_too_deeply_to_read_is_refused_by_check_and_serve(tmp_path: Path) -> None:
     # A RecursionError traceback and exit 1, which systemd's unit restarted every 2 s.
     reported, _, serve = _refused_by_check_and_serve(tmp_path, "x = " + "[" * 600 + "]" * 600 + "\n")
