@@ -188,3 +188,52 @@ def test_a_corrupted_thread_store_line_is_reported_never_cut(tmp_path: Path, see
         with pytest.raises(CorruptLogError):
             _finalize(store, "refused", "a")
     assert log.read_bytes() == bytes(data)  # nothing was cut or appended
+
+
+def _damage_last_line(data: bytes, how: str) -> bytes:
+    """A last line damaged in a way no crash mid-append leaves: a torn write begins as a record
+    does and holds at most one (a bad terminated record is a torn write too, storage.md: a
+    power cut may persist its end and not its middle, and it is cut)."""
+    lines = data.splitlines(keepends=True)
+    if how == "joined":  # the newline between the last two records lost (an editor's join)
+        return b"".join(lines[:-2]) + lines[-2][:-1] + lines[-1]
+    assert how == "text"  # a line that was never a record, terminated
+    return data + b"not a record\n"
+
+
+@pytest.mark.parametrize("how", ["joined", "text"])
+def test_a_damaged_last_line_no_crash_leaves_is_refused_by_writers_never_cut(tmp_path: Path, how: str) -> None:
+    # Acknowledged records at the tail: a writer that took such damage for a torn tail cut
+    # them, and handed their sequence numbers out again.
+    events_dir = tmp_path / "events"
+    with sr.EventRecorder(sr.JSONLEventBackend(events_dir), key_validator=lambda key: None) as recorder:
+        for i in range(4):
+            recorder.record("s", TextDelta(text=f"acknowledged {i}"))
+    audit = events_dir / "s.jsonl"
+    damaged = _damage_last_line(audit.read_bytes(), how)
+    audit.write_bytes(damaged)
+    backend = sr.JSONLEventBackend(events_dir)
+    with sr.EventRecorder(backend, key_validator=lambda key: None) as recorder:
+        with pytest.raises(sr.JSONLEventLogCorruptError) as info:
+            recorder.record("s", TextDelta(text="after the damage"))
+    assert "torn tail" not in info.value.why and backend.repairs == []
+    with pytest.raises(sr.JSONLEventLogCorruptError):
+        sr.repair(audit)
+    repaired = subprocess.run(
+        [sys.executable, "-m", "adaptor", "verify-log", "--repair", str(audit)], capture_output=True, text=True
+    )
+    assert repaired.returncode == 70 and "torn tail" not in repaired.stderr, repaired.stderr
+    assert audit.read_bytes() == damaged
+
+    directory = tmp_path / "threads"
+    with JSONLStore(directory) as store:
+        for i in range(4):
+            _finalize(store, f"r{i}", "a")
+    log = _latest_log(directory)
+    damaged = _damage_last_line(log.read_bytes(), how)
+    log.write_bytes(damaged)
+    with JSONLStore(directory) as store:
+        with pytest.raises(CorruptLogError):
+            _finalize(store, "refused", "a")
+        assert store.repair_count == 0
+    assert log.read_bytes() == damaged
