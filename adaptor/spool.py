@@ -621,10 +621,13 @@ def _request_records(
     ours: set[str] = set()
     foreign: set[str] = set()
     reader: _LogReader | None = None
+    begins: list[int] = []  # where the request's records begin in the log, once known
 
     def refresh() -> str | None:
         state = _read_state(home, request_id)
         ours.update(run_id for run_id in state.get("run_ids") or () if isinstance(run_id, str))
+        if type(state.get("events_from")) is int:
+            begins[:] = [state["events_from"]]
         verdict = client.verdict(request_id)
         if verdict is not None and isinstance(verdict.get("run_id"), str):
             ours.add(verdict["run_id"])
@@ -642,8 +645,11 @@ def _request_records(
                 finished = client.verdict(request_id) is not None
                 if reader is None:
                     session = refresh()
-                    if session is not None:
-                        reader = _LogReader(home.events / f"{session}.jsonl", after=since)
+                    # Begun once the daemon says where the request's records begin (as its
+                    # agent starts); a run that ended before that is read whole.
+                    if session is not None and (begins or finished or not follow):
+                        start_at = max(begins[0], since + 1) if begins else 1
+                        reader = _LogReader(home.events / f"{session}.jsonl", after=since, start_at=start_at)
                 if reader is not None:
                     final = finished or not follow
                     for record in reader.read_to_the_end() if final else reader.read():
@@ -723,10 +729,15 @@ class _LogReader:
     it in errors.
     """
 
-    def __init__(self, path: Path, *, after: int = 0, stream: IO[bytes] | None = None) -> None:
+    def __init__(
+        self, path: Path, *, after: int = 0, stream: IO[bytes] | None = None, start_at: int = 1
+    ) -> None:
         self.path = path
         self._after = after
         self._stream = stream
+        # The host_seq to begin reading at, found by its position (see _seek): the records
+        # before it are another request's, and a long thread holds a great many of them.
+        self._start_at = start_at
         self._file: IO[bytes] | None = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
@@ -849,12 +860,67 @@ class _LogReader:
             self._identity = (opened.st_dev, opened.st_ino)
             self._offset = 0
             self._expected = 1
+            if self._start_at > 1:
+                found = _seek(self._file, self._start_at, opened.st_size)
+                if found is not None:
+                    self._offset, self._expected = found, self._start_at
         return self._file
 
     def close(self) -> None:
         file, self._file = self._file, None
         if file is not None:
             file.close()
+
+
+_SEEK_SPAN = 64 * 1024  # below this, the last of a search reads line by line
+
+
+def _seek(file: IO[bytes], host_seq: int, size: int) -> int | None:
+    """The offset of the line holding ``host_seq`` in a log (a binary search over its lines,
+    whose host_seq only grows), or None to read from the start: a line looked at that is no
+    record (a torn tail, corruption) or a history without that record.  The records before it
+    go unchecked; those from it on are read strictly as ever.
+    """
+    low, high = 0, size  # the line sought begins in [low, high)
+    while high - low > _SEEK_SPAN:
+        middle = (low + high) // 2
+        file.seek(middle - 1)
+        start = middle - 1 + len(file.readline())  # the first line beginning at or after middle
+        if start >= high:
+            high = middle
+            continue
+        found = _host_seq_at(file, start)
+        if found is None:
+            return None
+        if found == host_seq:
+            return start
+        if found < host_seq:
+            low = start
+        else:
+            high = start
+    file.seek(low)
+    offset = low
+    while offset < high:
+        found = _host_seq_at(file, offset)
+        if found is None or found > host_seq:
+            return None
+        if found == host_seq:
+            return offset
+        offset = file.tell()
+    return None
+
+
+def _host_seq_at(file: IO[bytes], offset: int) -> int | None:
+    """The host_seq of the whole line at ``offset`` (the file is left after it), or None."""
+    file.seek(offset)
+    line = file.readline()
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        found = orjson.loads(line).get("host_seq")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return found if type(found) is int else None
 
 
 # --- waking up ----------------------------------------------------------------------------------

@@ -220,6 +220,8 @@ class Job:
     # Events the audit log refused (a full disk): the first failure is logged, the rest counted.
     unrecorded: int = 0
     recorded: bool = False  # any of its run's events is in its audit log
+    # host_seq of the first of its records in its session log (see "events_from" below).
+    first_host_seq: int | None = None
     routes: int = 0  # its approvals' routes still going (each on a thread of the SDK's)
     # A long prompt is not kept while the request waits (see _accept): read again at its start.
     prompt_left_on_disk: bool = False
@@ -1500,13 +1502,15 @@ class Daemon:
             return
         try:
             try:
-                self._events.record(session, _as_recorded(event, redactor, bound=False))
+                recorded = self._events.record(session, _as_recorded(event, redactor, bound=False))
             except (RecursionError, orjson.JSONEncodeError):
                 # Nested deeper than the encoder's 254 levels (or, redacted, than Python's
                 # stack): an agent's tool arguments can be.  Recorded with its deepest parts
                 # replaced by a note, as in the run's files.
-                self._events.record(session, _as_recorded(event, redactor, bound=True))
+                recorded = self._events.record(session, _as_recorded(event, redactor, bound=True))
             job.recorded = True
+            if job.first_host_seq is None:
+                job.first_host_seq = recorded.host_seq
         except Exception as exc:
             job.unrecorded += 1
             if job.unrecorded == 1:
@@ -1515,7 +1519,11 @@ class Daemon:
             self._tell_repairs()
         if isinstance(event, events.Notice) and event.data.get("phase") == "driver.started":
             try:
-                self._save_state(job, "running", entered=True, session=session)
+                # "events_from": where the request's records begin in its session log, so a
+                # reader of a long thread's turn need not read the conversation's whole history
+                # (an earlier attempt's, when there was one, is kept).
+                self._save_state(job, "running", entered=True, session=session,
+                                 events_from=job.state.get("events_from", job.first_host_seq))
             except OSError as exc:
                 # The run goes on: recovery counts a run with a run id as entered anyway
                 # (see _home.run_entered), which is what this state would have said.

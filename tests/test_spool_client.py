@@ -40,6 +40,7 @@ from adaptor.spool import (
     WaitTimeoutError,
 )
 from adaptor.threadstore import JSONLStore
+from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 from tests.inotify_hog import InotifyHog
 
@@ -270,6 +271,56 @@ def test_events_keep_to_their_own_run_in_a_thread_log(home: Home) -> None:
         e.text for e in home.client.events(second) if isinstance(e, events.TextDelta) and e.text
     ]
     assert texts == ["two"] and {e.meta.run_id for e in home.client.events(second)} == {two.run_id}
+
+
+def test_a_turns_events_are_read_from_where_they_begin_not_from_the_conversations_start(home: Home) -> None:
+    # Each turn's events were found by reading the thread's whole audit log (never pruned: a
+    # conversation's history), so `adaptor run --thread` took seconds once it held a few
+    # hundred MB.  The daemon says where a request's records begin; only they are read.
+    ids = [home.client.submit(threaded("events/deep", {"text": f"turn {i}"})) for i in range(3)]
+    results = [home.client.wait(rid, TIMEOUT) for rid in ids]
+    log = home.root / "events" / f"{_home.session_for_thread('events/deep')}.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    for rid, result in zip(ids, results, strict=True):
+        state = orjson.loads((home.root / "runs" / rid / "state.json").read_bytes())
+        first = next(i for i, line in enumerate(lines) if result.run_id.encode() in line)
+        assert state["events_from"] == first + 1, (rid, state)
+    # Damage in the first turn's records: reading it says so; the later turns are still read.
+    damaged = bytearray(b"".join(lines))
+    at = damaged.index(b"turn 0")
+    damaged[at : at + 6] = b"turn 9"
+    log.write_bytes(bytes(damaged))
+    with pytest.raises(sr.JSONLEventLogCorruptError):
+        list(home.client.events(ids[0]))
+    for i in (1, 2):
+        seen = list(home.client.events(ids[i]))
+        assert {e.meta.run_id for e in seen} == {results[i].run_id}
+        assert isinstance(seen[0], events.RunStarted) and isinstance(seen[-1], events.RunFinished)
+        assert [e.text for e in seen if isinstance(e, events.TextDelta) and e.text] == [f"turn {i}"]
+    # --since counts host_seq: from the middle of a turn, the rest of it.
+    records = list(spool._request_records(home.client, ids[2], follow=False))
+    later = list(spool._request_records(home.client, ids[2], follow=False, since=records[2].host_seq))
+    assert [r.host_seq for r in later] == [r.host_seq for r in records[3:]]
+
+
+@pytest.mark.parametrize("span", [1, 300, 64 * 1024])
+def test_a_record_is_found_by_its_host_seq_in_a_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, span: int) -> None:
+    monkeypatch.setattr(spool, "_SEEK_SPAN", span)
+    with sr.EventRecorder(sr.JSONLEventBackend(tmp_path), key_validator=lambda key: None) as recorder:
+        for i in range(200):
+            recorder.record("s", events.TextDelta(text="x" * (i * 37 % 500)))
+    log = tmp_path / "s.jsonl"
+    data = log.read_bytes()
+    starts = [0] + [i + 1 for i, byte in enumerate(data[:-1]) if byte == 0x0A]
+    with log.open("rb") as file:
+        for seq in (1, 2, 77, 199, 200):
+            assert spool._seek(file, seq, len(data)) == starts[seq - 1]
+        assert spool._seek(file, 201, len(data)) is None  # not in this history: read it whole
+    # A line looked at that is no record: no position, so the strict read from the start says why.
+    broken = data[: starts[100]] + b"#" + data[starts[100] + 1 :]
+    log.write_bytes(broken)
+    with log.open("rb") as file:
+        assert spool._seek(file, 150, len(broken)) in (None, starts[149])
 
 
 def test_events_follow_a_live_run_until_its_verdict(home: Home) -> None:
@@ -1159,8 +1210,6 @@ def test_a_submit_the_disk_refuses_leaves_nothing_in_the_way_of_a_retry(
 
 
 def _recorded(directory: Path, texts: list[str]) -> None:
-    from hosttools import sessionrecorder as sr
-
     with sr.EventRecorder(sr.JSONLEventBackend(directory)) as recorder:
         for text in texts:
             recorder.record("followed", events.TextDelta(text=text))
