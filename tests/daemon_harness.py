@@ -24,16 +24,26 @@ class DaemonProcess:
     started: list[DaemonProcess] = []
 
     def __init__(
-        self, home: Path, *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
+        self,
+        home: Path,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        capture_stdout: bool = False,
     ) -> None:
+        """``capture_stdout``: keep all the daemon prints on stdout in :attr:`stdout` (else it
+        goes to /dev/null); what it says on stderr is always in :attr:`lines`."""
         self.home = _home.Home.at(home)
         self.args = args
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
+        self.capture_stdout = capture_stdout
+        self.stdout = bytearray()
         self._changed = threading.Condition()
         self._reader: threading.Thread | None = None
+        self._stdout_reader: threading.Thread | None = None
 
     def start(self, *, wait_ready: bool = True, held: bool = False) -> DaemonProcess:
         """Start the daemon; ``held``: its process exists but waits for :meth:`let_go` to serve
@@ -44,7 +54,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if held else subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if self.capture_stdout else subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=self.env,
             cwd=self.cwd,
@@ -52,6 +62,9 @@ class DaemonProcess:
         DaemonProcess.started.append(self)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        if self.capture_stdout:
+            self._stdout_reader = threading.Thread(target=self._read_stdout, daemon=True)
+            self._stdout_reader.start()
         if wait_ready and not held:
             self.wait_for_line("adaptord: ready")
         return self
@@ -70,6 +83,11 @@ class DaemonProcess:
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
+
+    def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while chunk := os.read(self.proc.stdout.fileno(), 65536):
+            self.stdout += chunk
 
     def wait_for_line(self, needle: str, timeout: float = READY_TIMEOUT) -> str:
         deadline = time.monotonic() + timeout
@@ -172,9 +190,13 @@ class DaemonProcess:
         return self.stop()
 
     def kill9(self) -> None:
+        """SIGKILL, and wait for the process; :attr:`stdout` then holds all it printed (its
+        agents do not share that pipe), while ``lines`` may still be read after this."""
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(timeout=30)
+        if self._stdout_reader is not None:
+            self._stdout_reader.join(timeout=10)
 
     def kill_if_running(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -196,8 +218,9 @@ class DaemonProcess:
         with ``lines`` holding all it said; sends nothing (a second SIGTERM would end a drain)."""
         assert self.proc is not None
         status = self.proc.wait(timeout=timeout)
-        if self._reader is not None:
-            self._reader.join(timeout=10)
+        for reader in (self._reader, self._stdout_reader):
+            if reader is not None:
+                reader.join(timeout=10)
         return status
 
     def files_holding(self, *secrets: str) -> list[Path]:

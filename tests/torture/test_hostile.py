@@ -1,24 +1,31 @@
 """Hostile spool entries never stop the daemon: each ends as a rejection or in quarantine.
 
-The hand-written cases quality.md lists (invalid JSON, wrong types, non-UTF-8, symlinks, FIFOs,
-directories, a name like ``..weird.json``) are in tests/test_daemon.py
-(``test_hostile_files_get_rejection_verdicts``, ``test_hostile_entries_are_quarantined``); this
-module adds generated ones, the 10 MB prompt, 1,000-deep nesting and path syntax in ids and keys.
+The hand-written entries quality.md lists (symlinks, FIFOs, directories, non-UTF-8 bytes and
+names, names with ``..``) are dropped together into one daemon's spool here; tests/test_daemon.py
+has more of the single cases (``test_hostile_files_get_rejection_verdicts``,
+``test_hostile_entries_are_quarantined``).  This module adds generated ones, the 10 MB prompt,
+1,000-deep nesting and path syntax in ids and keys.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 
 from adaptor import _home, errors
+from adaptor.spool import InvalidRequestError
 from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess
 
@@ -62,17 +69,50 @@ def test_random_request_files(daemon: DaemonProcess, payload: bytes, number: int
     daemon.drop(f"{rid}.json", payload)
     verdict = daemon.verdict(rid)
     assert verdict["id"] == rid
-    if verdict["error"] is not None:
-        err = errors.from_wire(verdict["error"])
-        assert isinstance(err, BaseException)
-        assert verdict["exit_code"] in {1, 2, 3, 4, 69, 70, 75}
+    wire = verdict["error"]
+    if wire is None:
+        assert verdict["ok"] is True and verdict["exit_code"] == 0, verdict
+    else:
+        # A documented identity, rebuilt as the class that code names, with the exit status
+        # that identity maps to (``adaptor exit-codes``), never an infrastructure failure.
+        assert verdict["ok"] is False, verdict
+        assert wire["code"] in _DOCUMENTED_CODES, wire
+        err = errors.from_wire(wire)
+        assert isinstance(err, errors.AdaptorError), (wire, err)
+        assert type(err).code == wire["code"] and err.wire_code == wire["code"], (wire, type(err))
+        assert verdict["exit_code"] == errors.exit_code_for(err), verdict
+        assert verdict["exit_code"] in _OUTCOME_EXITS, verdict
+        assert not (isinstance(err, errors.RunError) and err.reason == "infrastructure_error"), wire
+    request = _request_object(payload)
+    if request is None or not _REQUEST_SCHEMA.is_valid(request):
+        # Garbage, JSON but no object, or an object the request schema refuses: never run,
+        # rejected as a request (exit 2), each problem named.
+        assert wire is not None and wire["code"] == "ErrInvalidRequest", (payload, verdict)
+        rejection = errors.from_wire(wire)
+        assert isinstance(rejection, InvalidRequestError) and verdict["exit_code"] == 2, verdict
+        assert isinstance(rejection.errors, list) and rejection.errors, wire
+        assert verdict["run_id"] is None, verdict
+
+
+# Every error code docs/errors.md names (a verdict's error is one of them).
+_DOCUMENTED_CODES = frozenset(
+    re.findall(r"`((?:[a-z0-9]+\.)?Err[A-Za-z]+|RunError)`", (Path(__file__).parents[2] / "docs" / "errors.md").read_text())
+)
+# The statuses of outcomes in the table (not 0, nor ``wait --timeout``'s 124).
+_OUTCOME_EXITS = {code for code, _ in errors.EXIT_CODES} - {0, 124}
+_REQUEST_SCHEMA = Draft202012Validator(
+    orjson.loads(resources.files("adaptord").joinpath("schemas/request.schema.json").read_bytes())
+)
+
+
+def _request_object(payload: bytes) -> dict[str, Any] | None:
+    """The JSON object a request file holds, as docs/daemon.md defines one (UTF-8 JSON, with or
+    without a byte-order mark); ``None`` for anything else."""
     try:
-        parsed = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        parsed = None
-    if not isinstance(parsed, dict):  # garbage, or JSON but no object: never run, rejected
-        assert verdict["error"]["code"] == "ErrInvalidRequest" and verdict["exit_code"] == 2
-        assert verdict["run_id"] is None
+        obj = orjson.loads(payload.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+    except (UnicodeDecodeError, orjson.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -93,6 +133,105 @@ def test_random_names_are_claimed_or_quarantined(daemon: DaemonProcess, name: st
         assert daemon.verdict(request_id)["id"] == request_id
     if name != f"{request_id}.json":
         assert any(p.name.endswith(f"-{name[:150]}") for p in daemon.home.quarantine.iterdir()), name
+
+
+def test_links_fifos_folders_and_odd_bytes_in_the_spool(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """Each entry quality.md lists, dropped together: what is not a regular file is moved to
+    quarantine/ unread and its id rejected (docs/daemon.md, "Submitting a request"); a file of
+    bytes that are no UTF-8 is rejected; a name with no valid id is quarantined only.  Nothing
+    outside the spool is touched, and the daemon keeps serving."""
+    new, home, tag = daemon.home.spool_new, daemon.home, os.urandom(4).hex()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    valid = outside / "valid.json"
+    valid.write_bytes(orjson.dumps({"driver": "script", "prompt": "x", "config": {"steps": [{"text": "ran"}]}}))
+    private = outside / "private.txt"
+    private.write_bytes(b"not a request, not the daemon's\n")
+    fifo_outside = outside / "fifo"
+    os.mkfifo(fifo_outside)
+    before = {path: (os.lstat(path), path.read_bytes() if path.is_file() else None) for path in outside.iterdir()}
+    quarantined_before = set(os.listdir(home.quarantine))
+
+    def symlink(to: str) -> Callable[[Path], None]:
+        return lambda path: os.symlink(to, path)
+
+    def folder(path: Path) -> None:
+        path.mkdir()
+        (path / "inside.json").write_bytes(valid.read_bytes())
+
+    # Entries whose name carries an id: quarantined, and that id rejected.
+    set_aside: dict[str, tuple[Callable[[Path], None], str]] = {
+        f"link-{tag}.json": (symlink(str(valid)), "symlink"),  # a valid request elsewhere
+        f"link-up-{tag}.json": (symlink(os.path.relpath(valid, new)), "symlink"),  # via ../..
+        f"link-private-{tag}.json": (symlink(str(private)), "symlink"),
+        f"link-fifo-{tag}.json": (symlink(str(fifo_outside)), "symlink"),
+        f"link-folder-{tag}.json": (symlink(str(outside)), "symlink"),
+        f"link-nowhere-{tag}.json": (symlink(str(outside / "missing.json")), "symlink"),
+        f"link-spool-{tag}.json": (symlink(f"../tmp/staged-{tag}.json"), "symlink"),
+        f"fifo-{tag}.json": (os.mkfifo, "special file"),
+        f"folder-{tag}.json": (folder, "directory"),
+    }
+    (home.spool_tmp / f"staged-{tag}.json").write_bytes(valid.read_bytes())
+    for name, (make, _) in set_aside.items():
+        make(new / name)
+    # A regular file whose bytes are no UTF-8: read, and rejected.
+    daemon.drop(f"bytes-{tag}.json", b'{"driver": "script", "prompt": "\xff\xfe\xc3("}')
+    # Names with no valid id: quarantined only (no name can hold "/": these are the "../" ones).
+    only_set_aside = [os.fsencode(f"..{tag}.json"), os.fsencode(f"...{tag}"), os.fsencode(f"..{tag}..json"), b"name-\xff-" + tag.encode() + b".json"]
+    for raw in only_set_aside:
+        daemon.drop(os.fsdecode(raw), valid.read_bytes())
+
+    for name, (_, kind) in set_aside.items():
+        rid = name[: -len(".json")]
+        verdict = _verdict_while_serving(daemon, rid)
+        assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", verdict
+        assert verdict["run_id"] is None and verdict["events"] is None, verdict  # nothing ran
+        message = verdict["error"]["message"]
+        assert f"not a regular file ({kind})" in message, verdict
+        [moved] = re.findall(r"quarantine/(\S+)", message)
+        assert moved.partition("-")[2] == name and moved not in quarantined_before, verdict
+        kept = home.quarantine / moved  # as it came: the link itself, the FIFO, the folder
+        assert stat.S_IFMT(os.lstat(kept).st_mode) == {"symlink": stat.S_IFLNK, "directory": stat.S_IFDIR, "special file": stat.S_IFIFO}[kind]
+    assert os.listdir(home.quarantine / _quarantined_as(daemon, f"folder-{tag}.json")) == ["inside.json"]
+    assert os.readlink(home.quarantine / _quarantined_as(daemon, f"link-up-{tag}.json")) == os.path.relpath(valid, new)
+    verdict = _verdict_while_serving(daemon, f"bytes-{tag}")
+    assert verdict["exit_code"] == 2 and verdict["error"]["code"] == "ErrInvalidRequest", verdict
+    assert "not UTF-8" in verdict["error"]["message"] and verdict["run_id"] is None, verdict
+    for raw in only_set_aside:
+        _wait_for_quarantine(daemon, os.fsdecode(raw))
+
+    probe = daemon.submit({"driver": "script", "prompt": "probe", "config": {"steps": [{"text": "alive"}]}})
+    assert _verdict_while_serving(daemon, probe)["result"]["text"] == "alive"
+    assert [n for n in os.listdir(new) if tag in n] == []
+    # A verdict for each id, none for the names that carry none.
+    assert sorted(n for n in os.listdir(home.verdicts) if tag in n) == sorted([*set_aside, f"bytes-{tag}.json"])
+    # What the links point at is as it was: not moved, written, chmodded nor linked to.
+    after = {path: (os.lstat(path), path.read_bytes() if path.is_file() else None) for path in outside.iterdir()}
+    assert after.keys() == before.keys()
+    for path, (info, data) in before.items():
+        now, now_data = after[path]
+        assert (now.st_ino, now.st_mode, now.st_nlink, now.st_size, now_data) == (info.st_ino, info.st_mode, info.st_nlink, info.st_size, data), path
+    assert (home.spool_tmp / f"staged-{tag}.json").read_bytes() == valid.read_bytes()
+    (home.spool_tmp / f"staged-{tag}.json").unlink()
+
+
+def _quarantined_as(daemon: DaemonProcess, name: str) -> str:
+    [found] = [n for n in os.listdir(daemon.home.quarantine) if n.partition("-")[2] == name]  # <time>-<name>
+    return found
+
+
+def _verdict_while_serving(daemon: DaemonProcess, request_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    """``daemon.verdict``, but failing at once should the daemon have gone."""
+    path = daemon.home.verdict(request_id)
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert daemon.proc is not None and daemon.proc.poll() is None, (
+            f"the daemon exited ({daemon.proc.returncode if daemon.proc else None}) before the verdict for {request_id}; "
+            + "\n".join(daemon.lines)
+        )
+        assert time.monotonic() < deadline, f"no verdict for {request_id}; daemon log:\n" + "\n".join(daemon.lines)
+        time.sleep(0.02)
+    return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
 
 
 def test_ten_megabyte_prompt_and_deep_nesting(daemon: DaemonProcess) -> None:

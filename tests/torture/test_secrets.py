@@ -3,9 +3,10 @@
 One daemon home sees every way a secret can travel: the agent echoing its environment on stdout
 and stderr (a real process), the secret in text, thinking, tool arguments and results, failure
 messages and details, an approval's title, a thread's records, a timeout, a cancel, a crash in
-mid-run, a rejected request, and ``adaptor run`` following a run live.  Afterwards every file
-under the home, every line either daemon printed and every byte of every ``adaptor`` command
-is searched.  The secrets end in random hex, searched for alone, so a value that was escaped,
+mid-run, a rejected request, two quarantined ones (misnamed, and under an id in use), and
+``adaptor run`` following a run live.  Afterwards every file under the home (quarantine/ too),
+every byte either daemon printed on stdout and stderr and every byte of every ``adaptor``
+command is searched; each command must have succeeded, so none passes by printing nothing.  The secrets end in random hex, searched for alone, so a value that was escaped,
 quoted or cut short at its front is caught too.
 """
 
@@ -81,6 +82,17 @@ class _Printed:
         return proc
 
 
+def _start(home: Path, env: dict[str, str]) -> DaemonProcess:
+    return DaemonProcess(home, "--workers", "4", "--grace", "2", env=env, capture_stdout=True).start()
+
+
+def _succeeded(
+    proc: subprocess.CompletedProcess[bytes], what: object, *, printed: bool = True
+) -> None:
+    assert proc.returncode == 0, (what, proc.returncode, proc.stderr)
+    assert proc.stdout.strip() or not printed, (what, "printed nothing")
+
+
 def _wait_for(condition: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -101,8 +113,9 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
         f'[drivers.command]\nenv = {{CONFIG_TOKEN = "{CONFIG_SECRET}"}}\n'
     )
     daemon_env = {"XDG_CONFIG_HOME": str(config_home)}
-    daemon = DaemonProcess(home, "--workers", "4", "--grace", "2", env=daemon_env).start()
+    daemon = _start(home, daemon_env)
     lines: list[str] = []
+    stdout = bytearray()  # what either daemon printed on stdout (on stderr: ``lines``)
     cli = _Printed(home, config_home)
     rids: dict[str, str] = {}
 
@@ -141,6 +154,14 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     # 3 s: time enough to enter the driver on a loaded machine, so the deadline is the run's.
     rids["timeout"] = daemon.submit(_command('printf "%s\\n" "$API_TOKEN"; sleep 30', timeout=3))
     rids["rejected"] = daemon.submit({**_script({"text": "x"}), "driver": "nope"})
+    # Two the daemon quarantines (quarantine/ keeps them 30 days): under a name misspelled
+    # ("<id>.JSON": set aside, and its id gets a rejection verdict), and under an id in use.
+    rids["misnamed"] = f"misnamed-{secrets.token_hex(4)}"
+    daemon.drop(f"{rids['misnamed']}.JSON", orjson.dumps(_script({"text": f"never {SECRET}"})))
+    daemon.verdict(rids["rejected"])
+    duplicate = {**_script({"text": f"again {SECRET}"}), "id": rids["rejected"]}
+    daemon.drop(f"{rids['rejected']}.json", orjson.dumps(duplicate))
+    daemon.wait_for_line(f"id_in_use={rids['rejected']}")
     thread = {"key": f"thread {SECRET[:6]}"}
     rids["thread-1"] = daemon.submit(
         _script(
@@ -165,7 +186,7 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     listed = cli("approvals", "--json")
     assert listed.returncode == 0
     [pending] = orjson.loads(listed.stdout)["result"]
-    cli("approvals")
+    _succeeded(cli("approvals"), "approvals")
     assert cli("approve", pending["id"]).returncode == 0
 
     for name in (
@@ -176,6 +197,7 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
         "echo-fails",
         "timeout",
         "rejected",
+        "misnamed",
         "thread-1",
         "cancel",
         "approval",
@@ -195,7 +217,8 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     _wait_for(lambda: _has_output(daemon, rids["crash"]))
     daemon.kill9()
     lines += daemon.lines
-    daemon = DaemonProcess(home, "--workers", "4", "--grace", "2", env=daemon_env).start()
+    stdout += daemon.stdout
+    daemon = _start(home, daemon_env)
     daemon.verdict(rids["crash"])
 
     # ``adaptor run`` through the daemon, following the run live, plain and as JSON.
@@ -226,30 +249,46 @@ def test_secret_values_reach_no_file_and_no_output(tmp_path: Path) -> None:
     assert verdicts["echo-fails"]["error"]["code"] == "ErrAgentFailed"
     assert verdicts["timeout"]["error"]["code"] == "ErrDeadlineExceeded"
     assert verdicts["rejected"]["error"]["code"] == "ErrInvalidRequest"
+    assert verdicts["misnamed"]["error"]["code"] == "ErrInvalidRequest"
+    assert "quarantine/" in verdicts["misnamed"]["error"]["message"]
     assert verdicts["cancel"]["error"]["code"] == "ErrRunCancelled"
     assert verdicts["approval"]["ok"] and verdicts["approval"]["result"]["text"] == "approved"
     assert verdicts["thread-2"]["ok"] and verdicts["thread-2"]["result"]["text"] == "two <redacted>"
     assert verdicts["crash"]["error"]["details"]["interrupted"] is True
 
-    for rid in rids.values():
-        cli("events", rid)
-        cli("events", "--json", rid)
-        cli("wait", "--json", rid)
-    cli("events", "--thread", thread["key"])
-    cli("threads", "list")
-    cli("threads", "show", thread["key"])
-    cli("status", "--json")
+    # Each command below must have done its work (a command that fails before printing would
+    # pass the search below for nothing): its exit status, and something printed on stdout.
+    for name, rid in rids.items():
+        for args in (["events", rid], ["events", "--json", rid]):
+            _succeeded(cli(*args), args, printed=name not in ("rejected", "misnamed"))
+        waited = cli("wait", "--json", rid)
+        assert waited.returncode == verdicts[name]["exit_code"], (name, waited.stderr)
+        assert orjson.loads(waited.stdout)["id"] == rid, (name, waited.stdout)
+    _succeeded(cli("events", "--thread", thread["key"]), "events --thread")
+    _succeeded(cli("threads", "list"), "threads list")
+    _succeeded(cli("threads", "show", thread["key"]), "threads show")
+    _succeeded(cli("status", "--json"), "status --json")
     for log in sorted(daemon.home.events.glob("*.jsonl")):
         assert cli("verify-log", str(log)).returncode == 0
     assert daemon.stop() == 0
     lines += daemon.lines
+    stdout += daemon.stdout
 
     assert list(daemon.home.claimed.iterdir()) == []  # the one place a secret may wait for its run
     files = [path for path in home.rglob("*") if path.is_file() and not path.is_symlink()]
     assert len(files) > 50
     assert [path for path in files if _leaks(path.read_bytes())] == []
     assert [line for line in lines if _leaks(line.encode())] == []
+    assert any("adaptord: ready" in line for line in lines)  # stderr was read
+    assert not _leaks(bytes(stdout)), stdout
     assert [args for args, output in cli.outputs if _leaks(output)] == []
     assert sum(len(output) for _, output in cli.outputs) > 10_000  # they did print
     kept = orjson.loads((_home.Home.at(home).run_dir(rids["echo"]) / "request.json").read_bytes())
     assert kept["config"]["env"] == {"API_TOKEN": "<redacted>"}
+    # Both quarantined requests are in quarantine/ (searched above), kept with secrets redacted.
+    aside = [orjson.loads(path.read_bytes()) for path in daemon.home.quarantine.iterdir()]
+    assert sorted(a["config"]["steps"][0]["text"] for a in aside) == [
+        "again <redacted>",
+        "never <redacted>",
+    ], aside
+    assert all(a["config"]["env"] == {"API_TOKEN": "<redacted>"} for a in aside), aside
