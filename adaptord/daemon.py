@@ -1007,8 +1007,14 @@ class Daemon:
             self._quarantine(source, name, request_id, f"larger than {_home.MAX_REQUEST_BYTES} bytes")
             return None
         claimed = self.home.claimed / name
+        if _same_file(info, claimed):
+            # The spool name a crash left next to its claim (another name of the very file: the
+            # claim links it, then unlinks this one once the link is durable).  Its claim is
+            # the request; this name only finishes going, no duplicate of anyone's.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(source)
+            return None
         if self.home.has_verdict(request_id) or os.path.lexists(claimed):
-            # (Also the spool name a crash left next to its claim: another name of that file.)
             self._quarantine(source, name, None, "a request with this id was already received", id_in_use=request_id)
             return None
         if info.st_nlink > 1 and not self._only_staged(source, info):
@@ -1019,8 +1025,8 @@ class Daemon:
         # link + unlink rather than rename: watchdog holds an unpaired move-out event for half a
         # second and every later event on the watch queues behind it, which would delay the
         # pickup of the next request.  The spool name is unlinked only once the claimed one is
-        # durable (the caller's fsync); a crash in between leaves both names, and the spool
-        # copy is then quarantined as a duplicate of the claimed one.
+        # durable (the caller's fsync); a crash in between leaves both names, and the next
+        # pass removes the spool name (see above).
         try:
             os.link(source, claimed)
         except FileNotFoundError:
