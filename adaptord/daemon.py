@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import heapq
+import itertools
 import math
 import os
 import queue
@@ -222,6 +224,7 @@ class Job:
     recorded: bool = False  # any of its run's events is in its audit log
     # host_seq of the first of its records in its session log (see "events_from" below).
     first_host_seq: int | None = None
+    arrival: int = 0  # its place in the daemon's arrival order, which ready jobs start in
     routes: int = 0  # its approvals' routes still going (each on a thread of the SDK's)
     # A long prompt is not kept while the request waits (see _accept): read again at its start.
     prompt_left_on_disk: bool = False
@@ -284,7 +287,11 @@ class Daemon:
         # and drain).  Dispatch never walks the lines, so a thousand jobs waiting on one key
         # cost nothing per pickup.  Jobs join every line they wait in at once, in one global
         # arrival order, so no two jobs can each be waiting for the other.
-        self._ready: deque[Job] = deque()
+        # Ready jobs start in arrival order (a heap by it): a thread's next turn, ready once
+        # the turn before it ends, goes before the requests that arrived after it, not behind
+        # every request queued meanwhile.
+        self._ready: list[tuple[int, Job]] = []
+        self._arrivals = itertools.count(1)
         self._lines: dict[str, deque[Job]] = {}
         self._queued: dict[str, Job] = {}
         self._running: dict[str, Job] = {}
@@ -1229,11 +1236,12 @@ class Daemon:
 
     def _enqueue(self, job: Job) -> None:
         with self._lock:
+            job.arrival = next(self._arrivals)
             self._queued[job.id] = job
             for key in job.keys:
                 self._lines.setdefault(key, deque()).append(job)
             if self._first_on_its_keys(job):
-                self._ready.append(job)
+                heapq.heappush(self._ready, (job.arrival, job))
 
     def _first_on_its_keys(self, job: Job) -> bool:
         """(Under _lock.)"""
@@ -1255,7 +1263,8 @@ class Daemon:
                 del self._lines[key]
             elif was_first and line[0] not in promoted and self._first_on_its_keys(line[0]):
                 promoted.append(line[0])
-        self._ready.extend(promoted)
+        for ready in promoted:
+            heapq.heappush(self._ready, (ready.arrival, ready))
 
     def _unqueue(self, request_id: str) -> Job | None:
         """(Under _lock.)  Take a not-started job out of the schedule."""
@@ -1263,7 +1272,8 @@ class Daemon:
         if job is None:
             return None
         if not job.keys or self._first_on_its_keys(job):
-            self._ready.remove(job)
+            self._ready.remove((job.arrival, job))
+            heapq.heapify(self._ready)
         self._leave_lines(job)
         return job
 
@@ -1273,7 +1283,7 @@ class Daemon:
             if self._stopping():
                 return
             while self._ready and len(self._running) < len(self._worker_threads):
-                job = self._ready.popleft()
+                _, job = heapq.heappop(self._ready)
                 del self._queued[job.id]
                 self._running[job.id] = job
                 started.append(job)

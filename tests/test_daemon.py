@@ -900,6 +900,31 @@ def test_same_thread_key_runs_in_arrival_order(daemon: DaemonProcess) -> None:
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
+def test_a_threads_next_turn_starts_before_requests_that_arrived_after_it(tmp_path: Path) -> None:
+    # The next turn of a thread, ready once the turn before it ended, went behind every request
+    # queued meanwhile: turns queued before 800 one-off requests started 803rd and 804th.
+    proc = DaemonProcess(tmp_path / "home", "--workers", "1").start()
+    try:
+        def turn(i: int, *steps: dict[str, Any]) -> str:
+            return proc.submit({"driver": "script", "prompt": str(i), "thread": {"key": "fair"},
+                                "policy": {"approvals": {"timeout": 60}},
+                                "config": {"steps": [*steps, {"text": f"turn {i}"}], "session": "auto"}})
+
+        first = turn(0, {"approval": {"kind": "permission", "title": "hold the only worker"}})
+        approval = _pending_approval(proc)  # the one worker is busy with it
+        second = turn(1)
+        later = [proc.submit(script({"text": f"later {i}"})) for i in range(3)]
+        proc.wait_for_line(f"request.received id={later[-1]}")
+        _home.respond(proc.home, approval, "approve")
+        order = [first, second, *later]
+        verdicts = [proc.verdict(rid) for rid in order]
+        assert all(v["ok"] for v in verdicts), [v["error"] for v in verdicts]
+        started = [v["started_at"] for v in verdicts]
+        assert started == sorted(started), list(zip(order, started, strict=True))
+    finally:
+        assert proc.stop() == 0
+
+
 def test_a_fork_waits_for_its_parents_earlier_requests_and_later_ones_wait_for_it(
     daemon: DaemonProcess,
 ) -> None:
