@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import secrets as _secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -394,6 +395,23 @@ def checked_schema(
     return compiled, source
 
 
+def _cut_context(error: BaseException, handling: BaseException) -> None:
+    """Keep the exception the caller was handling out of ``error``'s chain.
+
+    Raised while the caller handles an exception of its own, a refusal (and whatever it was
+    raised from) takes that one as its implicit ``__context__``: an unrelated host error read
+    as the refusal's cause (``errors.find``, the wire's ``cause``), which the same refusal made
+    anywhere else does not have.
+    """
+    seen: set[int] = set()
+    node: BaseException | None = error
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        if node.__cause__ is None and node.__context__ is handling:
+            node.__suppress_context__ = True
+            return
+        node = node.__cause__ if node.__cause__ is not None else node.__context__
+
 class RunPipeline:
     """One admitted-or-refused run.  Created by ``Agent.stream``; lives until its verdict."""
 
@@ -463,9 +481,12 @@ class RunPipeline:
     # -- phases ------------------------------------------------------------------------------
 
     def start(self) -> Stream:
+        handling = sys.exc_info()[1]  # the caller's own, when it starts a run in an `except` block
         try:
             self._static_checks()
         except BaseException as exc:  # refused before admission: no events at all
+            if handling is not None:
+                _cut_context(exc, handling)
             redact_error(exc, self._redactor)
             self.stream._settle(None, exc)
             return self.stream

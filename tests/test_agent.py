@@ -2003,3 +2003,30 @@ def test_documented_calls_type_check_as_they_run() -> None:
         raise adaptor.AgentFailedError("boom")
     except adaptor.RunError as err:
         assert err.result.text == ""  # always a Result: no None check needed
+
+
+@pytest.mark.parametrize("refused", ["policy", "deadline", "closed"])
+def test_a_refusal_made_inside_the_callers_except_block_has_no_cause_of_the_callers(refused: str) -> None:
+    # Started as a fallback in an `except KeyError:` block, a run refused before admission took
+    # the host's KeyError for its cause: errors.find() found it, the wire carried it, and the
+    # same refusal made anywhere else had none.
+    agent = adaptor.Agent(
+        ScriptedDriver([{"text": "x"}]),
+        policy=adaptor.Policy(sandbox="nope") if refused == "policy" else None,
+        timeout=0 if refused == "deadline" else None,
+    )
+    if refused == "closed":
+        agent.close()
+    settings: dict[str, str] = {}
+    try:
+        settings["config"]  # the host's own failure, handled below
+    except KeyError:
+        stream = agent.stream("p")
+    with pytest.raises(errors.AdaptorError) as raised:
+        stream.result()
+    err = raised.value
+    assert err.__cause__ is None and not errors.find(err, KeyError), err.__cause__
+    assert errors.to_wire(err)["cause"] is None
+    with pytest.raises(type(err)) as outside:  # as the same refusal made outside any except block
+        agent.run("p")
+    assert errors.to_wire(outside.value)["cause"] == errors.to_wire(err)["cause"]
