@@ -73,6 +73,9 @@ class Broker:
         self._finished = False
         # Threads with an iterator open on this run (a thread id per open iterator).
         self._readers: Counter[int] = Counter()
+        # Set once result() found only its own thread's iterators open: they are not read
+        # while it waits, so producers may go past the bound rather than wait for them.
+        self._unbounded = False
         self.turn_id = ""
 
     # -- producers ---------------------------------------------------------------------------
@@ -105,7 +108,7 @@ class Broker:
         return False
 
     def _wait_for_room(self, deadline: float | None, nowait: bool) -> bool:
-        while len(self._queue) >= self._capacity:
+        while len(self._queue) >= self._capacity and not self._unbounded:
             if nowait or self._cancelled:
                 return False
             timeout = None if deadline is None else deadline - time.monotonic()
@@ -188,18 +191,24 @@ class Broker:
     def drain_unread(self) -> None:
         """Block until the run's last event is queued, then drop what nobody is reading.
 
-        Events are dropped only while no other thread has an iterator open: those of a thread
-        iterating meanwhile (or starting to before the run ends) stay its own.  An iterator
-        this thread left open cannot be reading now, so it holds nothing back.  A full buffer
-        nobody reads from is emptied at once, so producers never wedge on it.
+        Events are dropped only while no iterator is open: those of a thread iterating
+        meanwhile (or starting to before the run ends) stay its own.  An iterator this thread
+        opened is not read while this thread waits here, but may be later, or from another
+        thread (``asyncio.to_thread(next, it)`` hands it from worker to worker): its events
+        are kept, and producers go past the buffer's bound rather than wedge on it.  A full
+        buffer no iterator is open on is emptied at once, so producers never wedge on it.
         """
         me = threading.get_ident()
         with self._cond:
             while True:
-                others = any(thread != me for thread in self._readers)
-                if not others and (self._finished or len(self._queue) >= self._capacity):
-                    self._queue.clear()
-                    self._cond.notify_all()
+                if not any(thread != me for thread in self._readers):
+                    if me in self._readers:
+                        if not self._unbounded:
+                            self._unbounded = True
+                            self._cond.notify_all()
+                    elif self._finished or len(self._queue) >= self._capacity:
+                        self._queue.clear()
+                        self._cond.notify_all()
                 if self._finished:
                     return
                 _waiting.wait_condition(self._cond)

@@ -2030,3 +2030,24 @@ def test_a_refusal_made_inside_the_callers_except_block_has_no_cause_of_the_call
     with pytest.raises(type(err)) as outside:  # as the same refusal made outside any except block
         agent.run("p")
     assert errors.to_wire(outside.value)["cause"] == errors.to_wire(err)["cause"]
+
+
+def test_an_iterator_handed_to_another_thread_keeps_its_events_while_its_first_thread_waits_for_the_result() -> None:
+    # asyncio.to_thread(next, it) advances one iterator from worker to worker; result() on the
+    # worker where the iteration began took it for an iterator nobody read and dropped its
+    # events (a silent gap, no RunFinished), even with blocking_events=True.
+    steps = [{"text": f"t{i}"} for i in range(200)]
+    agent = adaptor.Agent(ScriptedDriver(steps), event_buffer=4, blocking_events=True)
+    stream = agent.stream("p")
+    it = iter(stream)
+    seen = [next(it)]  # the iteration begins in this thread...
+    reader = threading.Thread(target=lambda: seen.extend(it))  # ...and goes on in another
+    reader.start()
+    result = stream.result()  # while this thread waits for the result
+    reader.join(60)
+    assert not reader.is_alive()
+    assert [e.meta.sequence for e in seen] == list(range(1, len(seen) + 1))
+    assert isinstance(seen[-1], events.RunFinished) and not any(isinstance(e, events.Dropped) for e in seen)
+    assert [e.text for e in seen if isinstance(e, events.TextDelta) and e.text] == [s["text"] for s in steps]
+    assert result.text.endswith("t199")
+    agent.close()
