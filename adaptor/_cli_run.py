@@ -10,6 +10,7 @@ import select
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
@@ -693,6 +694,27 @@ _PROMPT_POLL = 0.2
 # --- live output ----------------------------------------------------------------------------------
 
 
+def _columns(stream: IO[str]) -> int:
+    """The width of the terminal ``stream`` writes to, asked again at each redraw (a resized
+    window); 80 when it cannot say."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (OSError, ValueError):
+        return 80
+
+
+def _fit(line: str, columns: int) -> str:
+    """``line`` cut to fewer than ``columns`` cells (wide characters take two), "…" ending a cut
+    one: the last cell stays free, as a line that fills it wraps on some terminals."""
+    room = max(columns - 1, 1)
+    cells = 0
+    for index, char in enumerate(line):
+        cells += 2 if unicodedata.east_asian_width(char) in "WF" else 1
+        if cells > room:
+            return line[: max(index - 1, 0)] + "…"
+    return line
+
+
 def _dim(text: str) -> str:
     """``text`` shown faint, unless ``NO_COLOR`` asks for no styling (https://no-color.org) or
     ``TERM=dumb`` says the terminal shows none."""
@@ -842,7 +864,10 @@ class Live:
                     continue
                 elapsed = int(time.monotonic() - self._started)
                 label = f"{self.label} · " if self.label else ""
-                text = f"\r{self._FRAMES[frame % len(self._FRAMES)]} {label}{self._phase} · {elapsed}s\x1b[K"
+                line = f"{self._FRAMES[frame % len(self._FRAMES)]} {label}{self._phase} · {elapsed}s"
+                # Within the terminal's width: a wrapped line is cleared only in its last row,
+                # and every redraw left the rows above it behind (a narrow pane filled up).
+                text = f"\r{_fit(line, _columns(sys.stderr))}\x1b[K"
                 self._write(sys.stderr, _dim(text))
                 self._spinner_visible = True
                 frame += 1

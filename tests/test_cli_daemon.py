@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -15,7 +16,9 @@ import pty
 import queue
 import re
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -448,6 +451,37 @@ def test_run_on_a_terminal_streams_text_and_tool_lines(home: Home) -> None:
     text = output.decode()
     assert "first words" in text and "⚙ grep" in text
     assert text.count("last words") == 1  # streamed live, not printed again at the end
+
+
+@pytest.mark.parametrize("columns", [24, 60])
+def test_the_progress_line_fits_a_narrow_terminal(home: Home, columns: int) -> None:
+    # Wider than the terminal, the line wrapped and "\r" + erase-line cleared only its last
+    # row: each redraw (ten a second) left a row behind, a 30-column pane filled in seconds.
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    rid = f"a-long-request-id-{columns}-" + "x" * 40
+    proc = subprocess.Popen(
+        ["adaptor", "run", "--id", rid, "--driver", "script", "--config", steps({"sleep": 1.5}, {"text": "done"}), "go"],
+        stdin=follower, stdout=follower, stderr=follower, env={**home.env(), "TERM": "xterm"},
+    )
+    os.close(follower)
+    output = b""
+    while chunk := _read_or_end(leader):
+        output += chunk
+    os.close(leader)
+    assert proc.wait(TIMEOUT) == 0
+    frames = re.findall(r"\r([^\r\n]*?)\x1b\[K", output.decode())
+    shown = [re.sub(r"\x1b\[[0-9;]*m", "", frame) for frame in frames if frame.strip()]
+    assert len(shown) >= 3, output  # it did draw, several times
+    assert all(len(frame) < columns for frame in shown), [f for f in shown if len(f) >= columns]
+    assert any(frame.endswith("…") for frame in shown) == (columns < 60 + len(rid))
+
+
+def _read_or_end(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the terminal's other side is closed
+        return b""
 
 
 def test_a_tool_line_stays_one_line_whatever_the_model_names_the_tool(home: Home) -> None:
