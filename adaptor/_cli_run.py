@@ -347,7 +347,13 @@ def _build_request(
 ) -> dict[str, Any]:
     request = dict(base)
     if prompt is not None:
-        request["prompt"] = sys.stdin.read() if prompt == "-" else prompt
+        # Read as UTF-8 whatever the locale or PYTHONIOENCODING say, as --request - is (under
+        # PYTHONIOENCODING=ascii a UTF-8 prompt failed with exit 70, latin-1 reached the agent
+        # as mojibake); bytes that are no UTF-8 are kept for the request's own check to name.
+        request["prompt"] = (
+            sys.stdin.buffer.read().decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+            if prompt == "-" else prompt
+        )
     if "prompt" not in request:
         raise click.UsageError("missing PROMPT (or a --request file with a prompt)")
     request.update({name: value for name, value in fields.items() if value is not None})

@@ -453,6 +453,25 @@ def test_run_on_a_terminal_streams_text_and_tool_lines(home: Home) -> None:
     assert text.count("last words") == 1  # streamed live, not printed again at the end
 
 
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+@pytest.mark.parametrize("extra", [[], ["--no-daemon"]])
+def test_a_prompt_read_from_stdin_is_utf8_whatever_the_streams_encoding(
+    home: Home, tmp_path: Path, encoding: str, extra: list[str]
+) -> None:
+    # Read in PYTHONIOENCODING's encoding: ascii failed with exit 70 and a bare
+    # UnicodeDecodeError, latin-1 handed the agent mojibake.  --request - read UTF-8 already.
+    prompt = "prompt ü ✓ 中".encode()
+    received = tmp_path / "received"
+    ran = subprocess.run(
+        ["adaptor", "run", *extra, "--quiet", "--driver", "command", "--config", "command=/bin/sh",
+         "--config", f'extra_args=["-c", "cat > {received}"]', "-"],
+        input=b"\xef\xbb\xbf" + prompt, capture_output=True, timeout=TIMEOUT,
+        env={**home.env(), "PYTHONIOENCODING": encoding},
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert received.read_bytes() == prompt  # (a byte-order mark ahead of it is not the prompt's)
+
+
 @pytest.mark.parametrize("columns", [24, 60])
 def test_the_progress_line_fits_a_narrow_terminal(home: Home, columns: int) -> None:
     # Wider than the terminal, the line wrapped and "\r" + erase-line cleared only its last
