@@ -7,6 +7,7 @@ approvals, approve/deny/answer, threads, status) and ``_cli_run`` (run); exit co
 
 from __future__ import annotations
 
+import codecs
 import os
 import stat
 import sys
@@ -225,5 +226,18 @@ def _tolerate_narrow_encodings() -> None:
     # code stay the run's: a strict stream made a successful run exit 70.
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
-        if callable(reconfigure) and getattr(stream, "errors", None) == "strict":
+        if not callable(reconfigure):
+            continue
+        if _claims_ascii(getattr(stream, "encoding", None)):
+            # What click.echo writes to such a stream anyway: the answer streamed live and the
+            # progress line showed `h\xe9llo` where the final text showed `héllo`.
+            reconfigure(encoding="utf-8", errors="backslashreplace")
+        elif getattr(stream, "errors", None) == "strict":
             reconfigure(errors="backslashreplace")
+
+
+def _claims_ascii(encoding: str | None) -> bool:
+    try:
+        return encoding is not None and codecs.lookup(encoding).name == "ascii"
+    except LookupError:
+        return False

@@ -472,6 +472,19 @@ def test_a_prompt_read_from_stdin_is_utf8_whatever_the_streams_encoding(
     assert received.read_bytes() == prompt  # (a byte-order mark ahead of it is not the prompt's)
 
 
+def test_a_terminal_claiming_ascii_gets_the_live_answer_in_utf8_as_the_final_one(home: Home) -> None:
+    # The answer streamed live (and the progress line) went through the stream's own ASCII
+    # encoder, `h\xe9llo \u2713`, where `run -q`, `wait` and `approvals` print UTF-8 there.
+    terminal = _Terminal("run", "--no-daemon", "--driver", "script", "--config", steps({"sleep": 0.5}, {"text": "héllo ✓"}),
+                         "go", env={**home.env(), "PYTHONIOENCODING": "ascii", "TERM": "xterm"})
+    try:
+        assert terminal.proc.wait(TIMEOUT) == 0
+        terminal.wait_for("héllo ✓")
+        assert b"\\x" not in terminal.seen and b"\\u" not in terminal.seen, terminal.seen
+    finally:
+        terminal.close()
+
+
 @pytest.mark.parametrize("columns", [24, 60])
 def test_the_progress_line_fits_a_narrow_terminal(home: Home, columns: int) -> None:
     # Wider than the terminal, the line wrapped and "\r" + erase-line cleared only its last
