@@ -16,6 +16,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import pwd
 import re
 import secrets
 import stat
@@ -85,7 +86,10 @@ def _absolute(path: str | os.PathLike[str]) -> Path:
     """``path`` absolute and without ``..``: ``cwd/../h`` kept the directory it was named from
     in the home's path, and a daemon whose starting directory was then removed took its home
     for gone and stopped."""
-    return Path(os.path.abspath(os.path.expanduser(path)))
+    text = os.fspath(path)
+    if text == "~" or text.startswith("~/"):
+        text = user_home() + text[1:]
+    return Path(os.path.abspath(os.path.expanduser(text)))
 
 
 def xdg_base(variable: str, default: str) -> Path:
@@ -97,7 +101,23 @@ def xdg_base(variable: str, default: str) -> Path:
     value = os.environ.get(variable, "")
     if os.path.isabs(value):
         return Path(value)
-    return Path(os.path.expanduser("~"), default).absolute()
+    return Path(user_home(), default)
+
+
+def user_home() -> str:
+    """``$HOME`` when it is an absolute path, else the user's home in the password database.
+
+    An empty ``HOME`` made the home ``/.local/state/adaptord`` (at the root), a relative one a
+    home under each current directory, the very thing a relative ``XDG_STATE_HOME`` is ignored
+    for; both are taken as unset, as the XDG rule takes those.
+    """
+    value = os.environ.get("HOME", "")
+    if os.path.isabs(value):
+        return value
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # (a uid without an entry: a container's)
+        return os.path.abspath(value or os.sep)
 
 
 def new_request_id() -> str:

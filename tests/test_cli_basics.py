@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -173,6 +174,24 @@ def test_a_relative_xdg_directory_is_ignored_as_the_xdg_spec_asks(tmp_path: Path
     assert json.loads(status.stdout)["result"]["home"] == str(user / ".local" / "state" / "adaptord")
     check = subprocess.run(["adaptord", "check"], capture_output=True, text=True, cwd=cwd, env=env)
     assert check.stdout.splitlines()[0] == "config: ok (defaults; no config file)", check.stdout
+
+
+@pytest.mark.parametrize("home", ["", "me", "./x"])
+def test_an_empty_or_relative_home_variable_is_taken_as_unset(tmp_path: Path, home: str) -> None:
+    # HOME="" made the home /.local/state/adaptord, at the root; a relative HOME one home per
+    # current directory, what a relative XDG_STATE_HOME is ignored for.  Both now mean the
+    # user's home from the password database, as an unset HOME does.
+    env = {k: v for k, v in os.environ.items() if k not in ("ADAPTORD_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME")}
+    env["HOME"] = home
+    expected = str(Path(pwd.getpwuid(os.getuid()).pw_dir) / ".local" / "state" / "adaptord")
+    for cwd in (tmp_path / "a", tmp_path / "b"):
+        cwd.mkdir()
+        status = subprocess.run(["adaptor", "status", "--json"], capture_output=True, text=True, cwd=cwd, env=env)
+        assert json.loads(status.stdout)["result"]["home"] == expected, status.stdout
+    # A "~" in ADAPTORD_HOME is that home too.
+    env["ADAPTORD_HOME"] = "~/elsewhere"
+    status = subprocess.run(["adaptor", "status", "--json"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert json.loads(status.stdout)["result"]["home"] == str(Path(pwd.getpwuid(os.getuid()).pw_dir) / "elsewhere")
 
 
 _SIGNAL_AT_IMPORT = """
