@@ -29,6 +29,8 @@ from adaptor._cli_common import (
     json_option,
     not_nan,
     note_done_before_output,
+    one_line,
+    quoted,
     read_request,
     refuse_a_store_log,
     require_daemon,
@@ -74,7 +76,7 @@ def submit(file: IO[bytes], as_json: bool, home: str | None) -> None:
         return
     echo(request_id)
     if not running:
-        echo(f"adaptor: queued; adaptord is not running for {client.home}", err=True)
+        echo(f"adaptor: queued; adaptord is not running for {one_line(str(client.home))}", err=True)
 
 
 def submit_request(client: Client, request: dict[str, Any]) -> str:
@@ -376,7 +378,7 @@ def approvals(as_json: bool, home: str | None) -> None:
         return
     if not _home.daemon_running(_home.Home.at(client.home)):
         echo(
-            f"adaptor: adaptord is not running for {client.home}: the runs that asked have "
+            f"adaptor: adaptord is not running for {one_line(str(client.home))}: the runs that asked have "
             "ended, so no approval can be answered",
             err=True,
         )
@@ -384,7 +386,7 @@ def approvals(as_json: bool, home: str | None) -> None:
         kind = request.get("approval_kind", "")
         line = f"{request.get('id')}  {kind}  request {request.get('request_id')}"
         if request.get("title"):
-            line += f"  {_shown(str(request['title']))}"  # the agent's words: on one line
+            line += f"  {one_line(str(request['title']))}"  # the agent's words: on one line
         if request.get("deadline"):
             line += f"  (until {request['deadline']})"
         echo(line)
@@ -403,15 +405,15 @@ def _choice_lines(raw: object) -> list[str]:
     if not choices:
         return []
     if all(label in ("", key) and not description for key, label, description in choices):
-        return [f"    choices: {', '.join(_shown(key) for key, _, _ in choices)}"]
-    width = max(len(_shown(key)) for key, _, _ in choices)
+        return [f"    choices: {', '.join(one_line(key) for key, _, _ in choices)}"]
+    width = max(len(one_line(key)) for key, _, _ in choices)
     lines = ["    choices:"]
     for key, label, description in choices:
-        line = f"      {_shown(key):<{width}}"
+        line = f"      {one_line(key):<{width}}"
         if label and label != key:
-            line += f"  {_shown(label)}"
+            line += f"  {one_line(label)}"
         if description:
-            line += f" - {_shown(description)}"
+            line += f" - {one_line(description)}"
         lines.append(line.rstrip())
     return lines
 
@@ -589,30 +591,7 @@ def threads_list(ctx: click.Context, as_json: bool = False, home: str | None = N
     for record in records:
         state = record.get("state") or {}
         session = state.get("display_id") or state.get("resume_id") or "-"
-        echo(f"{_shown_key(record['key'])}  {record['driver_type']}  {record['updated_at']}  {_shown(str(session))}")
-
-
-def _shown(text: str) -> str:
-    # One line per item: a key or title holding a newline (or a terminal escape) is shown
-    # JSON-quoted, to a pipe too (--json has it as it is).
-    return text if text.isprintable() else _quoted(text)
-
-
-def _quoted(text: str) -> str:
-    """``text`` JSON-quoted, with what JSON leaves as it is but is no printable character (a
-    right-to-left override that reorders the line, a zero-width space) escaped too."""
-    quoted = orjson.dumps(text).decode()
-    if quoted.isprintable():
-        return quoted
-    return "".join(char if char.isprintable() else _json_escape(char) for char in quoted)
-
-
-def _json_escape(char: str) -> str:
-    code = ord(char)
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes a character past the BMP
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+        echo(f"{_shown_key(record['key'])}  {record['driver_type']}  {record['updated_at']}  {one_line(str(session))}")
 
 
 def _shown_key(key: str) -> str:
@@ -620,8 +599,8 @@ def _shown_key(key: str) -> str:
     would not read back as itself (a blank end, the two spaces that separate the columns, a
     leading quote that makes it look quoted already)."""
     if key != key.strip() or "  " in key or key.startswith('"'):
-        return _quoted(key)
-    return _shown(key)
+        return quoted(key)
+    return one_line(key)
 
 
 @threads.command("show")
@@ -658,7 +637,7 @@ def threads_show(ctx: click.Context, key: str, as_json: bool, home: str | None) 
         elif name == "key":
             value = _shown_key(value)
         elif isinstance(value, str):
-            value = _shown(value)
+            value = one_line(value)
         echo(f"{name}: {value}")
 
 
@@ -705,9 +684,9 @@ def status(as_json: bool, home: str | None) -> None:
                 )
                 if value is not None
             ]
-            echo(f"adaptord running for {info['home']}" + (f" ({', '.join(known)})" if known else ""))
+            echo(f"adaptord running for {one_line(str(info['home']))}" + (f" ({', '.join(known)})" if known else ""))
         else:
-            echo(f"adaptord not running for {info['home']}")
+            echo(f"adaptord not running for {one_line(str(info['home']))}")
         # Claimed by a daemon that is gone (kill -9, a crash): nothing runs them now; the next
         # start gives them their verdicts or runs them again (on_interrupt).
         state = "running" if info["running"] else "interrupted"

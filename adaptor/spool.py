@@ -111,6 +111,17 @@ class WaitTimeoutError(TimeoutError):
         return type(self), (self.request_id, self.timeout)
 
 
+def _home_shown(home: Path) -> tuple[str, str]:
+    """``home`` as a message shows it, and as a shell argument: JSON-quoted (both) when it
+    holds a newline, a terminal escape or another unprintable character, so the message stays
+    one line that cannot drive a terminal."""
+    text = str(home)
+    if text.isprintable():
+        return text, shlex.quote(text)
+    escaped = orjson.dumps(text).decode()
+    return escaped, escaped
+
+
 class SpoolNotFoundError(FileNotFoundError):
     """The home has no spool: the path is wrong or no daemon was ever started on it.
 
@@ -119,12 +130,13 @@ class SpoolNotFoundError(FileNotFoundError):
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        shown, argument = _home_shown(home)
         if os.path.lexists(home) and not home.is_dir():  # no daemon could start there either
-            hint = f"{home} is not a directory: name the home a daemon serves with ADAPTORD_HOME or --home"
+            hint = f"{shown} is not a directory: name the home a daemon serves with ADAPTORD_HOME or --home"
         else:
-            hint = (f"start the daemon with `adaptord serve --home {shlex.quote(str(home))}`, or name the home a "
+            hint = (f"start the daemon with `adaptord serve --home {argument}`, or name the home a "
                     "daemon serves with ADAPTORD_HOME or --home")
-        super().__init__(errno.ENOENT, f"no adaptord spool under {home} ({hint})", str(home))
+        super().__init__(errno.ENOENT, f"no adaptord spool under {shown} ({hint})", str(home))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # (As WaitTimeoutError's: by the constructor's arguments.)
@@ -145,8 +157,9 @@ class DaemonNotRunningError(Exception):
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        shown, argument = _home_shown(home)
         super().__init__(
-            f"adaptord is not running for {home} (start it with `adaptord serve --home {shlex.quote(str(home))}`"
+            f"adaptord is not running for {shown} (start it with `adaptord serve --home {argument}`"
             " or `systemctl --user start adaptord`; `adaptor run --no-daemon` runs in-process)"
         )
 

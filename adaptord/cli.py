@@ -23,6 +23,7 @@ from adaptor._cli_common import (
     home_option,
     not_nan,
     note_outcome,
+    one_line,
     unguard,
 )
 from adaptord import config as config_module
@@ -159,7 +160,7 @@ def status(home: str | None, as_json: bool) -> None:
         click.echo(orjson.dumps(report).decode())
     else:
         pid = info.get("pid")
-        click.echo(f"adaptord {'running' if running else 'not running'} for {paths.root}" + (f" (pid {pid})" if pid else ""))
+        click.echo(f"adaptord {'running' if running else 'not running'} for {one_line(str(paths.root))}" + (f" (pid {pid})" if pid else ""))
     sys.exit(0 if running else 69)
 
 

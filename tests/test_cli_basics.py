@@ -194,6 +194,20 @@ def test_an_empty_or_relative_home_variable_is_taken_as_unset(tmp_path: Path, ho
     assert json.loads(status.stdout)["result"]["home"] == str(Path(pwd.getpwuid(os.getuid()).pw_dir) / "elsewhere")
 
 
+def test_a_home_whose_path_holds_a_newline_or_an_escape_is_shown_on_one_line(tmp_path: Path) -> None:
+    # `adaptor status`, `adaptord status` and "adaptord is not running for ..." printed the path
+    # as it is: two lines, and an ESC that drove the terminal.
+    home = tmp_path / "two\nlines \x1b[31mred"
+    env = {k: v for k, v in os.environ.items() if k != "ADAPTORD_HOME"}
+    for command in (["adaptor", "status"], ["adaptord", "status"],
+                    ["adaptor", "run", "--driver", "script", "go"], ["adaptor", "submit", "-"]):
+        proc = subprocess.run([*command, "--home", str(home)], input='{"driver": "script", "prompt": "x"}',
+                              capture_output=True, text=True, env=env)
+        output = proc.stdout + proc.stderr
+        assert "two\\nlines" in output and "\x1b" not in output, (command, output)
+        assert not any(line.startswith("lines") for line in output.splitlines()), (command, output)
+
+
 _SIGNAL_AT_IMPORT = """
 import os, sys
 
