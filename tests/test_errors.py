@@ -860,3 +860,31 @@ def test_a_run_error_always_has_a_result() -> None:
         assert isinstance(err.result, Result) and err.result.text == ""
     kept = Result(run_id="run_1", text="so far")
     assert errors.from_wire(errors.to_wire(errors.AgentFailedError("boom")), result=kept).result is kept  # type: ignore[attr-defined]
+
+
+def test_the_callers_secrets_are_redacted_in_every_error_of_the_wire_cause_chain() -> None:
+    # Only the outer error was redacted with the secrets given (a mutation that left the causes
+    # to the credential-pattern scrub passed every test): a secret that looks like no
+    # credential, in a cause two levels down, reached the verdict as it was.
+    err = errors.RunError(
+        "infrastructure_error", "spawn failed",
+        cause=errors.AgentFailedError("agent printed S3CR3T-VALUE", cause=OSError("exec /opt/S3CR3T-VALUE/bin failed")),
+    )
+    wire = errors.to_wire(err, secrets=["S3CR3T-VALUE"])
+    assert "S3CR3T-VALUE" not in orjson.dumps(wire).decode()
+    assert wire["cause"]["message"] == "agent printed <redacted>"
+    assert "<redacted>" in wire["cause"]["cause"]["message"]
+
+
+def test_the_exit_codes_with_a_rule_of_their_own() -> None:
+    # A missing agent CLI is unavailable (69), not an infrastructure failure (1); a thread's
+    # failure found after the driver was entered exits as the thread error (4), not as the
+    # RunError that keeps the run's Result (1).
+    missing = errors.RunError("infrastructure_error", details={"kind": "binary_not_found"})
+    assert errors.exit_code_for(missing) == 69
+    for cause in (errors.ThreadCheckpointMissingError(), errors.ThreadBusyError("k")):
+        thread_failure = errors.RunError("infrastructure_error", cause=cause)
+        assert errors.exit_code_for(thread_failure) == type(cause).exit_code, cause
+    assert errors.exit_code_for(errors.ThreadCheckpointMissingError()) == 4
+    assert errors.exit_code_for(errors.RunError("infrastructure_error")) == 1
+    assert errors.exit_code_for(ValueError("foreign")) == 70
