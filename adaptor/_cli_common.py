@@ -798,26 +798,3 @@ def clip(text: str, limit: int = 160) -> str:
     text = text.translate(_ESCAPED)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
-
-def one_line(text: str) -> str:
-    """``text`` as one line of a listing or a message: JSON-quoted when it holds a newline, a
-    terminal escape or another character that is not printable, to a pipe too (--json has it
-    as it is)."""
-    return text if text.isprintable() else quoted(text)
-
-
-def quoted(text: str) -> str:
-    """``text`` JSON-quoted, with what JSON leaves as it is but is no printable character (a
-    right-to-left override that reorders the line, a zero-width space) escaped too."""
-    as_json = orjson.dumps(text).decode()
-    if as_json.isprintable():
-        return as_json
-    return "".join(char if char.isprintable() else _json_escape(char) for char in as_json)
-
-
-def _json_escape(char: str) -> str:
-    code = ord(char)
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes a character past the BMP
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"

@@ -29,8 +29,6 @@ from adaptor._cli_common import (
     json_option,
     not_nan,
     note_done_before_output,
-    one_line,
-    quoted,
     read_request,
     refuse_a_store_log,
     require_daemon,
@@ -38,6 +36,7 @@ from adaptor._cli_common import (
     stdout_reader_gone,
     telling_when_the_daemon_stops,
 )
+from adaptor._one_line import one_line, quoted
 from adaptor.events import to_json
 from adaptor.spool import (
     Client,

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import orjson
 
 from adaptor import _durable, _home, _waiting, errors
+from adaptor._one_line import one_line
 from adaptor.errors import AdaptorError
 from adaptor.events import Event
 from adaptor.result import Result
@@ -116,10 +117,8 @@ def _home_shown(home: Path) -> tuple[str, str]:
     holds a newline, a terminal escape or another unprintable character, so the message stays
     one line that cannot drive a terminal."""
     text = str(home)
-    if text.isprintable():
-        return text, shlex.quote(text)
-    escaped = orjson.dumps(text).decode()
-    return escaped, escaped
+    shown = one_line(text)
+    return shown, shlex.quote(text) if shown is text else shown
 
 
 class SpoolNotFoundError(FileNotFoundError):

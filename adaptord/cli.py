@@ -23,9 +23,9 @@ from adaptor._cli_common import (
     home_option,
     not_nan,
     note_outcome,
-    one_line,
     unguard,
 )
+from adaptor._one_line import one_line
 from adaptord import config as config_module
 
 P = ParamSpec("P")
@@ -86,9 +86,11 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
         try:
             from adaptord import a2a_bridge
         except ImportError as exc:
+            from adaptor.clients.a2a import INSTALL_HINT
+
             _refusal(
                 f"adaptord: --a2a needs the a2a extra, a2a-sdk[http-server] and uvicorn ({exc.name} is "
-                "missing): pip install 'a2a-sdk[http-server]~=1.3.0' 'httpx>=0.28.1,<1' 'uvicorn>=0.30' (from a clone: pip install -e '.[a2a]')"
+                f"missing): {INSTALL_HINT}"
             )
             sys.exit(2)
         try:  # refused here, before anything starts: a bad address, no agents, no token off loopback

@@ -364,6 +364,12 @@ class Auth(Protocol):
 
 
 _SDK_MODULES = ("httpx", "a2a.client")
+# How to install the a2a extra, as pyproject.toml pins it (not 'adaptor[a2a]': that name on the
+# package index is another project); the daemon's --a2a refusal says the same.
+INSTALL_HINT = (
+    "pip install 'a2a-sdk[http-server]~=1.3.0' 'httpx>=0.28.1,<1' 'uvicorn>=0.30' "
+    "(from a clone: pip install -e '.[a2a]')"
+)
 
 
 def require_sdk() -> None:
@@ -376,9 +382,7 @@ def require_sdk() -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise ImportError(
-                f"the A2A client needs the a2a extra ({exc.name or name} is missing): "
-                # (Not 'adaptor[a2a]': that name on the package index is another project.)
-                "pip install 'a2a-sdk[http-server]~=1.3.0' 'httpx>=0.28.1,<1' 'uvicorn>=0.30' (from a clone: pip install -e '.[a2a]')",
+                f"the A2A client needs the a2a extra ({exc.name or name} is missing): {INSTALL_HINT}",
                 name=exc.name,
             ) from exc
 
