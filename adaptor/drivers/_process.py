@@ -34,6 +34,7 @@ import stat
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -129,12 +130,14 @@ class Line:
 
 @dataclass(frozen=True)
 class Exit:
-    """How the child ended.  ``exit_code`` is ``None`` when a signal ended it."""
+    """How the child ended.  ``exit_code`` is ``None`` when a signal ended it, or when its
+    status could not be known (``unknown`` says why): never a clean exit then."""
 
     exit_code: int | None
     signal: int | None
     timed_out: bool = False
     cancelled: bool = False
+    unknown: str = ""
 
     @property
     def clean(self) -> bool:
@@ -145,7 +148,17 @@ class Exit:
             return "timed out"
         if self.signal is not None:
             return f"killed by signal {self.signal}"
+        if self.unknown:
+            return f"exit status unknown: {self.unknown}"
         return f"exit code {self.exit_code}"
+
+
+_RUNNING: Final = object()  # Child._status before the leader is reaped
+_REAPED_ELSEWHERE: Final = (
+    "something else in this program reaped the process (SIGCHLD ignored, or a handler or "
+    "child watcher that waits for every child)"
+)
+_FORKED: Final = "the process belongs to the program that forked this one"
 
 
 _CWD_PROBLEMS: Final = {
@@ -517,6 +530,12 @@ class Child:
         self._stop_lock = threading.Lock()
         self._stopping: threading.Thread | None = None
         self._reason: Literal["", "cancelled", "timed_out"] = ""
+        # The leader's exit code as os.waitstatus_to_exitcode gives it, None once it is known
+        # to be lost (see _reaped), _RUNNING before.
+        self._status: int | None | object = _RUNNING
+        self._reap_lock = threading.Lock()
+        self._disowned = ""  # why not: in a forked copy of the program that started it
+        _children.add(self)
         self._pump = threading.Thread(target=self._pump_loop, name=f"adaptor-pump-{proc.pid}",
                                       daemon=True)
         self._pump.start()
@@ -670,7 +689,7 @@ class Child:
                 # (Looked at only when the pipes fell quiet, a leftover that kept writing, a
                 # dev server's log, kept the run from ending for ever, past its deadline.)
                 next_check = now + _POLL * 2
-                if exited_at is None and self._proc.poll() is not None:
+                if exited_at is None and self._reaped(block=False):
                     exited_at = now
                 if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT:
                     self.terminate(self._reason)
@@ -721,7 +740,35 @@ class Child:
 
     @property
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return not self._disowned and not self._reaped(block=False)
+
+    def _reaped(self, *, block: bool) -> bool:
+        """Whether the leader has exited, reaping it (waiting for that if ``block``).
+
+        Not ``Popen.poll``/``wait``: when something else in the program reaps every child
+        (SIGCHLD set to ``SIG_IGN``, a handler or an asyncio child watcher calling
+        ``waitpid(-1)``) they take the status nobody can read any more for exit code 0, and a
+        failed agent passed for a successful one.  Here that status is unknown: never clean.
+        """
+        if self._status is not _RUNNING:
+            return True
+        if not self._reap_lock.acquire(blocking=block):
+            return False  # another thread is reaping it right now
+        try:
+            if self._status is _RUNNING:
+                try:
+                    pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+                except ChildProcessError:
+                    self._status = None
+                else:
+                    if pid == 0:
+                        return False
+                    self._status = os.waitstatus_to_exitcode(status)
+                # Popen must not wait for it again, nor keep it as a child still to reap.
+                self._proc.returncode = -1 if self._status is None else self._status
+        finally:
+            self._reap_lock.release()
+        return True
 
     @property
     def quiet(self) -> bool:
@@ -757,6 +804,8 @@ class Child:
         """Stop the whole group: SIGTERM now, SIGKILL after the grace period.  Returns at once
         (:meth:`finish` waits for it), unless no thread can be started to do it (a task limit):
         then it returns once the group is gone."""
+        if self._disowned:
+            return
         with self._stop_lock:
             if self._stopping is not None:
                 return
@@ -784,10 +833,12 @@ class Child:
         return min(began + self.spec.grace_period, _exiting.began + GRACE_AT_EXIT)
 
     def _stop_group(self) -> None:
+        if self._disowned:
+            return
         _signal_group(self.pid, signal.SIGTERM)
         began = time.monotonic()
         while time.monotonic() < self._kill_at(began):
-            self._proc.poll()
+            self._reaped(block=False)
             if not _group_alive(self.pid):
                 return
             time.sleep(_POLL)
@@ -796,7 +847,7 @@ class Child:
         # in the kernel), so a finished run never leaves a live process behind.
         until = time.monotonic() + _KILL_WAIT
         while time.monotonic() < until:
-            self._proc.poll()
+            self._reaped(block=False)
             if not _group_alive(self.pid):
                 return
             time.sleep(_POLL / 5)
@@ -814,8 +865,10 @@ class Child:
     def finish(self) -> Exit:
         """Wait for the leader, stop what is left of its group and what escaped it, drain the
         pipes and reap."""
+        if self._disowned:
+            return Exit(exit_code=None, signal=None, unknown=self._disowned)
         self._lines.unbound()
-        self._proc.wait()
+        self._reaped(block=True)
         self._pump.join()  # ends by itself: EOF, or the leftover group stopped (see the pump)
         if _group_alive(self.pid):
             self.terminate(self._reason)
@@ -829,20 +882,38 @@ class Child:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
-        code = self._proc.returncode
+        _children.discard(self)
+        code = self._status
+        assert code is None or isinstance(code, int)
         return Exit(
-            exit_code=code if code >= 0 else None,
-            signal=-code if code < 0 else None,
+            exit_code=code if code is not None and code >= 0 else None,
+            signal=-code if code is not None and code < 0 else None,
             timed_out=self._reason == "timed_out",
             cancelled=self._reason == "cancelled",
+            unknown=_REAPED_ELSEWHERE if code is None else "",
         )
+
+    def _disown(self, null: int) -> None:
+        """In a forked copy of the program: leave the process to the program that started it.
+
+        The copy's descriptors of its pipes now read ``/dev/null`` (so the copy holds no end
+        of them: the agent still sees the end of its input when its program closes it, not
+        when every forked worker has exited), and nothing here signals or reaps it.
+        """
+        self._disowned = _FORKED
+        for pipe in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            if pipe is not None and not pipe.closed:
+                # dup2 over the same number rather than close: the file object still closes
+                # that number one day, which must not be some other file's by then.
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(null, pipe.fileno(), inheritable=False)
 
 
     def _stop_escaped(self) -> None:
         """Stop the processes that left the group but carry this child's mark: SIGTERM, then
         SIGKILL after the grace period.  (Another user's processes cannot be read, nor could
         they be signalled.)"""
-        if not self._mark or not _procfs.usable():
+        if self._disowned or not self._mark or not _procfs.usable():
             return
         escaped = [(pid, found.start) for pid, found in _procfs.carrying(self._mark)]
         if not escaped:
@@ -856,6 +927,30 @@ class Child:
         for pid, start in escaped:
             if _procfs.running(pid, start):
                 _signal(pid, signal.SIGKILL)
+
+
+# Every Child whose process may still be running, for a forked copy of the program to disown.
+_children: weakref.WeakSet[Child] = weakref.WeakSet()
+
+
+def _disown_in_forked_copy() -> None:
+    children = list(_children)
+    _children.clear()
+    if not children:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return
+    try:
+        for child in children:
+            child._disown(null)
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_in_forked_copy)
 
 
 GRACE_AT_EXIT: Final = 5.0

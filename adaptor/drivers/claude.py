@@ -1654,6 +1654,18 @@ class _Pool:
             self._evictor = evictor
         return True
 
+    @classmethod
+    def forget_in_forked_copy(cls) -> None:
+        """After ``os.fork()``, in the copy: the kept processes are the parent's.  The copy
+        neither reuses nor stops them (their pipes are disowned with every child, see
+        ``_process``), and its pools start afresh, evictor thread included."""
+        cls._all_lock = threading.Lock()
+        for pool in list(cls._all):
+            pool._lock = threading.Lock()
+            pool._live.clear()
+            pool._evictor = None
+            pool._wake = threading.Event()
+
     def _evict_loop(self) -> None:
         while not self._closed:
             self._wake.wait(1.0)
@@ -1674,3 +1686,7 @@ class _Pool:
         grace = None if timeout is None else max(timeout, 0.0) / max(len(victims), 1)
         for live in victims:
             live.close(grace)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Pool.forget_in_forked_copy)

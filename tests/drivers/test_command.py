@@ -10,6 +10,7 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -411,3 +412,69 @@ def test_a_script_exec_cannot_run_says_why(tmp_path: Path, body: str, why: str) 
     assert str(caught.value) == f"{script}: {why}"
     assert caught.value.details == {"kind": "binary_not_found", "binary": str(script)}
     assert errors.exit_code_for(caught.value) == 69
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_copy_of_the_program_does_not_hold_the_agents_input_open(tmp_path: Path) -> None:
+    # A program forks (a multiprocessing pool, a prefork server) while a run feeds its agent a
+    # prompt.  The copy inherited the write end of the agent's stdin, so the agent never saw
+    # the end of its input until the copy exited: the run waited as long as the worker lived.
+    path = script(tmp_path, "late-reader.sh",
+                  "touch started\nwhile [ ! -e go ]; do sleep 0.02; done\nwc -c\n")
+    prompt = "x" * 2_000_000  # far more than a pipe holds: still being fed at the fork
+    outcome: dict[str, object] = {}
+    with agent_for(path, tmp_path) as agent:
+        runner = threading.Thread(target=lambda: outcome.update(result=agent.run(prompt, timeout=120)))
+        runner.start()
+        for _ in range(3000):
+            if (tmp_path / "started").exists():
+                break
+            time.sleep(0.01)
+        worker = os.fork()
+        if worker == 0:  # the worker lives on, never touching the SDK
+            try:
+                time.sleep(300)
+            finally:
+                os._exit(0)
+        try:
+            (tmp_path / "go").touch()
+            runner.join(90)
+            finished = not runner.is_alive()
+            worker_alive = os.waitpid(worker, os.WNOHANG) == (0, 0)
+        finally:
+            os.kill(worker, signal.SIGKILL)
+            os.waitpid(worker, 0)
+            runner.join()
+    assert finished and worker_alive  # the run ended while the worker still lived
+    result = outcome["result"]
+    assert isinstance(result, adaptor.Result) and result.text.strip() == str(len(prompt))
+
+
+_EXIT_STATUS_REAPED_ELSEWHERE = """
+import signal, sys
+import adaptor
+from adaptor.drivers import command
+
+# SIGCHLD ignored: the kernel reaps every child at once, and nobody can read its status.
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+with adaptor.Agent(command.Driver(command.Config(sys.argv[1])), workspace=sys.argv[2]) as agent:
+    try:
+        result = agent.run("go")
+    except adaptor.AgentFailedError as exc:
+        print("failed:", exc)
+    else:
+        print("succeeded:", result.text)
+"""
+
+
+def test_an_exit_status_something_else_reaped_is_never_a_success(tmp_path: Path) -> None:
+    # With SIGCHLD ignored (or a handler or asyncio child watcher reaping every child), the
+    # agent's status is gone before the run looks; subprocess takes it for exit code 0, and
+    # a failed agent passed for a successful one.
+    path = script(tmp_path, "fails.sh", "cat >/dev/null\necho partial\nexit 3\n")
+    shown = subprocess.run(
+        [sys.executable, "-c", _EXIT_STATUS_REAPED_ELSEWHERE, path, str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert shown.stdout.startswith("failed:"), shown
+    assert "exit status unknown: something else in this program reaped the process" in shown.stdout

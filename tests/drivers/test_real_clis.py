@@ -1533,6 +1533,32 @@ def test_claude_idle_process_is_evicted(
         assert again.metadata["process"] == "spawned"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_claude_a_forked_copy_of_the_program_leaves_the_kept_process_alone(
+    claude_config: Callable[..., claude.Config], workspace: str
+) -> None:
+    # A program keeps a claude process after a turn, then forks (a multiprocessing pool, a
+    # prefork server) and the copy closes the Agent it inherited: that stopped the parent's
+    # kept process (SIGTERM, after waiting out the grace period for an end of input the
+    # parent's open stdin never let come), so the parent's next turn found it gone.
+    with adaptor.Agent(claude.Driver(claude_config()), workspace=workspace,
+                       thread_store=Store()) as agent:
+        first = agent.thread("t").run("one")
+        pid = int(first.metadata["pid"])
+        assert group_members(pid)  # kept for the next turn
+        copy = os.fork()
+        if copy == 0:
+            try:
+                agent.close()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(copy, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert group_members(pid)
+        second = agent.thread("t").run("two")
+    assert (second.metadata["process"], int(second.metadata["pid"])) == ("reused", pid)
+
+
 def test_claude_turn_in_a_new_process_stops_the_kept_one(
     claude_config: Callable[..., claude.Config], anthropic: AnthropicMock, workspace: str
 ) -> None:
