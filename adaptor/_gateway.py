@@ -94,6 +94,12 @@ _SDK_MODULES: Final = (
     "mcp.server.transport_security",
     "uvicorn",
     "anyio",
+    # Imported by the server as it starts: here, so they too are imported whole before a fork
+    # (see adaptor._run's _importing_tools).
+    "anyio._backends._asyncio",
+    "uvicorn.protocols.http.auto",
+    "uvicorn.protocols.websockets.auto",
+    "uvicorn.lifespan.off",
 )
 
 # The cancellation of the run whose secret the request being served carried (set per request).

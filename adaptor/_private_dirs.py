@@ -17,8 +17,10 @@ temporary directory at its home's ``tmp/`` and empties that at each start beside
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -46,6 +48,35 @@ _held: dict[str, int] = {}  # folder -> the descriptor its flock is held through
 _swept = False
 
 
+def _new_folder(purpose: str) -> str:
+    # mkdtemp's, without its random names: they are made the first time under tempfile's lock,
+    # which a fork does not reset (a copy forked then, its first run hung).
+    directory = tempfile.gettempdir()
+    for _ in range(100):
+        path = os.path.join(directory, f"{_PREFIX}{purpose}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no unused name for a private folder", directory)
+
+
+def _before_fork() -> None:
+    # tempfile finds its directory once, under that same lock: looked for before the fork.
+    with contextlib.suppress(OSError):
+        tempfile.gettempdir()
+
+
+def _reset_in_forked_copy() -> None:
+    global _mutex
+    _mutex = threading.Lock()  # perhaps held by a thread the copy does not have
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_reset_in_forked_copy)
+
+
 def make(purpose: str) -> str:
     """A fresh ``0700`` folder, held until :func:`remove` (``purpose``: a lower-case word)."""
     global _swept
@@ -57,7 +88,7 @@ def make(purpose: str) -> str:
                 _swept = True
                 with contextlib.suppress(OSError):
                     removed_unheld(tempfile.gettempdir())
-    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{purpose}-")
+    path = _new_folder(purpose)
     try:
         fd = os.open(path, _FLAGS)
     except BaseException:

@@ -267,6 +267,17 @@ atexit.register(_unsettled.stop_all)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_unsettled.reset)
 
+# Held while a run imports what serves host tools (the MCP SDK: about a second the first time),
+# and by os.fork() until it has: a copy forked mid-import inherits the module locks of a thread
+# it does not have, and its own first run with tools waited on them for ever.
+_importing_tools = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_importing_tools.acquire,
+        after_in_parent=_importing_tools.release,
+        after_in_child=_importing_tools.release,
+    )
+
 
 def _no_thread(error: RuntimeError) -> RuntimeError:
     # Before the driver is entered an infrastructure failure is a plain exception, with context.
@@ -532,9 +543,10 @@ class RunPipeline:
             self._secrets = [*self._secrets, *_mcp_secrets(self._mcp)]
             self._redactor = Redactor(self._secrets)
         if self._tools:
-            from adaptor import _gateway
+            with _importing_tools:
+                from adaptor import _gateway
 
-            _gateway.require_sdk()
+                _gateway.require_sdk()
         self._skills = _skill.resolve(self.options.skills, self.host.skill_provider)
         if self.options.schema is not None:
             self.compiled, self.schema_source = checked_schema(

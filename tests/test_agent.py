@@ -2051,3 +2051,54 @@ def test_an_iterator_handed_to_another_thread_keeps_its_events_while_its_first_t
     assert [e.text for e in seen if isinstance(e, events.TextDelta) and e.text] == [s["text"] for s in steps]
     assert result.text.endswith("t199")
     agent.close()
+
+
+_FORK_WHILE_A_RUN_IMPORTS_THE_TOOL_SDK = """
+import os, sys, threading, time
+import adaptor
+from adaptor import tool
+from adaptor.drivers import script
+
+def agent():
+    steps = [{"call_tool": {"name": "echo", "args": {}}}, {"text": "done"}]
+    return adaptor.Agent(script.Driver(script.Config(steps=steps)),
+                         tools=[tool.define("echo", "Echo", lambda v: "echoed")])
+
+parent = agent()
+first = threading.Thread(target=lambda: parent.run("first"))
+first.start()
+for _ in range(10000):  # until the run imports the MCP SDK
+    if "mcp" in sys.modules:
+        break
+    time.sleep(0.0005)
+assert "mcp" in sys.modules and "uvicorn" not in sys.modules, "not forked mid-import"
+copy = os.fork()
+if copy == 0:
+    status = 1
+    try:
+        status = 0 if agent().run("in the copy").text == "done" else 1
+    finally:
+        os._exit(status)
+ended = []
+threading.Thread(target=lambda: ended.append(os.waitpid(copy, 0)[1]), daemon=True).start()
+for _ in range(600):
+    if ended:
+        break
+    time.sleep(0.1)
+else:
+    os.kill(copy, 9)
+    sys.exit("the forked copy's run with tools hung")
+first.join()
+parent.close()
+sys.exit(f"the copy's run failed: {ended}" if os.waitstatus_to_exitcode(ended[0]) else 0)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_a_run_imports_the_tool_sdk_leaves_the_copy_able_to_run_tools() -> None:
+    # A program's first run with host tools imports the MCP SDK (about a second); forked in
+    # that time, the copy inherited the import's module locks held by a thread it does not
+    # have, and its own first run with tools hung for ever.  The fork now waits the import out.
+    shown = subprocess.run([sys.executable, "-c", _FORK_WHILE_A_RUN_IMPORTS_THE_TOOL_SDK],
+                           capture_output=True, text=True, timeout=180)
+    assert shown.returncode == 0, shown.stderr[-2000:]

@@ -181,16 +181,16 @@ def test_refusal_order_tools_then_mcp_then_skills() -> None:
 
 
 def test_materialization_failure_is_pre_invocation(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tempfile
+    from adaptor import _private_dirs
 
     made: list[str] = []
-    original = tempfile.mkdtemp
+    original = _private_dirs._new_folder
 
-    def mkdtemp(**kw: Any) -> str:
-        made.append(original(**kw))
+    def new_folder(purpose: str) -> str:
+        made.append(original(purpose))
         return made[-1]
 
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(_private_dirs, "_new_folder", new_folder)
     driver = recording()
     agent = adaptor.Agent(driver)
     stream = agent.stream("go", skills=[skill.archive("broken", b"not an archive")])
