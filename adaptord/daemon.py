@@ -878,9 +878,12 @@ class Daemon:
                 # The claims are not known to be durable: undo them and leave the spool entries
                 # where they are for the next scan to try again.
                 self.log("cannot sync the claimed folder", error=str(exc))
-                for _, _, path in claimed:
+                for name, _, path in claimed:
                     with contextlib.suppress(OSError):
-                        os.unlink(path)
+                        if os.path.lexists(self.home.spool_new / name):
+                            os.unlink(path)
+                        else:  # taken by its name (another user's file, see _take)
+                            os.rename(path, self.home.spool_new / name)
                 return
             for name, _, _ in claimed:
                 with contextlib.suppress(FileNotFoundError):
@@ -1038,6 +1041,16 @@ class Daemon:
             os.link(source, claimed)
         except FileNotFoundError:
             return None  # taken by an earlier pass
+        except PermissionError:
+            if info.st_uid == os.geteuid():
+                raise
+            # Another user's file (root's, from `sudo cp`), which a system protecting hard
+            # links (fs.protected_hardlinks, most distributions' default) lets only its owner
+            # link: taken by its name instead (it was tried again at every scan, for ever).
+            try:
+                os.rename(source, claimed)
+            except FileNotFoundError:
+                return None
         if info.st_mode & 0o077:  # written with the writer's umask (the shell recipe's 0644)
             with contextlib.suppress(OSError):  # it may hold secrets: only the owner reads it
                 os.chmod(claimed, 0o600, follow_symlinks=False)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,11 @@ class DaemonProcess:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         capture_stdout: bool = False,
+        prefix: Sequence[str] = (),
     ) -> None:
         """``capture_stdout``: keep all the daemon prints on stdout in :attr:`stdout` (else it
-        goes to /dev/null); what it says on stderr is always in :attr:`lines`."""
+        goes to /dev/null); what it says on stderr is always in :attr:`lines`.  ``prefix``: a
+        command the daemon is started through (``setpriv ... --``)."""
         self.home = _home.Home.at(home)
         self.args = args
         self.env = {**os.environ, **(env or {})}
@@ -40,6 +42,7 @@ class DaemonProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
         self.capture_stdout = capture_stdout
+        self.prefix = tuple(prefix)
         self.stdout = bytearray()
         self._changed = threading.Condition()
         self._reader: threading.Thread | None = None
@@ -48,7 +51,7 @@ class DaemonProcess:
     def start(self, *, wait_ready: bool = True, held: bool = False) -> DaemonProcess:
         """Start the daemon; ``held``: its process exists but waits for :meth:`let_go` to serve
         (so a test can set the process up first, a task limit say)."""
-        argv = [sys.executable, "-m", "adaptord", "serve", "--home", str(self.home.root), *self.args]
+        argv = [*self.prefix, sys.executable, "-m", "adaptord", "serve", "--home", str(self.home.root), *self.args]
         if held:  # the same process, made the daemon by exec once a line arrives on stdin
             argv = ["/bin/sh", "-c", 'read line; exec "$@"', "sh", *argv]
         self.proc = subprocess.Popen(

@@ -426,6 +426,37 @@ def test_a_request_written_with_a_byte_order_mark_runs(daemon: DaemonProcess, tm
     assert daemon.verdict(submitted.stdout.strip())["result"]["text"] == "from a BOM"
 
 
+def _without_owner_override() -> tuple[str, ...]:
+    """A prefix starting the daemon as root without the capabilities that let root link any
+    user's file (as an ordinary user runs it), or a skip saying why it cannot be had here."""
+    try:
+        protected = Path("/proc/sys/fs/protected_hardlinks").read_text().strip() == "1"
+    except OSError:
+        protected = False
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not protected:
+        pytest.skip("needs root, setpriv and fs.protected_hardlinks = 1")
+    return ("setpriv", "--bounding-set", "-fowner,-dac_override", "--")
+
+
+def test_a_request_file_of_another_user_runs(tmp_path: Path) -> None:
+    # `sudo cp request.json spool/new/` leaves a root-owned file in a user's spool (a file
+    # another user wrote and moved in is the same).  A system protecting hard links (most
+    # distributions) lets only a file's owner link it, so the claim's link failed, was tried
+    # again at every scan, for ever, and the request never got a verdict.
+    daemon = DaemonProcess(tmp_path / "home", prefix=_without_owner_override()).start()
+    try:
+        staged = daemon.home.spool_tmp / "foreign.json"
+        staged.write_bytes(orjson.dumps(script({"text": "from another user"})))
+        os.chown(staged, 12345, 12345)
+        os.rename(staged, daemon.home.spool_new / "foreign.json")
+        assert daemon.verdict("foreign")["result"]["text"] == "from another user"
+        assert not (daemon.home.spool_new / "foreign.json").exists()
+        assert daemon.verdict(daemon.submit(script({"text": "own"})))["ok"]
+    finally:
+        assert daemon.stop() == 0
+    assert not any("could not take a spool entry" in line for line in daemon.lines), daemon.lines
+
+
 def test_hostile_entries_are_quarantined(daemon: DaemonProcess, tmp_path: Path) -> None:
     new = daemon.home.spool_new
     outside = tmp_path / "outside.json"
