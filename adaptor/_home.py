@@ -369,6 +369,11 @@ def daemon_state(home: Home) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:  # orjson's decode error is a ValueError
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_size == 0:
+                # A predecessor's, emptied by a daemon that could not remove it (a home whose
+                # folder may not be written) nor write its own: nothing known, nothing damaged.
+                return {}
         raise ValueError(f"{path} is unreadable ({exc}); pid and details unknown") from exc
     if not isinstance(state, dict):
         raise ValueError(f"{path} is unreadable (not a JSON object); pid and details unknown")

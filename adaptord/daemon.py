@@ -455,8 +455,15 @@ class Daemon:
             return 69
         # The predecessor's pid and start time: `status` would show them as this daemon's
         # until it writes its own, once serving (its start may take seconds: leftovers, tools).
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(self.home.daemon_state)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            # A home whose folder may not be written (its mode, chattr +i): the file itself
+            # may be, in place; empty, it says nothing (see _home.daemon_state).
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.home.daemon_state, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC))
         # The SDK's own warnings (a host tool that raised, a log it could not list) in this
         # log's form, one line each, rather than logging's bare multi-line fallback.
         library_log = _lifecycle.OneLineLogging(self.log, "library_log", ("adaptor", "hosttools"))

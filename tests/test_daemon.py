@@ -42,6 +42,7 @@ from tests.daemon_harness import DaemonProcess, identities, marked_processes, pr
 from tests.drivers.conftest import claude_with_deep_input
 from tests.inotify_hog import InotifyHog
 from tests.task_limit import TaskLimit
+from tests.unwritable import unwritable
 
 pytestmark = pytest.mark.slow
 
@@ -1665,6 +1666,30 @@ def test_status_never_shows_the_previous_daemons_pid_while_a_new_one_starts(tmp_
     assert second.proc is not None
     assert _home.daemon_state(second.home)["pid"] == second.proc.pid
     assert second.stop() == 0
+
+
+def test_status_never_shows_the_previous_daemons_pid_in_a_home_that_cannot_be_written(tmp_path: Path) -> None:
+    # A home whose folder may not be written (mode 0500, a read-only bind of its top): the
+    # new daemon could neither remove its predecessor's adaptord.json nor write its own, and
+    # serves anyway, so `status` went on showing the old pid, workers and start time.
+    home = tmp_path / "home"
+    first = DaemonProcess(home).start()
+    old_pid = _home.daemon_state(first.home)["pid"]
+    assert first.stop() == 0
+    with unwritable(home):
+        second = DaemonProcess(home).start()
+        try:
+            status = subprocess.run(
+                [sys.executable, "-m", "adaptord", "status", "--home", str(home), "--json"],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert second.verdict(second.submit(script({"text": "served"})))["ok"]
+        finally:
+            assert second.stop() == 0
+    assert status.returncode == 0 and status.stderr == "", status
+    shown = orjson.loads(status.stdout)
+    assert shown["running"] is True and shown["pid"] is None and shown["workers"] is None, shown
+    assert old_pid is not None
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
