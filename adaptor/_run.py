@@ -856,9 +856,13 @@ class RunPipeline:
         checkpoint = None if response is None else response.checkpoint
         if checkpoint is not None and checkpoint.state is not None:
             self._session_id = checkpoint.state.resume_id
-        if response is not None and response.timed_out and self.deadline is not None:
+        if self.deadline is not None and (
+            (response is not None and response.timed_out) or time.monotonic() >= self.deadline
+        ):
             # The driver was given this run's deadline and stopped its process when it passed,
             # which can happen just before this pipeline's own timer fires: the same deadline.
+            # Or the deadline passed while the program was stopped (SIGSTOP, a suspended
+            # laptop), and the driver's own wait ended before the timer's when it went on.
             with self._lock:
                 if self._terminal is None:
                     self._terminal = _Terminal("deadline")

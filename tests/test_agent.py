@@ -2102,3 +2102,40 @@ def test_a_fork_while_a_run_imports_the_tool_sdk_leaves_the_copy_able_to_run_too
     shown = subprocess.run([sys.executable, "-c", _FORK_WHILE_A_RUN_IMPORTS_THE_TOOL_SDK],
                            capture_output=True, text=True, timeout=180)
     assert shown.returncode == 0, shown.stderr[-2000:]
+
+
+_STOPPED_PAST_ITS_DEADLINE = """
+import os, signal, sys, threading, time
+import adaptor
+from adaptor.drivers import script
+
+agent = adaptor.Agent(script.Driver(script.Config(steps=[{"sleep": 0.5}, {"text": "finished"}])))
+stopper = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP))
+stopper.start()
+try:
+    print("ok:", agent.run("go", timeout=1.0).text)
+except adaptor.RunDeadlineExceededError:
+    print("deadline")
+"""
+
+
+def test_a_run_whose_deadline_passed_while_the_program_was_stopped_fails() -> None:
+    # The program is stopped (SIGSTOP, a suspended laptop) mid-run and goes on past the run's
+    # deadline: the script driver's own wait and the run's deadline timer then ended together,
+    # and when the driver got on first the run succeeded after its deadline (half the trials).
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _STOPPED_PAST_ITS_DEADLINE],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            for _ in range(600):  # until it is stopped
+                with open(f"/proc/{child.pid}/stat") as stat:
+                    if stat.read().rpartition(")")[2].split()[0] == "T":
+                        break
+                time.sleep(0.01)
+            time.sleep(1.5)  # past the deadline while stopped
+            os.kill(child.pid, signal.SIGCONT)
+            out, _ = child.communicate(timeout=60)
+        finally:
+            child.kill()
+            child.wait()
+        assert out.strip() == "deadline", out
