@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import multiprocessing
 import os
 import re
+import secrets
 import signal
 import stat
 import subprocess
@@ -478,3 +480,35 @@ def test_an_exit_status_something_else_reaped_is_never_a_success(tmp_path: Path)
     )
     assert shown.stdout.startswith("failed:"), shown
     assert "exit status unknown: something else in this program reaped the process" in shown.stdout
+
+
+def _stop_on_sigterm() -> None:
+    # The pool initializer docs/sdk.md gives: SIGTERM (Pool.terminate) ends the worker through
+    # SystemExit, which cancels its runs, instead of killing it with its agents left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def _run_long(path: str, workspace: str, marker: str) -> str:
+    agent = adaptor.Agent(command.Driver(command.Config(path, env={"MARK": marker})), workspace=workspace)
+    return agent.run("go").text
+
+
+def test_pool_workers_terminated_mid_run_stop_their_agents_with_the_documented_initializer(
+    tmp_path: Path,
+) -> None:
+    path = script(tmp_path, "long.sh", "cat >/dev/null\nsleep 60\n")
+    marker = secrets.token_hex(8)
+    with multiprocessing.get_context("fork").Pool(2, initializer=_stop_on_sigterm) as pool:
+        for _ in range(2):
+            pool.apply_async(_run_long, (path, str(tmp_path), marker))
+        for _ in range(3000):  # both agents up (a shell and its sleep each)
+            if len(processes_with_env("MARK", marker)) >= 4:
+                break
+            time.sleep(0.01)
+        assert len(processes_with_env("MARK", marker)) >= 4
+    # Leaving the block terminated the pool (SIGTERM to each worker).
+    for _ in range(300):
+        if not processes_with_env("MARK", marker):
+            break
+        time.sleep(0.1)
+    assert processes_with_env("MARK", marker) == []
