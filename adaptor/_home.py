@@ -516,7 +516,13 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
                 if os.lstat(queued).st_ino == ours:
                     os.unlink(queued)
             raise FileExistsError(f"request {request_id!r} was already submitted")
-        _durable.fsync_dir(home.spool_new)
+        try:
+            _durable.fsync_dir(home.spool_new)
+        except OSError:
+            # Queued, but not known to stay queued (a spool/new this user may not read, an I/O
+            # error): taken back, so that the failure means nothing was queued.
+            _take_back(home, request_id, queued, ours)
+            raise
     except BaseException as exc:
         if ours is not None and not isinstance(exc, Exception):
             # Interrupted (a Ctrl-C, a SIGTERM handler's exit) once the file may be queued:

@@ -1382,3 +1382,28 @@ def test_the_clients_own_errors_pickle_and_copy_as_they_are(tmp_path: Path) -> N
     assert (again.errno, again.filename) == (errno.ENOENT, str(home))
     timed_out = pickle.loads(pickle.dumps(WaitTimeoutError("r1", 0.5)))
     assert (timed_out.request_id, timed_out.timeout) == ("r1", 0.5)
+
+
+def test_a_submit_whose_spool_cannot_be_synced_queues_nothing(tmp_path: Path) -> None:
+    # spool/new writable but not readable by the submitter (mode 0300): the request was linked
+    # into place, then the folder's sync failed, and `adaptor submit` exited 70 ("nothing was
+    # queued") while the request was queued and ran.
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (root without the capabilities that pass over modes)")
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps({**script({"text": "x"}), "id": "unsynced"}))
+    home.spool_new.chmod(0o300)
+    try:
+        submitted = subprocess.run(
+            ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--",
+             sys.executable, "-m", "adaptor", "submit", str(request)],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "ADAPTORD_HOME": str(home.root)},
+        )
+    finally:
+        home.spool_new.chmod(0o700)
+    assert submitted.returncode == 70, submitted
+    assert "Permission denied" in submitted.stderr
+    assert list(home.spool_new.iterdir()) == [] and list(home.spool_tmp.iterdir()) == []
