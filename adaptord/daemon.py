@@ -149,19 +149,27 @@ def _as_recorded(event: events.Event, redactor: _redact.Redactor, *, bound: bool
     return events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
 
 
+# The fewest descriptors a daemon serves with (its own take about a dozen).
+_FEWEST_DESCRIPTORS = 16
+
+
+def _descriptor_limit() -> int | None:
+    """The soft ``RLIMIT_NOFILE``; ``None`` when unlimited or unknown."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _open_logs_allowed() -> int:
     """How many audit logs may stay open at once: 64, fewer under a low ``ulimit -n``.
 
     Each open log holds two descriptors; a sixteenth of the limit leaves the rest to the
     agents' pipes, the spool and the verdicts.
     """
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (OSError, ValueError):
-        return 64
-    if soft == resource.RLIM_INFINITY:
-        return 64
-    return max(4, min(64, soft // 16))
+    soft = _descriptor_limit()
+    return 64 if soft is None else max(4, min(64, soft // 16))
 
 
 def _keys_of(thread: object) -> tuple[str, ...]:
@@ -418,6 +426,13 @@ class Daemon:
             self._wake.close()
 
     def _serve_home(self) -> int:
+        limit = _descriptor_limit()
+        if limit is not None and limit < _FEWEST_DESCRIPTORS:
+            # Below this the daemon's own descriptors left none to list the spool with: it
+            # said "ready" and never took a request.
+            self.log("too few file descriptors", limit=limit, needed=_FEWEST_DESCRIPTORS,
+                     error=f"ulimit -n is {limit}; give the daemon at least 64")
+            return 69
         try:
             str(self.home.root).encode()
         except UnicodeEncodeError:
