@@ -15,6 +15,8 @@ class ProcessStat:
     state: bytes  # b"R", b"S", b"Z", ...
     pgid: int
     start: int  # clock ticks after boot: with the pid, it names one process, never a later one
+    ppid: int = 0
+    session: int = 0
 
     @property
     def zombie(self) -> bool:
@@ -45,7 +47,7 @@ def stat(pid: int) -> ProcessStat | None:
     # state, ppid, pgrp, ... and starttime, field 22 of the line, the 20th after the name.
     fields = data[data.rfind(b")") + 2 :].split()
     try:
-        return ProcessStat(fields[0], int(fields[2]), int(fields[19]))
+        return ProcessStat(fields[0], int(fields[2]), int(fields[19]), int(fields[1]), int(fields[3]))
     except (IndexError, ValueError):
         return None
 
@@ -75,6 +77,14 @@ def group_running(pgid: int) -> bool:
     process meanwhile, so signalling it then reaches only those members.
     """
     return any(found.pgid == pgid and not found.zombie for found in filter(None, map(stat, pids())))
+
+
+def zombie_children(parent: int, *, outside_session: int) -> list[int]:
+    """The pids of ``parent``'s children that have ended and wait to be reaped, of sessions
+    other than ``outside_session``."""
+    return [pid for pid in pids()
+            if (found := stat(pid)) is not None and found.zombie and found.ppid == parent
+            and found.session != outside_session]
 
 
 def environ(pid: int) -> list[bytes] | None:

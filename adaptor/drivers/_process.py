@@ -556,7 +556,7 @@ class Child:
         mark = spec.mark or new_mark()
         env = {**spec.env, MARK_VAR: mark, **_procfs.started_by_me()}
         try:
-            with _cpus.for_children():
+            with _cpus.for_children(), _spawning():
                 proc = subprocess.Popen(
                     list(spec.argv),
                     stdin=stdin,
@@ -567,6 +567,7 @@ class Child:
                     start_new_session=True,
                     close_fds=True,
                 )
+                _spawned.add(proc.pid)
         except OSError as exc:
             # subprocess names the path that failed: the working directory (the child's chdir)
             # or the binary (its exec).  Each fails with the same errors, for other reasons.
@@ -600,6 +601,7 @@ class Child:
         except BaseException:  # no thread for its pipes (a task limit): it must not run unread
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+            _spawned.discard(proc.pid)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe is not None:
                     with contextlib.suppress(OSError):
@@ -883,6 +885,8 @@ class Child:
                 with contextlib.suppress(OSError):
                     pipe.close()
         _children.discard(self)
+        _spawned.discard(self.pid)
+        reap_orphans()
         code = self._status
         assert code is None or isinstance(code, int)
         return Exit(
@@ -929,11 +933,40 @@ class Child:
                 _signal(pid, signal.SIGKILL)
 
 
+# As PID 1 (a container's main process with no init), the processes the agents leave behind
+# are re-parented to this one, and nobody else reaps them: their zombies piled up (two per
+# request of an agent that starts a background job).  They are reaped here: those of other
+# sessions than the program's (every agent starts a session of its own; the program's own
+# children stay its to wait for), never an agent this process started and still runs (its
+# Child reaps it, and needs its status): the pids of those are known from the moment Popen
+# returns, and a spawn and a reaping exclude each other.
+_spawned: set[int] = set()
+_reaping = threading.Lock()
+
+
+def _spawning() -> contextlib.AbstractContextManager[object]:
+    return _reaping if os.getpid() == 1 else contextlib.nullcontext()
+
+
+def reap_orphans() -> None:
+    """As PID 1, reap the ended processes re-parented to this one (see above)."""
+    if os.getpid() != 1 or not _procfs.usable():
+        return
+    with _reaping:
+        for pid in _procfs.zombie_children(1, outside_session=os.getsid(0)):
+            if pid not in _spawned:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+
 # Every Child whose process may still be running, for a forked copy of the program to disown.
 _children: weakref.WeakSet[Child] = weakref.WeakSet()
 
 
 def _disown_in_forked_copy() -> None:
+    global _reaping
+    _reaping = threading.Lock()  # perhaps held by a thread the copy does not have
+    _spawned.clear()
     children = list(_children)
     _children.clear()
     if not children:

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import re
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
@@ -512,3 +513,37 @@ def test_pool_workers_terminated_mid_run_stop_their_agents_with_the_documented_i
             break
         time.sleep(0.1)
     assert processes_with_env("MARK", marker) == []
+
+
+_AS_PID_ONE = """
+import os, sys, time
+import adaptor
+from adaptor.drivers import command
+
+assert os.getpid() == 1, os.getpid()
+agent = adaptor.Agent(command.Driver(command.Config(sys.argv[1])), workspace=sys.argv[2])
+for _ in range(5):
+    assert agent.run("go").text.strip() == "done"
+time.sleep(1)  # every background job those runs left has ended
+assert agent.run("go").text.strip() == "done"
+states = [open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+          for pid in os.listdir("/proc") if pid.isdigit() and pid != "1"]
+print(states.count("Z"))
+"""
+
+
+def test_as_pid_1_the_processes_agents_leave_behind_are_reaped(tmp_path: Path) -> None:
+    # `docker run ... adaptord serve` with no init: the program is PID 1, the processes its
+    # agents leave behind (a background job) are re-parented to it, and nobody reaped them:
+    # two zombies per run piled up against the container's pids.max.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a PID namespace")
+    path = script(tmp_path, "background.sh", "cat >/dev/null\n(sleep 0.2 &)\necho done\n")
+    shown = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _AS_PID_ONE, path, str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    if shown.returncode != 0 and shown.stderr.startswith("unshare:"):
+        pytest.skip(f"no PID namespace here: {shown.stderr.strip()}")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "0"
