@@ -283,7 +283,8 @@ def _no_thread(error: RuntimeError) -> RuntimeError:
     # Before the driver is entered an infrastructure failure is a plain exception, with context.
     failure = RuntimeError(
         f"cannot start a thread for the run ({error}): the process or its cgroup may be at its "
-        "task limit (ulimit -u, systemd TasksMax, a container's pids.max)"
+        "task limit (ulimit -u, systemd TasksMax, a container's pids.max), or its address-space "
+        "limit (ulimit -v), which each thread's stack counts against"
     )
     failure.__cause__ = error
     return failure

@@ -1487,6 +1487,8 @@ def test_a_run_that_gets_no_thread_ends_at_once_and_is_never_run_later() -> None
         seen, _, error = child.step().decode().partition(" | ")
         assert seen == "run.started run.finished"
         assert error.startswith("cannot start a thread for the run (can't start new thread)")
+        # Both limits a thread meets are named (an address-space limit was told as a task limit).
+        assert "ulimit -u" in error and "ulimit -v" in error, error
         child.limit.lift()
         assert child.step() == b"hi ['second']\n"
 
