@@ -797,4 +797,3 @@ _ESCAPED_IN_TEXT = {code: escaped for code, escaped in _ESCAPED.items() if code 
 def clip(text: str, limit: int = 160) -> str:
     text = text.translate(_ESCAPED)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-

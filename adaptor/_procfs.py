@@ -13,10 +13,10 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class ProcessStat:
     state: bytes  # b"R", b"S", b"Z", ...
+    ppid: int
     pgid: int
+    session: int
     start: int  # clock ticks after boot: with the pid, it names one process, never a later one
-    ppid: int = 0
-    session: int = 0
 
     @property
     def zombie(self) -> bool:
@@ -44,10 +44,10 @@ def stat(pid: int) -> ProcessStat | None:
     except OSError:
         return None
     # The command name may hold spaces and parentheses; the fields after its last ")" do not:
-    # state, ppid, pgrp, ... and starttime, field 22 of the line, the 20th after the name.
+    # state, ppid, pgrp, session, ... and starttime, field 22 of the line, the 20th after the name.
     fields = data[data.rfind(b")") + 2 :].split()
     try:
-        return ProcessStat(fields[0], int(fields[2]), int(fields[19]), int(fields[1]), int(fields[3]))
+        return ProcessStat(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
         return None
 

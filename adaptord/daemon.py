@@ -478,7 +478,11 @@ class Daemon:
             # A home whose folder may not be written (its mode, chattr +i): the file itself
             # may be, in place; empty, it says nothing (see _home.daemon_state).
             with contextlib.suppress(OSError):
-                os.close(os.open(self.home.daemon_state, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC))
+                fd, _ = _durable.open_regular(self.home.daemon_state, os.O_WRONLY)
+                try:
+                    os.ftruncate(fd, 0)
+                finally:
+                    os.close(fd)
         # The SDK's own warnings (a host tool that raised, a log it could not list) in this
         # log's form, one line each, rather than logging's bare multi-line fallback.
         library_log = _lifecycle.OneLineLogging(self.log, "library_log", ("adaptor", "hosttools"))

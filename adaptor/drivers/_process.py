@@ -34,7 +34,6 @@ import stat
 import subprocess
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -535,7 +534,7 @@ class Child:
         self._status: int | None | object = _RUNNING
         self._reap_lock = threading.Lock()
         self._disowned = ""  # why not: in a forked copy of the program that started it
-        _children.add(self)
+        _agents[self.pid] = self
         self._pump = threading.Thread(target=self._pump_loop, name=f"adaptor-pump-{proc.pid}",
                                       daemon=True)
         self._pump.start()
@@ -567,7 +566,7 @@ class Child:
                     start_new_session=True,
                     close_fds=True,
                 )
-                _spawned.add(proc.pid)
+                _agents[proc.pid] = None
         except OSError as exc:
             # subprocess names the path that failed: the working directory (the child's chdir)
             # or the binary (its exec).  Each fails with the same errors, for other reasons.
@@ -601,7 +600,7 @@ class Child:
         except BaseException:  # no thread for its pipes (a task limit): it must not run unread
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
-            _spawned.discard(proc.pid)
+            _agents.pop(proc.pid, None)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe is not None:
                     with contextlib.suppress(OSError):
@@ -884,8 +883,7 @@ class Child:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
-        _children.discard(self)
-        _spawned.discard(self.pid)
+        _agents.pop(self.pid, None)
         reap_orphans()
         code = self._status
         assert code is None or isinstance(code, int)
@@ -933,14 +931,17 @@ class Child:
                 _signal(pid, signal.SIGKILL)
 
 
+# Every agent this process started and has not finished: its pid from the moment Popen returns
+# (None until its Child is made), for the reaping below to leave alone and for a forked copy
+# of the program to disown (see _disown_in_forked_copy).
+_agents: dict[int, Child | None] = {}
+
 # As PID 1 (a container's main process with no init), the processes the agents leave behind
 # are re-parented to this one, and nobody else reaps them: their zombies piled up (two per
 # request of an agent that starts a background job).  They are reaped here: those of other
 # sessions than the program's (every agent starts a session of its own; the program's own
-# children stay its to wait for), never an agent this process started and still runs (its
-# Child reaps it, and needs its status): the pids of those are known from the moment Popen
-# returns, and a spawn and a reaping exclude each other.
-_spawned: set[int] = set()
+# children stay its to wait for), never an agent in _agents (its Child reaps it, and needs its
+# status); a spawn and a reaping exclude each other, so no agent is seen before it is listed.
 _reaping = threading.Lock()
 
 
@@ -954,21 +955,16 @@ def reap_orphans() -> None:
         return
     with _reaping:
         for pid in _procfs.zombie_children(1, outside_session=os.getsid(0)):
-            if pid not in _spawned:
+            if pid not in _agents:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-
-
-# Every Child whose process may still be running, for a forked copy of the program to disown.
-_children: weakref.WeakSet[Child] = weakref.WeakSet()
 
 
 def _disown_in_forked_copy() -> None:
     global _reaping
     _reaping = threading.Lock()  # perhaps held by a thread the copy does not have
-    _spawned.clear()
-    children = list(_children)
-    _children.clear()
+    children = [child for child in _agents.values() if child is not None]
+    _agents.clear()
     if not children:
         return
     try:
