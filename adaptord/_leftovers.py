@@ -12,6 +12,13 @@ carries the mark, so neither the daemon's own group nor a shell's job is ever hi
 The scan is exact (the whole ``NAME=value`` entry) and per home, so two daemons on two homes
 never touch each other's agents.  It needs Linux's ``/proc`` (of this process's own pid
 namespace); elsewhere nothing is found.
+
+``/proc`` shows only the processes of this daemon's PID namespace and of those below it: a
+daemon restarted in another container on the same home cannot see (or stop) what the killed
+one's runs started, unless that container ended, and its processes with it.  Each run's state
+records where its agents run (:func:`where_agents_run`), and :func:`out_of_sight` tells the
+next start which interrupted runs it cannot vouch for: those must not run again beside an
+agent that may still be working in their workspace.
 """
 
 from __future__ import annotations
@@ -20,15 +27,22 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from adaptor import _procfs
 from adaptor._home import OWNER_VAR
 
 _POLL: Final = 0.02
 _AFTER_KILL: Final = 5.0  # how long SIGKILLed processes may take to disappear
+
+# The kernel's PROC_PID_INIT_INO: the machine's own PID namespace, whose /proc shows every process.
+_INITIAL_PID_NAMESPACE: Final = "pid:[4026531836]"
+# Inits that exit when their one child does (`docker run --init` runs tini as docker-init;
+# podman's is catatonit): the daemon's end is then its namespace's, and the kernel kills every
+# process left in a namespace whose first process ends.
+_INITS_ENDING_WITH_THEIR_CHILD: Final = frozenset({"tini", "docker-init", "dumb-init", "catatonit"})
 
 
 @dataclass(frozen=True)
@@ -111,3 +125,42 @@ def _alive(leftover: Leftover) -> bool:
         return True
     # A group leader that is gone may leave members of its group behind.
     return leftover.leads_group and _procfs.group_running(leftover.pgid)
+
+
+def where_agents_run() -> dict[str, str | bool | None]:
+    """What a run's state records of where this daemon's agents run, for :func:`out_of_sight`:
+    its PID namespace (``None`` without ``/proc``) and whether that ends with the daemon."""
+    return {
+        "pid_namespace": _procfs.pid_namespace(),
+        "namespace_ends_with_daemon": _namespace_ends_with_this_process(),
+    }
+
+
+def _namespace_ends_with_this_process() -> bool:
+    if os.getpid() == 1:
+        return True
+    if os.getppid() != 1:
+        return False
+    try:
+        with open("/proc/1/cmdline", "rb") as handle:
+            init = handle.read().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return os.path.basename(os.fsdecode(init)) in _INITS_ENDING_WITH_THEIR_CHILD
+
+
+def out_of_sight(recorded: Mapping[str, Any]) -> str | None:
+    """Why what an interrupted run started (``recorded``: its run state, see
+    :func:`where_agents_run`) may still be running where :func:`find` cannot see it, so that no
+    start can stop it; ``None`` when it would have been found, or ended with its namespace."""
+    theirs = recorded.get("pid_namespace")
+    if not isinstance(theirs, str):
+        return None  # started where no /proc told its namespace (as every other process there)
+    if recorded.get("namespace_ends_with_daemon") is True:
+        return None
+    if not _procfs.usable():
+        return "this daemon has no /proc of its own PID namespace to look for what it started in"
+    ours = _procfs.pid_namespace()
+    if ours in (theirs, _INITIAL_PID_NAMESPACE):
+        return None
+    return f"it ran in another PID namespace ({theirs}), whose processes this daemon's ({ours}) cannot see"

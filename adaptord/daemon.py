@@ -309,6 +309,8 @@ class Daemon:
         self._tools: dict[str, Any] = {}
         self._skills: skill.Directories | None = None
         self._kept = requests.KeptAgents()
+        # Where this daemon's agents run, recorded in each run's state (see _leftovers.out_of_sight).
+        self._where_agents_run: dict[str, str | bool | None] = {}
         # Verdicts that could not be written (a full or failing disk), by request id, each
         # tried again every scan interval (under _lock).  Their requests stay claimed.
         self._deferred: dict[str, Callable[[], None]] = {}
@@ -509,6 +511,7 @@ class Daemon:
         # Before the slower start-up below: while this daemon holds the home's lock, `adaptor
         # approve` takes a pending approval's run for alive, and none of these runs is.
         stale_approvals = self._expire_stale_approvals()
+        self._where_agents_run = _leftovers.where_agents_run()
         self._daemon_log = daemon_log = LifecycleLog(
             self.home.events, _home.DAEMON_SESSION, emit=self._emit,
             on_error=lambda what, exc: self.log(
@@ -2094,6 +2097,7 @@ class Daemon:
                 "run_id": job.run_ids[-1] if job.run_ids else None,
                 "on_interrupt": job.request.get("on_interrupt", "fail"),
                 "received_at": job.received_at,
+                **self._where_agents_run,
             }
         )
         state.update({k: v for k, v in extra.items() if v is not None})
@@ -2261,10 +2265,6 @@ class Daemon:
         except Exception:
             request, secrets = None, []
         thread_changed = entered and self._thread_changed(request, state)
-        self.audit(
-            "request.interrupted", request_id, attempt=attempt, entered=entered,
-            **({"thread_changed": True} if thread_changed else {}),
-        )
         # Its verdict was being written when the daemon stopped (deferred by a full disk): the
         # run's own run.finished is in its log already.
         # Or killed between the run's end, in its log, and its verdict: it is not run again,
@@ -2273,9 +2273,17 @@ class Daemon:
         # Its state says finished only when its verdict was deferred (the disk refused it).
         deferred = _home.run_finished(state)
         finished = deferred or logged.finished
+        # What it started may still work in its workspace, where _stop_leftovers could not see it
+        # (an `adaptor wait` cannot know where the next start runs, so only recovery judges this).
+        unseen = _leftovers.out_of_sight(state) if entered and not finished else None
+        self.audit(
+            "request.interrupted", request_id, attempt=attempt, entered=entered,
+            **({"thread_changed": True} if thread_changed else {}),
+            **({"agents_unseen": True} if unseen else {}),
+        )
         if entered and not finished and not logged.ended_by_restart:
             self._record_interrupted(request_id, state, request, logged)
-        if requeue and not thread_changed and not finished:
+        if requeue and not thread_changed and not finished and unseen is None:
             self._accept(request_id, claimed, attempt=attempt, received_at=received_at, prior=state)
             return True
         run_id = state.get("run_id")
@@ -2285,6 +2293,9 @@ class Daemon:
             if finished:
                 details["finished"] = True
                 message = _VERDICT_REFUSED if deferred else _VERDICT_CUT_OFF
+            if unseen is not None:
+                details["agents_unseen"] = True
+                message += f"; {unseen}: what it started may still be running, so it was not run again"
             if thread_changed:
                 # Most likely this turn, saved just before the crash: running it again would
                 # send its prompt into the conversation twice.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptor import _home, events
+from adaptor import _home, _procfs, events
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess, identities, marked_processes
 
@@ -308,3 +308,165 @@ def test_the_temporary_files_of_another_home_and_what_a_link_points_at_are_left_
     assert refused.wait_exit() == 2
     assert any("tmp is a symbolic link" in line for line in refused.lines)
     assert (outside / "kept").read_text() == "kept"
+
+
+# --- PID namespaces: a container restarted on the same home -------------------------------------
+
+
+def _pid_namespaces_or_skip() -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for PID namespaces")
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True, timeout=60
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace here: {probe.stderr.strip()}")
+
+
+def _in_a_new_pid_namespace(*, under: str | None) -> list[str]:
+    """The prefix that starts the daemon in a PID namespace of its own, as a container does:
+    as its first process (``under=None``, a container without init), or as the child of
+    ``under`` (a shell command, run through ``sh -c``: the container's init).  The namespace
+    ends, and every process in it, when ``unshare`` is killed."""
+    new = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    if under is None:
+        return new
+    return [*new, "/bin/sh", "-c", f'"$@" & {under}', "sh"]
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for pid in _procfs.pids():
+        stat = _procfs.stat(pid)
+        if stat is not None and stat.ppid == parent and not stat.zombie:
+            found.append(pid)
+    return found
+
+
+def _daemon_pid(daemon: DaemonProcess) -> int:
+    """The daemon's pid (here, outside its namespace): the process running ``adaptord serve``
+    under the daemon's ``unshare``."""
+    assert daemon.proc is not None
+    wanted = ["-m", "adaptord", "serve", "--home", str(daemon.home.root)]
+    pending = [daemon.proc.pid]
+    while pending:
+        pid = pending.pop()
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            if argv[1:6] == wanted:
+                return pid
+        pending += _children(pid)
+    raise AssertionError("the daemon's process was not found")
+
+
+def _first_attempt_stays(tmp_path: Path) -> dict[str, object]:
+    """A request to run again after a crash whose first attempt leaves a child and a grandchild
+    working; a second attempt answers."""
+    once = tmp_path / "first-attempt"
+    script = f'if [ -e "{once}" ]; then echo second attempt; else touch "{once}"; sleep 300 & sleep 301; fi'
+    return {
+        "driver": "command",
+        "prompt": "go",
+        "config": {"command": "/bin/sh", "extra_args": ["-c", script]},
+        "on_interrupt": "requeue",
+    }
+
+
+def _kill9_in_its_namespace(daemon: DaemonProcess) -> None:
+    """``kill -9`` of the daemon alone: its namespace (and so its agents) lives on when it has
+    an init of its own, ends with it when the daemon was its first process."""
+    pid = _daemon_pid(daemon)
+    start = _procfs.stat(pid)
+    assert start is not None
+    os.kill(pid, signal.SIGKILL)
+    _wait_until(lambda: not _procfs.running(pid, start.start))
+
+
+def _stop_in_its_namespace(daemon: DaemonProcess) -> int:
+    os.kill(_daemon_pid(daemon), signal.SIGTERM)
+    return daemon.wait_exit()
+
+
+def test_a_run_whose_agents_another_pid_namespace_hides_is_not_run_again(home: Path, tmp_path: Path) -> None:
+    # A container with an init, its daemon killed with kill -9 (its agents live on in that
+    # container); the next container on the same home has a PID namespace of its own, whose
+    # /proc does not show them.  The request ran again beside its first attempt's agents.
+    _pid_namespaces_or_skip()
+    first_container = DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under="exec sleep 600"))
+    first_container.start()
+    try:
+        rid = first_container.submit(_first_attempt_stays(tmp_path))
+        _wait_until(lambda: len(marked_processes(home)) == 3)  # sh, sleep 300, sleep 301
+        first = identities(marked_processes(home))
+        first_container.wait_for_line(f"request.started id={rid}")
+        _kill9_in_its_namespace(first_container)
+        assert identities([pid for pid, _ in first]) == first
+
+        second_container = DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under=None)).start()
+        verdict = second_container.verdict(rid)
+        assert not verdict["ok"]
+        error = verdict["error"]
+        assert error["code"] == "RunError" and error["reason"] == "infrastructure_error"
+        assert error["details"]["interrupted"] and error["details"]["agents_unseen"]
+        assert "ran in another PID namespace" in error["message"]
+        assert "may still be running, so it was not run again" in error["message"]
+        assert "agents_unseen=True" in second_container.wait_for_line(f"request.interrupted id={rid}")
+        assert _stop_in_its_namespace(second_container) == 0
+        # Not run a second time beside them, and left to their container.
+        assert identities([pid for pid, _ in first]) == first
+        assert _lifecycle_phases(home).count("request.started") == 1
+    finally:
+        first_container.kill_if_running()  # its unshare: the first container ends, agents and all
+    _wait_until(lambda: marked_processes(home) == [])
+
+
+@pytest.mark.parametrize("init", ["none", "docker-init"])
+def test_a_run_whose_namespace_ended_with_its_daemon_runs_again_in_the_next_one(
+    home: Path, tmp_path: Path, init: str
+) -> None:
+    # A daemon that was its container's first process, or the one child of an init that ends
+    # with it (`docker run --init`'s tini): its kill ended the container, every agent with it.
+    _pid_namespaces_or_skip()
+    if init == "none":
+        prefix = _in_a_new_pid_namespace(under=None)
+    else:  # a shell under tini's name, waiting for its one child and exiting with it
+        tini = tmp_path / init
+        tini.symlink_to("/bin/sh")
+        prefix = [*_in_a_new_pid_namespace(under=None), str(tini), "-c", '"$@"; exit $?', init]
+    first_container = DaemonProcess(home, "--grace", "5", prefix=prefix).start()
+    try:
+        rid = first_container.submit(_first_attempt_stays(tmp_path))
+        _wait_until(lambda: len(marked_processes(home)) == 3)
+        first_container.wait_for_line(f"request.started id={rid}")
+        _kill9_in_its_namespace(first_container)
+        _wait_until(lambda: marked_processes(home) == [])  # the kernel ended the namespace
+        assert first_container.wait_exit() != 0
+    finally:
+        first_container.kill_if_running()
+    second_container = DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under=None)).start()
+    verdict = second_container.verdict(rid)
+    assert verdict["ok"], verdict["error"]
+    assert verdict["result"]["text"] == "second attempt"
+    assert _stop_in_its_namespace(second_container) == 0
+
+
+def test_a_daemon_on_the_host_stops_what_a_containers_killed_daemon_left(home: Path, tmp_path: Path) -> None:
+    # The machine's own PID namespace sees every container's processes: found and stopped.
+    _pid_namespaces_or_skip()
+    container = DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under="exec sleep 600"))
+    container.start()
+    try:
+        rid = container.submit(_first_attempt_stays(tmp_path))
+        _wait_until(lambda: len(marked_processes(home)) == 3)
+        first = identities(marked_processes(home))
+        container.wait_for_line(f"request.started id={rid}")
+        _kill9_in_its_namespace(container)
+        host = DaemonProcess(home, "--grace", "5").start()
+        assert "processes=3" in host.wait_for_line("leftovers.stopped")
+        verdict = host.verdict(rid)
+        assert verdict["ok"], verdict["error"]
+        assert verdict["result"]["text"] == "second attempt"
+        assert not identities([pid for pid, _ in first]) & first
+        assert host.stop() == 0
+    finally:
+        container.kill_if_running()
