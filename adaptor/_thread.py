@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import secrets
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -324,13 +326,13 @@ def plan(
         lease_ttl=lease_ttl,
         codec=codec,
     )
-    _release_owed(store)
+    unreleased = _release_owed(store)
     try:
-        result.leases.append(_acquire(store, _key_target(spec.key), result.owner, lease_ttl))
+        result.leases.append(_acquire(store, _key_target(spec.key), result.owner, lease_ttl, unreleased))
         if spec.mode == "fork":
             assert spec.parent_key is not None
             result.leases.append(
-                _acquire(store, _key_target(spec.parent_key), result.owner, lease_ttl)
+                _acquire(store, _key_target(spec.parent_key), result.owner, lease_ttl, unreleased)
             )
             _plan_fork(result, spec.parent_key)
         else:
@@ -519,30 +521,49 @@ def _same_store(owed_on: Store, store: Store) -> bool:
     )
 
 
-def _release_owed(store: Store) -> None:
-    """Try again the failed releases of leases on ``store``; those that fail stay owed."""
+def _release_owed(store: Store) -> dict[str, tuple[Exception, float]]:
+    """Try again the failed releases of leases on ``store``; those that fail stay owed, and are
+    returned by target: why, and in how many seconds the lease expires on its own."""
     if not _owed:  # the usual case, without the lock
-        return
+        return {}
     now = time.monotonic()
     with _owed_lock:
         _owed[:] = [owed for owed in _owed if now < owed.until]  # expired: nothing to release
         due = [owed for owed in _owed if _same_store(owed.store, store)]
+    unreleased: dict[str, tuple[Exception, float]] = {}
     for owed in due:
         try:
             store.release_lease(owed.lease)
-        except Exception:
+        except Exception as exc:
+            unreleased[owed.lease.target] = (exc, owed.until - now)
             continue
         with _owed_lock:
             if owed in _owed:
                 _owed.remove(owed)
+    return unreleased
 
 
 def _key_target(key: str) -> str:
     return "thread-key:" + key
 
 
-def _acquire(store: Store, target: str, owner: str, ttl: float) -> Lease:
-    return _translated(lambda: store.acquire_lease(target, owner, ttl))
+def _acquire(
+    store: Store, target: str, owner: str, ttl: float, unreleased: Mapping[str, tuple[Exception, float]]
+) -> Lease:
+    try:
+        return _translated(lambda: store.acquire_lease(target, owner, ttl))
+    except errors.ThreadBusyError as exc:
+        if target not in unreleased:
+            raise
+        # Busy with this process's own lease, which the store refused to let go (a full disk,
+        # a file-size limit): "another owner" would send the user looking for one.
+        why, expires_in = unreleased[target]
+        key = target.removeprefix(_key_target(""))
+        raise errors.ThreadBusyError(
+            f"thread {key!r} is busy: this process could not release its lease from an earlier turn "
+            f"({type(why).__name__}: {why}); it expires within {math.ceil(expires_in)} s",
+            cause=exc.cause,
+        ) from why
 
 
 _T = TypeVar("_T")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from adaptor.driver import Request, Response, SessionContext, SessionState
 from adaptor.memory import Store as MemoryStore
 from adaptor.testing import ScriptedDriver
 from adaptor.threadstore import JSONLStore, LeaseLostError, Query
+from tests.daemon_harness import DaemonProcess
 from tests.durable_hooks import hook_datasyncs
 
 
@@ -704,3 +707,38 @@ def test_a_drivers_request_env_carries_the_starters_mark(store: Any) -> None:
     agent.thread("k").run("go")
     mark = _procfs.started_by_me()
     assert mark and seen[0].items() >= mark.items()
+
+
+
+def test_a_key_busy_with_a_lease_this_process_could_not_release_says_why(tmp_path: Path) -> None:
+    # A daemon whose thread store reached the file-size limit (ulimit -f) during a turn: the
+    # turn could not be saved nor its lease released, and every later turn of the key was told
+    # "another owner holds its lease", which sent its user looking for another process.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    assert daemon.proc is not None
+
+    def turn(steps: list[dict[str, Any]]) -> str:
+        return daemon.submit({"driver": "script", "prompt": "p", "thread": {"key": "k"},
+                              "config": {"session": "auto", "steps": steps}})
+
+    assert daemon.verdict(turn([{"text": "first"}]))["ok"]
+    second = turn([{"text": "working"}, {"sleep": 1}, {"text": "done"}])
+    events_dir = daemon.home.root / "events"
+    deadline = time.monotonic() + 30
+    while not any(b'"working"' in log.read_bytes() for log in events_dir.glob("thread=*.jsonl")):
+        assert time.monotonic() < deadline, "the second turn never started"
+        time.sleep(0.01)
+    # Its lease is taken: from now on the store's log may not grow.
+    (store_log,) = (daemon.home.root / "threads").glob("log-*.jsonl")
+    limit = store_log.stat().st_size
+    subprocess.run(["prlimit", "--pid", str(daemon.proc.pid), f"--fsize={limit}"], check=True)
+    error = daemon.verdict(second)["error"]
+    assert error["message"] == "the thread could not be saved: OSError: [Errno 27] File too large"
+    error = daemon.verdict(turn([{"text": "third"}]))["error"]
+    assert error["code"] == "ErrThreadBusy"
+    assert error["message"].startswith(
+        "thread 'k' is busy: this process could not release its lease from an earlier turn "
+        "(OSError: [Errno 27] File too large); it expires within "
+    )
+    assert error["message"].endswith(" s")
+    assert daemon.stop() == 0
