@@ -1827,13 +1827,13 @@ class Daemon:
             self.log("verdict not written", id=request_id, why=self._home_lost)
             return
         try:
-            self._try_write_verdict(request_id, **verdict)
+            self._write_verdict_that_fits(request_id, verdict)
         except OSError as exc:
             if _out_of_descriptors(exc):
                 self._let_idle_logs_go()  # before the retry
             with self._lock:
                 first = request_id not in self._deferred
-                self._deferred[request_id] = functools.partial(self._try_write_verdict, request_id, **verdict)
+                self._deferred[request_id] = functools.partial(self._write_verdict_that_fits, request_id, verdict)
             if first:
                 # A few bytes the disk may still take: `adaptor status` then shows the run as
                 # finished, and a restart knows it finished (never run again, nor called cut
@@ -1880,6 +1880,19 @@ class Daemon:
             with self._lock:
                 self._deferred.pop(request_id, None)
             self.audit("verdict.undeferred", request_id)
+
+    def _write_verdict_that_fits(self, request_id: str, verdict: Mapping[str, Any]) -> None:
+        """:meth:`_try_write_verdict`; when its files are larger than this process may write
+        (``EFBIG``: the file-size limit, ``ulimit -f``, or the file system's own), which no
+        retry mends, a verdict without them says so: the request gets its one verdict."""
+        try:
+            self._try_write_verdict(request_id, **verdict)
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+            too_large = _verdict_too_large(verdict.get("error"), exc)
+            self._try_write_verdict(request_id, **{**verdict, "result": None, "error": too_large})
+            self.log("verdict too large; written without its files", id=request_id, error=_os_error_text(exc))
 
     def _try_write_verdict(
         self,
@@ -2702,6 +2715,23 @@ def _same_file(found: os.stat_result, path: Path) -> bool:
 
 _PROMPT_KEPT_WHILE_QUEUED = 16 * 1024
 """Characters of a queued request's prompt the daemon keeps in memory (longer: left on disk)."""
+
+
+def _verdict_too_large(error: BaseException | None, exc: OSError) -> errors.RunError:
+    """The error a run's verdict carries when its files were too large to write (see
+    _write_verdict_that_fits); the run's own error, if any, is its cause."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    allowed = (
+        "the file system allows" if limit == resource.RLIM_INFINITY
+        else f"this daemon may write (its file-size limit, ulimit -f, is {limit} bytes)"
+    )
+    ended = "ok" if error is None else f"with {type(error).__name__}"
+    return errors.RunError(
+        "infrastructure_error",
+        f"the run ended {ended}, but its verdict's files are larger than {allowed}: {_os_error_text(exc)}",
+        details={"too_large": True, "run_ok": error is None},
+        cause=error,
+    )
 
 
 def _os_error_text(exc: OSError) -> str:

@@ -1074,6 +1074,36 @@ def test_a_verdict_the_disk_refuses_keeps_its_outcome_until_it_can_be_written(tm
         sr.verify(log)
 
 
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs resource.prlimit (Linux)")
+def test_a_verdict_larger_than_the_file_size_limit_is_written_without_its_files(tmp_path: Path) -> None:
+    # A daemon under `ulimit -f` (50 kB here) whose agent printed more: its stdout file could
+    # never be written, and the verdict was deferred for ever, tried again every scan
+    # interval, while `adaptor wait` waited and `status` said finished.
+    proc = DaemonProcess(tmp_path / "home").start()
+    assert proc.proc is not None
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.prlimit(proc.proc.pid, resource.RLIMIT_FSIZE, (50_000, hard))
+    big = proc.submit({
+        "driver": "command", "prompt": "p",
+        "config": {"command": sys.executable, "extra_args": ["-c", "print('x' * 120_000)"]},
+    })
+    verdict = proc.verdict(big)
+    error = errors.from_wire(verdict["error"])
+    assert type(error) is errors.RunError and error.reason == "infrastructure_error"
+    assert str(error) == (
+        "the run ended ok, but its verdict's files are larger than this daemon may write "
+        "(its file-size limit, ulimit -f, is 50000 bytes): File too large"
+    )
+    assert error.details == {"too_large": True, "run_ok": True}
+    assert verdict["result"] is None and verdict["exit_code"] == 1
+    proc.wait_for_line(f"verdict too large; written without its files id={big} ")
+    assert not (proc.home.claimed / f"{big}.json").exists()
+    # The next request, small enough, is answered as ever.
+    assert proc.verdict(proc.submit(script({"text": "small"})))["result"]["text"] == "small"
+    assert proc.stop() == 0
+    assert not any(f"verdict.deferred id={big} " in line for line in proc.lines)
+
+
 def _reloaded(tmp_path: Path, before: str, after: str) -> DaemonProcess:
     """A daemon started on a config file holding ``before``, then sent SIGHUP with ``after``
     in its place (the reload's outcome is the caller's to wait for)."""
