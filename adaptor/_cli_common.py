@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import datetime
-from typing import IO, TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast
 
 import click
 import orjson
@@ -22,6 +22,7 @@ from adaptor import _exiting, _home, _nesting, errors, events
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
+    ForeignHomeError,
     SpoolNotFoundError,
     UnknownRequestError,
     WaitTimeoutError,
@@ -542,7 +543,7 @@ def exit_code_of(exc: BaseException) -> int:
     """The documented exit code (``adaptor exit-codes``) for an error outcome."""
     if isinstance(exc, WaitTimeoutError):
         return EXIT_WAIT_TIMEOUT
-    if isinstance(exc, SpoolNotFoundError | DaemonNotRunningError):
+    if isinstance(exc, SpoolNotFoundError | DaemonNotRunningError | ForeignHomeError):
         return EXIT_UNAVAILABLE
     if isinstance(exc, UnknownRequestError | click.UsageError):
         return 2
@@ -595,7 +596,7 @@ def _describe_one(wire: Mapping[str, Any], exc: BaseException | None) -> str:
     return text
 
 
-_CLIENT_ERRORS = (WaitTimeoutError, SpoolNotFoundError, UnknownRequestError, DaemonNotRunningError)
+_CLIENT_ERRORS = (WaitTimeoutError, SpoolNotFoundError, UnknownRequestError, DaemonNotRunningError, ForeignHomeError)
 
 
 def fail(
@@ -675,6 +676,9 @@ def guarded(func: Callable[P, R]) -> Callable[P, R]:
             usage = cwd_gone(exc)
             if usage is not None:
                 raise usage from None
+            if "home" in kwargs and isinstance(exc, PermissionError):
+                # (What no client call said already: `threads` reads the store itself.)
+                exc = _home.foreign_home(_home.Home.at(cast(str | None, kwargs["home"])), exc) or exc
             fail(exc, as_json=bool(kwargs.get("as_json")), **_about(kwargs))
 
     return wrapper

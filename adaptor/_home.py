@@ -336,15 +336,18 @@ def daemon_running(home: Home) -> bool:
     Looked at with a shared lock, which only the daemon's exclusive one refuses: probes never
     take each other for a daemon (with the exclusive lock the daemon takes, one in a
     moment's hold of it did), and one needs no write access (a home on a read-only mount).
+    Raises :class:`ForeignHomeError` when the home is another user's, which this one may not
+    look into: whether its daemon serves cannot be told.
     """
-    return _held_exclusively(home.daemon_lock)
-
-
-def _held_exclusively(lock: Path) -> bool:
     try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(home.daemon_lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except PermissionError as exc:
+        foreign = foreign_home(home, exc)
+        if foreign is not None:
+            raise foreign from None
+        return False  # this user's own, unreadable: no daemon of this user serves through it
     except OSError:
-        return False  # unreadable too: no daemon can be serving through it
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -354,6 +357,54 @@ def _held_exclusively(lock: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+class ForeignHomeError(PermissionError):
+    """The home is another user's, and this user may not use it (a daemon serves its own user
+    only): ``root`` is the home, ``owner`` its owner's uid, ``filename`` the file refused and
+    ``reason`` why.  The ``adaptor`` CLI exits 69 on it ("spool not reachable")."""
+
+    __module__ = "adaptor.spool"  # its public name (defined here, where the home is looked at)
+
+    def __init__(self, root: Path, owner: int, denied: OSError) -> None:
+        self.root, self.owner = root, owner
+        self.reason = denied.strerror or "not permitted"
+        try:
+            owner_shown = f"uid {owner}, {pwd.getpwuid(owner).pw_name}"
+        except KeyError:
+            owner_shown = f"uid {owner}"
+        refused = self.reason if denied.filename is None else f"{self.reason}: {os.fsdecode(denied.filename)}"
+        super().__init__(
+            denied.errno,
+            f"{root} is another user's adaptord home ({owner_shown}), which this user (uid {os.geteuid()}) "
+            f"may not use ({refused}): run as that user, or use a home of your own",
+            denied.filename,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.root, self.owner, PermissionError(self.errno, self.reason, self.filename))
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # (OSError's own form puts "[Errno 13]" first and the file last)
+
+
+def foreign_home(home: Home, denied: OSError) -> ForeignHomeError | None:
+    """``denied`` (a refused access inside ``home``) as a :class:`ForeignHomeError` when the
+    home belongs to another user; ``None`` otherwise (this user's own home, or a path elsewhere)."""
+    if not isinstance(denied, PermissionError) or isinstance(denied, ForeignHomeError):
+        return None
+    root = os.path.abspath(home.root)
+    if denied.filename is not None:
+        path = os.path.abspath(os.fsdecode(denied.filename))
+        if path != root and not path.startswith(root.rstrip(os.sep) + os.sep):
+            return None
+    try:
+        owner = os.stat(root).st_uid
+    except OSError:
+        return None
+    if owner == os.geteuid():
+        return None
+    return ForeignHomeError(home.root, owner, denied)
 
 
 def daemon_state(home: Home) -> dict[str, Any]:

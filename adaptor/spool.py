@@ -17,14 +17,16 @@ verdict with :func:`adaptor.errors.from_wire`, ``RunError.result`` included), so
 ``except`` clause serves both paths.  Two conditions are the client's own and stay outside the
 error taxonomy: :class:`WaitTimeoutError` (the caller's deadline passed) and
 :class:`UnknownRequestError` (no such request in this home); :class:`SpoolNotFoundError` means
-the home has no spool at all, and :class:`DaemonNotRunningError` (raised by the ``adaptor`` CLI)
-that no daemon serves it.
+the home has no spool at all, :class:`ForeignHomeError` (a ``PermissionError``) that it is another
+user's, which this one may not use, and :class:`DaemonNotRunningError` (raised by the ``adaptor``
+CLI) that no daemon serves it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import heapq
 import os
 import shlex
@@ -33,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import orjson
 
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Client",
     "DaemonNotRunningError",
+    "ForeignHomeError",
     "InvalidRequestError",
     "SpoolNotFoundError",
     "UnknownRequestError",
@@ -57,6 +60,9 @@ __all__ = [
 
 # How often waiting re-checks the files when no file event woke it.  The watcher is only a
 # hint (it misses events on overflow, on network filesystems, or when inotify is exhausted).
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 _VERDICT_POLL = 0.5
 _EVENTS_POLL = 0.25
 _RECENT_VERDICTS = 10
@@ -183,6 +189,26 @@ class UnknownRequestError(LookupError):
         return type(self), (self.request_id, self.home)
 
 
+ForeignHomeError = _home.ForeignHomeError
+
+
+def _refused_as_foreign(method: Callable[Concatenate[Client, _P], _R]) -> Callable[Concatenate[Client, _P], _R]:
+    """A refused access inside another user's home raised as :class:`ForeignHomeError`,
+    which says whose home it is, instead of a bare ``PermissionError`` on one of its files."""
+
+    @functools.wraps(method)
+    def checked(self: Client, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(self, *args, **kwargs)
+        except PermissionError as exc:
+            foreign = _home.foreign_home(self._home, exc)
+            if foreign is None:
+                raise
+            raise foreign from None
+
+    return checked
+
+
 class Client:
     """Talks to the adaptord daemon serving ``home`` through its files.
 
@@ -206,6 +232,7 @@ class Client:
 
     # -- requests ------------------------------------------------------------------------------
 
+    @_refused_as_foreign
     def submit(self, request: Mapping[str, Any]) -> str:
         """Drop ``request`` (the request JSON object) into the spool and return its id.
 
@@ -229,6 +256,7 @@ class Client:
                 raise SpoolNotFoundError(self._home.root) from None
             raise
 
+    @_refused_as_foreign
     def verdict(self, request_id: str) -> dict[str, Any] | None:
         """The request's verdict file as JSON, or ``None`` while it has none.
 
@@ -264,6 +292,7 @@ class Client:
             raise ValueError(f"{path} is damaged: {damage}; the daemon never writes such a verdict")
         return verdict
 
+    @_refused_as_foreign
     def wait(self, request_id: str, timeout: float | None = None) -> Result:
         """Wait for the request's verdict; return its :class:`Result` or raise its error.
 
@@ -277,6 +306,7 @@ class Client:
         """
         return self._outcome(self._await_verdict(request_id, timeout))
 
+    @_refused_as_foreign
     def run(self, request: Mapping[str, Any], timeout: float | None = None) -> Result:
         """:meth:`submit` then :meth:`wait` (``timeout`` bounds the wait, as there).
 
@@ -309,9 +339,16 @@ class Client:
         removed meanwhile.  Approval requests read back cannot be answered through the event;
         use :meth:`approve` and friends.
         """
-        for record in _request_records(self, request_id, follow=follow):
-            yield record.event
+        try:
+            for record in _request_records(self, request_id, follow=follow):
+                yield record.event
+        except PermissionError as exc:
+            foreign = _home.foreign_home(self._home, exc)
+            if foreign is None:
+                raise
+            raise foreign from None
 
+    @_refused_as_foreign
     def cancel(self, request_id: str) -> bool:
         """Ask the daemon to cancel a queued or running request.
 
@@ -328,6 +365,7 @@ class Client:
 
     # -- approvals -----------------------------------------------------------------------------
 
+    @_refused_as_foreign
     def approvals(self) -> list[dict[str, Any]]:
         """The open approval requests, oldest first: those a response could still win.
 
@@ -356,6 +394,7 @@ class Client:
             found.append((str(pending.get("created_at") or ""), path.name, pending))
         return [pending for _, _, pending in sorted(found, key=lambda entry: entry[:2])]
 
+    @_refused_as_foreign
     def approve(self, approval_id: str) -> bool:
         """Approve a permission or plan-review request.
 
@@ -371,12 +410,14 @@ class Client:
         """
         return self._respond(approval_id, "approve")
 
+    @_refused_as_foreign
     def deny(self, approval_id: str, reason: str = "") -> bool:
         """Deny any kind of request; raises like :meth:`approve` (never a kind mismatch), and
         ``ValueError``, writing nothing, for a ``reason`` that is not UTF-8 or too long for a
         response file (64 KiB), ``TypeError`` for one that is no ``str``."""
         return self._respond(approval_id, "deny", reason)
 
+    @_refused_as_foreign
     def answer(self, approval_id: str, option: str) -> bool:
         """Answer a question with ``option``; raises like :meth:`deny`, and ``ValueError`` for
         an empty option (deny the question instead)."""
@@ -388,6 +429,7 @@ class Client:
 
     # -- the daemon --------------------------------------------------------------------------
 
+    @_refused_as_foreign
     def status(self) -> dict[str, Any]:
         """The daemon and its queue.
 

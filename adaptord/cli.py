@@ -147,9 +147,17 @@ _STATUS_FIELDS = ("pid", "started_at", "workers", "cpu", "version", "a2a_url")
     'daemon\'s threads are kept on, one_cpu).',
 )
 def status(home: str | None, as_json: bool) -> None:
-    """Exit 0 while a daemon serves this home, 69 when none does."""
+    """Exit 0 while a daemon serves this home, 69 when none does (or this user cannot tell:
+    the home is another user's)."""
     paths = _home.Home.at(home)
-    running = _home.daemon_running(paths)
+    try:
+        running = _home.daemon_running(paths)
+    except _home.ForeignHomeError as exc:
+        note_outcome(69)
+        click.echo(config_module.one_line(f"adaptord: {exc}"), err=True)
+        if as_json:  # "running": null, neither true nor false
+            click.echo(orjson.dumps({"running": None, "home": str(paths.root), **dict.fromkeys(_STATUS_FIELDS)}).decode())
+        sys.exit(69)
     note_outcome(0 if running else 69)
     info: dict[str, object] = {}
     if running:

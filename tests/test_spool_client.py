@@ -34,6 +34,7 @@ from adaptor import _durable, _home, _request, errors, events, spool
 from adaptor.spool import (
     Client,
     DaemonNotRunningError,
+    ForeignHomeError,
     InvalidRequestError,
     SpoolNotFoundError,
     UnknownRequestError,
@@ -1373,8 +1374,9 @@ def test_the_clients_own_errors_pickle_and_copy_as_they_are(tmp_path: Path) -> N
     import pickle
 
     home = tmp_path / "home"
+    refused = PermissionError(errno.EACCES, "Permission denied", str(home / "spool" / "new"))
     for error in (WaitTimeoutError("r1", 0.5), UnknownRequestError("r2", home), SpoolNotFoundError(home),
-                  DaemonNotRunningError(home)):
+                  DaemonNotRunningError(home), ForeignHomeError(home, 4321, refused)):
         for copied in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
             assert type(copied) is type(error) and str(copied) == str(error)
             assert vars(copied) == vars(error) and copied.args == error.args
@@ -1407,3 +1409,43 @@ def test_a_submit_whose_spool_cannot_be_synced_queues_nothing(tmp_path: Path) ->
     assert submitted.returncode == 70, submitted
     assert "Permission denied" in submitted.stderr
     assert list(home.spool_new.iterdir()) == [] and list(home.spool_tmp.iterdir()) == []
+
+
+_ANOTHER_USER = 4321
+
+
+def test_another_users_home_is_named_as_such_not_taken_for_a_stopped_daemon(tmp_path: Path) -> None:
+    # A user pointing ADAPTORD_HOME at another user's home (mode 0700) was told "adaptord not
+    # running" (its lock could not be read, which was taken for nobody holding it) and got a
+    # bare PermissionError, exit 70, from every other command.  Root without the capabilities
+    # that pass over file modes is, for a home another uid owns, such a user.
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (root without the capabilities that pass over modes)")
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    for path in [home.root, *home.root.rglob("*")]:
+        os.lchown(path, _ANOTHER_USER, _ANOTHER_USER)
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(script({"text": "x"})))
+    os.chmod(tmp_path, 0o755)
+
+    def as_another_user(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--", sys.executable, *argv],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "ADAPTORD_HOME": str(home.root)},
+        )
+
+    said = f"{home.root} is another user's adaptord home (uid {_ANOTHER_USER}), which this user (uid 0) may not use"
+    for command in (["adaptord", "status"], ["adaptor", "status"], ["adaptor", "submit", str(request)],
+                    ["adaptor", "wait", "some-id"], ["adaptor", "threads"], ["adaptor", "approvals"]):
+        shown = as_another_user("-m", *command)
+        assert shown.returncode == 69, (command, shown)
+        assert shown.stderr.startswith(f"{command[0]}: {said} (Permission denied: {home.root}/"), (command, shown.stderr)
+        assert shown.stderr.rstrip().endswith("run as that user, or use a home of your own")
+        assert "not running" not in shown.stdout + shown.stderr
+    shown = as_another_user("-m", "adaptord", "status", "--json")
+    assert shown.returncode == 69 and orjson.loads(shown.stdout)["running"] is None
+    # The client says the same, as the PermissionError it is.
+    client = "import sys; from adaptor.spool import Client; Client().submit({'driver': 'script', 'prompt': 'x'})"
+    shown = as_another_user("-c", client)
+    assert f"adaptor.spool.ForeignHomeError: {said}" in shown.stderr
