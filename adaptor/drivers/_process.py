@@ -694,7 +694,7 @@ class Child:
                     exited_at = now
                 if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT:
                     self.terminate(self._reason)
-                    if not escaped_stopped and not _group_alive(self.pid):
+                    if not escaped_stopped and not self._group_alive():
                         # Only processes that left the group (`setsid server &`) hold the
                         # pipes: stop them now.  Waiting out the group's grace first delayed
                         # every such run by it, long enough for its deadline to pass.
@@ -771,6 +771,16 @@ class Child:
             self._reap_lock.release()
         return True
 
+    def _group_alive(self) -> bool:
+        """Whether a process of the agent's group still runs.  Its ended members that are this
+        process's own children (re-parented to it as PID 1, or as a subreaper) are reaped first:
+        without a /proc of ours to tell a zombie from a process, ``killpg`` answers for them,
+        and every run waited out its grace.  Never before the leader is reaped: its status is
+        the run's."""
+        if self._status is not _RUNNING:
+            _reap_ended_members(self.pid)
+        return _group_alive(self.pid)
+
     @property
     def quiet(self) -> bool:
         """No stdout line is waiting to be read: a persistent child printed nothing after its
@@ -840,7 +850,7 @@ class Child:
         began = time.monotonic()
         while time.monotonic() < self._kill_at(began):
             self._reaped(block=False)
-            if not _group_alive(self.pid):
+            if not self._group_alive():
                 return
             time.sleep(_POLL)
         _signal_group(self.pid, signal.SIGKILL)
@@ -849,7 +859,7 @@ class Child:
         until = time.monotonic() + _KILL_WAIT
         while time.monotonic() < until:
             self._reaped(block=False)
-            if not _group_alive(self.pid):
+            if not self._group_alive():
                 return
             time.sleep(_POLL / 5)
 
@@ -871,7 +881,7 @@ class Child:
         self._lines.unbound()
         self._reaped(block=True)
         self._pump.join()  # ends by itself: EOF, or the leftover group stopped (see the pump)
-        if _group_alive(self.pid):
+        if self._group_alive():
             self.terminate(self._reason)
         with self._stop_lock:
             stopping = self._stopping
@@ -1010,6 +1020,18 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _reap_ended_members(pgid: int) -> None:
+    """Reap the ended processes of group ``pgid`` that are children of this one (none, unless
+    they were re-parented to it)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _group_alive(pgid: int) -> bool:

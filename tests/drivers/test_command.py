@@ -547,3 +547,38 @@ def test_as_pid_1_the_processes_agents_leave_behind_are_reaped(tmp_path: Path) -
         pytest.skip(f"no PID namespace here: {shown.stderr.strip()}")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == "0"
+
+
+_AS_PID_ONE_WITHOUT_PROC = """
+import os, sys
+import adaptor
+from adaptor import _procfs
+from adaptor.drivers import command
+
+assert os.getpid() == 1 and not _procfs.usable()
+agent = adaptor.Agent(command.Driver(command.Config(sys.argv[1], grace_period=300)), workspace=sys.argv[2])
+for _ in range(3):
+    print(agent.run("go").text.strip(), flush=True)
+"""
+
+
+def test_as_pid_1_without_a_proc_of_its_own_a_run_ends_with_its_group(tmp_path: Path) -> None:
+    # `unshare --pid --fork` without --mount-proc (a container whose /proc is the host's): the
+    # agent's background job, re-parented to PID 1 as it ended, stayed a zombie in the agent's
+    # group; with no /proc of its own namespace to tell a zombie, the run took the group for
+    # alive and waited out its whole grace period (300 s here) before it ended.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a PID namespace")
+    path = script(tmp_path, "background.sh", "cat >/dev/null\n(sleep 0.2 &)\necho done\n")
+    try:
+        shown = subprocess.run(
+            ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", _AS_PID_ONE_WITHOUT_PROC,
+             path, str(tmp_path)],
+            capture_output=True, text=True, timeout=120,
+        )
+    except subprocess.TimeoutExpired as stuck:
+        raise AssertionError(f"the runs waited out their grace period; said: {stuck.stdout!r}") from None
+    if shown.returncode != 0 and shown.stderr.startswith("unshare:"):
+        pytest.skip(f"no PID namespace here: {shown.stderr.strip()}")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == ["done", "done", "done"]
