@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
 
 import filelock
 import orjson
@@ -428,6 +428,7 @@ class Daemon:
             self._wake.close()
 
     def _serve_home(self) -> int:
+        _thread_stacks_of_at_least(_THREAD_STACK)
         limit = _descriptor_limit()
         if limit is not None and limit < _FEWEST_DESCRIPTORS:
             # Below this the daemon's own descriptors left none to list the spool with: it
@@ -2715,6 +2716,20 @@ def _same_file(found: os.stat_result, path: Path) -> bool:
 
 _PROMPT_KEPT_WHILE_QUEUED = 16 * 1024
 """Characters of a queued request's prompt the daemon keeps in memory (longer: left on disk)."""
+
+
+# A request's schema may nest 64 levels (see adaptor._nesting), checked in a worker thread by
+# recursion through C code: with `ulimit -s 128` every thread got that 128 KiB stack (glibc's
+# default is the limit), and a schema 60 levels deep overflowed it (SIGSEGV, the daemon gone).
+_THREAD_STACK: Final = 1 << 20
+
+
+def _thread_stacks_of_at_least(size: int) -> None:
+    """Give the threads started from now on a stack of ``size`` bytes when the stack limit
+    (which they get otherwise) is smaller; address space only, until used."""
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if soft != resource.RLIM_INFINITY and soft < size:
+        threading.stack_size(size)
 
 
 def _verdict_too_large(error: BaseException | None, exc: OSError) -> errors.RunError:

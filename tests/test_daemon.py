@@ -1104,6 +1104,23 @@ def test_a_verdict_larger_than_the_file_size_limit_is_written_without_its_files(
     assert not any(f"verdict.deferred id={big} " in line for line in proc.lines)
 
 
+def test_a_schema_nested_within_the_limit_is_checked_under_a_small_stack_limit(tmp_path: Path) -> None:
+    # `ulimit -s 128`: every thread got a 128 KiB stack, and checking an output schema nested
+    # 60 levels (of the 64 allowed) overflowed the worker's: SIGSEGV, the daemon gone, and each
+    # restart under the same limit claimed the request again and died again.
+    if shutil.which("prlimit") is None:
+        pytest.skip("needs prlimit")
+    schema: dict[str, Any] = {}
+    for _ in range(60):
+        schema = {"type": "array", "items": schema}
+    proc = DaemonProcess(tmp_path / "home", prefix=["prlimit", "--stack=131072", "--"]).start()
+    verdict = proc.verdict(proc.submit({**script({"text": "[[]]"}), "schema": schema}))
+    assert verdict["ok"], verdict["error"]
+    assert verdict["result"]["structured"]["raw_json"] == "[[]]"
+    assert verdict["result"]["structured"]["errors"] == []
+    assert proc.stop() == 0
+
+
 def _reloaded(tmp_path: Path, before: str, after: str) -> DaemonProcess:
     """A daemon started on a config file holding ``before``, then sent SIGHUP with ``after``
     in its place (the reload's outcome is the caller's to wait for)."""
