@@ -407,6 +407,38 @@ def foreign_home(home: Home, denied: OSError) -> ForeignHomeError | None:
     return ForeignHomeError(home.root, owner, denied)
 
 
+def _not_to_be_given_requests(home: Home) -> ForeignHomeError | None:
+    """Why this process submits nothing into ``home``: it is another user's, who would read every
+    request, secrets included (a home someone made ready in ``/tmp`` for others to name), unless
+    this process may write any file anyway (root, handing a user's daemon a request)."""
+    try:
+        owner = os.stat(home.root).st_uid
+    except OSError:
+        return None
+    if owner == os.geteuid() or _overrides_file_modes():
+        return None
+    refused = PermissionError(
+        errno.EPERM, "not this user's, and its owner reads every request, secrets and all", os.fspath(home.spool_new)
+    )
+    return ForeignHomeError(home.root, owner, refused)
+
+
+_CAP_DAC_OVERRIDE: Final = 1
+
+
+def _overrides_file_modes() -> bool:
+    """Whether this process may write a file whatever its mode says (``CAP_DAC_OVERRIDE``, which
+    root has unless it was dropped)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_DAC_OVERRIDE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
 def daemon_state(home: Home) -> dict[str, Any]:
     """What the serving daemon says of itself in ``adaptord.json`` (pid, workers, started_at,
     ...); ``{}`` when there is no such file (a daemon that could not write it serves anyway).
@@ -537,6 +569,9 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
     data = request_file_bytes(body)
     if not home.spool_tmp.is_dir() or not home.spool_new.is_dir():
         raise FileNotFoundError(f"no adaptord spool under {home.root}")
+    refused = _not_to_be_given_requests(home)
+    if refused is not None:
+        raise refused
     if _taken(home, request_id, None):
         raise FileExistsError(f"request {request_id!r} was already submitted")
     tmp = home.spool_tmp / f"{request_id}.json"

@@ -1449,3 +1449,39 @@ def test_another_users_home_is_named_as_such_not_taken_for_a_stopped_daemon(tmp_
     client = "import sys; from adaptor.spool import Client; Client().submit({'driver': 'script', 'prompt': 'x'})"
     shown = as_another_user("-c", client)
     assert f"adaptor.spool.ForeignHomeError: {said}" in shown.stderr
+
+
+def test_a_home_another_user_made_for_others_gets_no_request(tmp_path: Path) -> None:
+    # Another user made a home in a shared place, its folders open to all (mode 0777), for
+    # others to name with ADAPTORD_HOME: every request submitted there, secrets and all, was
+    # theirs to read.  The daemon refuses to serve such a home; the client now refuses to feed
+    # it, unless it is root (whose `sudo adaptor submit` hands a user's daemon a request).
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (root without the capabilities that pass over modes)")
+    home = _home.Home.at(tmp_path / "squatted")
+    home.ensure()
+    for path in [home.root, *home.root.rglob("*")]:
+        os.chmod(path, 0o777)
+        os.lchown(path, _ANOTHER_USER, _ANOTHER_USER)
+    os.chmod(tmp_path, 0o755)
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps({**script({"text": "x"}), "config": {"env": {"TOKEN": "s3cr3t"}}}))
+    environment = {**os.environ, "ADAPTORD_HOME": str(home.root)}
+    refused = subprocess.run(
+        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--",
+         sys.executable, "-m", "adaptor", "submit", str(request)],
+        capture_output=True, text=True, timeout=60, env=environment,
+    )
+    assert refused.returncode == 69, refused
+    assert refused.stderr.startswith(
+        f"adaptor: {home.root} is another user's adaptord home (uid {_ANOTHER_USER}), which this user (uid 0) "
+        f"may not use (not this user's, and its owner reads every request, secrets and all: {home.spool_new})"
+    ), refused.stderr
+    assert list(home.spool_new.iterdir()) == [] and list(home.spool_tmp.iterdir()) == []
+    # Root may.
+    submitted = subprocess.run(
+        [sys.executable, "-m", "adaptor", "submit", str(request)],
+        capture_output=True, text=True, timeout=60, env=environment,
+    )
+    assert submitted.returncode == 0, submitted
+    assert [path.name for path in home.spool_new.iterdir()] == [submitted.stdout.strip() + ".json"]
