@@ -382,6 +382,24 @@ def _kill9_in_its_namespace(daemon: DaemonProcess) -> None:
     _wait_until(lambda: not _procfs.running(pid, start.start))
 
 
+def _in_a_container_with_an_init(home: Path) -> DaemonProcess:
+    """A daemon started in a PID namespace whose first process (its init) outlives it."""
+    _pid_namespaces_or_skip()
+    return DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under="exec sleep 600")).start()
+
+
+def _killed_mid_run(daemon: DaemonProcess, tmp_path: Path) -> tuple[str, set[tuple[int, int]]]:
+    """Submit :func:`_first_attempt_stays`'s request and ``kill -9`` the daemon once its agent
+    works: the request's id, and its agent's processes (identities) at the kill."""
+    rid = daemon.submit(_first_attempt_stays(tmp_path))
+    home = daemon.home.root
+    _wait_until(lambda: len(marked_processes(home)) == 3)  # sh, sleep 300, sleep 301
+    working = identities(marked_processes(home))
+    daemon.wait_for_line(f"request.started id={rid}")
+    _kill9_in_its_namespace(daemon)
+    return rid, working
+
+
 def _stop_in_its_namespace(daemon: DaemonProcess) -> int:
     os.kill(_daemon_pid(daemon), signal.SIGTERM)
     return daemon.wait_exit()
@@ -391,15 +409,9 @@ def test_a_run_whose_agents_another_pid_namespace_hides_is_not_run_again(home: P
     # A container with an init, its daemon killed with kill -9 (its agents live on in that
     # container); the next container on the same home has a PID namespace of its own, whose
     # /proc does not show them.  The request ran again beside its first attempt's agents.
-    _pid_namespaces_or_skip()
-    first_container = DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under="exec sleep 600"))
-    first_container.start()
+    first_container = _in_a_container_with_an_init(home)
     try:
-        rid = first_container.submit(_first_attempt_stays(tmp_path))
-        _wait_until(lambda: len(marked_processes(home)) == 3)  # sh, sleep 300, sleep 301
-        first = identities(marked_processes(home))
-        first_container.wait_for_line(f"request.started id={rid}")
-        _kill9_in_its_namespace(first_container)
+        rid, first = _killed_mid_run(first_container, tmp_path)
         assert identities([pid for pid, _ in first]) == first
 
         second_container = DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under=None)).start()
@@ -435,10 +447,7 @@ def test_a_run_whose_namespace_ended_with_its_daemon_runs_again_in_the_next_one(
         prefix = [*_in_a_new_pid_namespace(under=None), str(tini), "-c", '"$@"; exit $?', init]
     first_container = DaemonProcess(home, "--grace", "5", prefix=prefix).start()
     try:
-        rid = first_container.submit(_first_attempt_stays(tmp_path))
-        _wait_until(lambda: len(marked_processes(home)) == 3)
-        first_container.wait_for_line(f"request.started id={rid}")
-        _kill9_in_its_namespace(first_container)
+        rid, _ = _killed_mid_run(first_container, tmp_path)
         _wait_until(lambda: marked_processes(home) == [])  # the kernel ended the namespace
         assert first_container.wait_exit() != 0
     finally:
@@ -452,15 +461,9 @@ def test_a_run_whose_namespace_ended_with_its_daemon_runs_again_in_the_next_one(
 
 def test_a_daemon_on_the_host_stops_what_a_containers_killed_daemon_left(home: Path, tmp_path: Path) -> None:
     # The machine's own PID namespace sees every container's processes: found and stopped.
-    _pid_namespaces_or_skip()
-    container = DaemonProcess(home, "--grace", "5", prefix=_in_a_new_pid_namespace(under="exec sleep 600"))
-    container.start()
+    container = _in_a_container_with_an_init(home)
     try:
-        rid = container.submit(_first_attempt_stays(tmp_path))
-        _wait_until(lambda: len(marked_processes(home)) == 3)
-        first = identities(marked_processes(home))
-        container.wait_for_line(f"request.started id={rid}")
-        _kill9_in_its_namespace(container)
+        rid, first = _killed_mid_run(container, tmp_path)
         host = DaemonProcess(home, "--grace", "5").start()
         assert "processes=3" in host.wait_for_line("leftovers.stopped")
         verdict = host.verdict(rid)

@@ -1414,26 +1414,41 @@ def test_a_submit_whose_spool_cannot_be_synced_queues_nothing(tmp_path: Path) ->
 _ANOTHER_USER = 4321
 
 
+def _home_of_another_user(root: Path, *, mode: int | None) -> _home.Home:
+    """A home at ``root`` (its folders given ``mode``, unless None) that uid :data:`_ANOTHER_USER`
+    owns, for :func:`_without_file_mode_powers` to be another user to."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (root without the capabilities that pass over modes)")
+    home = _home.Home.at(root)
+    home.ensure()
+    for path in [home.root, *home.root.rglob("*")]:
+        if mode is not None:
+            os.chmod(path, mode)
+        os.lchown(path, _ANOTHER_USER, _ANOTHER_USER)
+    os.chmod(root.parent, 0o755)
+    return home
+
+
+def _without_file_mode_powers(home: _home.Home, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``argv`` run for ``home`` as root without the capabilities that pass over file modes: for
+    a home another uid owns, an ordinary other user."""
+    return subprocess.run(
+        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--", *argv],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "ADAPTORD_HOME": str(home.root)},
+    )
+
+
 def test_another_users_home_is_named_as_such_not_taken_for_a_stopped_daemon(tmp_path: Path) -> None:
     # A user pointing ADAPTORD_HOME at another user's home (mode 0700) was told "adaptord not
     # running" (its lock could not be read, which was taken for nobody holding it) and got a
     # bare PermissionError, exit 70, from every other command.  Root without the capabilities
     # that pass over file modes is, for a home another uid owns, such a user.
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv (root without the capabilities that pass over modes)")
-    home = _home.Home.at(tmp_path / "home")
-    home.ensure()
-    for path in [home.root, *home.root.rglob("*")]:
-        os.lchown(path, _ANOTHER_USER, _ANOTHER_USER)
+    home = _home_of_another_user(tmp_path / "home", mode=None)
     request = tmp_path / "request.json"
     request.write_bytes(orjson.dumps(script({"text": "x"})))
-    os.chmod(tmp_path, 0o755)
 
     def as_another_user(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--", sys.executable, *argv],
-            capture_output=True, text=True, timeout=60, env={**os.environ, "ADAPTORD_HOME": str(home.root)},
-        )
+        return _without_file_mode_powers(home, sys.executable, *argv)
 
     said = f"{home.root} is another user's adaptord home (uid {_ANOTHER_USER}), which this user (uid 0) may not use"
     for command in (["adaptord", "status"], ["adaptor", "status"], ["adaptor", "submit", str(request)],
@@ -1456,22 +1471,10 @@ def test_a_home_another_user_made_for_others_gets_no_request(tmp_path: Path) -> 
     # others to name with ADAPTORD_HOME: every request submitted there, secrets and all, was
     # theirs to read.  The daemon refuses to serve such a home; the client now refuses to feed
     # it, unless it is root (whose `sudo adaptor submit` hands a user's daemon a request).
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv (root without the capabilities that pass over modes)")
-    home = _home.Home.at(tmp_path / "squatted")
-    home.ensure()
-    for path in [home.root, *home.root.rglob("*")]:
-        os.chmod(path, 0o777)
-        os.lchown(path, _ANOTHER_USER, _ANOTHER_USER)
-    os.chmod(tmp_path, 0o755)
+    home = _home_of_another_user(tmp_path / "squatted", mode=0o777)
     request = tmp_path / "request.json"
     request.write_bytes(orjson.dumps({**script({"text": "x"}), "config": {"env": {"TOKEN": "s3cr3t"}}}))
-    environment = {**os.environ, "ADAPTORD_HOME": str(home.root)}
-    refused = subprocess.run(
-        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--",
-         sys.executable, "-m", "adaptor", "submit", str(request)],
-        capture_output=True, text=True, timeout=60, env=environment,
-    )
+    refused = _without_file_mode_powers(home, sys.executable, "-m", "adaptor", "submit", str(request))
     assert refused.returncode == 69, refused
     assert refused.stderr.startswith(
         f"adaptor: {home.root} is another user's adaptord home (uid {_ANOTHER_USER}), which this user (uid 0) "
@@ -1481,7 +1484,7 @@ def test_a_home_another_user_made_for_others_gets_no_request(tmp_path: Path) -> 
     # Root may.
     submitted = subprocess.run(
         [sys.executable, "-m", "adaptor", "submit", str(request)],
-        capture_output=True, text=True, timeout=60, env=environment,
+        capture_output=True, text=True, timeout=60, env={**os.environ, "ADAPTORD_HOME": str(home.root)},
     )
     assert submitted.returncode == 0, submitted
     assert [path.name for path in home.spool_new.iterdir()] == [submitted.stdout.strip() + ".json"]
