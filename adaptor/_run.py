@@ -127,6 +127,13 @@ class _Terminal:
     cause: BaseException | None = None
 
 
+class _CancelSignal(threading.Event):
+    """A run's cancel signal (its driver's ``sink.cancelled``), and whether its stop is to be at
+    once: ``at_once``, read by the process runner, kills the agent without its grace period."""
+
+    at_once = False
+
+
 _FOREVER = 10 * 365 * 24 * 3600.0
 
 
@@ -458,7 +465,7 @@ class RunPipeline:
         # datetime and timer arithmetic would overflow on it.
         self.timeout = options.timeout if options.timeout is None or options.timeout < _FOREVER else None
         self.deadline = None if self.timeout is None else self.started + self.timeout
-        self.cancelled = threading.Event()
+        self.cancelled = _CancelSignal()
         self._lock = threading.Lock()
         self._terminal: _Terminal | None = None
         self._responders: list[Responder] = []
@@ -467,7 +474,7 @@ class RunPipeline:
         self._timer: threading.Timer | None = None
         self._budget: _Budget | None = None
         self.broker: Broker | None = None
-        self.stream = Stream(self.run_id, None, self.cancel)
+        self.stream = Stream(self.run_id, None, self.cancel, self.stop_at_once)
         # Filled by the static checks.
         self.descriptor: Descriptor | None = None
         self.approvals = EffectiveApprovals()
@@ -1054,6 +1061,11 @@ class RunPipeline:
         if self.stream._done.is_set():
             return
         self.end(_Terminal("cancelled", message, dict(details or {})))
+
+    def stop_at_once(self) -> None:
+        """:meth:`cancel`, and the agent is killed now instead of being given its grace."""
+        self.cancelled.at_once = True
+        self.cancel()
 
     def _on_deadline(self) -> None:
         self.end(_Terminal("deadline"))

@@ -10,6 +10,7 @@ go through reserved slots that never wait for the consumer.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter, deque
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Stream"]
 
 _STOP_WAIT = 10.0
+_KILL_WAIT = 5.0  # for an agent killed at once to be gone (reaped, its pipes drained)
 
 
 class _Loss:
@@ -236,10 +238,12 @@ class Stream:
         run_id: str,
         broker: Broker | None,
         cancel: Callable[[str, Mapping[str, Any]], None],
+        stop_at_once: Callable[[], None] | None = None,
     ) -> None:
         self._run_id = run_id
         self._broker = broker
         self._cancel = cancel
+        self._stop_at_once = stop_at_once
         self._done = threading.Event()
         self._result: Result | None = None
         self._error: BaseException | None = None
@@ -288,9 +292,27 @@ class Stream:
         """Leaving a ``with agent.stream(...) as stream:`` block ends a run still going: it is
         cancelled and given :data:`_STOP_WAIT` seconds to stop (its agent process with it), so
         a consumer that breaks out of its loop or raises leaves nothing running."""
-        if not self._done.is_set():
-            self.cancel()  # (which also releases producers waiting on a full buffer)
+        self._stop_and_wait()
+
+    def _stop_and_wait(self) -> None:
+        """Cancel a run still going and wait up to :data:`_STOP_WAIT` seconds for it to end.
+
+        Interrupted meanwhile (a second Ctrl-C), its agent is killed at once, without the rest
+        of its grace period, and waited for a moment longer before the interruption goes on: a
+        program exiting on it would otherwise leave the agent running.
+        """
+        if self._done.is_set():
+            return
+        self.cancel()  # (which also releases producers waiting on a full buffer)
+        try:
             _waiting.wait_event(self._done, _STOP_WAIT)
+        except BaseException:
+            stop_at_once = self._stop_at_once  # (None once the run has ended meanwhile)
+            if stop_at_once is not None:
+                stop_at_once()
+                with contextlib.suppress(BaseException):  # (a third one goes on at once)
+                    _waiting.wait_event(self._done, _KILL_WAIT)
+            raise
 
     def _settle(self, result: Result | None, error: BaseException | None) -> None:
         self._result, self._error = result, error
@@ -302,6 +324,7 @@ class Stream:
         # run (its prompt, its options) until a full garbage collection, rare enough that a
         # daemon serving large prompts grew by hundreds of MB.
         self._cancel = _ended
+        self._stop_at_once = None
 
     def _result_for_run(self) -> Result:
         """``result()`` as ``run()`` waits for it, the consumer nobody else can cancel for.
@@ -313,7 +336,5 @@ class Stream:
         try:
             return self.result()
         except BaseException:
-            if not self._done.is_set():
-                self.cancel()
-                _waiting.wait_event(self._done, _STOP_WAIT)
+            self._stop_and_wait()
             raise

@@ -529,6 +529,7 @@ class Child:
         self._stop_lock = threading.Lock()
         self._stopping: threading.Thread | None = None
         self._reason: Literal["", "cancelled", "timed_out"] = ""
+        self._cancelled: CancelSignal | None = None  # the run's, once watched
         # The leader's exit code as os.waitstatus_to_exitcode gives it, None once it is known
         # to be lost (see _reaped), _RUNNING before.
         self._status: int | None | object = _RUNNING
@@ -790,6 +791,7 @@ class Child:
     @contextlib.contextmanager
     def watch(self, cancelled: CancelSignal, deadline: float | None) -> Iterator[None]:
         """While inside, stop the group when ``cancelled`` is set or ``deadline`` passes."""
+        self._cancelled = cancelled
         done = threading.Event()
 
         def watchdog() -> None:
@@ -835,9 +837,10 @@ class Child:
 
     def _kill_at(self, began: float) -> float:
         """When a SIGTERM sent at ``began`` is followed by SIGKILL: after the grace period, or
-        :data:`GRACE_AT_EXIT` into the program's exit, whichever comes first.  Asked on every
-        poll, as the exit may begin meanwhile."""
-        if _exiting.cut_short:
+        :data:`GRACE_AT_EXIT` into the program's exit, whichever comes first; at once when the
+        exit's wait was cut short, or the run's stop is to be (its cancel signal's ``at_once``:
+        a second Ctrl-C).  Asked on every poll, as either may come meanwhile."""
+        if _exiting.cut_short or getattr(self._cancelled, "at_once", False):
             return began
         if _exiting.began is None:
             return began + self.spec.grace_period

@@ -582,3 +582,52 @@ def test_as_pid_1_without_a_proc_of_its_own_a_run_ends_with_its_group(tmp_path: 
         pytest.skip(f"no PID namespace here: {shown.stderr.strip()}")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == ["done", "done", "done"]
+
+
+_INTERRUPTED_TWICE = """
+import os, sys
+import adaptor
+from adaptor.drivers import command
+
+agent = adaptor.Agent(command.Driver(command.Config(sys.argv[1], grace_period=120)), workspace=sys.argv[2])
+try:
+    agent.run("go")
+except KeyboardInterrupt:
+    pid = int(open(os.path.join(sys.argv[2], "pid")).read())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        print("agent gone", flush=True)
+    else:
+        print("agent still running", flush=True)
+        os.kill(pid, 9)
+"""
+
+
+def test_a_second_ctrl_c_while_run_waits_for_its_cancelled_agent_kills_the_agent(tmp_path: Path) -> None:
+    # The first Ctrl-C cancels the run and run() waits for its agent to stop; an agent that
+    # takes its SIGTERM for a note and goes on was given its whole grace period (120 s here)
+    # even after a second Ctrl-C: the program went on (or exited) with its agent running.
+    path = script(tmp_path, "stubborn.sh", (
+        'trap \'echo term > "$PWD/term"\' TERM\n'
+        'echo $$ > "$PWD/pid.tmp" && mv "$PWD/pid.tmp" "$PWD/pid"\n'
+        'cat >/dev/null\n'
+        'while :; do sleep 0.05; done\n'
+    ))
+    program = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_TWICE, path, str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for signalled in (tmp_path / "pid", tmp_path / "term"):  # running; then cancelled, and stubborn
+            for _ in range(3000):
+                if signalled.exists():
+                    break
+                assert program.poll() is None, program.communicate()
+                time.sleep(0.01)
+            program.send_signal(signal.SIGINT)
+        said, errors_said = program.communicate(timeout=60)
+    finally:
+        program.kill()
+        program.wait()
+    assert said == "agent gone\n", errors_said
