@@ -401,7 +401,12 @@ class Response:
 
 
 class CancelSignal(Protocol):
-    """Set when the SDK wants the run to stop (cancel, deadline, abort, close)."""
+    """Set when the SDK wants the run to stop (cancel, deadline, abort, close).
+
+    The SDK's own signal also has ``at_once``, true once the stop is not to wait out the agent's
+    grace period (a second Ctrl-C); the shared process runner reads it, and a driver stopping
+    processes of its own may too (``getattr(signal, "at_once", False)``: not every signal has it).
+    """
 
     def is_set(self) -> bool: ...
     def wait(self, timeout: float | None = None) -> bool: ...
