@@ -317,8 +317,35 @@ def not_private(home: Home) -> str | None:
             return f"{path} is a symbolic link"
         writable = writable_by(found)
         if writable is not None:
+            ignored = _modes_ignored(path) if stat.S_ISDIR(found.st_mode) else None
+            if ignored is not None:
+                # (chmod succeeds there and changes nothing: its advice would be no help.)
+                return (
+                    f"{path} is {writable}, and its filesystem keeps no file modes (a file made 0600 "
+                    f"there shows {ignored:o}): put the home on one that does (ext4, xfs, btrfs, tmpfs)"
+                )
             return f"{path} is {writable}; make it private: chmod go-w {path}"
     return None
+
+
+def _modes_ignored(directory: Path) -> int | None:
+    """The mode a file made 0600 in ``directory`` shows when its filesystem keeps no modes of
+    its own (NTFS, exFAT or FAT mounted with their defaults: every file 0777), else ``None``."""
+    probe = directory / f".adaptord-mode-probe-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        os.fchmod(fd, 0o600)
+        shown = stat.S_IMODE(os.fstat(fd).st_mode)
+    except OSError:
+        shown = 0o600
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return shown if shown & 0o077 else None
 
 
 def writable_by(found: os.stat_result) -> str | None:

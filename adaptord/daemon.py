@@ -471,6 +471,13 @@ class Daemon:
         except OSError as exc:  # a read-only or missing filesystem, no permission: no spool
             self.log("cannot use the home", home=self.home.root, error=_os_error_text(exc))
             return 69
+        # Again, now that every folder exists: a filesystem that keeps no modes (NTFS, exFAT)
+        # shows the folders just made 0700 as 0777, and the first start served them.
+        unsafe = _home.not_private(self.home)
+        if unsafe is not None:
+            instance.release()
+            self.log("refusing a home others can write to", why=unsafe)
+            return 2
         # The predecessor's pid and start time: `status` would show them as this daemon's
         # until it writes its own, once serving (its start may take seconds: leftovers, tools).
         try:

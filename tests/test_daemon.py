@@ -3156,6 +3156,56 @@ def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:
     assert list(elsewhere.iterdir()) == []
 
 
+@contextlib.contextmanager
+def _filesystem_keeping_no_modes(tmp_path: Path) -> Iterator[Path]:
+    """An exFAT filesystem mounted (FUSE) with its defaults: every file shows mode 0777, and
+    chmod succeeds and changes nothing, as on NTFS or FAT."""
+    tools = ("losetup", "mkfs.exfat", "mount.exfat-fuse", "umount")
+    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in tools) or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root, /dev/fuse, losetup and exFAT's tools (exfatprogs, exfat-fuse)")
+    image, mounted = tmp_path / "exfat.img", tmp_path / "exfat"
+    mounted.mkdir()
+    with open(image, "wb") as made:
+        made.truncate(32 << 20)
+    subprocess.run(["mkfs.exfat", str(image)], check=True, capture_output=True, timeout=60)
+    attached = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, timeout=60)
+    if attached.returncode != 0:
+        pytest.skip(f"no loop device here: {attached.stderr.strip()}")
+    device = attached.stdout.strip()
+    try:
+        shown = subprocess.run(["mount.exfat-fuse", device, str(mounted)], capture_output=True, text=True, timeout=60)
+        if shown.returncode != 0:
+            pytest.skip(f"exFAT cannot be mounted here: {shown.stderr.strip()}")
+        try:
+            yield mounted
+        finally:
+            subprocess.run(["umount", str(mounted)], check=True, timeout=60)
+    finally:
+        subprocess.run(["losetup", "-d", device], check=True, timeout=60)
+
+
+def test_a_home_on_a_filesystem_keeping_no_modes_is_refused_from_the_first_start(tmp_path: Path) -> None:
+    # NTFS or exFAT with their defaults: the first start made the home's folders 0700, which
+    # such a filesystem shows as 0777, and served them (another user's request dropped into
+    # spool/new ran as the daemon's user); the next start refused it with advice (chmod go-w)
+    # that changes nothing there.
+    with _filesystem_keeping_no_modes(tmp_path) as mounted:
+        home = mounted / "home"
+        for start in ("first", "second"):
+            refused = subprocess.run(
+                [sys.executable, "-m", "adaptord", "serve", "--home", str(home)],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert refused.returncode == 2, (start, refused.stderr)
+            assert "refusing a home others can write to" in refused.stderr
+            assert (
+                f"{home} is writable by others (mode 777), and its filesystem keeps no file modes (a file "
+                "made 0600 there shows 777): put the home on one that does (ext4, xfs, btrfs, tmpfs)"
+            ) in refused.stderr, refused.stderr
+            assert "ready" not in refused.stderr
+        assert [path.name for path in home.iterdir() if path.name.startswith(".adaptord-mode-probe")] == []
+
+
 def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> None:
     # A traceback and exit 1 (a "business failure", restarted by systemd every 2 s) before.
     blocker = tmp_path / "a-file"
