@@ -478,6 +478,13 @@ class Daemon:
             instance.release()
             self.log("refusing a home others can write to", why=unsafe)
             return 2
+        unlinkable = _links_refused(self.home)
+        if unlinkable is not None:
+            # Submitting links a request into spool/new, claiming links it into claimed/: it
+            # said "ready" and never took one (exFAT has no links; a spool mounted apart, EXDEV).
+            instance.release()
+            self.log("cannot use the home", home=self.home.root, error=unlinkable)
+            return 69
         # The predecessor's pid and start time: `status` would show them as this daemon's
         # until it writes its own, once serving (its start may take seconds: leftovers, tools).
         try:
@@ -2723,6 +2730,32 @@ def _same_file(found: os.stat_result, path: Path) -> bool:
 
 _PROMPT_KEPT_WHILE_QUEUED = 16 * 1024
 """Characters of a queued request's prompt the daemon keeps in memory (longer: left on disk)."""
+
+
+def _links_refused(home: _home.Home) -> str | None:
+    """Why files cannot be hard-linked along a request's way (``spool/tmp`` to ``spool/new``, as
+    a client submits, then to ``claimed/``, as the daemon claims), or ``None`` when they can."""
+    name = f".adaptord-link-probe-{os.urandom(4).hex()}"
+    way = [home.spool_tmp / name, home.spool_new / name, home.claimed / name]
+    try:
+        os.close(os.open(way[0], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except OSError:
+        return None  # (what cannot be written says so where it is written)
+    try:
+        for source, target in itertools.pairwise(way):
+            try:
+                os.link(source, target, follow_symlinks=False)
+            except OSError as exc:
+                return (
+                    f"{_os_error_text(exc)} linking {source.parent.relative_to(home.root)}/ to "
+                    f"{target.parent.relative_to(home.root)}/: requests are hard-linked along their way, "
+                    "so the home must be on one filesystem that has hard links"
+                )
+        return None
+    finally:
+        for path in way:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 # A request's schema may nest 64 levels (see adaptor._nesting), checked in a worker thread by

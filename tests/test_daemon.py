@@ -3157,9 +3157,9 @@ def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _filesystem_keeping_no_modes(tmp_path: Path) -> Iterator[Path]:
-    """An exFAT filesystem mounted (FUSE) with its defaults: every file shows mode 0777, and
-    chmod succeeds and changes nothing, as on NTFS or FAT."""
+def _exfat(tmp_path: Path, *options: str) -> Iterator[Path]:
+    """An exFAT filesystem mounted (FUSE) with ``options``: no hard links, and with its default
+    options every file shows mode 0777 (chmod succeeds and changes nothing), as on NTFS or FAT."""
     tools = ("losetup", "mkfs.exfat", "mount.exfat-fuse", "umount")
     if os.geteuid() != 0 or not all(shutil.which(tool) for tool in tools) or not os.path.exists("/dev/fuse"):
         pytest.skip("needs root, /dev/fuse, losetup and exFAT's tools (exfatprogs, exfat-fuse)")
@@ -3173,7 +3173,9 @@ def _filesystem_keeping_no_modes(tmp_path: Path) -> Iterator[Path]:
         pytest.skip(f"no loop device here: {attached.stderr.strip()}")
     device = attached.stdout.strip()
     try:
-        shown = subprocess.run(["mount.exfat-fuse", device, str(mounted)], capture_output=True, text=True, timeout=60)
+        shown = subprocess.run(
+            ["mount.exfat-fuse", *options, device, str(mounted)], capture_output=True, text=True, timeout=60
+        )
         if shown.returncode != 0:
             pytest.skip(f"exFAT cannot be mounted here: {shown.stderr.strip()}")
         try:
@@ -3189,7 +3191,7 @@ def test_a_home_on_a_filesystem_keeping_no_modes_is_refused_from_the_first_start
     # such a filesystem shows as 0777, and served them (another user's request dropped into
     # spool/new ran as the daemon's user); the next start refused it with advice (chmod go-w)
     # that changes nothing there.
-    with _filesystem_keeping_no_modes(tmp_path) as mounted:
+    with _exfat(tmp_path) as mounted:
         home = mounted / "home"
         for start in ("first", "second"):
             refused = subprocess.run(
@@ -3204,6 +3206,48 @@ def test_a_home_on_a_filesystem_keeping_no_modes_is_refused_from_the_first_start
             ) in refused.stderr, refused.stderr
             assert "ready" not in refused.stderr
         assert [path.name for path in home.iterdir() if path.name.startswith(".adaptord-mode-probe")] == []
+
+
+@contextlib.contextmanager
+def _spool_mounted_apart(tmp_path: Path) -> Iterator[Path]:
+    """A home whose ``spool/`` is a filesystem of its own (a tmpfs mounted there)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount")
+    home = _home.Home.at(tmp_path / "home")
+    home.ensure()
+    spool = home.root / "spool"
+    shown = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(spool)],
+                           capture_output=True, text=True, timeout=60)
+    if shown.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {shown.stderr.strip()}")
+    try:
+        home.ensure()  # spool/new and spool/tmp, on the new filesystem
+        yield home.root
+    finally:
+        subprocess.run(["umount", str(spool)], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("where", ["a spool mounted apart", "exFAT"])
+def test_a_home_whose_requests_cannot_be_linked_along_their_way_is_refused(tmp_path: Path, where: str) -> None:
+    # A submitted request is linked into spool/new, and claimed by a link into claimed/: on a
+    # filesystem without hard links (exFAT), or with spool/ mounted apart (EXDEV), the daemon
+    # said "ready" and never took a request (each `adaptor submit` exit 70 with a bare
+    # PermissionError; a request moved in by hand "queued" for ever).
+    with (_spool_mounted_apart(tmp_path) if where != "exFAT" else _exfat(tmp_path, "-o", "umask=077")) as mounted:
+        home = mounted if where != "exFAT" else mounted / "home"
+        refused = subprocess.run(
+            [sys.executable, "-m", "adaptord", "serve", "--home", str(home)], capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 69, refused.stderr
+        said = refused.stderr.strip().splitlines()[-1]
+        expected = (
+            "Invalid cross-device link linking spool/new/ to claimed/" if where != "exFAT"
+            else "Operation not permitted linking spool/tmp/ to spool/new/"
+        )
+        assert said.startswith(f"adaptord: cannot use the home home={home} error=\"{expected}: requests are hard-linked "
+                               "along their way, so the home must be on one filesystem that has hard links\""), said
+        assert "ready" not in refused.stderr
+        assert not [path for path in home.rglob(".adaptord-link-probe-*")]
 
 
 def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> None:
