@@ -14,6 +14,7 @@ queued, running, or with a verdict not yet written) is touched, nor thread logs
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 import re
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Final
 
 from adaptor import _durable, _home
@@ -164,10 +166,11 @@ def _forget(home: _home.Home, request_id: str, cutoff: float, hold: Hold, pruned
                 os.unlink(home.verdict(request_id))
                 pruned.verdicts += 1
             for path, what in ((home.run_dir(request_id), "runs"), (log, "events")):
-                trash = path.with_name(f"{_TRASH}{path.name}-{secrets.token_hex(4)}")
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(path, trash)
-                    moved.append((str(trash), what))
+                trash = _aside(path)
+                if trash is not None:
+                    moved.append((trash, what))
+                elif os.path.lexists(path):  # (see _aside)
+                    _remove(str(path), pruned, what)
             # Nobody appends to the log of a finished request; this process's own flock of it
             # (lingering after the run's last append) is let go before its file goes.
             _durable.release_lingering(lock)
@@ -236,12 +239,25 @@ def discard_run_dir(home: _home.Home, request_id: str) -> None:
     """Remove ``runs/<id>/`` at once (renamed aside first, so a name left by an error is only
     a leftover a later pass clears); raises the ``OSError`` that stopped it."""
     path = home.run_dir(request_id)
+    trash = _aside(path)
+    remove_entry(path if trash is None else trash)
+
+
+def _aside(path: Path) -> str | None:
+    """Rename ``path`` to a trash name beside it, which a pass interrupted before removing it
+    clears later; ``None`` when there is nothing there, or when it cannot be renamed there: a
+    folder of an overlayfs lower layer (a home shipped in an image, without ``redirect_dir``,
+    the kernel's default) refuses with ``EXDEV``, and is then removed where it is."""
     trash = path.with_name(f"{_TRASH}{path.name}-{secrets.token_hex(4)}")
     try:
         os.rename(path, trash)
     except FileNotFoundError:
-        return
-    remove_entry(trash)
+        return None
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        return None
+    return str(trash)
 
 
 def remove_entry(path: str | os.PathLike[str]) -> bool:

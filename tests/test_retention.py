@@ -526,3 +526,40 @@ def test_a_pass_goes_on_when_a_folder_of_the_home_was_removed(tmp_path: Path, mi
     assert not more and pruned.failed == 0
     assert pruned.lifecycle_logs == (0 if missing == "events" else 1)
     assert not (home.runs / ".pruning-crashed-0123abcd").exists()
+
+
+def test_a_home_shipped_in_an_image_layer_is_pruned(tmp_path: Path) -> None:
+    # A used home baked into a container image: its folders sit in overlayfs's lower layer,
+    # which (without redirect_dir, the kernel's default) refuses to rename a folder (EXDEV).
+    # Every pass removed the old verdicts, failed on their run folders ("Invalid cross-device
+    # link") and left those and their audit logs for good.
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount for overlayfs")
+    lower, upper, work, merged = (tmp_path / name for name in ("lower", "upper", "work", "merged"))
+    for folder in (upper, work, merged):
+        folder.mkdir()
+    built = DaemonProcess(lower / "home").start()
+    old = [built.submit(script(f"old{i}")) for i in range(2)]
+    for rid in old:
+        assert built.verdict(rid)["ok"]
+    assert built.stop() == 0
+    for rid in old:
+        for path in (built.home.verdict(rid), built.home.run_dir(rid), built.home.events / f"{rid}.jsonl"):
+            age(path, 31)
+    shown = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)],
+        capture_output=True, text=True, timeout=60,
+    )
+    if shown.returncode != 0:
+        pytest.skip(f"cannot mount an overlayfs here: {shown.stderr.strip()}")
+    try:
+        daemon = DaemonProcess(merged / "home").start()
+        line = pruned_line(daemon)
+        assert daemon.stop() == 0
+        assert "verdicts=2 runs=2 events=2" in line and "failed" not in line, line
+        for rid in old:
+            assert not os.path.lexists(daemon.home.run_dir(rid))
+            assert not os.path.lexists(daemon.home.events / f"{rid}.jsonl")
+        assert not [name for name in os.listdir(daemon.home.runs) if name.startswith(".pruning-")]
+    finally:
+        subprocess.run(["umount", str(merged)], check=True, timeout=60)
