@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from adaptor.threadstore import FinalizeRequest, Lease, Query, Record
-from adaptor.threadstore._state import State
+from adaptor.threadstore._state import State, Steady
 from adaptor.threadstore._types import (
     check_finalize,
     check_lease,
@@ -26,11 +26,22 @@ __all__ = ["Store"]
 _BOOT_ID = ""
 
 
+def _steady_now() -> Steady:
+    return "this process", time.monotonic()
+
+
+def _no_steady() -> Steady | None:
+    return None
+
+
 class Store:
     """A thread store for one process; safe to share between threads."""
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
+        # Leases also expire by the monotonic clock, which no step of the wall clock moves
+        # (see adaptor.threadstore._state), unless the caller keeps time itself.
+        self._steady = _steady_now if clock is time.time else _no_steady
         self._state = State()
         self._lock = threading.Lock()
 
@@ -50,7 +61,7 @@ class Store:
         check_text("owner", owner)
         ttl = check_ttl(ttl)
         with self._lock:
-            lease, event = self._state.plan_acquire(target, owner, ttl, self._clock(), _BOOT_ID)
+            lease, event = self._state.plan_acquire(target, owner, ttl, self._clock(), _BOOT_ID, steady=self._steady())
             self._state.apply(event)
         return lease
 
@@ -58,7 +69,7 @@ class Store:
         check_lease(lease)
         ttl = check_ttl(ttl)
         with self._lock:
-            self._state.apply(self._state.plan_renew(lease, ttl, self._clock(), _BOOT_ID))
+            self._state.apply(self._state.plan_renew(lease, ttl, self._clock(), _BOOT_ID, steady=self._steady()))
 
     def release_lease(self, lease: Lease) -> None:
         check_lease(lease)
@@ -70,4 +81,4 @@ class Store:
     def finalize(self, request: FinalizeRequest) -> None:
         check_finalize(request)
         with self._lock:
-            self._state.apply(self._state.plan_finalize(request, self._clock(), _BOOT_ID))
+            self._state.apply(self._state.plan_finalize(request, self._clock(), _BOOT_ID, self._steady()))

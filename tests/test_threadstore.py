@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import glob
 import json
 import os
 import select
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from functools import partial
@@ -1363,8 +1365,12 @@ def _child(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
     )
 
 
-def _child_op(directory: Path, spec: dict[str, Any], clock_offset: float = 0.0) -> dict[str, Any]:
-    proc = _child("op", str(directory), str(clock_offset), json.dumps(spec))
+def _child_op(
+    directory: Path, spec: dict[str, Any], clock_offset: float | str = 0.0, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``spec`` done by a process of its own; ``clock_offset``: seconds its store's wall clock is
+    ahead, or ``"real"`` (the store's own clocks); ``env``: its environment."""
+    proc = _child("op", str(directory), str(clock_offset), json.dumps(spec), env=env)
     out, err = proc.communicate(timeout=CHILD_TIMEOUT)
     assert proc.returncode == 0, err
     result: dict[str, Any] = json.loads(out)
@@ -1413,6 +1419,53 @@ def test_two_processes_get_busy_lease_lost_and_already_exists(tmp_path: Path) ->
         "error": "LeaseLostError",
         "fields": {"target": "key:k"},
     }
+
+
+def _faketime() -> str:
+    """libfaketime, which makes a process's wall clock what a file or variable says."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    if not found:
+        pytest.skip("needs libfaketime (apt: libfaketime)")
+    return found[0]
+
+
+def test_a_wall_clock_step_neither_frees_a_live_lease_nor_takes_it_from_its_holder(tmp_path: Path) -> None:
+    # Leases expired by the wall clock alone: stepped an hour forward (NTP correcting a skewed
+    # clock, a VM resumed), a live lease looked expired; another process took the thread while
+    # its holder's agent still worked, and the holder's renewal and save failed with
+    # LeaseLostError, its turn thrown away.  Every process of one boot shares the monotonic clock.
+    directory, step = tmp_path / "threads", tmp_path / "step"
+    step.write_text("+0")
+    holding = {
+        **os.environ, "LD_PRELOAD": _faketime(), "FAKETIME_TIMESTAMP_FILE": str(step), "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+    holder = _child("hold-across", str(directory), "key:k", "k", env=holding, stdin=subprocess.PIPE)
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        started = json.loads(holder.stdout.readline())["time"]
+        assert abs(started - time.time()) < 600
+        step.write_text("+3600")  # its wall clock an hour ahead from now on; so another process's
+        ahead = {**os.environ, "LD_PRELOAD": holding["LD_PRELOAD"], "FAKETIME": "+3600",
+                 "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        assert _child_op(directory, {"op": "now"}, "real", ahead)["time"] > time.time() + 3000
+        taken = _child_op(directory, {"op": "acquire", "target": "key:k", "owner": "other", "ttl": 300}, "real", ahead)
+        assert taken == {"ok": False, "error": "BusyError", "fields": {"target": "key:k"}}
+        holder.stdin.write("go on\n")
+        holder.stdin.flush()
+        ended = json.loads(holder.stdout.readline())
+        assert ended["ok"] is True, ended
+        assert ended["time"] > time.time() + 3000  # (it did see the step)
+        assert holder.wait(timeout=CHILD_TIMEOUT) == 0
+    finally:
+        holder.kill()
+        holder.communicate()
+    with JSONLStore(directory) as store:
+        saved = store.resolve(Query(key="k"))
+        assert saved is not None and saved.id == "r1"
+    # Released, the thread is free to any clock.
+    taken = _child_op(directory, {"op": "acquire", "target": "key:k", "owner": "other", "ttl": 300}, "real", ahead)
+    assert taken["ok"] is True
 
 
 _PROC = pytest.mark.skipif(not os.path.isdir("/proc/self/ns"), reason="holders are told in /proc")

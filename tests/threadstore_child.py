@@ -112,12 +112,20 @@ def finalize_loop(directory: str, key: str) -> None:
         print(i, flush=True)
 
 
-def op(directory: str, clock_offset: float, spec: dict[str, Any]) -> None:
-    store = JSONLStore(directory, clock=lambda: time.time() + clock_offset)
+def op(directory: str, clock: str, spec: dict[str, Any]) -> None:
+    """One store call; ``clock``: ``"real"`` (the store's own clocks) or a number of seconds
+    added to the wall clock it is given instead."""
+    if clock == "real":
+        store = JSONLStore(directory)
+    else:
+        offset = float(clock)
+        store = JSONLStore(directory, clock=lambda: time.time() + offset)
     leases = tuple(Lease(**held) for held in spec.get("held", ()))
     result: dict[str, Any]
     try:
-        if spec["op"] == "acquire":
+        if spec["op"] == "now":
+            result = {"ok": True, "time": time.time()}
+        elif spec["op"] == "acquire":
             lease = store.acquire_lease(spec["target"], spec["owner"], spec["ttl"])
             result = {"ok": True, "token": lease.token}
         elif spec["op"] == "renew":
@@ -149,6 +157,23 @@ def hold(directory: str, target: str, owner: str) -> None:
     time.sleep(3600)  # until killed
 
 
+def hold_across(directory: str, target: str, key: str) -> None:
+    """Take a lease, say so, wait for a line on stdin (the wall clock is stepped meanwhile),
+    then renew it, save under it and release it, saying how that went."""
+    store = JSONLStore(directory)
+    lease = store.acquire_lease(target, "holder", 300)
+    print(json.dumps({"time": time.time()}), flush=True)
+    sys.stdin.readline()
+    try:
+        store.renew_lease(lease, 300)
+        store.finalize(FinalizeRequest(record=record("r1", key), key=key, held_leases=(lease,), rebind_active=True))
+        result: dict[str, Any] = {"ok": True, "time": time.time()}
+    except LeaseLostError as exc:
+        result = {"ok": False, "error": type(exc).__name__}
+    store.release_lease(lease)
+    print(json.dumps(result), flush=True)
+
+
 def main(argv: list[str]) -> None:
     mode, directory, *rest = argv
     if mode == "cycles":
@@ -156,8 +181,10 @@ def main(argv: list[str]) -> None:
         cycles(directory, witness, worker, int(n), int(compact_after), keys)
     elif mode == "finalize-loop":
         finalize_loop(directory, rest[0])
+    elif mode == "hold-across":
+        hold_across(directory, rest[0], rest[1])
     elif mode == "op":
-        op(directory, float(rest[0]), json.loads(rest[1]))
+        op(directory, rest[0], json.loads(rest[1]))
     elif mode == "hold":
         hold(directory, rest[0], rest[1])
     else:

@@ -97,7 +97,7 @@ from adaptor._durable import (
     unframe,
 )
 from adaptor.threadstore import _holder
-from adaptor.threadstore._state import Event, State, check_event
+from adaptor.threadstore._state import Event, State, Steady, check_event
 from adaptor.threadstore._types import (
     FinalizeRequest,
     Lease,
@@ -149,6 +149,32 @@ def _read_boot_id() -> str:
 def current_boot_id() -> str:
     """This boot's id; a lease granted under another one is expired."""
     return _read_boot_id()
+
+
+def _steady_now() -> Steady | None:
+    """The monotonic clock and its scope, for leases' steady expiry (see ``_state``)."""
+    scope = _steady_scope()
+    return None if scope is None else (scope, time.monotonic())
+
+
+def _no_steady() -> Steady | None:
+    return None
+
+
+@cache
+def _steady_scope() -> str | None:
+    """Which processes share this one's monotonic clock: those of its boot and time namespace
+    (``None`` without a boot id, where that cannot be told)."""
+    boot = current_boot_id()
+    if not boot:
+        return None
+    try:
+        namespace = os.readlink("/proc/self/ns/time")
+    except FileNotFoundError:
+        namespace = "time:[none]"  # a kernel without time namespaces: one clock for all
+    except OSError:
+        return None
+    return f"{boot} {namespace}"
 
 
 def _log_name(generation: int) -> str:
@@ -307,6 +333,9 @@ class JSONLStore:
         self._dir = os.path.abspath(path)
         ensure_dir(self._dir)
         self._clock = clock
+        # Leases also expire by the monotonic clock, unless the caller keeps time itself (a
+        # test's clock, a process told its time is another): that clock is then the only one.
+        self._steady = _steady_now if clock is time.time else _no_steady
         self._lock_path = os.path.join(self._dir, _LOCK)
         self._snapshot_path = os.path.join(self._dir, _SNAPSHOT)
         # Tests lower this to show compaction without writing thousands of lines.
@@ -409,7 +438,7 @@ class JSONLStore:
         ttl = check_ttl(ttl)
         with self._locked():
             lease, event = self._state.plan_acquire(
-                target, owner, ttl, self._clock(), current_boot_id(), _holder.current()
+                target, owner, ttl, self._clock(), current_boot_id(), _holder.current(), self._steady()
             )
             self._commit(event)
         return lease
@@ -419,7 +448,7 @@ class JSONLStore:
         ttl = check_ttl(ttl)
         with self._locked(within_lease=True):
             event = self._state.plan_renew(
-                lease, ttl, self._clock(), current_boot_id(), _holder.current()
+                lease, ttl, self._clock(), current_boot_id(), _holder.current(), self._steady()
             )
             self._commit(event)
 
@@ -433,7 +462,7 @@ class JSONLStore:
     def finalize(self, request: FinalizeRequest) -> None:
         check_finalize(request)
         with self._locked(within_lease=True):
-            event = self._state.plan_finalize(request, self._clock(), current_boot_id())
+            event = self._state.plan_finalize(request, self._clock(), current_boot_id(), self._steady())
             self._commit(event)
 
     def compact(self) -> None:
@@ -640,7 +669,7 @@ class JSONLStore:
             return
         state = self._state
         # What the compactor dropped from its own state, by our clock rather than its.
-        state.leases = state.live_leases(self._clock(), current_boot_id())
+        state.leases = state.live_leases(self._clock(), current_boot_id(), self._steady())
         self._switch(self._generation + 1, state, fd)
 
     def _continues_our_log(self, fd: int) -> bool:
@@ -859,7 +888,7 @@ class JSONLStore:
             "generation": generation,
             "log": _log_name(generation),
             "written_at": format_time(time_of(now)),
-            **self._state.snapshot(now, current_boot_id()),
+            **self._state.snapshot(now, current_boot_id(), self._steady()),
             _LOG_MADE: True,
         }
         # The next log is made before the snapshot names it (empty: no sync of its own; the

@@ -16,6 +16,13 @@ the JSONL store, ``"holder"``: ``expires`` is wall-clock seconds (``expires_at``
 for humans) and ``boot_id`` the boot it was granted in, so a lease never outlives a reboot even
 if the clock says it should; ``holder`` names the process that took or last renewed it, so it
 does not outlive that process either (see :mod:`adaptor.threadstore._holder`).
+
+``"steady_scope"`` and ``"steady_expires"``, when the store keeps time by the real clocks: the
+same expiry on the monotonic clock, which every process of one boot and time namespace (the
+scope) shares and which no clock step moves.  A reader of the same scope judges expiry by it:
+a wall clock stepped forward (NTP correcting a skewed clock, a VM resumed) made every live
+lease look expired, its holder's turn was thrown away and another process took the thread
+beside it; one stepped back kept a dead lease for as long.  Other readers use ``expires``.
 Generations come from one counter per store, not per target, so expired leases can be dropped
 from snapshots without ever handing out a generation again.
 
@@ -50,12 +57,18 @@ Event = dict[str, Any]
 RESERVE_BLOCK = 1024
 
 
-def _is_live(lease: Mapping[str, Any], now: float, boot_id: str) -> bool:
-    return bool(
-        lease["boot_id"] == boot_id
-        and now < lease["expires"]
-        and not _holder.gone(lease.get("holder"))
-    )
+Steady = tuple[str, float]
+"""``(scope, monotonic now)``: see the module's docstring; ``None`` where a store has no such clock."""
+
+
+def _is_live(lease: Mapping[str, Any], now: float, boot_id: str, steady: Steady | None) -> bool:
+    if lease["boot_id"] != boot_id:
+        return False
+    if steady is not None and lease.get("steady_scope") == steady[0]:
+        unexpired = steady[1] < lease["steady_expires"]
+    else:
+        unexpired = now < lease["expires"]
+    return unexpired and not _holder.gone(lease.get("holder"))
 
 
 def _holds(current: Mapping[str, Any] | None, lease: Lease) -> bool:
@@ -71,6 +84,7 @@ def _lease_json(
     expires: float,
     boot_id: str,
     holder: Mapping[str, Any] | None,
+    steady_expiry: dict[str, Any],
 ) -> Event:
     lease: Event = {
         "owner": owner,
@@ -79,10 +93,15 @@ def _lease_json(
         "expires": expires,
         "expires_at": format_time(time_of(expires)),
         "boot_id": boot_id,
+        **steady_expiry,
     }
     if holder is not None:
         lease["holder"] = dict(holder)
     return lease
+
+
+def _steady_expiry(steady: Steady | None, ttl: float) -> dict[str, Any]:
+    return {} if steady is None else {"steady_scope": steady[0], "steady_expires": steady[1] + ttl}
 
 
 class State:
@@ -130,9 +149,10 @@ class State:
         now: float,
         boot_id: str,
         holder: Mapping[str, Any] | None = None,
+        steady: Steady | None = None,
     ) -> tuple[Lease, Event]:
         current = self.leases.get(target)
-        if current is not None and _is_live(current, now, boot_id):
+        if current is not None and _is_live(current, now, boot_id, steady):
             if current["owner"] != owner:
                 raise BusyError(target)
             # Re-acquiring your own live lease extends it under the same token, so leases the
@@ -144,7 +164,7 @@ class State:
                 # Unsynced grants made under another boot may have been lost with it.
                 generation = max(generation, self.reserved + 1)
             token = f"{generation}-{secrets.token_hex(8)}"
-        lease = _lease_json(owner, token, generation, now + ttl, boot_id, holder)
+        lease = _lease_json(owner, token, generation, now + ttl, boot_id, holder, _steady_expiry(steady, ttl))
         event: Event = {"kind": "lease", "target": target, "lease": lease}
         if generation > self.reserved:
             event["reserve"] = generation + RESERVE_BLOCK - 1
@@ -157,11 +177,17 @@ class State:
         now: float,
         boot_id: str,
         holder: Mapping[str, Any] | None = None,
+        steady: Steady | None = None,
     ) -> Event:
         current = self.leases.get(lease.target)
-        if current is None or not _holds(current, lease) or not _is_live(current, now, boot_id):
+        if current is None or not _holds(current, lease) or not _is_live(current, now, boot_id, steady):
             raise LeaseLostError(lease.target)
-        renewed = {**current, "expires": now + ttl, "expires_at": format_time(time_of(now + ttl))}
+        renewed = {
+            **{name: value for name, value in current.items() if not name.startswith("steady_")},
+            "expires": now + ttl,
+            "expires_at": format_time(time_of(now + ttl)),
+            **_steady_expiry(steady, ttl),
+        }
         if holder is not None:  # whoever renews is alive (a forked child, say)
             renewed["holder"] = dict(holder)
         return {"kind": "lease", "target": lease.target, "lease": renewed}
@@ -172,10 +198,12 @@ class State:
             return None
         return {"kind": "lease", "target": lease.target, "lease": None}
 
-    def plan_finalize(self, request: FinalizeRequest, now: float, boot_id: str) -> Event:
+    def plan_finalize(
+        self, request: FinalizeRequest, now: float, boot_id: str, steady: Steady | None = None
+    ) -> Event:
         for held in request.held_leases:
             current = self.leases.get(held.target)
-            if current is None or not _holds(current, held) or not _is_live(current, now, boot_id):
+            if current is None or not _holds(current, held) or not _is_live(current, now, boot_id, steady):
                 raise LeaseLostError(held.target)
         if request.require_key_absent and self._active_id(request.key) is not None:
             raise AlreadyExistsError(request.key)
@@ -216,7 +244,7 @@ class State:
 
     # --- snapshots ------------------------------------------------------------------------------
 
-    def snapshot(self, now: float, boot_id: str) -> dict[str, Any]:
+    def snapshot(self, now: float, boot_id: str, steady: Steady | None = None) -> dict[str, Any]:
         """The state as one JSON object; dead leases are dropped (the counter remembers)."""
         return {
             "next_generation": self.next_generation,
@@ -224,12 +252,12 @@ class State:
             "grant_boot": self.grant_boot,
             "records": self.records,
             "keys": self.keys,
-            "leases": self.live_leases(now, boot_id),
+            "leases": self.live_leases(now, boot_id, steady),
         }
 
-    def live_leases(self, now: float, boot_id: str) -> dict[str, dict[str, Any]]:
+    def live_leases(self, now: float, boot_id: str, steady: Steady | None = None) -> dict[str, dict[str, Any]]:
         """The leases still in force; the others act as absent in every plan."""
-        return {t: le for t, le in self.leases.items() if _is_live(le, now, boot_id)}
+        return {t: le for t, le in self.leases.items() if _is_live(le, now, boot_id, steady)}
 
     @classmethod
     def from_snapshot(
@@ -289,6 +317,12 @@ def _check_lease_json(lease: object) -> None:
         raise ValueError("lease expiry is not a number")
     if "holder" in lease:
         _holder.check_json(lease["holder"])
+    if "steady_scope" in lease or "steady_expires" in lease:
+        steady_expires = lease.get("steady_expires")
+        if not isinstance(lease.get("steady_scope"), str):
+            raise ValueError("lease field 'steady_scope' is not a string")
+        if isinstance(steady_expires, bool) or not isinstance(steady_expires, int | float):
+            raise ValueError("lease steady expiry is not a number")
 
 
 def check_event(event: Mapping[str, Any]) -> None:
