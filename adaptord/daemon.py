@@ -1660,6 +1660,12 @@ class Daemon:
             # make it again, folders and all.  An approval of that id there is another daemon's.
             if self._home_gone():
                 return
+            # The deadline its pending file shows, by which `adaptor approvals` and `approve`
+            # judge it, has passed while the run's own timer (the monotonic clock) has not: the
+            # wall clock was stepped forward.  No response can be given any more, so it times
+            # out now, as every reader was told, rather than hold its run until that timer.
+            if not req.settled and req.deadline is not None and datetime.now(UTC) >= req.deadline:
+                req._live().expire("timed_out")
             # The SDK settles the request at its deadline too (this route is the run's
             # on_approval callback): then, or once the run ended, a response comes too late.
             if req.settled:

@@ -6,6 +6,7 @@ import codecs
 import contextlib
 import dataclasses
 import errno
+import glob
 import importlib
 import os
 import re
@@ -1119,6 +1120,29 @@ def test_a_schema_nested_within_the_limit_is_checked_under_a_small_stack_limit(t
     assert verdict["result"]["structured"]["raw_json"] == "[[]]"
     assert verdict["result"]["structured"]["errors"] == []
     assert proc.stop() == 0
+
+
+def test_an_approval_whose_shown_deadline_a_clock_step_passed_times_out_then(tmp_path: Path) -> None:
+    # The wall clock stepped an hour forward while a run waited on an approval (600 s): the
+    # pending file's deadline had passed, so `adaptor approvals` listed nothing and `approve`
+    # said expired, yet the run waited out its own timer (the monotonic clock), its worker held
+    # for ten minutes, and a response written by hand meanwhile still won.
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        pytest.skip("needs libfaketime (apt: libfaketime)")
+    step = tmp_path / "step"
+    step.write_text("+0")
+    faked = {"LD_PRELOAD": found[0], "FAKETIME_TIMESTAMP_FILE": str(step), "FAKETIME_NO_CACHE": "1",
+             "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    daemon = DaemonProcess(tmp_path / "home", env=faked).start()
+    rid = daemon.submit(script({"approval": {"kind": "permission", "title": "may I?"}}, {"text": "went on"},
+                               policy={"approvals": {"timeout": 600}}))
+    daemon.wait_for_line(f"approval.pending id={rid}")
+    step.write_text("+3600")
+    verdict = daemon.verdict(rid, timeout=60)
+    assert verdict["error"]["code"] == "ErrApprovalTimeout", verdict
+    assert 'why=deadline' in daemon.wait_for_line(f"approval.expired id={rid}")
+    assert daemon.stop() == 0
 
 
 def _reloaded(tmp_path: Path, before: str, after: str) -> DaemonProcess:
