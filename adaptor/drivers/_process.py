@@ -577,7 +577,7 @@ class Child:
             if isinstance(exc, FileNotFoundError):
                 raise CannotStart.binary(binary, "missing", spec.cwd) from exc
             if isinstance(exc, PermissionError):
-                raise CannotStart.binary(binary, "not executable") from exc
+                raise CannotStart.binary(binary, _why_not_executable(binary, spec.cwd)) from exc
             if exc.errno == errno.ENOEXEC:
                 raise CannotStart.binary(binary, _not_a_program(binary, spec.cwd)) from exc
             if exc.errno == errno.E2BIG:
@@ -1023,6 +1023,20 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _why_not_executable(binary: str, cwd: str | None) -> str:
+    """Why exec refused ``binary`` (EACCES): its mode, or, for a file whose mode lets it run, the
+    filesystem it is on (mounted ``noexec``, as /tmp often is)."""
+    path = binary if os.sep not in binary else os.path.join(cwd or "", binary)
+    if os.sep not in binary:
+        path = shutil.which(binary) or binary
+    try:
+        if os.stat(path).st_mode & 0o111 and os.statvfs(path).f_flag & os.ST_NOEXEC:
+            return "not executable: the filesystem it is on is mounted noexec"
+    except OSError:
+        pass
+    return "not executable"
 
 
 def _reap_ended_members(pgid: int) -> None:

@@ -349,6 +349,31 @@ def test_a_program_for_another_system_or_an_empty_file_says_so(tmp_path: Path) -
         assert (str(caught.value), caught.value.details["kind"]) == (f"{binary}: {why}", "binary_not_found")
 
 
+def test_a_program_on_a_noexec_mount_says_so(tmp_path: Path) -> None:
+    # A command on a filesystem mounted noexec (as /tmp often is) was "not executable" though
+    # its mode said it was: its user looked at the file, never at the mount.
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount")
+    mounted = tmp_path / "noexec"
+    mounted.mkdir()
+    shown = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,noexec", "tmpfs", str(mounted)],
+                           capture_output=True, text=True, timeout=60)
+    if shown.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {shown.stderr.strip()}")
+    try:
+        agent = Path(script(mounted, "agent.sh", "echo hi\n"))
+        with pytest.raises(adaptor.RunError) as caught:
+            adaptor.Agent(command.Driver(command.Config(str(agent)))).run("x")
+        assert str(caught.value) == f"{agent}: not executable: the filesystem it is on is mounted noexec"
+        assert caught.value.details["kind"] == "binary_not_found"
+        agent.chmod(0o644)  # its mode is then the reason, said as ever
+        with pytest.raises(adaptor.RunError) as caught:
+            adaptor.Agent(command.Driver(command.Config(str(agent)))).run("x")
+        assert str(caught.value) == f"{agent}: not executable"
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True, timeout=60)
+
+
 def test_a_command_line_over_the_system_limit_is_refused_as_an_argument_limit(tmp_path: Path) -> None:
     # claude's --json-schema and codex's developer_instructions carry a schema or an appended
     # prompt inline: over 128 KiB, exec's E2BIG failed the run as the driver's own OSError.
