@@ -3191,7 +3191,9 @@ def _exfat(tmp_path: Path, *options: str) -> Iterator[Path]:
     mounted.mkdir()
     with open(image, "wb") as made:
         made.truncate(32 << 20)
-    subprocess.run(["mkfs.exfat", str(image)], check=True, capture_output=True, timeout=60)
+    made = subprocess.run(["mkfs.exfat", str(image)], capture_output=True, text=True, timeout=60)
+    if made.returncode != 0:
+        pytest.skip(f"mkfs.exfat failed here: {made.stderr.strip() or made.stdout.strip()}")
     attached = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, timeout=60)
     if attached.returncode != 0:
         pytest.skip(f"no loop device here: {attached.stderr.strip()}")
