@@ -42,6 +42,7 @@ from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess, identities, marked_processes, processes_with_env
 from tests.drivers.conftest import claude_with_deep_input
 from tests.inotify_hog import InotifyHog
+from tests.mounts import exfat, tmpfs
 from tests.task_limit import TaskLimit
 from tests.unwritable import unwritable
 
@@ -3180,44 +3181,12 @@ def test_a_home_others_can_write_to_is_refused(tmp_path: Path) -> None:
     assert list(elsewhere.iterdir()) == []
 
 
-@contextlib.contextmanager
-def _exfat(tmp_path: Path, *options: str) -> Iterator[Path]:
-    """An exFAT filesystem mounted (FUSE) with ``options``: no hard links, and with its default
-    options every file shows mode 0777 (chmod succeeds and changes nothing), as on NTFS or FAT."""
-    tools = ("losetup", "mkfs.exfat", "mount.exfat-fuse", "umount")
-    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in tools) or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root, /dev/fuse, losetup and exFAT's tools (exfatprogs, exfat-fuse)")
-    image, mounted = tmp_path / "exfat.img", tmp_path / "exfat"
-    mounted.mkdir()
-    with open(image, "wb") as made:
-        made.truncate(32 << 20)
-    made = subprocess.run(["mkfs.exfat", str(image)], capture_output=True, text=True, timeout=60)
-    if made.returncode != 0:
-        pytest.skip(f"mkfs.exfat failed here: {made.stderr.strip() or made.stdout.strip()}")
-    attached = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, timeout=60)
-    if attached.returncode != 0:
-        pytest.skip(f"no loop device here: {attached.stderr.strip()}")
-    device = attached.stdout.strip()
-    try:
-        shown = subprocess.run(
-            ["mount.exfat-fuse", *options, device, str(mounted)], capture_output=True, text=True, timeout=60
-        )
-        if shown.returncode != 0:
-            pytest.skip(f"exFAT cannot be mounted here: {shown.stderr.strip()}")
-        try:
-            yield mounted
-        finally:
-            subprocess.run(["umount", str(mounted)], check=True, timeout=60)
-    finally:
-        subprocess.run(["losetup", "-d", device], check=True, timeout=60)
-
-
 def test_a_home_on_a_filesystem_keeping_no_modes_is_refused_from_the_first_start(tmp_path: Path) -> None:
     # NTFS or exFAT with their defaults: the first start made the home's folders 0700, which
     # such a filesystem shows as 0777, and served them (another user's request dropped into
     # spool/new ran as the daemon's user); the next start refused it with advice (chmod go-w)
     # that changes nothing there.
-    with _exfat(tmp_path) as mounted:
+    with exfat(tmp_path) as mounted:
         home = mounted / "home"
         for start in ("first", "second"):
             refused = subprocess.run(
@@ -3237,20 +3206,11 @@ def test_a_home_on_a_filesystem_keeping_no_modes_is_refused_from_the_first_start
 @contextlib.contextmanager
 def _spool_mounted_apart(tmp_path: Path) -> Iterator[Path]:
     """A home whose ``spool/`` is a filesystem of its own (a tmpfs mounted there)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root and mount")
     home = _home.Home.at(tmp_path / "home")
     home.ensure()
-    spool = home.root / "spool"
-    shown = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(spool)],
-                           capture_output=True, text=True, timeout=60)
-    if shown.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {shown.stderr.strip()}")
-    try:
+    with tmpfs(home.root / "spool", "size=8m,mode=0700"):
         home.ensure()  # spool/new and spool/tmp, on the new filesystem
         yield home.root
-    finally:
-        subprocess.run(["umount", str(spool)], check=True, timeout=60)
 
 
 @pytest.mark.parametrize("where", ["a spool mounted apart", "exFAT"])
@@ -3259,7 +3219,7 @@ def test_a_home_whose_requests_cannot_be_linked_along_their_way_is_refused(tmp_p
     # filesystem without hard links (exFAT), or with spool/ mounted apart (EXDEV), the daemon
     # said "ready" and never took a request (each `adaptor submit` exit 70 with a bare
     # PermissionError; a request moved in by hand "queued" for ever).
-    with (_spool_mounted_apart(tmp_path) if where != "exFAT" else _exfat(tmp_path, "-o", "umask=077")) as mounted:
+    with (_spool_mounted_apart(tmp_path) if where != "exFAT" else exfat(tmp_path, "-o", "umask=077")) as mounted:
         home = mounted if where != "exFAT" else mounted / "home"
         refused = subprocess.run(
             [sys.executable, "-m", "adaptord", "serve", "--home", str(home)], capture_output=True, text=True, timeout=60

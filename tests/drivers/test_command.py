@@ -29,6 +29,7 @@ from adaptor.memory import Store
 from adaptor.testing import conformance
 from tests.daemon_harness import processes_with_env
 from tests.drivers.conftest import group_members
+from tests.mounts import tmpfs
 
 
 @dataclasses.dataclass
@@ -352,15 +353,7 @@ def test_a_program_for_another_system_or_an_empty_file_says_so(tmp_path: Path) -
 def test_a_program_on_a_noexec_mount_says_so(tmp_path: Path) -> None:
     # A command on a filesystem mounted noexec (as /tmp often is) was "not executable" though
     # its mode said it was: its user looked at the file, never at the mount.
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root and mount")
-    mounted = tmp_path / "noexec"
-    mounted.mkdir()
-    shown = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,noexec", "tmpfs", str(mounted)],
-                           capture_output=True, text=True, timeout=60)
-    if shown.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {shown.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "noexec", "size=1m,noexec") as mounted:
         agent = Path(script(mounted, "agent.sh", "echo hi\n"))
         with pytest.raises(adaptor.RunError) as caught:
             adaptor.Agent(command.Driver(command.Config(str(agent)))).run("x")
@@ -370,8 +363,6 @@ def test_a_program_on_a_noexec_mount_says_so(tmp_path: Path) -> None:
         with pytest.raises(adaptor.RunError) as caught:
             adaptor.Agent(command.Driver(command.Config(str(agent)))).run("x")
         assert str(caught.value) == f"{agent}: not executable"
-    finally:
-        subprocess.run(["umount", str(mounted)], check=True, timeout=60)
 
 
 def test_a_command_line_over_the_system_limit_is_refused_as_an_argument_limit(tmp_path: Path) -> None:
