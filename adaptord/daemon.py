@@ -1651,7 +1651,12 @@ class Daemon:
         record = redactor.value(_nesting.copy(events.to_json(req), depth=_FILE_DEPTH))
         record["request_id"] = job.id
         pending = self.home.approvals_pending / f"{req.id}.json"
-        _durable.atomic_write_json(pending, record)
+        try:
+            _durable.atomic_write_json(pending, record)
+        except OSError as exc:
+            # The run fails with what its approval route raised ("approval handler raised ..."):
+            # said as the daemon's own failure to ask, not as a file name deep in its home.
+            raise OSError(exc.errno, f"adaptord could not write the approval request: {_os_error_text(exc)}") from exc
         self.audit("approval.pending", job.id, approval_id=req.id, kind=req.kind)
         self._wake_routes_when_settled(req)
         hand_over = functools.partial(_hand_over, req, redactor)

@@ -1146,6 +1146,24 @@ def test_an_approval_whose_shown_deadline_a_clock_step_passed_times_out_then(tmp
     assert daemon.stop() == 0
 
 
+def test_an_approval_the_daemon_cannot_write_fails_its_run_saying_so(tmp_path: Path) -> None:
+    # A disk out of inodes (here: a pending folder that takes no new file): the run failed with
+    # "approval handler raised OSError: [Errno 28] No space left on device:
+    # '.../approvals/pending/<id>.json.tmp-...'", a file name deep in the home for a cause.
+    daemon = DaemonProcess(tmp_path / "home").start()
+    with unwritable(daemon.home.approvals_pending):
+        rid = daemon.submit(script({"approval": {"kind": "permission", "title": "may I?"}}, {"text": "went on"},
+                                   policy={"approvals": {"timeout": 600}}))
+        error = daemon.verdict(rid)["error"]
+    assert error["code"] == "RunError" and error["reason"] == "infrastructure_error"
+    assert error["message"] == (
+        "approval handler raised PermissionError: [Errno 1] adaptord could not write the approval request: "
+        "Operation not permitted"
+    ), error["message"]
+    assert "approvals/pending" not in error["message"]
+    assert daemon.stop() == 0
+
+
 def _reloaded(tmp_path: Path, before: str, after: str) -> DaemonProcess:
     """A daemon started on a config file holding ``before``, then sent SIGHUP with ``after``
     in its place (the reload's outcome is the caller's to wait for)."""
