@@ -87,17 +87,17 @@ def prune(
     more = False
     if retention.keep_days != float("inf"):
         cutoff = now - retention.keep_days * _DAY
-        due = heapq.nsmallest(BATCH, _finished(home, cutoff))
+        due = heapq.nsmallest(BATCH, _finished(home, cutoff, now))
         more = len(due) == BATCH
         for _, request_id in due:
             if stopping():
                 return pruned, False
             _forget(home, request_id, cutoff, hold, pruned)
-        for name in _old(home.events, cutoff, lambda name: _ROTATED.fullmatch(name) is not None):
+        for name in _old(home.events, cutoff, lambda name: _ROTATED.fullmatch(name) is not None, now=now):
             _remove(home.events / name, pruned, "lifecycle_logs" if name.endswith(_LOG) else None)
     if retention.quarantine_days != float("inf"):
         cutoff = now - retention.quarantine_days * _DAY
-        for name in _old(home.quarantine, cutoff, lambda name: True, stamped=True):
+        for name in _old(home.quarantine, cutoff, lambda name: True, now=now, stamped=True):
             if stopping():
                 return pruned, False
             _remove(home.quarantine / name, pruned, "quarantine")
@@ -105,7 +105,7 @@ def prune(
     # removes them (each leftover staged request also keeps its id from being submitted).
     cutoff = now - STAGED_KEPT_FOR
     for folder, wanted in ((home.spool_tmp, _any), (home.approvals_responses, _not_a_response)):
-        for name in _old(folder, cutoff, wanted, hidden=True):
+        for name in _old(folder, cutoff, wanted, now=now, hidden=True):
             if stopping():
                 return pruned, False
             _remove(folder / name, pruned, "staged")
@@ -122,20 +122,20 @@ def _not_a_response(name: str) -> bool:
     return name.startswith(".") or not name.endswith(".json")
 
 
-def _finished(home: _home.Home, cutoff: float) -> Iterator[tuple[float, str]]:
+def _finished(home: _home.Home, cutoff: float, now: float) -> Iterator[tuple[float, str]]:
     """``(time, id)`` of each finished request last written before ``cutoff``: one with a
     verdict, or what is left of one whose verdict went (a run folder, an audit log).
 
     Whether it is on its way after all is looked at under the hold (:func:`_forget`).
     """
-    for name, mtime in _entries(home.verdicts):
+    for name, mtime in _entries(home.verdicts, now=now):
         request_id = name.removesuffix(".json")
         if name.endswith(".json") and mtime < cutoff and _home.is_request_id(request_id):
             yield mtime, request_id
-    for name, mtime in _entries(home.runs):
+    for name, mtime in _entries(home.runs, now=now):
         if mtime < cutoff and _home.is_request_id(name) and not os.path.lexists(home.verdict(name)):
             yield mtime, name
-    for name, mtime in _entries(home.events):
+    for name, mtime in _entries(home.events, now=now):
         request_id = name.removesuffix(_LOCK).removesuffix(_LOG)
         if (
             name.endswith((_LOG, _LOG + _LOCK))
@@ -183,7 +183,7 @@ def _forget(home: _home.Home, request_id: str, cutoff: float, hold: Hold, pruned
 
 
 def _old(
-    folder: os.PathLike[str], cutoff: float, wanted: Callable[[str], bool], *, stamped: bool = False,
+    folder: os.PathLike[str], cutoff: float, wanted: Callable[[str], bool], *, now: float, stamped: bool = False,
     hidden: bool = False,
 ) -> list[str]:
     """Names in ``folder`` that ``wanted`` picks, written before ``cutoff``, oldest first.
@@ -192,7 +192,7 @@ def _old(
     later than the file's own (a file written long ago and quarantined today is not old).
     """
     found = []
-    for name, mtime in _entries(folder, hidden=hidden):
+    for name, mtime in _entries(folder, hidden=hidden, now=now):
         if not wanted(name):
             continue
         stamp, _, rest = name.partition("-")
@@ -203,10 +203,14 @@ def _old(
     return [name for _, name in heapq.nsmallest(BATCH, found)]
 
 
-def _entries(folder: os.PathLike[str], *, hidden: bool = False) -> Iterator[tuple[str, float]]:
+def _entries(
+    folder: os.PathLike[str], *, hidden: bool = False, now: float | None = None
+) -> Iterator[tuple[str, float]]:
     """``(name, mtime)`` of each entry (not following links); nothing for a missing folder.
 
-    With ``hidden``, names starting with a dot too, and no folders.
+    With ``hidden``, names starting with a dot too, and no folders.  With ``now``, an entry
+    dated more than a day after it (written while the clock was far ahead) is dated ``now``
+    first: its age counts from today, or it would be kept as long as the clock was ahead.
     """
     try:
         with os.scandir(folder) as listing:
@@ -219,7 +223,12 @@ def _entries(folder: os.PathLike[str], *, hidden: bool = False) -> Iterator[tupl
                     continue
                 if hidden and stat.S_ISDIR(found.st_mode):
                     continue  # (a staging area holds files; a folder there is someone's own)
-                yield entry.name, found.st_mtime
+                mtime = found.st_mtime
+                if now is not None and mtime > now + _DAY:
+                    with contextlib.suppress(OSError):
+                        os.utime(entry.path, (now, now), follow_symlinks=False)
+                        mtime = now
+                yield entry.name, mtime
     except FileNotFoundError:
         return
 

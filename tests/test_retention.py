@@ -563,3 +563,29 @@ def test_a_home_shipped_in_an_image_layer_is_pruned(tmp_path: Path) -> None:
         assert not [name for name in os.listdir(daemon.home.runs) if name.startswith(".pruning-")]
     finally:
         subprocess.run(["umount", str(merged)], check=True, timeout=60)
+
+
+def test_a_request_dated_in_the_future_is_kept_from_today_not_until_then(tmp_path: Path) -> None:
+    # Files written while the clock was a year ahead (a lost battery-backed clock, set right a
+    # day later) kept their future times: retention took them for new for a year, whatever
+    # keep_days said.  A pass dates such a file today, so its keep_days count from then.
+    config = tmp_path / "config.toml"
+    config.write_text("scan_interval = 0.2\n[retention]\nkeep_days = 1\n")
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config)).start()
+    home = daemon.home
+    try:
+        rid = daemon.submit(script("from the future"))
+        assert daemon.verdict(rid)["ok"]
+        daemon.wait_for_line(f"verdict.written id={rid}")
+        for path in (home.verdict(rid), home.run_dir(rid), home.events / f"{rid}.jsonl"):
+            age(path, -400)
+        daemon.reload(config, config.read_text())  # a pass at once
+        wait_until(lambda: home.verdict(rid).stat().st_mtime < time.time() + DAY, "the verdict dated today")
+        assert Client(home.root).wait(rid).text == "from the future"  # kept: today is its first day
+        for path in (home.verdict(rid), home.run_dir(rid), home.events / f"{rid}.jsonl"):
+            age(path, 2)  # two days on
+        daemon.reload(config, config.read_text())
+        assert "verdicts=1 runs=1 events=1" in pruned_line(daemon)
+        assert not home.verdict(rid).exists() and not home.run_dir(rid).exists()
+    finally:
+        assert daemon.stop() == 0
