@@ -2743,11 +2743,18 @@ _PROMPT_KEPT_WHILE_QUEUED = 16 * 1024
 """Characters of a queued request's prompt the daemon keeps in memory (longer: left on disk)."""
 
 
+_LINK_PROBE: Final = ".adaptord-link-probe"
+
+
 def _links_refused(home: _home.Home) -> str | None:
     """Why files cannot be hard-linked along a request's way (``spool/tmp`` to ``spool/new``, as
     a client submits, then to ``claimed/``, as the daemon claims), or ``None`` when they can."""
-    name = f".adaptord-link-probe-{os.urandom(4).hex()}"
-    way = [home.spool_tmp / name, home.spool_new / name, home.claimed / name]
+    # One name, under the home's lock: what a start killed mid-probe left goes now, before the
+    # recovery would take it in claimed/ for a request's file.
+    way = [folder / _LINK_PROBE for folder in (home.spool_tmp, home.spool_new, home.claimed)]
+    for path in way:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     try:
         os.close(os.open(way[0], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
     except OSError:

@@ -3251,7 +3251,7 @@ def test_a_home_whose_requests_cannot_be_linked_along_their_way_is_refused(tmp_p
         assert said.startswith(f"adaptord: cannot use the home home={home} error=\"{expected}: requests are hard-linked "
                                "along their way, so the home must be on one filesystem that has hard links\""), said
         assert "ready" not in refused.stderr
-        assert not [path for path in home.rglob(".adaptord-link-probe-*")]
+        assert not [path for path in home.rglob(".adaptord-link-probe*")]
 
 
 def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> None:
