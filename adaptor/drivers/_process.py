@@ -1028,8 +1028,9 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 def _why_not_executable(binary: str, cwd: str | None) -> str:
     """Why exec refused ``binary`` (EACCES): its mode, or, for a file whose mode lets it run, the
     filesystem it is on (mounted ``noexec``, as /tmp often is)."""
-    path = binary if os.sep not in binary else os.path.join(cwd or "", binary)
-    if os.sep not in binary:
+    if os.sep in binary:
+        path = os.path.join(cwd or "", binary)  # (as exec finds a relative one: from the child's cwd)
+    else:
         path = shutil.which(binary) or binary
     try:
         if os.stat(path).st_mode & 0o111 and os.statvfs(path).f_flag & os.ST_NOEXEC:
