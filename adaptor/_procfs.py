@@ -52,6 +52,20 @@ def stat(pid: int) -> ProcessStat | None:
         return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) the process with this pid has used, or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()  # (see stat(): utime and stime follow 11 others)
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError, OSError):
+        return None
+
+
 def pids() -> Iterator[int]:
     """Every pid ``/proc`` lists now (none without it)."""
     try:

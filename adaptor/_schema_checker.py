@@ -34,12 +34,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, BinaryIO, Literal
 
 import orjson
 
-from adaptor import _cpus
+from adaptor import _cpus, _procfs
 
 __all__ = ["CheckTimeout", "Judge", "Unavailable", "costly", "errors_of", "warm"]
 
@@ -60,6 +60,10 @@ _ALARM_MARGIN = 1.0  # a child's own limit: the parent's, plus this
 # Not part of a check's limit: on a busy machine a start can take seconds, and a valid output
 # must not be declared too costly to check because its checker was slow to start.
 _START_LIMIT = 60.0
+# A check whose child got less CPU time than its limit meanwhile waits on, up to this many times
+# the limit (or the caller's own deadline), looking again at least this often.
+_STARVED_FOR = 10
+_STARVED_POLL = 0.5
 
 
 class CheckTimeout(Exception):
@@ -75,12 +79,15 @@ class _Gone(Unavailable):
 
 
 def errors_of(
-    schema: dict[str, Any], instance: Any, timeout: float, *, judge: Judge = "schema"
+    schema: dict[str, Any], instance: Any, timeout: float, *, judge: Judge = "schema",
+    wall_limit: float | None = None,
 ) -> list[str]:
     """The validation errors of ``instance``, described as ``judge`` says.
 
     Raises :class:`CheckTimeout` after ``timeout`` seconds of checking, :class:`Unavailable`
-    when no child could answer.
+    when no child could answer.  A child that got less than that much CPU time meanwhile (a
+    starved machine) is given more, up to ``wall_limit`` seconds in all (the caller's own
+    deadline; ``None``: :data:`_STARVED_FOR` times ``timeout``).
     """
     if timeout <= 0:
         raise CheckTimeout()  # (no time left: a child would only be killed)
@@ -93,7 +100,7 @@ def errors_of(
     child, kept = _take()
     while True:
         try:
-            reply = child.ask(payload, timeout)
+            reply = child.ask(payload, timeout, wall_limit)
             break
         except BaseException as exc:
             child.kill()
@@ -201,20 +208,36 @@ class _Child:
             raise _Gone("schema checker sent something else than its ready frame")
         self._ready = True
 
-    def ask(self, payload: bytes, timeout: float) -> dict[str, Any]:
+    def ask(self, payload: bytes, timeout: float, wall_limit: float | None = None) -> dict[str, Any]:
         self.wait_ready()  # the check's time starts once the child can check
+        checked_before = _procfs.cpu_seconds(self.process.pid)
         try:
             self._stdin.write(_HEADER.pack(len(payload)) + payload)
             self._stdin.flush()
         except OSError as exc:
             raise _Gone(f"schema checker gone: {exc}") from exc
-        deadline = time.monotonic() + timeout
-        header = self._read(_HEADER.size, deadline)
+        now = time.monotonic()
+        deadline = now + timeout
+        stop = now + (timeout * _STARVED_FOR if wall_limit is None else max(wall_limit, timeout))
+
+        def starved() -> float | None:
+            # The limit is checking time: on a machine too busy to let the child run (a nice 19
+            # daemon beside busy loops), a valid output was declared too costly to check.
+            checked = _procfs.cpu_seconds(self.process.pid)
+            now = time.monotonic()
+            if checked is None or checked_before is None or now >= stop:
+                return None
+            owed = timeout - (checked - checked_before)
+            return None if owed <= 0 else min(now + max(owed, _STARVED_POLL), stop)
+
+        header = self._read(_HEADER.size, deadline, starved)
         (size,) = _HEADER.unpack(header)
-        reply: dict[str, Any] = orjson.loads(self._read(size, deadline))
+        reply: dict[str, Any] = orjson.loads(self._read(size, deadline, starved))
         return reply
 
-    def _read(self, size: int, deadline: float) -> bytes:
+    def _read(self, size: int, deadline: float, extend: Callable[[], float | None] | None = None) -> bytes:
+        """``size`` bytes of the child's answer by ``deadline``, which ``extend`` (asked when it
+        passes) may move on; :class:`CheckTimeout` when it passes for good."""
         chunks: list[bytes] = []
         missing = size
         # poll, not select: a busy process's descriptors can number beyond select's 1024.
@@ -223,7 +246,11 @@ class _Child:
         while missing:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not poller.poll(math.ceil(remaining * 1000)):
-                raise CheckTimeout()
+                later = None if extend is None else extend()
+                if later is None:
+                    raise CheckTimeout()
+                deadline = later
+                continue
             chunk = os.read(self._stdout, min(missing, 1 << 20))
             if not chunk:
                 raise _Gone("schema checker ended without an answer")
@@ -344,9 +371,10 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A check never looks at its input again, so a parent that died mid-check (kill -9) would
-    # leave this child checking for hours.  The kernel's alarm ends it (SIGALRM's default
-    # action) shortly after the parent would have given up, whatever the check is doing.
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    # leave this child checking for hours.  The kernel's profiling timer ends it (SIGPROF's
+    # default action) once it has used a little more CPU time than the parent allows, whatever
+    # the check is doing; CPU time, as the parent counts it (a starved child is waited for).
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)
     # The judges' modules (jsonschema with them) are imported before the ready frame: a check's
     # limit then counts checking only.
     for module, _ in _JUDGES.values():
@@ -361,7 +389,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         (size,) = _HEADER.unpack(header)
         request = orjson.loads(requests.read(size))
         key = orjson.dumps(request["schema"])
-        signal.setitimer(signal.ITIMER_REAL, request["limit"] + _ALARM_MARGIN)
+        signal.setitimer(signal.ITIMER_PROF, request["limit"] + _ALARM_MARGIN)
         try:
             module, name = _JUDGES[request.get("judge", "schema")]
             judge = getattr(importlib.import_module(module), name)
@@ -373,7 +401,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         except Exception as exc:
             reply = {"failure": f"{type(exc).__name__}: {exc}"}
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_PROF, 0)
         if len(validators) > 16:
             validators.clear()
         data = orjson.dumps(reply)

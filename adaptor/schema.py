@@ -154,7 +154,7 @@ class CompiledSchema:
             VALIDATION_LIMIT if timeout is None else max(0.0, min(timeout, VALIDATION_LIMIT))
         )
         try:
-            found = self._errors(value, limit)
+            found = self._errors(value, limit, timeout)
         except _schema_checker.CheckTimeout:
             found = [
                 f"$: validation did not finish within {limit:g}s; the schema is too costly "
@@ -170,9 +170,9 @@ class CompiledSchema:
             schema_hash=self.schema_hash,
         )
 
-    def _errors(self, value: Any, limit: float) -> list[str]:
+    def _errors(self, value: Any, limit: float, wall_limit: float | None) -> list[str]:
         try:
-            return _schema_checker.errors_of(self._private, value, limit)
+            return _schema_checker.errors_of(self._private, value, limit, wall_limit=wall_limit)
         except _schema_checker.Unavailable:
             pass  # validated here instead: what fails there fails here, with its exception
         return _errors_in_process(self._private, value, self._validator)[0]

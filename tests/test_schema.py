@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -812,6 +814,37 @@ def test_warm_starts_one_checker_ahead_of_need(monkeypatch: pytest.MonkeyPatch) 
         (child,) = adaptor._schema_checker._idle
         assert compile_schema(_PATTERNED).validate_text('{"name": "warm"}', "native").valid
         assert adaptor._schema_checker._idle == [child]  # that check used the warm one
+    finally:
+        adaptor._schema_checker._close_idle()
+
+
+def test_a_check_whose_checker_gets_no_cpu_time_is_not_called_too_costly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a machine too busy to let the checker run (a nice 19 daemon beside busy loops on one
+    # core), every check of a valid output failed "validation did not finish within 10s; the
+    # schema is too costly": the limit was wall time.  It is checking time now; here the
+    # checker is stopped (SIGSTOP) for three times the limit, as a starved one gets nothing.
+    monkeypatch.setattr(adaptor._schema_checker, "_idle", [])
+    try:
+        adaptor._schema_checker.warm()
+        deadline = time.monotonic() + 30
+        while not adaptor._schema_checker._idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (child,) = adaptor._schema_checker._idle
+        os.kill(child.process.pid, signal.SIGSTOP)
+        starved = threading.Timer(3.0, os.kill, (child.process.pid, signal.SIGCONT))
+        starved.start()
+        try:
+            assert adaptor._schema_checker.errors_of({"type": "integer"}, "five", 1.0) == ['$: "five" is not of type "integer"']
+        finally:
+            starved.join()
+        # The caller's own deadline still ends the wait: the run's is never overrun.
+        os.kill(child.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(adaptor._schema_checker.CheckTimeout):
+                adaptor._schema_checker.errors_of({"type": "integer"}, 5, 0.5, wall_limit=1.0)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # (the cut-off check killed it)
+                os.kill(child.process.pid, signal.SIGCONT)
     finally:
         adaptor._schema_checker._close_idle()
 
