@@ -38,14 +38,7 @@ def usable() -> bool:
 
 def stat(pid: int) -> ProcessStat | None:
     """The process with this pid, or ``None`` if there is none (or no ``/proc``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses; the fields after its last ")" do not:
-    # state, ppid, pgrp, session, ... and starttime, field 22 of the line, the 20th after the name.
-    fields = data[data.rfind(b")") + 2 :].split()
+    fields = _stat_fields(pid)
     try:
         return ProcessStat(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
@@ -54,16 +47,25 @@ def stat(pid: int) -> ProcessStat | None:
 
 def cpu_seconds(pid: int) -> float | None:
     """The CPU time (user and system) the process with this pid has used, or ``None``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2 :].split()  # (see stat(): utime and stime follow 11 others)
+    fields = _stat_fields(pid)
     try:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (IndexError, ValueError, OSError):
         return None
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """``/proc/<pid>/stat``'s fields after the command name (none without such a process).
+
+    The name may hold spaces and parentheses; the fields after its last ")" do not: state,
+    ppid, pgrp, session, ..., utime and stime (the 12th and 13th), ... and starttime (the 20th).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return []
+    return data[data.rfind(b")") + 2 :].split()
 
 
 def pids() -> Iterator[int]:
