@@ -30,7 +30,7 @@ from typing import Any, Final, Literal, TypeGuard
 
 import orjson
 
-from adaptor import _durable, _nesting
+from adaptor import _durable, _nesting, _procfs
 from adaptor.errors import (
     ApprovalExpiredError,
     ApprovalKindMismatchError,
@@ -442,28 +442,12 @@ def _not_to_be_given_requests(home: Home) -> ForeignHomeError | None:
         owner = os.stat(home.root).st_uid
     except OSError:
         return None
-    if owner == os.geteuid() or _overrides_file_modes():
+    if owner == os.geteuid() or _procfs.overrides_file_modes():
         return None
     refused = PermissionError(
         errno.EPERM, "not this user's, and its owner reads every request, secrets and all", os.fspath(home.spool_new)
     )
     return ForeignHomeError(home.root, owner, refused)
-
-
-_CAP_DAC_OVERRIDE: Final = 1
-
-
-def _overrides_file_modes() -> bool:
-    """Whether this process may write a file whatever its mode says (``CAP_DAC_OVERRIDE``, which
-    root has unless it was dropped)."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"CapEff:"):
-                    return bool(int(line.split()[1], 16) >> _CAP_DAC_OVERRIDE & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.geteuid() == 0
 
 
 def daemon_state(home: Home) -> dict[str, Any]:

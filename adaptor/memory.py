@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from adaptor.threadstore import FinalizeRequest, Lease, Query, Record
-from adaptor.threadstore._state import State, Steady
+from adaptor.threadstore._state import State, steady_clock
 from adaptor.threadstore._types import (
     check_finalize,
     check_lease,
@@ -26,14 +26,6 @@ __all__ = ["Store"]
 _BOOT_ID = ""
 
 
-def _steady_now() -> Steady:
-    return "this process", time.monotonic()
-
-
-def _no_steady() -> Steady | None:
-    return None
-
-
 class Store:
     """A thread store for one process; safe to share between threads."""
 
@@ -41,7 +33,7 @@ class Store:
         self._clock = clock
         # Leases also expire by the monotonic clock, which no step of the wall clock moves
         # (see adaptor.threadstore._state), unless the caller keeps time itself.
-        self._steady = _steady_now if clock is time.time else _no_steady
+        self._steady = steady_clock(clock, lambda: "this process")
         self._state = State()
         self._lock = threading.Lock()
 

@@ -198,13 +198,8 @@ def _refused_as_foreign(method: Callable[Concatenate[Client, _P], _R]) -> Callab
 
     @functools.wraps(method)
     def checked(self: Client, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
+        with self._foreign_home_named():
             return method(self, *args, **kwargs)
-        except PermissionError as exc:
-            foreign = _home.foreign_home(self._home, exc)
-            if foreign is None:
-                raise
-            raise foreign from None
 
     return checked
 
@@ -339,14 +334,9 @@ class Client:
         removed meanwhile.  Approval requests read back cannot be answered through the event;
         use :meth:`approve` and friends.
         """
-        try:
+        with self._foreign_home_named():
             for record in _request_records(self, request_id, follow=follow):
                 yield record.event
-        except PermissionError as exc:
-            foreign = _home.foreign_home(self._home, exc)
-            if foreign is None:
-                raise
-            raise foreign from None
 
     @_refused_as_foreign
     def cancel(self, request_id: str) -> bool:
@@ -509,6 +499,17 @@ class Client:
         return recent
 
     # -- internals -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _foreign_home_named(self) -> Iterator[None]:
+        """A refused access inside another user's home raised as :class:`ForeignHomeError`."""
+        try:
+            yield
+        except PermissionError as exc:
+            foreign = _home.foreign_home(self._home, exc)
+            if foreign is None:
+                raise
+            raise foreign from None
 
     def _require_spool(self) -> None:
         if not self._home.spool_new.is_dir():

@@ -780,7 +780,15 @@ class Child:
         the run's."""
         if self._status is not _RUNNING:
             _reap_ended_members(self.pid)
-        return _group_alive(self.pid)
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        if not _procfs.usable():
+            return True  # no /proc of ours: trust killpg
+        return _procfs.group_running(self.pid)  # (zombies cannot be killed anyway)
 
     @property
     def quiet(self) -> bool:
@@ -1052,14 +1060,3 @@ def _reap_ended_members(pgid: int) -> None:
             return
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in the group (zombies cannot be killed anyway)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not _procfs.usable():
-        return True  # no /proc of ours: trust killpg
-    return _procfs.group_running(pgid)

@@ -97,7 +97,7 @@ from adaptor._durable import (
     unframe,
 )
 from adaptor.threadstore import _holder
-from adaptor.threadstore._state import Event, State, Steady, check_event
+from adaptor.threadstore._state import Event, State, check_event, steady_clock
 from adaptor.threadstore._types import (
     FinalizeRequest,
     Lease,
@@ -149,16 +149,6 @@ def _read_boot_id() -> str:
 def current_boot_id() -> str:
     """This boot's id; a lease granted under another one is expired."""
     return _read_boot_id()
-
-
-def _steady_now() -> Steady | None:
-    """The monotonic clock and its scope, for leases' steady expiry (see ``_state``)."""
-    scope = _steady_scope()
-    return None if scope is None else (scope, time.monotonic())
-
-
-def _no_steady() -> Steady | None:
-    return None
 
 
 @cache
@@ -333,9 +323,8 @@ class JSONLStore:
         self._dir = os.path.abspath(path)
         ensure_dir(self._dir)
         self._clock = clock
-        # Leases also expire by the monotonic clock, unless the caller keeps time itself (a
-        # test's clock, a process told its time is another): that clock is then the only one.
-        self._steady = _steady_now if clock is time.time else _no_steady
+        # Leases also expire by the monotonic clock, unless the caller keeps time itself.
+        self._steady = steady_clock(clock, _steady_scope)
         self._lock_path = os.path.join(self._dir, _LOCK)
         self._snapshot_path = os.path.join(self._dir, _SNAPSHOT)
         # Tests lower this to show compaction without writing thousands of lines.

@@ -37,7 +37,8 @@ every reserved generation, which covers any unsynced grant that a reboot may hav
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from adaptor.threadstore import AlreadyExistsError, BusyError, LeaseLostError, _holder
@@ -59,6 +60,20 @@ RESERVE_BLOCK = 1024
 
 Steady = tuple[str, float]
 """``(scope, monotonic now)``: see the module's docstring; ``None`` where a store has no such clock."""
+
+
+def steady_clock(wall: Callable[[], float], scope: Callable[[], str | None]) -> Callable[[], Steady | None]:
+    """What a store whose wall clock is ``wall`` reads as its steady clock: the monotonic clock,
+    shared in ``scope`` (``None``: by nobody it could name), unless the store was given a wall
+    clock of its own (a test's, a process told its time is another), which then decides alone."""
+    if wall is not time.time:
+        return lambda: None
+
+    def now() -> Steady | None:
+        shared_in = scope()
+        return None if shared_in is None else (shared_in, time.monotonic())
+
+    return now
 
 
 def _is_live(lease: Mapping[str, Any], now: float, boot_id: str, steady: Steady | None) -> bool:
