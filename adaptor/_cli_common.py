@@ -25,6 +25,7 @@ from adaptor.spool import (
     ForeignHomeError,
     SpoolNotFoundError,
     UnknownRequestError,
+    UnservableHomeError,
     WaitTimeoutError,
     _read_state,
 )
@@ -543,7 +544,7 @@ def exit_code_of(exc: BaseException) -> int:
     """The documented exit code (``adaptor exit-codes``) for an error outcome."""
     if isinstance(exc, WaitTimeoutError):
         return EXIT_WAIT_TIMEOUT
-    if isinstance(exc, SpoolNotFoundError | DaemonNotRunningError | ForeignHomeError):
+    if isinstance(exc, SpoolNotFoundError | DaemonNotRunningError | ForeignHomeError | UnservableHomeError):
         return EXIT_UNAVAILABLE
     if isinstance(exc, UnknownRequestError | click.UsageError):
         return 2
@@ -596,7 +597,10 @@ def _describe_one(wire: Mapping[str, Any], exc: BaseException | None) -> str:
     return text
 
 
-_CLIENT_ERRORS = (WaitTimeoutError, SpoolNotFoundError, UnknownRequestError, DaemonNotRunningError, ForeignHomeError)
+_CLIENT_ERRORS = (
+    WaitTimeoutError, SpoolNotFoundError, UnknownRequestError, DaemonNotRunningError, ForeignHomeError,
+    UnservableHomeError,
+)
 
 
 def fail(

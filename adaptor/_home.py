@@ -415,6 +415,25 @@ class ForeignHomeError(PermissionError):
         return str(self.strerror)  # (OSError's own form puts "[Errno 13]" first and the file last)
 
 
+class UnservableHomeError(OSError):
+    """The home is where no adaptord can serve it (a filesystem without hard links, such as
+    exFAT or FAT, or ``spool/`` mounted apart), so nothing queued there would ever run:
+    ``root`` is the home, ``reason`` why.  The ``adaptor`` CLI exits 69 on it ("spool not
+    reachable"); ``adaptord serve`` refuses such a home at its start."""
+
+    __module__ = "adaptor.spool"  # its public name (defined here, where requests are queued)
+
+    def __init__(self, root: Path, errno_: int, reason: str) -> None:
+        self.root, self.reason = root, reason
+        super().__init__(errno_, f"no adaptord can serve {root}: {reason}; nothing was queued")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.root, self.errno, self.reason)
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # (without OSError's "[Errno 1]" first)
+
+
 def foreign_home(home: Home, denied: OSError) -> ForeignHomeError | None:
     """``denied`` (a refused access inside ``home``) as a :class:`ForeignHomeError` when the
     home belongs to another user; ``None`` otherwise (this user's own home, or a path elsewhere)."""
@@ -599,7 +618,13 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
                 ours = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
-            os.link(tmp, queued)
+            try:
+                os.link(tmp, queued)
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                # (A bare "Operation not permitted" named the spool file, as if its mode were wrong.)
+                raise UnservableHomeError(home.root, exc.errno, unlinkable(home, exc, tmp, queued)) from None
         finally:
             # Also after a failed write (a full disk): a retry with the same id must find no
             # half-written file in its way.
@@ -627,6 +652,20 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
             _take_back(home, request_id, queued, ours)
         raise
     return request_id
+
+
+def unlinkable(home: Home, exc: OSError, source: Path, target: Path) -> str:
+    """Why a request's file could not be linked from ``source`` to ``target`` (``exc``), for a
+    home whose filesystem has no hard links (exFAT, FAT) or a folder mounted apart (EXDEV)."""
+    return (
+        f"{exc.strerror or type(exc).__name__} linking {source.parent.relative_to(home.root)}/ to "
+        f"{target.parent.relative_to(home.root)}/: requests are hard-linked along their way, "
+        "so the home must be on one filesystem that has hard links"
+    )
+
+
+# What link(2) says where the filesystem has no hard links, or the two folders are on two.
+_NO_LINKS: Final = frozenset({errno.EPERM, errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
 def _take_back(home: Home, request_id: str, queued: Path, ours: int) -> None:

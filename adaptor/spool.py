@@ -18,7 +18,8 @@ verdict with :func:`adaptor.errors.from_wire`, ``RunError.result`` included), so
 error taxonomy: :class:`WaitTimeoutError` (the caller's deadline passed) and
 :class:`UnknownRequestError` (no such request in this home); :class:`SpoolNotFoundError` means
 the home has no spool at all, :class:`ForeignHomeError` (a ``PermissionError``) that it is another
-user's, which this one may not use, and :class:`DaemonNotRunningError` (raised by the ``adaptor``
+user's, which this one may not use, :class:`UnservableHomeError` (an ``OSError``) that it is
+where no daemon can serve it, and :class:`DaemonNotRunningError` (raised by the ``adaptor``
 CLI) that no daemon serves it.
 """
 
@@ -55,6 +56,7 @@ __all__ = [
     "InvalidRequestError",
     "SpoolNotFoundError",
     "UnknownRequestError",
+    "UnservableHomeError",
     "WaitTimeoutError",
 ]
 
@@ -190,6 +192,7 @@ class UnknownRequestError(LookupError):
 
 
 ForeignHomeError = _home.ForeignHomeError
+UnservableHomeError = _home.UnservableHomeError
 
 
 def _refused_as_foreign(method: Callable[Concatenate[Client, _P], _R]) -> Callable[Concatenate[Client, _P], _R]:
@@ -234,6 +237,8 @@ class Client:
         A time-sortable id is minted when the request has none.  The daemon validates it: a
         request it rejects gets a verdict raising :class:`InvalidRequestError` from
         :meth:`wait`.  Raises :class:`SpoolNotFoundError` when the home has no spool,
+        :class:`UnservableHomeError` when it is where no daemon can serve it (its filesystem
+        has no hard links),
         ``ValueError`` for a malformed ``id``, a NaN or infinity anywhere in the request (JSON
         has none; it would be written as ``null``), an integer outside -2**63 .. 2**64-1 (not
         kept exactly), text that is not UTF-8 (a lone surrogate) or a request over 1 MiB (the daemon sets such

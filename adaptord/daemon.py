@@ -457,34 +457,51 @@ class Daemon:
             self.log("refusing a home others can write to", why=unsafe)
             return 2
         instance = filelock.FileLock(str(self.home.daemon_lock), mode=0o600, thread_local=False)
+        # A home refused once its folders were made here leaves nothing behind: the user puts
+        # it elsewhere, and an empty layout left on the old place looked like a home in use.
+        root_missing = not os.path.lexists(self.home.root)
+        new_home = root_missing or _empty_folder(self.home.root)
+        refused = True
         try:
-            self.home.ensure()
-            # A short wait: `daemon_running` probes take it shared for an instant.
-            instance.acquire(timeout=2)
-            held = os.stat(self.home.daemon_lock)
-            self._lock_identity = (held.st_dev, held.st_ino)
-            if held.st_mode & 0o077:  # made 0644 by an earlier build: every file of a home is 0600
-                os.chmod(self.home.daemon_lock, 0o600)
-        except filelock.Timeout:
-            self.log("another adaptord is already running for this home", home=self.home.root)
-            return 69
-        except OSError as exc:  # a read-only or missing filesystem, no permission: no spool
-            self.log("cannot use the home", home=self.home.root, error=_os_error_text(exc))
-            return 69
-        # Again, now that every folder exists: a filesystem that keeps no modes (NTFS, exFAT)
-        # shows the folders just made 0700 as 0777, and the first start served them.
-        unsafe = _home.not_private(self.home)
-        if unsafe is not None:
-            instance.release()
-            self.log("refusing a home others can write to", why=unsafe)
-            return 2
-        unlinkable = _links_refused(self.home)
-        if unlinkable is not None:
-            # Submitting links a request into spool/new, claiming links it into claimed/: it
-            # said "ready" and never took one (exFAT has no links; a spool mounted apart, EXDEV).
-            instance.release()
-            self.log("cannot use the home", home=self.home.root, error=unlinkable)
-            return 69
+            try:
+                self.home.ensure()
+            except OSError as exc:  # a read-only or missing filesystem, no permission: no spool
+                self.log("cannot use the home", home=self.home.root,
+                         error=_home_error_text(exc, self.home, "making its folders"))
+                return 69
+            try:
+                # A short wait: `daemon_running` probes take it shared for an instant.
+                instance.acquire(timeout=2)
+                held = os.stat(self.home.daemon_lock)
+                self._lock_identity = (held.st_dev, held.st_ino)
+                if held.st_mode & 0o077:  # made 0644 by an earlier build: every file of a home is 0600
+                    os.chmod(self.home.daemon_lock, 0o600)
+            except filelock.Timeout:
+                new_home = False  # (another daemon's)
+                self.log("another adaptord is already running for this home", home=self.home.root)
+                return 69
+            except OSError as exc:
+                self.log("cannot use the home", home=self.home.root,
+                         error=_home_error_text(exc, self.home, "taking its lock adaptord.lock"))
+                return 69
+            # Again, now that every folder exists: a filesystem that keeps no modes (NTFS, exFAT)
+            # shows the folders just made 0700 as 0777, and the first start served them.
+            unsafe = _home.not_private(self.home)
+            if unsafe is not None:
+                self.log("refusing a home others can write to", why=unsafe)
+                return 2
+            unlinkable = _links_refused(self.home)
+            if unlinkable is not None:
+                # Submitting links a request into spool/new, claiming links it into claimed/: it
+                # said "ready" and never took one (exFAT has no links; a spool mounted apart, EXDEV).
+                self.log("cannot use the home", home=self.home.root, error=unlinkable)
+                return 69
+            refused = False
+        finally:
+            if refused:
+                instance.release()  # (first: a FUSE filesystem keeps an open file's folder busy)
+                if new_home:
+                    _unmake_new_home(self.home, root_too=root_missing)
         # The predecessor's pid and start time: `status` would show them as this daemon's
         # until it writes its own, once serving (its start may take seconds: leftovers, tools).
         try:
@@ -2764,11 +2781,7 @@ def _links_refused(home: _home.Home) -> str | None:
             try:
                 os.link(source, target, follow_symlinks=False)
             except OSError as exc:
-                return (
-                    f"{_os_error_text(exc)} linking {source.parent.relative_to(home.root)}/ to "
-                    f"{target.parent.relative_to(home.root)}/: requests are hard-linked along their way, "
-                    "so the home must be on one filesystem that has hard links"
-                )
+                return _home.unlinkable(home, exc, source, target)
         return None
     finally:
         for path in way:
@@ -2805,6 +2818,40 @@ def _verdict_too_large(error: BaseException | None, exc: OSError) -> errors.RunE
         details={"too_large": True, "run_ok": error is None},
         cause=error,
     )
+
+
+def _empty_folder(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
+
+
+def _unmake_new_home(home: _home.Home, *, root_too: bool) -> None:
+    """Remove what a refused start made of a home that was not there: its lock file and its
+    folders while empty (``rmdir``: what anyone else put there meanwhile stays)."""
+    with contextlib.suppress(OSError):
+        os.unlink(home.daemon_lock)
+    for folder in (*reversed(home.folders), *([home.root] if root_too else [])):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+# What the home's filesystem lacks when an operation on it is not implemented there (FAT
+# through FUSE has no chmod), not something the user can mend in place.
+_NOT_IMPLEMENTED: Final = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+def _home_error_text(exc: OSError, home: _home.Home, doing: str) -> str:
+    """Why the home cannot be used: what the start was ``doing``, the file (relative to the
+    home) and the reason, with where to go when its filesystem cannot do it at all."""
+    text = f"{doing}: {_os_error_text(exc)}"
+    if exc.filename is not None and (path := Path(os.fsdecode(exc.filename))) != home.root:
+        text += f" ({path.relative_to(home.root) if path.is_relative_to(home.root) else path})"
+    if exc.errno in _NOT_IMPLEMENTED:
+        text += ": its filesystem lacks what a home needs; put the home on ext4, xfs, btrfs or tmpfs"
+    return text
 
 
 def _os_error_text(exc: OSError) -> str:

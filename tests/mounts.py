@@ -49,6 +49,24 @@ def exfat(tmp_path: Path, *options: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def fat(tmp_path: Path) -> Iterator[Path]:
+    """A FAT filesystem mounted (FUSE, ``fusefat``: the kernel here may have no vfat) for the
+    block: no hard links, and no chmod at all (``ENOSYS``)."""
+    tools = ("mkfs.vfat", "fusefat", "umount")
+    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in tools) or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root, /dev/fuse and FAT's tools (dosfstools, fusefat)")
+    image, mount_point = tmp_path / "fat.img", tmp_path / "fat"
+    mount_point.mkdir()
+    with open(image, "wb") as blank:
+        blank.truncate(32 << 20)
+    formatted = subprocess.run(["mkfs.vfat", str(image)], capture_output=True, text=True, timeout=60)
+    if formatted.returncode != 0:
+        pytest.skip(f"mkfs.vfat failed here: {formatted.stderr.strip() or formatted.stdout.strip()}")
+    with _mounted(["fusefat", "-o", "rw+", str(image), str(mount_point)], "FAT"):
+        yield mount_point
+
+
+@contextlib.contextmanager
 def _mounted(command: list[str], what: str) -> Iterator[None]:
     """``command`` mounts something at its last argument, unmounted after the block."""
     shown = subprocess.run(command, capture_output=True, text=True, timeout=60)

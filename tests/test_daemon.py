@@ -42,7 +42,7 @@ from tests.costly_schemas import doubling_chain
 from tests.daemon_harness import DaemonProcess, identities, marked_processes, processes_with_env
 from tests.drivers.conftest import claude_with_deep_input
 from tests.inotify_hog import InotifyHog
-from tests.mounts import exfat, tmpfs
+from tests.mounts import exfat, fat, tmpfs
 from tests.task_limit import TaskLimit
 from tests.unwritable import unwritable
 
@@ -3218,7 +3218,8 @@ def test_a_home_on_a_filesystem_keeping_no_modes_is_refused_from_the_first_start
                 "made 0600 there shows 777): put the home on one that does (ext4, xfs, btrfs, tmpfs)"
             ) in refused.stderr, refused.stderr
             assert "ready" not in refused.stderr
-        assert [path.name for path in home.iterdir() if path.name.startswith(".adaptord-mode-probe")] == []
+            # (The folders it made there are gone again: the user puts the home elsewhere.)
+            assert not home.exists(), sorted(home.rglob("*"))
 
 
 @contextlib.contextmanager
@@ -3252,6 +3253,30 @@ def test_a_home_whose_requests_cannot_be_linked_along_their_way_is_refused(tmp_p
                                "along their way, so the home must be on one filesystem that has hard links\""), said
         assert "ready" not in refused.stderr
         assert not [path for path in home.rglob(".adaptord-link-probe*")]
+        # A home made by this start goes again; one that was there stays as it was.
+        assert home.exists() == (where != "exFAT")
+        if where != "exFAT":
+            assert (home / "claimed").is_dir() and (home / "adaptord.lock").exists()
+
+
+def test_a_home_on_a_filesystem_without_chmod_says_so_and_leaves_nothing(tmp_path: Path) -> None:
+    # FAT through FUSE implements no chmod: the start said only error="Function not implemented"
+    # (no operation, no file, no way out) and left a home's worth of empty folders behind.
+    with fat(tmp_path) as mounted:
+        home = mounted / "home"
+        (mounted / "kept").mkdir()
+        for named in (home, mounted / "kept"):
+            refused = subprocess.run(
+                [sys.executable, "-m", "adaptord", "serve", "--home", str(named)],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert refused.returncode == 69, refused.stderr
+            assert refused.stderr.strip().splitlines()[-1] == (
+                f'adaptord: cannot use the home home={named} error="taking its lock adaptord.lock: Function not '
+                'implemented: its filesystem lacks what a home needs; put the home on ext4, xfs, btrfs or tmpfs"'
+            ), refused.stderr
+        assert not home.exists()
+        assert list((mounted / "kept").iterdir()) == []  # emptied, and the user's own folder kept
 
 
 def test_a_home_that_cannot_be_made_is_one_line_and_exit_69(tmp_path: Path) -> None:

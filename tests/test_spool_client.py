@@ -44,6 +44,7 @@ from adaptor.threadstore import JSONLStore
 from hosttools import sessionrecorder as sr
 from tests.daemon_harness import DaemonProcess
 from tests.inotify_hog import InotifyHog
+from tests.mounts import exfat
 
 TIMEOUT = 60.0
 PERMISSION = {"approval": {"kind": "permission", "title": "edit main.py"}}
@@ -1376,7 +1377,8 @@ def test_the_clients_own_errors_pickle_and_copy_as_they_are(tmp_path: Path) -> N
     home = tmp_path / "home"
     refused = PermissionError(errno.EACCES, "Permission denied", str(home / "spool" / "new"))
     for error in (WaitTimeoutError("r1", 0.5), UnknownRequestError("r2", home), SpoolNotFoundError(home),
-                  DaemonNotRunningError(home), ForeignHomeError(home, 4321, refused)):
+                  DaemonNotRunningError(home), ForeignHomeError(home, 4321, refused),
+                  spool.UnservableHomeError(home, errno.EPERM, "no hard links")):
         for copied in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
             assert type(copied) is type(error) and str(copied) == str(error)
             assert vars(copied) == vars(error) and copied.args == error.args
@@ -1488,3 +1490,30 @@ def test_a_home_another_user_made_for_others_gets_no_request(tmp_path: Path) -> 
     )
     assert submitted.returncode == 0, submitted
     assert [path.name for path in home.spool_new.iterdir()] == [submitted.stdout.strip() + ".json"]
+
+
+def test_a_home_without_hard_links_queues_nothing_and_says_why(tmp_path: Path) -> None:
+    # A home's layout on exFAT (made by hand, or copied there; `adaptord serve` refuses it):
+    # `adaptor submit` was a bare PermissionError on the spool file, exit 70, as if a mode
+    # were wrong, where no daemon can ever take a request from that home.
+    with exfat(tmp_path, "-o", "umask=077") as mounted:
+        home = _home.Home.at(mounted / "home")
+        home.ensure()
+        with pytest.raises(spool.UnservableHomeError) as raised:
+            spool.Client(home.root).submit(script({"text": "x"}))
+        said = (
+            f"no adaptord can serve {home.root}: Operation not permitted linking spool/tmp/ to spool/new/: requests "
+            "are hard-linked along their way, so the home must be on one filesystem that has hard links; nothing was "
+            "queued"
+        )
+        assert str(raised.value) == said and raised.value.errno == errno.EPERM and raised.value.root == home.root
+        request = tmp_path / "request.json"
+        request.write_bytes(orjson.dumps(script({"text": "x"})))
+        shown = subprocess.run(
+            [sys.executable, "-m", "adaptor", "submit", "--home", str(home.root), "--json", str(request)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert shown.returncode == 69, shown
+        assert shown.stderr == f"adaptor: {said}\n"
+        assert orjson.loads(shown.stdout)["error"]["type"] == "adaptor.spool.UnservableHomeError"
+        assert list(home.spool_new.iterdir()) == [] and list(home.spool_tmp.iterdir()) == []
