@@ -16,6 +16,7 @@ import enum
 import fractions
 import re
 import threading
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
@@ -315,7 +316,9 @@ def _forms(secret: str) -> set[str]:
     """Every text ``secret`` may show up as in what an agent prints or a log holds."""
     # Output is cut into lines (one event, one transcript item each): a key of several lines
     # (a PEM block) must go from each of them too.
-    pieces = {secret}
+    # A value with accents may come back in the other normalization (a tool, a filesystem like
+    # macOS's, or a model that decomposes "ü" into "u" and a combining mark).
+    pieces = {secret, unicodedata.normalize("NFC", secret), unicodedata.normalize("NFD", secret)}
     if "\n" in secret or "\r" in secret:
         pieces.update(
             part for line in secret.splitlines() for part in (line, line.strip())
@@ -344,12 +347,15 @@ def _escaped(text: str) -> set[str]:
     ascii_only = json.dumps(text, ensure_ascii=True)[1:-1]
     escaped = {plain, ascii_only, _UNICODE_ESCAPE.sub(lambda m: m[0].upper(), ascii_only)}
     escaped |= {form.replace("/", "\\/") for form in escaped}
+    escaped |= {form.translate(_LINE_SEPARATORS) for form in escaped}
     escaped |= {form.translate(_HTML_SAFE) for form in escaped}
     return escaped
 
 
 _UNICODE_ESCAPE = re.compile(r"(?<=\\u)[0-9a-f]{4}")
 _HTML_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+# Go escapes these two always, even where it writes every other character as it is.
+_LINE_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 # Credentials that commonly leak into foreign text (HTTP clients' and remote agents' error

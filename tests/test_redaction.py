@@ -125,6 +125,23 @@ def test_the_json_escapes_of_other_serializers_are_replaced_too() -> None:
         assert redactor.text(text) == f'"{REDACTED}"', text
 
 
+def test_go_escapes_line_separators_where_it_writes_other_characters_as_they_are() -> None:
+    # json.Marshal with SetEscapeHTML(false) still writes U+2028 and U+2029 as \u escapes.
+    redactor = Redactor(["line\u2028s\u00e9p-secret\u2029<x>"])
+    for text in ('"line\\u2028s\u00e9p-secret\\u2029<x>"', '"line\\u2028s\u00e9p-secret\\u2029\\u003cx\\u003e"'):
+        assert redactor.text(text) == f'"{REDACTED}"', text
+
+
+def test_a_secret_comes_back_in_either_unicode_normalization() -> None:
+    # A tool or a filesystem (macOS's) may give an accented value back decomposed, "u" and a
+    # combining mark for "\u00fc", or composed when it was given decomposed.
+    composed, decomposed = "Z\u00fcrich-geheim", "Zu\u0308rich-geheim"
+    for secret, printed in ((composed, decomposed), (decomposed, composed)):
+        redactor = Redactor([secret])
+        assert redactor.text(f"key={printed}") == f"key={REDACTED}"
+        assert redactor.text(json.dumps(printed)) == f'"{REDACTED}"'
+
+
 def test_values_nested_deeper_than_the_stack_are_redacted() -> None:
     secret = "sk-deep-0123456789"
     deep: Any = [secret, {"k": secret}]
