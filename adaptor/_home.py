@@ -31,6 +31,7 @@ from typing import Any, Final, Literal, TypeGuard
 import orjson
 
 from adaptor import _durable, _nesting, _procfs
+from adaptor._one_line import one_line
 from adaptor.errors import (
     ApprovalExpiredError,
     ApprovalKindMismatchError,
@@ -425,7 +426,7 @@ class UnservableHomeError(OSError):
 
     def __init__(self, root: Path, errno_: int, reason: str) -> None:
         self.root, self.reason = root, reason
-        super().__init__(errno_, f"no adaptord can serve {root}: {reason}; nothing was queued")
+        super().__init__(errno_, f"no adaptord can serve {one_line(os.fspath(root))}: {reason}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.root, self.errno, self.reason)
@@ -624,7 +625,9 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
                 if exc.errno not in _NO_LINKS:
                     raise
                 # (A bare "Operation not permitted" named the spool file, as if its mode were wrong.)
-                raise UnservableHomeError(home.root, exc.errno, unlinkable(home, exc, tmp, queued)) from None
+                raise UnservableHomeError(
+                    home.root, exc.errno, f"{unlinkable(home, exc, tmp, queued)}; nothing was queued"
+                ) from None
         finally:
             # Also after a failed write (a full disk): a retry with the same id must find no
             # half-written file in its way.
@@ -652,6 +655,16 @@ def submit(home: Home, request: Mapping[str, Any]) -> str:
             _take_back(home, request_id, queued, ours)
         raise
     return request_id
+
+
+def unservable_path(root: Path) -> UnservableHomeError | None:
+    """Why no daemon can serve a home at ``root`` for its path alone, else ``None``."""
+    try:
+        os.fspath(root).encode()
+    except UnicodeEncodeError:
+        # (adaptord serve refuses it: the path goes into its state, logs and verdicts, UTF-8 JSON.)
+        return UnservableHomeError(root, errno.EILSEQ, "its path is not UTF-8")
+    return None
 
 
 def unlinkable(home: Home, exc: OSError, source: Path, target: Path) -> str:

@@ -6,6 +6,8 @@ newline or a terminal escape; shown as it is, it splits the line or drives the t
 
 from __future__ import annotations
 
+import json
+
 import orjson
 
 
@@ -19,7 +21,12 @@ def one_line(text: str) -> str:
 def quoted(text: str) -> str:
     """``text`` JSON-quoted, with what JSON leaves as it is but is no printable character (a
     right-to-left override that reorders the line, a zero-width space) escaped too."""
-    as_json = orjson.dumps(text).decode()
+    try:
+        as_json = orjson.dumps(text).decode()
+    except TypeError:
+        # A lone surrogate: an undecodable byte of a path, as os.fsdecode keeps it (a home
+        # named in latin-1), which orjson refuses; escaped below as JSON writes it.
+        as_json = json.dumps(text, ensure_ascii=False)
     if as_json.isprintable():
         return as_json
     return "".join(char if char.isprintable() else _json_escape(char) for char in as_json)

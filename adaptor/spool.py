@@ -219,6 +219,10 @@ class Client:
             # (As the CLI's --home '' is: never the current directory by accident.)
             raise ValueError("home is empty; name a directory (an empty path would be the current one)")
         self._home = _home.Home.at(home)
+        unservable = _home.unservable_path(self._home.root)
+        if unservable is not None:
+            # (Every command said "TypeError: str is not valid UTF-8", exit 70.)
+            raise unservable
 
     def __repr__(self) -> str:
         return f"Client({str(self._home.root)!r})"

@@ -436,12 +436,11 @@ class Daemon:
             self.log("too few file descriptors", limit=limit, needed=_FEWEST_DESCRIPTORS,
                      error=f"ulimit -n is {limit}; give the daemon at least 64")
             return 69
-        try:
-            str(self.home.root).encode()
-        except UnicodeEncodeError:
+        unservable = _home.unservable_path(self.home.root)
+        if unservable is not None:
             # Its path goes into adaptord.json, its audit logs and every verdict's events, all
             # UTF-8 JSON: refused here, it was a traceback (exit 1, restarted under systemd).
-            self.log("cannot use the home", home=self.home.root, error="its path is not UTF-8")
+            self.log("cannot use the home", home=self.home.root, error=unservable.reason)
             return 69
         length = len(os.fsencode(self.home.root))
         if length > _LONGEST_HOME:
@@ -1233,7 +1232,7 @@ class Daemon:
         """Move a spool entry aside; with ``request_id`` (the id its name carries), give that
         id a rejection verdict, unless the id is another request's (``id_in_use``: known to be,
         said in the fact)."""
-        target = self.home.quarantine / f"{time.time_ns()}-{name[:150] or 'unnamed'}"
+        target = self.home.quarantine / f"{time.time_ns()}-{_name_cut(name, 150) or 'unnamed'}"
         try:
             redacted = self._redacted_entry(source)
             if redacted is None:
@@ -2818,6 +2817,18 @@ def _verdict_too_large(error: BaseException | None, exc: OSError) -> errors.RunE
         details={"too_large": True, "run_ok": error is None},
         cause=error,
     )
+
+
+def _name_cut(name: str, most: int) -> str:
+    """``name``'s first characters that take at most ``most`` bytes on disk: a file name's
+    limit counts bytes (255), and a character may take four (cut at 150 characters, a name of
+    CJK characters was too long to quarantine, and was tried again at every scan)."""
+    taken = 0
+    for index, char in enumerate(name):
+        taken += len(os.fsencode(char))
+        if taken > most:
+            return name[:index]
+    return name
 
 
 def _empty_folder(path: Path) -> bool:

@@ -481,6 +481,24 @@ def test_hostile_entries_are_quarantined(daemon: DaemonProcess, tmp_path: Path) 
     assert outside.exists()  # a symlink target is never touched
 
 
+def test_a_misnamed_entry_long_in_bytes_is_quarantined(daemon: DaemonProcess) -> None:
+    # 83 CJK characters and ".json": 254 bytes, a valid name, but its first 150 characters
+    # were too long a name for quarantine/ (ENAMETOOLONG): it stayed in spool/new, its failure
+    # logged at every scan, for ever.
+    name = "\u65e5" * 83 + ".json"
+    daemon.drop(name, orjson.dumps(script({"text": "x"})))
+    deadline = time.monotonic() + 60
+    while list(daemon.home.spool_new.iterdir()) and time.monotonic() < deadline:
+        if any("cannot quarantine" in line for line in daemon.lines):
+            break
+        time.sleep(0.02)
+    assert list(daemon.home.spool_new.iterdir()) == [], daemon.lines
+    [quarantined] = daemon.home.quarantine.iterdir()
+    cut = quarantined.name.partition("-")[2]
+    assert name.startswith(cut) and len(cut.encode()) <= 150 and len(cut) == 50
+    assert not any("cannot quarantine" in line for line in daemon.lines), daemon.lines
+
+
 def test_a_quarantined_request_keeps_no_secret(daemon: DaemonProcess) -> None:
     # A file dropped for an id already used, or under a name that is no <id>.json, went to
     # quarantine/ as written, its env values with it, for the 30 days quarantine is kept.

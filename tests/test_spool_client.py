@@ -1517,3 +1517,27 @@ def test_a_home_without_hard_links_queues_nothing_and_says_why(tmp_path: Path) -
         assert shown.stderr == f"adaptor: {said}\n"
         assert orjson.loads(shown.stdout)["error"]["type"] == "adaptor.spool.UnservableHomeError"
         assert list(home.spool_new.iterdir()) == [] and list(home.spool_tmp.iterdir()) == []
+
+
+def test_a_home_whose_path_is_not_utf8_is_said_so_by_every_command(tmp_path: Path) -> None:
+    # A home under a latin-1 $HOME, which `adaptord serve` refuses ("its path is not UTF-8"):
+    # every `adaptor` command was "TypeError: str is not valid UTF-8", exit 70, naming no home.
+    home = os.path.join(os.fsencode(tmp_path), b"Jos\xe9", b"adaptord")
+    os.makedirs(home)
+    shown_home = '"' + os.fsdecode(home).replace("\udce9", "\\udce9") + '"'
+    said = f"no adaptord can serve {shown_home}: its path is not UTF-8"
+    with pytest.raises(spool.UnservableHomeError) as raised:
+        spool.Client(os.fsdecode(home))
+    assert str(raised.value) == said and raised.value.errno == errno.EILSEQ
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(script({"text": "x"})))
+    env = {**os.environ, "ADAPTORD_HOME": os.fsdecode(home)}
+    for command in (["status"], ["submit", str(request)], ["wait", "some-id"], ["events", "some-id"],
+                    ["approvals"], ["threads"], ["cancel", "some-id"], ["run", "--driver", "script", "hi"]):
+        shown = subprocess.run([sys.executable, "-m", "adaptor", *command, "--json"],
+                               capture_output=True, timeout=60, env=env)
+        assert shown.returncode == 69, (command, shown)
+        assert shown.stderr.decode() == f"adaptor: {said}\n", command
+        assert orjson.loads(shown.stdout)["error"]["type"] == "adaptor.spool.UnservableHomeError", command
+    shown = subprocess.run([sys.executable, "-m", "adaptord", "status"], capture_output=True, timeout=60, env=env)
+    assert shown.returncode == 69 and shown.stdout.decode().startswith(f"adaptord not running for {shown_home}\n")
