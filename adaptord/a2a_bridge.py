@@ -46,6 +46,7 @@ import ipaddress
 import logging
 import math
 import re
+import resource
 import socket
 import threading
 import time
@@ -61,7 +62,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import uvicorn
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -92,6 +93,7 @@ from a2a.utils.errors import MethodNotFoundError, UnsupportedOperationError
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import adaptor
 from adaptor import _home, errors, events
@@ -408,6 +410,74 @@ class _StartupProbe:
         await self.app(scope, receive, probe)
 
 
+# Peers the bridge serves at once, whatever they send: each holds a descriptor of the daemon,
+# which its runs, logs and spool need too.  Without a bound, a peer that opened connections and
+# never finished a request (no token is checked before the headers end) took all of them: no
+# request, A2A or spool, ran until it let go.  A quarter of the descriptor limit, at most 256.
+_MOST_CONNECTIONS_CAP: Final = 256
+# How long a connection may take to send a request's headers (from its start, or from the end
+# of its previous response): an unfinished request otherwise holds its connection for ever.
+HEADERS_TIMEOUT: Final = 10.0
+_BUSY_REPLY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\n"
+    b"retry-after: 1\r\ncontent-length: 32\r\n\r\ntoo many connections; retry later\n"
+)
+
+
+def _connection_bounds() -> tuple[int, int]:
+    """How many connections the bridge keeps open at once, and how many it accepts in one go
+    (each holds a descriptor until it is turned away), from the descriptor limit: together at
+    most three eighths of it."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 8 * _MOST_CONNECTIONS_CAP
+    # (uvicorn passes its backlog to asyncio, which accepts that many connections per turn
+    # of the loop before any is looked at: 2,048 by default.  Running out there, CPython 3.11
+    # logged "socket.accept() out of system resource" hundreds of times a second.)
+    return max(1, min(_MOST_CONNECTIONS_CAP, soft // 4)), max(1, min(_MOST_CONNECTIONS_CAP // 4, soft // 8))
+
+
+class _BoundedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a bound on open connections and on the time a request's
+    headers may take (uvicorn has neither: its keep-alive timer stops at a request's first byte)."""
+
+    most: int = _MOST_CONNECTIONS_CAP
+    headers_timeout: float = HEADERS_TIMEOUT
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._headers_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.most:
+            transport.write(_BUSY_REPLY)
+            transport.close()
+            return
+        self._await_headers()
+
+    def on_response_complete(self) -> None:
+        self._await_headers()  # (before: the next pipelined request may start within)
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._headers_timer is not None:
+            self._headers_timer.cancel()
+        super().connection_lost(exc)
+
+    def _await_headers(self) -> None:
+        if self._headers_timer is not None:
+            self._headers_timer.cancel()
+        waiting_after = self.cycle
+        self._headers_timer = self.loop.call_later(self.headers_timeout, self._headers_late, waiting_after)
+
+    def _headers_late(self, waiting_after: object) -> None:
+        # A request whose headers came started a cycle of its own: it is the app's to answer.
+        if self.cycle is waiting_after and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _bounded_protocol(most: int, headers_timeout: float) -> type[_BoundedH11Protocol]:
+    return type("BoundedH11Protocol", (_BoundedH11Protocol,), {"most": most, "headers_timeout": headers_timeout})
+
+
 class ServerThread:
     """An ASGI app under uvicorn on an already-listening socket, in a daemon thread with its own
     event loop.
@@ -427,6 +497,7 @@ class ServerThread:
         name: str,
         before_stop: Callable[[], Coroutine[Any, Any, object]] | None = None,
         graceful_timeout: int = 5,
+        headers_timeout: float = HEADERS_TIMEOUT,
         log: Log = _default_log,
         on_death: Callable[[], None] = lambda: None,
     ) -> None:
@@ -440,6 +511,7 @@ class ServerThread:
         # Why the server ended although nobody stopped it; None while it serves (or was stopped).
         self.died: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        most, burst = _connection_bounds()
         config = uvicorn.Config(
             _StartupProbe(app, self._on_startup),
             lifespan="on",
@@ -447,6 +519,8 @@ class ServerThread:
             log_config=None,  # the daemon owns logging; uvicorn must not reconfigure it
             access_log=False,
             timeout_graceful_shutdown=graceful_timeout,
+            http=_bounded_protocol(most, headers_timeout),
+            backlog=burst,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

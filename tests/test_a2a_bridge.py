@@ -1168,3 +1168,39 @@ def test_the_bridges_own_failures_are_one_daemon_fact_each(
         line = fact_line(fact, fields)
         assert line.startswith("adaptord: ") and "\n" not in line, line
     assert [r for r in caplog.records if r.name.startswith("adaptord")] == []
+
+
+def test_peers_that_never_finish_a_request_cannot_take_the_daemons_descriptors(tmp_path: Path) -> None:
+    # Connections sending the start of a request and never its end (no token is checked before
+    # the headers end) were kept for ever: some 1,100 of them took every descriptor of a daemon
+    # under a limit of 1,024, and no request ran, A2A or spool, until the peer let go.
+    import socket
+
+    (tmp_path / "config.toml").write_text(NO_TOKEN)
+    daemon = DaemonProcess(
+        tmp_path / "home", "--config", str(tmp_path / "config.toml"), "--a2a", "127.0.0.1:0",
+        prefix=("prlimit", "--nofile=128:128", "--"),
+    ).start()
+    peers: list[socket.socket] = []
+    try:
+        match = re.search(r"url=http://127\.0\.0\.1:(\d+)", daemon.wait_for_line("a2a.listening url="))
+        assert match is not None
+        port = int(match.group(1))
+        for _ in range(150):  # more than the daemon has descriptors
+            peer = socket.create_connection(("127.0.0.1", port), timeout=30)
+            peer.sendall(b"POST /agents/echo HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            peers.append(peer)
+        request = {"driver": "script", "prompt": "x", "config": {"steps": [{"text": "served meanwhile"}]}}
+        assert daemon.verdict(daemon.submit(request))["result"]["text"] == "served meanwhile"
+        # A quarter of the limit is kept, the others are told at once and let go; the ones kept
+        # are closed once their headers are late (10 s).
+        answers = [peer.recv(1024) for peer in peers]
+        assert all(answer == b"" or answer.startswith(b"HTTP/1.1 503 ") for answer in answers), set(answers)
+        assert 0 < answers.count(b"") <= 32
+        with a2a.Client(f"http://127.0.0.1:{port}{a2a_bridge.card_path('echo')}") as client:
+            assert client.send("after them").state is a2a.TaskState.COMPLETED
+    finally:
+        for peer in peers:
+            peer.close()
+        assert daemon.stop() == 0, "\n".join(daemon.lines)
+    assert not any("out of system resource" in line for line in daemon.lines)
