@@ -738,6 +738,69 @@ def test_a_number_json_has_no_value_for_in_metadata_is_a_protocol_error(op: str)
     assert (caught.value.op, caught.value.reason) == (op, "malformed response")
 
 
+def test_json_nested_past_the_parsers_depth_is_the_remotes_fault() -> None:
+    # A card, an answer or an event nested 100,000 levels deep raised a bare RecursionError
+    # from agent_card, send and send_stream (and a delegation passed it on as it was).
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    deep = '{"a":' * 100_000 + "1" + "}" * 100_000
+
+    async def deep_card(_: Any) -> Response:
+        return Response('{"name": "x", "metadata": ' + deep + "}", media_type="application/json")
+
+    def task(state: str) -> str:
+        status = '{"state": "' + state + '"}'
+        return '{"jsonrpc": "2.0", "id": "1", "result": {"task": {"id": "t", "contextId": "c", "status": ' \
+            + status + ', "metadata": ' + deep + "}}}"
+
+    async def deep_answer(_: Any) -> Response:
+        return Response(task("TASK_STATE_COMPLETED"), media_type="application/json")
+
+    routes = [Route("/deep-card", deep_card, methods=["GET"]), Route("/deep", deep_answer, methods=["POST"]),
+              srv.raw_sse_route("/deep-sse", [task("TASK_STATE_WORKING")])]
+    with srv.scripted_server(extra_routes=routes) as running:
+        with a2a.Client(running.base_url + "/deep-card") as c, pytest.raises(a2a.InvalidAgentCardError) as refused:
+            c.agent_card()
+        assert str(refused.value) == "the agent card is nested too deeply to read"
+        for path, op in (("/deep", "send"), ("/deep-sse", "send_stream")):
+            card = srv.card_json(srv.agent_card(running.base_url, rpc_path=path))
+            with a2a.Client(card=card) as c, pytest.raises(a2a.ProtocolError) as caught:
+                list(c.send_stream("x")) if op == "send_stream" else c.send("x")
+            kind = "event" if op == "send_stream" else "response"
+            assert (caught.value.op, caught.value.reason) == (op, f"malformed {kind}: nested too deeply to read")
+
+
+def test_an_answer_for_another_task_is_never_the_asked_ones() -> None:
+    # GetTask("t1") answered with a finished task "someone-else": get_task returned it as t1's,
+    # and a dropped stream of t1 "recovered" with it, ending as if t1 had (a delegation gave
+    # the other task's text as its answer, and left t1 running).
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    def task(task_id: str, state: str) -> dict[str, Any]:
+        return {"id": task_id, "contextId": "c", "status": {"state": state}}
+
+    async def endpoint(request: Request) -> Response:
+        call = await request.json()
+        if call["method"] == "SendStreamingMessage":  # t1 is working, then the stream drops
+            frame = json.dumps({"jsonrpc": "2.0", "id": call["id"], "result": {"task": task("t1", "TASK_STATE_WORKING")}})
+            return Response(f"data: {frame}\n\n", media_type="text/event-stream")
+        return JSONResponse({"jsonrpc": "2.0", "id": call["id"], "result": task("someone-else", "TASK_STATE_COMPLETED")})
+
+    with srv.scripted_server(extra_routes=[Route("/mixed-up", endpoint, methods=["POST"])]) as running:
+        card = srv.card_json(srv.agent_card(running.base_url, rpc_path="/mixed-up"))
+        with a2a.Client(card=card) as c:
+            for call in (c.get_task, c.cancel_task):
+                with pytest.raises(a2a.ProtocolError) as caught:
+                    call("t1")
+                assert caught.value.reason == "answer for another task ('someone-else', not 't1')"
+            with pytest.raises(a2a.StreamRecoveryError) as lost:
+                list(c.send_stream("x"))
+            assert lost.value.task_id == "t1"
+
+
 def test_an_event_of_another_task_is_a_protocol_error_not_the_streams_end() -> None:
     # The stream named task t1, then sent a final status for another task: that ended the
     # stream as if t1 had completed (a delegation reported success for the other task and

@@ -809,7 +809,17 @@ class Client:
             raise
         except Exception as exc:
             raise self._map(op, exc) from exc
-        return self._converted(op, functools.partial(_task, op, proto, self._secrets()))
+        return self._answer_for(op, task_id, self._converted(op, functools.partial(_task, op, proto, self._secrets())))
+
+    def _answer_for(self, op: str, task_id: str, task: Task) -> Task:
+        """``task``, answered for ``task_id``, unless it is another task: the remote's mistake
+        (a stream "recovered" with it ended as if the stream's task had, which went on)."""
+        if task.id != task_id:
+            raise ProtocolError(
+                op, f"answer for another task ({task.id!r:.80}, not {task_id!r:.80})",
+                raw=_raw(f"task {task.id}", self._secrets()),
+            )
+        return task
 
     async def _cancel_task(self, task_id: str, timeout: float | None) -> Task:
         from a2a.types import CancelTaskRequest
@@ -830,7 +840,10 @@ class Client:
             raise ProtocolError("cancel_task", "task not cancelable", exc) from exc
         except Exception as exc:
             raise self._map("cancel_task", exc) from exc
-        return self._converted("cancel_task", functools.partial(_task, "cancel_task", proto, self._secrets()))
+        return self._answer_for(
+            "cancel_task", task_id,
+            self._converted("cancel_task", functools.partial(_task, "cancel_task", proto, self._secrets())),
+        )
 
     async def _events(
         self, op: str, state: _StreamState, open_: Callable[[], AsyncIterator[pb.StreamResponse]]
@@ -1527,6 +1540,12 @@ def _map_error(
         return ProtocolError(op, f"{exc.what} larger than {exc.limit} bytes", exc)
     _scrub_chain(exc, secrets)
     malformed = "malformed event" if stream else "malformed response"
+    if isinstance(exc, RecursionError):
+        # JSON nested deeper than the parser, or the SDK's conversion of it, recurses through:
+        # what the remote sent, never a failure of the caller's program.
+        if op == "agent_card":
+            return InvalidAgentCardError("the agent card is nested too deeply to read", cause=exc)
+        return ProtocolError(op, f"{malformed}: nested too deeply to read", exc)
     if isinstance(exc, sdk.TaskNotFoundError):
         return NotFoundError(f"A2A {op}: task not found", cause=exc)
     if isinstance(
