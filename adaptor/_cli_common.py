@@ -60,6 +60,11 @@ def _home_named(ctx: click.Context, param: click.Parameter, flag: str | None) ->
         raise click.BadParameter("is empty; name a directory (an empty path would be the current one)", ctx=ctx, param=param)
     variable = os.environ.get("ADAPTORD_HOME")
     if not variable:
+        if flag is None and os.environ.get("ADAPTOR_HOME"):
+            # Named by analogy with ADAPTOR_DRIVER, it sent every command to the default home
+            # without a word.
+            echo(f"{ctx.find_root().info_name}: ADAPTOR_HOME is not read; the home is named by "
+                 f"ADAPTORD_HOME (the daemon's) or --home, else {_home.default_home()}", err=True)
         return flag
     # (The same directory by another path, a symlink say, is no conflict.)
     if flag is not None and os.path.realpath(_home.Home.at(flag).root) != os.path.realpath(_home.Home.at(variable).root):

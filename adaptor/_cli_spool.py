@@ -686,6 +686,8 @@ def status(as_json: bool, home: str | None) -> None:
             echo(f"adaptord running for {one_line(str(info['home']))}" + (f" ({', '.join(known)})" if known else ""))
         else:
             echo(f"adaptord not running for {one_line(str(info['home']))}")
+            # What to do, where a script's report parser does not read it (as `run` says it).
+            echo(f"adaptor: {DaemonNotRunningError(client.home)}", err=True)
         # Claimed by a daemon that is gone (kill -9, a crash): nothing runs them now; the next
         # start gives them their verdicts or runs them again (on_interrupt).
         state = "running" if info["running"] else "interrupted"

@@ -194,6 +194,19 @@ def test_an_empty_or_relative_home_variable_is_taken_as_unset(tmp_path: Path, ho
     assert json.loads(status.stdout)["result"]["home"] == str(Path(pwd.getpwuid(os.getuid()).pw_dir) / "elsewhere")
 
 
+def test_adaptor_home_is_said_to_be_no_home_variable(tmp_path: Path) -> None:
+    # Written by analogy with ADAPTOR_DRIVER, it sent every command to the default home
+    # without a word ("adaptord not running" there).
+    env = {k: v for k, v in os.environ.items() if k != "ADAPTORD_HOME"}
+    env.update(ADAPTOR_HOME=str(tmp_path / "meant"), XDG_STATE_HOME=str(tmp_path / "state"))
+    said = (f"adaptor: ADAPTOR_HOME is not read; the home is named by ADAPTORD_HOME (the daemon's) or --home, "
+            f"else {tmp_path / 'state' / 'adaptord'}\n")
+    assert subprocess.run(["adaptor", "threads"], capture_output=True, text=True, env=env).stderr.startswith(said)
+    # Nothing to say once the home is named.
+    named = subprocess.run(["adaptor", "threads", "--home", str(tmp_path / "h")], capture_output=True, text=True, env=env)
+    assert "ADAPTOR_HOME" not in named.stderr
+
+
 def test_a_home_whose_path_holds_a_newline_or_an_escape_is_shown_on_one_line(tmp_path: Path) -> None:
     # `adaptor status`, `adaptord status` and "adaptord is not running for ..." printed the path
     # as it is: two lines, and an ESC that drove the terminal.

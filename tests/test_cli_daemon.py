@@ -1148,6 +1148,9 @@ def test_status_is_0_while_the_daemon_runs_and_69_when_not(home: Home, tmp_path:
         ["adaptor", "status", "--home", str(tmp_path)], capture_output=True, text=True
     )
     assert down.returncode == 69 and "not running" in down.stdout
+    # ... and says on stderr how to start one, as `run` does (stdout stays the report).
+    assert down.stderr == f"adaptor: adaptord is not running for {tmp_path} (start it with `adaptord serve --home " \
+        f"{tmp_path}` or `systemctl --user start adaptord`; `adaptor run --no-daemon` runs in-process)\n"
     # --json: the failure envelope, still carrying the report.
     down_json = subprocess.run(
         ["adaptor", "status", "--home", str(tmp_path), "--json"], capture_output=True, text=True
