@@ -105,7 +105,7 @@ def serve(home: str | None, workers: int | None, config_path: str | None, grace:
     except config_module.ConfigError as exc:
         _refusal(config_module.one_line(f"adaptord: {exc}"))
         sys.exit(2)
-    sys.exit(code)
+    daemon.leave(code)
 
 
 def _refusal(text: str) -> None:

@@ -27,6 +27,7 @@ import errno
 import functools
 import heapq
 import itertools
+import logging
 import math
 import os
 import queue
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO, TypeVar
 
 import filelock
 import orjson
@@ -426,6 +427,23 @@ class Daemon:
             for sig in _HANDLED_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
             self._wake.close()
+
+    def leave(self, code: int) -> NoReturn:
+        """End the process with ``code`` (what :meth:`serve` returned), without waiting for
+        threads a host tool's handler started and left running: Python's exit waits for every
+        such thread, so a stopped daemon lived on, deaf to signals, until systemd killed it."""
+        left = sorted(
+            thread.name for thread in threading.enumerate()
+            if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+        )
+        if not left:
+            sys.exit(code)
+        self.log("exiting without the threads left running", threads=",".join(left))
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
     def _serve_home(self) -> int:
         _thread_stacks_of_at_least(_THREAD_STACK)

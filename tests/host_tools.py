@@ -6,6 +6,8 @@ in-process tests, so both paths run the very same handler.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 from adaptor import tool
@@ -46,3 +48,12 @@ def _explode(args: Add) -> Sum:
 
 # A handler that raises: the model is told the tool failed; the host's log says so, one line.
 explodes = tool.define("explodes", "Always fails", _explode, input=Add, output=Sum, revision="1")
+
+
+def _linger(args: Add) -> Sum:
+    # A handler that leaves work behind: an ordinary (non-daemon) thread, as a poller is.
+    threading.Thread(target=time.sleep, args=(300,), name="left-by-a-handler", daemon=False).start()
+    return Sum(args.a + args.b)
+
+
+lingers = tool.define("lingers", "Adds, and leaves a thread running", _linger, input=Add, output=Sum, revision="1")

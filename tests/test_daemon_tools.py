@@ -293,3 +293,21 @@ def test_a_reload_imports_a_changed_tool_module_afresh_and_refuses_a_broken_one(
         assert answer() == "v2"  # the old config, and its module, go on
     finally:
         assert proc.stop() == 0
+
+
+def test_a_thread_a_handler_left_running_does_not_keep_the_stopped_daemon(tmp_path: Path) -> None:
+    # Python's exit waits for every non-daemon thread: after "daemon.stopped" the process lived
+    # on, deaf to a second SIGTERM, until the handler's thread ended (systemd: killed, failed).
+    config = tmp_path / "config.toml"
+    config.write_text('[tools]\nlingers = "tests.host_tools:lingers"\n')
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    daemon = DaemonProcess(tmp_path / "home", "--config", str(config), "--grace", "2", env={"PYTHONPATH": path}).start()
+    try:
+        rid = daemon.submit({
+            "driver": "script", "prompt": "add", "tools": ["lingers"],
+            "config": {"steps": [{"call_tool": {"name": "lingers", "args": {"a": 2, "b": 3}}}, {"text": "done"}]},
+        })
+        assert daemon.verdict(rid)["ok"]
+    finally:
+        assert daemon.stop(timeout=30) == 0, "\n".join(daemon.lines)
+    assert "adaptord: exiting without the threads left running threads=left-by-a-handler" in daemon.lines, daemon.lines
