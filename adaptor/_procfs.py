@@ -6,6 +6,7 @@ Without ``/proc`` (another OS) there is no process to be found; callers decide w
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -149,6 +150,88 @@ def carrying(entry: bytes) -> list[tuple[int, ProcessStat]]:
         if state is not None and not state.zombie:
             found.append((pid, state))
     return found
+
+
+# Looks at the processes carrying an entry a killing makes at most, and the looks in a row that
+# must find nothing for it to end.  A process that lives a few milliseconds before a copy of it
+# takes over may be missed by one look (the copy was born after /proc was listed, the listed
+# one gone when read); each look takes about a millisecond per hundred processes.
+_KILL_LOOKS = 100
+_QUIET_LOOKS = 3
+
+
+def kill_carrying(entry: bytes) -> int:
+    """SIGKILL every process of this user whose environment holds ``entry`` (see
+    :func:`carrying`), including those it forks meanwhile; returns how many were found.
+
+    One look and a SIGKILL to each process found leaves the copies they forked meanwhile: a
+    process that forks a copy of itself and exits, again and again (or several, each in a
+    session of its own), outlived every stop.  So each look stops (SIGSTOP) what it finds, and
+    its process group with it when every member carries ``entry`` too (the copies it forks are
+    born in the group, and a signal to the group reaches those as well), so they fork no more,
+    and looks again until looks find nothing new; those are then killed, groups and all.  A
+    group holding any process without the entry (this one's, a shell's) is never signalled.
+    """
+    own_group = os.getpgrp()
+    groups: dict[int, bool] = {}  # group: whether to signal it (all its members carry the entry)
+    stopped: dict[int, tuple[int, int]] = {}  # pid: (start, group), stopped and not yet killed
+    killed: set[tuple[int, int]] = set()
+    quiet = 0
+    for _ in range(_KILL_LOOKS):
+        fresh = [
+            (pid, found.start, found.pgid) for pid, found in carrying(entry)
+            if stopped.get(pid, (None,))[0] != found.start and (pid, found.start) not in killed
+        ]
+        if fresh:
+            quiet = 0
+            for pid, start, group in fresh:
+                if group not in groups:
+                    groups[group] = group not in (0, own_group) and _all_carry(group, entry)
+                if groups[group]:
+                    _send_group(group, signal.SIGSTOP)
+                _send(pid, signal.SIGSTOP)
+                stopped[pid] = (start, group)
+            continue
+        quiet += 1
+        if stopped:
+            _kill_all(stopped, killed, groups)
+            stopped = {}
+        elif quiet >= _QUIET_LOOKS:
+            break
+    _kill_all(stopped, killed, groups)  # (out of looks: what was seen is killed all the same)
+    return len(killed)
+
+
+def _all_carry(group: int, entry: bytes) -> bool:
+    """Whether every running process of ``group`` holds ``entry`` in its environment."""
+    for pid in pids():
+        found = stat(pid)
+        if found is not None and found.pgid == group and not found.zombie and entry not in (environ(pid) or ()):
+            return False
+    return True
+
+
+def _kill_all(stopped: dict[int, tuple[int, int]], killed: set[tuple[int, int]], groups: dict[int, bool]) -> None:
+    for group in {group for _, group in stopped.values() if groups.get(group)}:
+        _send_group(group, signal.SIGKILL)
+    for pid, (start, _) in stopped.items():
+        if running(pid, start):
+            _send(pid, signal.SIGKILL)
+        killed.add((pid, start))
+
+
+def _send_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _send(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 #: In the environment of every agent CLI the SDK starts, and so of whatever that starts in turn:

@@ -85,8 +85,10 @@ def find(owner: str) -> list[Leftover]:
     ]
 
 
-def stop(leftovers: Sequence[Leftover], grace: float) -> int:
-    """SIGTERM each (its group if it leads one), SIGKILL what is left after ``grace`` seconds.
+def stop(owner: str, leftovers: Sequence[Leftover], grace: float) -> int:
+    """SIGTERM each of ``owner``'s ``leftovers`` (its group if it leads one), SIGKILL what is
+    left after ``grace`` seconds, and any other process carrying the mark by then (one that
+    forks a copy of itself and exits, again and again, is another process at each look).
 
     Returns how many needed the SIGKILL.  Waits until all are gone or ``_AFTER_KILL`` passes
     after the SIGKILL (a process stuck in the kernel cannot be hurried).
@@ -96,8 +98,10 @@ def stop(leftovers: Sequence[Leftover], grace: float) -> int:
     remaining = _wait(leftovers, grace)
     if remaining:
         _signal_all(remaining, signal.SIGKILL, own_group)
+    others = _procfs.kill_carrying(os.fsencode(f"{OWNER_VAR}={owner}")) if _procfs.usable() else 0
+    if remaining:
         _wait(remaining, _AFTER_KILL)
-    return len(remaining)
+    return len(remaining) + others
 
 
 def _signal_all(leftovers: Sequence[Leftover], sig: signal.Signals, own_group: int) -> None:

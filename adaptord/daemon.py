@@ -670,11 +670,14 @@ class Daemon:
 
         Called before this daemon starts any process, so every marked process is an old one.
         """
-        found = _leftovers.find(_leftovers.owner_mark(self.home.root))
-        if found:
-            killed = _leftovers.stop(found, min(self.grace, _LEFTOVER_GRACE))
+        owner = _leftovers.owner_mark(self.home.root)
+        found = _leftovers.find(owner)
+        # Also when the look found none: one that lives milliseconds before a copy of it takes
+        # over may be missed by a look, not by the stop's own looks.
+        killed = _leftovers.stop(owner, found, min(self.grace, _LEFTOVER_GRACE))
+        if found or killed:
             pids = ",".join(str(leftover.pid) for leftover in found)
-            self.audit("leftovers.stopped", processes=len(found), killed=killed, pids=pids)
+            self.audit("leftovers.stopped", processes=max(len(found), killed), killed=killed, pids=pids)
 
     def _clear_tmp(self) -> None:
         """Remove the temporary files a killed predecessor left (see :mod:`adaptord._tempfiles`).
@@ -2620,10 +2623,11 @@ class Daemon:
             # A run whose agent ignores SIGTERM and whose grace_period outlasts the drain: its
             # processes are killed now, so its verdict is still this daemon's to write and no
             # agent goes on in the workspace after the daemon is gone.
-            found = _leftovers.find(_leftovers.owner_mark(self.home.root))
+            owner = _leftovers.owner_mark(self.home.root)
+            found = _leftovers.find(owner)
             self.log("drain: runs did not stop when cancelled; killing their processes",
                      running=len(self._running), processes=len(found))
-            _leftovers.stop(found, 0.0)
+            _leftovers.stop(owner, found, 0.0)
             with self._idle:
                 self._idle.wait_for(lambda: not self._running, timeout=max(tail_ends - time.monotonic() - _KEPT_SHARE, 0.0))
         # CLI processes kept for the next turn of a thread stop with the daemon.

@@ -142,6 +142,26 @@ def test_only_this_homes_processes_are_stopped_and_one_ignoring_sigterm_is_kille
             stubborn.stdout.close()
 
 
+def test_a_leftover_that_keeps_forking_copies_of_itself_is_stopped(home: Path, tmp_path: Path) -> None:
+    # Processes a killed daemon left that fork a copy of themselves and exit every few
+    # milliseconds (each in a session of its own, deaf to SIGTERM) outlived the next start's
+    # stop: it signalled the processes one look had found, each gone by then.
+    beat = tmp_path / "beat"
+    hopper = str(Path(__file__).resolve().parent / "hopper.py")
+    env = {**os.environ, "ADAPTORD_OWNER": os.path.realpath(home), "HOPPER_WIDTH": "3", "HOPPER_LIFE": "60",
+           "HOPPER_BEAT": str(beat)}
+    assert subprocess.run([sys.executable, hopper], env=env, capture_output=True, timeout=60).stdout == b"started\n"
+    daemon = DaemonProcess(home, "--grace", "1").start()
+    try:
+        line = daemon.wait_for_line("leftovers.stopped")
+        assert "killed=0" not in line, line
+        last = beat.stat().st_mtime_ns
+        time.sleep(0.5)
+        assert beat.stat().st_mtime_ns == last, "still hopping"
+    finally:
+        assert daemon.stop() == 0
+
+
 _HIDDEN_MEMBER = (
     "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print(os.getpid(), flush=True); time.sleep(300)"

@@ -939,17 +939,16 @@ class Child:
         if self._disowned or not self._mark or not _procfs.usable():
             return
         escaped = [(pid, found.start) for pid, found in _procfs.carrying(self._mark)]
-        if not escaped:
-            return
         for pid, _ in escaped:
             _signal(pid, signal.SIGTERM)
         began = time.monotonic()
         while escaped and time.monotonic() < self._kill_at(began):
             time.sleep(_POLL)
             escaped = [(pid, start) for pid, start in escaped if _procfs.running(pid, start)]
-        for pid, start in escaped:
-            if _procfs.running(pid, start):
-                _signal(pid, signal.SIGKILL)
+        # Looked for again (more than once), not only those found: a process that forks a copy
+        # of itself and exits, again and again, is another process by now, and a look may miss
+        # one that lives a few milliseconds.
+        _procfs.kill_carrying(self._mark)
 
 
 # Every agent this process started and has not finished: its pid from the moment Popen returns

@@ -270,6 +270,21 @@ def test_a_process_that_left_the_group_is_stopped_with_the_run(tmp_path: Path, h
     assert processes_with_env("MARK", marker) == []
 
 
+def test_a_process_that_keeps_forking_copies_of_itself_is_stopped_with_the_run(tmp_path: Path) -> None:
+    # A detached process deaf to SIGTERM that forks a copy of itself and exits every few
+    # milliseconds outlived the run: the stop signalled the processes one look had found, each
+    # gone by then, its copy another process.
+    hopper = str(Path(__file__).resolve().parent.parent / "hopper.py")
+    beat = tmp_path / "beat"
+    for width in (1, 4):  # one, and several
+        env = {"HOPPER_LIFE": "30", "HOPPER_WIDTH": str(width), "HOPPER_BEAT": str(beat)}
+        config = command.Config(command=sys.executable, extra_args=(hopper,), env=env, grace_period=0.5)
+        assert adaptor.Agent(command.Driver(config), workspace=str(tmp_path)).run("go").text.strip() == "started"
+        last = beat.stat().st_mtime_ns
+        time.sleep(0.5)
+        assert beat.stat().st_mtime_ns == last, f"still hopping (width {width})"
+
+
 def test_a_detached_process_holding_the_output_does_not_hold_up_a_finished_run(tmp_path: Path) -> None:
     # `setsid server &` without redirecting its output: the pipes stay open after the agent
     # exits.  The run waited the whole grace_period (plus a second) before stopping it, so a
