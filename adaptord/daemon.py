@@ -315,6 +315,9 @@ class Daemon:
         # Verdicts that could not be written (a full or failing disk), by request id, each
         # tried again every scan interval (under _lock).  Their requests stay claimed.
         self._deferred: dict[str, Callable[[], None]] = {}
+        # The requests whose verdict this daemon linked into place while its writing failed
+        # after (the folder's sync): found there at the retry, it is this daemon's own.
+        self._linked_verdicts: set[str] = set()
         self._next_retry = 0.0  # monotonic; the main loop wakes for every arrival, not only then
         self._lock_identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the lock file held
         # Why the home is no longer this daemon's (its lock file removed or replaced), once
@@ -2032,10 +2035,11 @@ class Daemon:
             data = orjson.dumps(verdict, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
             self._set_aside_foreign_verdict(request_id)
             written = _durable.write_once(
-                self.home.verdict(request_id), data, linked=lambda: self._cleanup_claim(request_id), synced_with=batch
+                self.home.verdict(request_id), data, linked=lambda: self._verdict_linked(request_id), synced_with=batch
             )
         finally:
             batch.close()
+        self._linked_verdicts.discard(request_id)
         if not written:  # (when written, the claimed copy went with the verdict's link)
             self._cleanup_claim(request_id)  # the claimed copy may hold secrets: gone with the verdict
         else:
@@ -2117,22 +2121,32 @@ class Daemon:
             cause=error,
         )
 
+    def _verdict_linked(self, request_id: str) -> None:
+        self._linked_verdicts.add(request_id)
+        self._cleanup_claim(request_id)
+
     def _set_aside_foreign_verdict(self, request_id: str) -> None:
-        """Move whatever is at the verdict's name and is not a regular file (a symbolic link)
-        to ``quarantine/``: it is no verdict, and the verdict is never written through it."""
+        """Move whatever is at the verdict's name and is not this daemon's verdict to
+        ``quarantine/``: a symbolic link (the verdict is never written through it), or a file
+        written there while the request ran (by its own agent, say, which may write anything
+        its user may): a request has one verdict, the one its run gave it, which took the
+        other's place silently before (``adaptor wait`` had the other, the run's was lost)."""
         path = self.home.verdict(request_id)
         try:
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                return  # a verdict: write_once keeps it
+            found = os.lstat(path)
         except FileNotFoundError:
             return
+        regular = stat.S_ISREG(found.st_mode)
+        if regular and request_id in self._linked_verdicts:
+            return  # this daemon's own, linked before its folder's sync failed: write_once keeps it
         target = self.home.quarantine / f"{time.time_ns()}-verdict-{request_id}.json"
         _durable.ensure_dir(self.home.quarantine)  # (a cleanup script may have removed it)
         try:
             os.rename(path, target)
         except FileNotFoundError:
             return  # gone meanwhile
-        self.audit("verdict.set_aside", request_id, file=target.name)
+        why = {"why": "a verdict this daemon did not write"} if regular else {}
+        self.audit("verdict.set_aside", request_id, file=target.name, **why)
 
     def _prepare_run_dir(self, job: Job) -> None:
         """``runs/<id>/`` with the request's redacted copy (no fsync: synced with the verdict)."""
