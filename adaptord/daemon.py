@@ -2054,7 +2054,7 @@ class Daemon:
         with contextlib.suppress(OSError):
             if job is not None:
                 job.state.update(done)
-                self._write_state_raw(request_id, job.state, folder_exists=job.run_dir_ready)
+                self._write_state_raw(request_id, job.state)  # (its folder looked at again, as above)
             else:
                 self._write_state_raw(request_id, done, merge=True)
 
@@ -2090,8 +2090,9 @@ class Daemon:
         try:
             # Written in place, no rename: only this verdict will point at them, and it is
             # written after they are durable (see _durable.SyncBatch.write).
-            if job is None or not job.run_dir_ready:
-                _durable.ensure_dir(run_dir, durable=False, follow_links=False)
+            # Looked at again also when made at the start: the run's agent may have put a link
+            # in its place meanwhile (the files went where it pointed).
+            _durable.ensure_dir(run_dir, durable=False, follow_links=False)
             for name, text in (("stdout", raw.stdout), ("stderr", raw.stderr)):
                 batch.write(run_dir / name, redactor.text(text).encode())
             if raw.terminal is not None:

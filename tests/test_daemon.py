@@ -672,6 +672,25 @@ def test_a_verdict_written_while_its_request_ran_is_moved_aside_for_the_runs(dae
     assert f"file={moved.name}" in said and 'why="a verdict this daemon did not write"' in said, said
 
 
+def test_a_run_folder_its_agent_replaced_with_a_link_is_not_written_through(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # The agent moved its runs/<id>/ aside and put a link to another folder there: the
+    # daemon wrote the run's output, result and state through it, without a word.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    swap = tmp_path / "swap.sh"
+    swap.write_text(
+        '#!/bin/sh\nrun="$ADAPTORD_OWNER/runs/swapped"\n'
+        f'mv "$run" "$run.aside" && ln -s {elsewhere} "$run"\necho done\n'
+    )
+    swap.chmod(0o755)
+    rid = daemon.submit({"id": "swapped", "driver": "command", "config": {"command": str(swap)}, "prompt": "x"})
+    verdict = daemon.verdict(rid)
+    assert verdict["ok"] is False and verdict["error"]["reason"] == "infrastructure_error", verdict
+    assert "the run's files were not written: runs/swapped is a symbolic link" in verdict["error"]["message"]
+    assert list(elsewhere.iterdir()) == []
+    daemon.wait_for_line("run.files_refused id=swapped")
+
+
 def test_a_request_without_workspace_runs_in_the_homes_workspace(tmp_path: Path) -> None:
     # It ran in the daemon's own working directory (/ under systemd), outside its home.
     started_in = tmp_path / "daemon-cwd"
