@@ -27,16 +27,9 @@ def exfat(tmp_path: Path, *options: str) -> Iterator[Path]:
     """An exFAT filesystem mounted (FUSE) with ``options`` for the block: no hard links, and
     with its default options every file shows mode 0777 (chmod succeeds and changes nothing),
     as on NTFS or FAT."""
-    tools = ("losetup", "mkfs.exfat", "mount.exfat-fuse", "umount")
-    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in tools) or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root, /dev/fuse, losetup and exFAT's tools (exfatprogs, exfat-fuse)")
-    image, mount_point = tmp_path / "exfat.img", tmp_path / "exfat"
-    mount_point.mkdir()
-    with open(image, "wb") as blank:
-        blank.truncate(32 << 20)
-    formatted = subprocess.run(["mkfs.exfat", str(image)], capture_output=True, text=True, timeout=60)
-    if formatted.returncode != 0:
-        pytest.skip(f"mkfs.exfat failed here: {formatted.stderr.strip() or formatted.stdout.strip()}")
+    image, mount_point = _formatted_image(
+        tmp_path, "exfat", ("losetup", "mkfs.exfat", "mount.exfat-fuse"), "losetup and exFAT's tools (exfatprogs, exfat-fuse)"
+    )
     attached = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, timeout=60)
     if attached.returncode != 0:
         pytest.skip(f"no loop device here: {attached.stderr.strip()}")
@@ -52,18 +45,24 @@ def exfat(tmp_path: Path, *options: str) -> Iterator[Path]:
 def fat(tmp_path: Path) -> Iterator[Path]:
     """A FAT filesystem mounted (FUSE, ``fusefat``: the kernel here may have no vfat) for the
     block: no hard links, and no chmod at all (``ENOSYS``)."""
-    tools = ("mkfs.vfat", "fusefat", "umount")
-    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in tools) or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root, /dev/fuse and FAT's tools (dosfstools, fusefat)")
-    image, mount_point = tmp_path / "fat.img", tmp_path / "fat"
+    image, mount_point = _formatted_image(tmp_path, "vfat", ("mkfs.vfat", "fusefat"), "FAT's tools (dosfstools, fusefat)")
+    with _mounted(["fusefat", "-o", "rw+", str(image), str(mount_point)], "FAT"):
+        yield mount_point
+
+
+def _formatted_image(tmp_path: Path, kind: str, tools: tuple[str, ...], named: str) -> tuple[Path, Path]:
+    """A 32 MiB image in ``tmp_path`` made by ``mkfs.<kind>``, and a folder to mount it at (the
+    test is skipped, saying why, without root, FUSE or ``tools``)."""
+    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in (*tools, "umount")) or not os.path.exists("/dev/fuse"):
+        pytest.skip(f"needs root, /dev/fuse and {named}")
+    image, mount_point = tmp_path / f"{kind}.img", tmp_path / kind
     mount_point.mkdir()
     with open(image, "wb") as blank:
         blank.truncate(32 << 20)
-    formatted = subprocess.run(["mkfs.vfat", str(image)], capture_output=True, text=True, timeout=60)
+    formatted = subprocess.run([f"mkfs.{kind}", str(image)], capture_output=True, text=True, timeout=60)
     if formatted.returncode != 0:
-        pytest.skip(f"mkfs.vfat failed here: {formatted.stderr.strip() or formatted.stdout.strip()}")
-    with _mounted(["fusefat", "-o", "rw+", str(image), str(mount_point)], "FAT"):
-        yield mount_point
+        pytest.skip(f"mkfs.{kind} failed here: {formatted.stderr.strip() or formatted.stdout.strip()}")
+    return image, mount_point
 
 
 @contextlib.contextmanager
