@@ -825,9 +825,13 @@ def respond(home: Home, approval_id: str, action: str, *, text: str = "") -> boo
     # win, or to be set aside: it is waited for, outside the lock (the daemon needs it), rather
     # than reported as the winner while the request may stay open.
     settles_by = time.monotonic() + 2 * RESPONSE_SETTLE
+    handed_over_by = time.monotonic() + RESPONSE_TAKEN_WITHIN
     written = False
     try:
-        while not _respond_once(home, approval_id, action, data, wait=time.monotonic() < settles_by):
+        while not _respond_once(
+            home, approval_id, action, data,
+            wait=time.monotonic() < settles_by, wait_handover=time.monotonic() < handed_over_by,
+        ):
             time.sleep(0.05)
         written = True
         return _await_taken(home, approval_id, action)
@@ -938,10 +942,14 @@ def _lock_waited_too_long(give_up: float) -> Callable[[], None]:
     return check
 
 
-def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wait: bool) -> bool:
-    """One try of :func:`respond`, under the lock: True once written, False (only if ``wait``)
-    when a response file still being written is to be waited for.  A daemon stopped while it
-    held the lock (its reaper lets it go a few milliseconds after its last use) is waited for
+def _respond_once(
+    home: Home, approval_id: str, action: str, data: bytes, *, wait: bool, wait_handover: bool = False
+) -> bool:
+    """One try of :func:`respond`, under the lock: True once written, False when a response
+    file still being written is to be waited for (only if ``wait``), or one waiting to be
+    handed over to the run, whose outcome decides what this responder is told (only if
+    ``wait_handover``, while a daemon serves the home).  A daemon stopped while it held the
+    lock (its reaper lets it go a few milliseconds after its last use) is waited for
     :data:`RESPONSE_TAKEN_WITHIN` seconds at most: ``adaptor approve`` waited for ever."""
     give_up = time.monotonic() + RESPONSE_TAKEN_WITHIN
     with _durable.exclusive(home.approvals_lock, while_waiting=_lock_waited_too_long(give_up)):
@@ -960,6 +968,10 @@ def _respond_once(home: Home, approval_id: str, action: str, data: bytes, *, wai
         # "already resolved" would take it that someone's answer counted.
         ended = None if pending is None else _why_ended(home, pending)
         if ended is None and held == "writing" and wait:
+            return False
+        if ended is None and held == "usable" and wait_handover and daemon_running(home):
+            # Won only once the run takes it: a run that ends first (cancelled, its daemon
+            # stopping) expires it, and every responder was told "already resolved" before.
             return False
         if ended is None and held is not None:
             raise ApprovalResolvedError(

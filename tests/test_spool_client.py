@@ -1179,6 +1179,42 @@ def test_an_approval_whose_response_is_being_handed_over_is_not_listed(home: Hom
     assert home.client.wait(request_id, timeout=TIMEOUT).text == "approved"
 
 
+def test_a_responder_after_a_response_the_run_never_took_is_told_it_expired(home: Home) -> None:
+    # A response was written, then the run ended before the daemon handed it over (cancelled,
+    # the daemon stopping): nobody won, yet every later responder was told "already resolved".
+    request_id = home.client.submit(script(PERMISSION, {"text": "never"}, policy={"approvals": {"timeout": 60}}))
+    approval_id = pending_approval(home, request_id)["id"]
+    daemon = home.daemon
+    assert daemon is not None and daemon.proc is not None
+    daemon.stop_off_the_approvals_lock()  # so that it hands nothing over meanwhile
+    told: list[BaseException] = []
+    try:
+        response = home.root / "approvals" / "responses" / f"{approval_id}.json"
+        response.with_name(f".{approval_id}.tmp").write_text('{"action": "approve"}')
+        response.with_name(f".{approval_id}.tmp").rename(response)
+        later = threading.Thread(target=lambda: told.append(_raised(lambda: home.client.deny(approval_id))))
+        later.start()
+        time.sleep(0.5)
+        # What the daemon does once the run that asked has ended, the response not handed over.
+        _home.abandon(_home.Home.at(home.root), approval_id, "the run ended")
+        later.join(timeout=30)
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    assert [type(error) for error in told] == [errors.ApprovalExpiredError], told
+    assert str(told[0]) == f"approval {approval_id!r} expired before this response: the run ended"
+    home.client.cancel(request_id)
+    with pytest.raises(errors.RunError):
+        home.client.wait(request_id, timeout=TIMEOUT)
+
+
+def _raised(call: Callable[[], object]) -> BaseException:
+    try:
+        call()
+    except BaseException as exc:
+        return exc
+    raise AssertionError("it raised nothing")
+
+
 def test_denied_through_the_client(home: Home) -> None:
     request_id = home.client.submit(
         script(PERMISSION, {"text": "never"}, policy={"approvals": {"timeout": 60}})
