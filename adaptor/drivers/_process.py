@@ -198,7 +198,10 @@ class CannotStart(Exception):
         elif os.sep in binary:  # a path: PATH was never searched
             message = f"{binary}: no such file"
         else:
-            message = f"{binary} not found on PATH"
+            # Whose PATH: a daemon's or a service's, which is seldom the shell's that found it.
+            message = (f"{binary} not found on PATH (the PATH of the process that starts it, which a "
+                       "service's or a daemon's may not share with your shell: give the driver's "
+                       "command as the binary's full path)")
         return cls(message, {"kind": "binary_not_found", "binary": binary})
 
     @classmethod

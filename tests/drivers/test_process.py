@@ -225,17 +225,22 @@ def test_a_childs_stdout_pipe_holds_what_its_spec_asks(fake_exe: FakeExe, capaci
     assert child.finish().exit_code == 0
 
 
+# Said after "not found on PATH": a daemon's PATH is seldom the shell's that found the binary.
+_WHOSE_PATH = (" (the PATH of the process that starts it, which a service's or a daemon's may not share with your "
+               "shell: give the driver's command as the binary's full path)")
+
+
 def test_binary_not_found_is_an_infrastructure_failure(tmp_path: object) -> None:
     with pytest.raises(CannotStart) as caught:
         Child.start(_spec(["adaptor-no-such-binary"]), RecordingSink())
-    assert str(caught.value) == "adaptor-no-such-binary not found on PATH"
+    assert str(caught.value) == "adaptor-no-such-binary not found on PATH" + _WHOSE_PATH
     for module in (claude, codex):
         driver = module.Driver(module.Config(command="adaptor-no-such-binary"))
         response = driver.run(Request(run_id="r", prompt="hi"), RecordingSink())
         assert response.exit_code is None and response.checkpoint is None
         assert response.failure is not None
         assert response.failure.code == "infrastructure_error"
-        assert response.failure.message == "adaptor-no-such-binary not found on PATH"
+        assert response.failure.message == "adaptor-no-such-binary not found on PATH" + _WHOSE_PATH
         assert dict(response.failure.details) == {"kind": "binary_not_found",
                                                   "binary": "adaptor-no-such-binary"}
 
