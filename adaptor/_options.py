@@ -115,6 +115,24 @@ def _checked(name: str, value: Any) -> Any:
     return value
 
 
+def provides(value: object, protocol: type) -> bool:
+    """Whether ``value`` (an instance) has every public method ``protocol`` names, as attributes
+    it answers for, its own or forwarded through ``__getattr__``.
+
+    What ``isinstance`` against a runtime-checkable Protocol said up to Python 3.11: from 3.12
+    it looks the methods up statically, so a wrapper forwarding them (a logging or metrics
+    store around another) passed on 3.11 and was refused on 3.12 and later.
+    """
+    if isinstance(value, type):
+        return False
+    names = {
+        name
+        for cls in protocol.__mro__ if cls.__module__ != "typing" and cls is not object
+        for name, member in vars(cls).items() if callable(member) and not name.startswith("_")
+    }
+    return all(callable(getattr(value, name, None)) for name in names)
+
+
 def kind_of(value: object) -> str:
     """What a wrong argument is, for its TypeError: the type only (a misplaced value may be a
     secret), or the class itself when a class was passed for an instance."""

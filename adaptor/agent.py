@@ -92,9 +92,7 @@ class Agent:
             # Truthiness would read blocking_events="no" as yes.
             raise TypeError(f"blocking_events takes True or False, not {_options.kind_of(blocking_events)}")
         self.blocking_events = blocking_events
-        if thread_store is not None and (
-            isinstance(thread_store, type) or not isinstance(thread_store, Store)
-        ):
+        if thread_store is not None and not _options.provides(thread_store, Store):
             # A directory passed as is would fail every thread run, after it started, in the
             # store's first call.
             raise TypeError(
@@ -114,7 +112,7 @@ class Agent:
         # Construction does no I/O: tools are checked, and their gateway started, by the first
         # run that needs them.
         self.tools = () if tools is None else _options.sequence(tools, "tools")
-        if skill_provider is not None and not isinstance(skill_provider, Provider):
+        if skill_provider is not None and not _options.provides(skill_provider, Provider):
             raise TypeError(
                 f"skill_provider needs a get_skills(keys) method, e.g. skill.Set({{...}}); "
                 f"got {type(skill_provider).__name__}"

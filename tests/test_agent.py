@@ -22,7 +22,7 @@ import pytest
 import adaptor
 import adaptor.memory
 import adaptor.schema
-from adaptor import _run, errors, events
+from adaptor import _run, errors, events, skill
 from adaptor.driver import Descriptor, Request, Response
 from adaptor.drivers import script
 from adaptor.result import Result
@@ -545,6 +545,31 @@ def test_a_driver_class_or_something_not_a_store_is_refused_at_construction(tmp_
         with pytest.raises(TypeError, match="thread_store takes a store"):
             adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=store)  # type: ignore[arg-type]
     adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=JSONLStore(tmp_path / "threads"))
+
+
+class _Forwarding:
+    """A wrapper passing every call on to ``inner`` through ``__getattr__`` (a logging store)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_store_or_skill_provider_forwarding_its_methods_is_taken(tmp_path: Any) -> None:
+    # isinstance() against a runtime-checkable Protocol stopped calling __getattr__ in Python
+    # 3.12: a wrapper forwarding its methods was refused there ("thread_store takes a store"),
+    # taken on 3.11.
+    store = _Forwarding(JSONLStore(tmp_path / "threads"))
+    skills = _Forwarding(skill.Set({}))
+    agent = adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=store, skill_provider=skills)
+    assert agent.thread_store is store and agent.skill_provider is skills
+    # One that lacks a method is still refused, as the class of a store is.
+    with pytest.raises(TypeError, match="thread_store takes a store"):
+        adaptor.Agent(ScriptedDriver([{"text": "x"}]), thread_store=_Forwarding(object()))
+    with pytest.raises(TypeError, match="skill_provider needs a get_skills"):
+        adaptor.Agent(ScriptedDriver([{"text": "x"}]), skill_provider=_Forwarding(object()))
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
-from adaptor import _waiting, errors
+from adaptor import _options, _waiting, errors
 from adaptor._redact import Redactor, redact_credentials, redact_error
 from adaptor.errors import AdaptorError
 
@@ -493,7 +493,7 @@ class Client:
         require_sdk()
         if agent_card_url is None and card is None:
             raise ValueError("Client needs an agent_card_url or a card")
-        if auth is not None and not isinstance(auth, Auth):
+        if auth is not None and not _options.provides(auth, Auth):
             raise TypeError("auth must provide headers() (e.g. BearerTokenFromEnv)")
         if agent_card_url is not None and not isinstance(agent_card_url, str):
             raise TypeError(f"agent_card_url must be a str, not {type(agent_card_url).__name__}")

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from adaptor import _options
 from adaptor.clients.a2a import AgentCard, Auth, BearerTokenFromEnv, origin_of
 
 _KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -77,7 +78,7 @@ class RemoteAgentSpec:
         for name in ("display_name", "description"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a string")
-        if self.auth is not None and not isinstance(self.auth, Auth):
+        if self.auth is not None and not _options.provides(self.auth, Auth):
             raise ValueError("auth must provide headers() (e.g. BearerTokenFromEnv)")
         # A lone string would otherwise be taken one character at a time.
         if isinstance(self.trusted_origins, str | bytes) or not all(
