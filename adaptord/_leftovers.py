@@ -98,9 +98,8 @@ def stop(owner: str, leftovers: Sequence[Leftover], grace: float) -> int:
     remaining = _wait(leftovers, grace)
     if remaining:
         _signal_all(remaining, signal.SIGKILL, own_group)
+        _wait(remaining, _AFTER_KILL)  # (first: those killed are not found and counted again)
     others = _procfs.kill_carrying(os.fsencode(f"{OWNER_VAR}={owner}")) if _procfs.usable() else 0
-    if remaining:
-        _wait(remaining, _AFTER_KILL)
     return len(remaining) + others
 
 
