@@ -418,9 +418,10 @@ _MOST_CONNECTIONS_CAP: Final = 256
 # How long a connection may take to send a request's headers (from its start, or from the end
 # of its previous response): an unfinished request otherwise holds its connection for ever.
 HEADERS_TIMEOUT: Final = 10.0
+_BUSY_TEXT: Final = b"too many connections; retry later\n"
 _BUSY_REPLY: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\n"
-    b"retry-after: 1\r\ncontent-length: 32\r\n\r\ntoo many connections; retry later\n"
+    b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
 )
 
 

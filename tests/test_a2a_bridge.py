@@ -1197,6 +1197,8 @@ def test_peers_that_never_finish_a_request_cannot_take_the_daemons_descriptors(t
         answers = [peer.recv(1024) for peer in peers]
         assert all(answer == b"" or answer.startswith(b"HTTP/1.1 503 ") for answer in answers), set(answers)
         assert 0 < answers.count(b"") <= 32
+        head, _, body = next(answer for answer in answers if answer).partition(b"\r\n\r\n")
+        assert b"\r\nretry-after: 1\r\n" in head and f"content-length: {len(body)}".encode() in head
         with a2a.Client(f"http://127.0.0.1:{port}{a2a_bridge.card_path('echo')}") as client:
             assert client.send("after them").state is a2a.TaskState.COMPLETED
     finally:
