@@ -296,6 +296,26 @@ class Home:
         for directory in self.folders:
             _durable.ensure_dir(directory)
 
+    def absent(self) -> bool:
+        """Whether nothing of a home is there yet: no root, or an empty folder."""
+        try:
+            with os.scandir(self.root) as entries:
+                return next(entries, None) is None
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    def unmake(self, *, root_too: bool) -> None:
+        """Undo :meth:`ensure` (and the daemon's lock file) for a home that was :meth:`absent`:
+        each folder removed while empty (``rmdir``: what anyone else put there meanwhile stays),
+        and the root too with ``root_too``."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.daemon_lock)
+        for folder in (*reversed(self.folders), *([self.root] if root_too else [])):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
 
 def not_private(home: Home) -> str | None:
     """Why the home cannot be trusted with requests, or ``None``.
@@ -943,7 +963,7 @@ def _lock_waited_too_long(give_up: float) -> Callable[[], None]:
 
 
 def _respond_once(
-    home: Home, approval_id: str, action: str, data: bytes, *, wait: bool, wait_handover: bool = False
+    home: Home, approval_id: str, action: str, data: bytes, *, wait: bool, wait_handover: bool
 ) -> bool:
     """One try of :func:`respond`, under the lock: True once written, False when a response
     file still being written is to be waited for (only if ``wait``), or one waiting to be

@@ -85,12 +85,13 @@ def find(owner: str) -> list[Leftover]:
     ]
 
 
-def stop(owner: str, leftovers: Sequence[Leftover], grace: float) -> int:
+def stop(owner: str, leftovers: Sequence[Leftover], grace: float) -> tuple[int, int]:
     """SIGTERM each of ``owner``'s ``leftovers`` (its group if it leads one), SIGKILL what is
     left after ``grace`` seconds, and any other process carrying the mark by then (one that
     forks a copy of itself and exits, again and again, is another process at each look).
 
-    Returns how many needed the SIGKILL.  Waits until all are gone or ``_AFTER_KILL`` passes
+    Returns how many needed the SIGKILL, and how many of those were found only by the later
+    looks (not among ``leftovers``).  Waits until all are gone or ``_AFTER_KILL`` passes
     after the SIGKILL (a process stuck in the kernel cannot be hurried).
     """
     own_group = os.getpgrp()
@@ -100,7 +101,7 @@ def stop(owner: str, leftovers: Sequence[Leftover], grace: float) -> int:
         _signal_all(remaining, signal.SIGKILL, own_group)
         _wait(remaining, _AFTER_KILL)  # (first: those killed are not found and counted again)
     others = _procfs.kill_carrying(os.fsencode(f"{OWNER_VAR}={owner}")) if _procfs.usable() else 0
-    return len(remaining) + others
+    return len(remaining) + others, others
 
 
 def _signal_all(leftovers: Sequence[Leftover], sig: signal.Signals, own_group: int) -> None:

@@ -480,7 +480,7 @@ class Daemon:
         # A home refused once its folders were made here leaves nothing behind: the user puts
         # it elsewhere, and an empty layout left on the old place looked like a home in use.
         root_missing = not os.path.lexists(self.home.root)
-        new_home = root_missing or _empty_folder(self.home.root)
+        new_home = self.home.absent()
         refused = True
         try:
             try:
@@ -521,7 +521,7 @@ class Daemon:
             if refused:
                 instance.release()  # (first: a FUSE filesystem keeps an open file's folder busy)
                 if new_home:
-                    _unmake_new_home(self.home, root_too=root_missing)
+                    self.home.unmake(root_too=root_missing)
         # The predecessor's pid and start time: `status` would show them as this daemon's
         # until it writes its own, once serving (its start may take seconds: leftovers, tools).
         try:
@@ -677,10 +677,10 @@ class Daemon:
         found = _leftovers.find(owner)
         # Also when the look found none: one that lives milliseconds before a copy of it takes
         # over may be missed by a look, not by the stop's own looks.
-        killed = _leftovers.stop(owner, found, min(self.grace, _LEFTOVER_GRACE))
-        if found or killed:
+        killed, found_later = _leftovers.stop(owner, found, min(self.grace, _LEFTOVER_GRACE))
+        if found or found_later:
             pids = ",".join(str(leftover.pid) for leftover in found)
-            self.audit("leftovers.stopped", processes=max(len(found), killed), killed=killed, pids=pids)
+            self.audit("leftovers.stopped", processes=len(found) + found_later, killed=killed, pids=pids)
 
     def _clear_tmp(self) -> None:
         """Remove the temporary files a killed predecessor left (see :mod:`adaptord._tempfiles`).
@@ -2866,24 +2866,6 @@ def _name_cut(name: str, most: int) -> str:
         if taken > most:
             return name[:index]
     return name
-
-
-def _empty_folder(path: Path) -> bool:
-    try:
-        with os.scandir(path) as entries:
-            return next(entries, None) is None
-    except OSError:
-        return False
-
-
-def _unmake_new_home(home: _home.Home, *, root_too: bool) -> None:
-    """Remove what a refused start made of a home that was not there: its lock file and its
-    folders while empty (``rmdir``: what anyone else put there meanwhile stays)."""
-    with contextlib.suppress(OSError):
-        os.unlink(home.daemon_lock)
-    for folder in (*reversed(home.folders), *([home.root] if root_too else [])):
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
 
 
 # What the home's filesystem lacks when an operation on it is not implemented there (FAT
