@@ -1090,8 +1090,16 @@ def _seal(body: dict[str, Any]) -> bytes:
     spliceable = data[2:6] > b'crc"'
     body["crc"] = crc
     if spliceable:
+        # A long line (an agent's whole answer, a tool's output) is spliced from a view: a
+        # slice would be one more copy of it in memory, as large as the line.
+        if len(data) >= _VIEW_FROM:
+            return b"".join((b'{"crc":%d,' % crc, memoryview(data)[1:], b"\n"))
         return b'{"crc":%d,%b\n' % (crc, data[1:])
     return orjson.dumps(body, option=_LINE_OPTS)
+
+
+# Below this, a slice and one format cost less than a view and a join.
+_VIEW_FROM: Final = 64 * 1024
 
 
 _CRC_OF_BRACE = crc32(b"{")

@@ -189,6 +189,29 @@ def test_frame_is_the_sorted_serialization_with_the_crc_in_its_place(body: dict[
     assert frame(body) == expected
 
 
+_LONG_FRAME = r"""
+import resource, sys
+from adaptor import _durable
+body = {"event": {"text": "x" * (64 << 20)}, "kind": "text.content"}
+_durable.frame({"warm": 1})
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+line = _durable.frame(body)
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+assert line.startswith(b'{"crc":') and line.endswith(b'"},"kind":"text.content"}\n')
+assert _durable.unframe(line)["event"] == body["event"]
+print(grown / len(line))
+"""
+
+
+def test_a_long_line_is_framed_with_one_copy_beside_its_serialization() -> None:
+    # An agent's whole answer is one event, one line: the daemon framed a 100 MB answer with
+    # three line-sized buffers alive at once (the serialization, a slice of it and the line).
+    # Peak RSS, not tracemalloc: orjson reserves far more than it touches.
+    done = subprocess.run(
+        [sys.executable, "-c", _LONG_FRAME], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert float(done.stdout) < 2.5, done.stdout
+
 @HYPOTHESIS
 @given(st.binary(max_size=3000), st.integers(0, 2**32 - 1), st.integers(0, 40))
 def test_the_logs_crc_is_zlibs_from_any_start_and_offset(data: bytes, start: int, cut: int) -> None:
