@@ -7,8 +7,11 @@ the verdict and then reads the run's files, and checks the verdict is still ther
 (``adaptor.spool``), so it sees the request whole or not at all.  Its run folder and audit log
 are renamed out of the way in the same step and removed afterwards, so an id submitted again
 right then starts in a clean folder.  Nothing of a request on its way (in the spool, claimed:
-queued, running, or with a verdict not yet written) is touched, nor thread logs
-(``events/thread=*.jsonl``) or ``threads/``.
+queued, running, or with a verdict not yet written) is touched, nor ``threads/``, nor the log
+of a thread that has a conversation (``events/thread=*.jsonl``): a thread log goes only when
+its key has none in the store (every turn on it failed before one was saved, such as
+``resume_only`` requests for a key that never had one) and nothing was appended to it for
+``keep_days``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -55,6 +58,7 @@ class Pruned:
     events: int = 0
     quarantine: int = 0
     lifecycle_logs: int = 0
+    thread_logs: int = 0
     staged: int = 0
     failed: int = 0
     error: str | None = None
@@ -73,13 +77,20 @@ class Pruned:
 
 Hold = Callable[[str], AbstractContextManager[bool]]
 """``hold(request_id)``: a block during which no request with that id can start on its way
-(the daemon's schedule lock); it yields whether none is on its way now."""
+(the daemon's schedule lock); it yields whether none is on its way now.  For a thread's log,
+``hold(session)``: no request of that session can start (nor is one queued or running), and
+nothing in this process keeps its log open."""
 
 
 def prune(
-    home: _home.Home, retention: Retention, *, hold: Hold, stopping: Callable[[], bool], now: float | None = None
+    home: _home.Home, retention: Retention, *, hold: Hold, hold_thread: Hold,
+    conversations: Callable[[], Collection[str]], stopping: Callable[[], bool], now: float | None = None,
 ) -> tuple[Pruned, bool]:
-    """One pass, oldest first; returns what it removed and whether more is left for another."""
+    """One pass, oldest first; returns what it removed and whether more is left for another.
+
+    ``conversations()``: the session names (``thread=...``) of the thread keys that have a
+    conversation in the store; their logs are kept.
+    """
     now = time.time() if now is None else now
     pruned = Pruned()
     for folder in (home.runs, home.events):
@@ -95,6 +106,8 @@ def prune(
             _forget(home, request_id, cutoff, hold, pruned)
         for name in _old(home.events, cutoff, lambda name: _ROTATED.fullmatch(name) is not None, now=now):
             _remove(home.events / name, pruned, "lifecycle_logs" if name.endswith(_LOG) else None)
+        if not _forget_thread_logs(home, cutoff, hold_thread, conversations, stopping, now=now, pruned=pruned):
+            return pruned, False
     if retention.quarantine_days != float("inf"):
         cutoff = now - retention.quarantine_days * _DAY
         for name in _old(home.quarantine, cutoff, lambda name: True, now=now, stamped=True):
@@ -180,6 +193,59 @@ def _forget(home: _home.Home, request_id: str, cutoff: float, hold: Hold, pruned
         pruned._failed(exc)
     for renamed, what in moved:
         _remove(renamed, pruned, what)
+
+
+def _is_thread_log(name: str) -> bool:
+    return name.endswith(_LOG) and _home.THREAD_SESSION.fullmatch(name[: -len(_LOG)]) is not None
+
+
+def _forget_thread_logs(
+    home: _home.Home, cutoff: float, hold: Hold, conversations: Callable[[], Collection[str]],
+    stopping: Callable[[], bool], *, now: float, pruned: Pruned,
+) -> bool:
+    """Remove the logs of threads without a conversation, unwritten since ``cutoff``; returns
+    False when the pass is to stop."""
+    due = _old(home.events, cutoff, _is_thread_log, now=now)
+    if not due:
+        return True
+    try:
+        kept = set(conversations())
+    except Exception:  # (the store unreadable now) nothing is removed on a guess
+        return True
+    for name in due:
+        if stopping():
+            return False
+        session = name[: -len(_LOG)]
+        if session not in kept:
+            _forget_thread_log(home, session, cutoff, hold, pruned)
+    return True
+
+
+def _forget_thread_log(home: _home.Home, session: str, cutoff: float, hold: Hold, pruned: Pruned) -> None:
+    log = home.events / f"{session}{_LOG}"
+    lock = home.events / f"{session}{_LOG}{_LOCK}"
+    trash = None
+    try:
+        with hold(session) as free:
+            if not free:
+                return
+            # Under the log's lock: a reader of it (adaptor events) finds it whole or gone.
+            with _durable.exclusive(lock):
+                found = os.lstat(log)
+                if not stat.S_ISREG(found.st_mode) or found.st_mtime >= cutoff:
+                    return  # appended to since it was listed (a turn may have saved a conversation)
+                trash = _aside(log)
+                if trash is None and os.path.lexists(log):
+                    _remove(str(log), pruned, "thread_logs")
+            _durable.release_lingering(lock)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        pruned._failed(exc)
+    if trash is not None:
+        _remove(trash, pruned, "thread_logs")
 
 
 def _old(

@@ -53,6 +53,11 @@ class ReopeningStore:
         self._refuse_if_gone()
         return self._store.resolve(query)
 
+    def keys(self) -> list[str]:
+        """The thread keys with a conversation (see ``JSONLStore.keys``)."""
+        self._refuse_if_gone()
+        return self._store.keys()
+
     def acquire_lease(self, target: str, owner: str, ttl: float) -> Lease:
         return self._writing(lambda store: store.acquire_lease(target, owner, ttl))
 

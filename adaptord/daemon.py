@@ -150,6 +150,14 @@ def _as_recorded(event: events.Event, redactor: _redact.Redactor, *, bound: bool
     return events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
 
 
+def _session_or_none(request: Mapping[str, Any]) -> str | None:
+    """The request's audit-log session; ``None`` when it cannot say (it then runs as no thread's)."""
+    try:
+        return requests.session_of(request)
+    except Exception:
+        return None
+
+
 # The fewest descriptors a daemon serves with (its own take about a dozen).
 _FEWEST_DESCRIPTORS = 16
 
@@ -1799,7 +1807,10 @@ class Daemon:
         except Exception as exc:  # a folder it cannot read is tried again next time
             self.log("cannot prune resolved approvals", error=_os_error_text(exc) if isinstance(exc, OSError) else type(exc).__name__)
         try:
-            pruned, more = _retention.prune(self.home, retention, hold=self._unless_on_its_way, stopping=self._stopping)
+            pruned, more = _retention.prune(
+                self.home, retention, hold=self._unless_on_its_way, hold_thread=self._unless_thread_on_its_way,
+                conversations=self._conversations, stopping=self._stopping,
+            )
         except Exception as exc:  # (a bug) never the daemon's end; the next pass tries again
             self.log("cannot prune the home", error=f"{type(exc).__name__}: {exc}")
             return
@@ -1826,6 +1837,25 @@ class Daemon:
                 or request_id in self._deferred
                 or any(os.path.lexists(place) for place in self.home.places(request_id)[:-1])
             )
+
+    @contextlib.contextmanager
+    def _unless_thread_on_its_way(self, session: str) -> Iterator[bool]:
+        """Hold the schedule: ``True`` when no request of thread ``session`` is queued or
+        running and no verdict waits to be written (it may point at the log), the log then
+        closed in this process, so it may go; a request claimed meanwhile starts a new one."""
+        with self._lock:
+            free = not self._deferred and not any(
+                _session_or_none(job.request) == session for job in (*self._queued.values(), *self._running.values())
+            )
+            if free:
+                # (Closed after its run's verdict already, unless that failed: the appender
+                # here must not go on numbering a file that is gone.)
+                self._events_backend.close_idle(session)
+            yield free
+
+    def _conversations(self) -> set[str]:
+        """The log names of the thread keys with a conversation in the store."""
+        return {_home.session_for_thread(key) for key in self._store.keys()}
 
     def _stop_pruning(self) -> None:
         """Let a pass in progress stop (it looks at _stopping between removals) before the drain."""

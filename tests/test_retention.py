@@ -244,19 +244,29 @@ def test_retention_removes_exactly_the_old_finished_files(tmp_path: Path) -> Non
         threaded = daemon.submit(turn)
         for rid in (*old, recent, threaded):
             assert daemon.verdict(rid)["ok"], daemon.verdict(rid)
+        # Turns that found no conversation to resume: their runs' records made a log for a key
+        # that has none, kept for good (one per key a script polls for).
+        missed = [daemon.submit(script("m", thread={"key": key, "resume_only": True})) for key in ("never/had/one", "busy/key")]
+        for rid in missed:
+            assert daemon.verdict(rid)["error"]["code"] == "ErrThreadNotFound"
+        missed_log, busy_log = (home.events / f"{daemon.verdict(rid)['events'].removeprefix('events/')}" for rid in missed)
         running = daemon.submit({"driver": "script", "prompt": "go", "config": {"steps": [{"text": "x"}, {"sleep": 120}]}})
         daemon.wait_for_line(f"request.started id={running}")
+        # A first turn on the busy key, running (no conversation saved yet): its log stays.
+        busy = daemon.submit({**script("b", thread={"key": "busy/key"}), "config": {"steps": [{"text": "x"}, {"sleep": 120}]}})
+        daemon.wait_for_line(f"request.started id={busy}")
         # Its audit log is made at its first event, a moment after the start.
         wait_until((home.events / f"{running}.jsonl").exists, "the running request's audit log")
-        thread_log = next(home.events.glob("thread=*.jsonl"))
+        wait_until(lambda: busy_log.stat().st_size > 2000, "the busy turn's records")
+        thread_log = home.events / f"{daemon.verdict(threaded)['events'].removeprefix('events/')}"
         # Made old: the finished ones by their verdicts (the rest of their files too, which
         # decides nothing), and everything of the running request and of the thread.
-        for rid in (*old, threaded):
+        for rid in (*old, threaded, *missed):
             for path in (home.verdict(rid), home.run_dir(rid), home.events / f"{rid}.jsonl"):
                 if path.exists():
                     age(path, 31)
         for path in (home.run_dir(running), home.run_state(running), home.events / f"{running}.jsonl",
-                     thread_log, *home.threads.iterdir()):
+                     thread_log, missed_log, busy_log, *home.threads.iterdir()):
             age(path, 400)
         age(home.verdict(recent), 29)
         orphan = home.run_dir("forgotten-by-hand")  # its verdict removed by hand long ago
@@ -282,21 +292,25 @@ def test_retention_removes_exactly_the_old_finished_files(tmp_path: Path) -> Non
 
         daemon.reload(config, config.read_text())  # a reload prunes at once, as the hourly tick does
         line = pruned_line(daemon)
-        assert "verdicts=4 runs=5 events=3 quarantine=2 lifecycle_logs=1" in line, line
+        assert "verdicts=6 runs=7 events=3 quarantine=2 lifecycle_logs=1 thread_logs=1" in line, line
 
         gone = {path for path in before if not os.path.lexists(path)}
         expected_gone = {
             home.runs / ".pruning-crashed-0123abcd", orphan, orphan / "stdout",
             quarantined["old"], quarantined["set aside response"], rotated_old,
+            missed_log, missed_log.with_name(missed_log.name + ".lock"),
         }
-        for rid in (*old, threaded):
+        for rid in (*old, threaded, *missed):
             assert not home.verdict(rid).exists() and not home.run_dir(rid).exists()
         for rid in old:
             assert not (home.events / f"{rid}.jsonl").exists()
             assert not (home.events / f"{rid}.jsonl.lock").exists()
         # ... and nothing else.
-        assert {p for p in gone if not any(rid in p.name or rid in p.parent.name for rid in (*old, threaded))} == expected_gone
-        # What stays: the recent request, the running one, the thread's log and store.
+        assert {
+            p for p in gone if not any(rid in p.name or rid in p.parent.name for rid in (*old, threaded, *missed))
+        } == expected_gone
+        # What stays: the recent request, the running ones, the threads' logs and store.
+        assert sr.verify(busy_log) > 0
         assert Client(home.root).wait(recent).raw().stdout == "raw\n"
         assert "recent" in adaptor_cli(home.root, "events", recent).stdout
         assert sr.verify(thread_log) > 0 and any(home.threads.iterdir())
@@ -306,14 +320,19 @@ def test_retention_removes_exactly_the_old_finished_files(tmp_path: Path) -> Non
         waited = adaptor_cli(home.root, "wait", old[0])
         assert waited.returncode == 2 and "no request" in waited.stderr
         # The running request is unharmed, and one fact says what a pass removed.
-        Client(home.root).cancel(running)
-        assert daemon.verdict(running)["error"]["code"] == "ErrRunCancelled"
-        daemon.wait_for_line(f"verdict.written id={running}")
+        for rid in (running, busy):
+            Client(home.root).cancel(rid)
+            assert daemon.verdict(rid)["error"]["code"] == "ErrRunCancelled"
+            daemon.wait_for_line(f"verdict.written id={rid}")
+        # The key that had no conversation starts a new log, numbered from 1.
+        again = daemon.submit(script("m", thread={"key": "never/had/one", "resume_only": True}))
+        assert daemon.verdict(again)["error"]["code"] == "ErrThreadNotFound"
+        assert sr.verify(missed_log) == 2
     finally:
         assert daemon.stop() == 0, "\n".join(daemon.lines)
     (record,) = [f for f in facts(home.events / "adaptord.jsonl") if f["phase"] == "retention.pruned"]
-    assert {k: record[k] for k in ("verdicts", "runs", "events", "quarantine", "lifecycle_logs")} == {
-        "verdicts": 4, "runs": 5, "events": 3, "quarantine": 2, "lifecycle_logs": 1,
+    assert {k: record[k] for k in ("verdicts", "runs", "events", "quarantine", "lifecycle_logs", "thread_logs")} == {
+        "verdicts": 6, "runs": 7, "events": 3, "quarantine": 2, "lifecycle_logs": 1, "thread_logs": 1,
     }
 
 
@@ -521,7 +540,7 @@ def test_a_pass_goes_on_when_a_folder_of_the_home_was_removed(tmp_path: Path, mi
         yield True
 
     pruned, more = _retention.prune(
-        home, config_module.Retention(), hold=hold, stopping=lambda: False
+        home, config_module.Retention(), hold=hold, hold_thread=hold, conversations=set, stopping=lambda: False
     )
     assert not more and pruned.failed == 0
     assert pruned.lifecycle_logs == (0 if missing == "events" else 1)
