@@ -20,7 +20,7 @@ import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from adaptor.events import Event
@@ -250,8 +250,9 @@ class StreamRedactor:
 
 
 def _with_text(event: Event, field: str, text: str) -> Event:
-    changed: Event = dataclasses.replace(cast(Any, event), **{field: text})
-    return changed
+    from adaptor.events import _replaced  # (the events module is imported by then: no cycle)
+
+    return _replaced(event, **{field: text})
 
 
 def _secret_begun_at_end(text: str, secrets: tuple[str, ...]) -> int:

@@ -293,6 +293,10 @@ Event = (
     | ApprovalRequest
 )
 
+# Classes whose __init__ only sets their fields (no __post_init__, no slots, every field an
+# init field; tests/test_events.py checks): a copy of their __dict__ is what replace() builds.
+_PLAIN_CLASSES: frozenset[type] = frozenset(Event.__args__)
+
 _DROPPABLE_KINDS = frozenset(
     {
         "text.content",
@@ -317,7 +321,20 @@ def is_droppable(event: Event) -> bool:
 
 def with_meta(event: Event, meta: EventMeta) -> Event:
     """A copy of ``event`` carrying ``meta`` (an ApprovalRequest copy keeps its responder)."""
-    return dataclasses.replace(event, meta=meta)
+    return _replaced(event, meta=meta)
+
+
+def _replaced(event: Event, **changes: Any) -> Event:
+    """``dataclasses.replace(event, **changes)``, several times faster for this module's own
+    classes (every event of a run is copied this way two or three times)."""
+    cls = type(event)
+    if cls not in _PLAIN_CLASSES:  # a subclass may check its fields: its __init__ decides
+        return dataclasses.replace(event, **changes)
+    fields = event.__dict__.copy()
+    fields.update(changes)
+    copy: Event = _new(cls)
+    _set(copy, "__dict__", fields)
+    return copy
 
 
 # --- JSON -------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
@@ -466,3 +467,31 @@ def test_common_kinds_take_the_fast_path(event: Any) -> None:
     assert vars(quick) == vars(events._from_json(obj))
     assert list(vars(quick)) == [f.name for f in dataclasses.fields(quick)]  # __init__'s order
     assert events._adopt_from_json(obj["kind"], obj) is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(EVENTS, st.sampled_from(["meta", "text", "data"]))
+def test_replaced_builds_what_dataclasses_replace_builds(event: Any, name: str) -> None:
+    # Every event of a run is copied two or three times (its meta, its redacted text): the
+    # fast copy must be exactly the state __init__ leaves, for every class it takes.
+    value: Any = events.EventMeta(run_id="r", sequence=7) if name == "meta" else {"x": 1} if name == "data" else "t"
+    if name not in {f.name for f in dataclasses.fields(event)}:
+        name, value = "meta", events.EventMeta(sequence=3)
+    fast, slow = events._replaced(event, **{name: value}), dataclasses.replace(event, **{name: value})
+    assert type(fast) is type(slow) and list(vars(fast).items()) == list(vars(slow).items())
+    assert fast is not event
+
+
+def test_replaced_leaves_a_subclass_to_its_own_init() -> None:
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Checked(events.TextDelta):
+        def __post_init__(self) -> None:
+            if "secret" in self.text:
+                raise ValueError("no secrets here")
+
+    with pytest.raises(ValueError, match="no secrets here"):
+        events._replaced(Checked(text="fine"), text="a secret")
+    assert events._PLAIN_CLASSES == set(typing.get_args(events.Event))
+    for cls in events._PLAIN_CLASSES:
+        assert not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls), cls
+        assert all(f.init for f in dataclasses.fields(cls)), cls
