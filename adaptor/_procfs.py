@@ -5,6 +5,7 @@ Without ``/proc`` (another OS) there is no process to be found; callers decide w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -188,8 +189,8 @@ def kill_carrying(entry: bytes) -> int:
                 if group not in groups:
                     groups[group] = group not in (0, own_group) and _all_carry(group, entry)
                 if groups[group]:
-                    _send_group(group, signal.SIGSTOP)
-                _send(pid, signal.SIGSTOP)
+                    send_group(group, signal.SIGSTOP)
+                send(pid, signal.SIGSTOP)
                 stopped[pid] = (start, group)
             continue
         quiet += 1
@@ -213,25 +214,23 @@ def _all_carry(group: int, entry: bytes) -> bool:
 
 def _kill_all(stopped: dict[int, tuple[int, int]], killed: set[tuple[int, int]], groups: dict[int, bool]) -> None:
     for group in {group for _, group in stopped.values() if groups.get(group)}:
-        _send_group(group, signal.SIGKILL)
+        send_group(group, signal.SIGKILL)
     for pid, (start, _) in stopped.items():
         if running(pid, start):
-            _send(pid, signal.SIGKILL)
+            send(pid, signal.SIGKILL)
         killed.add((pid, start))
 
 
-def _send_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+def send_group(pgid: int, sig: signal.Signals) -> None:
+    """``os.killpg``; a group gone, or not this user's, is left alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
-def _send(pid: int, sig: signal.Signals) -> None:
-    try:
+def send(pid: int, sig: signal.Signals) -> None:
+    """``os.kill``; a process gone, or not this user's, is left alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 #: In the environment of every agent CLI the SDK starts, and so of whatever that starts in turn:

@@ -250,7 +250,8 @@ class StreamRedactor:
 
 
 def _with_text(event: Event, field: str, text: str) -> Event:
-    from adaptor.events import _replaced  # (the events module is imported by then: no cycle)
+    # Here, not at the top: importing adaptor.errors (which redacts) stays free of the events.
+    from adaptor.events import _replaced
 
     return _replaced(event, **{field: text})
 

@@ -179,20 +179,32 @@ def _forget(home: _home.Home, request_id: str, cutoff: float, hold: Hold, pruned
                 os.unlink(home.verdict(request_id))
                 pruned.verdicts += 1
             for path, what in ((home.run_dir(request_id), "runs"), (log, "events")):
-                trash = _aside(path)
+                trash = _aside_or_remove(path, pruned, what)
                 if trash is not None:
                     moved.append((trash, what))
-                elif os.path.lexists(path):  # (see _aside)
-                    _remove(str(path), pruned, what)
-            # Nobody appends to the log of a finished request; this process's own flock of it
-            # (lingering after the run's last append) is let go before its file goes.
-            _durable.release_lingering(lock)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock)
+            # Nobody appends to the log of a finished request.
+            _drop_lock(lock)
     except OSError as exc:
         pruned._failed(exc)
     for renamed, what in moved:
         _remove(renamed, pruned, what)
+
+
+def _aside_or_remove(path: Path, pruned: Pruned, what: str) -> str | None:
+    """:func:`_aside`, or ``path`` removed where it is when it cannot be renamed; returns the
+    trash name left to remove."""
+    trash = _aside(path)
+    if trash is None and os.path.lexists(path):  # (see _aside)
+        _remove(str(path), pruned, what)
+    return trash
+
+
+def _drop_lock(lock: Path) -> None:
+    """Remove a log's lock file, this process's own flock of it (lingering after the log's
+    last append) let go first."""
+    _durable.release_lingering(lock)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock)
 
 
 def _is_thread_log(name: str) -> bool:
@@ -222,24 +234,19 @@ def _forget_thread_logs(
 
 
 def _forget_thread_log(home: _home.Home, session: str, cutoff: float, hold: Hold, pruned: Pruned) -> None:
+    """Remove a thread's log as :func:`_forget` does a request's: while held, nobody appends
+    to it, and a reader opening it finds it whole or gone (a rename)."""
     log = home.events / f"{session}{_LOG}"
-    lock = home.events / f"{session}{_LOG}{_LOCK}"
     trash = None
     try:
         with hold(session) as free:
             if not free:
                 return
-            # Under the log's lock: a reader of it (adaptor events) finds it whole or gone.
-            with _durable.exclusive(lock):
-                found = os.lstat(log)
-                if not stat.S_ISREG(found.st_mode) or found.st_mtime >= cutoff:
-                    return  # appended to since it was listed (a turn may have saved a conversation)
-                trash = _aside(log)
-                if trash is None and os.path.lexists(log):
-                    _remove(str(log), pruned, "thread_logs")
-            _durable.release_lingering(lock)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock)
+            found = os.lstat(log)
+            if not stat.S_ISREG(found.st_mode) or found.st_mtime >= cutoff:
+                return  # appended to since it was listed (a turn may have saved a conversation)
+            trash = _aside_or_remove(log, pruned, "thread_logs")
+            _drop_lock(home.events / f"{session}{_LOG}{_LOCK}")
     except FileNotFoundError:
         return
     except OSError as exc:

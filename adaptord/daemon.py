@@ -150,14 +150,6 @@ def _as_recorded(event: events.Event, redactor: _redact.Redactor, *, bound: bool
     return events.from_json({**payload, "kind": wire["kind"], "meta": wire["meta"]})
 
 
-def _session_or_none(request: Mapping[str, Any]) -> str | None:
-    """The request's audit-log session; ``None`` when it cannot say (it then runs as no thread's)."""
-    try:
-        return requests.session_of(request)
-    except Exception:
-        return None
-
-
 # The fewest descriptors a daemon serves with (its own take about a dozen).
 _FEWEST_DESCRIPTORS = 16
 
@@ -1845,7 +1837,9 @@ class Daemon:
         closed in this process, so it may go; a request claimed meanwhile starts a new one."""
         with self._lock:
             free = not self._deferred and not any(
-                _session_or_none(job.request) == session for job in (*self._queued.values(), *self._running.values())
+                _home.session_for_thread(key) == session
+                for job in (*self._queued.values(), *self._running.values())
+                for key in job.keys
             )
             if free:
                 # (Closed after its run's verdict already, unless that failed: the appender

@@ -117,6 +117,25 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
     return Env("jsonl", lambda: sr.JSONLEventBackend(tmp_path / "events"), tmp_path)
 
 
+class _Forwarding:
+    """A backend wrapper (logging, metrics) that forwards every method to another."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_backend_forwarding_its_methods_is_taken() -> None:
+    # isinstance() against a runtime-checkable Protocol stopped calling __getattr__ in Python
+    # 3.12: such a wrapper was refused there ("backend must be an event backend").
+    recorder = sr.EventRecorder(_Forwarding(sr.MemoryEventBackend()))
+    assert recorder.record("k", TextDelta(text="t")).host_seq == 1
+    with pytest.raises(TypeError, match="backend must be an event backend"):
+        sr.EventRecorder(_Forwarding(object()))
+
+
 def test_backends_satisfy_the_protocol(tmp_path: Path) -> None:
     assert isinstance(sr.MemoryEventBackend(), sr.EventBackend)
     assert isinstance(sr.JSONLEventBackend(tmp_path), sr.EventBackend)

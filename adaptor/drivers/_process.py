@@ -602,7 +602,7 @@ class Child:
         try:
             return cls(spec, proc, f"{MARK_VAR}={mark}".encode())
         except BaseException:  # no thread for its pipes (a task limit): it must not run unread
-            _signal_group(proc.pid, signal.SIGKILL)
+            _procfs.send_group(proc.pid, signal.SIGKILL)
             proc.wait()
             _agents.pop(proc.pid, None)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
@@ -860,14 +860,14 @@ class Child:
     def _stop_group(self) -> None:
         if self._disowned:
             return
-        _signal_group(self.pid, signal.SIGTERM)
+        _procfs.send_group(self.pid, signal.SIGTERM)
         began = time.monotonic()
         while time.monotonic() < self._kill_at(began):
             self._reaped(block=False)
             if not self._group_alive():
                 return
             time.sleep(_POLL)
-        _signal_group(self.pid, signal.SIGKILL)
+        _procfs.send_group(self.pid, signal.SIGKILL)
         # SIGKILL is asynchronous: return only once the group is really gone (or clearly stuck
         # in the kernel), so a finished run never leaves a live process behind.
         until = time.monotonic() + _KILL_WAIT
@@ -943,7 +943,7 @@ class Child:
             return
         escaped = [(pid, found.start) for pid, found in _procfs.carrying(self._mark)]
         for pid, _ in escaped:
-            _signal(pid, signal.SIGTERM)
+            _procfs.send(pid, signal.SIGTERM)
         began = time.monotonic()
         while escaped and time.monotonic() < self._kill_at(began):
             time.sleep(_POLL)
@@ -1023,16 +1023,6 @@ def _note_exits() -> None:
     if not _exits_noted:
         _exits_noted = True
         atexit.register(_exiting.begin)
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _why_not_executable(binary: str, cwd: str | None) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Generator, Iterable
 from datetime import UTC, datetime
 from types import GeneratorType, TracebackType
 
+from adaptor import _options
 from adaptor.events import ApprovalRequest, Event, _Event
 
 from . import _format
@@ -58,7 +59,7 @@ class EventRecorder:
         *,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
-        if isinstance(backend, type) or not isinstance(backend, EventBackend):
+        if not _options.provides(backend, EventBackend):
             # A directory given as is failed at the first record(), as an AttributeError.
             raise TypeError(
                 "backend must be an event backend, e.g. JSONLEventBackend(directory) or "
